@@ -1,0 +1,31 @@
+"""One entry point for every mechanism, by key."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .mechanisms import MECHANISMS
+from .spec import MechanismSpec, Shape
+
+
+def get(key: str) -> MechanismSpec:
+    """The spec of a mechanism; ValueError listing the known keys otherwise."""
+    if key not in MECHANISMS:
+        raise ValueError(f"unknown mechanism {key!r}; choose one of {', '.join(MECHANISMS)}")
+    return MECHANISMS[key]
+
+
+def make_state(key: str, shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0,
+               **params: Any) -> dict[str, torch.Tensor]:
+    """The seeded random state a mechanism takes as keyword arguments ({} for those with none)."""
+    spec = get(key)
+    if spec.init_state is None:
+        return {}
+    return spec.init_state(shape, device, dtype, seed=seed, **spec.resolved(params))
+
+
+def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              **params: Any) -> torch.Tensor:
+    """Run mechanism `key` on q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D) with its keyword parameters."""
+    return get(key).fn(q, k, v, causal=causal, **params)

@@ -1,0 +1,70 @@
+"""A multi-head attention layer that runs any mechanism of the catalogue."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .api import get, make_state
+from .spec import Shape, dtype_name
+
+
+class MultiHeadAttention(nn.Module):
+    """Q, K, V and output projections around any mechanism: (B, Nq, d_model), context (B, Nk, d_model) → (B, Nq, d_model).
+
+    Random mechanism state (Performer features, Linformer projections) is drawn once from `seed` for the first
+    context length seen and kept as buffers; `redraw(seed)` draws it again.
+    """
+
+    def __init__(self, d_model: int, heads: int, mechanism: str = "softmax", causal: bool = False, *,
+                 seed: int = 0, bias: bool = True, **params: Any):
+        super().__init__()
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+            raise ValueError(f"heads must be a positive integer, got {heads!r}")
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+            raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
+        if d_model % heads:
+            raise ValueError(f"d_model {d_model} is not divisible by {heads} heads; choose a multiple of {heads}")
+        self.spec = get(mechanism)
+        if causal and not self.spec.supports_causal:
+            raise ValueError(f"{self.spec.label} cannot be causal; untick causal or choose another mechanism")
+        for p in self.spec.params:
+            if p.name in params:
+                p.check(params[p.name])
+        unknown = set(params) - {p.name for p in self.spec.params}
+        if unknown:
+            raise ValueError(f"{self.spec.label} has no parameter {', '.join(sorted(unknown))}")
+        self.d_model, self.heads, self.causal, self.seed = d_model, heads, causal, seed
+        self.params = self.spec.resolved(params)
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model, bias=bias)
+                                                                for _ in range(4))
+        self._state: dict[str, torch.Tensor] = {}
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        return x.view(B, N, self.heads, self.d_model // self.heads).transpose(1, 2)  # (B, H, N, D)
+
+    def _mechanism_state(self, shape: Shape, ref: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.spec.init_state is None:
+            return {}
+        first = next(iter(self._state.values()), None)
+        if first is None or first.device != ref.device or first.dtype != ref.dtype or (
+                "E" in self._state and self._state["E"].shape[-1] != shape.Nk):
+            self._state = make_state(self.spec.key, shape, ref.device, ref.dtype, seed=self.seed, **self.params)
+        return self._state
+
+    def redraw(self, seed: int) -> None:
+        """Draw new random features or projections at the next call."""
+        self.seed, self._state = seed, {}
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        context = x if context is None else context
+        if x.dim() != 3 or context.dim() != 3 or x.shape[-1] != self.d_model or context.shape[-1] != self.d_model:
+            raise ValueError(f"inputs must be (batch, seq, {self.d_model}), got {tuple(x.shape)} and "
+                             f"{tuple(context.shape)}")
+        q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(context)), self._split(self.v_proj(context))
+        shape = Shape(q.shape[0], self.heads, q.shape[2], k.shape[2], q.shape[3], dtype_name(q.dtype), self.causal)
+        out = self.spec.fn(q, k, v, causal=self.causal, **self.params, **self._mechanism_state(shape, q))
+        B, H, N, D = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, N, H * D))

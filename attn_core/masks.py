@@ -1,0 +1,70 @@
+"""Attention patterns as tiny predicates on (query index, key index); compose with & and |."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+Predicate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A named boolean predicate: pattern(i, j) is True where query i may attend to key j (broadcasting)."""
+
+    name: str
+    fn: Predicate
+
+    def __call__(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        return self.fn(i, j)
+
+    def __and__(self, other: "Pattern") -> "Pattern":
+        return Pattern(f"{self.name} and {other.name}", lambda i, j: self.fn(i, j) & other.fn(i, j))
+
+    def __or__(self, other: "Pattern") -> "Pattern":
+        return Pattern(f"{self.name} or {other.name}", lambda i, j: self.fn(i, j) | other.fn(i, j))
+
+
+full = Pattern("full", lambda i, j: (i - j) == (i - j))
+causal = Pattern("causal: j ≤ i", lambda i, j: j <= i)
+
+
+def sliding_window(window: int) -> Pattern:
+    """Query i sees key j iff |i − j| ≤ window."""
+    return Pattern(f"sliding window: |i − j| ≤ {window}", lambda i, j: (i - j).abs() <= window)
+
+
+def block_local(block: int, lookback: int = 0, lookahead: int = 0) -> Pattern:
+    """Query i sees key j iff −lookback ≤ ⌊j/block⌋ − ⌊i/block⌋ ≤ lookahead."""
+    def pred(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        offset = torch.div(j, block, rounding_mode="floor") - torch.div(i, block, rounding_mode="floor")
+        return (offset >= -lookback) & (offset <= lookahead)
+
+    return Pattern(f"block-local: block {block}, {lookback} back, {lookahead} ahead", pred)
+
+
+def strided(stride: int) -> Pattern:
+    """Sparse Transformer 'fixed': j in i's block of size stride, or j a summary key (j mod stride = stride − 1)."""
+    def pred(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        same_block = torch.div(i, stride, rounding_mode="floor") == torch.div(j, stride, rounding_mode="floor")
+        return same_block | (j % stride == stride - 1)
+
+    return Pattern(f"strided: stride {stride}", pred)
+
+
+def dense_mask(pattern: Pattern, nq: int, nk: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """The (nq, nk) boolean matrix of a pattern. O(nq·nk) memory: for references and heatmaps only."""
+    i = torch.arange(nq, device=device)[:, None]
+    j = torch.arange(nk, device=device)[None, :]
+    return pattern(i, j).expand(nq, nk)
+
+
+def density(pattern: Pattern, nq: int, nk: int, rows: int = 1024) -> float:
+    """Fraction of the nq·nk cells the pattern keeps, counted in row slabs so any n fits in memory."""
+    kept = 0
+    j = torch.arange(nk)[None, :]
+    for start in range(0, nq, rows):
+        i = torch.arange(start, min(start + rows, nq))[:, None]
+        kept += int(pattern(i, j).expand(i.shape[0], nk).sum())
+    return kept / (nq * nk)

@@ -1,0 +1,47 @@
+"""Input checks and helpers shared by every mechanism."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..spec import MechanismSpec, Shape
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q (B, H, Nq, D), k and v (B, H, Nk, D), one device, one floating dtype; ValueError otherwise."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (batch, heads, seq, head_dim), got {got}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; use float32, float16 or bfloat16")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch, heads and head_dim"
+        )
+    if min(q.shape) < 1 or k.shape[-2] < 1:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+def checked_shape(spec: MechanismSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  **params: Any) -> Shape:
+    """Validate tensors and parameters against a spec; return the call's Shape."""
+    check_qkv(q, k, v)
+    shape = Shape.of(q, k, causal)
+    spec.check(shape, params)
+    return shape
+
+
+def scale(d: int) -> float:
+    """1/√d, the scaling of 'Attention Is All You Need'."""
+    return 1.0 / math.sqrt(d)

@@ -1,0 +1,53 @@
+"""Linear attention with φ(x) = elu(x) + 1 (Katharopoulos et al. 2020, 'Transformers are RNNs', arXiv 2006.16236)."""
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from ..spec import MechanismSpec, Shape
+from ._common import checked_shape
+from ._linear_core import causal_chunk, linear_attention_core, linear_core_memory
+
+
+def feature_map(x):
+    """φ(x) = elu(x) + 1 > 0, elementwise: (…, D) → (…, D)."""
+    return F.elu(x) + 1
+
+
+def linear_attention(q, k, v, *, causal: bool = False):
+    """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j), j over all keys (causal: j ≤ i).
+
+    q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D). Not softmax: a different, cheaper similarity.
+    O(n·D²) time; O(n·D) memory (causal by chunked prefix sums).
+    """
+    checked_shape(SPEC, q, k, v, causal)
+    return linear_attention_core(feature_map(q), feature_map(k), v, causal)
+
+
+def _flops(s: Shape) -> float:
+    if s.causal:  # per chunk: the masked (C, C) block against φ(K) and V, plus the state in and out
+        C = min(causal_chunk(s.D), s.Nq)
+        return s.heads * s.Nq * (4.0 * s.D * s.D + 2.0 * C * s.D)
+    return s.heads * (2.0 * s.Nk * s.D * s.D + 2.0 * s.Nq * s.D * s.D)
+
+
+def _memory(s: Shape) -> float:
+    # φ(Q) and φ(K) (elu allocates, the + 1 allocates again) and the core.
+    return s.heads * (s.Nq + s.Nk) * s.D * s.elem + linear_core_memory(s.heads, s.Nq, s.Nk, s.D, s.D, s.elem,
+                                                                         s.causal)
+
+
+SPEC = MechanismSpec(
+    key="linear",
+    label="Linear (elu+1)",
+    fn=linear_attention,
+    description="Replaces exp(q·k) by φ(q)·φ(k) with φ = elu+1, so (φ(K)ᵀV) is computed once: linear in n.",
+    paper="Katharopoulos et al. 2020, 'Transformers are RNNs', arXiv 2006.16236",
+    params=(),
+    exact=False,
+    supports_causal=True,
+    supports_cross=True,
+    time_big_o="O(n·d²)",
+    memory_big_o="O(n·d)",
+    flops=_flops,
+    memory_bytes=_memory,
+)

@@ -1,0 +1,63 @@
+"""Linformer: keys and values projected along the sequence to a fixed rank (Wang et al. 2020, arXiv 2006.04768)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..spec import MechanismSpec, Param, Shape
+from ._common import checked_shape
+
+
+def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, rank: int = 256) -> dict:
+    """Seeded projections {'E': (rank, Nk), 'F': (rank, Nk)} with N(0, 1/rank) entries (Johnson–Lindenstrauss)."""
+    g = torch.Generator().manual_seed(seed)
+    e, f = (torch.randn(rank, shape.Nk, generator=g) / math.sqrt(rank) for _ in range(2))
+    return {"E": e.to(device=device, dtype=dtype), "F": f.to(device=device, dtype=dtype)}
+
+
+def linformer_attention(q, k, v, *, causal: bool = False, rank: int = 256, E=None, F=None, seed: int = 0):
+    """softmax(Q (E K)ᵀ/√D) (F V): attention over `rank` projected keys instead of Nk.
+
+    q (B, H, Nq, D), k, v (B, H, Nk, D), E and F (rank, Nk), shared by batch and heads → (B, H, Nq, D).
+    Projections absent are drawn here from `seed` (pass them from `init_state` to time the kernel alone).
+    Not causal: E mixes every position into every projected key. O(n·rank·d) time, O(n·rank) memory.
+    """
+    shape = checked_shape(SPEC, q, k, v, causal, rank=rank)
+    if E is None or F is None:
+        state = init_state(shape, q.device, q.dtype, seed=seed, rank=rank)
+        E, F = state["E"] if E is None else E, state["F"] if F is None else F
+    for name, p in (("E", E), ("F", F)):
+        if p.shape != (rank, shape.Nk):
+            raise ValueError(f"{name} must have shape (rank, Nk) = ({rank}, {shape.Nk}), got {tuple(p.shape)}")
+    kp, vp = E @ k, F @ v  # (B, H, rank, D)
+    scores = (q * (1.0 / math.sqrt(shape.D))) @ kp.transpose(-2, -1)  # (B, H, Nq, rank)
+    return torch.softmax(scores, dim=-1) @ vp
+
+
+def _flops(s: Shape, rank: int = 256) -> float:
+    return s.heads * (4.0 * rank * s.Nk * s.D + 4.0 * s.Nq * rank * s.D)
+
+
+def _memory(s: Shape, rank: int = 256) -> float:
+    # Projected K and V, scaled Q, then scores and probabilities (Nq, rank) at the softmax.
+    return s.heads * (2 * rank * s.D + 2 * s.Nq * rank + s.Nq * s.D * 0) * s.elem
+
+
+SPEC = MechanismSpec(
+    key="linformer",
+    label="Linformer",
+    fn=linformer_attention,
+    description="Projects the n keys and values down to rank k rows, so attention is n×k instead of n×n.",
+    paper="Wang et al. 2020, 'Linformer: Self-Attention with Linear Complexity', arXiv 2006.04768",
+    params=(Param("rank", 256, 1, 1 << 16, "Projected length k of keys and values (≤ n).", log=True, at_most="Nk"),),
+    exact=False,
+    supports_causal=False,
+    supports_cross=True,
+    time_big_o="O(n·k·d)",
+    memory_big_o="O(n·k)",
+    flops=_flops,
+    memory_bytes=_memory,
+    init_state=init_state,
+    state_keys=("E", "F"),
+)

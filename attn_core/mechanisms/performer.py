@@ -1,0 +1,89 @@
+"""Performer's FAVOR+: softmax attention estimated with positive orthogonal random features
+(Choromanski et al. 2020, 'Rethinking Attention with Performers', arXiv 2009.14794)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..spec import MechanismSpec, Param, Shape
+from ._common import checked_shape
+from ._linear_core import causal_chunk, linear_attention_core, linear_core_memory
+
+
+def orthogonal_features(features: int, d: int, *, seed: int = 0, device=None, dtype=torch.float32) -> torch.Tensor:
+    """(features, d) random projection: stacked blocks of orthogonal rows (QR of Gaussian d×d), each row rescaled
+    to the norm of an independent Gaussian vector so its length is distributed as a Gaussian row's."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = [torch.linalg.qr(torch.randn(d, d, generator=g))[0].T for _ in range(math.ceil(features / d))]
+    w = torch.cat(blocks)[:features]
+    w = w * torch.randn(features, d, generator=g).norm(dim=1, keepdim=True)
+    return w.to(device=device, dtype=dtype)
+
+
+def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, features: int = 256) -> dict:
+    """Random state of one Performer layer: {'projection': (features, D)}. A new seed redraws the features."""
+    return {"projection": orthogonal_features(features, shape.D, seed=seed, device=device, dtype=dtype)}
+
+
+def favor_features(x: torch.Tensor, projection: torch.Tensor, *, is_query: bool) -> torch.Tensor:
+    """Positive random features of exp(q·k/√D): φ(x) = exp(w·x' − |x'|²/2 − c)/√m with x' = x/D^¼.
+
+    x (B, H, N, D), projection (m, D) → (B, H, N, m). The stabilizer c is each query's own maximum, or one maximum
+    over all keys of a head; both cancel in the normalization (the max-subtraction trick).
+    """
+    xs = x * x.shape[-1] ** -0.25
+    proj = xs @ projection.T  # (B, H, N, m)
+    proj = proj - (xs * xs).sum(-1, keepdim=True) / 2
+    stab = proj.amax(-1, keepdim=True) if is_query else proj.amax((-2, -1), keepdim=True)
+    return torch.exp(proj - stab.detach()) * projection.shape[0] ** -0.5
+
+
+def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, projection=None, seed: int = 0):
+    """FAVOR+ estimate of softmax(QKᵀ/√D)V: linear attention with φ = `favor_features`.
+
+    q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D). `projection` (features, D) comes from `init_state`;
+    when absent it is drawn here from `seed`. Unbiased for the kernel, error ~ 1/√features. O(n·m·D) time,
+    O(n·(m + D)) memory; causal by chunked prefix sums with the same bound.
+    """
+    shape = checked_shape(SPEC, q, k, v, causal, features=features)
+    if projection is None:
+        projection = init_state(shape, q.device, q.dtype, seed=seed, features=features)["projection"]
+    if projection.shape != (features, shape.D):
+        raise ValueError(f"projection must have shape ({features}, {shape.D}), got {tuple(projection.shape)}")
+    return linear_attention_core(favor_features(q, projection, is_query=True),
+                                 favor_features(k, projection, is_query=False), v, causal)
+
+
+def _flops(s: Shape, features: int = 256) -> float:
+    m = features
+    maps = 2.0 * (s.Nq + s.Nk) * m * s.D  # projections of queries and keys
+    if s.causal:
+        C = min(causal_chunk(m), s.Nq)
+        return s.heads * (maps + s.Nq * (4.0 * m * s.D + 2.0 * C * (m + s.D)))
+    return s.heads * (maps + 2.0 * s.Nk * m * s.D + 2.0 * s.Nq * m * s.D)
+
+
+def _memory(s: Shape, features: int = 256) -> float:
+    # φ(Q), φ(K) (N·m each) with one projection temporary, then the core.
+    return (s.heads * (s.Nq + s.Nk + max(s.Nq, s.Nk)) * features * s.elem
+            + linear_core_memory(s.heads, s.Nq, s.Nk, features, s.D, s.elem, s.causal))
+
+
+SPEC = MechanismSpec(
+    key="performer",
+    label="Performer (FAVOR+)",
+    fn=performer_attention,
+    description="Estimates softmax attention with m positive orthogonal random features: linear in n, approximate.",
+    paper="Choromanski et al. 2020, 'Rethinking Attention with Performers', arXiv 2009.14794",
+    params=(Param("features", 256, 1, 16384, "Random features m: more is closer to softmax and slower.", log=True),),
+    exact=False,
+    supports_causal=True,
+    supports_cross=True,
+    time_big_o="O(n·m·d)",
+    memory_big_o="O(n·(m + d))",
+    flops=_flops,
+    memory_bytes=_memory,
+    init_state=init_state,
+    state_keys=("projection",),
+)

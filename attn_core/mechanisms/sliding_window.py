@@ -1,0 +1,76 @@
+"""Sliding-window attention: each query sees the keys within a fixed distance (Longformer's local part,
+Beltagy et al. 2020, arXiv 2004.05150)."""
+from __future__ import annotations
+
+from .. import masks
+from ..spec import MechanismSpec, Param, Shape
+from ._banded import banded_attention, chunk_blocks
+from ._common import checked_shape
+from .softmax import softmax_attention
+
+
+def tile(window: int, n: int) -> int:
+    """Query rows per block: small enough that the window wastes little, large enough for efficient matmuls."""
+    return max(1, min(n, 128, max(32, window // 2)))
+
+
+def _span(window: int, causal: bool, n: int) -> int:
+    return window + tile(window, n) + (0 if causal else window)
+
+
+def sliding_window_attention(q, k, v, *, causal: bool = False, window: int = 256):
+    """Exact attention where query i sees key j iff |i − j| ≤ window (causal: 0 ≤ i − j ≤ window).
+
+    q, k, v (B, H, n, D) → (B, H, n, D); any n. Rows are processed in blocks of `tile(window)` queries, each against
+    a strided view of window + block (+ window) keys, so no n×n tensor ever exists. O(n·w·d) time, O(n·d) memory.
+    """
+    s = checked_shape(SPEC, q, k, v, causal, window=window)
+    pattern = _pattern(causal, window)
+    return banded_attention(q, k, v, pattern=pattern, block=tile(window, s.Nq), left=window,
+                            right=0 if causal else window)
+
+
+def sliding_window_reference(q, k, v, *, causal: bool = False, window: int = 256):
+    """The obvious version, for reading and testing: masked softmax with the dense (n, n) mask. O(n²) memory."""
+    return softmax_attention(q, k, v, mask=masks.dense_mask(_pattern(causal, window), q.shape[-2], k.shape[-2],
+                                                             q.device))
+
+
+def _pattern(causal: bool, window: int) -> masks.Pattern:
+    return masks.sliding_window(window) & masks.causal if causal else masks.sliding_window(window)
+
+
+def _visible(s: Shape, window: int) -> float:
+    """Σ over queries of the keys each one sees."""
+    n, w = s.Nq, min(window, s.Nq - 1)
+    one_side = n * w - w * (w + 1) / 2  # pairs with 0 < i − j ≤ w
+    return n + one_side * (1 if s.causal else 2)
+
+
+def _flops(s: Shape, window: int = 256) -> float:
+    return 4.0 * s.heads * _visible(s, window) * s.D
+
+
+def _memory(s: Shape, window: int = 256) -> float:
+    block, span = tile(window, s.Nq), _span(window, s.causal, s.Nq)
+    rows = min(chunk_blocks(s.heads, block, span), -(-s.Nq // block)) * block
+    # Output, plus one chunk's scores and probabilities (B·H·rows·S each) and its scaled query rows.
+    return s.output_bytes + s.heads * rows * (2 * span + s.D) * s.elem
+
+
+SPEC = MechanismSpec(
+    key="sliding_window",
+    label="Sliding window",
+    fn=sliding_window_attention,
+    description="Each token attends to its neighbours within ±window positions: exact inside the band, blind outside.",
+    paper="Beltagy et al. 2020, 'Longformer', arXiv 2004.05150 (local sliding-window part)",
+    params=(Param("window", 256, 1, 1 << 20, "Keys on each side a query sees (|i − j| ≤ window).", log=True),),
+    exact=True,
+    supports_causal=True,
+    supports_cross=False,
+    time_big_o="O(n·w·d)",
+    memory_big_o="O(n·d)",
+    flops=_flops,
+    memory_bytes=_memory,
+    pattern=_pattern,
+)

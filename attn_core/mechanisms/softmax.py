@@ -1,0 +1,58 @@
+"""Textbook softmax attention that materializes the score matrix (Vaswani et al. 2017, arXiv 1706.03762)."""
+from __future__ import annotations
+
+import torch
+
+from .. import masks
+from ..spec import MechanismSpec, Shape
+from ._common import checked_shape, scale
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None) -> torch.Tensor:
+    s = (q * scale(q.shape[-1])) @ k.transpose(-2, -1)  # (B, H, Nq, Nk)
+    if causal:
+        s.masked_fill_(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu_(1), float("-inf"))
+    if mask is not None:
+        s.masked_fill_(~mask, float("-inf"))
+    return s
+
+
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(Q Kᵀ/√D [masked]) V.
+
+    q (B, H, Nq, D), k and v (B, H, Nk, D) → (B, H, Nq, D). `mask` is boolean, broadcastable to (B, H, Nq, Nk),
+    True where attention is allowed. Causal: query i sees key j iff j ≤ i. O(Nq·Nk·D) time, O(Nq·Nk) memory:
+    the scores and the probabilities are both materialized. A fully masked row gives NaN, as in the textbook.
+    """
+    checked_shape(SPEC, q, k, v, causal)
+    if mask is not None and mask.dtype != torch.bool:
+        raise ValueError(f"mask must be boolean (True = attend), got {mask.dtype}")
+    return torch.softmax(_scores(q, k, causal, mask), dim=-1) @ v
+
+
+def _flops(s: Shape) -> float:
+    return 4.0 * s.heads * s.Nq * s.Nk * s.D
+
+
+def _memory(s: Shape) -> float:
+    # Peak inside softmax: the scores and the probabilities, each (B, H, Nq, Nk).
+    return 2.0 * s.heads * s.Nq * s.Nk * s.elem
+
+
+SPEC = MechanismSpec(
+    key="softmax",
+    label="Softmax (materialized)",
+    fn=softmax_attention,
+    description="The textbook version: builds the full n×n score matrix, then softmax, then times V.",
+    paper="Vaswani et al. 2017, 'Attention Is All You Need', arXiv 1706.03762",
+    params=(),
+    exact=True,
+    supports_causal=True,
+    supports_cross=True,
+    time_big_o="O(n²·d)",
+    memory_big_o="O(n²)",
+    flops=_flops,
+    memory_bytes=_memory,
+    pattern=lambda causal: masks.causal if causal else masks.full,
+)

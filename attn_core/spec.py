@@ -1,0 +1,141 @@
+"""What a mechanism is: its knobs, its support, and its theoretical cost (the single source for UI, tests and guards)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """'float32' for torch.float32 or 'float32'; refuses dtypes the library does not run."""
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"dtype {name!r} is not supported; use one of {', '.join(DTYPE_BYTES)}")
+    return name
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Problem size of one attention call: q (B, H, Nq, D), k and v (B, H, Nk, D)."""
+
+    B: int
+    H: int
+    Nq: int
+    Nk: int
+    D: int
+    dtype: str = "float32"
+    causal: bool = False
+
+    @property
+    def elem(self) -> int:
+        return DTYPE_BYTES[dtype_name(self.dtype)]
+
+    @property
+    def heads(self) -> int:
+        """B·H: the number of independent attention problems."""
+        return self.B * self.H
+
+    @property
+    def input_bytes(self) -> int:
+        return self.heads * (self.Nq + 2 * self.Nk) * self.D * self.elem
+
+    @property
+    def output_bytes(self) -> int:
+        return self.heads * self.Nq * self.D * self.elem
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> "Shape":
+        B, H, Nq, D = q.shape
+        return cls(B, H, Nq, k.shape[-2], D, dtype_name(q.dtype), causal)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One knob of a mechanism. `at_most` names a Shape field the value may not exceed (e.g. rank ≤ Nk)."""
+
+    name: str
+    default: int | float
+    low: int | float
+    high: int | float
+    help: str
+    kind: type = int
+    log: bool = False
+    at_most: str | None = None
+
+    def check(self, value: Any, shape: Shape | None = None) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (self.kind is int and value != int(value)):
+            raise ValueError(f"{self.name} must be {'an integer' if self.kind is int else 'a number'}, got {value!r}")
+        if not self.low <= value <= self.high:
+            raise ValueError(f"{self.name} = {value} is out of range; choose {self.name} between {self.low} and {self.high}")
+        if shape is not None and self.at_most is not None and value > getattr(shape, self.at_most):
+            limit = getattr(shape, self.at_most)
+            raise ValueError(
+                f"{self.name} = {value} is larger than the sequence length {limit}; choose {self.name} ≤ {limit}"
+            )
+
+
+@dataclass(frozen=True)
+class MechanismSpec:
+    """Declarative description of one attention mechanism.
+
+    `flops(shape, **params)`: forward floating-point operations (multiply-adds count 2) of the pattern's useful work.
+    `memory_bytes(shape, **params)`: predicted peak bytes the forward call allocates above its inputs, the output
+    included when it is alive at the peak; the figure a measured peak is compared against.
+    `pattern(causal, **params)`: for exact mechanisms, the mask predicate the result must equal masked softmax under.
+    `init_state(shape, device, dtype, *, seed, **params)`: random state built outside the kernel and passed in.
+    """
+
+    key: str
+    label: str
+    fn: Callable[..., torch.Tensor]
+    description: str
+    paper: str
+    params: tuple[Param, ...]
+    exact: bool
+    supports_causal: bool
+    supports_cross: bool
+    time_big_o: str
+    memory_big_o: str
+    flops: Callable[..., float]
+    memory_bytes: Callable[..., float]
+    pattern: Callable[..., Any] | None = None
+    init_state: Callable[..., dict] | None = None
+    state_keys: tuple[str, ...] = field(default=())
+
+    @property
+    def defaults(self) -> dict[str, int | float]:
+        return {p.name: p.default for p in self.params}
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def check(self, shape: Shape, params: Mapping[str, Any]) -> None:
+        """Raise ValueError with a sentence saying what to change when these settings cannot run."""
+        if shape.causal and not self.supports_causal:
+            raise ValueError(f"{self.label} cannot be causal; untick causal or choose another mechanism")
+        if shape.Nq != shape.Nk and not self.supports_cross:
+            raise ValueError(
+                f"{self.label} supports self-attention only (Nq = Nk), got Nq = {shape.Nq}, Nk = {shape.Nk}"
+            )
+        if shape.causal and shape.Nq != shape.Nk:
+            raise ValueError(f"causal attention needs Nq = Nk, got Nq = {shape.Nq}, Nk = {shape.Nk}")
+        known = {p.name for p in self.params} | set(self.state_keys) | {"seed"}
+        unknown = set(params) - known
+        if unknown:
+            raise ValueError(
+                f"{self.label} has no parameter {', '.join(sorted(unknown))}; its parameters are "
+                f"{', '.join(p.name for p in self.params) or 'none'}"
+            )
+        for p in self.params:
+            if p.name in params:
+                p.check(params[p.name], shape)
+
+    def resolved(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The mechanism's own parameters, defaults filled in (state tensors and seed dropped)."""
+        return {p.name: params.get(p.name, p.default) for p in self.params}
