@@ -1,0 +1,142 @@
+"""Scaling charts, checked through chart.to_dict(): layers, encodings, units and what non-ok points say."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attn_core import MECHANISMS, charts
+
+
+def results_frame(mechanisms=("softmax", "linear"), ns=(64, 128, 256), causal=False, skip_last=True) -> pd.DataFrame:
+    """A results frame with the contract's columns; softmax's largest n is skipped with a reason."""
+    rows = []
+    for key in mechanisms:
+        spec = MECHANISMS[key]
+        for n in ns:
+            skipped = skip_last and key == "softmax" and n == ns[-1]
+            t = float("nan") if skipped else 1e-9 * n * n + 1e-6 * n
+            peak = float("nan") if skipped else 4.0 * (n * n if key == "softmax" else 64 * n)
+            rows.append(dict(
+                mechanism=key, label=spec.label, exact=spec.exact, params=json.dumps(spec.defaults), n=n, batch=1,
+                heads=8, d_model=512, head_dim=64, dtype="float32", device="cpu", mode="forward", causal=causal,
+                status="skipped" if skipped else "ok", reason="predicted 9 GiB exceeds the guard" if skipped else "",
+                time_median_s=t, time_iqr_s=t / 10, time_samples=[] if skipped else [t] * 3,
+                repeats=np.nan if skipped else 3, peak_bytes=peak, memory_method="torch.profiler (CPU allocator)",
+                predicted_bytes=4.0 * n * n, theory_flops=4.0 * 8 * n * n * 64, gflops=np.nan if skipped else 12.5,
+                device_gflops=100.0, pct_of_device=np.nan if skipped else 12.5, sdpa_backend="", threads=2))
+    return pd.DataFrame(rows)
+
+
+def layer_data(spec: dict, mark: str) -> list[list[dict]]:
+    """The rows behind each layer drawing `mark`."""
+    out = []
+    for layer in spec["layer"]:
+        kind = layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"]
+        if kind == mark:
+            out.append(spec["datasets"][layer["data"]["name"]])
+    return out
+
+
+def test_time_chart_draws_ok_points_in_ms_and_labels_unit_and_method():
+    spec = charts.scaling_chart(results_frame(), "time_median_s").to_dict()
+    points = [r for rows in layer_data(spec, "point") for r in rows if r["drawn"]]
+    assert len(points) == 5  # six points, softmax at n=256 skipped
+    first = next(r for r in points if r["mechanism"] == "softmax" and r["n"] == 64)
+    assert first["time_ms"] == pytest.approx((1e-9 * 64 * 64 + 1e-6 * 64) * 1e3)
+    assert "ms median" in first["time"] and "3 repeats" in first["time"]
+    y = spec["layer"][0]["encoding"]["y"]
+    assert "(ms)" in y["title"][0] and "median wall-clock" in y["title"][1]
+    assert y["scale"]["type"] == "log" and spec["layer"][0]["encoding"]["x"]["scale"]["type"] == "log"
+
+
+def test_memory_chart_names_its_method_and_uses_mib():
+    spec = charts.scaling_chart(results_frame(), "peak_bytes", log=False).to_dict()
+    y = spec["layer"][0]["encoding"]["y"]
+    assert "MiB" in y["title"][0] and "torch.profiler (CPU allocator)" in y["title"][1]
+    assert "scale" not in y or y["scale"].get("type") != "log"
+    rows = layer_data(spec, "point")[0]
+    linear = next(r for r in rows if r["mechanism"] == "linear" and r["n"] == 128)
+    assert linear["memory_mib"] == pytest.approx(4.0 * 64 * 128 / 2**20)
+    assert f"{int(4 * 64 * 128):,} B" in linear["memory"]
+
+
+def test_skipped_point_is_a_cross_whose_tooltip_gives_the_reason():
+    spec = charts.scaling_chart(results_frame(), "time_median_s").to_dict()
+    crosses = [layer for layer in spec["layer"] if layer["mark"].get("shape") == "cross"]
+    assert len(crosses) == 1
+    rows = spec["datasets"][crosses[0]["data"]["name"]]
+    assert [(r["mechanism"], r["n"]) for r in rows] == [("softmax", 256)]
+    assert rows[0]["why"] == "skipped: predicted 9 GiB exceeds the guard"
+    assert any(t["field"] == "why" for t in crosses[0]["encoding"]["tooltip"])
+
+
+def test_zero_memory_cannot_sit_on_a_log_axis_and_says_so():
+    df = results_frame(skip_last=False)
+    df.loc[0, "peak_bytes"] = 0.0
+    pts = charts.points_frame(df, "peak_bytes", log=True)
+    assert not pts.loc[0, "drawn"] and "log axis" in pts.loc[0, "why"]
+    assert charts.points_frame(df, "peak_bytes", log=False).loc[0, "drawn"]
+
+
+def test_theory_curves_are_dashed_and_the_legend_says_how_they_are_scaled():
+    df = results_frame()
+    theory = pd.DataFrame({"mechanism": "softmax", "curve": "O(n²) fit", "n": [64, 128, 256],
+                           "value": [1e-6, 4e-6, 16e-6]})
+    spec = charts.scaling_chart(df, "time_median_s", theory=theory).to_dict()
+    dashed = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
+    assert len(dashed) == 1
+    title = " ".join(dashed[0]["encoding"]["strokeDash"]["title"])
+    assert "fitted" in title and "least squares" in title
+    rows = spec["datasets"][dashed[0]["data"]["name"]]
+    assert [r["time_ms"] for r in rows] == pytest.approx([1e-3, 4e-3, 16e-3])
+
+
+def test_crossover_is_a_rule_at_n_star_with_its_label():
+    crossings = pd.DataFrame({"mechanism": ["linear", "linear"], "baseline": ["softmax", "sdpa"],
+                              "metric": "time_median_s", "n_star": [100.0, np.nan],
+                              "note": ["between measured points", "not within the measured range"]})
+    spec = charts.scaling_chart(results_frame(), "time_median_s", crossovers=crossings).to_dict()
+    (rules,) = layer_data(spec, "rule")
+    assert [r["n"] for r in rules] == [100.0]
+    assert rules[0]["line"] == "Linear (elu+1) overtakes Softmax (materialized) at n* ≈ 100"
+    (texts,) = layer_data(spec, "text")
+    assert texts[0]["text"] == "n* ≈ 100"
+
+
+def test_mixed_causal_frame_keeps_two_lines_per_mechanism_told_apart_by_shape():
+    df = pd.concat([results_frame(causal=False), results_frame(causal=True)], ignore_index=True)
+    spec = charts.scaling_chart(df, "time_median_s").to_dict()
+    rows = layer_data(spec, "point")[0]
+    assert {r["series"] for r in rows} >= {"Softmax (materialized) · causal", "Softmax (materialized) · bidirectional"}
+    point_layer = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "point")
+    assert point_layer["encoding"]["shape"]["field"] == "mask"
+
+
+def test_colours_follow_the_catalogue_so_a_mechanism_keeps_its_colour():
+    one = charts.scaling_chart(results_frame(("softmax", "linear")), "time_median_s").to_dict()
+    two = charts.scaling_chart(results_frame(("linear",)), "time_median_s").to_dict()
+    scale = lambda s: s["layer"][0]["encoding"]["color"]["scale"]  # noqa: E731
+    assert dict(zip(scale(one)["domain"], scale(one)["range"]))["Linear (elu+1)"] == scale(two)["range"][0]
+
+
+def test_talk_mode_uses_larger_type_and_thicker_lines():
+    plain = charts.scaling_chart(results_frame(), "time_median_s").to_dict()
+    talk = charts.scaling_chart(results_frame(), "time_median_s", talk=True).to_dict()
+    assert talk["config"]["axis"]["labelFontSize"] > plain["config"]["axis"]["labelFontSize"]
+    assert talk["layer"][0]["mark"]["strokeWidth"] > plain["layer"][0]["mark"]["strokeWidth"]
+
+
+def test_title_and_subtitle_are_editable_and_default_to_the_setup():
+    df = results_frame()
+    default = charts.scaling_chart(df, "peak_bytes").to_dict()["title"]
+    assert default["text"] == "Peak memory of one forward call vs sequence length"
+    assert "d_model 512" in default["subtitle"] and "float32" in default["subtitle"]
+    mine = charts.scaling_chart(df, "peak_bytes", title="The quadratic wall", subtitle="live").to_dict()["title"]
+    assert (mine["text"], mine["subtitle"]) == ("The quadratic wall", "live")
+
+
+def test_an_empty_frame_still_makes_a_valid_chart():
+    empty = results_frame().iloc[0:0]
+    spec = charts.scaling_chart(empty, "time_median_s").to_dict()
+    assert spec["title"]["subtitle"] == ""
