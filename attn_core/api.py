@@ -28,4 +28,9 @@ def make_state(key: str, shape: Shape, device=None, dtype=torch.float32, *, seed
 def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               **params: Any) -> torch.Tensor:
     """Run mechanism `key` on q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D) with its keyword parameters."""
-    return get(key).fn(q, k, v, causal=causal, **params)
+    spec = get(key)
+    unknown = set(params) - {p.name for p in spec.params} - set(spec.state_keys) - {"seed", "mask"}
+    if unknown:
+        raise ValueError(f"{spec.label} has no parameter {', '.join(sorted(unknown))}; its parameters are "
+                         f"{', '.join(p.name for p in spec.params) or 'none'}")
+    return spec.fn(q, k, v, causal=causal, **params)

@@ -17,6 +17,17 @@ def chunk_blocks(heads: int, block: int, span: int) -> int:
     return max(1, CHUNK_ELEMS // (heads * block * span))
 
 
+def banded_memory(heads: int, n: int, d: int, elem: int, *, block: int, left: int, right: int) -> float:
+    """Predicted peak bytes of banded_attention above its inputs: reached in the first chunk, which holds the output,
+    the (block, S) mask, its scaled queries, zero-padded key and value slabs when it touches an edge, its edge mask,
+    and the scores and probabilities (B·H·rows·S each)."""
+    span = left + block + right
+    rows = min(chunk_blocks(heads, block, span), -(-n // block)) * block
+    edge = left > 0 or rows + right > n
+    slabs = 2 * heads * (rows + left + right) * d * elem + rows * span * elem if edge else 0
+    return heads * n * d * elem + block * span * (elem + 1) + heads * rows * (d + 2 * span) * elem + slabs
+
+
 def _key_slab(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """x[:, :, start:stop] along the sequence, zero rows where [start, stop) leaves [0, n)."""
     n = x.shape[-2]
@@ -43,21 +54,28 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     r = torch.arange(block, device=q.device)[:, None]
     t = torch.arange(span, device=q.device)[None, :]
     keep = pattern(base + r, base - left + t)  # (block, S), the same for every block
-    neg = torch.finfo(q.dtype).min / 2  # finite: a padded query row with no visible key must not produce NaN
-    inner_bias = torch.zeros(block, span, dtype=q.dtype, device=q.device).masked_fill_(~keep, neg)
+    # A finite floor, not −inf: a padded query row that sees no key must not turn into NaN (nor its gradients).
+    inner_bias = torch.zeros(block, span, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min / 2)
     out = q.new_empty(B, H, n, D)
     step = chunk_blocks(B * H, block, span)
     for first in range(0, n_blocks, step):
         c = min(step, n_blocks - first)
         qs, qe = first * block, min(n, (first + c) * block)
-        qc = F.pad(q[:, :, qs:qe], (0, 0, 0, c * block - (qe - qs))) * (1.0 / math.sqrt(D))
-        ks = qs - left
-        kw = _key_slab(k, ks, qs + c * block + right).unfold(2, span, block)  # (B, H, c, D, S) view
-        vw = _key_slab(v, ks, qs + c * block + right).unfold(2, span, block)
-        bias = inner_bias
-        if ks < 0 or qs + c * block + right > n:  # edge chunk: mask the zero-padded keys
-            pos = ks + block * torch.arange(c, device=q.device)[:, None, None] + t  # (c, 1, S)
-            bias = inner_bias.masked_fill((pos < 0) | (pos >= n), neg)
-        p = torch.softmax((qc.view(B, H, c, block, D) @ kw).add_(bias), dim=-1)  # (B, H, c, block, S)
-        out[:, :, qs:qe] = (p @ vw.transpose(-1, -2)).view(B, H, c * block, D)[:, :, : qe - qs]
+        out[:, :, qs:qe] = _chunk(q, k, v, qs, c, block, left, right, inner_bias)[:, :, : qe - qs]
     return out
+
+
+def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bias: torch.Tensor) -> torch.Tensor:
+    """Output rows [qs, qs + c·block) of banded_attention, (B, H, c·block, D); its temporaries die on return."""
+    B, H, n, D = q.shape
+    span = inner_bias.shape[-1]
+    qc = F.pad(q[:, :, qs:min(n, qs + c * block)], (0, 0, 0, max(0, qs + c * block - n))) * (1.0 / math.sqrt(D))
+    ks, ke = qs - left, qs + c * block + right
+    kw = _key_slab(k, ks, ke).unfold(2, span, block)  # (B, H, c, D, S): a view, no copy
+    vw = _key_slab(v, ks, ke).unfold(2, span, block)
+    bias = inner_bias
+    if ks < 0 or ke > n:  # edge chunk: mask the zero-padded keys
+        pos = ks + block * torch.arange(c, device=q.device)[:, None, None] + torch.arange(span, device=q.device)
+        bias = inner_bias.masked_fill((pos < 0) | (pos >= n), torch.finfo(q.dtype).min / 2)  # (c, block, S)
+    p = torch.softmax((qc.view(B, H, c, block, D) @ kw).add_(bias), dim=-1)  # (B, H, c, block, S)
+    return (p @ vw.transpose(-1, -2)).view(B, H, c * block, D)

@@ -2,13 +2,16 @@
 Performer; Katharopoulos et al. 2020, arXiv 2006.16236, eq. 4–6)."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 
-def causal_chunk(features: int) -> int:
-    """Queries per chunk of the causal form: state size (n/C)·m·D stays ≤ n·D when C ≥ m."""
-    return max(64, features)
+def causal_chunk(m: int, d: int) -> int:
+    """Positions per chunk of the causal form. The chunk states hold (n/C)·m·d numbers and the masked in-chunk
+    products n·C, so C ≈ √(m·d) balances them (a power of two in [32, 256])."""
+    return 1 << max(5, min(8, round(math.log2(math.sqrt(m * d)))))
 
 
 def linear_attention_core(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -23,27 +26,36 @@ def linear_attention_core(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Ten
         den = phi_q @ phi_k.sum(-2, keepdim=True).transpose(-2, -1)  # (B, H, Nq, 1)
         return (phi_q @ kv) / den.clamp_min(torch.finfo(den.dtype).tiny)
     B, H, n, m = phi_q.shape
-    C = min(causal_chunk(m), n)
+    C = min(causal_chunk(m, v.shape[-1]), n)
     nc = -(-n // C)
-    pad = nc * C - n  # zero rows of φ(K) add nothing to any sum; padded query rows are dropped
-    qc = F.pad(phi_q, (0, 0, 0, pad)).view(B, H, nc, C, m)
-    kc = F.pad(phi_k, (0, 0, 0, pad)).view(B, H, nc, C, m)
-    vc = F.pad(v, (0, 0, 0, pad)).view(B, H, nc, C, v.shape[-1])
+    if nc * C != n:  # zero rows of φ(K) add nothing to any sum; padded query rows are dropped
+        phi_q, phi_k, v = (F.pad(x, (0, 0, 0, nc * C - n)) for x in (phi_q, phi_k, v))
+    qc, kc, vc = phi_q.view(B, H, nc, C, m), phi_k.view(B, H, nc, C, m), v.view(B, H, nc, C, v.shape[-1])
     kv = kc.transpose(-2, -1) @ vc  # (B, H, nc, m, D): each chunk's own Σ φ(k) vᵀ
     state = kv.cumsum(2).sub_(kv)  # exclusive prefix: the chunks before this one
+    del kv
     ksum = kc.sum(-2)  # (B, H, nc, m)
     zstate = ksum.cumsum(2).sub_(ksum)
     intra = (qc @ kc.transpose(-2, -1)).tril_()  # (B, H, nc, C, C), j ≤ i inside the chunk
-    num = intra @ vc + qc @ state
-    den = intra.sum(-1, keepdim=True) + qc @ zstate.unsqueeze(-1)
-    out = num / den.clamp_min(torch.finfo(den.dtype).tiny)
-    return out.view(B, H, nc * C, -1)[:, :, :n]
+    den = intra.sum(-1, keepdim=True).add_(qc @ zstate.unsqueeze(-1))
+    num = intra @ vc
+    del intra
+    num = num.add_(qc @ state)
+    return (num / den.clamp_min(torch.finfo(den.dtype).tiny)).view(B, H, nc * C, -1)[:, :, :n]
 
 
-def linear_core_memory(heads: int, nq: int, nk: int, m: int, d: int, elem: int, causal: bool) -> float:
-    """Predicted peak bytes of linear_attention_core above its φ inputs (output included)."""
+def linear_core_memory(heads: int, nq: int, m: int, d: int, elem: int, causal: bool) -> float:
+    """Predicted peak bytes of linear_attention_core above its φ inputs (output included), from the order in
+    which it allocates: the largest set of tensors alive at once."""
     if not causal:
-        return heads * (2 * nq * d + nq + m * d + m) * elem
-    C = min(causal_chunk(m), nq)
+        return heads * (m * d + m + 2 * nq + 2 * nq * d) * elem
+    C = min(causal_chunk(m, d), nq)
     n = -(-nq // C) * C
-    return heads * (2 * (n // C) * m * d + n * C + 2 * n * d + 2 * n) * elem
+    state, zs, intra, nd = (n // C) * m * d, (n // C) * m, n * C, n * d
+    alive = max(2 * state,  # the exclusive prefix sum beside the per-chunk states
+                state + zs + intra + n + nd,  # in-chunk products and their sums, the numerator
+                state + zs + n + 2 * nd,  # numerator and the contribution of earlier chunks
+                state + zs + 2 * n + 2 * nd)  # the division into the output
+    if n != nq:  # zero-padded copies of φ(Q), φ(K) and V replace the φ inputs
+        alive = max(n * (2 * m + d), (n - nq) * 2 * m + nd + alive)
+    return heads * alive * elem

@@ -10,7 +10,7 @@ from ._linear_core import causal_chunk, linear_attention_core, linear_core_memor
 
 def feature_map(x):
     """φ(x) = elu(x) + 1 > 0, elementwise: (…, D) → (…, D)."""
-    return F.elu(x) + 1
+    return F.elu(x).add_(1)
 
 
 def linear_attention(q, k, v, *, causal: bool = False):
@@ -24,16 +24,16 @@ def linear_attention(q, k, v, *, causal: bool = False):
 
 
 def _flops(s: Shape) -> float:
-    if s.causal:  # per chunk: the masked (C, C) block against φ(K) and V, plus the state in and out
-        C = min(causal_chunk(s.D), s.Nq)
+    if s.causal:  # per position: state in and out (m·D each), plus its share of the masked (C, C) in-chunk block
+        C = min(causal_chunk(s.D, s.D), s.Nq)
         return s.heads * s.Nq * (4.0 * s.D * s.D + 2.0 * C * s.D)
     return s.heads * (2.0 * s.Nk * s.D * s.D + 2.0 * s.Nq * s.D * s.D)
 
 
 def _memory(s: Shape) -> float:
-    # φ(Q) and φ(K) (elu allocates, the + 1 allocates again) and the core.
-    return s.heads * (s.Nq + s.Nk) * s.D * s.elem + linear_core_memory(s.heads, s.Nq, s.Nk, s.D, s.D, s.elem,
-                                                                         s.causal)
+    # φ(Q) and φ(K), then the core.
+    return (s.heads * (s.Nq + s.Nk) * s.D * s.elem
+            + linear_core_memory(s.heads, s.Nq, s.D, s.D, s.elem, s.causal))
 
 
 SPEC = MechanismSpec(

@@ -31,8 +31,7 @@ def linformer_attention(q, k, v, *, causal: bool = False, rank: int = 256, E=Non
         if p.shape != (rank, shape.Nk):
             raise ValueError(f"{name} must have shape (rank, Nk) = ({rank}, {shape.Nk}), got {tuple(p.shape)}")
     kp, vp = E @ k, F @ v  # (B, H, rank, D)
-    scores = (q * (1.0 / math.sqrt(shape.D))) @ kp.transpose(-2, -1)  # (B, H, Nq, rank)
-    return torch.softmax(scores, dim=-1) @ vp
+    return torch.softmax((q * (1.0 / math.sqrt(shape.D))) @ kp.transpose(-2, -1), dim=-1) @ vp  # via (B, H, Nq, rank)
 
 
 def _flops(s: Shape, rank: int = 256) -> float:
@@ -40,8 +39,8 @@ def _flops(s: Shape, rank: int = 256) -> float:
 
 
 def _memory(s: Shape, rank: int = 256) -> float:
-    # Projected K and V, scaled Q, then scores and probabilities (Nq, rank) at the softmax.
-    return s.heads * (2 * rank * s.D + 2 * s.Nq * rank + s.Nq * s.D * 0) * s.elem
+    # Projected K and V (rank, D) held throughout, beside two of: scaled queries, scores, probabilities, output.
+    return s.heads * (2 * rank * s.D + s.Nq * rank + s.Nq * max(s.D, rank)) * s.elem
 
 
 SPEC = MechanismSpec(

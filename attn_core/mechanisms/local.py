@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import masks
 from ..spec import MechanismSpec, Param, Shape
-from ._banded import banded_attention, chunk_blocks
+from ._banded import banded_attention, banded_memory
 from ._common import checked_shape
 
 
@@ -16,9 +16,7 @@ def local_attention(q, k, v, *, causal: bool = False, block: int = 128, lookback
     strided view of (lookback + 1 + lookahead)·block keys. O(n·block·d) time, O(n·d) memory.
     """
     s = checked_shape(SPEC, q, k, v, causal, block=block, lookback=lookback, lookahead=lookahead)
-    b = min(block, s.Nq)  # one block holding everything is the same pattern as any larger block
-    most = -(-s.Nq // b) - 1  # looking further than the last block adds nothing
-    back, ahead = min(lookback, most), 0 if causal else min(lookahead, most)
+    b, back, ahead = _reach(s, block, lookback, lookahead)
     return banded_attention(q, k, v, pattern=_pattern(causal, b, back, ahead), block=b, left=back * b,
                             right=ahead * b)
 
@@ -29,23 +27,23 @@ def _pattern(causal: bool, block: int = 128, lookback: int = 1, lookahead: int =
     return masks.block_local(block, lookback, lookahead)
 
 
-def _blocks_seen(s: Shape, block: int, lookback: int, lookahead: int) -> int:
-    most = -(-s.Nq // min(block, s.Nq)) - 1
-    return min(lookback, most) + 1 + (0 if s.causal else min(lookahead, most))
+def _reach(s: Shape, block: int, lookback: int, lookahead: int) -> tuple[int, int, int]:
+    """(block, blocks back, blocks ahead) as computed: a block larger than n is the same pattern as one of n, and
+    looking past the first or last block adds nothing."""
+    b = min(block, s.Nq)
+    most = -(-s.Nq // b) - 1
+    return b, min(lookback, most), 0 if s.causal else min(lookahead, most)
 
 
 def _flops(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
-    keys = _blocks_seen(s, block, lookback, lookahead) * min(block, s.Nq)
-    if s.causal:
-        keys -= (min(block, s.Nq) - 1) / 2  # the own block is a triangle
+    b, back, ahead = _reach(s, block, lookback, lookahead)
+    keys = (back + 1 + ahead) * b - ((b - 1) / 2 if s.causal else 0)  # causal: the own block is a triangle
     return 4.0 * s.heads * s.Nq * min(keys, s.Nk) * s.D
 
 
 def _memory(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
-    b = min(block, s.Nq)
-    span = _blocks_seen(s, block, lookback, lookahead) * b
-    rows = min(chunk_blocks(s.heads, b, span), -(-s.Nq // b)) * b
-    return s.output_bytes + s.heads * rows * (2 * span + s.D) * s.elem
+    b, back, ahead = _reach(s, block, lookback, lookahead)
+    return banded_memory(s.heads, s.Nq, s.D, s.elem, block=b, left=back * b, right=ahead * b)
 
 
 SPEC = MechanismSpec(

@@ -15,10 +15,16 @@ def orthogonal_features(features: int, d: int, *, seed: int = 0, device=None, dt
     """(features, d) random projection: stacked blocks of orthogonal rows (QR of Gaussian d×d), each row rescaled
     to the norm of an independent Gaussian vector so its length is distributed as a Gaussian row's."""
     g = torch.Generator().manual_seed(seed)
-    blocks = [torch.linalg.qr(torch.randn(d, d, generator=g))[0].T for _ in range(math.ceil(features / d))]
-    w = torch.cat(blocks)[:features]
+    w = torch.cat([_haar_orthogonal(d, g) for _ in range(math.ceil(features / d))])[:features]
     w = w * torch.randn(features, d, generator=g).norm(dim=1, keepdim=True)
     return w.to(device=device, dtype=dtype)
+
+
+def _haar_orthogonal(d: int, g: torch.Generator) -> torch.Tensor:
+    """A uniformly random (Haar) d×d orthogonal matrix: QR of a Gaussian, signs fixed by R's diagonal
+    (without that fix the rows are biased towards some directions and the kernel estimate with them)."""
+    q, r = torch.linalg.qr(torch.randn(d, d, generator=g))
+    return (q * torch.sign(torch.diagonal(r))).T
 
 
 def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, features: int = 256) -> dict:
@@ -33,10 +39,9 @@ def favor_features(x: torch.Tensor, projection: torch.Tensor, *, is_query: bool)
     over all keys of a head; both cancel in the normalization (the max-subtraction trick).
     """
     xs = x * x.shape[-1] ** -0.25
-    proj = xs @ projection.T  # (B, H, N, m)
-    proj = proj - (xs * xs).sum(-1, keepdim=True) / 2
+    proj = (xs @ projection.T).sub_((xs * xs).sum(-1, keepdim=True) / 2)  # (B, H, N, m), in place to spare memory
     stab = proj.amax(-1, keepdim=True) if is_query else proj.amax((-2, -1), keepdim=True)
-    return torch.exp(proj - stab.detach()) * projection.shape[0] ** -0.5
+    return proj.sub_(stab.detach() + 0.5 * math.log(projection.shape[0])).exp_()  # the 1/√m folded into the exponent
 
 
 def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, projection=None, seed: int = 0):
@@ -59,15 +64,17 @@ def _flops(s: Shape, features: int = 256) -> float:
     m = features
     maps = 2.0 * (s.Nq + s.Nk) * m * s.D  # projections of queries and keys
     if s.causal:
-        C = min(causal_chunk(m), s.Nq)
+        C = min(causal_chunk(m, s.D), s.Nq)
         return s.heads * (maps + s.Nq * (4.0 * m * s.D + 2.0 * C * (m + s.D)))
     return s.heads * (maps + 2.0 * s.Nk * m * s.D + 2.0 * s.Nq * m * s.D)
 
 
 def _memory(s: Shape, features: int = 256) -> float:
-    # φ(Q), φ(K) (N·m each) with one projection temporary, then the core.
-    return (s.heads * (s.Nq + s.Nk + max(s.Nq, s.Nk)) * features * s.elem
-            + linear_core_memory(s.heads, s.Nq, s.Nk, features, s.D, s.elem, s.causal))
+    m, e = features, s.elem
+    # Drawing φ(K) while φ(Q) is held: its scaled input, squares and projection; then φ(Q), φ(K) and the core.
+    maps = s.heads * (s.Nq * m + s.Nk * (m + 2 * s.D)) * e
+    held = s.heads * (s.Nq + s.Nk) * m * e + linear_core_memory(s.heads, s.Nq, m, s.D, e, s.causal)
+    return max(maps, held)
 
 
 SPEC = MechanismSpec(

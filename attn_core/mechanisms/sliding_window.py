@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import masks
 from ..spec import MechanismSpec, Param, Shape
-from ._banded import banded_attention, chunk_blocks
+from ._banded import banded_attention, banded_memory
 from ._common import checked_shape
 from .softmax import softmax_attention
 
@@ -12,10 +12,6 @@ from .softmax import softmax_attention
 def tile(window: int, n: int) -> int:
     """Query rows per block: small enough that the window wastes little, large enough for efficient matmuls."""
     return max(1, min(n, 128, max(32, window // 2)))
-
-
-def _span(window: int, causal: bool, n: int) -> int:
-    return window + tile(window, n) + (0 if causal else window)
 
 
 def sliding_window_attention(q, k, v, *, causal: bool = False, window: int = 256):
@@ -52,10 +48,8 @@ def _flops(s: Shape, window: int = 256) -> float:
 
 
 def _memory(s: Shape, window: int = 256) -> float:
-    block, span = tile(window, s.Nq), _span(window, s.causal, s.Nq)
-    rows = min(chunk_blocks(s.heads, block, span), -(-s.Nq // block)) * block
-    # Output, plus one chunk's scores and probabilities (B·H·rows·S each) and its scaled query rows.
-    return s.output_bytes + s.heads * rows * (2 * span + s.D) * s.elem
+    return banded_memory(s.heads, s.Nq, s.D, s.elem, block=tile(window, s.Nq), left=window,
+                         right=0 if s.causal else window)
 
 
 SPEC = MechanismSpec(

@@ -17,39 +17,47 @@ def sparse_attention(q, k, v, *, causal: bool = False, stride: int = 128):
     stride) or j mod s = s − 1 (a summary key); causal also needs j ≤ i.
 
     q, k, v (B, H, n, D) → (B, H, n, D). Each block of queries is scored against its own block and the n/s summary
-    keys (those of its own block counted once), one joint softmax over both. O(n·(s + n/s)·d) time, O(n·(s + n/s))
-    memory for the scores, processed in chunks of blocks; s ≈ √n gives O(n·√n).
+    keys (those of its own block counted once), one joint softmax over both. O(n·(s + n/s)·d) time (s ≈ √n gives
+    O(n·√n)); chunks of query blocks bound the scores held at once, so memory is O(n·d + s·(s + n/s)).
     """
-    shape = checked_shape(SPEC, q, k, v, causal, stride=stride)
+    checked_shape(SPEC, q, k, v, causal, stride=stride)
     B, H, n, D = q.shape
     s = min(stride, n)
     nb = math.ceil(n / s)
     pad = nb * s - n
-    qb = F.pad(q, (0, 0, 0, pad)).view(B, H, nb, s, D)
-    kb = F.pad(k, (0, 0, 0, pad)).view(B, H, nb, s, D)
-    vb = F.pad(v, (0, 0, 0, pad)).view(B, H, nb, s, D)
+    qb, kb, vb = (F.pad(x, (0, 0, 0, pad)) if pad else x for x in (q, k, v))  # copies only when n % s ≠ 0
+    qb, kb, vb = (x.reshape(B, H, nb, s, D) for x in (qb, kb, vb))
     ksum, vsum = k[:, :, s - 1::s], v[:, :, s - 1::s]  # (B, H, m, D): summary keys, m = ⌊n/s⌋
     m = ksum.shape[-2]
-    neg = torch.finfo(q.dtype).min / 2
-    r = torch.arange(s, device=q.device)
-    local_ok = (r[None, :] < s - pad) | (torch.arange(nb, device=q.device)[:, None, None] < nb - 1)  # (nb, 1, s)
-    if causal:
-        local_ok = local_ok & (r[None, :] <= r[:, None])  # (nb, s, s)
-    beta, u = torch.arange(nb, device=q.device)[:, None, None], torch.arange(m, device=q.device)
-    summary_ok = (u < beta) if causal else (u != beta)  # (nb, 1, m): own block's summary is in the local part
-    bias = torch.cat([torch.zeros(local_ok.shape, dtype=q.dtype, device=q.device).masked_fill_(~local_ok, neg)
-                      .expand(nb, s, s), torch.zeros(summary_ok.shape, dtype=q.dtype, device=q.device)
-                      .masked_fill_(~summary_ok, neg).expand(nb, s, m)], dim=-1)  # (nb, s, s + m)
     out = q.new_empty(B, H, nb * s, D)
     step = chunk_blocks(B * H, s, s + m)
     for a in range(0, nb, step):
         z = slice(a, min(nb, a + step))
-        qc = qb[:, :, z] * (1.0 / math.sqrt(D))
-        scores = torch.cat([qc @ kb[:, :, z].transpose(-1, -2), qc @ ksum[:, :, None].transpose(-1, -2)], dim=-1)
-        p = torch.softmax(scores.add_(bias[z]), dim=-1)  # (B, H, c, s, s + m)
-        o = p[..., :s] @ vb[:, :, z] + p[..., s:] @ vsum[:, :, None]
-        out[:, :, a * s:z.stop * s] = o.flatten(2, 3)
+        out[:, :, a * s:z.stop * s] = _chunk(qb[:, :, z], kb[:, :, z], vb[:, :, z], ksum, vsum,
+                                             _bias(z, s, m, n, causal, q))
     return out[:, :, :n]
+
+
+def _chunk(qc, kc, vc, ksum, vsum, bias):
+    """One chunk of query blocks (B, H, c, s, D) against their own blocks and the summary keys → (B, H, c·s, D)."""
+    c = qc.shape[2]
+    keys = torch.cat([kc, ksum[:, :, None].expand(-1, -1, c, -1, -1)], dim=-2)  # (B, H, c, s + m, D)
+    values = torch.cat([vc, vsum[:, :, None].expand(-1, -1, c, -1, -1)], dim=-2)
+    p = torch.softmax(((qc * qc.shape[-1] ** -0.5) @ keys.transpose(-1, -2)).add_(bias), dim=-1)
+    return (p @ values).flatten(2, 3)
+
+
+def _bias(blocks: slice, s: int, m: int, n: int, causal: bool, like: torch.Tensor) -> torch.Tensor:
+    """(c, s, s + m) additive mask for query blocks `blocks`: own-block keys (padding past n excluded; j ≤ i when
+    causal), then the m summary keys (not the own block's, counted in the local part; earlier blocks when causal)."""
+    beta = torch.arange(blocks.start, blocks.stop, device=like.device)[:, None, None]  # (c, 1, 1)
+    r, u = torch.arange(s, device=like.device), torch.arange(m, device=like.device)
+    local_ok = (beta * s + r < n).expand(-1, s, s)
+    if causal:
+        local_ok = local_ok & (r[None, :] <= r[:, None])
+    summary_ok = ((u < beta) if causal else (u != beta)).expand(-1, s, m)
+    ok = torch.cat([local_ok, summary_ok], dim=-1)
+    return torch.zeros(ok.shape, dtype=like.dtype, device=like.device).masked_fill_(~ok, torch.finfo(like.dtype).min / 2)
 
 
 def _pattern(causal: bool, stride: int = 128) -> masks.Pattern:
@@ -65,11 +73,14 @@ def _flops(s: Shape, stride: int = 128) -> float:
 def _memory(s: Shape, stride: int = 128) -> float:
     st = min(stride, s.Nq)
     nb, m = -(-s.Nq // st), s.Nq // st
-    rows = min(chunk_blocks(s.heads, st, st + m), nb) * st
-    padded = 3 * s.heads * (nb * st - s.Nq) * s.D * s.elem if nb * st != s.Nq else 0
-    # Output (padded length), the chunk's scores and probabilities, the mask bias, padded copies of q, k, v.
-    return (s.heads * nb * st * s.D * s.elem + 2 * s.heads * rows * (st + m) * s.elem
-            + nb * st * (st + m) * s.elem + padded)
+    rows = min(chunk_blocks(s.heads, st, st + m), nb) * st  # query rows in the first, largest chunk
+    padded = 3 * s.heads * nb * st * s.D if nb * st != s.Nq else 0  # zero-padded copies of q, k, v
+    keys = 2 * s.heads * (rows // st) * (st + m) * s.D  # the chunk's gathered keys and values
+    scores = s.heads * rows * (st + m)
+    # Output (padded length), the chunk's mask, keys and values, its scores beside the scaled queries or beside
+    # the probabilities.
+    return (s.heads * nb * st * s.D + padded + rows * (st + m) + keys + scores
+            + max(s.heads * rows * s.D, scores)) * s.elem
 
 
 SPEC = MechanismSpec(
@@ -84,7 +95,7 @@ SPEC = MechanismSpec(
     supports_causal=True,
     supports_cross=False,
     time_big_o="O(n·(s + n/s)·d)",
-    memory_big_o="O(n·(s + n/s))",
+    memory_big_o="O(n·d + s·(s + n/s))",
     flops=_flops,
     memory_bytes=_memory,
     pattern=_pattern,

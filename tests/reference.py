@@ -1,0 +1,45 @@
+"""Baselines written independently of attn_core: explicit loops and numpy, no shared helpers."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def allowed(kind: str, nq: int, nk: int, causal: bool = False, **p) -> np.ndarray:
+    """(nq, nk) boolean mask built cell by cell from each paper's wording."""
+    m = np.zeros((nq, nk), dtype=bool)
+    for i in range(nq):
+        for j in range(nk):
+            if kind == "full":
+                ok = True
+            elif kind == "sliding_window":
+                ok = abs(i - j) <= p["window"]
+            elif kind == "local":
+                bi, bj = i // p["block"], j // p["block"]
+                ok = bi - p["lookback"] <= bj <= bi + (0 if causal else p["lookahead"])
+            elif kind == "sparse":
+                s = p["stride"]
+                ok = i // s == j // s or j % s == s - 1
+            else:
+                raise KeyError(kind)
+            m[i, j] = ok and (j <= i or not causal)
+    return m
+
+
+def masked_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: np.ndarray | None = None) -> torch.Tensor:
+    """Attention computed in float64 with an explicit exp and normalisation (no torch.softmax)."""
+    q64, k64, v64 = (t.double() for t in (q, k, v))
+    logits = torch.einsum("bhid,bhjd->bhij", q64, k64) / q.shape[-1] ** 0.5
+    if mask is not None:
+        logits = logits.masked_fill(~torch.as_tensor(mask), float("-inf"))
+    w = torch.exp(logits - logits.amax(-1, keepdim=True))
+    w = w / w.sum(-1, keepdim=True)
+    return torch.einsum("bhij,bhjd->bhid", w, v64)
+
+
+def kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Explicit O(n²) form of kernelized attention: A = φ(Q)φ(K)ᵀ (lower triangle if causal), rows normalised."""
+    a = torch.einsum("bhim,bhjm->bhij", phi_q.double(), phi_k.double())
+    if causal:
+        a = a * torch.ones(a.shape[-2:], dtype=torch.float64).tril()
+    return torch.einsum("bhij,bhjd->bhid", a / a.sum(-1, keepdim=True), v.double())
