@@ -1,0 +1,1 @@
+"""Benchmark scripts: they print their figures; performance is never asserted in tests."""

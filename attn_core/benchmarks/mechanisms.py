@@ -1,0 +1,126 @@
+"""Efficiency of every mechanism on this machine: time, allocator-level peak memory, log-log slopes, and the share
+of the device's own matmul throughput, all measured in one run.
+
+    python -m attn_core.benchmarks.mechanisms            # B=1, H=8, D=64, fp32, forward, 2 threads, n = 1024…32768
+    python -m attn_core.benchmarks.mechanisms --quick    # n = 512…4096, for a first look
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import torch
+
+from .. import MECHANISMS, env
+from ..analysis import fit_slopes
+from ..measure import Case, Settings, format_bytes, measure_case
+from ..results import frame_from_rows
+
+EFFICIENT = {"local": {}, "sliding_window": {"window": 256}, "linformer": {"rank": 256},
+             "performer": {"features": 256}, "linear": {}}
+TARGET_TIME_SLOPE, TARGET_MEMORY_SLOPE = 1.15, 1.1
+
+
+def lines(args: argparse.Namespace) -> list[tuple[str, dict, bool]]:
+    """(mechanism, params, causal) for every mechanism at its defaults (the efficient ones at the issue's settings),
+    and the causal variant of every mechanism that has one."""
+    out = []
+    for key, spec in MECHANISMS.items():
+        params = {**spec.defaults, **EFFICIENT.get(key, {})}
+        out += [(key, params, causal) for causal in (False, True) if not causal or spec.supports_causal]
+    return [line for line in out if not args.mechanisms or line[0] in args.mechanisms.split(",")]
+
+
+def measure(args: argparse.Namespace):
+    settings = Settings(warmup=1, min_repeats=args.repeats, min_time_s=args.min_time, budget_s=args.budget,
+                        threads=args.threads)
+    ns = [2**e for e in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
+    rows = []
+    for key, params, causal in lines(args):
+        slow = False
+        for n in ns:
+            case = Case(key, tuple(sorted(params.items())), n, 1, args.heads, args.heads * args.head_dim, "float32",
+                        "cpu", "forward", causal)
+            if slow:  # the previous n of this line already took longer than the budget
+                continue
+            row, took = measure_case(MECHANISMS[key], case, settings)
+            rows.append(row)
+            slow = took > args.budget
+            print(f"  {key:15s} {'causal' if causal else '      '} n={n:6d} {row['status']:8s} "
+                  f"{row['time_median_s'] * 1e3:10.2f} ms  {format_bytes(row['peak_bytes'] or 0):>10s}"
+                  f"  {row['reason']}", file=sys.stderr, flush=True)
+    return frame_from_rows(rows)
+
+
+def report(df, args) -> None:
+    ok = df[df.status == "ok"].copy()
+    ok["line"] = ok.mechanism + ok.causal.map({True: " (causal)", False: ""})
+    ok["ms"] = ok.time_median_s * 1e3
+    ok["iqr_ms"] = ok.time_iqr_s * 1e3
+    ok["peak_MiB"] = ok.peak_bytes / 2**20
+    ok["predicted_MiB"] = ok.predicted_bytes / 2**20
+    ok["GFLOP/s"] = ok.gflops
+    ok["% matmul"] = ok.pct_of_device
+    print(f"\nDevice: {env.device_name('cpu')}, {torch.get_num_threads()} threads, fp32 matmul "
+          f"{env.matmul_gflops('cpu', 'float32'):.1f} GFLOP/s (measured in this run)")
+    print("Memory: peak bytes allocated above the inputs, torch.profiler allocator events; time: median (IQR).\n")
+    cols = ["line", "n", "ms", "iqr_ms", "peak_MiB", "predicted_MiB", "GFLOP/s", "% matmul"]
+    print(ok[cols].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+
+    print(f"\nLog-log slopes from n = {args.slope_from} to the largest n measured "
+          f"(targets for the efficient mechanisms: time ≤ {TARGET_TIME_SLOPE}, memory ≤ {TARGET_MEMORY_SLOPE}):")
+    for causal in (False, True):
+        part = ok[ok.causal == causal].assign(mechanism=lambda d: d.line)
+        t = fit_slopes(part, "time_median_s", n_min=args.slope_from).set_index("mechanism")
+        m = fit_slopes(part, "peak_bytes", n_min=args.slope_from).set_index("mechanism")
+        for line in t.index:
+            key = line.split(" ")[0]
+            mark = ""
+            if key in EFFICIENT:
+                good = t.slope[line] <= TARGET_TIME_SLOPE and m.slope.get(line, 0) <= TARGET_MEMORY_SLOPE
+                mark = "meets target" if good else "MISSES target"
+            print(f"  {line:28s} time {t.slope[line]:5.2f}  memory {m.slope.get(line, float('nan')):5.2f}  "
+                  f"(n {t.n_min[line]:.0f}–{t.n_max[line]:.0f})  {mark}")
+
+    at = ok[(ok.n == args.compare_n) & ~ok.causal].set_index("mechanism")
+    if {"sliding_window", "sdpa", "softmax"} <= set(at.index):
+        sw, sd, sm = at.loc["sliding_window"], at.loc["sdpa"], at.loc["softmax"]
+        print(f"\nAt n = {args.compare_n}: sliding_window (w=256) is {sd.ms / sw.ms:.1f}× faster than sdpa "
+              f"(target ≥ 10×) and uses {sw.peak_bytes / sm.peak_bytes:.4f} of softmax's peak memory "
+              f"(target < 0.01; {format_bytes(sw.peak_bytes)} vs {format_bytes(sm.peak_bytes)}).")
+    low = ok[(ok.n >= 4096) & (ok["% matmul"] < 25)]
+    if len(low):
+        print("\nBelow 25% of the matmul throughput at n ≥ 4096:")
+        for line, g in low.groupby("line"):
+            print(f"  {line}: {g['% matmul'].min():.0f}–{g['% matmul'].max():.0f}%")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n-min", type=int, default=1024)
+    p.add_argument("--n-max", type=int, default=32768)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3, help="minimum timed samples per point")
+    p.add_argument("--min-time", type=float, default=0.5, help="minimum seconds of timed samples per point")
+    p.add_argument("--budget", type=float, default=60.0, help="seconds per point; larger n of a slower line skip")
+    p.add_argument("--slope-from", type=int, default=4096)
+    p.add_argument("--compare-n", type=int, default=16384)
+    p.add_argument("--mechanisms", default="", help="comma-separated keys (default: all)")
+    p.add_argument("--quick", action="store_true", help="n = 512…4096, slopes from 1024")
+    p.add_argument("--csv", default="", help="also write the rows to this CSV file")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n_min, args.n_max, args.slope_from, args.compare_n = 512, 4096, 1024, 4096
+    torch.set_num_threads(args.threads)
+    df = measure(args)
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+    report(df, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
