@@ -312,3 +312,9 @@ def test_efficient_mechanisms_never_build_quadratic_or_n_m_d_tensors(key, params
     with torch.inference_mode():
         peak = profiled_peak(lambda: ac.attention(key, q, k, v, causal=causal, **params, **state))
     assert n * d * 4 <= peak < 40 * n * d * 4, peak
+
+
+def test_sdpa_reports_the_kernel_pytorch_chooses():
+    q, k, v = qkv(64)
+    assert ac.sdpa_backend(q, k, v) in {"flash", "math", "memory-efficient", "cuDNN"}
+    assert ac.sdpa_backend(q, k, v, causal=True) != "unknown"
