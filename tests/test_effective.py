@@ -1,0 +1,108 @@
+"""Effective attention matrices: each one times its values must give the mechanism's own output."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attn_core as ac
+from attn_core import effective as ef
+from tests.reference import allowed
+
+SMALL = {"sliding_window": {"window": 3}, "local": {"block": 4, "lookback": 1, "lookahead": 1},
+         "sparse": {"stride": 4}, "linformer": {"rank": 6}, "performer": {"features": 48}}
+REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
+            "sparse": "sparse"}
+CASES = [(key, causal) for key, spec in ac.MECHANISMS.items() for causal in (False, True)
+         if spec.supports_causal or not causal]
+
+
+def qkv(nq: int, nk: int | None = None, *, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 3, m, 8, generator=g, dtype=torch.float64) for m in (nq, nk or nq, nk or nq)]
+
+
+@pytest.mark.parametrize("key,causal", CASES)
+def test_effective_matrix_times_values_is_the_mechanism_output(key, causal):
+    q, k, v = qkv(13)
+    params = SMALL.get(key, {})
+    state = ac.make_state(key, ac.Shape.of(q, k, causal), dtype=q.dtype, seed=5, **params)
+    out = ac.attention(key, q, k, v, causal=causal, **params, **state)
+    eff = ef.effective_attention(key, q, k, v, causal=causal, seed=5, **params)  # state drawn from the same seed
+    torch.testing.assert_close(eff.output(), out, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(eff.weights.sum(-1), torch.ones(2, 3, 13, dtype=q.dtype))
+    assert (eff.weights >= 0).all()
+
+
+@pytest.mark.parametrize("key", [k for k, s in ac.MECHANISMS.items() if s.supports_cross])
+def test_cross_attention_effective_matrix(key):
+    q, k, v = qkv(5, 11, seed=1)
+    params = SMALL.get(key, {})
+    out_state = ac.make_state(key, ac.Shape.of(q, k), dtype=q.dtype, seed=2, **params)
+    eff = ef.effective_attention(key, q, k, v, state=out_state, **params)
+    torch.testing.assert_close(eff.output(), ac.attention(key, q, k, v, **params, **out_state))
+
+
+@pytest.mark.parametrize("key", list(REF_KIND))
+@pytest.mark.parametrize("causal", [False, True])
+def test_exact_weights_vanish_exactly_outside_the_pattern(key, causal):
+    n, params = 13, SMALL.get(key, {})
+    expected = allowed(REF_KIND[key], n, n, causal, **params)  # written cell by cell in tests/reference.py
+    cells = ef.computed_cells(key, n, n, causal, **params)
+    np.testing.assert_array_equal(cells.numpy(), expected)
+    q, k, v = qkv(n)
+    weights = ef.effective_attention(key, q, k, v, causal=causal, **params).weights
+    np.testing.assert_array_equal((weights > 0).all(dim=(0, 1)).numpy(), expected)
+
+
+def test_linformer_cells_are_n_by_rank_and_pull_back_reproduces_the_output():
+    q, k, v = qkv(9)
+    assert ef.computed_cells("linformer", 9, 9, rank=4).shape == (9, 4)
+    state = ac.make_state("linformer", ac.Shape.of(q, k), dtype=q.dtype, seed=0, rank=4)
+    eff = ef.effective_attention("linformer", q, k, v, state=state, rank=4)
+    assert eff.columns == ef.PROJECTED and eff.weights.shape == (2, 3, 9, 4)
+    full = ef.pulled_back(eff, state)
+    assert full.shape == (2, 3, 9, 9)
+    torch.testing.assert_close(full @ v, ac.attention("linformer", q, k, v, rank=4, **state))
+
+
+def test_cell_counter_hand_counted():
+    # n = 4, |i − j| ≤ 1: 4 diagonal + 2·3 off-diagonal = 10 of 16 cells.
+    c = ef.cells_computed("sliding_window", 4, window=1)
+    assert (c["cells"], c["total"], c["fraction"]) == (10, 16, 10 / 16)
+    assert c["sentence"] == "Sliding window, window=1, n=4: 62.5% of the n² cells"
+    # Causal: only i − j ∈ {0, 1}: 4 + 3 = 7.
+    assert ef.cells_computed("sliding_window", 4, causal=True, window=1)["cells"] == 7
+    # n = 1024, w = 64: 1024 + 2·(1024·64 − 64·65/2) = 127 936 cells, 12.2% (129/1024 = 12.6% ignores the edges).
+    big = ef.cells_computed("sliding_window", 1024, window=64)
+    assert big["cells"] == 127_936 and "12.2% of the n² cells" in big["sentence"]
+    lin = ef.cells_computed("linformer", 1024, rank=256)
+    assert lin["fraction"] == 0.25 and "1024×256" in lin["sentence"]
+    perf = ef.cells_computed("performer", 8, causal=True)
+    assert perf["implicit"] and perf["cells"] == 36 and "implicitly" in perf["sentence"]
+
+
+def test_counter_refuses_settings_the_mechanism_cannot_take():
+    with pytest.raises(ValueError, match="rank"):
+        ef.cells_computed("linformer", 100, rank=256)
+    with pytest.raises(ValueError, match="cannot be causal"):
+        ef.cells_computed("linformer", 100, causal=True, rank=8)
+
+
+def test_small_defaults_are_valid_for_every_mechanism():
+    for key, spec in ac.MECHANISMS.items():
+        params = ef.small_defaults(key, 10)
+        spec.check(ac.Shape(1, 1, 10, 10, 4), params)
+
+
+def test_matrix_frame_and_token_labels():
+    tokens = ef.token_labels("the cat saw the dog")
+    assert tokens == ["0 the", "1 cat", "2 saw", "3 the", "4 dog"]
+    frame = ef.matrix_frame(torch.arange(2 * 5 * 5, dtype=torch.float64).view(2, 5, 5), tokens, tokens)
+    assert len(frame) == 50 and set(frame["head"]) == {1, 2}
+    row = frame[(frame["head"] == 2) & (frame["i"] == 1) & (frame["j"] == 3)].iloc[0]
+    assert (row["query"], row["key"], row["weight"]) == ("1 cat", "3 the", 25 + 5 + 3)
+    with pytest.raises(ValueError, match="empty"):
+        ef.token_labels("   ")
+    with pytest.raises(ValueError, match="at most 4"):
+        ef.token_labels("a b c d e", limit=4)

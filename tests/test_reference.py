@@ -1,0 +1,54 @@
+"""Published reference tables: shipped with the package, tidy, cited, and relative figures as printed."""
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from attn_core import reference as ref
+
+
+def test_data_files_ship_inside_the_package():
+    data = resources.files("attn_core").joinpath("data")
+    for source in ref.SOURCES:
+        assert data.joinpath(source["file"]).is_file()
+
+
+def test_lra_table_is_tidy_and_cited():
+    lra = ref.lra_efficiency()
+    assert len(lra) == 36 and lra["n"].tolist()[:4] == [1024, 2048, 3072, 4096]
+    row = lra[(lra["method"] == "Performer") & (lra["n"] == 4096)].iloc[0]
+    assert (row["steps_per_sec"], row["speedup_vs_transformer"], row["peak_memory_gb"]) == (8.0, 5.7, 1.06)
+    assert row["mechanism"] == "performer" and "arXiv 2011.04006" in row["citation"]
+    assert row["hardware"] == "4x4 TPU v3"
+
+
+def test_flash_tables_drop_empty_cells():
+    times = ref.flash_forward_ms()
+    assert times[times["method"] == "PyTorch Attention"]["n"].max() == 8192  # out of memory beyond
+    assert times[times["method"] == "FlashAttention"]["n"].max() == 65536
+    row = times[(times["method"] == "Linformer") & (times["n"] == 4096)].iloc[0]
+    assert row["time_ms"] == 2.09 and "arXiv 2205.14135" in row["citation"]
+    memory = ref.flash_memory_mb()
+    assert memory["memory_mb"].notna().all() and set(memory.columns) >= {"source", "citation", "hardware", "setup"}
+
+
+def test_relative_figures_against_each_papers_standard_attention():
+    speed = ref.relative("speed")
+    flash = speed[speed["source"] == ref.FLASH_TIME["source"]].set_index(["method", "n"])["value"]
+    assert flash["Linformer", 4096] == pytest.approx(16.47 / 2.09)
+    assert flash["PyTorch Attention", 1024] == 1.0
+    assert ("Linformer", 16384) not in flash.index  # no PyTorch figure there to compare against
+    lra = speed[speed["source"] == ref.LRA["source"]].set_index(["method", "n"])["value"]
+    assert lra["Linformer", 2048] == 1.9  # as printed
+    memory = ref.relative("memory").set_index(["source", "method", "n"])["value"]
+    assert memory[ref.LRA["source"], "Performer", 4096] == pytest.approx(1.06 / 9.48)
+    assert memory[ref.FLASH_MEMORY["source"], "FlashAttention", 1024] == pytest.approx(209 / 1184)
+    assert (ref.relative("memory")["label"] == ref.PUBLISHED).all()
+    with pytest.raises(ValueError, match="'speed' or 'memory'"):
+        ref.relative("flops")
+
+
+def test_citations_name_papers_and_arxiv_ids():
+    lines = ref.citations()
+    assert len(lines) == 3 and all("arXiv" in line for line in lines)

@@ -1,0 +1,86 @@
+"""Theory at scale: FLOPs and memory from the specs, budgets, extrapolated time, the big-O table."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import attn_core as ac
+from attn_core import theory
+
+
+def test_softmax_costs_by_hand():
+    # B=2, H=4, n=1000, D=64, float16: 4·B·H·n²·D FLOPs, scores + probabilities 2·B·H·n²·2 bytes.
+    row = theory.costs(["softmax"], [1000], d_model=256, heads=4, batch=2, dtype="float16").iloc[0]
+    assert row["flops"] == 4 * 8 * 1000**2 * 64
+    assert row["memory_bytes"] == 2 * 8 * 1000**2 * 2
+    assert row["input_bytes"] == 3 * 8 * 1000 * 64 * 2
+    assert row["total_bytes"] == row["memory_bytes"] + row["input_bytes"]
+    assert math.isnan(row["predicted_time_s"]) and row["status"] == "ok"
+
+
+def test_backward_counts_three_forwards_and_time_is_flops_over_throughput():
+    fwd = theory.costs(["sdpa"], [4096], gflops=100.0).iloc[0]
+    both = theory.costs(["sdpa"], [4096], mode="forward+backward", gflops=100.0).iloc[0]
+    assert both["flops"] == 3 * fwd["flops"]
+    assert fwd["predicted_time_s"] == pytest.approx(fwd["flops"] / 100e9)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        theory.costs(["sdpa"], [16], mode="backward")
+
+
+def test_a_million_tokens_for_every_mechanism():
+    frame = theory.costs(list(ac.MECHANISMS), [1 << 20], d_model=4096, heads=32, batch=4, dtype="bfloat16")
+    assert (frame["status"] == "ok").all()
+    assert frame[["flops", "memory_bytes"]].map(math.isfinite).all().all()
+    by = frame.set_index("mechanism")
+    # The materialized n×n matrix dwarfs every linear-memory mechanism at this length.
+    assert by.loc["softmax", "memory_bytes"] > 1000 * by.loc["sliding_window", "memory_bytes"]
+
+
+def test_settings_a_mechanism_cannot_take_are_rows_with_a_sentence():
+    frame = theory.costs(["linformer"], [128, 1024], params={"linformer": {"rank": 256}})
+    assert frame["status"].tolist() == ["invalid", "ok"]
+    assert "choose rank ≤ 128" in frame["reason"].iloc[0] and math.isnan(frame["flops"].iloc[0])
+    with pytest.raises(ValueError, match="not divisible by 6 heads"):
+        theory.costs(["softmax"], [128], d_model=500, heads=6)
+
+
+def test_largest_n_is_the_edge_of_the_budget():
+    settings = dict(d_model=512, heads=8, batch=1, dtype="float32")
+    n = theory.largest_n("softmax", 8 * theory.GIB, **settings)
+
+    def total(m):
+        return theory.costs(["softmax"], [m], **settings)["total_bytes"].iloc[0]
+
+    assert total(n) <= 8 * theory.GIB < total(n + 1)
+    # By hand: 2·8·n²·4 + 3·8·n·64·4 ≤ 8·2³⁰, i.e. n² + 96·n ≤ 2²⁷, gives n = ⌊(−96 + √(96² + 2²⁹))/2⌋ = 11 537.
+    assert n == 11537
+    assert theory.largest_n("sdpa", 1e30, **settings) == 1 << 24  # capped at n_max
+    assert theory.largest_n("softmax", 10, **settings) == 0
+    assert theory.largest_n("linformer", 80 * theory.GIB, causal=True, **settings) == 0  # never valid
+
+
+def test_fit_table_and_budgets():
+    named = theory.budgets(this_device_bytes=16 * theory.GIB, custom_bytes=1e9)
+    assert list(named) == ["this device", "24 GB GPU", "80 GB GPU", "custom"]
+    assert list(theory.budgets()) == ["24 GB GPU", "80 GB GPU"]
+    table = theory.fit_table(["softmax", "sdpa"], named, d_model=256, heads=4)
+    assert len(table) == 8
+    fits = table.pivot(index="mechanism", columns="budget", values="largest_n")
+    assert (fits.loc["sdpa"] > fits.loc["softmax"]).all()
+    assert fits.loc["softmax", "80 GB GPU"] > fits.loc["softmax", "24 GB GPU"]
+
+
+def test_log_ns():
+    assert theory.log_ns(1024, 8192) == [1024, 2048, 4096, 8192]
+    assert theory.log_ns(1024, 4096, per_octave=2) == [1024, 1448, 2048, 2896, 4096]
+    with pytest.raises(ValueError, match="n_min"):
+        theory.log_ns(10, 5)
+
+
+def test_big_o_table_covers_the_registry():
+    table = theory.big_o_table()
+    assert table["mechanism"].tolist() == list(ac.MECHANISMS)
+    row = table.set_index("mechanism").loc["softmax"]
+    assert (row["time"], row["memory"]) == (ac.get("softmax").time_big_o, ac.get("softmax").memory_big_o)
+    assert "arXiv" in row["paper"]
