@@ -1,0 +1,239 @@
+"""A run as data: one tidy row per measured point, saved and loaded as JSON or CSV with a versioned schema and the
+stamp of the machine it ran on. Files are parsed as data only: no pickle, no eval."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+FORMAT = "attention-lab-run"
+MAX_FILE_BYTES = 32 * 1024 * 1024  # ~100k points; larger files are refused before parsing
+
+COLUMNS = (
+    "mechanism", "label", "exact", "params", "n", "batch", "heads", "d_model", "head_dim", "dtype", "device", "mode",
+    "causal", "status", "reason", "time_median_s", "time_iqr_s", "time_samples", "repeats", "peak_bytes",
+    "memory_method", "predicted_bytes", "theory_flops", "gflops", "device_gflops", "pct_of_device", "sdpa_backend",
+    "threads",
+)
+STATUSES = ("ok", "skipped", "oom", "failed", "cancelled")
+TEXT = ("mechanism", "label", "params", "dtype", "device", "mode", "status", "reason", "memory_method",
+        "sdpa_backend")
+BOOL = ("exact", "causal")
+INT = ("n", "batch", "heads", "d_model", "head_dim", "repeats")
+FLOAT = ("time_median_s", "time_iqr_s", "peak_bytes", "predicted_bytes", "theory_flops", "gflops", "device_gflops",
+         "pct_of_device", "threads")  # threads is float so an unknown count can be NaN
+
+
+class RunFileError(ValueError):
+    """A file that is not a readable Attention Lab run; the message says what is wrong and what to do."""
+
+
+@dataclass
+class Run:
+    """A finished (or partial) sweep: the tidy frame, the environment stamp and the sweep's config as a dict."""
+
+    frame: pd.DataFrame
+    env: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+
+def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
+    """The tidy DataFrame of rows, columns in schema order and dtypes fixed (an empty frame keeps its columns)."""
+    df = pd.DataFrame([{c: r.get(c) for c in COLUMNS} for r in rows], columns=list(COLUMNS))
+    return _typed(df)
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    for c in TEXT:
+        df[c] = df[c].map(lambda x: "" if x is None or (isinstance(x, float) and math.isnan(x)) else str(x))
+    for c in BOOL:
+        df[c] = df[c].map(_as_bool).astype(bool)
+    for c in INT:
+        df[c] = pd.to_numeric(df[c], errors="raise").astype("int64")
+    for c in FLOAT:
+        df[c] = pd.to_numeric(df[c], errors="raise").astype("float64")
+    df["time_samples"] = df["time_samples"].map(lambda x: [float(t) for t in x] if x is not None else [])
+    return df
+
+
+def _as_bool(x: Any) -> bool:
+    if isinstance(x, str):
+        if x.strip().lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"{x!r} is not true or false")
+        return x.strip().lower() in ("true", "1")
+    return bool(x)
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN → None (JSON has no NaN); numpy scalars → Python numbers."""
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return [{c: _jsonable(row[c]) for c in COLUMNS} for row in frame.to_dict("records")]
+
+
+def to_json_bytes(run: Run) -> bytes:
+    """The run as UTF-8 JSON: {format, schema_version, env, config, rows: [{column: value}]}; NaN is null."""
+    doc = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "env": run.env, "config": run.config,
+           "rows": _records(run.frame)}
+    return json.dumps(doc, indent=1, allow_nan=False, default=_jsonable).encode("utf-8")
+
+
+def to_csv_bytes(run: Run) -> bytes:
+    """The run as CSV: '# attention-lab-run', '# schema_version: 1', '# env: {json}', '# config: {json}' lines,
+    then a header and one line per point; params and time_samples cells hold JSON."""
+    out = io.StringIO()
+    out.write(f"# {FORMAT}\n# schema_version: {SCHEMA_VERSION}\n")
+    out.write(f"# env: {json.dumps(run.env, allow_nan=False, default=_jsonable)}\n")
+    out.write(f"# config: {json.dumps(run.config, allow_nan=False, default=_jsonable)}\n")
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for rec in _records(run.frame):
+        rec["time_samples"] = json.dumps(rec["time_samples"])
+        writer.writerow(["" if rec[c] is None else rec[c] for c in COLUMNS])
+    return out.getvalue().encode("utf-8")
+
+
+def save_run(run: Run, path: str | os.PathLike) -> None:
+    """Write a run as JSON (.json) or CSV (.csv), chosen by the file's extension."""
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix not in (".json", ".csv"):
+        raise ValueError(f"cannot save to {os.fspath(path)!r}: name the file .json or .csv")
+    data = to_json_bytes(run) if suffix == ".json" else to_csv_bytes(run)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def load_run(source: str | os.PathLike | bytes, name: str | None = None) -> Run:
+    """Read a run saved by `save_run` (JSON or CSV, recognised by content) from a path or from bytes.
+
+    Raises RunFileError with a sentence for a file too large, not a run, of an unknown schema version, or
+    malformed. Only JSON and CSV parsers ever see the content.
+    """
+    if isinstance(source, (bytes, bytearray)):
+        label = name or "the file"
+        if len(source) > MAX_FILE_BYTES:
+            raise RunFileError(_too_large(label, len(source)))
+        data = bytes(source)
+    else:
+        label = name or os.path.basename(os.fspath(source))
+        try:
+            size = os.path.getsize(source)
+            if size > MAX_FILE_BYTES:
+                raise RunFileError(_too_large(label, size))
+            with open(source, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise RunFileError(f"{label}: cannot be read ({e.strerror or e}); check the path") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise RunFileError(f"{label} is not a text file; choose a .json or .csv file saved by Attention Lab") from None
+    try:
+        return _parse_json(text, label) if text.lstrip().startswith("{") else _parse_csv(text, label)
+    except RunFileError:
+        raise
+    except (ValueError, TypeError, KeyError, csv.Error) as e:
+        raise RunFileError(f"{label} is malformed ({e}); save the run again or choose another file") from None
+
+
+def _too_large(label: str, size: int) -> str:
+    return (f"{label} is {size / 2**20:.1f} MiB, larger than the {MAX_FILE_BYTES // 2**20} MiB a run file may be; "
+            "choose a run file saved by Attention Lab")
+
+
+def _check_header(fmt: Any, version: Any, label: str) -> None:
+    if fmt != FORMAT:
+        raise RunFileError(f"{label} is not an Attention Lab run (no '{FORMAT}' marker); choose a .json or .csv "
+                           "file saved by Attention Lab")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RunFileError(f"{label} has no valid schema version; save the run again")
+    if version != SCHEMA_VERSION:
+        newer = "newer than" if version > SCHEMA_VERSION else "older than"
+        raise RunFileError(f"{label} uses schema version {version}, {newer} the version {SCHEMA_VERSION} this "
+                           "Attention Lab reads; open it with a matching version or measure again")
+
+
+def _parse_json(text: str, label: str) -> Run:
+    try:
+        doc = json.loads(text, parse_constant=lambda c: float(c))  # NaN / Infinity written by other tools
+    except json.JSONDecodeError as e:
+        raise RunFileError(f"{label} is not valid JSON (line {e.lineno}: {e.msg}); choose a run file saved by "
+                           "Attention Lab") from None
+    if not isinstance(doc, dict):
+        raise RunFileError(f"{label} is not an Attention Lab run (a JSON object is expected)")
+    _check_header(doc.get("format"), doc.get("schema_version"), label)
+    rows, env, config = doc.get("rows"), doc.get("env", {}), doc.get("config", {})
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise RunFileError(f"{label} is malformed: 'rows' must be a list of objects")
+    if not isinstance(env, dict) or not isinstance(config, dict):
+        raise RunFileError(f"{label} is malformed: 'env' and 'config' must be objects")
+    return Run(_validated(rows, label), env, config, SCHEMA_VERSION)
+
+
+def _comment_json(line: str, key: str, label: str) -> dict:
+    value = json.loads(line.split(":", 1)[1])
+    if not isinstance(value, dict):
+        raise RunFileError(f"{label} is malformed: the '# {key}:' line must hold a JSON object")
+    return value
+
+
+def _parse_csv(text: str, label: str) -> Run:
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != f"# {FORMAT}":
+        _check_header(None, None, label)
+    meta, body_start = {}, 1
+    while body_start < len(lines) and lines[body_start].startswith("# "):
+        key = lines[body_start][2:].split(":", 1)[0].strip()
+        meta[key] = lines[body_start]
+        body_start += 1
+    version_text = meta.get("schema_version", "").split(":", 1)[-1].strip()
+    _check_header(FORMAT, int(version_text) if version_text.isdigit() else None, label)
+    env = _comment_json(meta["env"], "env", label) if "env" in meta else {}
+    config = _comment_json(meta["config"], "config", label) if "config" in meta else {}
+    reader = csv.DictReader(io.StringIO("\n".join(lines[body_start:])))
+    rows = [dict(r) for r in reader]
+    if reader.fieldnames is None:
+        raise RunFileError(f"{label} is malformed: the header line of the table is missing")
+    _check_columns(reader.fieldnames, label)
+    for r in rows:
+        if None in r:
+            raise RunFileError(f"{label} is malformed: a line has more cells than the header")
+        r["time_samples"] = json.loads(r["time_samples"] or "[]")
+        for c in FLOAT:
+            r[c] = r[c] if r[c] not in ("", None) else None
+    return Run(_validated(rows, label), env, config, SCHEMA_VERSION)
+
+
+def _check_columns(names: Any, label: str) -> None:
+    missing = [c for c in COLUMNS if c not in names]
+    if missing:
+        raise RunFileError(f"{label} is malformed: columns {', '.join(missing)} are missing; save the run again")
+
+
+def _validated(rows: list[dict], label: str) -> pd.DataFrame:
+    for r in rows:
+        _check_columns(r, label)
+        if r["status"] not in STATUSES:
+            raise RunFileError(f"{label} is malformed: status {r['status']!r} is not one of {', '.join(STATUSES)}")
+        samples = r["time_samples"]
+        if not isinstance(samples, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                                    for t in samples):
+            raise RunFileError(f"{label} is malformed: time_samples must be a list of numbers")
+        json.loads(r["params"] or "{}")  # params is JSON text; a ValueError here reads as malformed
+    return frame_from_rows(rows)
