@@ -1,0 +1,7 @@
+"""`python -m attn_core sweep ...`: see attn_core.cli (and --help)."""
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":  # the worker process imports this module again under another name
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Command line: `python -m attn_core sweep ...` measures a sweep in the worker, shows progress on stderr, prints a
+summary table and saves the run as JSON or CSV; `python -m attn_core show RUN` prints a saved run's summary."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+import sys
+from typing import Sequence, TextIO
+
+from . import analysis, env
+from .mechanisms import MECHANISMS
+from .measure import MODES, format_bytes, resolve_mechanisms
+from .results import RunFileError, load_run, save_run
+from .spec import DTYPE_BYTES
+from .sweep import DEFAULT_SWEEP, LOCK_WAIT_S, SweepConfig, SweepRun, log_spaced
+
+EXIT_OK, EXIT_POINTS, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+EPILOG = """\
+exit codes:
+  0    the sweep finished; every point is ok or was deliberately skipped (memory guard, time budget)
+  1    the sweep finished, but some points failed or ran out of memory (their reasons are in the table and file)
+  2    bad arguments or settings (the message says what to change), or a run file that cannot be read
+  3    the sweep could not run: another sweep holds this machine (see --wait), or the worker could not start
+  130  interrupted (Ctrl-C): the sweep was cancelled; the points finished so far are still saved to --out
+
+examples:
+  python -m attn_core sweep --mechanisms softmax,sliding_window --n 1024:16384 --out run.json
+  python -m attn_core sweep --mechanisms sliding_window:window=128,sliding_window:window=512 --n 256,1024,4096
+  python -m attn_core sweep --device cuda --dtype float16 --mode forward+backward --n 1024:32768:6 --out run.csv
+  python -m attn_core show run.json
+"""
+
+
+def _size(text: str) -> int:
+    """'512MiB', '8GiB', '1e9' → bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]i?B?|B)?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; write e.g. 512MiB or 8GiB")
+    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(unit or " "))
+
+
+def parse_ns(text: str) -> tuple[int, ...]:
+    """'1024:16384' (one n per power of two), '1024:16384:5' (5 log-spaced n) or '256,512,1024'."""
+    try:
+        if ":" in text:
+            parts = [int(p) for p in text.split(":")]
+            if len(parts) not in (2, 3):
+                raise ValueError
+            lo, hi = parts[0], parts[1]
+            steps = parts[2] if len(parts) == 3 else max(2, round(math.log2(max(hi, 1) / max(lo, 1))) + 1)
+            return log_spaced(lo, hi, steps)
+        return tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--n {text!r}: write MIN:MAX, MIN:MAX:STEPS or a list like 256,512,1024 "
+                                         "(1 ≤ MIN ≤ MAX)") from None
+
+
+def parse_mechanisms(text: str) -> tuple[tuple[str, dict], ...]:
+    """'softmax,sliding_window:window=128:…' → ((key, params), ...); 'all' is every mechanism at its defaults."""
+    if text.strip() == "all":
+        return tuple((key, {}) for key in MECHANISMS)
+    out = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, *assignments = item.split(":")
+        params = {}
+        for a in assignments:
+            name, sep, value = a.partition("=")
+            if not sep:
+                raise argparse.ArgumentTypeError(f"--mechanisms {item!r}: parameters read name=value, e.g. "
+                                                 "sliding_window:window=128")
+            params[name.strip()] = _number(value)
+        out.append((key.strip(), params))
+    return tuple(out)
+
+
+def _number(value: str) -> int | float:
+    try:
+        return int(value)
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"parameter value {value!r} is not a number") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m attn_core", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{sweep,show}")
+    d = {f.name: f.default for f in dataclasses.fields(SweepConfig)}
+    s = sub.add_parser("sweep", help="measure time and peak memory over sequence lengths",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                       description="Measure each mechanism at each n in a separate worker process, one point at a "
+                                   "time; rows stream in as they finish.")
+    s.add_argument("--mechanisms", type=parse_mechanisms, default="all", metavar="LIST",
+                   help="comma-separated keys, each optionally with parameters key:name=value[:name=value]; "
+                        f"'all' (default) is every mechanism. Keys: {', '.join(MECHANISMS)}")
+    s.add_argument("--n", type=parse_ns, default=DEFAULT_SWEEP.ns, metavar="RANGE",
+                   help="sequence lengths: MIN:MAX (one per power of two), MIN:MAX:STEPS (log-spaced) or a list "
+                        "256,512,1024 (default 256:4096:5)")
+    s.add_argument("--batch", type=int, default=d["batch"], help="batch size B (default %(default)s)")
+    s.add_argument("--heads", type=int, default=d["heads"], help="attention heads H (default %(default)s)")
+    s.add_argument("--d-model", type=int, default=d["d_model"],
+                   help="model width; head_dim = d_model / heads (default %(default)s)")
+    s.add_argument("--dtype", default=d["dtype"], choices=list(DTYPE_BYTES), help="(default %(default)s)")
+    s.add_argument("--device", default="auto",
+                   help=f"auto (cuda, then mps, then cpu), cpu, cuda or mps; here: {', '.join(env.available_devices())}")
+    s.add_argument("--mode", default="forward", choices=MODES,
+                   help="forward (under inference mode) or forward+backward (gradients of q, k, v; FLOPs ×3)")
+    s.add_argument("--causal", action="store_true", help="causal masking (mechanisms that cannot are refused)")
+    s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
+    s.add_argument("--warmup", type=int, default=d["warmup"], help="untimed calls before timing (default %(default)s)")
+    s.add_argument("--min-repeats", type=int, default=d["min_repeats"], help="timed samples at least (default %(default)s)")
+    s.add_argument("--min-time", type=float, default=d["min_time_s"], metavar="SECONDS",
+                   help="timing per point at least (default %(default)s)")
+    s.add_argument("--point-budget", type=float, default=d["point_budget_s"], metavar="SECONDS",
+                   help="a point taking longer ends that mechanism: its larger n are skipped (default %(default)s)")
+    s.add_argument("--no-memory", action="store_true", help="skip the separate peak-memory run of each point")
+    s.add_argument("--memory-margin", type=float, default=d["memory_margin"], metavar="FRACTION",
+                   help="safety margin of the memory guard: skip a point when predicted bytes × (1 + margin) "
+                        "exceed the free memory (default %(default)s)")
+    s.add_argument("--memory-limit", type=_size, default=None, metavar="SIZE",
+                   help="treat the device as having at most this much free memory, e.g. 8GiB")
+    s.add_argument("--seed", type=int, default=d["seed"], help="seed of inputs and random projections (default %(default)s)")
+    s.add_argument("--extra-mechanisms", default="", metavar="REFS",
+                   help="your own mechanisms to measure too: comma-separated module:attribute references to a "
+                        "MechanismSpec (or a dict or list of them); use their keys in --mechanisms")
+    s.add_argument("--wait", type=float, default=LOCK_WAIT_S, metavar="SECONDS",
+                   help="if another sweep is running on this machine, wait this long for it, then give up with "
+                        "exit code 3 (default %(default)s)")
+    s.add_argument("--out", default=None, metavar="PATH", help="save the run; .json or .csv chooses the format")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    show = sub.add_parser("show", help="print the summary of a saved run")
+    show.add_argument("path", help="a .json or .csv run file")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SweepConfig:
+    return SweepConfig(
+        mechanisms=args.mechanisms, ns=tuple(args.n), batch=args.batch, heads=args.heads, d_model=args.d_model, dtype=args.dtype,
+        device=args.device, mode=args.mode, causal=args.causal, threads=args.threads, warmup=args.warmup,
+        min_repeats=args.min_repeats, min_time_s=args.min_time, point_budget_s=args.point_budget,
+        measure_memory=not args.no_memory, memory_margin=args.memory_margin, seed=args.seed,
+        memory_limit_bytes=args.memory_limit)
+
+
+def _bar(progress: dict, width: int = 24) -> str:
+    done, total = progress["done"], max(progress["total"], 1)
+    filled = round(width * done / total)
+    eta = progress["eta_s"]
+    eta_text = f"ETA {eta:4.0f} s" if eta is not None else "ETA    ? s"
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{progress['total']}  {eta_text}  {progress['current']}"
+
+
+def _row_line(row: dict) -> str:
+    what = f"{row['mechanism']} n={row['n']}"
+    if row["status"] != "ok":
+        return f"{what}: {row['status']}: {row['reason']}"
+    return (f"{what}: {row['time_median_s'] * 1e3:.3f} ms (IQR {row['time_iqr_s'] * 1e3:.3f}), "
+            f"peak {format_bytes(row['peak_bytes']) if row['peak_bytes'] == row['peak_bytes'] else 'n/a'}")
+
+
+def follow(run: SweepRun, stream: TextIO, quiet: bool = False) -> None:
+    """Progress on `stream` until the run ends: a redrawn bar on a terminal, one line per point otherwise."""
+    tty = stream.isatty()
+    while not run.wait(0.1 if tty else 0.05):
+        rows = run.poll()
+        if quiet:
+            continue
+        if tty:
+            stream.write("\r\033[K" + _bar(run.progress())[:150])
+        else:
+            for row in rows:
+                stream.write(_row_line(row) + "\n")
+        stream.flush()
+    rows = run.poll()
+    if not quiet:
+        if tty:
+            stream.write("\r\033[K" + _bar(run.progress())[:150] + "\n")
+        else:
+            for row in rows:
+                stream.write(_row_line(row) + "\n")
+        stream.flush()
+
+
+def format_summary(frame) -> str:
+    """The summary as a fixed-width table."""
+    table = analysis.summary(frame)
+    if table.empty:
+        return "no points"
+    shown = table[["series", "ok_points", "points", "time_exponent", "memory_exponent", "speedup_vs_softmax",
+                   "memory_saving_vs_softmax", "speedup_vs_sdpa", "memory_saving_vs_sdpa", "gflops",
+                   "pct_of_device"]].rename(columns={
+                       "ok_points": "ok", "time_exponent": "time ~n^", "memory_exponent": "mem ~n^",
+                       "speedup_vs_softmax": "×faster/softmax", "memory_saving_vs_softmax": "×smaller/softmax",
+                       "speedup_vs_sdpa": "×faster/sdpa", "memory_saving_vs_sdpa": "×smaller/sdpa",
+                       "gflops": "GFLOP/s", "pct_of_device": "% device"})
+    lines = [shown.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="–")]
+    problems = frame[~frame["status"].isin(["ok"])]
+    for _, row in problems.iterrows():
+        lines.append(f"  {row['mechanism']} n={row['n']}: {row['status']}: {row['reason']}")
+    methods = sorted({m for m in frame["memory_method"] if m})
+    if methods:
+        lines.append("memory: " + "; ".join(methods))
+    return "\n".join(lines)
+
+
+def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.out and not args.out.lower().endswith((".json", ".csv")):
+        err.write(f"--out {args.out!r}: name the file .json or .csv\n")
+        return EXIT_USAGE
+    extra = tuple(r.strip() for r in args.extra_mechanisms.split(",") if r.strip())
+    try:
+        config = config_from_args(args)
+        problems = config.problems(resolve_mechanisms(extra))
+    except ValueError as e:
+        problems = [str(e)]
+    if problems:
+        err.write("".join(f"error: {p}\n" for p in problems))
+        return EXIT_USAGE
+    run = SweepRun.start(config, extra_mechanisms=extra, lock_wait_s=args.wait)
+    interrupted = False
+    try:
+        follow(run, err, args.quiet)
+    except KeyboardInterrupt:
+        interrupted = True
+        err.write("\ncancelling…\n")
+        run.cancel()
+        run.wait()
+    if run.error:
+        err.write(f"error: {run.error}\n")
+        return EXIT_BUSY
+    result = run.result()
+    err.write(f"{len(result.frame)} points in {run.progress()['elapsed_s']:.1f} s\n")
+    if args.out:
+        save_run(result, args.out)
+        err.write(f"saved to {args.out}\n")
+    out.write(format_summary(result.frame) + "\n")
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_POINTS if result.frame["status"].isin(["failed", "oom"]).any() else EXIT_OK
+
+
+def run_show_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        run = load_run(args.path)
+    except RunFileError as e:
+        err.write(f"error: {e}\n")
+        return EXIT_USAGE
+    stamp = run.env
+    out.write(f"{stamp.get('device_name', '?')} ({stamp.get('device', '?')}), torch {stamp.get('torch', '?')}, "
+              f"{stamp.get('dtype', '?')}, {stamp.get('threads', '?')} threads, {stamp.get('timestamp', '?')}\n")
+    out.write(format_summary(run.frame) + "\n")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Entry point; returns the exit code (see --help)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
+        return int(e.code or 0)
+    return run_sweep_command(args, out, err) if args.command == "sweep" else run_show_command(args, out, err)
