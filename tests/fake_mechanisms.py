@@ -1,0 +1,58 @@
+"""Mechanisms that misbehave on purpose, for the engine's tests. The worker imports them through the
+`extra_mechanisms` reference "tests.fake_mechanisms:FAKES", the same door a user's own mechanism comes through."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from attn_core.spec import MechanismSpec, Shape
+
+REF = "tests.fake_mechanisms:FAKES"
+
+
+def raises(q, k, v, *, causal=False):
+    raise RuntimeError("deliberate failure for the tests")
+
+
+def fake_oom(q, k, v, *, causal=False):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 34.00 GiB (a fake, for the tests)")
+
+
+def exits(q, k, v, *, causal=False):
+    os._exit(3)  # the worker dies without a word, like a crash in native code
+
+
+def sigkill(q, k, v, *, causal=False):
+    os.kill(os.getpid(), signal.SIGKILL)  # what the kernel's out-of-memory killer does
+
+
+def slow(q, k, v, *, causal=False):
+    """Sleeps n/1000 s per call: n = 64 takes 64 ms, n = 256 a quarter of a second."""
+    time.sleep(q.shape[-2] / 1000)
+    return v.clone()
+
+
+def hangs(q, k, v, *, causal=False):
+    time.sleep(600)  # only a kill stops it
+    return v.clone()
+
+
+def _flops(s: Shape) -> float:
+    return 4.0 * s.heads * s.Nq * s.Nk * s.D
+
+
+def _memory(s: Shape) -> float:
+    return s.output_bytes
+
+
+def _spec(key: str, fn) -> MechanismSpec:
+    return MechanismSpec(key=key, label=f"Fake ({key})", fn=fn, description="misbehaves for the tests", paper="none",
+                         params=(), exact=False, supports_causal=True, supports_cross=True, time_big_o="O(n²·d)",
+                         memory_big_o="O(n·d)", flops=_flops, memory_bytes=_memory)
+
+
+FAKES = {s.key: s for s in (_spec("raises", raises), _spec("fake_oom", fake_oom), _spec("exits", exits),
+                            _spec("sigkill", sigkill), _spec("slow", slow), _spec("hangs", hangs))}

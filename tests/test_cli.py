@@ -1,0 +1,98 @@
+"""`python -m attn_core`: argument parsing, help, exit codes, and a tiny sweep end to end."""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attn_core import cli
+from attn_core.results import load_run, save_run
+from attn_core.sweep import sweep_lock
+from tests.fake_mechanisms import REF
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--heads", "2", "--d-model", "16", "--min-repeats", "2", "--min-time", "0", "--quiet"]
+
+
+def run_main(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(list(argv), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_n_ranges_and_mechanism_lists_parse():
+    assert cli.parse_ns("1024:16384") == (1024, 2048, 4096, 8192, 16384)
+    assert cli.parse_ns("256:4096:3") == (256, 1024, 4096)
+    assert cli.parse_ns("256,512") == (256, 512)
+    with pytest.raises(argparse.ArgumentTypeError, match="MIN:MAX"):
+        cli.parse_ns("4096:256")
+    assert cli.parse_mechanisms("softmax,sliding_window:window=128") == (("softmax", {}),
+                                                                          ("sliding_window", {"window": 128}))
+    with pytest.raises(argparse.ArgumentTypeError, match="name=value"):
+        cli.parse_mechanisms("sliding_window:128")
+    assert cli._size("8GiB") == 8 * 2**30 and cli._size("512MiB") == 512 * 2**20 and cli._size("1000") == 1000
+
+
+def test_help_documents_every_flag_and_the_exit_codes(capsys):
+    assert cli.main(["sweep", "--help"]) == 0
+    text = capsys.readouterr().out
+    for flag in ("--mechanisms", "--n", "--batch", "--heads", "--d-model", "--dtype", "--device", "--mode",
+                 "--causal", "--threads", "--warmup", "--min-repeats", "--min-time", "--point-budget",
+                 "--no-memory", "--memory-margin", "--memory-limit", "--seed", "--extra-mechanisms", "--wait",
+                 "--out", "--quiet"):
+        assert flag in text
+    assert "exit codes:" in text and "130" in text
+
+
+def test_bad_arguments_exit_2_with_what_to_change():
+    code, _, err = run_main("sweep", "--d-model", "500", "--heads", "6")
+    assert code == 2 and "choose a multiple of 6" in err
+    code, _, err = run_main("sweep", "--mechanisms", "linformer", "--causal")
+    assert code == 2 and "Linformer cannot be causal" in err
+    code, _, err = run_main("sweep", "--out", "run.txt")
+    assert code == 2 and ".json or .csv" in err
+    assert cli.main(["sweep", "--n", "x"], io.StringIO(), io.StringIO()) == 2
+
+
+def test_tiny_sweep_end_to_end_in_a_fresh_process(tmp_path):
+    out = tmp_path / "run.csv"
+    proc = subprocess.run(
+        [sys.executable, "-m", "attn_core", "sweep", "--mechanisms", "softmax,linear", "--n", "16:32",
+         *TINY[:-1], "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert "softmax n=16:" in proc.stderr and "saved to" in proc.stderr  # progress goes to stderr
+    assert "Softmax (materialized)" in proc.stdout and "time ~n^" in proc.stdout  # the summary to stdout
+    run = load_run(out)
+    assert len(run.frame) == 4 and set(run.frame["status"]) == {"ok"}
+    assert run.env["device"] == "cpu" and run.config["ns"] == [16, 32]
+
+
+def test_failed_points_exit_1_and_are_saved(tmp_path):
+    out = tmp_path / "run.json"
+    code, stdout, _ = run_main("sweep", "--mechanisms", "softmax,raises", "--n", "16", *TINY,
+                               "--extra-mechanisms", REF, "--out", str(out))
+    assert code == 1 and "raises n=16: failed: RuntimeError: deliberate failure" in stdout
+    assert load_run(out).frame["status"].tolist() == ["ok", "failed"]
+
+
+def test_another_sweep_running_exits_3():
+    with sweep_lock():
+        code, _, err = run_main("sweep", "--mechanisms", "softmax", "--n", "16", *TINY, "--wait", "0.2")
+    assert code == 3 and "another sweep is running" in err
+
+
+def test_show_prints_a_saved_run_and_refuses_a_bad_file(tmp_path):
+    code, _, _ = run_main("sweep", "--mechanisms", "softmax,sdpa", "--n", "16,32", *TINY,
+                          "--out", str(tmp_path / "run.json"))
+    assert code == 0
+    code, stdout, _ = run_main("show", str(tmp_path / "run.json"))
+    assert code == 0 and "Softmax (fused SDPA)" in stdout and "torch" in stdout
+    (tmp_path / "bad.json").write_text("{oops")
+    code, _, err = run_main("show", str(tmp_path / "bad.json"))
+    assert code == 2 and "not valid JSON" in err

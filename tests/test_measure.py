@@ -1,0 +1,161 @@
+"""One point measured in this process: timing loop, derived statistics, peak memory, guard and statuses."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import attn_core as ac
+from attn_core import env
+from attn_core.measure import (Cancelled, Case, Settings, format_bytes, guard, is_oom, measure_case, median_iqr,
+                               required_bytes, resolve_mechanisms, time_samples)
+from attn_core.results import COLUMNS
+from tests.fake_mechanisms import FAKES, REF
+
+QUICK = Settings(warmup=1, min_repeats=3, min_time_s=0.0, budget_s=30.0)
+
+
+def case(mechanism="softmax", n=64, mode="forward", params=(), heads=2, d_model=16, **kw) -> Case:
+    return Case(mechanism, params, n, 1, heads, d_model, "float32", "cpu", mode, **kw)
+
+
+def test_median_and_iqr_are_derived_from_the_samples():
+    assert median_iqr([3.0, 1.0, 2.0, 4.0, 5.0]) == (3.0, 2.0)
+    assert median_iqr([7.0]) == (7.0, 0.0)
+
+
+def test_time_samples_reaches_both_minimum_count_and_minimum_time():
+    calls = []
+    samples, _ = time_samples(lambda: calls.append(1), "cpu", Settings(warmup=2, min_repeats=4, min_time_s=0.0))
+    assert len(samples) >= 4 and all(s > 0 for s in samples)
+    assert len(calls) >= 2 + 4  # warm-up calls are made but not kept
+
+
+def test_time_samples_stops_at_the_budget_with_at_least_one_sample():
+    samples, spent = time_samples(lambda: None, "cpu", Settings(min_repeats=10**6, min_time_s=1e9, budget_s=0.0))
+    assert len(samples) == 1 and spent > 0
+
+
+def test_time_samples_raises_cancelled():
+    with pytest.raises(Cancelled):
+        time_samples(lambda: None, "cpu", QUICK, cancelled=lambda: True)
+
+
+def test_ok_row_has_every_column_raw_samples_and_theory():
+    row, elapsed = measure_case(ac.get("softmax"), case(), QUICK)
+    assert row["status"] == "ok" and row["reason"] == "" and set(row) == set(COLUMNS)
+    assert row["repeats"] == len(row["time_samples"]) >= 3
+    assert row["time_median_s"] == pytest.approx(median_iqr(row["time_samples"])[0])
+    spec_flops = ac.get("softmax").flops(case().shape)
+    assert row["theory_flops"] == spec_flops
+    assert row["gflops"] == pytest.approx(spec_flops / row["time_median_s"] / 1e9)
+    assert row["pct_of_device"] == pytest.approx(100 * row["gflops"] / row["device_gflops"])
+    assert row["memory_method"] == "torch.profiler (CPU allocator)"
+    assert row["threads"] == torch.get_num_threads() and json.loads(row["params"]) == {}
+    assert elapsed > 0
+
+
+def test_cpu_peak_of_softmax_is_scores_plus_probabilities():
+    """The profiler's running sum gives 2·B·H·n²·4 bytes above the inputs for fp32 softmax, exactly."""
+    row, _ = measure_case(ac.get("softmax"), case(n=128, heads=4, d_model=32), QUICK)
+    assert row["peak_bytes"] == 2 * 1 * 4 * 128 * 128 * 4 == row["predicted_bytes"]
+
+
+def test_forward_backward_counts_three_forward_flops_and_takes_gradients():
+    fwd, _ = measure_case(ac.get("sdpa"), case(mode="forward"), QUICK)
+    both, _ = measure_case(ac.get("sdpa"), case(mode="forward+backward"), QUICK)
+    assert both["status"] == "ok" and both["theory_flops"] == 3 * fwd["theory_flops"]
+    assert both["peak_bytes"] > fwd["peak_bytes"]  # the gradients of q, k and v are allocated too
+
+
+def test_state_is_built_outside_and_params_are_recorded():
+    row, _ = measure_case(ac.get("linformer"), case(n=64, params=(("rank", 16),)), QUICK)
+    assert row["status"] == "ok" and json.loads(row["params"]) == {"rank": 16}
+
+
+def test_sdpa_rows_name_their_backend():
+    row, _ = measure_case(ac.get("sdpa"), case(), QUICK)
+    assert row["sdpa_backend"] not in ("", None)
+    other, _ = measure_case(ac.get("linear"), case(), QUICK)
+    assert other["sdpa_backend"] == ""
+
+
+def test_mechanism_exception_is_a_failed_row_with_the_message():
+    row, _ = measure_case(FAKES["raises"], case("raises"), QUICK)
+    assert row["status"] == "failed" and "deliberate failure" in row["reason"]
+    assert math.isnan(row["time_median_s"]) and row["time_samples"] == [] and math.isnan(row["peak_bytes"])
+
+
+def test_out_of_memory_error_is_an_oom_row():
+    row, _ = measure_case(FAKES["fake_oom"], case("fake_oom"), QUICK)
+    assert row["status"] == "oom" and row["reason"].startswith("out of memory")
+
+
+def test_cpu_allocator_failure_counts_as_oom():
+    try:
+        torch.empty(1 << 60, dtype=torch.uint8)
+    except RuntimeError as e:
+        assert is_oom(e)
+    assert not is_oom(RuntimeError("shape mismatch")) and not is_oom(ValueError("out of memory"))
+
+
+def test_guard_skips_a_point_that_does_not_fit_a_small_memory_limit():
+    settings = Settings(memory_limit_bytes=1 << 20, memory_margin=0.5)
+    big = case(n=1024, heads=4, d_model=64)
+    reason = guard(ac.get("softmax"), big, settings)
+    need = required_bytes(ac.get("softmax"), big) * 1.5
+    assert reason == f"would need {format_bytes(need)} (with a 50% safety margin), 1.0 MiB free under the memory " \
+                     "limit set for this sweep"
+    row, _ = measure_case(ac.get("softmax"), big, settings)
+    assert row["status"] == "skipped" and row["reason"] == reason and math.isnan(row["time_median_s"])
+    assert row["predicted_bytes"] == ac.get("softmax").memory_bytes(big.shape)  # theory stays on skipped rows
+    assert guard(ac.get("softmax"), case(n=16), settings) is None
+
+
+def test_guard_counts_backward_as_three_forward_peaks_and_the_gradients():
+    spec, c = ac.get("softmax"), case(n=256, mode="forward+backward")
+    forward = spec.memory_bytes(c.shape)
+    assert required_bytes(spec, c) == c.shape.input_bytes * 3 + 3 * forward
+
+
+def test_invalid_parameters_fail_with_the_spec_sentence():
+    row, _ = measure_case(ac.get("linformer"), case(n=32, params=(("rank", 64),)), QUICK)
+    assert row["status"] == "failed" and "rank" in row["reason"]
+
+
+def test_format_bytes():
+    assert format_bytes(34 * 2**30) == "34.0 GiB"
+    assert format_bytes(1536) == "1.5 KiB" and format_bytes(12) == "12 B"
+
+
+def test_extra_mechanisms_resolve_and_bad_references_say_so():
+    registry = resolve_mechanisms((REF,))
+    assert set(FAKES) <= set(registry) and set(ac.MECHANISMS) <= set(registry)
+    with pytest.raises(ValueError, match="cannot be imported"):
+        resolve_mechanisms(("tests.no_such_module:X",))
+    with pytest.raises(ValueError, match="not a MechanismSpec"):
+        resolve_mechanisms(("tests.fake_mechanisms:REF",))
+
+
+def test_devices_dtypes_and_environment_stamp():
+    assert env.available_devices()[0] == "cpu"
+    assert env.resolve_device("auto") in env.available_devices()
+    with pytest.raises(ValueError, match="unknown"):
+        env.resolve_device("tpu")
+    if "cuda" not in env.available_devices():
+        with pytest.raises(ValueError, match="not available"):
+            env.resolve_device("cuda")
+    assert env.supported_dtypes("cpu")[0] == "float32" and "float64" not in env.supported_dtypes("mps")
+    info = env.device_info("cpu")
+    assert set(info) == {"name", "total_memory_bytes", "free_memory_bytes", "threads", "dtypes"}
+    assert 0 < info["free_memory_bytes"] <= info["total_memory_bytes"]
+    stamp = env.environment("cpu", "float32", 2)
+    assert {"torch", "python", "os", "device_name", "total_memory_bytes", "threads", "dtype", "timestamp"} <= set(stamp)
+    assert stamp["threads"] == 2 and not any("host" in key for key in stamp)
+
+
+def test_matmul_throughput_is_measured_once_and_cached():
+    first = env.matmul_gflops("cpu", "float32")
+    assert first > 0 and env.matmul_gflops("cpu", "float32") == first

@@ -1,0 +1,186 @@
+"""Sweeps in the worker process: config problems, every status, the time budget, cancel, worker death, the lock."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+import attn_core as ac
+from attn_core import sweep as sweep_module
+from attn_core import worker
+from attn_core.results import COLUMNS
+from attn_core.sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced, plan, run_sweep, sweep_lock
+from tests.fake_mechanisms import REF
+
+TINY = dict(heads=2, d_model=16, warmup=1, min_repeats=2, min_time_s=0.0, point_budget_s=30.0)
+
+
+def config(mechanisms, ns=(32,), **kw) -> SweepConfig:
+    return SweepConfig(mechanisms=tuple((m, {}) if isinstance(m, str) else m for m in mechanisms), ns=ns,
+                       **{**TINY, **kw})
+
+
+def statuses(df) -> list[tuple[str, int, str]]:
+    return list(zip(df["mechanism"], df["n"], df["status"]))
+
+
+def wait_until(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+# ---- the config as data ----
+
+def test_problems_are_sentences_saying_what_to_change():
+    assert config(["softmax"]).problems() == []
+    assert config(["softmax"], d_model=500, heads=6).problems() == [
+        "d_model 500 is not divisible by 6 heads; choose a multiple of 6"]
+    assert config(["linformer"], causal=True).problems() == [
+        "Linformer cannot be causal; untick causal or choose another mechanism"]
+    (rank,) = config([("linformer", {"rank": 512})], ns=(256, 1024)).problems()
+    assert rank.startswith("Linformer") and "512" in rank and "shortest sequence length 256" in rank
+    assert "unknown" in config(["nope"]).problems()[0]
+    assert "not supported" in config(["softmax"], dtype="int8").problems()[0]
+    assert "warmup" in config(["softmax"], warmup=0).problems()[0]
+    assert config([], ns=()).problems() == ["no sequence length is given; give at least one n",
+                                            "no mechanism is selected; choose at least one"]
+
+
+def test_config_round_trips_through_a_dict_and_refuses_unknown_settings():
+    c = config([("sliding_window", {"window": 8}), "softmax"], ns=(16, 64), causal=True, memory_limit_bytes=1 << 30)
+    assert SweepConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(ValueError, match="unknown sweep settings"):
+        SweepConfig.from_dict({**c.to_dict(), "colour": "red"})
+
+
+def test_log_spaced_and_the_default_dashboard_sweep():
+    assert log_spaced(256, 4096, 5) == (256, 512, 1024, 2048, 4096)
+    assert log_spaced(100, 100, 3) == (100,) and log_spaced(1, 2, 5) == (1, 2)
+    assert DEFAULT_SWEEP.problems() == []
+    assert [m for m, _ in DEFAULT_SWEEP.mechanisms] == list(ac.MECHANISMS)
+    assert (DEFAULT_SWEEP.batch, DEFAULT_SWEEP.heads, DEFAULT_SWEEP.d_model, DEFAULT_SWEEP.dtype,
+            DEFAULT_SWEEP.mode) == (1, 8, 512, "float32", "forward")
+
+
+def test_plan_runs_n_ascending_with_every_mechanism_at_each_n():
+    cases = plan(config(["softmax", "linear"], ns=(64, 16)))
+    assert [(c.mechanism, c.n) for c in cases] == [("softmax", 16), ("linear", 16), ("softmax", 64), ("linear", 64)]
+
+
+# ---- running ----
+
+def test_rows_stream_with_progress_and_the_worker_persists():
+    seen = []
+    df = run_sweep(config(["softmax", "sdpa"], ns=(16, 32)), on_row=seen.append)
+    assert list(df.columns) == list(COLUMNS) and len(seen) == 4
+    assert set(df["status"]) == {"ok"} and all(len(s) >= 2 for s in df["time_samples"])
+    pid = worker.get_worker().process.pid
+    run = SweepRun.start(config(["softmax"]))
+    run.wait(60)
+    assert run.done and run.error is None and worker.get_worker().process.pid == pid  # same worker
+    p = run.progress()
+    assert (p["done"], p["total"], p["current"], p["eta_s"]) == (1, 1, "finished", 0.0)
+    assert run.poll() and not run.poll()  # rows are handed out once
+    assert run.result().env["device"] == "cpu"
+
+
+def test_every_status_in_one_sweep():
+    """A mechanism that raises, a fake OOM, and the memory guard under a small fake memory limit."""
+    c = config(["softmax", "raises", "fake_oom"], ns=(16, 512), memory_limit_bytes=1 << 20)
+    df = run_sweep(c, extra_mechanisms=(REF,))
+    assert statuses(df) == [("softmax", 16, "ok"), ("raises", 16, "failed"), ("fake_oom", 16, "oom"),
+                            ("softmax", 512, "skipped"), ("raises", 512, "failed"), ("fake_oom", 512, "oom")]
+    reasons = dict(zip(zip(df["mechanism"], df["n"]), df["reason"]))
+    assert "RuntimeError: deliberate failure" in reasons[("raises", 16)]
+    assert reasons[("fake_oom", 16)].startswith("out of memory")
+    assert reasons[("softmax", 512)].startswith("would need ") and "1.0 MiB free" in reasons[("softmax", 512)]
+    bad = df[df["status"] != "ok"]
+    assert bad["time_median_s"].isna().all() and bad["peak_bytes"].isna().all()
+
+
+def test_a_point_over_the_time_budget_skips_the_larger_n_of_that_mechanism():
+    c = config(["slow", "softmax"], ns=(16, 400, 800, 1600), point_budget_s=0.5, measure_memory=False)
+    df = run_sweep(c, extra_mechanisms=(REF,))
+    slow = df[df["mechanism"] == "slow"]
+    assert list(slow["status"]) == ["ok", "ok", "skipped", "skipped"]
+    assert "at n = 400" in slow["reason"].iloc[2] and "budget of 0.5 s" in slow["reason"].iloc[2]
+    assert set(df[df["mechanism"] == "softmax"]["status"]) == {"ok"}
+
+
+def test_a_point_far_past_the_budget_is_stopped_and_the_sweep_goes_on(monkeypatch):
+    monkeypatch.setattr(sweep_module, "HARD_LIMIT_GRACE_S", 0.0)
+    c = config(["hangs", "softmax"], ns=(16, 32), point_budget_s=0.3)
+    df = run_sweep(c, extra_mechanisms=(REF,))
+    assert statuses(df) == [("hangs", 16, "failed"), ("softmax", 16, "ok"), ("hangs", 32, "skipped"),
+                            ("softmax", 32, "ok")]
+    assert "hard limit" in df["reason"].iloc[0]
+
+
+def test_worker_death_marks_the_point_failed_and_the_sweep_continues():
+    df = run_sweep(config(["exits", "softmax", "sigkill", "linear"]), extra_mechanisms=(REF,))
+    assert statuses(df) == [("exits", 32, "failed"), ("softmax", 32, "ok"), ("sigkill", 32, "failed"),
+                            ("linear", 32, "ok")]
+    assert "exited with code 3" in df["reason"].iloc[0]
+    assert "SIGKILL" in df["reason"].iloc[2] and "out-of-memory" in df["reason"].iloc[2]
+
+
+def test_cancel_between_samples_keeps_finished_rows():
+    c = config(["softmax", "slow", "linear"], ns=(16, 32), min_time_s=600.0, measure_memory=False,
+               point_budget_s=600.0)
+    run = SweepRun.start(c, extra_mechanisms=(REF,))
+    wait_until(lambda: run.progress()["current"].startswith("slow"))
+    pid = worker.get_worker().process.pid
+    run.cancel()
+    assert run.wait(30)
+    df = run.frame()
+    assert statuses(df) == [("softmax", 16, "ok"), ("slow", 16, "cancelled"), ("linear", 16, "cancelled"),
+                            ("softmax", 32, "cancelled"), ("slow", 32, "cancelled"), ("linear", 32, "cancelled")]
+    assert df["reason"].iloc[1] == "cancelled while this point was measured"
+    assert worker.get_worker().process.pid == pid  # it stopped by itself: no kill needed
+
+
+def test_cancel_during_a_call_that_does_not_return_kills_the_worker():
+    run = SweepRun.start(config(["hangs", "softmax"]), extra_mechanisms=(REF,))
+    wait_until(lambda: run.progress()["current"].startswith("hangs"))
+    run.cancel()
+    assert run.wait(30)
+    assert statuses(run.frame()) == [("hangs", 32, "cancelled"), ("softmax", 32, "cancelled")]
+    assert "stopped" in run.frame()["reason"].iloc[0]
+    assert worker.get_worker().wait_ready()  # a fresh worker is already warming up
+
+
+def test_a_second_sweep_waits_for_the_lock_then_is_told():
+    with sweep_lock():
+        run = SweepRun.start(config(["softmax"]), lock_wait_s=0.5)
+        assert run.wait(30)
+        assert "another sweep is running on this machine" in run.error and "pid" in run.error
+        assert run.frame()["status"].tolist() == ["cancelled"]
+        with pytest.raises(RuntimeError, match="another sweep"):
+            run_sweep(config(["softmax"]), lock_wait_s=0.2)
+
+
+def test_a_waiting_sweep_starts_when_the_lock_is_released():
+    held = sweep_lock()
+    held.__enter__()
+    run = SweepRun.start(config(["softmax"]), lock_wait_s=60)
+    wait_until(lambda: run.progress()["current"].startswith("waiting for another sweep"))
+    threading.Timer(0.2, held.__exit__, (None, None, None)).start()
+    assert run.wait(60) and run.error is None
+    assert run.frame()["status"].tolist() == ["ok"]
+
+
+def test_invalid_config_is_refused_before_starting():
+    with pytest.raises(ValueError, match="divisible"):
+        SweepRun.start(config(["softmax"], d_model=10, heads=3))
+
+
+def test_eta_is_estimated_once_a_point_is_timed():
+    run = SweepRun.start(config(["softmax", "slow"], ns=(16, 64), measure_memory=False), extra_mechanisms=(REF,))
+    wait_until(lambda: run.progress()["done"] >= 1)
+    eta = run.progress()["eta_s"]  # from the seconds per FLOP of the finished point (0.0 if already done)
+    run.wait(60)
+    assert eta is not None and eta >= 0 and math.isfinite(eta)
