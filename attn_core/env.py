@@ -101,8 +101,14 @@ def environment(device: str, dtype: str, threads: int | None) -> dict:
             "machine": platform.machine(), "device": device, "device_name": device_name(device),
             "total_memory_bytes": total_memory_bytes(device), "cpu_count": os.cpu_count(),
             "threads": threads if threads is not None else torch.get_num_threads(), "dtype": dtype_name(dtype),
-            "cuda": torch.version.cuda if device == "cuda" else None,
+            "cuda": torch.version.cuda if device == "cuda" else None, "load_average": load_average(),
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def load_average() -> float | None:
+    """The OS's 1-minute load average (None where there is none): above the core count, other programs were
+    competing for the CPU and CPU timings are inflated, often by far more than the load suggests."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
 def synchronize(device: str) -> None:

@@ -193,7 +193,7 @@ _process_lock = threading.Lock()  # where fcntl is missing
 
 
 @contextlib.contextmanager
-def sweep_lock(wait_s: float = LOCK_WAIT_S, cancelled: Callable[[], bool] = lambda: False,
+def sweep_lock(wait_s: float = 0.0, cancelled: Callable[[], bool] = lambda: False,
                on_wait: Callable[[str], None] = lambda holder: None, path: str = LOCK_PATH) -> Iterator[None]:
     """Hold the machine-wide sweep lock (an flock on a file in the temp folder, which also excludes a second
     sweep in the same process). Waits up to `wait_s`, calling `on_wait(holder)` once, then raises SweepBusyError
@@ -256,14 +256,15 @@ class SweepRun:
     turns true at the end, and `error` holds a sentence when the sweep could not run at all.
     """
 
-    def __init__(self, config: SweepConfig, extra_mechanisms: tuple[str, ...] = (), lock_wait_s: float = LOCK_WAIT_S):
+    def __init__(self, config: SweepConfig, extra_mechanisms: tuple[str, ...] = (),
+                 lock_wait_s: float | None = None):
         self.config = dataclasses.replace(config, device=env.resolve_device(config.device))
         self.extra_mechanisms = tuple(extra_mechanisms)
         self.registry = resolve_mechanisms(self.extra_mechanisms)
         self.cases = plan(self.config)
         self.env: dict = {}
         self.error: str | None = None
-        self.lock_wait_s = lock_wait_s
+        self.lock_wait_s = LOCK_WAIT_S if lock_wait_s is None else lock_wait_s
         self._rows: list[dict] = []
         self._polled = 0
         self._guard = threading.Lock()
@@ -277,8 +278,10 @@ class SweepRun:
 
     @classmethod
     def start(cls, config: SweepConfig, *, extra_mechanisms: tuple[str, ...] = (),
-              lock_wait_s: float = LOCK_WAIT_S) -> "SweepRun":
-        """Validate the config (ValueError listing its problems) and start the sweep; returns at once."""
+              lock_wait_s: float | None = None) -> "SweepRun":
+        """Validate the config (ValueError listing its problems) and start the sweep; returns at once. If another
+        sweep holds the machine, this one waits up to `lock_wait_s` (default LOCK_WAIT_S) showing 'waiting for
+        another sweep…' as its current point, then ends with `error` saying that one is running."""
         registry = resolve_mechanisms(tuple(extra_mechanisms))
         problems = config.problems(registry)
         if problems:
@@ -419,7 +422,7 @@ class SweepRun:
 
 def run_sweep(config: SweepConfig, on_row: Callable[[dict], None] | None = None,
               cancel: Callable[[], bool] | threading.Event | None = None, *,
-              extra_mechanisms: tuple[str, ...] = (), lock_wait_s: float = LOCK_WAIT_S) -> pd.DataFrame:
+              extra_mechanisms: tuple[str, ...] = (), lock_wait_s: float | None = None) -> pd.DataFrame:
     """Run a sweep to the end in the worker and return its tidy frame; `on_row(row)` is called in this thread as
     each row arrives; `cancel()` (or a set Event) stops it. Raises ValueError for an invalid config and
     RuntimeError with the reason when the sweep could not run (e.g. another sweep holds the machine)."""

@@ -1,13 +1,17 @@
-"""Mechanisms that misbehave on purpose, for the engine's tests. The worker imports them through the
-`extra_mechanisms` reference "tests.fake_mechanisms:FAKES", the same door a user's own mechanism comes through."""
+"""Test doubles for the engine: mechanisms that misbehave on purpose, and a private sweep lock. The worker imports
+the mechanisms through the `extra_mechanisms` reference "tests.fake_mechanisms:FAKES", the same door a user's own
+mechanism comes through."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
 
+import pytest
 import torch
 
+from attn_core import sweep as sweep_module
 from attn_core.spec import MechanismSpec, Shape
 
 REF = "tests.fake_mechanisms:FAKES"
@@ -56,3 +60,13 @@ def _spec(key: str, fn) -> MechanismSpec:
 
 FAKES = {s.key: s for s in (_spec("raises", raises), _spec("fake_oom", fake_oom), _spec("exits", exits),
                             _spec("sigkill", sigkill), _spec("slow", slow), _spec("hangs", hangs))}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def private_sweep_lock(tmp_path_factory):
+    """The machine's lock on a private path (import this into a test module to use it): a sweep running elsewhere
+    on this machine must not make the tests wait, and the tests' own lock checks still see a real flock."""
+    path = str(tmp_path_factory.mktemp("lock") / "sweep.lock")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sweep_module, "sweep_lock", functools.partial(sweep_module.sweep_lock, path=path))
+        yield

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from attn_core import cli
+from attn_core import sweep as sweep_module
 from attn_core.results import load_run, save_run
-from attn_core.sweep import sweep_lock
-from tests.fake_mechanisms import REF
+from tests.fake_mechanisms import REF, private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--heads", "2", "--d-model", "16", "--min-repeats", "2", "--min-time", "0", "--quiet"]
@@ -63,7 +63,7 @@ def test_tiny_sweep_end_to_end_in_a_fresh_process(tmp_path):
     out = tmp_path / "run.csv"
     proc = subprocess.run(
         [sys.executable, "-m", "attn_core", "sweep", "--mechanisms", "softmax,linear", "--n", "16:32",
-         *TINY[:-1], "--out", str(out)],
+         *TINY[:-1], "--wait", "600", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     assert "softmax n=16:" in proc.stderr and "saved to" in proc.stderr  # progress goes to stderr
@@ -82,7 +82,7 @@ def test_failed_points_exit_1_and_are_saved(tmp_path):
 
 
 def test_another_sweep_running_exits_3():
-    with sweep_lock():
+    with sweep_module.sweep_lock():
         code, _, err = run_main("sweep", "--mechanisms", "softmax", "--n", "16", *TINY, "--wait", "0.2")
     assert code == 3 and "another sweep is running" in err
 

@@ -11,8 +11,8 @@ import attn_core as ac
 from attn_core import sweep as sweep_module
 from attn_core import worker
 from attn_core.results import COLUMNS
-from attn_core.sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced, plan, run_sweep, sweep_lock
-from tests.fake_mechanisms import REF
+from attn_core.sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced, plan, run_sweep
+from tests.fake_mechanisms import REF, private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 TINY = dict(heads=2, d_model=16, warmup=1, min_repeats=2, min_time_s=0.0, point_budget_s=30.0)
 
@@ -154,7 +154,7 @@ def test_cancel_during_a_call_that_does_not_return_kills_the_worker():
 
 
 def test_a_second_sweep_waits_for_the_lock_then_is_told():
-    with sweep_lock():
+    with sweep_module.sweep_lock():
         run = SweepRun.start(config(["softmax"]), lock_wait_s=0.5)
         assert run.wait(30)
         assert "another sweep is running on this machine" in run.error and "pid" in run.error
@@ -164,7 +164,7 @@ def test_a_second_sweep_waits_for_the_lock_then_is_told():
 
 
 def test_a_waiting_sweep_starts_when_the_lock_is_released():
-    held = sweep_lock()
+    held = sweep_module.sweep_lock()
     held.__enter__()
     run = SweepRun.start(config(["softmax"]), lock_wait_s=60)
     wait_until(lambda: run.progress()["current"].startswith("waiting for another sweep"))
