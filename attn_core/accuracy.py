@@ -129,10 +129,12 @@ def exact_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return out
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up: first calls pay for allocation and dispatch caches
-    samples = []
-    for _ in range(repeats):
+def _median_time(fn, repeats: int, min_total_s: float = 0.03, max_samples: int = 50) -> float:
+    """Median seconds per call: one warm-up call (allocation, dispatch caches), then at least `repeats` calls and
+    at least `min_total_s` of them, so a millisecond call is not one noisy sample."""
+    fn()
+    samples: list[float] = []
+    while len(samples) < repeats or (sum(samples) < min_total_s and len(samples) < max_samples):
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
@@ -157,8 +159,8 @@ def evaluate(key: str, params: dict[str, Any] | None = None, *, n: int = 512, d_
     """Errors of mechanism `key` (with `params`) against float64 exact softmax on one seeded input.
 
     The mechanism runs in `dtype` with its random state drawn from `seed`; the row holds the errors (METRICS),
-    a quick in-process time (median of `repeats` calls after one warm-up, state built outside) and the spec's
-    predicted peak bytes. KL and dropped mass need dense weights: NaN above `kl_max_n`.
+    a quick in-process time (median of ≥ `repeats` calls and ≥ 30 ms of them after one warm-up, state built
+    outside) and the spec's predicted peak bytes. KL and dropped mass need dense weights: NaN above `kl_max_n`.
     """
     spec = get(key)
     resolved = spec.resolved(params or {})
@@ -187,15 +189,18 @@ def _params_text(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
-def parameter_sweep(key: str, param: str, values: Sequence[int | float], **settings: Any) -> pd.DataFrame:
+def parameter_sweep(key: str, param: str | None, values: Sequence[int | float], **settings: Any) -> pd.DataFrame:
     """One `evaluate` row per value of `param` (the others at their defaults, or `settings['params']`): a tidy
-    frame with columns `param` and `value` added. ValueError with a sentence if any value cannot run."""
-    spec = get(key)
-    spec.param(param)  # KeyError for a parameter the mechanism does not have
+    frame with columns `param` and `value` added; param None gives the one row at the defaults (value NaN).
+    ValueError with a sentence if any value cannot run."""
     base = dict(settings.pop("params", None) or {})
+    if param is None:
+        return pd.DataFrame([{**evaluate(key, base, **settings), "param": "", "value": math.nan}])
+    get(key).param(param)  # KeyError for a parameter the mechanism does not have
+    shape_settings = {name: settings.get(name, default) for name, default in
+                      (("n", 512), ("d_model", 256), ("heads", 4), ("causal", False))}
     for value in values:
-        found = problems(key, n=settings.get("n", 512), d_model=settings.get("d_model", 256),
-                         heads=settings.get("heads", 4), causal=settings.get("causal", False), **{**base, param: value})
+        found = problems(key, **shape_settings, **{**base, param: value})
         if found:
             raise ValueError(found[0])
     rows = [{**evaluate(key, {**base, param: value}, **settings), "param": param, "value": value} for value in values]

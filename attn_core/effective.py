@@ -162,3 +162,24 @@ def token_labels(text: str, limit: int = 64) -> list[str]:
     if len(words) > limit:
         raise ValueError(f"the sentence has {len(words)} words; use at most {limit} for a readable heatmap")
     return [f"{i} {w}" for i, w in enumerate(words)]
+
+
+def attention_maps(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: list[str], *,
+                   causal: bool = False, seed: int = 0, pull_back: bool = False,
+                   **params: Any) -> dict[str, Any]:
+    """Heatmap frames of one mechanism on one sequence (batch 0): {'cells': matrix_frame of computed_cells,
+    'weights': matrix_frame of the effective weights, one panel per head, 'columns': what the columns index}.
+
+    Linformer's columns are its projected keys ("p0", "p1", …), or the n keys with `pull_back` (W·F: a linear
+    map of v, entries may be negative).
+    """
+    n = q.shape[-2]
+    state = make_state(key, Shape.of(q, k, causal), q.device, q.dtype, seed=seed, **get(key).resolved(params))
+    eff = effective_attention(key, q, k, v, causal=causal, state=state, **params)
+    cells = computed_cells(key, n, k.shape[-2], causal, **params)
+    projected = [f"p{r}" for r in range(eff.weights.shape[-1])] if eff.columns == PROJECTED else tokens
+    shown = tokens if pull_back else projected
+    weights = pulled_back(eff, state) if pull_back else eff.weights
+    return {"cells": matrix_frame(cells, tokens, projected, value="computed"),
+            "weights": matrix_frame(weights[0], tokens, shown),
+            "columns": KEYS if shown is tokens else PROJECTED}

@@ -15,6 +15,7 @@ LRA = {
     "citation": "Tay et al., 'Long Range Arena: A Benchmark for Efficient Transformers', ICLR 2021, arXiv 2011.04006, "
                 "Table 2",
     "hardware": "4x4 TPU v3",
+    "short": "LRA · TPU v3",
     "setup": "byte-level text classification, batch 32; training steps per second and peak memory per TPU device. "
              "Sparse Transformer and Longformer were not benchmarked for speed; the Synthesizer 3K row is printed "
              "this way in the paper and breaks its row's trend.",
@@ -25,6 +26,7 @@ _FLASH = {
     "citation": "Dao et al., 'FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness', "
                 "NeurIPS 2022, arXiv 2205.14135, Appendix E.6",
     "hardware": "A100 40 GB",
+    "short": "FlashAttention paper · A100",
     "baseline": "PyTorch Attention",
 }
 FLASH_TIME = {**_FLASH, "file": "flashattention_a100_forward_ms.csv",
@@ -36,7 +38,7 @@ FLASH_MEMORY = {**_FLASH, "file": "flashattention_a100_memory_mb.csv",
 SOURCES = (LRA, FLASH_TIME, FLASH_MEMORY)
 # The mechanism of this catalogue closest to a published method (absent: no counterpart here). Longformer adds
 # global tokens to its sliding window; Block Sparse is the Sparse Transformer pattern in blocks.
-CLOSEST = {"Transformer": "softmax", "PyTorch Attention": "softmax", "Megatron": "softmax",
+CLOSEST = {"Transformer": "softmax", "PyTorch Attention": "softmax",
            "FlashAttention": "sdpa", "Local Attention": "local", "Linformer": "linformer", "Performer": "performer",
            "Linear Trans.": "linear", "Longformer": "sliding_window", "Block Sparse": "sparse"}
 
@@ -50,7 +52,7 @@ def _read(source: Mapping[str, str]) -> pd.DataFrame:
 def _stamped(frame: pd.DataFrame, source: Mapping[str, str]) -> pd.DataFrame:
     out = frame.copy()
     out["mechanism"] = out["method"].map(CLOSEST).fillna("")
-    for column in ("source", "citation", "hardware", "setup"):
+    for column in ("source", "short", "citation", "hardware", "setup"):
         out[column] = source[column]
     return out
 
@@ -91,8 +93,9 @@ def relative(metric: str) -> pd.DataFrame:
 
     metric 'speed': speed-up (LRA: training steps/s ratio as printed; FlashAttention: forward time of PyTorch
     Attention ÷ the method's). metric 'memory': the method's memory ÷ standard attention's. Rows where the
-    standard attention has no figure (out of memory) are dropped. Columns: source, method, mechanism (closest
-    here, '' if none), n, value, baseline, hardware, setup, citation, label (PUBLISHED).
+    standard attention has no figure (out of memory) are dropped. Columns: source, short (source and hardware in
+    a few words), method, mechanism (closest here, '' if none), n, value, baseline, hardware, setup, citation,
+    label (PUBLISHED).
     """
     if metric == "speed":
         lra = lra_efficiency().assign(value=lambda f: f["speedup_vs_transformer"])
@@ -106,7 +109,7 @@ def relative(metric: str) -> pd.DataFrame:
     else:
         raise ValueError(f"metric must be 'speed' or 'memory', got {metric!r}")
     lra["baseline"], flash["baseline"] = LRA["baseline"], _FLASH["baseline"]
-    columns = ["source", "method", "mechanism", "n", "value", "baseline", "hardware", "setup", "citation"]
+    columns = ["source", "short", "method", "mechanism", "n", "value", "baseline", "hardware", "setup", "citation"]
     out = pd.concat([lra[columns], flash[columns]], ignore_index=True).dropna(subset=["value"])
     return out.assign(label=PUBLISHED).reset_index(drop=True)
 
@@ -114,3 +117,55 @@ def relative(metric: str) -> pd.DataFrame:
 def citations() -> list[str]:
     """One line per shipped table: source, citation, hardware."""
     return [f"{s['source']}: {s['citation']} ({s['hardware']}; {s['setup']})" for s in SOURCES]
+
+
+# ---- saved runs from several machines (attn_core.results.Run objects) ----
+
+RUN_KEYS = ["mechanism", "params", "n", "mode", "dtype", "causal", "batch", "heads", "d_model"]
+SETTINGS = ["mode", "dtype", "causal", "batch", "heads", "d_model"]
+
+
+def machine(env: Mapping) -> str:
+    """A run's machine in words, from its environment stamp (device name, else device, else 'unknown machine')."""
+    return str(env.get("device_name") or env.get("device") or "unknown machine")
+
+
+def runs_frame(runs: Mapping[str, object]) -> pd.DataFrame:
+    """The measured rows of several named runs in one frame, with `run` (its name), `machine` and `source`
+    ('name · machine') columns; rows that were not measured (status ≠ 'ok') are left out."""
+    frames = []
+    for name, run in runs.items():
+        f = run.frame[run.frame["status"] == "ok"].copy()
+        f["run"], f["machine"] = name, machine(run.env)
+        f["source"] = f"{name} · {f['machine'].iloc[0]}" if len(f) else name
+        frames.append(f)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RUN_KEYS + ["run", "source"])
+
+
+def relative_to_baseline(frame: pd.DataFrame, metric: str, baseline: str = "softmax") -> pd.DataFrame:
+    """Per run, each mechanism against `baseline` at the same n and settings, in the published tables' terms.
+
+    metric 'time_median_s': speed-up = baseline time ÷ mechanism time; 'peak_bytes': mechanism memory ÷ baseline
+    memory. Columns: run, machine, source, mechanism, label, n, value. Points without a baseline are dropped.
+    """
+    if metric not in ("time_median_s", "peak_bytes"):
+        raise ValueError(f"metric must be 'time_median_s' or 'peak_bytes', got {metric!r}")
+    keys = ["run", "n"] + SETTINGS
+    base = frame[frame["mechanism"] == baseline][keys + [metric]].rename(columns={metric: "base"})
+    merged = frame.merge(base.drop_duplicates(keys), on=keys, how="inner")
+    value = merged["base"] / merged[metric] if metric == "time_median_s" else merged[metric] / merged["base"]
+    out = merged.assign(value=value)[["run", "machine", "source", "mechanism", "label", "n", "value"]]
+    return out[out["value"].map(lambda x: 0 < x < float("inf"))].reset_index(drop=True)
+
+
+def run_ratio(a: pd.DataFrame, b: pd.DataFrame, metric: str = "time_median_s") -> pd.DataFrame:
+    """Run B ÷ run A for each point both measured with the same mechanism, parameters, n and settings.
+
+    Columns: mechanism, label, params, n, a, b, ratio (> 1: B took longer / more memory). Empty when the runs
+    share no point.
+    """
+    ok_a, ok_b = (f[f["status"] == "ok"][RUN_KEYS + ["label", metric]] for f in (a, b))
+    merged = ok_a.merge(ok_b.drop(columns="label"), on=RUN_KEYS, suffixes=("_a", "_b"))
+    merged = merged.rename(columns={f"{metric}_a": "a", f"{metric}_b": "b"})
+    merged["ratio"] = merged["b"] / merged["a"]
+    return merged[["mechanism", "label", "params", "n", "a", "b", "ratio"] + SETTINGS].reset_index(drop=True)

@@ -52,3 +52,37 @@ def test_relative_figures_against_each_papers_standard_attention():
 def test_citations_name_papers_and_arxiv_ids():
     lines = ref.citations()
     assert len(lines) == 3 and all("arXiv" in line for line in lines)
+
+
+def _run(device: str, rows: list[tuple[str, int, float, float]], status: str = "ok"):
+    """A Run from (mechanism, n, time, peak bytes) tuples with every other column filled in."""
+    from attn_core import MECHANISMS, results
+
+    full = [dict(mechanism=m, label=MECHANISMS[m].label, exact=MECHANISMS[m].exact, params="{}", n=n, batch=1,
+                 heads=2, d_model=64, head_dim=32, dtype="float32", device="cpu", mode="forward", causal=False,
+                 status=status, reason="", time_median_s=t, time_iqr_s=0.0, time_samples=[t], repeats=1,
+                 peak_bytes=b, memory_method="test", predicted_bytes=b, theory_flops=1.0, gflops=1.0,
+                 device_gflops=1.0, pct_of_device=1.0, sdpa_backend="math", threads=1.0) for m, n, t, b in rows]
+    return results.Run(results.frame_from_rows(full), {"device_name": device}, {})
+
+
+def test_runs_frame_relative_figures_and_ratio_by_hand():
+    a = _run("Laptop", [("softmax", 512, 4.0, 100.0), ("linear", 512, 1.0, 10.0), ("linear", 1024, 2.0, 20.0)])
+    b = _run("Server", [("softmax", 512, 2.0, 100.0), ("linear", 512, 0.25, 10.0)])
+    frame = ref.runs_frame({"a.json": a, "b.csv": b})
+    assert set(frame["source"]) == {"a.json · Laptop", "b.csv · Server"} and len(frame) == 5
+    speed = ref.relative_to_baseline(frame, "time_median_s").set_index(["run", "mechanism", "n"])["value"]
+    assert speed["a.json", "linear", 512] == 4.0 and speed["b.csv", "linear", 512] == 8.0
+    assert ("a.json", "linear", 1024) not in speed.index  # no softmax at 1024 to compare against
+    memory = ref.relative_to_baseline(frame, "peak_bytes").set_index(["run", "mechanism", "n"])["value"]
+    assert memory["a.json", "linear", 512] == 0.1
+    ratio = ref.run_ratio(a.frame, b.frame, "time_median_s").set_index(["mechanism", "n"])["ratio"]
+    assert ratio.to_dict() == {("softmax", 512): 0.5, ("linear", 512): 0.25}  # only the shared points
+    with pytest.raises(ValueError, match="time_median_s"):
+        ref.relative_to_baseline(frame, "gflops")
+
+
+def test_runs_frame_leaves_out_unmeasured_points():
+    skipped = _run("Laptop", [("softmax", 512, float("nan"), float("nan"))], status="oom")
+    assert ref.runs_frame({"x.json": skipped}).empty
+    assert ref.machine({}) == "unknown machine" and ref.machine({"device": "cuda"}) == "cuda"

@@ -1,0 +1,313 @@
+"""Charts beyond speed: errors, speed–accuracy, attention patterns, theory at scale, runs from several machines and
+published references (pure Altair: DataFrame in, chart out)."""
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import altair as alt
+import pandas as pd
+
+from . import export
+from .accuracy import METRIC_LABELS
+from .charts import COLOURS, styled
+from .mechanisms import MECHANISMS
+from .reference import PUBLISHED
+
+MIB = float(1 << 20)
+LOG2_X = alt.Scale(type="log", base=2)
+REFERENCE_GREY = "#6E6E6E"
+
+
+def _finish(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
+    """The house look, with room above the title (a stretched chart in a page otherwise clips its top line)."""
+    return styled(chart).properties(padding={"top": 10, "left": 5, "right": 5, "bottom": 5})
+
+
+def colour_scale(frame: pd.DataFrame) -> alt.Scale:
+    """Colour by mechanism label, each mechanism in its catalogue colour (the Benchmark page's), others grey."""
+    order = list(MECHANISMS)
+    pairs = frame.drop_duplicates("mechanism")[["mechanism", "label"]].astype(str)
+    pairs = sorted(pairs.itertuples(index=False), key=lambda ml: order.index(ml[0]) if ml[0] in order else len(order))
+    return alt.Scale(domain=[label for _, label in pairs],
+                     range=[COLOURS[order.index(m) % len(COLOURS)] if m in order else REFERENCE_GREY for m, _ in pairs])
+
+
+def _colour(frame: pd.DataFrame, title: str = "Mechanism") -> alt.Color:
+    return alt.Color("label:N", scale=colour_scale(frame), title=title)
+
+
+def _finite(frame: pd.DataFrame, column: str, positive: bool = True) -> pd.DataFrame:
+    values = pd.to_numeric(frame[column], errors="coerce")
+    keep = values.map(math.isfinite) & ((values > 0) if positive else True)
+    return frame[keep]
+
+
+def _left_out(frame: pd.DataFrame, kept: pd.DataFrame, column: str) -> str:
+    """A subtitle line naming the points a log axis cannot show, or ''."""
+    gone = frame.loc[frame.index.difference(kept.index)]
+    if gone.empty:
+        return ""
+    what = ", ".join(sorted(set(gone["label"].astype(str) + " (" + gone[column].astype(str) + ")")))
+    return f"not drawn (infinite, zero or undefined on a log axis): {what}"
+
+
+def error_chart(frame: pd.DataFrame, metric: str = "rel_fro", *, title: str | None = None) -> alt.TopLevelMixin:
+    """Error `metric` vs the swept parameter value (columns param, value, label, mechanism and the metric), log-log."""
+    kept = _finite(frame, metric, positive=metric != "cosine")
+    param = str(frame["param"].iloc[0]) if len(frame) else "parameter"
+    log_y = metric != "cosine"
+    base = alt.Chart(kept).encode(
+        x=alt.X("value:Q", title=f"{param} (log₂ scale)", scale=LOG2_X, axis=alt.Axis(format=",")),
+        y=alt.Y(f"{metric}:Q", title=METRIC_LABELS[metric] + (", log scale" if log_y else ""),
+                scale=alt.Scale(type="log") if log_y else alt.Scale(zero=False)),
+        color=_colour(frame))
+    tooltip = [alt.Tooltip("label:N", title="Mechanism"), alt.Tooltip("params:N", title="Parameters"),
+               alt.Tooltip(f"{metric}:Q", title=METRIC_LABELS[metric], format=".4g")]
+    chart = alt.layer(base.mark_line(), base.mark_point(filled=True, size=70).encode(tooltip=tooltip))
+    subtitle = [_inputs_line(frame), _left_out(frame, kept, metric)] if len(frame) else []
+    return _finish(chart.properties(width=560, height=340, title=alt.TitleParams(
+        title or f"{METRIC_LABELS[metric][0].upper()}{METRIC_LABELS[metric][1:]} vs {param}", subtitle=[s for s in subtitle if s],
+        anchor="start")))
+
+
+def _inputs_line(frame: pd.DataFrame) -> str:
+    r = frame.iloc[0]
+    return (f"{r['inputs']} inputs, seed {r['seed']} · n {r['n']} · d_model {r['d_model']} · {r['heads']} heads · "
+            f"{r['dtype']} · against float64 exact softmax")
+
+
+def speed_accuracy_chart(frame: pd.DataFrame) -> alt.TopLevelMixin:
+    """Time vs relative error, bubble area = predicted peak memory, the Pareto front (column `pareto`) joined by a
+    black line and ringed. Lower-left is better."""
+    data = frame.assign(time_ms=frame["time_s"] * 1e3, memory_mib=frame["predicted_bytes"] / MIB,
+                        front=frame["pareto"].map({True: "on the Pareto front", False: "dominated"}))
+    kept = _finite(data, "rel_fro")
+    x = alt.X("time_ms:Q", title="Time per call (ms, in-process quick timing, log scale)", scale=alt.Scale(type="log"))
+    y = alt.Y("rel_fro:Q", title="Relative Frobenius error vs softmax (log scale)", scale=alt.Scale(type="log"))
+    tooltip = [alt.Tooltip("label:N", title="Mechanism"), alt.Tooltip("params:N", title="Parameters"),
+               alt.Tooltip("time_ms:Q", title="Time (ms)", format=".3g"),
+               alt.Tooltip("rel_fro:Q", title="Relative error", format=".3g"),
+               alt.Tooltip("memory_mib:Q", title="Predicted memory (MiB)", format=".3g"),
+               alt.Tooltip("front:N", title="Pareto")]
+    bubbles = alt.Chart(kept).mark_circle(opacity=0.65).encode(
+        x=x, y=y, color=_colour(frame), tooltip=tooltip,
+        size=alt.Size("memory_mib:Q", title="Predicted peak memory (MiB)", scale=alt.Scale(range=[30, 900])))
+    front = kept[kept["pareto"]].sort_values("time_ms")
+    line = alt.Chart(front).mark_line(color="black", strokeWidth=1.5, interpolate="step-after").encode(x=x, y=y)
+    rings = alt.Chart(front).mark_point(color="black", size=260, strokeWidth=1.5).encode(x=x, y=y, tooltip=tooltip)
+    subtitle = [_inputs_line(frame), "black line and rings: the Pareto front (nothing is both faster and closer)"]
+    note = _left_out(data, kept, "rel_fro")
+    return _finish(alt.layer(bubbles, line, rings).properties(width=560, height=380, title=alt.TitleParams(
+        "Speed vs accuracy", subtitle=subtitle + ([note] if note else []), anchor="start")))
+
+
+def _panels(frame: pd.DataFrame, *, value: str, value_title: str, x_title: str, binary: bool) -> alt.TopLevelMixin:
+    """Unstyled heatmap of a matrix_frame: queries down, keys across, in order; one panel per head."""
+    rows = frame.drop_duplicates("i").sort_values("i")["query"].tolist()
+    cols = frame.drop_duplicates("j").sort_values("j")["key"].tolist()
+    side = max(140, min(360, 14 * max(len(rows), len(cols))))
+    if binary:
+        data = frame.assign(cell=frame[value].astype(bool).map({True: "computed", False: "not computed"}))
+        colour = alt.Color("cell:N", legend=None, scale=alt.Scale(domain=["computed", "not computed"],
+                                                                  range=["#0072B2", "#EEEEEE"]))
+        shown = alt.Tooltip("cell:N", title="cell")
+    else:
+        data = frame
+        signed = bool((frame[value] < 0).any())  # a linear map, not a distribution: diverging around 0
+        colour = alt.Color(f"{value}:Q", title=value_title, scale=alt.Scale(
+            scheme="redblue", domainMid=0, reverse=True) if signed else alt.Scale(scheme="viridis"))
+        shown = alt.Tooltip(f"{value}:Q", title=value_title, format=".3g")
+    show_labels = len(cols) <= 64
+    base = alt.Chart(data).mark_rect().encode(
+        x=alt.X("key:N", sort=cols, title=x_title, axis=alt.Axis(labels=show_labels, labelAngle=-60, ticks=False)),
+        y=alt.Y("query:N", sort=rows, title="query", axis=alt.Axis(labels=show_labels, ticks=False)),
+        color=colour,
+        tooltip=[alt.Tooltip("head:O", title="head"), alt.Tooltip("query:N"), alt.Tooltip("key:N", title=x_title),
+                 shown]).properties(width=side, height=side)
+    if frame["head"].nunique() > 1:
+        return base.facet(column=alt.Column("head:O", title=None, header=alt.Header(labelExpr="'head ' + datum.value")))
+    return base
+
+
+def heatmap(frame: pd.DataFrame, *, title: str, subtitle: str | list[str] = "", value: str = "weight",
+            value_title: str = "attention weight", x_title: str = "key", binary: bool = False) -> alt.TopLevelMixin:
+    """One panel per head of a matrix_frame (head, i, j, query, key, value); binary: a boolean 'computed' value
+    drawn blue (computed) or light grey (not)."""
+    chart = _panels(frame, value=value, value_title=value_title, x_title=x_title, binary=binary)
+    return _finish(chart.properties(title=alt.TitleParams(title, subtitle=subtitle, anchor="start")))
+
+
+def pattern_chart(cells: pd.DataFrame, weights: pd.DataFrame, *, title: str, subtitle: str | list[str] = "",
+                  x_title: str = "key", cells_x_title: str = "key",
+                  weights_title: str = "Effective attention") -> alt.TopLevelMixin:
+    """Side by side: the cells a mechanism computes (blue; effective.attention_maps 'cells') and the weights it
+    applies, one panel per head ('weights'), each with its own colour scale."""
+    left = _panels(cells, value="computed", value_title="", x_title=cells_x_title, binary=True).properties(title=alt.TitleParams("Cells computed (blue)", anchor="start"))
+    right = _panels(weights, value="weight", value_title="weight", x_title=x_title, binary=False).properties(
+        title=alt.TitleParams(weights_title, anchor="start"))
+    chart = alt.hconcat(left, right, spacing=30).resolve_scale(color="independent")
+    return _finish(chart.properties(title=alt.TitleParams(title, subtitle=subtitle, anchor="start")))
+
+
+def n_axis(ns: pd.Series) -> alt.Axis:
+    """Ticks at powers of two (every other one past 16 octaves), labelled 512, 1K, 128K, 1M with K = 1024."""
+    if ns.empty:
+        return alt.Axis()
+    low, high = int(math.log2(max(1, ns.min()))), math.ceil(math.log2(ns.max()))
+    step = 1 if high - low <= 10 else 2
+    expr = ("datum.value >= 1048576 ? format(datum.value / 1048576, '~g') + 'M' : datum.value >= 1024 ? "
+            "format(datum.value / 1024, '~g') + 'K' : format(datum.value, '~g')")
+    return alt.Axis(values=[2 ** e for e in range(low, high + 1, step)], labelExpr=expr)
+
+
+def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
+                 budgets: dict[str, float] | None = None) -> alt.TopLevelMixin:
+    """A theory column (flops, total_bytes, memory_bytes, predicted_time_s) vs n, log-log, from theory.costs.
+
+    budgets (name → bytes), for a memory metric: horizontal rules, so the chart shows where each mechanism stops
+    fitting. Invalid points (status ≠ 'ok') are left out and named in the subtitle.
+    """
+    names = {"flops": "FLOPs (theory, from the specs)", "memory_bytes": "Predicted peak above inputs (GiB)",
+             "total_bytes": "Inputs + predicted peak (GiB)",
+             "predicted_time_s": "Predicted time (s) — extrapolation: FLOPs ÷ matmul throughput"}
+    scale = 2.0 ** 30 if metric.endswith("bytes") else 1.0
+    data = frame[frame["status"] == "ok"].assign(y=lambda f: f[metric] / scale)
+    kept = _finite(data, "y")
+    x = alt.X("n:Q", title="Sequence length n (tokens, log₂ scale; K = 1024)", scale=LOG2_X, axis=n_axis(kept["n"]))
+    y = alt.Y("y:Q", title=names[metric], scale=alt.Scale(type="log"),
+              axis=alt.Axis(format="~s" if metric == "flops" else ",~g"))  # FLOPs as 1G, 1T, 1P
+    base = alt.Chart(kept).encode(x=x, y=y, color=_colour(frame))
+    layers = [base.mark_line(), base.mark_point(filled=True, size=30).encode(
+        tooltip=[alt.Tooltip("label:N", title="Mechanism"), alt.Tooltip("n:Q", format=","),
+                 alt.Tooltip("y:Q", title=names[metric], format=".4g")])]
+    if budgets and metric.endswith("bytes"):
+        rules = pd.DataFrame({"budget": list(budgets), "y": [b / scale for b in budgets.values()]})
+        rule = alt.Chart(rules).encode(y="y:Q")
+        layers += [rule.mark_rule(color="black", strokeDash=[4, 3]),
+                   rule.mark_text(align="left", dx=4, dy=-6, x=0).encode(text="budget:N")]
+    invalid = sorted(set(frame.loc[frame["status"] != "ok", "label"]))
+    subtitle = [f"not applicable at some n: {', '.join(invalid)}"] if invalid else []
+    if budgets and metric.endswith("bytes"):
+        subtitle.append("dashed: memory budgets, in GiB (a '24 GB' GPU holds 24 GiB)")
+    return _finish(alt.layer(*layers).properties(width=600, height=380, title=alt.TitleParams(
+        names[metric].split(" (")[0] + " vs sequence length", subtitle=subtitle, anchor="start")))
+
+
+def fit_chart(table: pd.DataFrame) -> alt.TopLevelMixin:
+    """Largest n that fits each budget (theory.fit_table), one bar per mechanism, one panel per budget."""
+    data = table[table["largest_n"] > 0].assign(start=1)  # bars on a log axis need a start above 0
+    base = alt.Chart(data).encode(
+        y=alt.Y("label:N", title=None, sort=list(dict.fromkeys(table["label"]))),
+        x=alt.X("largest_n:Q", title="Largest n that fits (log scale)", scale=alt.Scale(type="log"),
+                axis=alt.Axis(format="~s")),
+        color=alt.Color("label:N", scale=colour_scale(table), legend=None))
+    bars = base.mark_bar().encode(x2="start:Q", tooltip=[alt.Tooltip("label:N", title="Mechanism"),
+                                           alt.Tooltip("budget:N"), alt.Tooltip("largest_n:Q", format=",")])
+    text = base.mark_text(align="left", dx=3).encode(text=alt.Text("largest_n:Q", format=","))
+    chart = alt.layer(bars, text).properties(width=260, height=22 * table["label"].nunique())
+    nothing = sorted(set(table.loc[table["largest_n"] == 0, "label"]))
+    subtitle = "inputs + predicted forward peak ≤ budget" + (f"; fits nowhere: {', '.join(nothing)}" if nothing
+                                                             else "")
+    return _finish(chart.facet(column=alt.Column("budget:N", title="memory budget", sort=list(
+        dict.fromkeys(table["budget"])))).properties(title=alt.TitleParams(
+            "What fits in memory", subtitle=subtitle, anchor="start")))
+
+
+RUN_METRICS = {"time_median_s": ("time_ms", 1e-3, "Time per call (ms, median)"),
+               "peak_bytes": ("memory_mib", MIB, "Peak memory above inputs (MiB)")}
+RELATIVE_TITLES = {"time_median_s": "Speed-up vs {baseline} (×, higher is faster)",
+                   "peak_bytes": "Memory ÷ {baseline}'s (lower is leaner)"}
+
+
+def _measured(frame: pd.DataFrame, y: str, y_title: str, extra_ns: pd.Series | None = None) -> list[alt.Chart]:
+    """Lines and points of runs: colour = mechanism, shape = run · machine, log-log (ticks also cover extra_ns)."""
+    kept = _finite(frame, y)
+    ns = kept["n"] if extra_ns is None else pd.concat([kept["n"], extra_ns])
+    x = alt.X("n:Q", title="Sequence length n (tokens, log₂ scale; K = 1024)", scale=LOG2_X, axis=n_axis(ns))
+    base = alt.Chart(kept).encode(x=x, y=alt.Y(f"{y}:Q", title=y_title, scale=alt.Scale(type="log")),
+                                  color=_colour(frame))
+    tooltip = [alt.Tooltip("label:N", title="Mechanism"), alt.Tooltip("source:N", title="Run · machine"),
+               alt.Tooltip("n:Q", format=","), alt.Tooltip(f"{y}:Q", title=y_title, format=".4g")]
+    return [base.mark_line(strokeWidth=1.5).encode(detail="series:N"),
+            base.mark_point(filled=True, size=70).encode(shape=alt.Shape("source:N", title="Run · machine"),
+                                                          tooltip=tooltip)]
+
+
+def runs_chart(frame: pd.DataFrame, metric: str = "time_median_s") -> alt.TopLevelMixin:
+    """Several runs overlaid (reference.runs_frame): metric vs n, colour = mechanism, shape = run · machine."""
+    column, divisor, y_title = RUN_METRICS[metric]
+    data = frame.assign(**{column: frame[metric] / divisor,
+                           "series": frame["source"].astype(str) + " · " + frame["label"].astype(str)})
+    return _finish(alt.layer(*_measured(data, column, y_title)).properties(width=620, height=400, title=alt.TitleParams(
+        f"{y_title.split(' (')[0]} vs sequence length, {data['source'].nunique()} runs", anchor="start",
+        subtitle="colour: mechanism · shape: run and machine")))
+
+
+def ratio_chart(ratios: pd.DataFrame, a_name: str, b_name: str, metric: str = "time_median_s") -> alt.TopLevelMixin:
+    """Run B ÷ run A per point (reference.run_ratio), log scale, a rule at 1 (same on both)."""
+    what = "time" if metric == "time_median_s" else "peak memory"
+    kept = _finite(ratios, "ratio")
+    x = alt.X("n:Q", title="Sequence length n (tokens, log₂ scale; K = 1024)", scale=LOG2_X, axis=n_axis(kept["n"]))
+    y = alt.Y("ratio:Q", title=f"{what}: {b_name} ÷ {a_name} (log scale)", scale=alt.Scale(type="log"))
+    base = alt.Chart(kept).encode(x=x, y=y, color=_colour(ratios))
+    layers = [base.mark_line().encode(detail="params:N"), base.mark_point(filled=True, size=70).encode(
+        tooltip=[alt.Tooltip("label:N", title="Mechanism"), alt.Tooltip("params:N", title="Parameters"),
+                 alt.Tooltip("n:Q", format=","), alt.Tooltip("ratio:Q", format=".3g")]),
+        alt.Chart(pd.DataFrame({"one": [1.0]})).mark_rule(color="black", strokeDash=[4, 3]).encode(y="one:Q")]
+    return _finish(alt.layer(*layers).properties(width=620, height=360, title=alt.TitleParams(
+        f"Ratio of {what}, {b_name} ÷ {a_name}", subtitle=f"above 1: {b_name} took more; below 1: less",
+        anchor="start")))
+
+
+def reference_layer(reference: pd.DataFrame, *, x: str = "n", y: str = "value") -> alt.LayerChart:
+    """Published figures (reference.relative) as grey dotted lines, hollow diamonds and an end label per method,
+    to layer on a relative speed or memory chart whose x and y fields are `x` and `y`. Each paper's own baseline
+    (1 by definition) is left out. Unstyled, so it can still be layered; it adds no colour or shape scale, so it
+    never disturbs the measured legend."""
+    data = reference[reference["method"] != reference["baseline"]].rename(columns={"n": x, "value": y})
+    data = data.assign(what=data["method"] + " · " + data["short"] + " (" + PUBLISHED + ")",
+                       tag=data["method"] + " (" + data["short"].str.split(" · ").str[0] + ")")
+    ends = data.sort_values(x).groupby(["source", "method"], as_index=False).last()
+    enc = {"x": alt.X(f"{x}:Q"), "y": alt.Y(f"{y}:Q")}
+    tooltip = [alt.Tooltip("what:N", title="Published"), alt.Tooltip(f"{x}:Q", title="n", format=","),
+               alt.Tooltip(f"{y}:Q", title="relative to standard attention", format=".3g"),
+               alt.Tooltip("setup:N", title="Setup"), alt.Tooltip("citation:N", title="Source")]
+    return alt.layer(
+        alt.Chart(data).mark_line(color=REFERENCE_GREY, strokeDash=[2, 3], strokeWidth=1.5).encode(
+            detail="what:N", **enc),
+        alt.Chart(data).mark_point(shape="diamond", color=REFERENCE_GREY, filled=False, size=60).encode(
+            tooltip=tooltip, **enc),
+        alt.Chart(ends).mark_text(align="right", dy=-9, fontSize=10, color=REFERENCE_GREY).encode(
+            text=alt.Text("tag:N"), **enc))
+
+
+def relative_chart(frame: pd.DataFrame, metric: str = "time_median_s", *, baseline_label: str = "softmax",
+                   reference: pd.DataFrame | None = None) -> alt.TopLevelMixin:
+    """Each mechanism relative to a baseline per run (reference.relative_to_baseline): colour = mechanism,
+    shape = run · machine; `reference` (reference.relative) overlays published figures in grey."""
+    y_title = RELATIVE_TITLES[metric].format(baseline=baseline_label)
+    data = frame.assign(series=frame["source"].astype(str) + " · " + frame["label"].astype(str))
+    subtitle = ["colour: mechanism · shape: run and machine"]
+    if reference is not None and len(data):  # published points within an octave of the measured range
+        reference = reference[reference["n"].between(data["n"].min() / 2, data["n"].max() * 2)]
+    layers = _measured(data, "value", y_title, extra_ns=reference["n"] if reference is not None else None)
+    if reference is not None and len(reference):
+        layers.append(reference_layer(reference))
+        sources = "; ".join(sorted(set(reference["short"])))
+        subtitle.append(f"grey dotted: {PUBLISHED} ({sources}), relative to each paper's standard attention")
+    title = "Speed-up" if metric == "time_median_s" else "Memory"
+    return _finish(alt.layer(*layers).properties(width=620, height=400, title=alt.TitleParams(
+        f"{title} relative to {baseline_label}", subtitle=subtitle, anchor="start")))
+
+
+def downloads(chart: alt.TopLevelMixin, frame: pd.DataFrame, stem: str) -> list[tuple[str, object, str, str]]:
+    """What a page offers for one chart: (label, zero-argument function making the bytes, file name, MIME type)
+    for PNG, SVG and the chart's data as CSV. Functions, so nothing is rendered until a button is pressed."""
+    return [("PNG", partial(export.chart_png, chart), f"{stem}.png", "image/png"),
+            ("SVG", partial(export.chart_svg, chart), f"{stem}.svg", "image/svg+xml"),
+            ("CSV", partial(_csv_bytes, frame), f"{stem}.csv", "text/csv")]
+
+
+def _csv_bytes(frame: pd.DataFrame) -> bytes:
+    return frame.to_csv(index=False).encode("utf-8")

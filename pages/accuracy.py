@@ -1,0 +1,101 @@
+"""Accuracy: what an approximate or sparse mechanism gives up against exact softmax on the same inputs."""
+import streamlit as st
+
+from attn_core import MECHANISMS, accuracy, insight_charts
+
+S = st.session_state
+NS = [32, 64, 128, 256, 512, 1024, 2048]
+
+
+def keyed(key: str) -> dict:
+    return {"key": key, "persist_state": "session"}
+
+
+def label(key: str) -> str:
+    return MECHANISMS[key].label
+
+
+def parse_values(text: str) -> list[int | float]:
+    """'16, 64, 256' → [16, 64, 256]; ValueError with a sentence otherwise."""
+    parts = [p.strip() for p in text.replace(";", ",").split(",") if p.strip()]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"Values must be numbers separated by commas, e.g. 16, 64, 256; got {text!r}") from None
+    if not values:
+        raise ValueError("Type at least one value to try, e.g. 16, 64, 256")
+    return sorted({int(v) if v == int(v) else v for v in values})
+
+
+@st.cache_data(show_spinner="Comparing with exact softmax…", max_entries=32)
+def sweep(key, param, values, settings):
+    return accuracy.parameter_sweep(key, param, values, **settings)
+
+
+@st.cache_data(show_spinner="Timing every mechanism…", max_entries=8)
+def scatter(settings):
+    return accuracy.speed_accuracy(accuracy.default_configs(settings["n"]), **settings)
+
+
+def export_row(chart, frame, stem: str, tag: str) -> None:
+    for column, (fmt, data, name, mime) in zip(st.columns(6), insight_charts.downloads(chart, frame, stem)):
+        column.download_button(fmt, data, name, mime, key=f"acc_dl_{tag}_{fmt.lower()}", on_click="ignore")
+
+
+st.title("Accuracy")
+st.caption("Each mechanism's output against exact softmax attention computed in float64 on the same seeded inputs.")
+with st.expander("Settings", expanded=True, icon=":material/tune:"):
+    left, mid, right = st.columns(3)
+    key = left.selectbox("Mechanism", list(MECHANISMS), list(MECHANISMS).index("performer"), format_func=label,
+                         **keyed("acc_mechanism"))
+    params = [p.name for p in MECHANISMS[key].params]
+    param = left.selectbox("Parameter to sweep", params, **keyed(f"acc_param_{key}")) if params else None
+    n = mid.select_slider("Sequence length n", NS, 256, **keyed("acc_n"))
+    values_text = left.text_input("Values to try", ", ".join(map(str, accuracy.sweep_values(key, param, n)))
+                                  if param else "", disabled=param is None, **keyed(f"acc_values_{key}_{param}"))
+    d_model = mid.number_input("d_model", 1, 4096, 256, **keyed("acc_d_model"))
+    heads = mid.number_input("Heads", 1, 64, 4, **keyed("acc_heads"))
+    inputs = right.selectbox("Inputs", accuracy.INPUTS, **keyed("acc_inputs"))
+    right.caption(accuracy.INPUT_HELP[inputs])
+    seed = right.number_input("Seed", 0, 2**31 - 1, 0, **keyed("acc_seed"))
+    causal = right.toggle("Causal mask", **keyed("acc_causal"))
+    dtype = right.selectbox("dtype of the mechanism", ["float32", "float64"], **keyed("acc_dtype"))
+
+settings = dict(n=n, d_model=int(d_model), heads=int(heads), inputs=inputs, seed=int(seed), causal=causal,
+                dtype=dtype)
+try:
+    values = tuple(parse_values(values_text)) if param else ()
+except ValueError as e:
+    st.error(str(e), icon=":material/edit:")
+    st.stop()
+found = [p for v in values or [None] for p in accuracy.problems(key, n=n, d_model=int(d_model), heads=int(heads),
+                                                             causal=causal, **({param: v} if param else {}))]
+if found:
+    st.error(found[0], icon=":material/edit:")
+    st.stop()
+
+frame = sweep(key, param, values, settings)
+if key == "linformer":
+    st.info("Linformer's projections E and F are random here, as at initialisation; the paper learns them. These "
+            "are the errors of an untrained Linformer.")
+metric = st.segmented_control("Error shown", list(accuracy.METRICS), default="rel_fro", required=True,
+                              format_func=accuracy.METRIC_LABELS.get, **keyed("acc_metric"))
+if param:
+    chart = insight_charts.error_chart(frame, metric)
+    st.altair_chart(chart, theme=None)
+    export_row(chart, frame, f"accuracy-{key}-{param}", "error")
+st.dataframe(frame[["params", "rel_fro", "max_abs", "cosine", "kl", "dropped_mass", "time_s", "predicted_bytes"]],
+             hide_index=True)
+st.caption("KL(softmax ‖ mechanism) is infinite when the mechanism gives zero weight to a key softmax weights "
+           "(sparse patterns): the dropped mass says how much. Linformer weighs projected keys, so it has neither. "
+           f"KL is computed for n ≤ {accuracy.KL_MAX_N}.")
+
+st.subheader("Speed vs accuracy, every mechanism")
+if st.toggle("Time every mechanism at these settings (a few seconds)", False, **keyed("acc_scatter")):
+    table = scatter(settings)
+    chart = insight_charts.speed_accuracy_chart(table)
+    st.altair_chart(chart, theme=None)
+    export_row(chart, table, "speed-accuracy", "scatter")
+    st.caption("Time: median of a few in-process calls on this machine, state built outside; memory: the spec's "
+               "prediction. Errors below 100 × machine epsilon count as exact for the Pareto front.")
+    st.dataframe(table[["label", "params", "rel_fro", "time_s", "predicted_bytes", "pareto"]], hide_index=True)

@@ -1,0 +1,91 @@
+"""Compare runs: saved runs from several machines on one chart, a ratio between two, published figures beside."""
+import streamlit as st
+
+from attn_core import MECHANISMS, insight_charts, reference, results
+
+METRICS = {"time_median_s": "Time", "peak_bytes": "Peak memory"}
+
+
+def keyed(key: str) -> dict:
+    return {"key": key, "persist_state": "session"}
+
+
+def export_row(chart, frame, stem: str) -> None:
+    for column, (fmt, data, name, mime) in zip(st.columns(6), insight_charts.downloads(chart, frame, stem)):
+        column.download_button(fmt, data, name, mime, key=f"cmp_dl_{stem}_{fmt.lower()}", on_click="ignore")
+
+
+def load(files) -> dict:
+    """Each upload parsed as data by results.load_run; a clear message for each one refused."""
+    runs = {}
+    for f in files:
+        try:
+            run = results.load_run(f.getvalue(), name=f.name)
+        except results.RunFileError as e:
+            st.error(str(e), icon=":material/block:")
+            continue
+        if not (run.frame["status"] == "ok").any():
+            st.warning(f"{f.name} holds no measured point (every point was skipped, failed or cancelled).")
+            continue
+        name = f.name if f.name not in runs else f"{f.name} ({len(runs) + 1})"
+        runs[name] = run
+    return runs
+
+
+st.title("Compare runs")
+st.caption("Runs saved by `python -m attn_core sweep --out run.json` or by the Benchmark page's export, from this "
+           "machine or others. Files are read as JSON or CSV data only; nothing in them is executed.")
+files = st.file_uploader("Saved runs (JSON or CSV, up to 32 MiB each)", type=["json", "csv"],
+                         accept_multiple_files=True, key="cmp_upload")
+runs = load(files or [])
+if not runs:
+    st.info("Upload one or more saved runs to overlay them.", icon=":material/upload_file:")
+    st.stop()
+
+frame = reference.runs_frame(runs)
+metric = st.segmented_control("Metric", list(METRICS), default="time_median_s", required=True,
+                              format_func=METRICS.get, **keyed("cmp_metric"))
+chart = insight_charts.runs_chart(frame, metric)
+st.altair_chart(chart, theme=None)
+export_row(chart, frame.drop(columns="time_samples"), "runs-overlay")
+
+st.subheader("Relative to a baseline, with published figures")
+left, mid, right = st.columns(3)
+baseline = left.selectbox("Baseline", ["softmax", "sdpa"], format_func=lambda k: MECHANISMS[k].label,
+                          **keyed("cmp_baseline"))
+published = mid.toggle(f"Overlay {reference.PUBLISHED}", True, **keyed("cmp_published"))
+matching = right.toggle("Only published methods matching the mechanisms shown", True, **keyed("cmp_matching"))
+relative = reference.relative_to_baseline(frame, metric, baseline)
+if relative.empty:
+    st.warning(f"No run measured {MECHANISMS[baseline].label} at the same n and settings as the others; choose "
+               "another baseline or upload a run that includes it.")
+else:
+    ref = reference.relative("speed" if metric == "time_median_s" else "memory") if published else None
+    if ref is not None and matching:
+        ref = ref[ref["mechanism"].isin(set(frame["mechanism"]))]
+    chart = insight_charts.relative_chart(relative, metric, baseline_label=MECHANISMS[baseline].label,
+                                          reference=ref)
+    st.altair_chart(chart, theme=None)
+    export_row(chart, relative, "runs-relative")
+    if published:
+        st.caption("Published figures, measured on other hardware with other models and settings: "
+                   + " · ".join(reference.citations()))
+
+st.subheader("Ratio between two runs")
+if len(runs) < 2:
+    st.info("Upload a second run to see the ratio between two runs.")
+    st.stop()
+names = list(runs)
+left, right = st.columns(2)
+a = left.selectbox("Run A", names, 0, **keyed("cmp_a"))
+b = right.selectbox("Run B", names, 1, **keyed("cmp_b"))
+if a == b:
+    st.error("Run A and run B are the same; choose two different runs.", icon=":material/edit:")
+    st.stop()
+ratios = reference.run_ratio(runs[a].frame, runs[b].frame, metric)
+if ratios.empty:
+    st.warning(f"{a} and {b} share no point (same mechanism, parameters, n, dtype, mode, mask and sizes).")
+    st.stop()
+chart = insight_charts.ratio_chart(ratios, a, b, metric)
+st.altair_chart(chart, theme=None)
+export_row(chart, ratios, "runs-ratio")

@@ -1,0 +1,79 @@
+"""Patterns: which (query, key) cells each mechanism computes, and the attention matrix it effectively applies."""
+import streamlit as st
+
+from attn_core import MECHANISMS, accuracy, effective, insight_charts
+
+SENTENCE = "the cat sat on the mat because it was tired and warm"
+
+
+def keyed(key: str) -> dict:
+    return {"key": key, "persist_state": "session"}
+
+
+def label(key: str) -> str:
+    return MECHANISMS[key].label
+
+
+def export_row(chart, frame, stem: str, tag: str) -> None:
+    for column, (fmt, data, name, mime) in zip(st.columns(6), insight_charts.downloads(chart, frame, stem)):
+        column.download_button(fmt, data, name, mime, key=f"pat_dl_{tag}_{fmt.lower()}", on_click="ignore")
+
+
+st.title("Patterns")
+st.caption("Which (query, key) cells each mechanism computes, and the attention matrix it effectively applies, "
+           "beside exact softmax.")
+with st.expander("Settings", expanded=True, icon=":material/tune:"):
+    left, mid, right = st.columns(3)
+    text = left.text_input("Sentence (its words label the positions)", SENTENCE, **keyed("pat_sentence"))
+    chosen = left.multiselect("Mechanisms (exact softmax is always shown first)",
+                              [k for k in MECHANISMS if k != "softmax"], ["sliding_window", "performer", "linformer"],
+                              format_func=label, **keyed("pat_mechanisms"))
+    heads = mid.number_input("Heads (one panel each)", 1, 4, 2, **keyed("pat_heads"))
+    head_dim = mid.number_input("Head dimension", 2, 128, 16, **keyed("pat_head_dim"))
+    inputs = mid.selectbox("Embeddings", accuracy.INPUTS, **keyed("pat_inputs"))
+    seed = right.number_input("Seed", 0, 2**31 - 1, 0, **keyed("pat_seed"))
+    causal = right.toggle("Causal mask", **keyed("pat_causal"))
+    pull_back = right.toggle("Linformer: pull its weights back to the n keys (W·F)", **keyed("pat_pull_back"))
+    count_n = right.number_input("Count computed cells at n =", 2, 1 << 20, 1024, **keyed("pat_count_n"))
+
+try:
+    tokens = effective.token_labels(text)
+except ValueError as e:
+    st.error(str(e).capitalize(), icon=":material/edit:")
+    st.stop()
+n = len(tokens)
+params = {}
+if chosen:
+    with st.expander("Mechanism parameters", expanded=True, icon=":material/settings:"):
+        for key in chosen:
+            spec = MECHANISMS[key]
+            small = effective.small_defaults(key, n)
+            for column, p in zip(st.columns(max(3, len(spec.params))), spec.params):
+                params.setdefault(key, {})[p.name] = column.number_input(
+                    f"{spec.label}: {p.name}", p.low, p.high, small[p.name], help=p.help, **keyed(f"pat_{key}_{p.name}"))
+problems = [s for key in ["softmax"] + chosen for s in accuracy.problems(
+    key, n=n, d_model=int(heads * head_dim), heads=int(heads), causal=causal, **params.get(key, {}))]
+if problems:
+    for problem in problems:
+        st.error(f"{problem} (the sentence has {n} words)", icon=":material/edit:")
+    st.stop()
+
+q, k, v = accuracy.make_inputs(inputs, 1, int(heads), n, int(head_dim), seed=int(seed))
+st.info(f"Inputs are not a trained model: q, k and v are random {inputs} embeddings (seed {seed}), one per word. The "
+        "words only label positions; the maps show what each mechanism can compute, not what a language model "
+        "would attend to.", icon=":material/info:")
+for key in ["softmax"] + chosen:
+    spec, p = MECHANISMS[key], params.get(key, {})
+    maps = effective.attention_maps(key, q, k, v, tokens, causal=causal, seed=int(seed), pull_back=pull_back, **p)
+    counted = effective.cells_computed(key, int(count_n), causal, **p)["sentence"] if key != "linformer" or \
+        p["rank"] <= count_n else f"{spec.label}: rank {p['rank']} is larger than n = {count_n}"
+    pulled = key == "linformer" and pull_back
+    note = ("Effective attention pulled back through F (W·F): a linear map of v, not a distribution" if pulled else
+            "Effective attention over projected keys: softmax(Q(EK)ᵀ/√d)" if maps["columns"] == effective.PROJECTED
+            else "Effective attention (rows sum to 1)")
+    chart = insight_charts.pattern_chart(maps["cells"], maps["weights"], title=spec.label,
+                                         subtitle=[spec.description, counted], x_title=maps["columns"],
+                                         cells_x_title=effective.PROJECTED if key == "linformer" else effective.KEYS,
+                                         weights_title=note)
+    st.altair_chart(chart, theme=None, width="content")
+    export_row(chart, maps["weights"], f"pattern-{key}", key)

@@ -1,0 +1,284 @@
+"""The Accuracy, Patterns, Theory and Compare runs pages through AppTest, and the charts they draw."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
+from streamlit.testing.v1 import AppTest
+
+from attn_core import MECHANISMS, accuracy, effective, insight_charts, reference, results, theory
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST_ACCURACY = {"acc_n": 32, "acc_d_model": 32, "acc_heads": 2, "acc_scatter": False}
+
+
+def page(name: str, **state) -> AppTest:
+    """A page run once with widget values preset by key (so the first run is already small)."""
+    at = AppTest.from_file(str(ROOT / "pages" / f"{name}.py"), default_timeout=60)
+    for key, value in state.items():
+        at.session_state[key] = value
+    return at.run()
+
+
+def errors(at: AppTest) -> list[str]:
+    assert not at.exception, [e.value for e in at.exception]
+    return [e.value for e in at.error]
+
+
+def charts(at: AppTest) -> list[dict]:
+    """Each chart's Vega-Lite spec, its datasets put back in as lists of records (Streamlit ships them as Arrow)."""
+    specs = []
+    for chart in at.get("vega_lite_chart"):
+        spec = json.loads(chart.proto.spec)
+        spec["datasets"] = {d.name: convert_arrow_bytes_to_pandas_df(d.data.data).to_dict("records")
+                            for d in chart.proto.datasets}
+        specs.append(spec)
+    return specs
+
+
+def records(spec: dict, column: str) -> list[dict]:
+    """All rows of a chart's datasets that have `column`."""
+    return [r for rows in spec["datasets"].values() for r in rows if column in r]
+
+
+def run_bytes(device: str, factor: float, ns=(256, 512, 1024), keys=("softmax", "sdpa", "linformer"),
+              fmt: str = "json") -> bytes:
+    """A small saved run: time ∝ n² (softmax, sdpa) or n (linformer), scaled by `factor`, from `device`."""
+    rows = []
+    for key in keys:
+        spec = MECHANISMS[key]
+        for n in ns:
+            t = factor * (1e-9 * n * n if spec.exact else 1e-6 * n)
+            rows.append(dict(mechanism=key, label=spec.label, exact=spec.exact, params=json.dumps(spec.defaults),
+                             n=n, batch=1, heads=4, d_model=256, head_dim=64, dtype="float32", device="cpu",
+                             mode="forward", causal=False, status="ok", reason="", time_median_s=t,
+                             time_iqr_s=t / 10, time_samples=[t, t], repeats=2, peak_bytes=float(n * 1000),
+                             memory_method="test", predicted_bytes=float(n * 1000), theory_flops=1.0, gflops=1.0,
+                             device_gflops=1.0, pct_of_device=1.0, sdpa_backend="math", threads=2.0))
+    run = results.Run(results.frame_from_rows(rows), {"device_name": device, "device": "cpu"}, {})
+    return results.to_json_bytes(run) if fmt == "json" else results.to_csv_bytes(run)
+
+
+# ---- Accuracy ----
+
+def test_accuracy_page_runs_with_defaults():
+    at = page("accuracy")
+    assert errors(at) == []
+    assert len(charts(at)) == 1  # error vs features; the speed–accuracy scatter waits for its toggle
+    table = at.dataframe[0].value
+    assert table["params"].tolist() == [f"features={v}" for v in accuracy.sweep_values("performer", "features", 256)]
+    assert {b.key for b in at.get("download_button")} == {"acc_dl_error_png", "acc_dl_error_svg", "acc_dl_error_csv"}
+
+
+def test_accuracy_page_times_every_mechanism_on_request():
+    at = page("accuracy", **{**FAST_ACCURACY, "acc_scatter": True})
+    assert errors(at) == []
+    error, scatter = charts(at)
+    assert {r["mechanism"] for r in records(scatter, "time_ms")} == set(MECHANISMS)
+    assert "acc_dl_scatter_svg" in {b.key for b in at.get("download_button")}
+
+
+def test_accuracy_sweep_renders_the_values_asked_for():
+    at = page("accuracy", **FAST_ACCURACY, acc_mechanism="sliding_window", acc_values_sliding_window_window="2, 8")
+    assert errors(at) == []
+    (spec,) = charts(at)
+    assert sorted({p["value"] for p in records(spec, "value")}) == [2, 8]
+    assert at.dataframe[0].value["params"].tolist() == ["window=2", "window=8"]
+
+
+@pytest.mark.parametrize("state,sentence", [
+    ({"acc_values_performer_features": "16, lots"}, "Values must be numbers separated by commas"),
+    ({"acc_mechanism": "linformer", "acc_values_linformer_rank": "8, 64"}, "choose rank ≤ 32"),
+    ({"acc_d_model": 31}, "d_model 31 is not divisible by 2 heads; choose a multiple of 2"),
+    ({"acc_mechanism": "linformer", "acc_causal": True}, "Linformer cannot be causal"),
+])
+def test_accuracy_page_refuses_invalid_settings_with_a_sentence(state, sentence):
+    at = page("accuracy", **{**FAST_ACCURACY, **state})
+    assert any(sentence in e for e in errors(at))
+    assert charts(at) == []
+
+
+def test_accuracy_page_without_a_parameter_shows_one_row():
+    at = page("accuracy", **FAST_ACCURACY, acc_mechanism="linear")
+    assert errors(at) == [] and charts(at) == []
+    assert len(at.dataframe[0].value) == 1
+
+
+# ---- Patterns ----
+
+def test_patterns_page_runs_with_defaults():
+    at = page("patterns")
+    assert errors(at) == []
+    specs = charts(at)
+    assert len(specs) == 4  # softmax beside the three default mechanisms
+    assert any("Inputs are not a trained model" in i.value for i in at.info)
+    assert any("n=1024" in t for s in specs for t in s["title"]["subtitle"])
+
+
+def test_patterns_page_counts_cells_and_pulls_linformer_back():
+    at = page("patterns", pat_mechanisms=["sliding_window", "linformer"], pat_sliding_window_window=64,
+              pat_linformer_rank=4, pat_pull_back=True)
+    assert errors(at) == []
+    subtitles = [t for s in charts(at) for t in s["title"]["subtitle"]]
+    assert "Sliding window, window=64, n=1024: 12.2% of the n² cells" in subtitles
+    linformer = charts(at)[-1]
+    assert "pulled back through F" in json.dumps(linformer)
+
+
+@pytest.mark.parametrize("state,sentence", [
+    ({"pat_sentence": "   "}, "The sentence is empty"),
+    ({"pat_linformer_rank": 40}, "choose rank ≤ 12 (the sentence has 12 words)"),
+    ({"pat_causal": True}, "Linformer cannot be causal"),
+])
+def test_patterns_page_refuses_invalid_settings(state, sentence):
+    at = page("patterns", **state)
+    assert any(sentence in e for e in errors(at))
+    assert charts(at) == []
+
+
+# ---- Theory ----
+
+def test_theory_page_runs_with_defaults():
+    at = page("theory")
+    assert errors(at) == []
+    assert len(charts(at)) == 4  # FLOPs, memory, time, what fits
+    assert any("An extrapolation, not a measurement" in w.value for w in at.warning)
+    big_o = at.dataframe[-1].value
+    assert big_o["mechanism"].tolist() == list(MECHANISMS)
+
+
+@pytest.mark.parametrize("state,sentence", [
+    ({"th_heads": 6}, "d_model 1024 is not divisible by 6 heads; choose a multiple of 6"),
+    ({"th_mechanisms": []}, "Choose at least one mechanism."),
+    ({"th_source": "a figure I type", "th_gflops": 0.0}, "Type a matmul throughput above 0 GFLOP/s"),
+])
+def test_theory_page_refuses_invalid_settings(state, sentence):
+    at = page("theory", **state)
+    assert any(e.startswith(sentence) for e in errors(at))
+    assert charts(at) == []
+
+
+def test_theory_page_with_a_typed_throughput_and_a_custom_budget():
+    at = page("theory", th_source="a figure I type", th_gflops=1000.0, th_budget=2.0, th_causal=True)
+    assert errors(at) == []
+    assert any("Linformer cannot be causal" in w.value for w in at.warning)
+    fits = at.dataframe[0].value
+    assert "custom" in fits.columns and fits.loc["Softmax (materialized)", "custom"] < fits.loc[
+        "Softmax (fused SDPA)", "custom"]
+
+
+# ---- Compare runs ----
+
+def upload(at: AppTest, *files) -> AppTest:
+    at.file_uploader(key="cmp_upload").set_value(list(files))
+    return at.run()
+
+
+def test_compare_page_asks_for_files_first():
+    at = page("compare")
+    assert errors(at) == [] and charts(at) == []
+    assert "Upload one or more saved runs" in at.info[0].value
+
+
+def test_compare_page_overlays_runs_from_two_machines_with_a_ratio():
+    at = upload(page("compare"), ("laptop.json", run_bytes("Laptop CPU", 1.0), "application/json"),
+                ("server.csv", run_bytes("Server CPU", 0.25, fmt="csv"), "text/csv"))
+    assert errors(at) == []
+    overlay, relative, ratio = charts(at)
+    shapes = {r["source"] for r in records(overlay, "source")}
+    assert shapes == {"laptop.json · Laptop CPU", "server.csv · Server CPU"}
+    assert "published, different hardware" in json.dumps(relative)
+    ratios = [r["ratio"] for r in records(ratio, "ratio")]
+    assert ratios and all(r == pytest.approx(0.25) for r in ratios)
+    at.toggle(key="cmp_published").set_value(False).run()
+    assert "published, different hardware" not in json.dumps(charts(at)[1])
+    at.selectbox(key="cmp_b").set_value("laptop.json").run()
+    assert "Run A and run B are the same; choose two different runs." in errors(at)
+
+
+def test_compare_page_rejects_malformed_foreign_and_oversized_files(monkeypatch):
+    monkeypatch.setattr(results, "MAX_FILE_BYTES", 20_000)  # the page's limit, made small enough to test quickly
+    good = run_bytes("Laptop CPU", 1.0, ns=(256,))
+    at = upload(page("compare"),
+                ("broken.json", b'{"format": "attention-lab-run", "rows": [', "application/json"),
+                ("foreign.csv", b"city,population\nParis,2100000\n", "text/csv"),
+                ("picture.json", bytes(range(256)) * 4, "application/json"),
+                ("huge.json", b" " * 30_000 + good, "application/json"),
+                ("good.json", good, "application/json"))
+    messages = errors(at)
+    assert len(messages) == 4
+    assert messages[0].startswith("broken.json is not valid JSON")
+    assert messages[1].startswith("foreign.csv is not an Attention Lab run")
+    assert messages[2].startswith("picture.json is not a text file")
+    assert messages[3].startswith("huge.json is 0.0 MiB, larger than")
+    assert len(charts(at)) == 2  # the good file is still shown; no ratio with one run
+    assert "Upload a second run" in at.info[-1].value
+
+
+def test_compare_page_says_when_runs_share_no_point():
+    at = upload(page("compare"), ("a.json", run_bytes("A", 1.0, ns=(256,)), "application/json"),
+                ("b.json", run_bytes("B", 1.0, ns=(512,)), "application/json"))
+    assert errors(at) == []
+    assert any("a.json and b.json share no point" in w.value for w in at.warning)
+
+
+# ---- charts and exports ----
+
+def test_error_chart_names_the_points_a_log_axis_cannot_show():
+    frame = pd.DataFrame({"mechanism": "sliding_window", "label": "Sliding window", "param": "window",
+                          "value": [2, 8], "params": ["window=2", "window=8"], "kl": [math.inf, 0.5],
+                          "inputs": "gaussian", "seed": 0, "n": 32, "d_model": 32, "heads": 2, "dtype": "float32"})
+    spec = insight_charts.error_chart(frame, "kl").to_dict()
+    assert any("not drawn" in line and "inf" in line for line in spec["title"]["subtitle"])
+    drawn = [r for d in spec["datasets"].values() for r in d]
+    assert [r["value"] for r in drawn] == [8]
+
+
+def test_speed_accuracy_chart_marks_the_front():
+    frame = accuracy.speed_accuracy([("sdpa", {}), ("linear", {}), ("performer", {"features": 4})], n=16,
+                                    d_model=16, heads=1, repeats=1)
+    spec = insight_charts.speed_accuracy_chart(frame).to_dict()
+    layers = spec["layer"]
+    assert layers[0]["encoding"]["size"]["field"] == "memory_mib"
+    front = spec["datasets"][layers[1]["data"]["name"]]
+    assert len(front) == int(frame["pareto"].sum()) >= 1
+
+
+def test_pattern_chart_has_a_panel_per_head_and_independent_colours():
+    q, k, v = accuracy.make_inputs("local", 1, 3, 6, 4)
+    maps = effective.attention_maps("sliding_window", q, k, v, effective.token_labels("a b c d e f"), window=1)
+    spec = insight_charts.pattern_chart(maps["cells"], maps["weights"], title="Sliding window").to_dict()
+    cells, weights = spec["hconcat"]
+    assert weights["facet"]["column"]["field"] == "head" and "facet" not in cells
+    assert spec["resolve"]["scale"]["color"] == "independent"
+
+
+def test_theory_and_fit_charts():
+    frame = theory.costs(["softmax", "linformer"], [128, 1024], params={"linformer": {"rank": 256}})
+    spec = insight_charts.theory_chart(frame, "total_bytes", budgets={"24 GB GPU": 24 * theory.GIB}).to_dict()
+    assert "not applicable at some n: Linformer" in spec["title"]["subtitle"][0]
+    assert any(layer["mark"]["type"] == "rule" for layer in spec["layer"])
+    table = theory.fit_table(["softmax", "linformer"], {"tiny": 1000.0, "24 GB GPU": 24 * theory.GIB})
+    assert "fits nowhere: Linformer" in insight_charts.fit_chart(table).to_dict()["title"]["subtitle"]
+
+
+def test_reference_layer_leaves_out_baselines_and_adds_no_colour_scale():
+    layer = insight_charts.reference_layer(reference.relative("speed"), y="speedup").to_dict()
+    rows = [r for d in layer["datasets"].values() for r in d]
+    assert rows and not {"PyTorch Attention", "Transformer"} & {r["method"] for r in rows}
+    assert all("speedup" in r for r in rows)
+    assert all("color" not in sub.get("encoding", {}) for sub in layer["layer"])
+
+
+def test_downloads_are_real_files():
+    frame = pd.DataFrame({"mechanism": ["softmax"], "label": ["Softmax (materialized)"], "n": [4], "value": [1.0],
+                          "source": ["a · b"], "run": ["a"], "machine": ["b"]})
+    chart = insight_charts.relative_chart(frame)
+    made = {fmt: (data(), name) for fmt, data, name, _ in insight_charts.downloads(chart, frame, "speed")}
+    assert made["PNG"][0].startswith(b"\x89PNG") and made["PNG"][1] == "speed.png"
+    assert b"<svg" in made["SVG"][0]
+    assert made["CSV"][0].decode().splitlines()[0] == "mechanism,label,n,value,source,run,machine"
