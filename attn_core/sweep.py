@@ -328,6 +328,8 @@ class SweepRun:
         """Stop soon (within about a second; a kernel that does not return by then is stopped by killing the
         worker). Finished rows are kept; the rest are marked 'cancelled'. Returns at once."""
         self._cancel.set()
+        if not self.done:
+            self._set_current("cancelling")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the sweep has finished (True) or the timeout passed (False)."""

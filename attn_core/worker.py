@@ -217,4 +217,7 @@ def _serve(conn: Any, cancel_event: Any) -> None:
                 reply = ("error", f"unknown request {kind!r}")
         except Exception as e:  # a bad request must not end the worker
             reply = ("error", f"{type(e).__name__}: {e}")
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except OSError:  # the caller went away mid-point
+            return
