@@ -13,6 +13,7 @@ from .accuracy import METRIC_LABELS
 from .charts import COLOURS, styled
 from .mechanisms import MECHANISMS
 from .reference import PUBLISHED
+from .theory import EXTRAPOLATION
 
 MIB = float(1 << 20)
 LOG2_X = alt.Scale(type="log", base=2)
@@ -170,7 +171,7 @@ def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
     """
     names = {"flops": "FLOPs (theory, from the specs)", "memory_bytes": "Predicted peak above inputs (GiB)",
              "total_bytes": "Inputs + predicted peak (GiB)",
-             "predicted_time_s": "Predicted time (s) — extrapolation: FLOPs ÷ matmul throughput"}
+             "predicted_time_s": "Predicted time (s), extrapolated"}
     scale = 2.0 ** 30 if metric.endswith("bytes") else 1.0
     data = frame[frame["status"] == "ok"].assign(y=lambda f: f[metric] / scale)
     kept = _finite(data, "y")
@@ -188,6 +189,8 @@ def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
                    rule.mark_text(align="left", dx=4, dy=-6, x=0).encode(text="budget:N")]
     invalid = sorted(set(frame.loc[frame["status"] != "ok", "label"]))
     subtitle = [f"not applicable at some n: {', '.join(invalid)}"] if invalid else []
+    if metric == "predicted_time_s":
+        subtitle.insert(0, EXTRAPOLATION)
     if budgets and metric.endswith("bytes"):
         subtitle.append("dashed: memory budgets, in GiB (a '24 GB' GPU holds 24 GiB)")
     return _finish(alt.layer(*layers).properties(width=600, height=380, title=alt.TitleParams(
@@ -196,21 +199,24 @@ def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
 
 def fit_chart(table: pd.DataFrame) -> alt.TopLevelMixin:
     """Largest n that fits each budget (theory.fit_table), one bar per mechanism, one panel per budget."""
-    data = table[table["largest_n"] > 0].assign(start=1)  # bars on a log axis need a start above 0
+    data = table[table["largest_n"] > 0]
+    low = 10.0 ** math.floor(math.log10(data["largest_n"].min() / 3)) if len(data) else 1.0
+    data = data.assign(start=low)  # bars on a log axis start above 0: a decade below the shortest
     base = alt.Chart(data).encode(
         y=alt.Y("label:N", title=None, sort=list(dict.fromkeys(table["label"]))),
-        x=alt.X("largest_n:Q", title="Largest n that fits (log scale)", scale=alt.Scale(type="log"),
+        x=alt.X("largest_n:Q", title="Largest n that fits (log scale)", scale=alt.Scale(type="log", domainMin=low),
                 axis=alt.Axis(format="~s")),
         color=alt.Color("label:N", scale=colour_scale(table), legend=None))
     bars = base.mark_bar().encode(x2="start:Q", tooltip=[alt.Tooltip("label:N", title="Mechanism"),
                                            alt.Tooltip("budget:N"), alt.Tooltip("largest_n:Q", format=",")])
     text = base.mark_text(align="left", dx=3).encode(text=alt.Text("largest_n:Q", format=","))
-    chart = alt.layer(bars, text).properties(width=260, height=22 * table["label"].nunique())
+    chart = alt.layer(bars, text).properties(width=460, height=20 * table["label"].nunique())
     nothing = sorted(set(table.loc[table["largest_n"] == 0, "label"]))
     subtitle = "inputs + predicted forward peak ≤ budget" + (f"; fits nowhere: {', '.join(nothing)}" if nothing
                                                              else "")
-    return _finish(chart.facet(column=alt.Column("budget:N", title="memory budget", sort=list(
-        dict.fromkeys(table["budget"])))).properties(title=alt.TitleParams(
+    return _finish(chart.facet(row=alt.Row("budget:N", title=None, sort=list(dict.fromkeys(table["budget"])),
+                                           header=alt.Header(labelAngle=0, labelAlign="left", labelFontWeight="bold")
+                                           )).properties(title=alt.TitleParams(
             "What fits in memory", subtitle=subtitle, anchor="start")))
 
 

@@ -15,7 +15,7 @@ GIB = 1 << 30
 # Common accelerator sizes, in GiB as the vendors' "GB" are (an "80 GB" A100 has 80 GiB).
 BUDGETS = {"24 GB GPU": 24 * GIB, "80 GB GPU": 80 * GIB}
 MODES = {"forward": 1.0, "forward+backward": 3.0}  # backward ≈ 2× forward FLOPs
-EXTRAPOLATION = "extrapolation: FLOPs ÷ matmul throughput"
+EXTRAPOLATION = "an extrapolation, not a measurement: FLOPs ÷ the device's matmul throughput"
 
 
 def shape_for(n: int, *, d_model: int, heads: int, batch: int = 1, dtype: str = "float32",

@@ -78,6 +78,9 @@ frame = sweep(key, param, values, settings)
 if key == "linformer":
     st.info("Linformer's projections E and F are random here, as at initialisation; the paper learns them. These "
             "are the errors of an untrained Linformer.")
+if key == "performer":
+    st.info("FAVOR+ is unbiased, but its variance grows exponentially with ‖q‖² and ‖k‖² (scaled by 1/√d): with "
+            "unit-variance inputs of head dimension 64 the error falls slowly as features grow.")
 metric = st.segmented_control("Error shown", list(accuracy.METRICS), default="rel_fro", required=True,
                               format_func=accuracy.METRIC_LABELS.get, **keyed("acc_metric"))
 if param:

@@ -4,6 +4,14 @@ import streamlit as st
 from attn_core import MECHANISMS, accuracy, effective, insight_charts
 
 SENTENCE = "the cat sat on the mat because it was tired and warm"
+COUNT_MAX = 8192
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def counted(key: str, n: int, causal: bool, params: dict) -> str:
+    if key == "linformer" and params["rank"] > n:
+        return f"{MECHANISMS[key].label}: rank {params['rank']} is larger than n = {n}"
+    return effective.cells_computed(key, n, causal, **params)["sentence"]
 
 
 def keyed(key: str) -> dict:
@@ -34,7 +42,8 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
     seed = right.number_input("Seed", 0, 2**31 - 1, 0, **keyed("pat_seed"))
     causal = right.toggle("Causal mask", **keyed("pat_causal"))
     pull_back = right.toggle("Linformer: pull its weights back to the n keys (W·F)", **keyed("pat_pull_back"))
-    count_n = right.number_input("Count computed cells at n =", 2, 1 << 20, 1024, **keyed("pat_count_n"))
+    count_n = right.number_input("Count computed cells at n =", 2, COUNT_MAX, 1024, **keyed("pat_count_n"),
+                                 help=f"Counted cell by cell, so up to n = {COUNT_MAX:,}; the Theory page goes further.")
 
 try:
     tokens = effective.token_labels(text)
@@ -65,15 +74,14 @@ st.info(f"Inputs are not a trained model: q, k and v are random {inputs} embeddi
 for key in ["softmax"] + chosen:
     spec, p = MECHANISMS[key], params.get(key, {})
     maps = effective.attention_maps(key, q, k, v, tokens, causal=causal, seed=int(seed), pull_back=pull_back, **p)
-    counted = effective.cells_computed(key, int(count_n), causal, **p)["sentence"] if key != "linformer" or \
-        p["rank"] <= count_n else f"{spec.label}: rank {p['rank']} is larger than n = {count_n}"
     pulled = key == "linformer" and pull_back
     note = ("Effective attention pulled back through F (W·F): a linear map of v, not a distribution" if pulled else
             "Effective attention over projected keys: softmax(Q(EK)ᵀ/√d)" if maps["columns"] == effective.PROJECTED
             else "Effective attention (rows sum to 1)")
-    chart = insight_charts.pattern_chart(maps["cells"], maps["weights"], title=spec.label,
-                                         subtitle=[spec.description, counted], x_title=maps["columns"],
-                                         cells_x_title=effective.PROJECTED if key == "linformer" else effective.KEYS,
-                                         weights_title=note)
+    chart = insight_charts.pattern_chart(
+        maps["cells"], maps["weights"], title=spec.label, subtitle=[spec.description, counted(key, int(count_n),
+                                                                                               causal, p)],
+        x_title=maps["columns"], cells_x_title=effective.PROJECTED if key == "linformer" else effective.KEYS,
+        weights_title=note)
     st.altair_chart(chart, theme=None, width="content")
     export_row(chart, maps["weights"], f"pattern-{key}", key)

@@ -47,7 +47,8 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
                          **keyed("th_source"))
     typed = right.number_input("Matmul throughput (GFLOP/s)", 0.0, 1e7, 1000.0, **keyed("th_gflops"),
                                disabled=source != "a figure I type")
-    params = {}
+params = {}
+with st.expander("Mechanism parameters", icon=":material/settings:"):
     for key in keys:
         for column, p in zip(st.columns(4), MECHANISMS[key].params):
             params.setdefault(key, {})[p.name] = column.number_input(
@@ -94,6 +95,7 @@ with fit_tab:
     chart = insight_charts.fit_chart(table)
     st.altair_chart(chart, theme=None)
     export_row(chart, table, "theory-fit")
-    st.dataframe(table.pivot(index="label", columns="budget", values="largest_n"))
+    st.dataframe(table.pivot(index="label", columns="budget", values="largest_n")
+                 .reindex(index=[label(k) for k in keys], columns=list(budgets)))
 with big_o_tab:
     st.dataframe(theory.big_o_table(), hide_index=True)
