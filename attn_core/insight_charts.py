@@ -68,7 +68,8 @@ def error_chart(frame: pd.DataFrame, metric: str = "rel_fro", *, title: str | No
     chart = alt.layer(base.mark_line(), base.mark_point(filled=True, size=70).encode(tooltip=tooltip))
     subtitle = [_inputs_line(frame), _left_out(frame, kept, metric)] if len(frame) else []
     return _finish(chart.properties(width=560, height=340, title=alt.TitleParams(
-        title or f"{METRIC_LABELS[metric][0].upper()}{METRIC_LABELS[metric][1:]} vs {param}", subtitle=[s for s in subtitle if s],
+        title or f"{METRIC_LABELS[metric][0].upper()}{METRIC_LABELS[metric][1:]} vs {param}",
+        subtitle=[s for s in subtitle if s],
         anchor="start")))
 
 
@@ -144,7 +145,8 @@ def pattern_chart(cells: pd.DataFrame, weights: pd.DataFrame, *, title: str, sub
                   weights_title: str = "Effective attention") -> alt.TopLevelMixin:
     """Side by side: the cells a mechanism computes (blue; effective.attention_maps 'cells') and the weights it
     applies, one panel per head ('weights'), each with its own colour scale."""
-    left = _panels(cells, value="computed", value_title="", x_title=cells_x_title, binary=True).properties(title=alt.TitleParams("Cells computed (blue)", anchor="start"))
+    left = _panels(cells, value="computed", value_title="", x_title=cells_x_title, binary=True).properties(
+        title=alt.TitleParams("Cells computed (blue)", anchor="start"))
     right = _panels(weights, value="weight", value_title="weight", x_title=x_title, binary=False).properties(
         title=alt.TitleParams(weights_title, anchor="start"))
     chart = alt.hconcat(left, right, spacing=30).resolve_scale(color="independent")

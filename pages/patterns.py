@@ -43,7 +43,7 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
     causal = right.toggle("Causal mask", **keyed("pat_causal"))
     pull_back = right.toggle("Linformer: pull its weights back to the n keys (W·F)", **keyed("pat_pull_back"))
     count_n = right.number_input("Count computed cells at n =", 2, COUNT_MAX, 1024, **keyed("pat_count_n"),
-                                 help=f"Counted cell by cell, so up to n = {COUNT_MAX:,}; the Theory page goes further.")
+                                 help=f"Counted cell by cell, up to n = {COUNT_MAX:,}; the Theory page goes further.")
 
 try:
     tokens = effective.token_labels(text)
@@ -59,7 +59,8 @@ if chosen:
             small = effective.small_defaults(key, n)
             for column, p in zip(st.columns(max(3, len(spec.params))), spec.params):
                 params.setdefault(key, {})[p.name] = column.number_input(
-                    f"{spec.label}: {p.name}", p.low, p.high, small[p.name], help=p.help, **keyed(f"pat_{key}_{p.name}"))
+                    f"{spec.label}: {p.name}", p.low, p.high, small[p.name], help=p.help,
+                    **keyed(f"pat_{key}_{p.name}"))
 problems = [s for key in ["softmax"] + chosen for s in accuracy.problems(
     key, n=n, d_model=int(heads * head_dim), heads=int(heads), causal=causal, **params.get(key, {}))]
 if problems:
