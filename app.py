@@ -1,6 +1,63 @@
-"""Attention Lab: the frame and router of the dashboard."""
+"""Attention Lab: the frame and router of the dashboard (`streamlit run app.py`)."""
 import streamlit as st
+from streamlit.runtime.pages_manager import PagesManager
 
-st.set_page_config(page_title="Attention Lab", page_icon="📈", layout="wide")
-st.title("Attention Lab")
-st.write("What each attention mechanism costs as the sequence grows, measured live on this machine.")
+from attn_core import env, worker
+
+# Talk mode: type a back row can read, black on white, wide content.
+TALK_CSS = """<style>
+html { font-size: 21px; }
+[data-testid="stAppViewContainer"], [data-testid="stHeader"] { background: #ffffff; color: #000000; }
+[data-testid="stMain"] .block-container { max-width: 100%; padding-left: 2rem; padding-right: 2rem; }
+[data-testid="stCaptionContainer"], [data-testid="stMarkdownContainer"] p { color: #000000; }
+button[kind="primary"] { font-size: 1.15rem; }
+</style>"""
+
+
+@st.cache_resource(show_spinner=False)
+def prestart_worker() -> bool:
+    """Start the measuring process once per server: it imports torch now, so a first point comes fast later."""
+    worker.prestart()
+    return True
+
+
+@st.cache_data(ttl=30, show_spinner=False)
+def device_line(device: str) -> str:
+    info = env.device_info(device)
+    return f"{info['name']} · {info['total_memory_bytes'] / 2**30:.0f} GiB · {info['threads']} threads"
+
+
+def ensure_routed() -> None:
+    """Call first in every page. When a deep link is a fresh server's first request, streamlit runs the page alone
+    in its legacy pages/-folder mode: this router never runs and the page has no frame. Leave that mode for good (as
+    st.navigation itself does) and, on a session's first run, run again so the router resolves the same URL."""
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        if not st.session_state:  # a fresh session: no click or value can be lost by running again
+            st.rerun()
+
+
+def main() -> None:
+    st.set_page_config(page_title="Attention Lab", page_icon=":material/monitoring:", layout="wide")
+    prestart_worker()
+    with st.sidebar:
+        st.toggle("Talk mode", key="talk", persist_state="session",
+                  help="Large type, high contrast, full-width charts, settings folded away.")
+        st.caption(f"Measuring on {device_line(env.resolve_device('auto'))}")
+    if st.session_state.get("talk"):
+        st.html(TALK_CSS)
+
+    st.navigation([
+        st.Page("pages/home.py", title="Home", icon=":material/home:", default=True),
+        st.Page("pages/benchmark.py", title="Benchmark", icon=":material/speed:", url_path="benchmark"),
+        st.Page("pages/accuracy.py", title="Accuracy", icon=":material/target:", url_path="accuracy"),
+        st.Page("pages/patterns.py", title="Patterns", icon=":material/grid_on:", url_path="patterns"),
+        st.Page("pages/theory.py", title="Theory", icon=":material/functions:", url_path="theory"),
+        st.Page("pages/compare.py", title="Compare runs", icon=":material/compare_arrows:", url_path="compare"),
+    ]).run()
+
+
+# The guard matters: the measuring worker is a spawned process, which re-reads the main script (this file, under
+# `streamlit run`) as __mp_main__; there the app must not run again.
+if __name__ == "__main__":
+    main()

@@ -6,26 +6,28 @@ import pandas as pd
 import pytest
 
 from attn_core import MECHANISMS, charts
+from attn_core.results import frame_from_rows
 
 
 def results_frame(mechanisms=("softmax", "linear"), ns=(64, 128, 256), causal=False, skip_last=True) -> pd.DataFrame:
-    """A results frame with the contract's columns; softmax's largest n is skipped with a reason."""
+    """A typed results frame with the contract's columns: softmax costs n², linear n; softmax's largest n is skipped
+    with a reason."""
     rows = []
     for key in mechanisms:
         spec = MECHANISMS[key]
         for n in ns:
             skipped = skip_last and key == "softmax" and n == ns[-1]
-            t = float("nan") if skipped else 1e-9 * n * n + 1e-6 * n
+            t = float("nan") if skipped else (1e-8 * n * n if key == "softmax" else 1e-6 * n)
             peak = float("nan") if skipped else 4.0 * (n * n if key == "softmax" else 64 * n)
             rows.append(dict(
                 mechanism=key, label=spec.label, exact=spec.exact, params=json.dumps(spec.defaults), n=n, batch=1,
                 heads=8, d_model=512, head_dim=64, dtype="float32", device="cpu", mode="forward", causal=causal,
                 status="skipped" if skipped else "ok", reason="predicted 9 GiB exceeds the guard" if skipped else "",
                 time_median_s=t, time_iqr_s=t / 10, time_samples=[] if skipped else [t] * 3,
-                repeats=np.nan if skipped else 3, peak_bytes=peak, memory_method="torch.profiler (CPU allocator)",
+                repeats=0 if skipped else 3, peak_bytes=peak, memory_method="torch.profiler (CPU allocator)",
                 predicted_bytes=4.0 * n * n, theory_flops=4.0 * 8 * n * n * 64, gflops=np.nan if skipped else 12.5,
                 device_gflops=100.0, pct_of_device=np.nan if skipped else 12.5, sdpa_backend="", threads=2))
-    return pd.DataFrame(rows)
+    return frame_from_rows(rows)
 
 
 def layer_data(spec: dict, mark: str) -> list[list[dict]]:
@@ -43,7 +45,7 @@ def test_time_chart_draws_ok_points_in_ms_and_labels_unit_and_method():
     points = [r for rows in layer_data(spec, "point") for r in rows if r["drawn"]]
     assert len(points) == 5  # six points, softmax at n=256 skipped
     first = next(r for r in points if r["mechanism"] == "softmax" and r["n"] == 64)
-    assert first["time_ms"] == pytest.approx((1e-9 * 64 * 64 + 1e-6 * 64) * 1e3)
+    assert first["time_ms"] == pytest.approx(1e-8 * 64 * 64 * 1e3)
     assert "ms median" in first["time"] and "3 repeats" in first["time"]
     y = spec["layer"][0]["encoding"]["y"]
     assert "(ms)" in y["title"][0] and "median wall-clock" in y["title"][1]
@@ -80,28 +82,40 @@ def test_zero_memory_cannot_sit_on_a_log_axis_and_says_so():
 
 
 def test_theory_curves_are_dashed_and_the_legend_says_how_they_are_scaled():
-    df = results_frame()
-    theory = pd.DataFrame({"mechanism": "softmax", "curve": "O(n²) fit", "n": [64, 128, 256],
-                           "value": [1e-6, 4e-6, 16e-6]})
-    spec = charts.scaling_chart(df, "time_median_s", theory=theory).to_dict()
+    spec = charts.figure(results_frame(), "time_median_s", curves=("spec", "n²")).to_dict()
     dashed = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
     assert len(dashed) == 1
     title = " ".join(dashed[0]["encoding"]["strokeDash"]["title"])
     assert "fitted" in title and "least squares" in title
     rows = spec["datasets"][dashed[0]["data"]["name"]]
-    assert [r["time_ms"] for r in rows] == pytest.approx([1e-3, 4e-3, 16e-3])
+    assert {r["kind"] for r in rows} == {"spec", "n²"}
+    softmax = [r for r in rows if r["mechanism"] == "softmax" and r["kind"] == "n²"]
+    # softmax's two measured points are exactly 1e-8·n² s, so its fitted n² curve passes through them
+    assert all(r["time_ms"] == pytest.approx(1e-8 * r["n"] ** 2 * 1e3) for r in softmax)
+    ends = {r["text"] for rows in layer_data(spec, "text") for r in rows if "kind" in r}
+    assert ends == {"O(n²·d)", "O(n·d²)"}
 
 
-def test_crossover_is_a_rule_at_n_star_with_its_label():
-    crossings = pd.DataFrame({"mechanism": ["linear", "linear"], "baseline": ["softmax", "sdpa"],
-                              "metric": "time_median_s", "n_star": [100.0, np.nan],
-                              "note": ["between measured points", "not within the measured range"]})
-    spec = charts.scaling_chart(results_frame(), "time_median_s", crossovers=crossings).to_dict()
+def test_only_the_chosen_kinds_of_theory_curve_are_drawn():
+    spec = charts.figure(results_frame(), "peak_bytes", curves=("n",)).to_dict()
+    (dashed,) = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
+    assert {r["kind"] for r in spec["datasets"][dashed["data"]["name"]]} == {"n"}
+
+
+def test_crossover_is_marked_at_n_star_where_the_lines_meet():
+    # linear (1e-6·n) and softmax (1e-8·n²) meet at n = 100, between the measured 64 and 128
+    spec = charts.figure(results_frame(), "time_median_s", baseline="softmax", curves=()).to_dict()
     (rules,) = layer_data(spec, "rule")
-    assert [r["n"] for r in rules] == [100.0]
-    assert rules[0]["line"] == "Linear (elu+1) overtakes Softmax (materialized) at n* ≈ 100"
-    (texts,) = layer_data(spec, "text")
-    assert texts[0]["text"] == "n* ≈ 100"
+    assert [r["mechanism"] for r in rules] == ["linear"]
+    assert rules[0]["n"] == pytest.approx(100, rel=1e-6)
+    assert rules[0]["time_ms"] == pytest.approx(1e-6 * 100 * 1e3, rel=1e-6)
+    assert rules[0]["line_text"] == "Linear (elu+1) overtakes Softmax (materialized) at n* ≈ 100"
+    assert [r["text"] for rows in layer_data(spec, "text") for r in rows] == ["n* ≈ 100"]
+
+
+def test_no_crossover_within_the_range_draws_no_mark():
+    spec = charts.figure(results_frame(ns=(256, 512, 1024), skip_last=False), "time_median_s").to_dict()
+    assert layer_data(spec, "rule") == []
 
 
 def test_mixed_causal_frame_keeps_two_lines_per_mechanism_told_apart_by_shape():
@@ -111,6 +125,25 @@ def test_mixed_causal_frame_keeps_two_lines_per_mechanism_told_apart_by_shape():
     assert {r["series"] for r in rows} >= {"Softmax (materialized) · causal", "Softmax (materialized) · bidirectional"}
     point_layer = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "point")
     assert point_layer["encoding"]["shape"]["field"] == "mask"
+    table = charts.summary_table(df)
+    assert list(table["Mechanism"]).count("Linear (elu+1) · causal") == 1
+
+
+def test_summary_table_names_units_and_compares_with_softmax():
+    table = charts.summary_table(results_frame(ns=(64, 128, 256, 512), skip_last=False))
+    linear = table.set_index("Mechanism").loc["Linear (elu+1)"]
+    assert linear["time ∝ n^k: k"] == pytest.approx(1.0, abs=1e-3)
+    assert linear["speed-up vs softmax (×)"] == pytest.approx(1e-8 * 512 / 1e-6, rel=1e-3)
+    assert linear["memory measured by"] == "torch.profiler (CPU allocator)"
+
+
+def test_a_second_setting_of_a_mechanism_is_its_own_line_with_its_own_colour():
+    wide = results_frame(("linear",))
+    narrow = wide.assign(params='{"window": 8}', mechanism="sliding_window", label="Sliding window")
+    spec = charts.scaling_chart(pd.concat([wide, narrow, narrow.assign(params='{"window": 16}')]), "time_median_s")
+    scale = spec.to_dict()["layer"][0]["encoding"]["color"]["scale"]
+    assert scale["domain"] == ["Sliding window (window=8)", "Sliding window (window=16)", "Linear (elu+1)"]
+    assert len(set(scale["range"])) == 3
 
 
 def test_colours_follow_the_catalogue_so_a_mechanism_keeps_its_colour():

@@ -1,0 +1,215 @@
+"""Benchmark: pick mechanisms and sizes, press Run, watch time and memory grow against the theoretical curves."""
+import dataclasses
+import functools
+
+import streamlit as st
+
+import app
+from attn_core import MECHANISMS, charts, env, export, presets, results
+from attn_core.sweep import DEFAULT_SWEEP, SweepConfig, log_spaced
+
+app.ensure_routed()
+S = st.session_state
+NS = [2**k for k in range(4, 18)]
+DEVICES = env.available_devices()
+CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)"}
+talk = bool(S.get("talk"))
+job = S.get("bench_job")
+running = job is not None and not job.done
+
+
+def keyed(key: str) -> dict:
+    """Every setting has a stable key, lives in the URL (a link reproduces a setup) and survives page switches."""
+    return {"key": key, "bind": "query-params", "persist_state": "session"}
+
+
+def label(key: str) -> str:
+    return MECHANISMS[key].label
+
+
+def apply_preset(name: str) -> None:
+    """Set every control from the preset's first sweep, then start its sweeps."""
+    preset = presets.PRESETS[name]
+    device = S.get("bench_device") or env.resolve_device("auto")
+    first = preset.for_device(device)[0]
+    keys = [k for k, _ in first.mechanisms]
+    S.update({"bench_exact": [k for k in keys if MECHANISMS[k].exact],
+              "bench_approx": [k for k in keys if not MECHANISMS[k].exact], "bench_n": (first.ns[0], first.ns[-1]),
+              "bench_steps": len(first.ns), "bench_d_model": first.d_model, "bench_heads": first.heads,
+              "bench_batch": first.batch, "bench_causal": first.causal, "bench_mode": first.mode,
+              "bench_axes": "log-log" if preset.log else "linear", "bench_focus": preset.metric,
+              "bench_preset": name})
+    S["bench_job"] = preset.start(device, S.get("bench_dtype"))
+
+
+def start(config: SweepConfig) -> None:
+    S.update({"bench_preset": None, "bench_focus": "time_median_s"})
+    S["bench_job"] = presets.SweepSequence((config,))
+
+
+def stop() -> None:
+    S["bench_job"].cancel()
+
+
+def settings() -> tuple[SweepConfig, list[str]]:
+    """The form; returns the sweep it describes and the sentences saying what to change."""
+    d = DEFAULT_SWEEP
+    with st.expander("Settings" + (" (folded away in talk mode)" if talk else ""), expanded=not talk,
+                     icon=":material/tune:"):
+        left, mid, right = st.columns(3)
+        exact = left.multiselect("Exact mechanisms", [k for k, s in MECHANISMS.items() if s.exact],
+                                 [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=label,
+                                 **keyed("bench_exact"))
+        approx = left.multiselect("Approximate mechanisms", [k for k, s in MECHANISMS.items() if not s.exact],
+                                  [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=label,
+                                  **keyed("bench_approx"))
+        n_min, n_max = mid.select_slider("Sequence lengths n", NS, (d.ns[0], d.ns[-1]), format_func="{:,}".format,
+                                         **keyed("bench_n"))
+        steps = mid.number_input("Steps, log-spaced", 1, 16, len(d.ns), **keyed("bench_steps"))
+        d_model = mid.number_input("d_model", 1, 16384, d.d_model, step=64, **keyed("bench_d_model"))
+        heads = mid.number_input("Heads", 1, 256, d.heads, **keyed("bench_heads"))
+        batch = mid.number_input("Batch", 1, 1024, d.batch, **keyed("bench_batch"))
+        device = right.selectbox("Device", DEVICES, DEVICES.index(env.resolve_device(d.device)),
+                                 **keyed("bench_device"))
+        dtypes = env.supported_dtypes(device)
+        if S.get("bench_dtype", dtypes[0]) not in dtypes:
+            S["bench_dtype"] = dtypes[0]  # the device changed under a dtype it lacks
+        dtype = right.selectbox("dtype", dtypes, **keyed("bench_dtype"))
+        causal = right.toggle("Causal mask", d.causal, **keyed("bench_causal"))
+        mode = right.radio("Mode", ["forward", "forward+backward"], horizontal=True, **keyed("bench_mode"),
+                           help="forward+backward counts 3× the forward FLOPs")
+        mechanisms = tuple((key, mechanism_params(key)) for key in exact + approx)
+    config = dataclasses.replace(d, mechanisms=mechanisms, ns=log_spaced(n_min, n_max, steps), batch=batch,
+                                 heads=heads, d_model=d_model, dtype=dtype, device=device, mode=mode, causal=causal)
+    return config, config.problems()
+
+
+def mechanism_params(key: str) -> dict:
+    """Widgets for one mechanism's own parameters, generated from its spec."""
+    spec = MECHANISMS[key]
+    if not spec.params:
+        return {}
+    st.caption(f"**{spec.label}**: {spec.description}")
+    values = {}
+    for column, p in zip(st.columns(max(3, len(spec.params))), spec.params):
+        values[p.name] = column.number_input(p.name, p.low, p.high, p.default, step=1 if p.kind is int else None,
+                                             help=p.help, **keyed(f"bench_p_{key}_{p.name}"))
+    return values
+
+
+def figures(df) -> dict:
+    """Both charts with the current axes, curves, baseline, titles and theme, the focused one first."""
+    made = {metric: charts.figure(df, metric, log=S.get("bench_axes") != "linear",
+                                  baseline=S.get("bench_baseline") or "softmax",
+                                  curves=tuple(S.get("bench_curves", ["spec"])), talk=talk,
+                                  title=S.get(f"bench_title_{metric}") or None,
+                                  subtitle=S.get("bench_subtitle") or None)
+            for metric in charts.METRICS}
+    first = S.get("bench_focus", "time_median_s")
+    return dict(sorted(made.items(), key=lambda kv: kv[0] != first))
+
+
+def live() -> None:
+    """Progress, charts and table of the current job; reruns on a timer while the job measures."""
+    job = S.get("bench_job")
+    if job is None:
+        st.info("Choose settings and press Run, or pick a preset: points appear on the charts as they are measured.")
+        return
+    job.poll()
+    if not job.done:
+        p = job.progress()
+        eta = f" · about {p['eta_s']:.0f} s left" if p["eta_s"] is not None else ""
+        st.progress(min(p["done"] / max(p["total"], 1), 1.0),
+                    text=f"{p['done']} of {p['total']} points · now {p['current']}{eta}")
+    elif S.get("bench_ticking"):
+        S["bench_ticking"] = False
+        st.rerun()  # a full run: Run comes back and the exports appear
+    if job.error:
+        st.error(f"The sweep stopped: {job.error}")
+    df = job.frame()
+    if df.empty:
+        st.caption("Waiting for the first point…")
+        return
+    axes, curves, baseline = st.columns([1, 2, 2])
+    axes.segmented_control("Axes", ["log-log", "linear"], default="log-log", required=True, **keyed("bench_axes"))
+    curves.pills("Theory curves (dashed)", list(CURVES), default=["spec"], selection_mode="multi",
+                 format_func=CURVES.get, **keyed("bench_curves"))
+    baseline.segmented_control("Crossover n* against", ["softmax", "sdpa"], default="softmax", required=True,
+                               format_func=label, **keyed("bench_baseline"))
+    shown = figures(df)
+    columns = [st.container(), st.container()] if talk else st.columns(2)
+    for column, chart in zip(columns, shown.values()):
+        column.altair_chart(chart, theme=None, width="stretch")
+    st.dataframe(charts.summary_table(df), hide_index=True)
+
+
+def export_panel(job) -> None:
+    record = job.result()
+    with st.expander("Export", icon=":material/download:"):
+        shown = figures(record.frame)
+        cols = st.columns(len(shown) + 1)
+        for metric, column in zip(shown, cols):
+            column.text_input(f"Title of the {charts.METRICS[metric][3].lower()} chart",
+                              placeholder=charts.default_title(record.frame, metric), **keyed(f"bench_title_{metric}"))
+        cols[-1].text_input("Subtitle of both", placeholder=charts.default_subtitle(record.frame),
+                            **keyed("bench_subtitle"))
+        for metric, chart in shown.items():
+            name = "time" if metric == "time_median_s" else "memory"
+            row = st.columns(4)
+            row[0].markdown(f"**{charts.METRICS[metric][3]}**")
+            for column, (fmt, make, mime) in zip(row[1:], (("PNG", export.chart_png, "image/png"),
+                                                           ("SVG", export.chart_svg, "image/svg+xml"),
+                                                           ("HTML", export.chart_html, "text/html"))):
+                column.download_button(fmt, functools.partial(make, chart), f"attention-{name}.{fmt.lower()}", mime,
+                                       key=f"bench_dl_{name}_{fmt.lower()}", on_click="ignore")
+        row = st.columns(4)
+        row[0].markdown("**Data, with the environment stamp**")
+        row[1].download_button("CSV", functools.partial(results.to_csv_bytes, record), "attention-run.csv",
+                               "text/csv", key="bench_dl_csv", on_click="ignore")
+        row[2].download_button("JSON", functools.partial(results.to_json_bytes, record), "attention-run.json",
+                               "application/json", key="bench_dl_json", on_click="ignore")
+
+
+def replay_panel() -> None:
+    with st.expander("Replay or show a saved run", icon=":material/replay:", expanded=talk and not running):
+        upload = st.file_uploader("A run saved by `python -m attn_core sweep --out run.json` or by Export (JSON or "
+                                  "CSV)", type=["json", "csv"], key="bench_upload")
+        st.slider("Replay speed (points per second)", 0.5, 20.0, 3.0, step=0.5, **keyed("bench_speed"))
+        left, right = st.columns(2)
+        show = left.button("Show it", key="bench_show", disabled=upload is None or running)
+        replay = right.button("Replay point by point", key="bench_replay", disabled=upload is None or running)
+        if upload is None or not (show or replay):
+            return
+        try:
+            run = results.load_run(upload.getvalue(), name=upload.name)
+        except results.RunFileError as e:
+            st.error(str(e))
+            return
+        S.update({"bench_preset": None, "bench_focus": "time_median_s"})
+        S["bench_job"] = presets.Replay(run, S.get("bench_speed", 3.0))
+        if show:
+            S["bench_job"].shown = len(run.frame)
+        st.rerun()
+
+
+st.title("Benchmark")
+picked = S.get("bench_preset")
+if picked or talk:
+    st.markdown(f"**{picked}**: {presets.PRESETS[picked].look_for}" if picked else
+                "**Presets**: one click sets everything and runs.")
+for column, name in zip(st.columns(len(presets.PRESETS)), presets.PRESETS):
+    column.button(name, key=f"bench_preset_{name.lower().replace(' ', '_')}", on_click=apply_preset, args=(name,),
+                  disabled=running, width="stretch")
+config, problems = settings()
+for problem in problems:
+    st.warning(problem, icon=":material/edit:")
+run_col, stop_col, _ = st.columns([1, 1, 6])
+run_col.button("Run", key="bench_run", type="primary", icon=":material/play_arrow:", on_click=start, args=(config,),
+               disabled=bool(problems) or running, width="stretch")
+stop_col.button("Stop", key="bench_stop", icon=":material/stop:", on_click=stop, disabled=not running,
+                width="stretch")
+S["bench_ticking"] = running
+st.fragment(live, run_every=0.4 if running else None)()
+if job is not None and job.done and not job.frame().empty:
+    export_panel(job)
+replay_panel()

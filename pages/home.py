@@ -1,0 +1,33 @@
+"""Home: what the dashboard shows, the device it measures on, and a one-click demo."""
+import pandas as pd
+import streamlit as st
+
+import app
+from attn_core import env, presets
+
+app.ensure_routed()
+st.title("Attention Lab")
+st.markdown(
+    "Attention Lab measures, live on this machine, how the time and memory of each attention mechanism grow with "
+    "the sequence length n. Every measured point is drawn against the theoretical curves, O(n²) for softmax and "
+    "O(n) for the efficient mechanisms, scaled to the data. The chart marks the length n* where an efficient "
+    "mechanism overtakes softmax, and exports to a slide in one click."
+)
+
+st.subheader("Devices found")
+rows = []
+for device in env.available_devices():
+    info = env.device_info(device)
+    rows.append({"device": device, "name": info["name"], "memory (GiB)": round(info["total_memory_bytes"] / 2**30, 1),
+                 "free (GiB)": round(info["free_memory_bytes"] / 2**30, 1), "threads": info["threads"],
+                 "dtypes": ", ".join(info["dtypes"])})
+st.dataframe(pd.DataFrame(rows), hide_index=True)
+
+job = st.session_state.get("bench_job")
+busy = job is not None and not job.done
+st.caption(presets.QUICK_DEMO.look_for + " About ten seconds on a laptop CPU.")
+if st.button("Run the quick demo", key="home_demo", type="primary", icon=":material/play_arrow:", disabled=busy,
+             help="A sweep is running; stop it on the Benchmark page first." if busy else None):
+    st.session_state["bench_job"] = presets.QUICK_DEMO.start(env.resolve_device("auto"))
+    st.switch_page("pages/benchmark.py")
+st.page_link("pages/benchmark.py", label="Or choose your own settings on the Benchmark page", icon=":material/tune:")

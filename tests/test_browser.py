@@ -1,0 +1,70 @@
+"""The real app in a real browser: `streamlit run app.py` on 127.0.0.1, driven through Debian's headless chromium.
+
+Screenshots go to test-artifacts/. Without chromium this skips, except under CI, where it fails."""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_server, browser_page, wait_idle
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+PAGES = {"": "Attention Lab", "benchmark": "Benchmark", "accuracy": "Accuracy", "patterns": "Patterns",
+         "theory": "Theory", "compare": "Compare runs"}
+TINY = "bench_exact=softmax&bench_approx=linear&bench_n=64&bench_n=128&bench_steps=2&bench_d_model=64&bench_heads=2"
+
+
+def _need_chromium() -> None:
+    missing = []
+    if not os.access(CHROMIUM, os.X_OK):
+        missing.append(f"Debian's chromium is not at {CHROMIUM} (apt-get install chromium)")
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("the playwright package is not installed (pip install playwright)")
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the browser test, but " + "; ".join(missing))
+        pytest.skip("; ".join(missing))
+
+
+@pytest.fixture
+def private_tmp(tmp_path) -> dict:
+    """The server's temp folder, so its sweep lock is its own: a sweep running elsewhere must not stall this test."""
+    return {"TMPDIR": str(tmp_path)}
+
+
+@pytest.fixture
+def page():
+    _need_chromium()
+    ARTIFACTS.mkdir(exist_ok=True)
+    with browser_page() as p:
+        yield p
+
+
+def test_tiny_sweep_draws_the_chart_without_an_exception(page, private_tmp):
+    with app_server(private_tmp) as server:
+        page.goto(f"{server.url}/benchmark?{TINY}")
+        run = page.locator(".st-key-bench_run button")
+        run.wait_for()
+        wait_idle(page)
+        assert page.locator(".st-key-bench_exact").inner_text().count("Softmax (materialized)") == 1
+        run.click()
+        page.wait_for_selector(CHART)
+        page.locator(".st-key-bench_stop button[disabled]").wait_for()
+        page.get_by_text("Export").first.wait_for()
+        wait_idle(page)
+        page.screenshot(path=ARTIFACTS / "browser-benchmark-tiny-sweep.png", full_page=True)
+        assert page.locator(CHART).count() == 2
+        assert page.locator(EXCEPTION).count() == 0
+        assert page.locator('[data-testid="stDataFrame"]').count() >= 1
+
+
+@pytest.mark.parametrize("path", list(PAGES))
+def test_each_page_opens_by_its_url_as_the_first_request(page, path, private_tmp):
+    with app_server(private_tmp) as server:
+        page.goto(f"{server.url}/{path}")
+        page.get_by_role("heading", name=PAGES[path], exact=True).first.wait_for()
+        wait_idle(page)
+        page.screenshot(path=ARTIFACTS / f"browser-page-{path or 'home'}.png", full_page=True)
+        assert page.locator(EXCEPTION).count() == 0
+        assert "Page not found" not in page.content()
