@@ -1,7 +1,10 @@
 """Accuracy: what an approximate or sparse mechanism gives up against exact softmax on the same inputs."""
 import streamlit as st
 
+import app
 from attn_core import MECHANISMS, accuracy, insight_charts
+
+app.ensure_routed()  # a deep link as a server's first request: let the router run first
 
 S = st.session_state
 NS = [32, 64, 128, 256, 512, 1024, 2048]

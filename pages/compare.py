@@ -1,7 +1,10 @@
 """Compare runs: saved runs from several machines on one chart, a ratio between two, published figures beside."""
 import streamlit as st
 
+import app
 from attn_core import MECHANISMS, insight_charts, reference, results
+
+app.ensure_routed()  # a deep link as a server's first request: let the router run first
 
 METRICS = {"time_median_s": "Time", "peak_bytes": "Peak memory"}
 

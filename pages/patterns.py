@@ -1,7 +1,10 @@
 """Patterns: which (query, key) cells each mechanism computes, and the attention matrix it effectively applies."""
 import streamlit as st
 
+import app
 from attn_core import MECHANISMS, accuracy, effective, insight_charts
+
+app.ensure_routed()  # a deep link as a server's first request: let the router run first
 
 SENTENCE = "the cat sat on the mat because it was tired and warm"
 COUNT_MAX = 8192

@@ -1,7 +1,10 @@
 """Theory: FLOPs, memory and what fits, from the specs alone, up to a million tokens; time as an extrapolation."""
 import streamlit as st
 
+import app
 from attn_core import MECHANISMS, env, insight_charts, theory
+
+app.ensure_routed()  # a deep link as a server's first request: let the router run first
 
 NS = [2**k for k in range(7, 21)]
 GIB = theory.GIB
