@@ -12,7 +12,9 @@ from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_serve
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 PAGES = {"": "Attention Lab", "benchmark": "Benchmark", "accuracy": "Accuracy", "patterns": "Patterns",
          "theory": "Theory", "compare": "Compare runs"}
-TINY = "bench_exact=softmax&bench_approx=linear&bench_n=64&bench_n=128&bench_steps=2&bench_d_model=64&bench_heads=2"
+# A tiny sweep as a link: settings are bound to the URL (multiselects by their labels).
+TINY = ("bench_exact=Softmax+%28materialized%29&bench_approx=Linear+%28elu%2B1%29&bench_n=64&bench_n=128&bench_steps=2"
+        "&bench_d_model=64&bench_heads=2")
 
 
 def _need_chromium() -> None:
@@ -48,6 +50,7 @@ def test_tiny_sweep_draws_the_chart_without_an_exception(page, private_tmp):
         run.wait_for()
         wait_idle(page)
         assert page.locator(".st-key-bench_exact").inner_text().count("Softmax (materialized)") == 1
+        assert "Linear (elu+1)" in page.locator(".st-key-bench_approx").inner_text()
         run.click()
         page.wait_for_selector(CHART)
         page.locator(".st-key-bench_stop button[disabled]").wait_for()
@@ -68,3 +71,7 @@ def test_each_page_opens_by_its_url_as_the_first_request(page, path, private_tmp
         page.screenshot(path=ARTIFACTS / f"browser-page-{path or 'home'}.png", full_page=True)
         assert page.locator(EXCEPTION).count() == 0
         assert "Page not found" not in page.content()
+        # the router ran: its sidebar and page titles, not streamlit's file-name navigation
+        sidebar = page.locator('[data-testid="stSidebar"]')
+        assert sidebar.get_by_text("Talk mode").count() == 1
+        assert sidebar.get_by_text("Compare runs").count() == 1

@@ -99,9 +99,9 @@ def browser_page(width: int = 1400, height: int = 1000):
             browser.close()
 
 
-def wait_idle(page) -> None:
-    """Until the script run ends (Streamlit's status widget goes away)."""
-    page.wait_for_selector('[data-testid="stStatusWidget"]', state="detached", timeout=60_000)
+def wait_idle(page, timeout_s: float = 60) -> None:
+    """Until the app has run its script and is not running it now (the state streamlit's own e2e tests wait on)."""
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout_s * 1000)
 
 
 def measure() -> dict[str, float]:
