@@ -127,7 +127,7 @@ def scaling_chart(df: pd.DataFrame, metric: str = "time_median_s", *, theory: pd
     x = alt.X("n:Q", title="Sequence length n (tokens)" + (", log₂ scale" if log else ""),
               scale=alt.Scale(type="log", base=2) if log else alt.Scale(zero=False), axis=alt.Axis(format=","))
     y = alt.Y(f"{column}:Q", title=_y_title(df, metric, unit, name, log),
-              scale=alt.Scale(type="log") if log else alt.Scale(zero=True))
+              scale=alt.Scale(type="log", nice=False, padding=8) if log else alt.Scale(zero=True))
     shape = alt.Shape("mask:N", title="Mask") if pts["mask"].nunique() > 1 else alt.value("circle")
     base = alt.Chart(pts[pts["drawn"]]).encode(x=x, y=y, color=colour)
     layers = [base.mark_line(strokeWidth=4 if talk else 2).encode(detail="series:N"),

@@ -56,29 +56,31 @@ def settings() -> tuple[SweepConfig, list[str]]:
     d = DEFAULT_SWEEP
     with st.expander("Settings" + (" (folded away in talk mode)" if talk else ""), expanded=not talk,
                      icon=":material/tune:"):
-        left, mid, right = st.columns(3)
-        exact = left.multiselect("Exact mechanisms", [k for k, s in MECHANISMS.items() if s.exact],
+        what, sizes, shape, where = st.columns([3, 2, 2, 2])
+        exact = what.multiselect("Exact mechanisms", [k for k, s in MECHANISMS.items() if s.exact],
                                  [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=label,
                                  **keyed("bench_exact"))
-        approx = left.multiselect("Approximate mechanisms", [k for k, s in MECHANISMS.items() if not s.exact],
+        approx = what.multiselect("Approximate mechanisms", [k for k, s in MECHANISMS.items() if not s.exact],
                                   [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=label,
                                   **keyed("bench_approx"))
-        n_min, n_max = mid.select_slider("Sequence lengths n", NS, (d.ns[0], d.ns[-1]), format_func="{:,}".format,
-                                         **keyed("bench_n"))
-        steps = mid.number_input("Steps, log-spaced", 1, 16, len(d.ns), **keyed("bench_steps"))
-        d_model = mid.number_input("d_model", 1, 16384, d.d_model, step=64, **keyed("bench_d_model"))
-        heads = mid.number_input("Heads", 1, 256, d.heads, **keyed("bench_heads"))
-        batch = mid.number_input("Batch", 1, 1024, d.batch, **keyed("bench_batch"))
-        device = right.selectbox("Device", DEVICES, DEVICES.index(env.resolve_device(d.device)),
+        with what.popover("Parameters of the chosen mechanisms", icon=":material/settings:", width="stretch",
+                          key="bench_params"):
+            mechanisms = tuple((key, mechanism_params(key)) for key in exact + approx)
+        n_min, n_max = sizes.select_slider("Sequence lengths n", NS, (d.ns[0], d.ns[-1]), format_func="{:,}".format,
+                                           **keyed("bench_n"))
+        steps = sizes.number_input("Steps, log-spaced", 1, 16, len(d.ns), **keyed("bench_steps"))
+        d_model = shape.number_input("d_model", 1, 16384, d.d_model, step=64, **keyed("bench_d_model"))
+        heads = shape.number_input("Heads", 1, 256, d.heads, **keyed("bench_heads"))
+        batch = shape.number_input("Batch", 1, 1024, d.batch, **keyed("bench_batch"))
+        device = where.selectbox("Device", DEVICES, DEVICES.index(env.resolve_device(d.device)),
                                  **keyed("bench_device"))
         dtypes = env.supported_dtypes(device)
         if S.get("bench_dtype", dtypes[0]) not in dtypes:
             S["bench_dtype"] = dtypes[0]  # the device changed under a dtype it lacks
-        dtype = right.selectbox("dtype", dtypes, **keyed("bench_dtype"))
-        causal = right.toggle("Causal mask", d.causal, **keyed("bench_causal"))
-        mode = right.radio("Mode", ["forward", "forward+backward"], horizontal=True, **keyed("bench_mode"),
+        dtype = where.selectbox("dtype", dtypes, **keyed("bench_dtype"))
+        causal = where.toggle("Causal mask", d.causal, **keyed("bench_causal"))
+        mode = where.radio("Mode", ["forward", "forward+backward"], **keyed("bench_mode"),
                            help="forward+backward counts 3× the forward FLOPs")
-        mechanisms = tuple((key, mechanism_params(key)) for key in exact + approx)
     config = dataclasses.replace(d, mechanisms=mechanisms, ns=log_spaced(n_min, n_max, steps), batch=batch,
                                  heads=heads, d_model=d_model, dtype=dtype, device=device, mode=mode, causal=causal)
     return config, config.problems()
@@ -89,12 +91,9 @@ def mechanism_params(key: str) -> dict:
     spec = MECHANISMS[key]
     if not spec.params:
         return {}
-    st.caption(f"**{spec.label}**: {spec.description}")
-    values = {}
-    for column, p in zip(st.columns(max(3, len(spec.params))), spec.params):
-        values[p.name] = column.number_input(p.name, p.low, p.high, p.default, step=1 if p.kind is int else None,
-                                             help=p.help, **keyed(f"bench_p_{key}_{p.name}"))
-    return values
+    st.markdown(f"**{spec.label}**: {spec.description}")
+    return {p.name: st.number_input(p.name, p.low, p.high, p.default, step=1 if p.kind is int else None,
+                                    help=p.help, **keyed(f"bench_p_{key}_{p.name}")) for p in spec.params}
 
 
 def figures(df) -> dict:
@@ -136,11 +135,20 @@ def live() -> None:
                  format_func=CURVES.get, **keyed("bench_curves"))
     baseline.segmented_control("Crossover n* against", ["softmax", "sdpa"], default="softmax", required=True,
                                format_func=label, **keyed("bench_baseline"))
-    shown = figures(df)
-    columns = [st.container(), st.container()] if talk else st.columns(2)
-    for column, chart in zip(columns, shown.values()):
-        column.altair_chart(chart, theme=None, width="stretch")
-    st.dataframe(charts.summary_table(df), hide_index=True)
+    for chart in view(job, df)["charts"].values():
+        st.altair_chart(chart, theme=None, width="stretch")
+    st.dataframe(view(job, df)["table"], hide_index=True)
+
+
+def view(job, df) -> dict:
+    """Charts and table of the job's points, rebuilt only when a point arrived or a setting changed: the timer
+    reruns this every 0.4 s and the CPU is shared with the measurement."""
+    looks = ("bench_axes", "bench_curves", "bench_baseline", "bench_focus", "bench_subtitle",
+             "bench_title_time_median_s", "bench_title_peak_bytes")
+    key = (id(job), len(df), talk, *(str(S.get(k)) for k in looks))
+    if S.get("bench_view", {}).get("key") != key:
+        S["bench_view"] = {"key": key, "charts": figures(df), "table": charts.summary_table(df)}
+    return S["bench_view"]
 
 
 def export_panel(job) -> None:
@@ -156,18 +164,20 @@ def export_panel(job) -> None:
         for metric, chart in shown.items():
             name = "time" if metric == "time_median_s" else "memory"
             row = st.columns(4)
-            row[0].markdown(f"**{charts.METRICS[metric][3]}**")
+            row[0].markdown(f"**{charts.METRICS[metric][3]}** chart")
             for column, (fmt, make, mime) in zip(row[1:], (("PNG", export.chart_png, "image/png"),
                                                            ("SVG", export.chart_svg, "image/svg+xml"),
                                                            ("HTML", export.chart_html, "text/html"))):
                 column.download_button(fmt, functools.partial(make, chart), f"attention-{name}.{fmt.lower()}", mime,
-                                       key=f"bench_dl_{name}_{fmt.lower()}", on_click="ignore")
+                                       key=f"bench_dl_{name}_{fmt.lower()}", on_click="ignore",
+                                       icon=":material/download:")
         row = st.columns(4)
         row[0].markdown("**Data, with the environment stamp**")
         row[1].download_button("CSV", functools.partial(results.to_csv_bytes, record), "attention-run.csv",
-                               "text/csv", key="bench_dl_csv", on_click="ignore")
+                               "text/csv", key="bench_dl_csv", on_click="ignore", icon=":material/download:")
         row[2].download_button("JSON", functools.partial(results.to_json_bytes, record), "attention-run.json",
-                               "application/json", key="bench_dl_json", on_click="ignore")
+                               "application/json", key="bench_dl_json", on_click="ignore",
+                               icon=":material/download:")
 
 
 def replay_panel() -> None:

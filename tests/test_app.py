@@ -1,5 +1,6 @@
 """Every page through streamlit's AppTest: defaults run clean, a tiny sweep draws its charts and table, bad settings
 say what to change, downloads hold real files, and a sweep survives reruns, page switches and Stop."""
+import dataclasses
 import functools
 import io
 import json
@@ -13,7 +14,7 @@ from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest, app_test
 
-from attn_core import results, sweep
+from attn_core import presets, results, sweep
 from attn_core.presets import Replay, SweepSequence
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -267,3 +268,36 @@ def test_talk_mode_folds_the_settings_away_and_enlarges_the_charts(swept):
     assert spec["config"]["axis"]["labelFontSize"] > 12
     assert any("font-size" in h.proto.body for h in swept.get("html"))
     swept.sidebar.toggle(key="talk").set_value(False).run()
+
+
+def test_a_sequence_runs_its_sweeps_one_after_another_as_one_run():
+    tiny = presets._config(("softmax", "linear"), 64, 128, 2, d_model=64, heads=2)
+    both = SweepSequence(tuple(dataclasses.replace(tiny, device="cpu", causal=c) for c in (False, True)))
+    end = time.monotonic() + 120
+    while not both.done:
+        assert time.monotonic() < end, "the sweeps did not finish"
+        both.poll()
+        time.sleep(0.05)
+    assert both.progress()["done"] == both.progress()["total"] == 8
+    frame = both.frame()
+    assert list(frame["causal"]) == [False] * 4 + [True] * 4 and (frame["status"] == "ok").all()
+    assert [c["causal"] for c in both.result().config["sweeps"]] == [False, True]
+
+
+def test_replay_reveals_points_at_its_pace_and_stops_on_cancel():
+    saved = results.Run(results.frame_from_rows([]), {"torch": "x"}, {})
+    rows = [dict(mechanism="softmax", label="Softmax", exact=True, params="{}", n=n, batch=1, heads=1, d_model=8,
+                 head_dim=8, dtype="float32", device="cpu", mode="forward", causal=False, status="ok", reason="",
+                 time_median_s=1e-3, time_iqr_s=0.0, time_samples=[1e-3], repeats=1, peak_bytes=1.0,
+                 memory_method="m", predicted_bytes=1.0, theory_flops=1.0, gflops=1.0, device_gflops=1.0,
+                 pct_of_device=1.0, sdpa_backend="", threads=1) for n in (8, 16, 32, 64)]
+    saved.frame = results.frame_from_rows(rows)
+    now = [0.0]
+    replay = Replay(saved, points_per_s=2.0, clock=lambda: now[0])
+    assert [r["n"] for r in replay.poll()] == [8]
+    now[0] = 1.0
+    assert [r["n"] for r in replay.poll()] == [16, 32] and not replay.done
+    assert replay.progress() == {"done": 3, "total": 4, "eta_s": 0.5, "current": "replaying Softmax at n = 32"}
+    replay.cancel()
+    now[0] = 9.0
+    assert replay.poll() == [] and replay.done and len(replay.frame()) == 3

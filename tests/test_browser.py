@@ -39,7 +39,7 @@ def private_tmp(tmp_path) -> dict:
 def page():
     _need_chromium()
     ARTIFACTS.mkdir(exist_ok=True)
-    with browser_page() as p:
+    with browser_page(1400, 2200) as p:
         yield p
 
 
@@ -54,9 +54,13 @@ def test_tiny_sweep_draws_the_chart_without_an_exception(page, private_tmp):
         run.click()
         page.wait_for_selector(CHART)
         page.locator(".st-key-bench_stop button[disabled]").wait_for()
-        page.get_by_text("Export").first.wait_for()
+        page.get_by_text("Export").first.click()
         wait_idle(page)
         page.screenshot(path=ARTIFACTS / "browser-benchmark-tiny-sweep.png", full_page=True)
+        for key, magic in (("bench_dl_time_png", b"\x89PNG"), ("bench_dl_json", b"{")):
+            with page.expect_download() as download:  # deferred: made by the server on the click
+                page.locator(f".st-key-{key} button").click()
+            assert Path(download.value.path()).read_bytes().startswith(magic)
         assert page.locator(CHART).count() == 2
         assert page.locator(EXCEPTION).count() == 0
         assert page.locator('[data-testid="stDataFrame"]').count() >= 1

@@ -122,7 +122,8 @@ def test_mixed_causal_frame_keeps_two_lines_per_mechanism_told_apart_by_shape():
     df = pd.concat([results_frame(causal=False), results_frame(causal=True)], ignore_index=True)
     spec = charts.scaling_chart(df, "time_median_s").to_dict()
     rows = layer_data(spec, "point")[0]
-    assert {r["series"] for r in rows} >= {"Softmax (materialized) · causal", "Softmax (materialized) · bidirectional"}
+    softmax = "Softmax (materialized)"
+    assert {r["series"] for r in rows} >= {f"{softmax} · causal", f"{softmax} · bidirectional"}
     point_layer = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "point")
     assert point_layer["encoding"]["shape"]["field"] == "mask"
     table = charts.summary_table(df)
