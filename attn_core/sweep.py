@@ -273,6 +273,7 @@ class SweepRun:
         self._current = "starting"
         self._costs: dict[tuple, tuple[float, float]] = {}  # series → (theory FLOPs, seconds) of its last point
         self._started = time.monotonic()
+        self._ended: float | None = None
         self._threads: float = float(self.config.threads) if self.config.threads else float("nan")
         self._thread = threading.Thread(target=self._drive, name="attn_core-sweep", daemon=True)
 
@@ -322,7 +323,7 @@ class SweepRun:
             done = len(self._rows)
             current = "finished" if self.done else self._current
         return {"done": done, "total": len(self.cases), "eta_s": 0.0 if self.done else self._eta(done),
-                "current": current, "elapsed_s": time.monotonic() - self._started}
+                "current": current, "elapsed_s": (self._ended or time.monotonic()) - self._started}
 
     def cancel(self) -> None:
         """Stop soon (within about a second; a kernel that does not return by then is stopped by killing the
@@ -379,6 +380,7 @@ class SweepRun:
             why = "not measured: " + self.error if self.error else "cancelled before it was measured"
             for case in self.cases[len(self.rows):]:
                 self._add(self._row(case, status if self.error else "cancelled", why))
+            self._ended = time.monotonic()
             self._finished.set()
 
     def _row(self, case: Case, status: str, reason: str) -> dict:
