@@ -153,6 +153,8 @@ def get_worker() -> Worker:
     global _worker
     with _worker_lock:
         if _worker is None or not _worker.alive() or _worker._conn.closed:
+            if _worker is not None:
+                _worker.kill()  # reap the dead one and close its pipe
             _worker = Worker()
         return _worker
 
