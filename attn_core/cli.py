@@ -108,13 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model width; head_dim = d_model / heads (default %(default)s)")
     s.add_argument("--dtype", default=d["dtype"], choices=list(DTYPE_BYTES), help="(default %(default)s)")
     s.add_argument("--device", default="auto",
-                   help=f"auto (cuda, then mps, then cpu), cpu, cuda or mps; here: {', '.join(env.available_devices())}")
+                   help="auto (cuda, then mps, then cpu), cpu, cuda or mps; available here: "
+                        + ", ".join(env.available_devices()))
     s.add_argument("--mode", default="forward", choices=MODES,
                    help="forward (under inference mode) or forward+backward (gradients of q, k, v; FLOPs ×3)")
     s.add_argument("--causal", action="store_true", help="causal masking (mechanisms that cannot are refused)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     s.add_argument("--warmup", type=int, default=d["warmup"], help="untimed calls before timing (default %(default)s)")
-    s.add_argument("--min-repeats", type=int, default=d["min_repeats"], help="timed samples at least (default %(default)s)")
+    s.add_argument("--min-repeats", type=int, default=d["min_repeats"],
+                   help="timed samples at least (default %(default)s)")
     s.add_argument("--min-time", type=float, default=d["min_time_s"], metavar="SECONDS",
                    help="timing per point at least (default %(default)s)")
     s.add_argument("--point-budget", type=float, default=d["point_budget_s"], metavar="SECONDS",
@@ -125,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "exceed the free memory (default %(default)s)")
     s.add_argument("--memory-limit", type=_size, default=None, metavar="SIZE",
                    help="treat the device as having at most this much free memory, e.g. 8GiB")
-    s.add_argument("--seed", type=int, default=d["seed"], help="seed of inputs and random projections (default %(default)s)")
+    s.add_argument("--seed", type=int, default=d["seed"],
+                   help="seed of inputs and random projections (default %(default)s)")
     s.add_argument("--extra-mechanisms", default="", metavar="REFS",
                    help="your own mechanisms to measure too: comma-separated module:attribute references to a "
                         "MechanismSpec (or a dict or list of them); use their keys in --mechanisms")
@@ -141,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
     return SweepConfig(
-        mechanisms=args.mechanisms, ns=tuple(args.n), batch=args.batch, heads=args.heads, d_model=args.d_model, dtype=args.dtype,
-        device=args.device, mode=args.mode, causal=args.causal, threads=args.threads, warmup=args.warmup,
-        min_repeats=args.min_repeats, min_time_s=args.min_time, point_budget_s=args.point_budget,
+        mechanisms=args.mechanisms, ns=tuple(args.n), batch=args.batch, heads=args.heads, d_model=args.d_model,
+        dtype=args.dtype, device=args.device, mode=args.mode, causal=args.causal, threads=args.threads,
+        warmup=args.warmup, min_repeats=args.min_repeats, min_time_s=args.min_time, point_budget_s=args.point_budget,
         measure_memory=not args.no_memory, memory_margin=args.memory_margin, seed=args.seed,
         memory_limit_bytes=args.memory_limit)
 

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import psutil
 import torch
 
-from .spec import DTYPE_BYTES, dtype_name
+from .spec import dtype_name
 
 DEVICES = ("cpu", "cuda", "mps")
 

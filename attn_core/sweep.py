@@ -133,7 +133,8 @@ def _shape_problems(c: SweepConfig) -> list[str]:
     except ValueError as e:
         return found + [str(e)]
     if c.dtype not in DTYPE_BYTES or c.dtype not in env.supported_dtypes(device):
-        found.append(f"dtype {c.dtype!r} is not supported on {device}; choose {', '.join(env.supported_dtypes(device))}")
+        choices = ", ".join(env.supported_dtypes(device))
+        found.append(f"dtype {c.dtype!r} is not supported on {device}; choose {choices}")
     return found
 
 
@@ -171,7 +172,7 @@ DEFAULT_SWEEP = SweepConfig(
     mechanisms=tuple((key, {}) for key in MECHANISMS), ns=log_spaced(256, 4096, 5), batch=1, heads=8, d_model=512,
     dtype="float32", device="auto", mode="forward", warmup=1, min_repeats=3, min_time_s=0.05, point_budget_s=10.0,
 )
-"""The dashboard's default: every mechanism at its defaults, n = 256 … 4096, short timing (about 15 s on 2 CPU cores)."""
+"""The dashboard's default: every mechanism at its defaults, n = 256 … 4096, short timing (~11 s, 2 idle cores)."""
 
 
 def plan(config: SweepConfig) -> list[Case]:

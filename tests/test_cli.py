@@ -12,7 +12,7 @@ import pytest
 
 from attn_core import cli
 from attn_core import sweep as sweep_module
-from attn_core.results import load_run, save_run
+from attn_core.results import load_run
 from tests.fake_mechanisms import REF, private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
