@@ -165,7 +165,7 @@ def median_iqr(samples: list[float]) -> tuple[float, float]:
     return q[1], q[2] - q[0]
 
 
-def make_inputs(spec: MechanismSpec, case: Case) -> tuple[torch.Tensor, ...]:
+def make_inputs(case: Case) -> tuple[torch.Tensor, ...]:
     """Seeded q, k, v (B, H, n, D) on the case's device and dtype."""
     g = torch.Generator().manual_seed(case.seed)
     dtype = getattr(torch, case.dtype)
@@ -218,7 +218,6 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
     return samples, time.perf_counter() - start
 
 
-
 def measure_case(spec: MechanismSpec, case: Case, settings: Settings,
                  cancelled: Callable[[], bool] = lambda: False) -> tuple[dict, float]:
     """Measure one point; (row, seconds it took). Statuses: ok; skipped by the memory guard; oom on an allocator
@@ -243,7 +242,7 @@ def measure_case(spec: MechanismSpec, case: Case, settings: Settings,
 
 
 def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Callable[[], bool]) -> dict:
-    q, k, v = make_inputs(spec, case)
+    q, k, v = make_inputs(case)
     state = make_state(spec, case)
     thunk = call_of(spec, case, q, k, v, state)
     with torch.inference_mode(case.mode == "forward"):

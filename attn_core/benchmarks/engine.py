@@ -115,7 +115,7 @@ def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> bool:
     for key, n in cases:
         case = Case(key, (), n, 1, 8, 512, "float32", "cpu")
         spec = MECHANISMS[key]
-        thunk = call_of(spec, case, *make_inputs(spec, case), make_state(spec, case))
+        thunk = call_of(spec, case, *make_inputs(case), make_state(spec, case))
         engine_t, bare_t = [], []
         with torch.inference_mode():
             for _ in range(rounds):
