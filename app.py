@@ -28,9 +28,10 @@ def device_line(device: str) -> str:
 
 
 def ensure_routed() -> None:
-    """Call first in every page. When a deep link is a fresh server's first request, streamlit runs the page alone
-    in its legacy pages/-folder mode: this router never runs and the page has no frame. Leave that mode for good (as
-    st.navigation itself does) and, on a session's first run, run again so the router resolves the same URL."""
+    """Call first in every page. On a fresh server's first request streamlit is still in its legacy pages/-folder
+    mode: a deep link runs the page alone (this router never runs, the page has no frame), and "/" runs this script
+    as a legacy page, whose widgets then change identity on the next run (a first click is lost). Leave that mode for
+    good (as st.navigation itself does) and, on a session's first run, run again so the router resolves the URL."""
     if PagesManager.uses_pages_directory:
         PagesManager.uses_pages_directory = False
         if not st.session_state:  # a fresh session: no click or value can be lost by running again
@@ -38,6 +39,7 @@ def ensure_routed() -> None:
 
 
 def main() -> None:
+    ensure_routed()  # a fresh server's first request, even to "/", would otherwise run this as a legacy page
     st.set_page_config(page_title="Attention Lab", page_icon=":material/monitoring:", layout="wide")
     prestart_worker()
     with st.sidebar:

@@ -79,3 +79,15 @@ def test_each_page_opens_by_its_url_as_the_first_request(page, path, private_tmp
         sidebar = page.locator('[data-testid="stSidebar"]')
         assert sidebar.get_by_text("Talk mode").count() == 1
         assert sidebar.get_by_text("Compare runs").count() == 1
+
+
+def test_talk_mode_is_the_first_click_on_a_fresh_server_and_it_counts(page, private_tmp):
+    with app_server(private_tmp) as server:
+        page.goto(server.url)
+        page.get_by_role("heading", name="Attention Lab").wait_for()
+        wait_idle(page)
+        page.locator(".st-key-talk label p").click()
+        page.locator(".st-key-talk input:checked").wait_for(timeout=10_000)
+        wait_idle(page)
+        assert page.evaluate("getComputedStyle(document.documentElement).fontSize") == "21px"
+        page.screenshot(path=ARTIFACTS / "browser-home-talk-mode.png", full_page=True)
