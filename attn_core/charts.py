@@ -20,6 +20,9 @@ CURVES = {"spec": "each mechanism's own cost (spec)", "n²": "O(n²)", "n": "O(n
 COLOURS = ["#D55E00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9", "#8C564B", "#E69F00", "#000000"]
 SPARE_COLOURS = ["#7F7F7F", "#BCBD22", "#17BECF", "#9467BD", "#E377C2", "#AEC7E8"]
 DASHES = {"spec": [8, 4], "n²": [2, 3], "n": [12, 4, 2, 4]}
+# How the engine times a call on each device (env.device_timer), as the axis says it.
+TIME_METHODS = {"cuda": "median of CUDA-event timings", "mps": "median wall-clock, synchronized",
+                "cpu": "median wall-clock"}
 FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif"
 THEORY_HOW = ["Dashed: theory c·f(n), c fitted to the", "measured points (least squares, log space)"]
 
@@ -129,6 +132,9 @@ def scaling_chart(df: pd.DataFrame, metric: str = "time_median_s", *, theory: pd
     y = alt.Y(f"{column}:Q", title=_y_title(df, metric, unit, name, log),
               scale=alt.Scale(type="log", nice=False, padding=8) if log else alt.Scale(zero=True))
     shape = alt.Shape("mask:N", title="Mask") if pts["mask"].nunique() > 1 else alt.value("circle")
+    keep = ["mechanism", "label", "params", "causal", "n", column, "line", "series", "mask", "status", "drawn", "why",
+            "time", "memory", "predicted", "memory_method", "throughput"]
+    pts = pts[keep]  # only what the chart draws or shows: the spec stays small and quick to send
     base = alt.Chart(pts[pts["drawn"]]).encode(x=x, y=y, color=colour)
     layers = [base.mark_line(strokeWidth=4 if talk else 2).encode(detail="series:N"),
               base.mark_point(filled=True, size=160 if talk else 60, opacity=1).encode(shape=shape, tooltip=TOOLTIP)]
@@ -143,11 +149,11 @@ def scaling_chart(df: pd.DataFrame, metric: str = "time_median_s", *, theory: pd
         layers.extend(_theory_layers(theory, pts, x, y, cscale, column, divisor, talk))
     if crossovers is not None and len(crossovers):
         layers.extend(_crossover_layers(crossovers, pts, x, y, cscale, metric, talk))
-    chart = alt.layer(*layers).properties(width=width or (900 if talk else 640),
-                                           height=height or (500 if talk else 380))
-    chart = chart.properties(title=alt.TitleParams(title or default_title(df, metric), anchor="start",
-                                                   subtitle=subtitle if subtitle is not None else default_subtitle(df)))
-    return styled(chart, talk)
+    # One constructor call: each .properties() or .configure_*() would deep-copy every layer and its data.
+    return alt.LayerChart(layer=layers, width=width or (900 if talk else 640), height=height or (500 if talk else 380),
+                          title=alt.TitleParams(title or default_title(df, metric), anchor="start",
+                                                subtitle=subtitle if subtitle is not None else default_subtitle(df)),
+                          config=house_config(talk))
 
 
 def _attach(frame: pd.DataFrame, pts: pd.DataFrame) -> pd.DataFrame:
@@ -158,7 +164,8 @@ def _attach(frame: pd.DataFrame, pts: pd.DataFrame) -> pd.DataFrame:
 
 
 def _theory_layers(theory, pts, x, y, cscale, column, divisor, talk):
-    curves = _attach(theory, pts)
+    curves = _attach(theory[[c for c in ("mechanism", "params", "causal", "curve", "kind", "n", "value")
+                             if c in theory.columns]], pts)
     curves[column] = curves["value"] / divisor
     curves = curves[curves[column] > 0]
     if "kind" not in curves:
@@ -180,7 +187,9 @@ def _theory_layers(theory, pts, x, y, cscale, column, divisor, talk):
 
 
 def _crossover_layers(crossovers, pts, x, y, cscale, metric, talk):
-    found = _attach(crossovers[crossovers["n_star"].notna()], pts)
+    found = _attach(crossovers.loc[crossovers["n_star"].notna(), [c for c in ("mechanism", "params", "causal",
+                                                                                "baseline", "n_star", "note")
+                                                                      if c in crossovers.columns]], pts)
     if found.empty:
         return []
     column = METRICS[metric][0]
@@ -219,7 +228,9 @@ def _y_title(df, metric, unit, name, log):
     if metric == "peak_bytes":
         methods = sorted(set(df["memory_method"].dropna().astype(str)) - {""}) if "memory_method" in df else []
         return [f"{name} ({unit})", f"{' / '.join(methods) or 'not measured yet'}{scale}"]
-    return [f"{name} ({unit})", f"median wall-clock{scale}"]
+    devices = sorted(set(df["device"])) if "device" in df and len(df) else ["cpu"]
+    how = " / ".join(TIME_METHODS.get(d, TIME_METHODS["cpu"]) for d in devices)
+    return [f"{name} ({unit})", f"{how}{scale}"]
 
 
 def default_title(df: pd.DataFrame, metric: str) -> str:
@@ -262,14 +273,21 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     return table[list(SUMMARY_COLUMNS)].rename(columns=SUMMARY_COLUMNS).round(3)
 
 
-def styled(chart: alt.TopLevelMixin, talk: bool = False) -> alt.TopLevelMixin:
+def house_config(talk: bool = False) -> alt.Config:
     """House look, with installed fonts so exports show text; talk: large type and thick strokes for a projector."""
     big = 1.6 if talk else 1.0
-    return (chart.configure(font=FONT, background="white")
-            .configure_title(fontSize=round(17 * big), subtitleFontSize=round(12 * big), color="#000000",
-                             subtitleColor="#222222")
-            .configure_axis(labelFontSize=round(12 * big), titleFontSize=round(13 * big), labelColor="#000000",
-                            titleColor="#000000", gridColor="#DDDDDD", domainColor="#000000", tickColor="#000000")
-            .configure_legend(labelFontSize=round(12 * big), titleFontSize=round(12 * big), labelColor="#000000",
-                              titleColor="#000000", orient="right", labelLimit=0, titleLimit=0, symbolStrokeWidth=2)
-            .configure_view(stroke="#000000" if talk else "#BBBBBB"))
+    return alt.Config(
+        font=FONT, background="white",
+        title=alt.TitleConfig(fontSize=round(17 * big), subtitleFontSize=round(12 * big), color="#000000",
+                              subtitleColor="#222222"),
+        axis=alt.AxisConfig(labelFontSize=round(12 * big), titleFontSize=round(13 * big), labelColor="#000000",
+                            titleColor="#000000", gridColor="#DDDDDD", domainColor="#000000", tickColor="#000000"),
+        legend=alt.LegendConfig(labelFontSize=round(12 * big), titleFontSize=round(12 * big), labelColor="#000000",
+                                titleColor="#000000", orient="right", labelLimit=0, titleLimit=0,
+                                symbolStrokeWidth=2),
+        view=alt.ViewConfig(stroke="#000000" if talk else "#BBBBBB"))
+
+
+def styled(chart: alt.TopLevelMixin, talk: bool = False) -> alt.TopLevelMixin:
+    """Any chart in the house look (see house_config)."""
+    return chart.properties(config=house_config(talk))

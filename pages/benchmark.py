@@ -1,6 +1,7 @@
 """Benchmark: pick mechanisms and sizes, press Run, watch time and memory grow against the theoretical curves."""
 import dataclasses
 import functools
+import time
 
 import streamlit as st
 
@@ -115,8 +116,8 @@ def live() -> None:
         st.info("Choose settings and press Run, or pick a preset: points appear on the charts as they are measured.")
         return
     job.poll()
+    p = job.progress()
     if not job.done:
-        p = job.progress()
         eta = f" · about {p['eta_s']:.0f} s left" if p["eta_s"] is not None else ""
         st.progress(min(p["done"] / max(p["total"], 1), 1.0),
                     text=f"{p['done']} of {p['total']} points · now {p['current']}{eta}")
@@ -125,8 +126,7 @@ def live() -> None:
         st.rerun()  # a full run: Run comes back and the exports appear
     if job.error:
         st.error(f"The sweep stopped: {job.error}")
-    df = job.frame()
-    if df.empty:
+    if p["done"] == 0:
         st.caption("Waiting for the first point…")
         return
     axes, curves, baseline = st.columns([1, 2, 2])
@@ -135,19 +135,33 @@ def live() -> None:
                  format_func=CURVES.get, **keyed("bench_curves"))
     baseline.segmented_control("Crossover n* against", ["softmax", "sdpa"], default="softmax", required=True,
                                format_func=label, **keyed("bench_baseline"))
-    for chart in view(job, df)["charts"].values():
-        st.altair_chart(chart, theme=None, width="stretch")
-    st.dataframe(view(job, df)["table"], hide_index=True)
+    shown = view(job, p["done"])
+    for spec in shown["specs"]:
+        st.vega_lite_chart(spec, theme=None, width="stretch")
+    if shown["table"] is not None:
+        st.dataframe(shown["table"], hide_index=True)
+    else:
+        st.caption("The summary table (fitted exponents, speed-ups, GFLOP/s) comes when the sweep ends.")
 
 
-def view(job, df) -> dict:
-    """Charts and table of the job's points, rebuilt only when a point arrived or a setting changed: the timer
-    reruns this every 0.4 s and the CPU is shared with the measurement."""
+def view(job, points: int) -> dict:
+    """Chart specs and table of the job's points, rebuilt when a point arrived or a setting changed. The CPU this
+    takes is taken from the measurement, so while a sweep runs a rebuild waits until twice its own cost has passed
+    since the last one (points arriving slower than that still show one by one); the table is made at the end."""
     looks = ("bench_axes", "bench_curves", "bench_baseline", "bench_focus", "bench_subtitle",
              "bench_title_time_median_s", "bench_title_peak_bytes")
-    key = (id(job), len(df), talk, *(str(S.get(k)) for k in looks))
-    if S.get("bench_view", {}).get("key") != key:
-        S["bench_view"] = {"key": key, "charts": figures(df), "table": charts.summary_table(df)}
+    key = (id(job), talk, *(str(S.get(k)) for k in looks))
+    last = S.get("bench_view", {})
+    fresh = last.get("key") == key and last.get("points") == points
+    too_soon = last.get("key") == key and not job.done and time.monotonic() < last["ready_at"]
+    if not (fresh or too_soon):
+        start = time.monotonic()
+        df = job.frame()
+        specs = [chart.to_dict(validate=False) for chart in figures(df).values()]
+        table = charts.summary_table(df) if job.done else None
+        now = time.monotonic()
+        S["bench_view"] = {"key": key, "points": points, "specs": specs, "table": table,
+                           "ready_at": now + 2 * (now - start)}
     return S["bench_view"]
 
 

@@ -14,7 +14,7 @@ from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest, app_test
 
-from attn_core import presets, results, sweep
+from attn_core import cli, presets, results, sweep
 from attn_core.presets import Replay, SweepSequence
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -83,8 +83,8 @@ def chart_specs(at: AppTest) -> list[dict]:
     specs = []
     for chart in at.get("vega_lite_chart"):
         spec = json.loads(chart.proto.spec)
-        spec["datasets"] = {d.name: convert_arrow_bytes_to_pandas_df(d.data.data).to_dict("records")
-                            for d in chart.proto.datasets}
+        spec.setdefault("datasets", {}).update({d.name: convert_arrow_bytes_to_pandas_df(d.data.data).to_dict("records")
+                                                for d in chart.proto.datasets})
         specs.append(spec)
     return specs
 
@@ -249,6 +249,20 @@ def test_a_saved_run_replays_point_by_point(swept):
     assert isinstance(job, Replay) and job.shown < 4
     run_to_end(at)
     assert len(job.frame()) == 4 and len(chart_specs(at)) == 2 and not at.exception
+
+
+def test_a_run_saved_by_the_command_line_is_shown_at_once(tmp_path):
+    path = tmp_path / "cli-run.csv"
+    args = ["sweep", "--mechanisms", "softmax,linear", "--n", "64:128:2", "--d-model", "64", "--heads", "2",
+            "--device", "cpu", "--out", str(path), "--quiet"]
+    assert cli.main(args, out=io.StringIO(), err=io.StringIO()) == 0
+    at = benchmark()
+    at.file_uploader(key="bench_upload").upload(path.name, path.read_bytes(), "text/csv")
+    at.run()
+    at.button(key="bench_show").click().run()
+    assert isinstance(at.session_state["bench_job"], Replay) and at.session_state["bench_job"].done
+    assert len(chart_specs(at)) == 2 and list(at.dataframe[0].value["points measured"]) == [2, 2]
+    assert not at.exception
 
 
 def test_a_file_that_is_not_a_run_is_refused_with_a_sentence():
