@@ -270,7 +270,8 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
             table["series"] = table["series"] + (" · causal" if causal else " · bidirectional")
         parts.append(table)
     table = pd.concat(parts, ignore_index=True) if parts else analysis.summary(df)
-    return table[list(SUMMARY_COLUMNS)].rename(columns=SUMMARY_COLUMNS).round(3)
+    table = table[list(SUMMARY_COLUMNS)].rename(columns=SUMMARY_COLUMNS).round(3)
+    return table.dropna(axis=1, how="all")  # e.g. the SDPA comparisons when SDPA was not measured
 
 
 def house_config(talk: bool = False) -> alt.Config:

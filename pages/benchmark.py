@@ -64,8 +64,9 @@ def settings() -> tuple[SweepConfig, list[str]]:
         approx = what.multiselect("Approximate mechanisms", [k for k, s in MECHANISMS.items() if not s.exact],
                                   [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=label,
                                   **keyed("bench_approx"))
-        with what.popover("Parameters of the chosen mechanisms", icon=":material/settings:", width="stretch",
-                          key="bench_params"):
+        knobs = [p.name for key in exact + approx for p in MECHANISMS[key].params]
+        with what.popover(f"Parameters: {', '.join(dict.fromkeys(knobs))}" if knobs else "No parameters to set",
+                          icon=":material/settings:", width="stretch", disabled=not knobs, key="bench_params"):
             mechanisms = tuple((key, mechanism_params(key)) for key in exact + approx)
         n_min, n_max = sizes.select_slider("Sequence lengths n", NS, (d.ns[0], d.ns[-1]), format_func="{:,}".format,
                                            **keyed("bench_n"))
