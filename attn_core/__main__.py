@@ -3,5 +3,5 @@ import sys
 
 from .cli import main
 
-if __name__ == "__main__":  # the worker process imports this module again under another name
+if __name__ == "__main__":
     sys.exit(main())

@@ -8,10 +8,12 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
+import types
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 _CTX = multiprocessing.get_context("spawn")  # fork would copy the caller's threads and CUDA state
 CANCEL_GRACE_S = 1.0  # a cancelled point that has not stopped by then is stopped by killing the worker
@@ -47,6 +49,20 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+@contextlib.contextmanager
+def _bare_main_module() -> Iterator[None]:
+    """Hide the caller's __main__ while the worker starts. spawn runs the parent's __main__ again in the child, and
+    Streamlit installs each page script as __main__ during its run: the worker would run the dashboard (or crash
+    in it). With a bare __main__ the child imports only what the worker needs, from any host."""
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
 class Worker:
     """Handle on one worker process. Requests go through a pipe, one at a time; `cancel_event` asks the point in
     flight to stop at its next sample."""
@@ -56,7 +72,8 @@ class Worker:
         self.cancel_event = _CTX.Event()
         self.process = _CTX.Process(target=_serve, args=(child, self.cancel_event), daemon=True,
                                     name="attn_core-worker")
-        self.process.start()
+        with _bare_main_module():
+            self.process.start()
         child.close()
         self.info: dict[str, Any] | None = None
 

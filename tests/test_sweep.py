@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -126,6 +128,18 @@ def test_worker_death_marks_the_point_failed_and_the_sweep_continues():
                             ("linear", 32, "ok")]
     assert "exited with code 3" in df["reason"].iloc[0]
     assert "SIGKILL" in df["reason"].iloc[2] and "out-of-memory" in df["reason"].iloc[2]
+
+
+def test_the_worker_never_runs_the_hosts_main_script(tmp_path, monkeypatch):
+    """Streamlit installs each page script as __main__; spawn would run it again in the worker."""
+    script = tmp_path / "page.py"
+    script.write_text("raise SystemExit(7)  # a page that must not run in the worker\n")
+    page = types.ModuleType("__main__")
+    page.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", page)
+    worker.shutdown()
+    df = run_sweep(config(["softmax"]))
+    assert df["status"].tolist() == ["ok"] and sys.modules["__main__"] is page
 
 
 def test_cancel_between_samples_keeps_finished_rows():
