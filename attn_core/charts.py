@@ -1,7 +1,9 @@
 """Scaling charts of a sweep: measured points, dashed theory curves, crossovers and skipped points (pure Altair)."""
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
 
 import altair as alt
 import numpy as np
@@ -123,37 +125,120 @@ def scaling_chart(df: pd.DataFrame, metric: str = "time_median_s", *, theory: pd
     `crossovers`: rows of analysis.crossovers (mechanism, baseline, n_star, note), drawn as a ring at the crossing.
     Points that were skipped or failed sit on the bottom edge as crosses whose tooltip gives the reason.
     """
-    column, unit, divisor, name = METRICS[metric]
-    pts = points_frame(df, metric, log)
-    cscale = colour_scale(pts)
-    colour = alt.Color("line:N", scale=cscale, title="Mechanism (measured, solid)")
-    x = alt.X("n:Q", title="Sequence length n (tokens)" + (", log₂ scale" if log else ""),
-              scale=alt.Scale(type="log", base=2) if log else alt.Scale(zero=False), axis=alt.Axis(format=","))
-    y = alt.Y(f"{column}:Q", title=_y_title(df, metric, unit, name, log),
-              scale=alt.Scale(type="log", nice=False, padding=8) if log else alt.Scale(zero=True))
-    shape = alt.Shape("mask:N", title="Mask") if pts["mask"].nunique() > 1 else alt.value("circle")
+    frames = chart_frames(df, metric, theory=theory, crossovers=crossovers, log=log)
+    return layered(chart_shape(df, frames, metric, log=log, talk=talk, title=title, subtitle=subtitle,
+                               width=width, height=height), frames)
+
+
+@dataclass(frozen=True)
+class ChartShape:
+    """Everything a scaling chart's spec depends on except its data rows: equal shapes give specs that differ only
+    in their datasets."""
+
+    metric: str
+    log: bool
+    talk: bool
+    width: int
+    height: int
+    title: str
+    subtitle: str | tuple[str, ...]
+    y_title: tuple[str, ...]
+    lines: tuple[str, ...]  # the colour scale's domain ...
+    colours: tuple[str, ...]  # ... and range
+    masks: bool  # causal and bidirectional rows mixed: points told apart by shape
+    datasets: tuple[str, ...]  # which of chart_frames' datasets exist
+    kinds: tuple[str, ...]  # which kinds of theory curve are drawn
+
+
+def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, *, log: bool = True,
+                talk: bool = False, title: str | None = None, subtitle: str | list[str] | None = None,
+                width: int | None = None, height: int | None = None) -> ChartShape:
+    _, unit, _, name = METRICS[metric]
+    every = pd.concat([frames["points"], frames.get("missing", frames["points"].iloc[0:0])])
+    scale = colour_scale(every)
+    theory = frames.get("theory")
+    return ChartShape(metric, log, talk, width or (900 if talk else 640), height or (500 if talk else 380),
+                      title or default_title(df, metric),
+                      tuple(subtitle) if isinstance(subtitle, list) else
+                      (subtitle if subtitle is not None else default_subtitle(df)),
+                      tuple(_y_title(df, metric, unit, name, log)), tuple(scale.domain), tuple(scale.range),
+                      every["mask"].nunique() > 1, tuple(frames),
+                      tuple(k for k in DASHES if theory is not None and k in set(theory["kind"])))
+
+
+def chart_frames(df: pd.DataFrame, metric: str, *, theory: pd.DataFrame | None = None,
+                 crossovers: pd.DataFrame | None = None, log: bool = True) -> dict[str, pd.DataFrame]:
+    """The datasets a scaling chart draws, in display units and by name: points (measured), missing (not drawn:
+    crosses on the bottom edge), theory and theory_ends (dashed curves and their labels), crossings_left and
+    crossings_right (n* marks, neighbours labelled on opposite sides). Empty ones are left out, points excepted."""
+    column, _, divisor, _ = METRICS[metric]
     keep = ["mechanism", "label", "params", "causal", "n", column, "line", "series", "mask", "status", "drawn", "why",
             "time", "memory", "predicted", "memory_method", "throughput"]
-    pts = pts[keep]  # only what the chart draws or shows: the spec stays small and quick to send
-    base = alt.Chart(pts[pts["drawn"]]).encode(x=x, y=y, color=colour)
+    pts = points_frame(df, metric, log)[keep]  # only what the chart draws or shows: the spec stays small
+    frames = {"points": pts[pts["drawn"]], "missing": pts[~pts["drawn"]]}
+    if theory is not None and len(theory):
+        frames["theory"], frames["theory_ends"] = _theory_frames(theory, pts, column, divisor)
+    if crossovers is not None and len(crossovers):
+        found = _crossover_frame(crossovers, pts, metric)
+        frames["crossings_left"], frames["crossings_right"] = found.iloc[0::2], found.iloc[1::2]
+    return {name: frame for name, frame in frames.items() if name == "points" or len(frame)}
+
+
+def records(frames: dict[str, pd.DataFrame]) -> dict[str, list[dict]]:
+    """The frames as Vega-Lite datasets: lists of JSON-ready rows (NaN becomes null)."""
+    return {name: json.loads(frame.to_json(orient="records", double_precision=15)) for name, frame in frames.items()}
+
+
+def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) -> alt.LayerChart:
+    """The layered chart of a shape, each layer reading one named dataset of `frames` (None: datasets left out, to
+    be put into the spec later, as LiveSpec does)."""
+    column = METRICS[shape.metric][0]
+    cscale = alt.Scale(domain=list(shape.lines), range=list(shape.colours))
+    colour = alt.Color("line:N", scale=cscale, title="Mechanism (measured, solid)")
+    x = alt.X("n:Q", title="Sequence length n (tokens)" + (", log₂ scale" if shape.log else ""),
+              scale=alt.Scale(type="log", base=2) if shape.log else alt.Scale(zero=False), axis=alt.Axis(format=","))
+    y = alt.Y(f"{column}:Q", title=list(shape.y_title),
+              scale=alt.Scale(type="log", nice=False, padding=8) if shape.log else alt.Scale(zero=True))
+    talk = shape.talk
+    base = alt.Chart(alt.NamedData(name="points")).encode(x=x, y=y, color=colour)
     layers = [base.mark_line(strokeWidth=4 if talk else 2).encode(detail="series:N"),
-              base.mark_point(filled=True, size=160 if talk else 60, opacity=1).encode(shape=shape, tooltip=TOOLTIP)]
-    missing = pts[~pts["drawn"]]
-    if len(missing):
-        layers.append(alt.Chart(missing).mark_point(shape="cross", filled=True, size=220 if talk else 110).encode(
+              base.mark_point(filled=True, size=160 if talk else 60, opacity=1).encode(
+                  shape=alt.Shape("mask:N", title="Mask") if shape.masks else alt.value("circle"), tooltip=TOOLTIP)]
+    if "missing" in shape.datasets:
+        layers.append(alt.Chart(alt.NamedData(name="missing")).mark_point(
+            shape="cross", filled=True, size=220 if talk else 110).encode(
             x=x, y=alt.value({"expr": "height - 6"}), color=colour,
             tooltip=[alt.Tooltip("series:N", title="Mechanism"),
                      alt.Tooltip("n:Q", title="Sequence length n", format=","),
                      alt.Tooltip("why:N", title="Not drawn"), alt.Tooltip("params:N", title="Parameters")]))
-    if theory is not None and len(theory):
-        layers.extend(_theory_layers(theory, pts, x, y, cscale, column, divisor, talk))
-    if crossovers is not None and len(crossovers):
-        layers.extend(_crossover_layers(crossovers, pts, x, y, cscale, metric, talk))
-    # One constructor call: each .properties() or .configure_*() would deep-copy every layer and its data.
-    return alt.LayerChart(layer=layers, width=width or (900 if talk else 640), height=height or (500 if talk else 380),
-                          title=alt.TitleParams(title or default_title(df, metric), anchor="start",
-                                                subtitle=subtitle if subtitle is not None else default_subtitle(df)),
+    if "theory" in shape.datasets:
+        layers.extend(_theory_layers(shape, x, y, cscale, column))
+    layers.extend(_crossover_layers(shape, x, y, cscale))
+    # One constructor call: each .properties() or .configure_*() would deep-copy every layer.
+    data = {} if frames is None else {"datasets": records(frames)}
+    return alt.LayerChart(layer=layers, width=shape.width, height=shape.height, **data,
+                          title=alt.TitleParams(shape.title, anchor="start", subtitle=shape.subtitle),
                           config=house_config(talk))
+
+
+class LiveSpec:
+    """One chart's Vega-Lite spec kept between updates of a live sweep: built with Altair only when its shape changes
+    (a new mechanism, another axis or title); otherwise the new rows are put into the last spec, which costs a small
+    fraction of a rebuild (the CPU a dashboard takes is taken from the measurement beside it)."""
+
+    def __init__(self) -> None:
+        self.shape: ChartShape | None = None
+        self.spec: dict = {}
+
+    def update(self, df: pd.DataFrame, metric: str, *, log: bool = True, baseline: str = "softmax",
+               curves: tuple[str, ...] = ("spec",), talk: bool = False, title: str | None = None,
+               subtitle: str | None = None) -> dict:
+        theory, crossings = analyse(df, metric, baseline)
+        frames = chart_frames(df, metric, theory=theory[theory["kind"].isin(curves)], crossovers=crossings, log=log)
+        shape = chart_shape(df, frames, metric, log=log, talk=talk, title=title, subtitle=subtitle)
+        if shape != self.shape:
+            self.shape, self.spec = shape, layered(shape).to_dict(validate=False)
+        return {**self.spec, "datasets": records(frames)}  # a new dict: a caller may take the datasets out
 
 
 def _attach(frame: pd.DataFrame, pts: pd.DataFrame) -> pd.DataFrame:
@@ -163,7 +248,7 @@ def _attach(frame: pd.DataFrame, pts: pd.DataFrame) -> pd.DataFrame:
     return frame.drop(columns=[c for c in ("series", "label") if c in frame.columns]).merge(names, on=keys)
 
 
-def _theory_layers(theory, pts, x, y, cscale, column, divisor, talk):
+def _theory_frames(theory, pts, column, divisor):
     curves = _attach(theory[[c for c in ("mechanism", "params", "causal", "curve", "kind", "n", "value")
                              if c in theory.columns]], pts)
     curves[column] = curves["value"] / divisor
@@ -171,27 +256,30 @@ def _theory_layers(theory, pts, x, y, cscale, column, divisor, talk):
     if "kind" not in curves:
         curves["kind"] = "spec"
     curves["kind_label"] = curves["kind"].map(CURVES).fillna(curves["kind"])
-    kinds = [k for k in DASHES if k in set(curves["kind"])]
-    dash = alt.StrokeDash("kind_label:N", title=THEORY_HOW,
-                          scale=alt.Scale(domain=[CURVES[k] for k in kinds], range=[DASHES[k] for k in kinds]))
-    line = alt.Chart(curves).mark_line(strokeWidth=3 if talk else 1.5, opacity=0.85).encode(
+    ends = curves[curves["kind"] == "spec"].sort_values("n").groupby("series", sort=False).tail(1)
+    return curves, ends.assign(text=ends["curve"].str.replace(" fit", ""))
+
+
+def _theory_layers(shape, x, y, cscale, column):
+    dash = alt.StrokeDash("kind_label:N", title=THEORY_HOW, scale=alt.Scale(
+        domain=[CURVES[k] for k in shape.kinds], range=[DASHES[k] for k in shape.kinds]))
+    line = alt.Chart(alt.NamedData(name="theory")).mark_line(strokeWidth=3 if shape.talk else 1.5,
+                                                             opacity=0.85).encode(
         x=x, y=y, color=alt.Color("line:N", scale=cscale), strokeDash=dash, detail="series:N",
         tooltip=[alt.Tooltip("series:N", title="Mechanism"), alt.Tooltip("curve:N", title="Theory curve"),
                  alt.Tooltip("n:Q", title="n", format=","), alt.Tooltip(f"{column}:Q", title="Value", format=".4g")])
-    ends = curves[curves["kind"] == "spec"].sort_values("n").groupby("series", sort=False).tail(1)
-    ends = ends.assign(text=ends["curve"].str.replace(" fit", ""))
-    label = alt.Chart(ends).mark_text(align="right", baseline="bottom", dx=-2, dy=-4,
-                                      fontSize=16 if talk else 10).encode(
+    if "theory_ends" not in shape.datasets:
+        return [line]
+    label = alt.Chart(alt.NamedData(name="theory_ends")).mark_text(
+        align="right", baseline="bottom", dx=-2, dy=-4, fontSize=16 if shape.talk else 10).encode(
         x=x, y=y, text="text:N", color=alt.Color("line:N", scale=cscale))
     return [line, label]
 
 
-def _crossover_layers(crossovers, pts, x, y, cscale, metric, talk):
+def _crossover_frame(crossovers, pts, metric):
     found = _attach(crossovers.loc[crossovers["n_star"].notna(), [c for c in ("mechanism", "params", "causal",
                                                                                 "baseline", "n_star", "note")
                                                                       if c in crossovers.columns]], pts)
-    if found.empty:
-        return []
     column = METRICS[metric][0]
     labels = pts.drop_duplicates("mechanism").set_index("mechanism")["label"]
     found["n"] = found["n_star"]
@@ -200,19 +288,26 @@ def _crossover_layers(crossovers, pts, x, y, cscale, metric, talk):
     found["text"] = [f"n* ≈ {n:,.0f}" for n in found["n_star"]]
     found["line_text"] = [f"{s} overtakes {labels.get(b, b)} at n* ≈ {n:,.0f}"
                           for s, b, n in zip(found["series"], found["baseline"], found["n_star"])]
+    return found.sort_values("n_star").reset_index(drop=True)
+
+
+def _crossover_layers(shape, x, y, cscale):
     colour = alt.Color("line:N", scale=cscale)
     tooltip = [alt.Tooltip("line_text:N", title="Crossover"), alt.Tooltip("note:N", title="How")]
-    rule = alt.Chart(found).mark_rule(strokeWidth=2 if talk else 1, strokeDash=[3, 3]).encode(
-        x=x, color=colour, tooltip=tooltip)
-    ring = alt.Chart(found).mark_point(shape="circle", filled=False, size=700 if talk else 300,
-                                       strokeWidth=3 if talk else 2).encode(x=x, y=y, color=colour, tooltip=tooltip)
-    found = found.sort_values("n_star").reset_index(drop=True)
-    texts = [alt.Chart(part).mark_text(align=align, baseline=baseline, dx=dx, dy=dy, fontWeight="bold",
-                                       fontSize=18 if talk else 11).encode(x=x, y=y, text="text:N", color=colour)
-             for part, (align, baseline, dx, dy) in ((found.iloc[0::2], ("left", "top", 10, 8)),
-                                                     (found.iloc[1::2], ("right", "bottom", -10, -8)))
-             if len(part)]  # neighbouring labels on opposite sides, so close crossings stay readable
-    return [rule, ring, *texts]
+    layers = []
+    for name, (align, baseline, dx, dy) in (("crossings_left", ("left", "top", 10, 8)),
+                                            ("crossings_right", ("right", "bottom", -10, -8))):
+        if name not in shape.datasets:
+            continue
+        found = alt.Chart(alt.NamedData(name=name))
+        layers += [found.mark_rule(strokeWidth=2 if shape.talk else 1, strokeDash=[3, 3]).encode(
+                       x=x, color=colour, tooltip=tooltip),
+                   found.mark_point(shape="circle", filled=False, size=700 if shape.talk else 300,
+                                    strokeWidth=3 if shape.talk else 2).encode(x=x, y=y, color=colour,
+                                                                               tooltip=tooltip),
+                   found.mark_text(align=align, baseline=baseline, dx=dx, dy=dy, fontWeight="bold",
+                                   fontSize=18 if shape.talk else 11).encode(x=x, y=y, text="text:N", color=colour)]
+    return layers
 
 
 def _value_at(series_pts: pd.DataFrame, column: str, n: float) -> float:

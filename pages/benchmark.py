@@ -98,16 +98,17 @@ def mechanism_params(key: str) -> dict:
                                     help=p.help, **keyed(f"bench_p_{key}_{p.name}")) for p in spec.params}
 
 
-def figures(df) -> dict:
-    """Both charts with the current axes, curves, baseline, titles and theme, the focused one first."""
-    made = {metric: charts.figure(df, metric, log=S.get("bench_axes") != "linear",
-                                  baseline=S.get("bench_baseline") or "softmax",
-                                  curves=tuple(S.get("bench_curves", ["spec"])), talk=talk,
-                                  title=S.get(f"bench_title_{metric}") or None,
-                                  subtitle=S.get("bench_subtitle") or None)
-            for metric in charts.METRICS}
+def chart_options(metric: str) -> dict:
+    """How a chart is drawn: the current axes, theory curves, baseline, theme and titles."""
+    return {"log": S.get("bench_axes") != "linear", "baseline": S.get("bench_baseline") or "softmax",
+            "curves": tuple(S.get("bench_curves", ["spec"])), "talk": talk,
+            "title": S.get(f"bench_title_{metric}") or None, "subtitle": S.get("bench_subtitle") or None}
+
+
+def metrics() -> list[str]:
+    """The chart metrics, the one the preset focuses on first."""
     first = S.get("bench_focus", "time_median_s")
-    return dict(sorted(made.items(), key=lambda kv: kv[0] != first))
+    return sorted(charts.METRICS, key=lambda metric: metric != first)
 
 
 def live() -> None:
@@ -146,9 +147,9 @@ def live() -> None:
 
 
 def view(job, points: int) -> dict:
-    """Chart specs and table of the job's points, rebuilt when a point arrived or a setting changed. The CPU this
-    takes is taken from the measurement, so while a sweep runs a rebuild waits until twice its own cost has passed
-    since the last one (points arriving slower than that still show one by one); the table is made at the end."""
+    """Chart specs and table of the job's points, updated when a point arrived or a setting changed. The CPU this
+    takes is taken from the measurement: specs are only rebuilt when their shape changes (LiveSpec), an update waits
+    until twice its own cost has passed since the last one, and the table is made once, at the end."""
     looks = ("bench_axes", "bench_curves", "bench_baseline", "bench_focus", "bench_subtitle",
              "bench_title_time_median_s", "bench_title_peak_bytes")
     key = (id(job), talk, *(str(S.get(k)) for k in looks))
@@ -158,7 +159,8 @@ def view(job, points: int) -> dict:
     if not (fresh or too_soon):
         start = time.monotonic()
         df = job.frame()
-        specs = [chart.to_dict(validate=False) for chart in figures(df).values()]
+        live_specs = S.setdefault("bench_live_specs", {metric: charts.LiveSpec() for metric in charts.METRICS})
+        specs = [live_specs[metric].update(df, metric, **chart_options(metric)) for metric in metrics()]
         table = charts.summary_table(df) if job.done else None
         now = time.monotonic()
         S["bench_view"] = {"key": key, "points": points, "specs": specs, "table": table,
@@ -169,7 +171,7 @@ def view(job, points: int) -> dict:
 def export_panel(job) -> None:
     record = job.result()
     with st.expander("Export", icon=":material/download:"):
-        shown = figures(record.frame)
+        shown = {metric: charts.figure(record.frame, metric, **chart_options(metric)) for metric in metrics()}
         cols = st.columns(len(shown) + 1)
         for metric, column in zip(shown, cols):
             column.text_input(f"Title of the {charts.METRICS[metric][3].lower()} chart",
