@@ -59,7 +59,6 @@ def main() -> None:
     ]).run()
 
 
-# The guard matters: the measuring worker is a spawned process, which re-reads the main script (this file, under
-# `streamlit run`) as __mp_main__; there the app must not run again.
+# Pages import this module for ensure_routed; only `streamlit run app.py` (which runs it as __main__) runs the app.
 if __name__ == "__main__":
     main()

@@ -222,22 +222,30 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
 
 
 class LiveSpec:
-    """One chart's Vega-Lite spec kept between updates of a live sweep: built with Altair only when its shape changes
-    (a new mechanism, another axis or title); otherwise the new rows are put into the last spec, which costs a small
-    fraction of a rebuild (the CPU a dashboard takes is taken from the measurement beside it)."""
+    """One chart's Vega-Lite spec kept between updates of a live sweep: built with Altair only for a shape not seen
+    before (a new mechanism, another axis or title); otherwise the new rows are put into the spec of that shape,
+    which costs a small fraction of a build (the CPU a dashboard takes is taken from the measurement beside it)."""
+
+    KEEP = 16  # shapes remembered: running the same sweep again draws its first point without a build
 
     def __init__(self) -> None:
+        self.specs: dict[ChartShape, dict] = {}
         self.shape: ChartShape | None = None
-        self.spec: dict = {}
+
+    @property
+    def spec(self) -> dict:
+        return self.specs[self.shape]
 
     def update(self, df: pd.DataFrame, metric: str, *, log: bool = True, baseline: str = "softmax",
                curves: tuple[str, ...] = ("spec",), talk: bool = False, title: str | None = None,
                subtitle: str | None = None) -> dict:
         theory, crossings = analyse(df, metric, baseline)
         frames = chart_frames(df, metric, theory=theory[theory["kind"].isin(curves)], crossovers=crossings, log=log)
-        shape = chart_shape(df, frames, metric, log=log, talk=talk, title=title, subtitle=subtitle)
-        if shape != self.shape:
-            self.shape, self.spec = shape, layered(shape).to_dict(validate=False)
+        self.shape = chart_shape(df, frames, metric, log=log, talk=talk, title=title, subtitle=subtitle)
+        if self.shape not in self.specs:
+            if len(self.specs) >= self.KEEP:
+                self.specs.pop(next(iter(self.specs)))
+            self.specs[self.shape] = layered(self.shape).to_dict(validate=False)
         return {**self.spec, "datasets": records(frames)}  # a new dict: a caller may take the datasets out
 
 

@@ -13,6 +13,7 @@ app.ensure_routed()
 S = st.session_state
 NS = [2**k for k in range(4, 18)]
 DEVICES = env.available_devices()
+REDRAW_S = 0.75  # at most this often the charts are redrawn while a sweep measures (the browser's share of the CPU)
 CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)"}
 talk = bool(S.get("talk"))
 job = S.get("bench_job")
@@ -111,24 +112,33 @@ def metrics() -> list[str]:
     return sorted(charts.METRICS, key=lambda metric: metric != first)
 
 
-def live() -> None:
-    """Progress, charts and table of the current job; reruns on a timer while the job measures."""
-    job = S.get("bench_job")
+def ticker() -> None:
+    """A fragment rerun every 0.4 s while a job measures: it advances the job and redraws only the progress bar.
+    When points have arrived it asks for a full run, which draws them (charts sit outside this fragment, so a tick
+    without news costs next to nothing, on the server and in the browser); a full run waits until twice the last
+    one's cost has passed, so drawing never takes more than a third of the time the measurement could have."""
+    job = S["bench_job"]
+    job.poll()
+    if job.done:
+        st.rerun()  # Run comes back, the table and the exports appear
+    p = job.progress()
+    eta = f" · about {p['eta_s']:.0f} s left" if p["eta_s"] is not None else ""
+    st.progress(min(p["done"] / max(p["total"], 1), 1.0),
+                text=f"{p['done']} of {p['total']} points · now {p['current']}{eta}")
+    drawn = S.get("bench_drawn", {})
+    if (drawn.get("job") != id(job) or p["done"] > drawn["points"]) and time.monotonic() >= drawn.get("ready_at", 0):
+        st.rerun()
+
+
+def results_view(job) -> None:
+    """Controls, charts and table of the current job's points."""
     if job is None:
         st.info("Choose settings and press Run, or pick a preset: points appear on the charts as they are measured.")
         return
-    job.poll()
-    p = job.progress()
-    if not job.done:
-        eta = f" · about {p['eta_s']:.0f} s left" if p["eta_s"] is not None else ""
-        st.progress(min(p["done"] / max(p["total"], 1), 1.0),
-                    text=f"{p['done']} of {p['total']} points · now {p['current']}{eta}")
-    elif S.get("bench_ticking"):
-        S["bench_ticking"] = False
-        st.rerun()  # a full run: Run comes back and the exports appear
     if job.error:
         st.error(f"The sweep stopped: {job.error}")
-    if p["done"] == 0:
+    df = job.frame()
+    if df.empty:
         st.caption("Waiting for the first point…")
         return
     axes, curves, baseline = st.columns([1, 2, 2])
@@ -137,35 +147,25 @@ def live() -> None:
                  format_func=CURVES.get, **keyed("bench_curves"))
     baseline.segmented_control("Crossover n* against", ["softmax", "sdpa"], default="softmax", required=True,
                                format_func=label, **keyed("bench_baseline"))
-    shown = view(job, p["done"])
-    for spec in shown["specs"]:
-        st.vega_lite_chart(spec, theme=None, width="stretch")
-    if shown["table"] is not None:
-        st.dataframe(shown["table"], hide_index=True)
+    for metric in metrics():
+        st.vega_lite_chart(live_spec(metric).update(df, metric, **chart_options(metric)), theme=None,
+                           width="stretch")
+    if job.done:
+        st.dataframe(summary(job), hide_index=True)
     else:
         st.caption("The summary table (fitted exponents, speed-ups, GFLOP/s) comes when the sweep ends.")
 
 
-def view(job, points: int) -> dict:
-    """Chart specs and table of the job's points, updated when a point arrived or a setting changed. The CPU this
-    takes is taken from the measurement: specs are only rebuilt when their shape changes (LiveSpec), an update waits
-    until twice its own cost has passed since the last one, and the table is made once, at the end."""
-    looks = ("bench_axes", "bench_curves", "bench_baseline", "bench_focus", "bench_subtitle",
-             "bench_title_time_median_s", "bench_title_peak_bytes")
-    key = (id(job), talk, *(str(S.get(k)) for k in looks))
-    last = S.get("bench_view", {})
-    fresh = last.get("key") == key and last.get("points") == points
-    too_soon = last.get("key") == key and not job.done and time.monotonic() < last["ready_at"]
-    if not (fresh or too_soon):
-        start = time.monotonic()
-        df = job.frame()
-        live_specs = S.setdefault("bench_live_specs", {metric: charts.LiveSpec() for metric in charts.METRICS})
-        specs = [live_specs[metric].update(df, metric, **chart_options(metric)) for metric in metrics()]
-        table = charts.summary_table(df) if job.done else None
-        now = time.monotonic()
-        S["bench_view"] = {"key": key, "points": points, "specs": specs, "table": table,
-                           "ready_at": now + 2 * (now - start)}
-    return S["bench_view"]
+def live_spec(metric: str) -> charts.LiveSpec:
+    """The session's spec of one chart: rebuilt only when its shape changes, new points swapped in otherwise."""
+    return S.setdefault("bench_live_specs", {m: charts.LiveSpec() for m in charts.METRICS})[metric]
+
+
+def summary(job):
+    """The summary table of a finished job, made once (from all its rows: it may have finished a moment ago)."""
+    if S.get("bench_summary", (None,))[0] is not job:
+        S["bench_summary"] = (job, charts.summary_table(job.frame()))
+    return S["bench_summary"][1]
 
 
 def export_panel(job) -> None:
@@ -235,8 +235,16 @@ run_col.button("Run", key="bench_run", type="primary", icon=":material/play_arro
                disabled=bool(problems) or running, width="stretch")
 stop_col.button("Stop", key="bench_stop", icon=":material/stop:", on_click=stop, disabled=not running,
                 width="stretch")
-S["bench_ticking"] = running
-st.fragment(live, run_every=0.4 if running else None)()
+if running:
+    started = time.monotonic()
+    # not before this run has drawn them (a tick inside a full run must not ask for another); 5 s at most
+    S["bench_drawn"] = {"job": id(job), "points": job.progress()["done"], "ready_at": started + 5}
+    st.fragment(ticker, run_every=0.4)()
+results_view(job)
+if running:
+    # the next drawing: at once for the first points, then after twice this one's cost and at most every REDRAW_S
+    wait = max(REDRAW_S, 2 * (time.monotonic() - started)) if S["bench_drawn"]["points"] else 0.0
+    S["bench_drawn"]["ready_at"] = time.monotonic() + wait
 if job is not None and job.done and not job.frame().empty:
     export_panel(job)
 replay_panel()

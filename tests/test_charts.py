@@ -185,3 +185,5 @@ def test_a_live_spec_matches_a_fresh_build_and_is_rebuilt_only_when_its_shape_ch
     assert live.spec is built  # same lines, axes and titles: only the data changed
     live.update(df, "time_median_s", log=False)
     assert live.spec is not built
+    live.update(df, "time_median_s")
+    assert live.spec is built  # a shape seen before is not built again
