@@ -84,7 +84,7 @@ def points_frame(df: pd.DataFrame, metric: str, log: bool = True) -> pd.DataFram
 
 TOOLTIP = [
     alt.Tooltip("series:N", title="Mechanism"),
-    alt.Tooltip("n:Q", title="Sequence length n", format=","),
+    alt.Tooltip("n:Q", title="Sequence length n", format=",d"),
     alt.Tooltip("time:N", title="Time per call"),
     alt.Tooltip("memory:N", title="Peak memory above inputs"),
     alt.Tooltip("predicted:N", title="Predicted memory (spec)"),
@@ -148,6 +148,7 @@ class ChartShape:
     masks: bool  # causal and bidirectional rows mixed: points told apart by shape
     datasets: tuple[str, ...]  # which of chart_frames' datasets exist
     kinds: tuple[str, ...]  # which kinds of theory curve are drawn
+    ticks: tuple[int, ...]  # the measured lengths, as the x axis' ticks when they are few (else Vega's own)
 
 
 def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, *, log: bool = True,
@@ -163,7 +164,8 @@ def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, 
                       (subtitle if subtitle is not None else default_subtitle(df)),
                       tuple(_y_title(df, metric, unit, name, log)), tuple(scale.domain), tuple(scale.range),
                       every["mask"].nunique() > 1, tuple(frames),
-                      tuple(k for k in DASHES if theory is not None and k in set(theory["kind"])))
+                      tuple(k for k in DASHES if theory is not None and k in set(theory["kind"])),
+                      tuple(sorted(set(df["n"].astype(int)))) if 1 < df["n"].nunique() <= 9 else ())
 
 
 def chart_frames(df: pd.DataFrame, metric: str, *, theory: pd.DataFrame | None = None,
@@ -196,7 +198,9 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
     cscale = alt.Scale(domain=list(shape.lines), range=list(shape.colours))
     colour = alt.Color("line:N", scale=cscale, title="Mechanism (measured, solid)")
     x = alt.X("n:Q", title="Sequence length n (tokens)" + (", log₂ scale" if shape.log else ""),
-              scale=alt.Scale(type="log", base=2) if shape.log else alt.Scale(zero=False), axis=alt.Axis(format=","))
+              scale=alt.Scale(type="log", base=2) if shape.log else alt.Scale(zero=False),
+              axis=alt.Axis(format=",d", values=list(shape.ticks)) if shape.ticks and shape.log else
+              alt.Axis(format=",d"))
     y = alt.Y(f"{column}:Q", title=list(shape.y_title),
               scale=alt.Scale(type="log", nice=False, padding=8) if shape.log else alt.Scale(zero=True))
     talk = shape.talk
@@ -209,7 +213,7 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
             shape="cross", filled=True, size=220 if talk else 110).encode(
             x=x, y=alt.value({"expr": "height - 6"}), color=colour,
             tooltip=[alt.Tooltip("series:N", title="Mechanism"),
-                     alt.Tooltip("n:Q", title="Sequence length n", format=","),
+                     alt.Tooltip("n:Q", title="Sequence length n", format=",d"),
                      alt.Tooltip("why:N", title="Not drawn"), alt.Tooltip("params:N", title="Parameters")]))
     if "theory" in shape.datasets:
         layers.extend(_theory_layers(shape, x, y, cscale, column))
@@ -275,7 +279,7 @@ def _theory_layers(shape, x, y, cscale, column):
                                                              opacity=0.85).encode(
         x=x, y=y, color=alt.Color("line:N", scale=cscale), strokeDash=dash, detail="series:N",
         tooltip=[alt.Tooltip("series:N", title="Mechanism"), alt.Tooltip("curve:N", title="Theory curve"),
-                 alt.Tooltip("n:Q", title="n", format=","), alt.Tooltip(f"{column}:Q", title="Value", format=".4g")])
+                 alt.Tooltip("n:Q", title="n", format=",d"), alt.Tooltip(f"{column}:Q", title="Value", format=".4g")])
     if "theory_ends" not in shape.datasets:
         return [line]
     label = alt.Chart(alt.NamedData(name="theory_ends")).mark_text(
