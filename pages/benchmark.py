@@ -41,6 +41,8 @@ def apply_preset(name: str) -> None:
               "bench_batch": first.batch, "bench_causal": first.causal, "bench_mode": first.mode,
               "bench_axes": "log-log" if preset.log else "linear", "bench_focus": preset.metric,
               "bench_preset": name})
+    S.update({f"bench_p_{key}_{p.name}": params.get(p.name, p.default) for key, params in first.mechanisms
+              for p in MECHANISMS[key].params})
     S["bench_job"] = preset.start(device, S.get("bench_dtype"))
 
 
