@@ -56,7 +56,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            tuple(_config(("softmax", "sdpa", "linear"), 256, 2048, 4, causal=causal) for causal in (False, True))),
 )}
 QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short sequences.",
-                    (_config(("softmax", "linear"), 128, 1024, 4, d_model=256, heads=4),))
+                    (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),))
 
 
 @dataclass

@@ -25,7 +25,7 @@ st.dataframe(pd.DataFrame(rows), hide_index=True)
 
 job = st.session_state.get("bench_job")
 busy = job is not None and not job.done
-st.caption(presets.QUICK_DEMO.look_for + " About ten seconds on a laptop CPU.")
+st.caption(presets.QUICK_DEMO.look_for + " A few seconds on a laptop CPU.")
 if st.button("Run the quick demo", key="home_demo", type="primary", icon=":material/play_arrow:", disabled=busy,
              help="A sweep is running; stop it on the Benchmark page first." if busy else None):
     st.session_state["bench_job"] = presets.QUICK_DEMO.start(env.resolve_device("auto"))
