@@ -132,9 +132,8 @@ class MechanismSpec:
                 f"{self.label} has no parameter {', '.join(sorted(unknown))}; its parameters are "
                 f"{', '.join(p.name for p in self.params) or 'none'}"
             )
-        for p in self.params:
-            if p.name in params:
-                p.check(params[p.name], shape)
+        for p in self.params:  # a default must fit the shape too (Linformer's rank 256 at n = 64 cannot run)
+            p.check(params.get(p.name, p.default), shape)
 
     def resolved(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The mechanism's own parameters, defaults filled in (state tensors and seed dropped)."""

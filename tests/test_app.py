@@ -3,18 +3,17 @@ say what to change, downloads hold real files, and a sweep survives reruns, page
 import dataclasses
 import functools
 import io
-import json
 import time
 from pathlib import Path
 
 import pytest
 from PIL import Image
-from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest, app_test
 
 from attn_core import cli, presets, results, sweep
+from tests.apptest_helpers import chart_specs
 from attn_core.presets import Replay, SweepSequence
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -76,17 +75,6 @@ def run_to_end(at: AppTest, deadline_s: float = 120) -> AppTest:
         time.sleep(0.1)
         at.run()
     return at.run()
-
-
-def chart_specs(at: AppTest) -> list[dict]:
-    """Each chart's Vega-Lite spec with its datasets put back (streamlit sends them apart, as Arrow)."""
-    specs = []
-    for chart in at.get("vega_lite_chart"):
-        spec = json.loads(chart.proto.spec)
-        spec.setdefault("datasets", {}).update({d.name: convert_arrow_bytes_to_pandas_df(d.data.data).to_dict("records")
-                                                for d in chart.proto.datasets})
-        specs.append(spec)
-    return specs
 
 
 def warnings(at: AppTest) -> list[str]:

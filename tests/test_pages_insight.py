@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from attn_core import MECHANISMS, accuracy, effective, insight_charts, reference, results, theory
+from tests.apptest_helpers import chart_specs as charts
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_ACCURACY = {"acc_n": 32, "acc_d_model": 32, "acc_heads": 2, "acc_scatter": False}
@@ -27,17 +27,6 @@ def page(name: str, **state) -> AppTest:
 def errors(at: AppTest) -> list[str]:
     assert not at.exception, [e.value for e in at.exception]
     return [e.value for e in at.error]
-
-
-def charts(at: AppTest) -> list[dict]:
-    """Each chart's Vega-Lite spec, its datasets put back in as lists of records (Streamlit ships them as Arrow)."""
-    specs = []
-    for chart in at.get("vega_lite_chart"):
-        spec = json.loads(chart.proto.spec)
-        spec["datasets"] = {d.name: convert_arrow_bytes_to_pandas_df(d.data.data).to_dict("records")
-                            for d in chart.proto.datasets}
-        specs.append(spec)
-    return specs
 
 
 def records(spec: dict, column: str) -> list[dict]:
