@@ -14,7 +14,7 @@ import torch
 
 from .. import MECHANISMS, env
 from ..analysis import fit_slopes
-from ..measure import Case, Settings, format_bytes, measure_case
+from ..measure import Case, Settings, format_bytes, make_row, measure_case
 from ..results import frame_from_rows
 
 EFFICIENT = {"local": {}, "sliding_window": {"window": 256}, "linformer": {"rank": 256},
@@ -43,13 +43,15 @@ def measure(args: argparse.Namespace):
             case = Case(key, tuple(sorted(params.items())), n, 1, args.heads, args.heads * args.head_dim, "float32",
                         "cpu", "forward", causal)
             if slow:  # the previous n of this line already took longer than the budget
-                continue
-            row, took = measure_case(MECHANISMS[key], case, settings)
+                row = make_row(MECHANISMS[key], case, "skipped",
+                               f"a smaller n of this line took longer than the {args.budget:g} s budget")
+            else:
+                row, took = measure_case(MECHANISMS[key], case, settings)
+                slow = took > args.budget
             rows.append(row)
-            slow = took > args.budget
+            peak = "—" if math.isnan(row["peak_bytes"]) else format_bytes(row["peak_bytes"])
             print(f"  {key:15s} {'causal' if causal else '      '} n={n:6d} {row['status']:8s} "
-                  f"{row['time_median_s'] * 1e3:10.2f} ms  {format_bytes(row['peak_bytes'] or 0):>10s}"
-                  f"  {row['reason']}", file=sys.stderr, flush=True)
+                  f"{row['time_median_s'] * 1e3:10.2f} ms  {peak:>10s}  {row['reason']}", file=sys.stderr, flush=True)
     return frame_from_rows(rows)
 
 
