@@ -44,13 +44,17 @@ def page():
 
 
 def test_tiny_sweep_draws_the_chart_without_an_exception(page, private_tmp):
+    from playwright.sync_api import expect  # the page fixture has checked that playwright is there
+
     with app_server(private_tmp) as server:
         page.goto(f"{server.url}/benchmark?{TINY}")
         run = page.locator(".st-key-bench_run button")
         run.wait_for()
         wait_idle(page)
+        # The link's settings land in the widgets after the first script run: wait for them (auto-retrying).
+        expect(page.locator(".st-key-bench_exact")).to_contain_text("Softmax (materialized)", timeout=30_000)
+        expect(page.locator(".st-key-bench_approx")).to_contain_text("Linear (elu+1)", timeout=30_000)
         assert page.locator(".st-key-bench_exact").inner_text().count("Softmax (materialized)") == 1
-        assert "Linear (elu+1)" in page.locator(".st-key-bench_approx").inner_text()
         run.click()
         page.wait_for_selector(CHART)
         page.locator(".st-key-bench_stop button[disabled]").wait_for()
