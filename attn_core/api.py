@@ -29,8 +29,5 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
               **params: Any) -> torch.Tensor:
     """Run mechanism `key` on q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D) with its keyword parameters."""
     spec = get(key)
-    unknown = set(params) - {p.name for p in spec.params} - set(spec.state_keys) - {"seed", "mask"}
-    if unknown:
-        raise ValueError(f"{spec.label} has no parameter {', '.join(sorted(unknown))}; its parameters are "
-                         f"{', '.join(p.name for p in spec.params) or 'none'}")
+    spec.check_params(params, extra=(*spec.state_keys, "seed", "mask"))  # before the call: no TypeError for a typo
     return spec.fn(q, k, v, causal=causal, **params)

@@ -27,14 +27,8 @@ class MultiHeadAttention(nn.Module):
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by {heads} heads; choose a multiple of {heads}")
         self.spec = get(mechanism)
-        if causal and not self.spec.supports_causal:
-            raise ValueError(f"{self.spec.label} cannot be causal; untick causal or choose another mechanism")
-        for p in self.spec.params:
-            if p.name in params:
-                p.check(params[p.name])
-        unknown = set(params) - {p.name for p in self.spec.params}
-        if unknown:
-            raise ValueError(f"{self.spec.label} has no parameter {', '.join(sorted(unknown))}")
+        self.spec.check_causal(causal)
+        self.spec.check_params(params)
         self.d_model, self.heads, self.causal, self.seed = d_model, heads, causal, seed
         self.params = self.spec.resolved(params)
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model, bias=bias)

@@ -117,22 +117,29 @@ class MechanismSpec:
 
     def check(self, shape: Shape, params: Mapping[str, Any]) -> None:
         """Raise ValueError with a sentence saying what to change when these settings cannot run."""
-        if shape.causal and not self.supports_causal:
-            raise ValueError(f"{self.label} cannot be causal; untick causal or choose another mechanism")
+        self.check_causal(shape.causal)
         if shape.Nq != shape.Nk and not self.supports_cross:
             raise ValueError(
                 f"{self.label} supports self-attention only (Nq = Nk), got Nq = {shape.Nq}, Nk = {shape.Nk}"
             )
         if shape.causal and shape.Nq != shape.Nk:
             raise ValueError(f"causal attention needs Nq = Nk, got Nq = {shape.Nq}, Nk = {shape.Nk}")
-        known = {p.name for p in self.params} | set(self.state_keys) | {"seed"}
-        unknown = set(params) - known
+        self.check_params(params, shape, extra=(*self.state_keys, "seed"))
+
+    def check_causal(self, causal: bool) -> None:
+        if causal and not self.supports_causal:
+            raise ValueError(f"{self.label} cannot be causal; untick causal or choose another mechanism")
+
+    def check_params(self, params: Mapping[str, Any], shape: Shape | None = None, *, extra=()) -> None:
+        """Unknown names (beyond the parameters and `extra`) and out-of-range values, defaults included: a default
+        must fit the shape too (Linformer's rank 256 at n = 64 cannot run)."""
+        unknown = set(params) - {p.name for p in self.params} - set(extra)
         if unknown:
             raise ValueError(
                 f"{self.label} has no parameter {', '.join(sorted(unknown))}; its parameters are "
                 f"{', '.join(p.name for p in self.params) or 'none'}"
             )
-        for p in self.params:  # a default must fit the shape too (Linformer's rank 256 at n = 64 cannot run)
+        for p in self.params:
             p.check(params.get(p.name, p.default), shape)
 
     def resolved(self, params: Mapping[str, Any]) -> dict[str, Any]:
