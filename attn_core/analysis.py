@@ -1,5 +1,6 @@
 """What measured points say: log-log slopes with the n range they were fitted on, theory curves scaled to the points
-by least squares in log space, crossover lengths n* against softmax and SDPA, and a summary table."""
+by least squares in log space, the hardware limit of the device's matmul throughput, crossover lengths n* against
+softmax and SDPA, a summary table, and the sentences that say what the data cannot support."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,9 @@ from .spec import MechanismSpec, Shape
 
 METRICS = {"time_median_s": "time", "peak_bytes": "memory"}
 SERIES = ["mechanism", "params"]  # one line of a chart: a mechanism with one setting of its parameters
+MIN_FIT_POINTS = 3  # two points give a slope whatever their noise: a sweep stopped after two once gave n^-4.36
+ABOVE_DEVICE = ("above the device's measured matmul throughput: the matmul figure or this point was disturbed, or "
+                "the kernel takes a faster path than a dense matmul")
 
 
 def _check_metric(metric: str) -> None:
@@ -26,6 +30,26 @@ def ok_points(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     _check_metric(metric)
     keep = (df["status"] == "ok") & np.isfinite(df[metric].astype(float)) & (df[metric].astype(float) > 0)
     return df.loc[keep]
+
+
+def clean_points(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """ok_points less, for time, the disturbed ones (timed while other programs kept taking CPU): the points fits,
+    theory curves, n* and speed-ups use. A peak allocation does not depend on contention: memory keeps them."""
+    ok = ok_points(df, metric)
+    return ok.loc[_undisturbed(ok, metric)]
+
+
+def _undisturbed(ok: pd.DataFrame, metric: str) -> np.ndarray:
+    """Which of these ok points are clean for `metric` (see clean_points)."""
+    if metric != "time_median_s" or "disturbed" not in ok:
+        return np.ones(len(ok), bool)
+    return ~ok["disturbed"].to_numpy(bool)
+
+
+def _too_few(clean: int, disturbed: int) -> str:
+    """Why there is no exponent: 'needs 3 clean points, has 2 (1 disturbed left out)'."""
+    left_out = f" ({disturbed} disturbed left out)" if disturbed else ""
+    return f"needs {MIN_FIT_POINTS} clean points, has {clean}{left_out}"
 
 
 def series_name(mechanism: str, label: str, params: str) -> str:
@@ -43,18 +67,24 @@ def _groups(df: pd.DataFrame):
 
 
 def fit_slopes(df: pd.DataFrame, metric: str = "time_median_s", n_min: int | None = None) -> pd.DataFrame:
-    """Per series, the slope of log(metric) against log(n) by least squares over the ok points with n ≥ n_min:
-    DataFrame[mechanism, metric, slope, n_min, n_max, points, params, series]. slope is NaN below 2 points."""
+    """Per series, the slope of log(metric) against log(n) by least squares over the clean points with n ≥ n_min:
+    DataFrame[mechanism, metric, slope, n_min, n_max, points, disturbed, why, params, series]. slope is NaN, and
+    `why` says so, below MIN_FIT_POINTS distinct n; `disturbed` counts the ok points left out."""
+    _check_metric(metric)
     rows = []
-    for mechanism, params, name, g in _groups(ok_points(df, metric)):
-        g = g[g["n"] >= n_min] if n_min else g
-        n, y = g["n"].to_numpy(float), g[metric].to_numpy(float)
-        slope = float(np.polyfit(np.log(n), np.log(y), 1)[0]) if len(set(n)) >= 2 else math.nan
+    for mechanism, params, name, g in _groups(df):
+        ok = ok_points(g[g["n"] >= n_min] if n_min else g, metric)
+        clean = ok.loc[_undisturbed(ok, metric)]
+        n, y = clean["n"].to_numpy(float), clean[metric].to_numpy(float)
+        enough = len(set(n)) >= MIN_FIT_POINTS
+        slope = float(np.polyfit(np.log(n), np.log(y), 1)[0]) if enough else math.nan
         rows.append({"mechanism": mechanism, "metric": metric, "slope": slope,
                      "n_min": int(n.min()) if len(n) else 0, "n_max": int(n.max()) if len(n) else 0,
-                     "points": len(n), "params": params, "series": name})
-    return pd.DataFrame(rows, columns=["mechanism", "metric", "slope", "n_min", "n_max", "points", "params",
-                                       "series"])
+                     "points": len(n), "disturbed": len(ok) - len(clean),
+                     "why": "" if enough else _too_few(len(set(n)), len(ok) - len(clean)),
+                     "params": params, "series": name})
+    return pd.DataFrame(rows, columns=["mechanism", "metric", "slope", "n_min", "n_max", "points", "disturbed",
+                                       "why", "params", "series"])
 
 
 def _own_curve(spec: MechanismSpec, metric: str, row: pd.Series) -> tuple[str, Callable[[int], float]]:
@@ -79,15 +109,18 @@ def _grid(measured: np.ndarray, points: int) -> np.ndarray:
 def theory_curves(df: pd.DataFrame, metric: str = "time_median_s", points: int = 32,
                   registry: dict[str, MechanismSpec] | None = None) -> pd.DataFrame:
     """Per series, c·n², c·n and c·(the spec's own cost at n) on the measured n and `points` log-spaced n between
-    them, each c fitted to the ok
-    points by least squares in log space (log c = mean(log y − log f(n))).
+    them, each c fitted to the clean points by least squares in log space (log c = mean(log y − log f(n))); a series
+    without clean points gets no curve (see unfitted).
     DataFrame[mechanism, curve, n, value, kind ('n²' | 'n' | 'spec'), params, series, metric]; curve labels read
     'O(n²) fit', 'O(n) fit' and the spec's big-O, e.g. 'O(n·w·d) fit'."""
     registry = MECHANISMS if registry is None else registry
     out = []
-    for mechanism, params, name, g in _groups(ok_points(df, metric)):
+    for mechanism, params, name, ok in _groups(ok_points(df, metric)):
+        g = ok.loc[_undisturbed(ok, metric)]
+        if g.empty:
+            continue
         n, y = g["n"].to_numpy(float), g[metric].to_numpy(float)
-        grid = _grid(n, points)
+        grid = _grid(ok["n"].to_numpy(float), points)  # under the disturbed points too
         curves = [("O(n²) fit", "n²", lambda x: float(x) ** 2), ("O(n) fit", "n", float)]
         spec = registry.get(mechanism)
         if spec is not None:
@@ -101,6 +134,36 @@ def theory_curves(df: pd.DataFrame, metric: str = "time_median_s", points: int =
             c = math.exp(float(np.mean(np.log(y) - np.log(base))))
             out += [{"mechanism": mechanism, "curve": label, "n": int(v), "value": c * f(int(v)), "kind": kind,
                      "params": params, "series": name, "metric": metric} for v in grid]
+    return pd.DataFrame(out, columns=["mechanism", "curve", "n", "value", "kind", "params", "series", "metric"])
+
+
+def unfitted(df: pd.DataFrame, metric: str = "time_median_s") -> list[str]:
+    """The series that have ok points but no clean one, so no fitted curve: their names."""
+    ok = ok_points(df, metric)
+    return [name for _, _, name, g in _groups(ok) if clean_points(g, metric).empty]
+
+
+def device_gflops(df: pd.DataFrame) -> float:
+    """The sweep's one figure for this device's dense matmul throughput (GFLOP/s): the median of its rows' finite,
+    positive device_gflops; NaN when none was measured."""
+    values = pd.to_numeric(df["device_gflops"], errors="coerce") if "device_gflops" in df else pd.Series([], float)
+    values = values[np.isfinite(values) & (values > 0)]
+    return float(values.median()) if len(values) else math.nan
+
+
+def roofline(df: pd.DataFrame, gflops: float | None = None) -> pd.DataFrame:
+    """Per series, the hardware limit on time: executed_flops / (gflops · 1e9) at each measured n, one device figure
+    for every series (by default device_gflops(df)). Rows as theory_curves' with kind 'roofline'; empty without a
+    figure."""
+    gflops = device_gflops(df) if gflops is None else gflops
+    label = f"hardware limit at {gflops:,.3g} GFLOP/s (matmul, measured)"
+    out = []
+    if math.isfinite(gflops):
+        for mechanism, params, name, g in _groups(ok_points(df, "time_median_s")):
+            flops = g.drop_duplicates("n")[["n", "executed_flops"]]
+            out += [{"mechanism": mechanism, "curve": label, "n": int(n), "value": f / (gflops * 1e9),
+                     "kind": "roofline", "params": params, "series": name, "metric": "time_median_s"}
+                    for n, f in flops.itertuples(index=False) if np.isfinite(f) and f > 0]
     return pd.DataFrame(out, columns=["mechanism", "curve", "n", "value", "kind", "params", "series", "metric"])
 
 
@@ -120,7 +183,7 @@ def crossovers(df: pd.DataFrame, metric: str = "time_median_s", baseline: str = 
     baseline and stays so, interpolated in log-log space between the measured n around the crossing.
     DataFrame[mechanism, baseline, metric, n_star, note, params, series]; n_star is NaN with a note when the
     crossing is not within the measured range."""
-    ok = ok_points(df, metric)
+    ok = clean_points(df, metric)
     word = "faster" if metric == "time_median_s" else "smaller"
     base = ok[ok["mechanism"] == baseline]
     if not base.empty:
@@ -132,7 +195,8 @@ def crossovers(df: pd.DataFrame, metric: str = "time_median_s", baseline: str = 
         common = mine.index.intersection(base_by_n.index).sort_values()
         n_star, note = math.nan, ""
         if base_by_n.empty:
-            note = f"{baseline} has no measured points to compare with"
+            measured = not ok_points(df[df["mechanism"] == baseline], metric).empty
+            note = f"{baseline} has no {'clean ' if measured else ''}measured points to compare with"
         elif len(common) == 0:
             note = f"no n measured for both this mechanism and {baseline}"
         else:
@@ -163,32 +227,101 @@ def _ratio_at_largest_common(g: pd.DataFrame, base: pd.DataFrame, metric: str) -
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per series: fitted time and memory exponents, speed-up and memory saving (baseline ÷ mechanism,
-    > 1 is better) against softmax and SDPA at the largest n both measured, achieved GFLOP/s and % of the device's
-    matmul throughput at the largest measured n, the memory method, and how many points are ok."""
-    slopes_t = fit_slopes(df, "time_median_s").set_index(SERIES)["slope"]
-    slopes_m = fit_slopes(df, "peak_bytes").set_index(SERIES)["slope"]
+    """One row per series: fitted time and memory exponents (NaN below MIN_FIT_POINTS clean points), speed-up and
+    memory saving (baseline ÷ mechanism, > 1 is better) against softmax and SDPA at the largest n both measured
+    clean, GFLOP/s on executed and on useful FLOPs and % of the device's matmul throughput at the largest clean n,
+    the memory method, how many points are ok, and a note saying why a figure is missing or above 100 %."""
+    fits = {metric: fit_slopes(df, metric).set_index(SERIES) for metric in METRICS}
+    clean = {metric: clean_points(df, metric) for metric in METRICS}
     rows = []
     for (mechanism, params), g in df.groupby(SERIES, sort=False):
         row = {"mechanism": mechanism, "series": series_name(mechanism, g["label"].iloc[0], params),
-               "params": params, "time_exponent": slopes_t.get((mechanism, params), math.nan),
-               "memory_exponent": slopes_m.get((mechanism, params), math.nan)}
+               "params": params, "time_exponent": fits["time_median_s"]["slope"].get((mechanism, params), math.nan),
+               "memory_exponent": fits["peak_bytes"]["slope"].get((mechanism, params), math.nan)}
         for baseline in ("softmax", "sdpa"):
             for metric, name in (("time_median_s", "speedup"), ("peak_bytes", "memory_saving")):
-                ok = ok_points(df, metric)
-                base = ok[ok["mechanism"] == baseline]
-                ratio, n = _ratio_at_largest_common(ok_points(g, metric), base, metric)
+                base = clean[metric][clean[metric]["mechanism"] == baseline]
+                ratio, n = _ratio_at_largest_common(clean_points(g, metric), base, metric)
                 row[f"{name}_vs_{baseline}"] = ratio
                 if metric == "time_median_s":
                     row[f"at_n_vs_{baseline}"] = n
-        timed = ok_points(g, "time_median_s").sort_values("n")
+        timed = clean_points(g, "time_median_s").sort_values("n")
         last = timed.iloc[-1] if len(timed) else None
         row.update({"gflops": float(last["gflops"]) if last is not None else math.nan,
+                    "useful_gflops": float(last["theory_flops"] / last["time_median_s"] / 1e9)
+                    if last is not None else math.nan,
                     "pct_of_device": float(last["pct_of_device"]) if last is not None else math.nan,
-                    "memory_method": next((m for m in g["memory_method"] if m), ""),
+                    "memory_method": next(iter(ok_points(g, "peak_bytes")["memory_method"]), "not measured"),
                     "ok_points": int((g["status"] == "ok").sum()), "points": len(g)})
+        row["note"] = _row_note(fits, (mechanism, params), row["pct_of_device"])
         rows.append(row)
     return pd.DataFrame(rows, columns=[
         "mechanism", "series", "params", "time_exponent", "memory_exponent", "speedup_vs_softmax",
         "memory_saving_vs_softmax", "at_n_vs_softmax", "speedup_vs_sdpa", "memory_saving_vs_sdpa", "at_n_vs_sdpa",
-        "gflops", "pct_of_device", "memory_method", "ok_points", "points"])
+        "gflops", "useful_gflops", "pct_of_device", "memory_method", "ok_points", "points", "note"])
+
+
+def _row_note(fits: dict[str, pd.DataFrame], key: tuple, pct: float) -> str:
+    """'time and memory k: needs 3 clean points, has 2'; and ABOVE_DEVICE where % of device exceeds 100."""
+    why = {METRICS[m]: fit["why"].get(key, "") for m, fit in fits.items()}
+    if why["time"] and why["time"] == why["memory"]:
+        notes = [f"time and memory k: {why['time']}"]
+    else:
+        notes = [f"{what} k: {text}" for what, text in why.items() if text]
+    if pct > 100:
+        notes.append(f"{pct:.0f} % of device: {ABOVE_DEVICE}")
+    return "; ".join(notes)
+
+
+def contention_summary(df: pd.DataFrame) -> str:
+    """The line a page shows when other programs disturbed a sweep: how many points stayed disturbed and how many
+    cores others took (the mean over those points), and how many were re-measured clean; '' when none was."""
+    ok = df[df["status"] == "ok"]
+    disturbed = ok[ok["disturbed"].astype(bool)]
+    retaken = ok[~ok["disturbed"].astype(bool) & (ok["retaken"] > 0)]
+    lines = []
+    if len(disturbed):
+        cores = disturbed["foreign_cpu"].astype(float).mean()  # NaN-skipping; NaN when none was recorded
+        used = f"used {cores:.1f} cores (mean)" if math.isfinite(cores) else "were running"
+        lines.append(f"This machine was busy: {len(disturbed)} of {len(ok)} points were measured while other "
+                     f"programs {used}; they are drawn hollow on the time chart and left out of its fits.")
+    if len(retaken):
+        samples = int(retaken["retaken"].sum())
+        lines.append(f"{len(retaken)} {'point was' if len(retaken) == 1 else 'points were'} re-measured clean "
+                     f"after {samples} disturbed {'sample was' if samples == 1 else 'samples were'} taken again.")
+    return " ".join(lines)
+
+
+def stopped_note(df: pd.DataFrame) -> str:
+    """'Stopped after 7 of 40 points; …' for a sweep with cancelled points; '' otherwise."""
+    cancelled = int((df["status"] == "cancelled").sum())
+    if not cancelled:
+        return ""
+    return f"Stopped after {len(df) - cancelled} of {len(df)} points; the table covers the measured ones."
+
+
+def baseline_note(df: pd.DataFrame, baseline: str, metric: str = "time_median_s") -> str:
+    """Why no crossover against `baseline` can be marked at all (not measured, or no clean point); '' when it
+    can."""
+    mine = df[df["mechanism"] == baseline]
+    spec = MECHANISMS.get(baseline)
+    label = spec.label if spec is not None else baseline
+    if ok_points(mine, metric).empty:
+        where = "Exact" if spec is None or spec.exact else "Approximate"
+        return (f"No crossover against {label}: this sweep did not measure it. Add {label} under {where} "
+                "mechanisms in Settings and press Run.")
+    if clean_points(mine, metric).empty:
+        return f"No crossover against {label}: every point of it was disturbed by other programs."
+    return ""
+
+
+def summary_notes(df: pd.DataFrame) -> list[str]:
+    """The lines under a summary table: the comparisons it leaves out and why."""
+    notes = []
+    for baseline in ("softmax", "sdpa"):
+        if clean_points(df[df["mechanism"] == baseline], "time_median_s").empty:
+            label = MECHANISMS[baseline].label
+            measured = not ok_points(df[df["mechanism"] == baseline], "time_median_s").empty
+            notes.append(f"No speed-up vs {label}: every timed point of it was disturbed." if measured else
+                         f"No comparison with {label}: this sweep did not measure it.")
+    return notes

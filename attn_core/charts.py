@@ -1,8 +1,10 @@
-"""Scaling charts of a sweep: measured points, dashed theory curves, crossovers and skipped points (pure Altair)."""
+"""Scaling charts of a sweep: measured points with their IQR, dashed theory curves and the hardware limit, crossovers,
+skipped points, and the note under a chart (pure Altair)."""
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import altair as alt
@@ -17,16 +19,20 @@ METRICS = {
     "time_median_s": ("time_ms", "ms", 1e-3, "Time per call"),
     "peak_bytes": ("memory_mib", "MiB", 2.0**20, "Peak memory above inputs"),
 }
-CURVES = {"spec": "each mechanism's own cost (spec)", "n²": "O(n²)", "n": "O(n)"}  # analysis' curve kinds
+# analysis' curve kinds; a roofline's legend names the device's figure (analysis.roofline)
+CURVES = {"spec": "each mechanism's own cost (spec)", "n²": "O(n²)", "n": "O(n)",
+          "roofline": "hardware limit (matmul, measured)"}
 # One colour per mechanism in every chart (Okabe–Ito plus brown); a second setting of one mechanism takes a spare.
 COLOURS = ["#D55E00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9", "#8C564B", "#E69F00", "#000000"]
 SPARE_COLOURS = ["#7F7F7F", "#BCBD22", "#17BECF", "#9467BD", "#E377C2", "#AEC7E8"]
-DASHES = {"spec": [8, 4], "n²": [2, 3], "n": [12, 4, 2, 4]}
+DASHES = {"spec": [8, 4], "n²": [2, 3], "n": [12, 4, 2, 4], "roofline": [1, 4]}
 # How the engine times a call on each device (env.device_timer), as the axis says it.
 TIME_METHODS = {"cuda": "median of CUDA-event timings", "mps": "median wall-clock, synchronized",
                 "cpu": "median wall-clock"}
 FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif"
-THEORY_HOW = ["Dashed: theory c·f(n), c fitted to the", "measured points (least squares, log space)"]
+THEORY_HOW = ["Dashed: theory c·f(n), c fitted to the", "clean measured points (least squares, log space)"]
+ROOFLINE_HOW = ["Dotted: executed FLOPs at the device's", "measured matmul throughput"]
+EMPTY_DOMAIN = {True: (1.0, 10.0), False: (0.0, 1.0)}  # a y scale with nothing to draw (log, linear): keeps its height
 
 
 def with_series(df: pd.DataFrame) -> pd.DataFrame:
@@ -63,23 +69,58 @@ def _mib(nbytes: float) -> str:
 
 
 def points_frame(df: pd.DataFrame, metric: str, log: bool = True) -> pd.DataFrame:
-    """One row per point with the plotted value in display units and the tooltip strings; `drawn` is False for points
-    that cannot be placed (not measured, or ≤ 0 on a log axis) and `why` then says why."""
+    """One row per point with the plotted value in display units, the 25th and 75th percentiles of its time samples
+    (iqr_low, iqr_high, time only) and the tooltip strings; `drawn` is False for points that cannot be placed (not
+    measured, or ≤ 0 on a log axis) and `why` then says why; `hollow` marks disturbed points on the time chart."""
     column, _, divisor, _ = METRICS[metric]
     out = with_series(df)
     out[column] = out[metric] / divisor
     ok = out["status"].eq("ok") & out[metric].notna()
     out["drawn"] = ok & (out[column] > 0 if log else True)
+    out["hollow"] = out["drawn"] & out["disturbed"].astype(bool) & (metric == "time_median_s")
     out["why"] = ""
     out.loc[~ok, "why"] = out["status"].astype(str) + ": " + out["reason"].fillna("").astype(str)
+    out.loc[out["status"].eq("ok") & ~ok, "why"] = [_unmeasured(metric, m) for m in
+                                                   out.loc[out["status"].eq("ok") & ~ok, "memory_method"]]
     out.loc[ok & ~out["drawn"], "why"] = "measured 0, which a log axis cannot show"
-    out["time"] = [_ms(t) + f" median, IQR {_ms(i)}, {int(r)} repeats" if pd.notna(t) else "not measured"
-                   for t, i, r in zip(out["time_median_s"], out["time_iqr_s"], out["repeats"].fillna(0))]
+    quartiles = [np.percentile(t, [25, 75]) / 1e-3 if len(t) else (math.nan, math.nan) for t in out["time_samples"]]
+    out["iqr_low"], out["iqr_high"] = [q[0] for q in quartiles], [q[1] for q in quartiles]
+    out["time"] = [_ms(t) + f" median, IQR {lo:.4g}–{hi:.4g} ms (25th–75th percentile), {int(r)} repeats"
+                   if pd.notna(t) and pd.notna(lo) else
+                   _ms(t) + f" median, IQR {_ms(i)}, {int(r)} repeats" if pd.notna(t) else "not measured"
+                   for t, i, r, lo, hi in zip(out["time_median_s"], out["time_iqr_s"], out["repeats"].fillna(0),
+                                              out["iqr_low"], out["iqr_high"])]
     out["memory"] = [_mib(b) if pd.notna(b) else "not measured" for b in out["peak_bytes"]]
     out["predicted"] = [_mib(b) if pd.notna(b) else "—" for b in out["predicted_bytes"]]
-    out["throughput"] = [f"{g:.3g} GFLOP/s ({p:.3g}% of the device's matmul)" if pd.notna(g) else "—"
-                         for g, p in zip(out["gflops"], out["pct_of_device"])]
+    out["throughput"] = [_throughput(g, p) for g, p in zip(out["gflops"], out["pct_of_device"])]
+    out["contention"] = [_contention(d, c, r) for d, c, r in zip(out["disturbed"], out["foreign_cpu"],
+                                                                 out["retaken"])]
     return out
+
+
+def _unmeasured(metric: str, method: str) -> str:
+    """Why an ok point has no value: its memory_method holds the reason when memory was not measured."""
+    if metric == "peak_bytes":
+        return method if method.startswith("not measured") else "memory not measured"
+    return "not timed"
+
+
+def _throughput(gflops: float, pct: float) -> str:
+    if pd.isna(gflops):
+        return "—"
+    text = f"{gflops:.3g} GFLOP/s on executed FLOPs ({pct:.3g}% of the device's matmul)"
+    return text + f"; {analysis.ABOVE_DEVICE}" if pct > 100 else text
+
+
+def _contention(disturbed: bool, cores: float, retaken: int) -> str:
+    """'measured while other programs used 0.9 cores; re-measured 3 samples', or what was seen of a clean point."""
+    used = f"used {cores:.1f} cores" if pd.notna(cores) else "were running"
+    again = f"; re-measured {int(retaken)} {'sample' if retaken == 1 else 'samples'}" if retaken else ""
+    if disturbed:
+        return f"measured while other programs {used}{again} (left out of the fits)"
+    if retaken:
+        return f"clean after {int(retaken)} disturbed {'sample was' if retaken == 1 else 'samples were'} re-measured"
+    return f"clean: other programs used {cores:.1f} cores" if pd.notna(cores) else "not recorded"
 
 
 TOOLTIP = [
@@ -90,16 +131,23 @@ TOOLTIP = [
     alt.Tooltip("predicted:N", title="Predicted memory (spec)"),
     alt.Tooltip("memory_method:N", title="Memory measured by"),
     alt.Tooltip("throughput:N", title="Achieved"),
+    alt.Tooltip("contention:N", title="Other programs"),
     alt.Tooltip("params:N", title="Parameters"),
     alt.Tooltip("status:N", title="Status"),
 ]
 
 
-def analyse(df: pd.DataFrame, metric: str, baseline: str = "softmax") -> tuple[pd.DataFrame, pd.DataFrame]:
-    """analysis.theory_curves and analysis.crossovers, computed separately for causal and bidirectional rows."""
+def analyse(df: pd.DataFrame, metric: str, baseline: str = "softmax",
+            roofline: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """analysis.theory_curves (with analysis.roofline for time when asked, one device figure for all) and
+    analysis.crossovers, computed separately for causal and bidirectional rows."""
     theory, crossings = [], []
+    gflops = analysis.device_gflops(df)
     for causal, part in df.groupby("causal", sort=False):
-        theory.append(analysis.theory_curves(part, metric).assign(causal=causal))
+        curves = analysis.theory_curves(part, metric)
+        if roofline and metric == "time_median_s":
+            curves = pd.concat([curves, analysis.roofline(part, gflops)], ignore_index=True)
+        theory.append(curves.assign(causal=causal))
         crossings.append(analysis.crossovers(part, metric, baseline).assign(causal=causal))
     if not theory:
         return analysis.theory_curves(df, metric), analysis.crossovers(df, metric, baseline)
@@ -109,8 +157,13 @@ def analyse(df: pd.DataFrame, metric: str, baseline: str = "softmax") -> tuple[p
 def figure(df: pd.DataFrame, metric: str = "time_median_s", *, log: bool = True, baseline: str = "softmax",
            curves: tuple[str, ...] = ("spec",), talk: bool = False, title: str | None = None,
            subtitle: str | None = None) -> alt.LayerChart:
-    """The dashboard's chart of one metric: measured points, the chosen theory curves (kinds of CURVES) and n*."""
-    theory, crossings = analyse(df, metric, baseline)
+    """The dashboard's chart of one metric as a file shows it: measured points, the chosen theory curves (kinds of
+    CURVES) and n*; a time chart with disturbed points says so in extra subtitle lines (a page says it beside)."""
+    theory, crossings = analyse(df, metric, baseline, "roofline" in curves)
+    busy = analysis.contention_summary(df) if metric == "time_median_s" and df["disturbed"].any() else ""
+    if busy:
+        first = subtitle if subtitle is not None else default_subtitle(df)
+        subtitle = [first, *re.split(r"(?<=;) |(?<=\.) ", busy)]
     return scaling_chart(df, metric, theory=theory[theory["kind"].isin(curves)], crossovers=crossings, log=log,
                          talk=talk, title=title, subtitle=subtitle)
 
@@ -121,9 +174,10 @@ def scaling_chart(df: pd.DataFrame, metric: str = "time_median_s", *, theory: pd
                   height: int | None = None) -> alt.LayerChart:
     """Metric vs n for every series of a results frame (the contract's columns).
 
-    `theory`: rows of analysis.theory_curves (mechanism, curve, n, value in the metric's unit, kind), drawn dashed.
-    `crossovers`: rows of analysis.crossovers (mechanism, baseline, n_star, note), drawn as a ring at the crossing.
-    Points that were skipped or failed sit on the bottom edge as crosses whose tooltip gives the reason.
+    `theory`: rows of analysis.theory_curves or analysis.roofline (mechanism, curve, n, value in the metric's unit,
+    kind), drawn dashed. `crossovers`: rows of analysis.crossovers (mechanism, baseline, n_star, note), drawn as a
+    ring at the crossing. Points that were skipped, failed or not measured sit on the bottom edge as crosses whose
+    tooltip gives the reason; disturbed points are hollow; a time point's IQR is an error bar.
     """
     frames = chart_frames(df, metric, theory=theory, crossovers=crossovers, log=log)
     return layered(chart_shape(df, frames, metric, log=log, talk=talk, title=title, subtitle=subtitle,
@@ -147,37 +201,66 @@ class ChartShape:
     colours: tuple[str, ...]  # ... and range
     masks: bool  # causal and bidirectional rows mixed: points told apart by shape
     datasets: tuple[str, ...]  # which of chart_frames' datasets exist
-    kinds: tuple[str, ...]  # which kinds of theory curve are drawn
+    kinds: tuple[str, ...]  # which kinds of theory curve are drawn ...
+    dash_labels: tuple[str, ...]  # ... and their legend entries
     ticks: tuple[int, ...]  # the measured lengths, as the x axis' ticks when they are few (else Vega's own)
+    y_domain: tuple[float, ...] = ()  # set only when the values span no range (none, or all equal): Vega's own else
 
 
 def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, *, log: bool = True,
                 talk: bool = False, title: str | None = None, subtitle: str | list[str] | None = None,
                 width: int | None = None, height: int | None = None) -> ChartShape:
     _, unit, _, name = METRICS[metric]
-    every = pd.concat([frames["points"], frames.get("missing", frames["points"].iloc[0:0])])
+    every = pd.concat([frames[key] for key in ("points", "disturbed", "missing") if key in frames])
     scale = colour_scale(every)
     theory = frames.get("theory")
+    kinds = tuple(k for k in DASHES if theory is not None and k in set(theory["kind"]))
+    labels = tuple(theory.loc[theory["kind"] == k, "kind_label"].iloc[0] for k in kinds)
     return ChartShape(metric, log, talk, width or (900 if talk else 640), height or (500 if talk else 380),
                       title or default_title(df, metric),
                       tuple(subtitle) if isinstance(subtitle, list) else
                       (subtitle if subtitle is not None else default_subtitle(df)),
                       tuple(_y_title(df, metric, unit, name, log)), tuple(scale.domain), tuple(scale.range),
-                      every["mask"].nunique() > 1, tuple(frames),
-                      tuple(k for k in DASHES if theory is not None and k in set(theory["kind"])),
-                      tuple(sorted(set(df["n"].astype(int)))) if 1 < df["n"].nunique() <= 9 else ())
+                      every["mask"].nunique() > 1, tuple(frames), kinds, labels,
+                      tuple(sorted(set(df["n"].astype(int)))) if 1 < df["n"].nunique() <= 9 else (),
+                      _fixed_domain(frames, METRICS[metric][0], log))
+
+
+def _fixed_domain(frames: dict[str, pd.DataFrame], column: str, log: bool) -> tuple[float, ...]:
+    """A y domain where Vega's own would draw a flat axis with odd ticks: on a log axis, values within one decade get
+    the powers of ten around them (stable while points arrive); on a linear one, equal values get 0 to twice them;
+    no value gets EMPTY_DOMAIN. () otherwise: Vega's own."""
+    values = pd.concat([frame[c] for frame in frames.values() for c in (column, "iqr_low", "iqr_high")
+                        if c in frame]).astype(float)
+    values = values[np.isfinite(values) & ((values > 0) if log else True)]
+    if values.empty:
+        return EMPTY_DOMAIN[log]
+    low, high = float(values.min()), float(values.max())
+    if log:
+        if high >= 10 * low:
+            return ()
+        bottom, top = 10.0 ** math.floor(math.log10(low)), 10.0 ** math.ceil(math.log10(high))
+        return bottom, max(top, bottom * 10)
+    if high - low > 1e-9 * max(abs(low), abs(high)):
+        return ()
+    return (0.0, 2 * high) if high > 0 else (2 * low, 0.0) if low < 0 else EMPTY_DOMAIN[log]
 
 
 def chart_frames(df: pd.DataFrame, metric: str, *, theory: pd.DataFrame | None = None,
                  crossovers: pd.DataFrame | None = None, log: bool = True) -> dict[str, pd.DataFrame]:
-    """The datasets a scaling chart draws, in display units and by name: points (measured), missing (not drawn:
-    crosses on the bottom edge), theory and theory_ends (dashed curves and their labels), crossings_left and
-    crossings_right (n* marks, neighbours labelled on opposite sides). Empty ones are left out, points excepted."""
+    """The datasets a scaling chart draws, in display units and by name: lines (every drawn point, for the lines and
+    the IQR bars), points (drawn filled), disturbed (drawn hollow), missing (not drawn: crosses on the bottom edge),
+    theory and theory_ends (dashed curves and their labels), crossings_left and crossings_right (n* marks,
+    neighbours labelled on opposite sides). Empty ones are left out, points excepted."""
     column, _, divisor, _ = METRICS[metric]
     keep = ["mechanism", "label", "params", "causal", "n", column, "line", "series", "mask", "status", "drawn", "why",
-            "time", "memory", "predicted", "memory_method", "throughput"]
-    pts = points_frame(df, metric, log)[keep]  # only what the chart draws or shows: the spec stays small
-    frames = {"points": pts[pts["drawn"]], "missing": pts[~pts["drawn"]]}
+            "time", "memory", "predicted", "memory_method", "throughput", "contention"]
+    pts = points_frame(df, metric, log)  # only what the chart draws or shows goes into the spec: it stays small
+    drawn = pts[pts["drawn"]]
+    spread = ["iqr_low", "iqr_high"] if metric == "time_median_s" else []
+    frames = {"lines": drawn[["n", column, *spread, "line", "series"]], "points": drawn.loc[~drawn["hollow"], keep],
+              "disturbed": drawn.loc[drawn["hollow"], keep], "missing": pts.loc[~pts["drawn"], keep]}
+    pts = pts[keep]
     if theory is not None and len(theory):
         frames["theory"], frames["theory_ends"] = _theory_frames(theory, pts, column, divisor)
     if crossovers is not None and len(crossovers):
@@ -196,18 +279,35 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
     be put into the spec later, as LiveSpec does)."""
     column = METRICS[shape.metric][0]
     cscale = alt.Scale(domain=list(shape.lines), range=list(shape.colours))
-    colour = alt.Color("line:N", scale=cscale, title="Mechanism (measured, solid)")
+    colour = alt.Color("line:N", scale=cscale, title="Mechanism (measured, solid)",
+                       legend=alt.Legend(symbolOpacity=1))  # the error bars' lighter rules would set it
     x = alt.X("n:Q", title="Sequence length n (tokens)" + (", log₂ scale" if shape.log else ""),
               scale=alt.Scale(type="log", base=2) if shape.log else alt.Scale(zero=False),
               axis=alt.Axis(format=",d", values=list(shape.ticks)) if shape.ticks and shape.log else
               alt.Axis(format=",d"))
-    y = alt.Y(f"{column}:Q", title=list(shape.y_title),
-              scale=alt.Scale(type="log", nice=False, padding=8) if shape.log else alt.Scale(zero=True))
+    domain = {"domain": list(shape.y_domain)} if shape.y_domain else {}
+    yscale = (alt.Scale(type="log", nice=False, padding=8, **domain) if shape.log else
+              alt.Scale(zero=True, **domain))
+    y = alt.Y(f"{column}:Q", title=list(shape.y_title), scale=yscale)
     talk = shape.talk
-    base = alt.Chart(alt.NamedData(name="points")).encode(x=x, y=y, color=colour)
-    layers = [base.mark_line(strokeWidth=4 if talk else 2).encode(detail="series:N"),
-              base.mark_point(filled=True, size=160 if talk else 60, opacity=1).encode(
-                  shape=alt.Shape("mask:N", title="Mask") if shape.masks else alt.value("circle"), tooltip=TOOLTIP)]
+    marker = {"shape": alt.Shape("mask:N", title="Mask") if shape.masks else alt.value("circle"), "tooltip": TOOLTIP}
+    layers = []
+    if "lines" in shape.datasets:
+        drawn = alt.Chart(alt.NamedData(name="lines")).encode(x=x, y=y, color=colour)
+        layers.append(drawn.mark_line(strokeWidth=4 if talk else 2).encode(detail="series:N"))
+        if shape.metric == "time_median_s":  # the IQR: 25th to 75th percentile of the samples
+            layers.append(drawn.mark_errorbar(ticks=True, thickness=2 if talk else 1).encode(
+                y=alt.Y("iqr_low:Q", title=list(shape.y_title), scale=yscale), y2="iqr_high:Q"))
+    else:
+        layers.append(alt.Chart(alt.InlineData(values=[{}])).mark_text(
+            text="No measured value to draw", fontSize=18 if talk else 12, color="#555555").encode(
+            x=alt.value({"expr": "width / 2"}), y=alt.value({"expr": "height / 2"})))
+    layers.append(alt.Chart(alt.NamedData(name="points")).mark_point(
+        filled=True, size=160 if talk else 60, opacity=1).encode(x=x, y=y, color=colour, **marker))
+    if "disturbed" in shape.datasets:  # timed while other programs took CPU: hollow, left out of the fits
+        layers.append(alt.Chart(alt.NamedData(name="disturbed")).mark_point(
+            filled=False, size=160 if talk else 60, opacity=1, strokeWidth=3 if talk else 2).encode(
+            x=x, y=y, color=colour, **marker))
     if "missing" in shape.datasets:
         layers.append(alt.Chart(alt.NamedData(name="missing")).mark_point(
             shape="cross", filled=True, size=220 if talk else 110).encode(
@@ -223,6 +323,30 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
     return alt.LayerChart(layer=layers, width=shape.width, height=shape.height, **data,
                           title=alt.TitleParams(shape.title, anchor="start", subtitle=shape.subtitle),
                           config=house_config(talk))
+
+
+def chart_note(df: pd.DataFrame, metric: str = "time_median_s", *, log: bool = True,
+               curves: tuple[str, ...] = ("spec",)) -> str:
+    """The note a page shows under a chart: the points not drawn and why, series left without a fitted curve,
+    a missing hardware limit, and points above 100 % of the device's matmul; '' when there is nothing to say."""
+    if df.empty:
+        return ""
+    pts = points_frame(df, metric, log)
+    lines = []
+    why = pts.loc[~pts["drawn"], "why"].value_counts(sort=False)
+    if len(why):
+        lines.append("Not drawn (crosses on the bottom edge): " + "; ".join(
+            f"{k} {'point' if k == 1 else 'points'}, {reason}" for reason, k in why.items()) + ".")
+    if metric == "time_median_s":
+        if set(curves) - {"roofline"}:
+            lines += [f"No theory curve for {name}: every point of it was disturbed."
+                      for name in analysis.unfitted(df, metric)]
+        if "roofline" in curves and not math.isfinite(analysis.device_gflops(df)):
+            lines.append("No hardware limit: this sweep did not measure the device's matmul throughput.")
+        above = int((pts["drawn"] & (pts["pct_of_device"] > 100)).sum())
+        if above:
+            lines.append(f"{above} {'point is' if above == 1 else 'points are'} {analysis.ABOVE_DEVICE}.")
+    return " ".join(lines)
 
 
 class LiveSpec:
@@ -243,7 +367,7 @@ class LiveSpec:
     def update(self, df: pd.DataFrame, metric: str, *, log: bool = True, baseline: str = "softmax",
                curves: tuple[str, ...] = ("spec",), talk: bool = False, title: str | None = None,
                subtitle: str | None = None) -> dict:
-        theory, crossings = analyse(df, metric, baseline)
+        theory, crossings = analyse(df, metric, baseline, "roofline" in curves)
         frames = chart_frames(df, metric, theory=theory[theory["kind"].isin(curves)], crossovers=crossings, log=log)
         self.shape = chart_shape(df, frames, metric, log=log, talk=talk, title=title, subtitle=subtitle)
         if self.shape not in self.specs:
@@ -268,13 +392,16 @@ def _theory_frames(theory, pts, column, divisor):
     if "kind" not in curves:
         curves["kind"] = "spec"
     curves["kind_label"] = curves["kind"].map(CURVES).fillna(curves["kind"])
+    roof = curves["kind"] == "roofline"
+    curves.loc[roof, "kind_label"] = curves.loc[roof, "curve"]  # names the device's GFLOP/s
     ends = curves[curves["kind"] == "spec"].sort_values("n").groupby("series", sort=False).tail(1)
     return curves, ends.assign(text=ends["curve"].str.replace(" fit", ""))
 
 
 def _theory_layers(shape, x, y, cscale, column):
-    dash = alt.StrokeDash("kind_label:N", title=THEORY_HOW, scale=alt.Scale(
-        domain=[CURVES[k] for k in shape.kinds], range=[DASHES[k] for k in shape.kinds]))
+    how = ROOFLINE_HOW if shape.kinds == ("roofline",) else THEORY_HOW
+    dash = alt.StrokeDash("kind_label:N", title=how, scale=alt.Scale(
+        domain=list(shape.dash_labels), range=[DASHES[k] for k in shape.kinds]))
     line = alt.Chart(alt.NamedData(name="theory")).mark_line(strokeWidth=3 if shape.talk else 1.5,
                                                              opacity=0.85).encode(
         x=x, y=y, color=alt.Color("line:N", scale=cscale), strokeDash=dash, detail="series:N",
@@ -331,10 +458,13 @@ def _value_at(series_pts: pd.DataFrame, column: str, n: float) -> float:
 
 
 def _y_title(df, metric, unit, name, log):
+    """The axis' name and unit, and how the drawn values were measured: never why others were not (see note)."""
     scale = ", log scale" if log else ""
     if metric == "peak_bytes":
-        methods = sorted(set(df["memory_method"].dropna().astype(str)) - {""}) if "memory_method" in df else []
-        return [f"{name} ({unit})", f"{' / '.join(methods) or 'not measured yet'}{scale}"]
+        measured = df[df["status"].eq("ok") & df["peak_bytes"].notna()] if len(df) else df
+        methods = sorted(set(measured["memory_method"].astype(str)) - {""})
+        how = " / ".join(methods) + scale if methods else scale.removeprefix(", ")
+        return [f"{name} ({unit})", how] if how else [f"{name} ({unit})"]
     devices = sorted(set(df["device"])) if "device" in df and len(df) else ["cpu"]
     how = " / ".join(TIME_METHODS.get(d, TIME_METHODS["cpu"]) for d in devices)
     return [f"{name} ({unit})", f"{how}{scale}"]
@@ -362,8 +492,9 @@ SUMMARY_COLUMNS = {
     "speedup_vs_softmax": "speed-up vs softmax (×)", "memory_saving_vs_softmax": "memory saving vs softmax (×)",
     "at_n_vs_softmax": "at n (vs softmax)", "speedup_vs_sdpa": "speed-up vs SDPA (×)",
     "memory_saving_vs_sdpa": "memory saving vs SDPA (×)", "at_n_vs_sdpa": "at n (vs SDPA)",
-    "gflops": "GFLOP/s at largest n", "pct_of_device": "% of device matmul", "memory_method": "memory measured by",
-    "ok_points": "points measured", "points": "points planned",
+    "gflops": "GFLOP/s at largest n (executed FLOPs)", "useful_gflops": "GFLOP/s at largest n (useful FLOPs)",
+    "pct_of_device": "% of device matmul (executed FLOPs)", "memory_method": "memory measured by",
+    "ok_points": "points measured", "points": "points planned", "note": "note",
 }
 
 
@@ -378,7 +509,11 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
         parts.append(table)
     table = pd.concat(parts, ignore_index=True) if parts else analysis.summary(df)
     table = table[list(SUMMARY_COLUMNS)].rename(columns=SUMMARY_COLUMNS).round(3)
-    return table.dropna(axis=1, how="all")  # e.g. the SDPA comparisons when SDPA was not measured
+    if not table["note"].astype(bool).any():
+        table = table.drop(columns="note")
+    empty = [c for c in table if table[c].isna().all() and c not in (SUMMARY_COLUMNS["time_exponent"],
+                                                                    SUMMARY_COLUMNS["memory_exponent"])]
+    return table.drop(columns=empty)  # e.g. the SDPA comparisons when SDPA was not measured (summary_notes)
 
 
 def house_config(talk: bool = False) -> alt.Config:

@@ -163,8 +163,11 @@ def _row_line(row: dict) -> str:
     what = f"{row['mechanism']} n={row['n']}"
     if row["status"] != "ok":
         return f"{what}: {row['status']}: {row['reason']}"
-    return (f"{what}: {row['time_median_s'] * 1e3:.3f} ms (IQR {row['time_iqr_s'] * 1e3:.3f}), "
+    line = (f"{what}: {row['time_median_s'] * 1e3:.3f} ms (IQR {row['time_iqr_s'] * 1e3:.3f}), "
             f"peak {format_bytes(row['peak_bytes']) if row['peak_bytes'] == row['peak_bytes'] else 'n/a'}")
+    if row["disturbed"]:
+        return line + f"  DISTURBED: other programs used {row['foreign_cpu']:.2f} cores while it was timed"
+    return line + (f"  ({row['retaken']} samples retaken: other programs took CPU)" if row["retaken"] else "")
 
 
 def follow(run: SweepRun, stream: TextIO, quiet: bool = False) -> None:

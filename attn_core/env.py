@@ -1,17 +1,20 @@
 """The machine a measurement runs on: devices, dtypes, free memory, its matmul throughput, and the stamp a run carries.
 
 Every platform quirk of the engine lives in one named helper here: `synchronize`, `device_timer`, `free_memory_bytes`,
-`peak_memory_probe`, `release_cached_memory`. CPU, CUDA and MPS differ only inside these.
+`peak_memory_probe`, `release_cached_memory`, `ContentionProbe`, `steady_allocator`. CPU, CUDA and MPS differ only
+inside these.
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import math
 import os
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import psutil
@@ -110,6 +113,101 @@ def load_average() -> float | None:
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
+@dataclass(frozen=True)
+class Contention:
+    """What other programs did to a span of wall time `wall_s`: `foreign_s` CPU-seconds they used (all cores,
+    system busy time minus this process's; the OS counts in ticks of 10 ms, so short spans are coarse) and
+    `waited_s`, the seconds this process's threads spent runnable but waiting for a core (Linux's per-thread
+    run_delay, in ns; None where the OS does not say)."""
+
+    wall_s: float = 0.0
+    foreign_s: float = 0.0
+    waited_s: float | None = None
+
+    def __add__(self, other: "Contention") -> "Contention":
+        waited = None if self.waited_s is None or other.waited_s is None else self.waited_s + other.waited_s
+        return Contention(self.wall_s + other.wall_s, self.foreign_s + other.foreign_s, waited)
+
+    @property
+    def foreign_cores(self) -> float:
+        """Cores other programs used on average over the span (≥ 0)."""
+        return max(self.foreign_s, 0.0) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def disturbed(self, threads: int) -> bool:
+        """True when other programs took CPU from this process during the span. With run_delay: its threads
+        waited for a core for more than WAIT_SHARE of their time. Without it: other programs used more than the
+        cores this process leaves spare, by FOREIGN_CORES."""
+        if self.wall_s <= 0:
+            return False
+        if self.waited_s is not None:
+            return self.waited_s > WAIT_SHARE * self.wall_s * max(threads, 1)
+        spare = max((os.cpu_count() or 1) - threads, 0)
+        return self.foreign_cores > spare + FOREIGN_CORES
+
+
+WAIT_SHARE = 0.05  # threads kept waiting for a core more than 5% of the time: the sample is not clean
+FOREIGN_CORES = 0.25  # where run_delay is unknown: cores used by others beyond those left spare
+
+
+class ContentionProbe:
+    """Reads, between samples, the counters a Contention is made of (`mark()` then `since(mark)`): system-wide
+    busy CPU time (psutil), this process's CPU time, and on Linux the run_delay of each of its threads
+    (/proc/self/task/*/schedstat). Files are opened once and re-read; a thread that appears later (a new pool)
+    is picked up by `refresh()`."""
+
+    def __init__(self) -> None:
+        self._fds: list[int] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.close()
+        with contextlib.suppress(OSError):
+            for tid in os.listdir("/proc/self/task"):
+                with contextlib.suppress(OSError):
+                    self._fds.append(os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY))
+
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = []
+
+    def _waited_ns(self) -> int | None:
+        if not self._fds:
+            return None
+        total = 0
+        for fd in self._fds:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int(os.pread(fd, 64, 0).split()[1])
+        return total
+
+    def mark(self) -> tuple[float, float, float, int | None]:
+        t = psutil.cpu_times()
+        busy = sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+        return time.perf_counter(), busy, time.process_time(), self._waited_ns()
+
+    def since(self, mark: tuple[float, float, float, int | None]) -> Contention:
+        now = self.mark()
+        waited = None if now[3] is None or mark[3] is None else (now[3] - mark[3]) / 1e9
+        return Contention(now[0] - mark[0], (now[1] - mark[1]) - (now[2] - mark[2]), waited)
+
+
+def steady_allocator() -> None:
+    """Make a CPU point's cost independent of what ran before it in this process. glibc serves a block above its
+    mmap threshold with fresh pages (zeroed by the kernel on first touch) and raises the threshold when such a
+    block is freed, up to 32 MiB: the same n×n buffer then costs page faults in one run and not in the next (the
+    two-valued times of softmax at n = 512 and 1024). Fixing the threshold at its maximum, and keeping freed
+    memory instead of trimming it, gives every run the same allocator. No-op off glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 32 * 2**20)
+        libc.mallopt(m_trim_threshold, 256 * 2**20)
+
+
 def synchronize(device: str) -> None:
     """Wait until queued device work is done (kernels launch asynchronously on CUDA and MPS)."""
     if device == "cuda":
@@ -166,16 +264,21 @@ def _stderr_silenced() -> Iterator[None]:
 
 
 def _profiled_peak(thunk: Callable[[], object]) -> int:
-    """Running maximum of the CPU allocator's bytes in use above the start, from torch.profiler's memory events:
-    each event's self_cpu_memory_usage (allocations +, frees −) summed in start-time order."""
+    """Running maximum of the CPU allocator's bytes in use above the start: torch.profiler records one '[memory]'
+    event per allocation (+bytes) and per free (−bytes); summed one by one in time order from the raw kineto
+    events. (Not the op list's self_cpu_memory_usage: that nets each op's allocations and frees at the op's
+    start, so a buffer an op allocates and frees itself, such as sdpa's log-sum-exp and scratch, is never seen.)"""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = thunk()
         del result
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
     in_use = peak = 0
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
-        in_use += event.self_cpu_memory_usage
+    for event in sorted(events, key=lambda e: e.start_ns()):  # stable: ties keep the order they were recorded in
+        in_use += event.nbytes()
         peak = max(peak, in_use)
     return peak
 
@@ -213,28 +316,44 @@ def peak_memory_probe(device: str) -> tuple[str, Callable[[Callable[[], object]]
     return MEMORY_METHODS[device if device in MEMORY_METHODS else "cpu"], probe
 
 
-_MATMUL_CACHE: dict[tuple[str, str, int], float] = {}
+_MATMUL_CACHE: dict[tuple[str, str, int], tuple[float, bool]] = {}
 
 
-def matmul_gflops(device: str, dtype: str = "float32", *, seconds: float = 0.25) -> float:
-    """This device's dense matmul throughput in GFLOP/s (2·m³ FLOPs per m×m product), measured once per process
-    per (device, dtype, thread count) and cached. m doubles from 256 until one product takes ≥ 50 ms (or m reaches
-    1024 on CPU, 8192 on GPUs), which also warms up; then the best of ≥ 3 samples within ~`seconds`: the device's
-    capability, since other programs competing for it can only slow a sample down. (Small products are the most
-    distorted by competition: a thread pool waits a whole scheduler tick for a pre-empted thread.)"""
+def matmul_gflops(device: str, dtype: str = "float32", *, refresh: bool = False) -> float:
+    """This device's dense matmul throughput in GFLOP/s (see `measure_matmul`), cached per process and (device,
+    dtype, thread count); `refresh` measures it again (a sweep does, at its start, so its percentages rest on a
+    figure taken beside its own points)."""
     key = (device, dtype_name(dtype), torch.get_num_threads())
-    if key not in _MATMUL_CACHE:
-        timed, torch_dtype = device_timer(device), getattr(torch, key[1])
-        m, largest = 256, 1024 if device == "cpu" else 8192
-        while True:
-            a = torch.randn(m, m, device=device).to(torch_dtype)
-            one = timed(lambda: a @ a, 1)
-            if one >= 0.05 or m >= largest:
-                break
-            m *= 2
-        calls = max(1, math.ceil(0.01 / max(one, 1e-9)))  # samples of ≥ 10 ms keep timer noise out
-        samples: list[float] = []
-        while len(samples) < 3 or (sum(samples) * calls < seconds and len(samples) < 50):
-            samples.append(timed(lambda: a @ a, calls) / calls)
-        _MATMUL_CACHE[key] = 2.0 * m ** 3 / min(samples) / 1e9
-    return _MATMUL_CACHE[key]
+    if refresh or key not in _MATMUL_CACHE:
+        _MATMUL_CACHE[key] = measure_matmul(device, key[1])
+    return _MATMUL_CACHE[key][0]
+
+
+def matmul_disturbed(device: str, dtype: str = "float32") -> bool:
+    """Whether the cached matmul figure was taken while other programs took CPU from every sample of it."""
+    return _MATMUL_CACHE.get((device, dtype_name(dtype), torch.get_num_threads()), (0.0, False))[1]
+
+
+def measure_matmul(device: str, dtype: str = "float32", seconds: float = 0.25) -> tuple[float, bool]:
+    """(GFLOP/s of m×m products, 2·m³ FLOPs each; disturbed). m doubles from 256 until one product takes ≥ 50 ms
+    (or m reaches 1024 on CPU, 8192 on GPUs), which also warms up; then the best of 5 samples of ≥ 10 ms within
+    ~`seconds`, taken among the samples no other program took CPU from (all of them, and disturbed = True, when
+    none was clean): the device's capability, since competition can only slow a sample down."""
+    timed, torch_dtype = device_timer(device), getattr(torch, dtype_name(dtype))
+    m, largest = 256, 1024 if device == "cpu" else 8192
+    while True:
+        a = torch.randn(m, m, device=device).to(torch_dtype)
+        one = timed(lambda: a @ a, 1)
+        if one >= 0.05 or m >= largest:
+            break
+        m *= 2
+    calls, threads, probe = max(1, math.ceil(0.01 / max(one, 1e-9))), torch.get_num_threads(), ContentionProbe()
+    clean: list[float] = []
+    every: list[float] = []
+    while len(clean) < 5 and (sum(every) * calls < seconds or len(every) < 5) and len(every) < 50:
+        mark = probe.mark()
+        every.append(timed(lambda: a @ a, calls) / calls)
+        if not probe.since(mark).disturbed(threads):
+            clean.append(every[-1])
+    probe.close()
+    return 2.0 * m ** 3 / min(clean or every) / 1e9, not clean

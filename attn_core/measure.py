@@ -6,6 +6,7 @@ import functools
 import importlib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -99,12 +100,13 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def theory(spec: MechanismSpec, case: Case) -> tuple[float, float]:
-    """(FLOPs of the measured call, the spec's predicted forward peak bytes); FLOPs ×3 for forward+backward."""
+def theory(spec: MechanismSpec, case: Case) -> tuple[float, float, float]:
+    """(useful FLOPs of the measured call, executed FLOPs, the spec's predicted forward peak bytes); FLOPs ×3 for
+    forward+backward."""
     params = spec.resolved(dict(case.params))
-    flops = float(spec.flops(case.shape, **params))
     factor = BACKWARD_FLOP_FACTOR if case.mode == "forward+backward" else 1
-    return flops * factor, float(spec.memory_bytes(case.shape, **params))
+    return (factor * float(spec.flops(case.shape, **params)), factor * float(spec.executed(case.shape, **params)),
+            float(spec.memory_bytes(case.shape, **params)))
 
 
 def required_bytes(spec: MechanismSpec, case: Case) -> float:
@@ -112,7 +114,7 @@ def required_bytes(spec: MechanismSpec, case: Case) -> float:
     forward's intermediates, the backward builds their gradients (about as large again) and q, k, v's gradients
     and the output's gradient, so 3 × the forward peak + 2 × the inputs. Mechanism state (projections) is small
     and not counted."""
-    forward = theory(spec, case)[1]
+    forward = theory(spec, case)[2]
     inputs = case.shape.input_bytes
     if case.mode == "forward+backward":
         return inputs + 3 * forward + 2 * inputs
@@ -143,7 +145,7 @@ def is_oom(error: BaseException) -> bool:
 
 def make_row(spec: MechanismSpec, case: Case, status: str, reason: str = "", **measured: Any) -> dict:
     """One result row: the case, the spec's theory, and whatever was measured (NaN where nothing was)."""
-    flops, predicted = theory(spec, case)
+    flops, executed, predicted = theory(spec, case)
     nan = float("nan")
     row = {"mechanism": case.mechanism, "label": spec.label, "exact": spec.exact,
            "params": json.dumps(spec.resolved(dict(case.params)), sort_keys=True), "n": case.n,
@@ -151,8 +153,9 @@ def make_row(spec: MechanismSpec, case: Case, status: str, reason: str = "", **m
            "dtype": case.dtype, "device": case.device, "mode": case.mode, "causal": case.causal,
            "status": status, "reason": reason, "time_median_s": nan, "time_iqr_s": nan, "time_samples": [],
            "repeats": 0, "peak_bytes": nan, "memory_method": "", "predicted_bytes": predicted,
-           "theory_flops": flops, "gflops": nan, "device_gflops": nan, "pct_of_device": nan, "sdpa_backend": "",
-           "threads": nan}
+           "theory_flops": flops, "executed_flops": executed, "gflops": nan, "device_gflops": nan,
+           "pct_of_device": nan, "sdpa_backend": "", "threads": nan, "foreign_cpu": nan,
+           "load_average": nan, "disturbed": False, "retaken": 0}
     row.update(measured)
     assert set(row) == set(COLUMNS), set(row) ^ set(COLUMNS)
     return row
@@ -192,30 +195,81 @@ def call_of(spec: MechanismSpec, case: Case, q: torch.Tensor, k: torch.Tensor, v
     return lambda: torch.autograd.grad(spec.fn(q, k, v, causal=case.causal, **kwargs), (q, k, v), grad_out)
 
 
+@dataclass(frozen=True)
+class Timing:
+    """The timed samples of one point: `samples` (seconds per call) that the median is taken from, the seconds
+    spent in all, what other programs did during those samples (`contention`), how many samples were taken again
+    because another program took CPU from them (`retaken`), and whether the point stayed disturbed after the
+    bounded retakes (then `samples` holds every sample, disturbed ones included)."""
+
+    samples: list[float]
+    spent_s: float
+    contention: env.Contention = env.Contention()
+    retaken: int = 0
+    disturbed: bool = False
+
+
+MAX_RETAKES = 20  # disturbed samples taken again per point, at most ...
+RETAKE_S = 1.0  # ... and at most this many seconds (or the clean samples' own time, if longer) spent on them
+QUIET_STEP_S, QUIET_WAIT_S = 0.025, 0.5  # after a disturbed sample, wait (up to 0.5 s) for a quiet 25 ms window
+
+
+def wait_for_quiet(probe: env.ContentionProbe, threads: int) -> None:
+    """Sleep in QUIET_STEP_S steps until other programs use less than half a core beyond the spare ones (a browser
+    drawing a chart, a page's script run), at most QUIET_WAIT_S."""
+    spare = max((os.cpu_count() or 1) - threads, 0)
+    deadline = time.perf_counter() + QUIET_WAIT_S
+    while time.perf_counter() < deadline:
+        mark = probe.mark()
+        time.sleep(QUIET_STEP_S)
+        if probe.since(mark).foreign_cores < spare + 0.5:
+            return
+
+
 def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
-                 cancelled: Callable[[], bool] = lambda: False) -> tuple[list[float], float]:
+                 cancelled: Callable[[], bool] = lambda: False, probe: env.ContentionProbe | None = None,
+                 first_call_s: float | None = None) -> Timing:
     """Seconds per call, one sample per block of back-to-back calls: `warmup` untimed calls, then samples until
-    both `min_repeats` samples and `min_time_s` are reached, or the point's `budget_s` is spent (≥ 1 sample).
-    Returns (samples, seconds spent in all). Raises Cancelled when `cancelled()` turns true."""
-    timed = env.device_timer(device)
-    start, one = time.perf_counter(), 0.0
-    for _ in range(settings.warmup):
+    both `min_repeats` clean samples and `min_time_s` of them are reached, or the point's `budget_s` is spent
+    (≥ 1 sample). A sample during which another program took CPU from this process (env.Contention.disturbed) is
+    set aside and taken again after a quiet moment, at most MAX_RETAKES times and RETAKE_S seconds; a point
+    still short of clean samples then is `disturbed`. `first_call_s`: the thunk already ran once, taking that long
+    (it counts as a warm-up call). Raises Cancelled when `cancelled()` turns true."""
+    timed, threads = env.device_timer(device), torch.get_num_threads()
+    start, one = time.perf_counter(), first_call_s or 0.0
+    for _ in range(settings.warmup - (first_call_s is not None)):
         if cancelled():
             raise Cancelled
         one = timed(thunk, 1)
+    probe = probe or env.ContentionProbe()
+    probe.refresh()  # the warm-up may have started the thread pool
     calls = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(MIN_SAMPLE_S / max(one, 1e-9))))
-    samples: list[float] = []
-    spent = 0.0
-    while len(samples) < MAX_SAMPLES:
+    kept: list[tuple[float, env.Contention]] = []
+    set_aside: list[tuple[float, env.Contention]] = []
+    spent = retake_s = 0.0
+    while len(kept) + len(set_aside) < MAX_SAMPLES:
         if cancelled():
             raise Cancelled
+        mark = probe.mark()
         t = timed(thunk, calls)
-        samples.append(t / calls)
-        spent += t
+        seen = probe.since(mark)
         over = time.perf_counter() - start > settings.budget_s
-        if over or (len(samples) >= settings.min_repeats and spent >= settings.min_time_s):
+        may_retake = len(set_aside) < MAX_RETAKES and retake_s < max(RETAKE_S, spent) and not over
+        if seen.disturbed(threads) and may_retake:
+            set_aside.append((t / calls, seen))
+            quiet = time.perf_counter()
+            wait_for_quiet(probe, threads)
+            retake_s += t + time.perf_counter() - quiet
+            continue
+        kept.append((t / calls, seen))
+        spent += t
+        if over or (len(kept) >= settings.min_repeats and spent >= settings.min_time_s):
             break
-    return samples, time.perf_counter() - start
+    clean = [(t, c) for t, c in kept if not c.disturbed(threads)]
+    disturbed = len(clean) < min(settings.min_repeats, len(kept))
+    used = kept + set_aside if disturbed else kept
+    total = sum((c for _, c in used), env.Contention(0.0, 0.0, 0.0))
+    return Timing([t for t, _ in used], time.perf_counter() - start, total, len(set_aside), disturbed)
 
 
 def measure_case(spec: MechanismSpec, case: Case, settings: Settings,
@@ -245,24 +299,39 @@ def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Ca
     q, k, v = make_inputs(case)
     state = make_state(spec, case)
     thunk = call_of(spec, case, q, k, v, state)
+    peak, method, first_call_s = float("nan"), "", None
     with torch.inference_mode(case.mode == "forward"):
-        samples, spent = time_samples(thunk, case.device, settings, cancelled)
-        peak, method = float("nan"), ""
-        if settings.measure_memory and spent <= settings.budget_s:
-            if cancelled():
-                raise Cancelled
-            env.release_cached_memory(case.device)
-            method, probe = env.peak_memory_probe(case.device)
-            peak = float(probe(thunk))
-        elif settings.measure_memory:
-            method = "not measured: the point's time budget was spent on timing"
-    median, iqr = median_iqr(samples)
-    flops = theory(spec, case)[0]
+        if settings.measure_memory and case.device == "cpu":
+            # On CPU the profiled call is the first warm-up: the allocator sees the same blocks in every call, and
+            # a call of ≥ 50 ms needs no second warm-up (the profiler's own cost is then small beside it).
+            began = time.perf_counter()
+            method, peak = _peak(thunk, case.device, cancelled)
+            took = time.perf_counter() - began
+            first_call_s = took if took >= 0.05 else None
+        timing = time_samples(thunk, case.device, settings, cancelled, first_call_s=first_call_s)
+        if settings.measure_memory and case.device != "cpu":  # GPUs: after timing, clear of first-call workspaces
+            if timing.spent_s <= settings.budget_s:
+                method, peak = _peak(thunk, case.device, cancelled)
+            else:
+                method = "not measured: the point's time budget was spent on timing"
+    median, iqr = median_iqr(timing.samples)
+    executed = theory(spec, case)[1]
     device_gflops = env.matmul_gflops(case.device, case.dtype)
-    gflops = flops / median / 1e9
+    gflops = executed / median / 1e9
     backend = sdpa_backend(q.detach(), k.detach(), v.detach(), causal=case.causal) if spec.key == "sdpa" else ""
-    return make_row(spec, case, "ok", time_median_s=median, time_iqr_s=iqr, time_samples=samples,
-                    repeats=len(samples), peak_bytes=peak, memory_method=method, gflops=gflops,
+    seen = timing.contention
+    return make_row(spec, case, "ok", time_median_s=median, time_iqr_s=iqr, time_samples=timing.samples,
+                    repeats=len(timing.samples), peak_bytes=peak, memory_method=method, gflops=gflops,
                     device_gflops=device_gflops, pct_of_device=100.0 * gflops / device_gflops,
-                    sdpa_backend=backend, threads=float(torch.get_num_threads()))
+                    sdpa_backend=backend, threads=float(torch.get_num_threads()), foreign_cpu=seen.foreign_cores,
+                    load_average=env.load_average() or float("nan"), disturbed=timing.disturbed,
+                    retaken=timing.retaken)
 
+
+def _peak(thunk: Callable[[], Any], device: str, cancelled: Callable[[], bool]) -> tuple[str, float]:
+    """(method, peak bytes of one call above what existed before it), from a clean allocator."""
+    if cancelled():
+        raise Cancelled
+    env.release_cached_memory(device)
+    method, probe = env.peak_memory_probe(device)
+    return method, float(probe(thunk))

@@ -12,23 +12,28 @@ from typing import Any
 
 import pandas as pd
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 lacks the contention and executed-FLOP columns: they are filled in
 FORMAT = "attention-lab-run"
 MAX_FILE_BYTES = 32 * 1024 * 1024  # ~100k points; larger files are refused before parsing
 
 COLUMNS = (
     "mechanism", "label", "exact", "params", "n", "batch", "heads", "d_model", "head_dim", "dtype", "device", "mode",
     "causal", "status", "reason", "time_median_s", "time_iqr_s", "time_samples", "repeats", "peak_bytes",
-    "memory_method", "predicted_bytes", "theory_flops", "gflops", "device_gflops", "pct_of_device", "sdpa_backend",
-    "threads",
+    "memory_method", "predicted_bytes", "theory_flops", "executed_flops", "gflops", "device_gflops", "pct_of_device",
+    "sdpa_backend", "threads", "foreign_cpu", "load_average", "disturbed", "retaken",
 )
+# theory_flops: the pattern's useful FLOPs; executed_flops: what the kernel computes (padding, masked halves), the
+# figure gflops and pct_of_device use. foreign_cpu: cores other processes used during the kept timed samples;
+# disturbed: the point stayed contended after its bounded retakes (retaken: samples taken again for contention).
+ADDED_IN_2 = {"executed_flops": None, "foreign_cpu": None, "load_average": None, "disturbed": False, "retaken": 0}
 STATUSES = ("ok", "skipped", "oom", "failed", "cancelled")
 TEXT = ("mechanism", "label", "params", "dtype", "device", "mode", "status", "reason", "memory_method",
         "sdpa_backend")
-BOOL = ("exact", "causal")
-INT = ("n", "batch", "heads", "d_model", "head_dim", "repeats")
-FLOAT = ("time_median_s", "time_iqr_s", "peak_bytes", "predicted_bytes", "theory_flops", "gflops", "device_gflops",
-         "pct_of_device", "threads")  # threads is float so an unknown count can be NaN
+BOOL = ("exact", "causal", "disturbed")
+INT = ("n", "batch", "heads", "d_model", "head_dim", "repeats", "retaken")
+FLOAT = ("time_median_s", "time_iqr_s", "peak_bytes", "predicted_bytes", "theory_flops", "executed_flops", "gflops",
+         "device_gflops", "pct_of_device", "threads", "foreign_cpu", "load_average")  # threads is float so an unknown count can be NaN
 
 
 class RunFileError(ValueError):
@@ -46,8 +51,9 @@ class Run:
 
 
 def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
-    """The tidy DataFrame of rows, columns in schema order and dtypes fixed (an empty frame keeps its columns)."""
-    df = pd.DataFrame([{c: r.get(c) for c in COLUMNS} for r in rows], columns=list(COLUMNS))
+    """The tidy DataFrame of rows, columns in schema order and dtypes fixed (an empty frame keeps its columns); a row
+    without the columns schema 2 added gets ADDED_IN_2's values (contention unknown)."""
+    df = pd.DataFrame([{c: r.get(c, ADDED_IN_2.get(c)) for c in COLUMNS} for r in rows], columns=list(COLUMNS))
     return _typed(df)
 
 
@@ -163,7 +169,7 @@ def _check_header(fmt: Any, version: Any, label: str) -> None:
                            "file saved by Attention Lab")
     if not isinstance(version, int) or isinstance(version, bool):
         raise RunFileError(f"{label} has no valid schema version; save the run again")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         newer = "newer than" if version > SCHEMA_VERSION else "older than"
         raise RunFileError(f"{label} uses schema version {version}, {newer} the version {SCHEMA_VERSION} this "
                            "Attention Lab reads; open it with a matching version or measure again")
@@ -183,7 +189,15 @@ def _parse_json(text: str, label: str) -> Run:
         raise RunFileError(f"{label} is malformed: 'rows' must be a list of objects")
     if not isinstance(env, dict) or not isinstance(config, dict):
         raise RunFileError(f"{label} is malformed: 'env' and 'config' must be objects")
-    return Run(_validated(rows, label), env, config, SCHEMA_VERSION)
+    return Run(_validated(_upgraded(rows, doc["schema_version"]), label), env, config, SCHEMA_VERSION)
+
+
+def _upgraded(rows: list[dict], version: int) -> list[dict]:
+    """Rows of an older schema with the columns it lacks: contention unknown (NaN), executed FLOPs = useful FLOPs
+    (version 1 counted only those)."""
+    if version >= 2:
+        return rows
+    return [{**ADDED_IN_2, **r, "executed_flops": r.get("theory_flops")} for r in rows]
 
 
 def _comment_json(line: str, key: str, label: str) -> dict:
@@ -203,14 +217,15 @@ def _parse_csv(text: str, label: str) -> Run:
         meta[key] = lines[body_start]
         body_start += 1
     version_text = meta.get("schema_version", "").split(":", 1)[-1].strip()
-    _check_header(FORMAT, int(version_text) if version_text.isdigit() else None, label)
+    version = int(version_text) if version_text.isdigit() else None
+    _check_header(FORMAT, version, label)
     env = _comment_json(meta["env"], "env", label) if "env" in meta else {}
     config = _comment_json(meta["config"], "config", label) if "config" in meta else {}
     reader = csv.DictReader(io.StringIO("\n".join(lines[body_start:])))
-    rows = [dict(r) for r in reader]
+    rows = _upgraded([dict(r) for r in reader], version)
     if reader.fieldnames is None:
         raise RunFileError(f"{label} is malformed: the header line of the table is missing")
-    _check_columns(reader.fieldnames, label)
+    _check_columns([*reader.fieldnames, *(ADDED_IN_2 if version == 1 else ())], label)
     for r in rows:
         if None in r:
             raise RunFileError(f"{label} is malformed: a line has more cells than the header")

@@ -81,7 +81,12 @@ class Param:
 class MechanismSpec:
     """Declarative description of one attention mechanism.
 
-    `flops(shape, **params)`: forward floating-point operations (multiply-adds count 2) of the pattern's useful work.
+    `flops(shape, **params)`: forward floating-point operations (multiply-adds count 2) of the pattern's useful work:
+    the cells the pattern keeps, the real (unpadded) positions; what theory curves plot.
+    `executed_flops(shape, **params)`: the forward FLOPs the kernel actually computes, ≥ `flops`: tiles padded to
+    whole blocks, masked halves computed and then discarded, the masked half of chunk-internal causal products.
+    Matmul-like work only (products of scores and values, matmul feature maps); elementwise ops are left out.
+    None when the kernel computes exactly the useful work; read it through `executed(shape, **params)`.
     `memory_bytes(shape, **params)`: predicted peak bytes the forward call allocates above its inputs, the output
     included when it is alive at the peak; the figure a measured peak is compared against.
     `pattern(causal, **params)`: for exact mechanisms, the mask predicate the result must equal masked softmax under.
@@ -104,10 +109,15 @@ class MechanismSpec:
     pattern: Callable[..., Any] | None = None
     init_state: Callable[..., dict] | None = None
     state_keys: tuple[str, ...] = field(default=())
+    executed_flops: Callable[..., float] | None = None
 
     @property
     def defaults(self) -> dict[str, int | float]:
         return {p.name: p.default for p in self.params}
+
+    def executed(self, shape: Shape, **params: Any) -> float:
+        """Forward FLOPs the kernel computes for `shape`: `executed_flops`, or `flops` where they are the same."""
+        return (self.executed_flops or self.flops)(shape, **params)
 
     def param(self, name: str) -> Param:
         for p in self.params:

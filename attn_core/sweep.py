@@ -12,11 +12,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
+import numpy as np
 import pandas as pd
 
 from . import env
 from .mechanisms import MECHANISMS
-from .measure import MODES, Case, Settings, make_row, resolve_mechanisms
+from .measure import MIN_SAMPLE_S, MODES, Case, Settings, make_row, resolve_mechanisms, theory
 from .results import SCHEMA_VERSION, Run, frame_from_rows
 from .spec import DTYPE_BYTES, MechanismSpec, Shape
 from .worker import Worker, WorkerError, get_worker, prestart
@@ -272,7 +273,8 @@ class SweepRun:
         self._cancel = threading.Event()
         self._finished = threading.Event()
         self._current = "starting"
-        self._costs: dict[tuple, tuple[float, float]] = {}  # series → (theory FLOPs, seconds) of its last point
+        self._speeds: dict[tuple, float] = {}  # series → achieved GFLOP/s (executed FLOPs) at its last point
+        self._overhead, self._timed = 0.0, 0  # seconds a point costs beyond its calls (inputs, transfers): mean
         self._started = time.monotonic()
         self._ended: float | None = None
         self._threads: float = float(self.config.threads) if self.config.threads else float("nan")
@@ -339,26 +341,36 @@ class SweepRun:
 
     # -- the driver --
     def _eta(self, done: int) -> float | None:
-        """Seconds left: each remaining point costs its series' last point scaled by the ratio of theory FLOPs
-        (at least min_time_s); a series not measured yet uses the seconds per FLOP of all finished points."""
+        """Seconds left, from the specs' executed FLOPs and this device's speed: each remaining point is its
+        calls (warm-up, the memory run, the samples) at executed FLOPs ÷ its series' achieved GFLOP/s at its last
+        point (a series not measured yet: the median of all measured points, or a quarter of the device's matmul
+        figure before any), capped at the point budget, plus the per-point overhead seen so far."""
         with self._guard:
-            costs = dict(self._costs)
-        if not costs:
+            measured, overhead = dict(self._speeds), self._overhead
+        device = self.env.get("device_gflops")
+        if not measured and not device:
             return None
-        rate = sum(t for _, t in costs.values()) / max(sum(f for f, _ in costs.values()), 1.0)
+        typical = float(np.median(list(measured.values()))) if measured else 0.25 * device
         remaining = 0.0
         for case in self.cases[done:]:
-            spec = self.registry[case.mechanism]
-            flops = spec.flops(case.shape, **spec.resolved(dict(case.params)))
-            last_flops, last_s = costs.get((case.mechanism, case.params), (1.0, rate))
-            remaining += max(last_s * flops / max(last_flops, 1.0), self.config.min_time_s)
+            executed = theory(self.registry[case.mechanism], case)[1]
+            call_s = executed / 1e9 / measured.get((case.mechanism, case.params), typical)
+            remaining += self._point_seconds(call_s) + overhead
         return remaining
+
+    def _point_seconds(self, call_s: float) -> float:
+        c = self.config
+        timed = max(c.min_repeats * max(call_s, MIN_SAMPLE_S), c.min_time_s)
+        return min((c.warmup + c.measure_memory) * call_s + timed, c.point_budget_s)
 
     def _add(self, row: dict, series: tuple | None = None, elapsed_s: float = 0.0) -> None:
         with self._guard:
             self._rows.append(row)
-            if series is not None and row["status"] == "ok":
-                self._costs[series] = (max(row["theory_flops"], 1.0), elapsed_s)
+            if series is not None and row["status"] == "ok" and row["gflops"] > 0:
+                self._speeds[series] = row["gflops"]
+                left = max(elapsed_s - self._point_seconds(row["time_median_s"]), 0.0)
+                self._timed += 1
+                self._overhead += (left - self._overhead) / self._timed  # running mean over the timed points
 
     def _set_current(self, text: str) -> None:
         with self._guard:

@@ -93,7 +93,8 @@ class Worker:
         return self.info
 
     def environment(self, device: str, dtype: str, threads: int | None) -> dict:
-        """The environment stamp, taken inside the worker (the caller never initialises a GPU)."""
+        """The environment stamp, taken inside the worker (the caller never initialises a GPU), with the device's
+        matmul throughput measured afresh (`device_gflops`): a sweep's percentages rest on a figure of its own."""
         self._conn.send(("env", device, dtype, threads))
         reply = self._receive(time.monotonic() + START_TIMEOUT_S, lambda: False)
         if reply is None or reply[0] != "env":
@@ -194,13 +195,14 @@ def shutdown() -> None:
 # ---- inside the worker process -------------------------------------------------------------------------------
 
 def _warm_up() -> None:
-    """The profiler's first use costs about a second, and the device figure a few hundred ms: pay both now."""
+    """A steady allocator (env.steady_allocator), and the memory probe's first use paid now rather than by the
+    first point."""
     import torch
 
     from . import env
 
+    env.steady_allocator()
     env.peak_memory_probe("cpu")[1](lambda: torch.ones(8) + 1)
-    env.matmul_gflops("cpu", "float32")
 
 
 def _serve(conn: Any, cancel_event: Any) -> None:
@@ -225,7 +227,10 @@ def _serve(conn: Any, cancel_event: Any) -> None:
             if kind == "env":
                 _, device, dtype, threads = message
                 torch.set_num_threads(threads or default_threads)
-                reply: tuple = ("env", env.environment(device, dtype, torch.get_num_threads()))
+                gflops = env.matmul_gflops(device, dtype, refresh=True)  # each sweep measures its own figure
+                reply: tuple = ("env", {**env.environment(device, dtype, torch.get_num_threads()),
+                                        "device_gflops": gflops,
+                                        "device_gflops_disturbed": env.matmul_disturbed(device, dtype)})
             elif kind == "measure":
                 _, case, settings, extra = message
                 torch.set_num_threads(settings.threads or default_threads)

@@ -6,7 +6,7 @@ import time
 import streamlit as st
 
 import app
-from attn_core import MECHANISMS, charts, env, export, presets, results
+from attn_core import MECHANISMS, analysis, charts, env, export, presets, results
 from attn_core.sweep import DEFAULT_SWEEP, SweepConfig, log_spaced
 
 app.ensure_routed()
@@ -14,7 +14,7 @@ S = st.session_state
 NS = [2**k for k in range(4, 18)]
 DEVICES = env.available_devices()
 REDRAW_S = 0.75  # at most this often the charts are redrawn while a sweep measures (the browser's share of the CPU)
-CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)"}
+CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
 talk = bool(S.get("talk"))
 job = S.get("bench_job")
 running = job is not None and not job.done
@@ -149,11 +149,22 @@ def results_view(job) -> None:
                  format_func=CURVES.get, **keyed("bench_curves"))
     baseline.segmented_control("Crossover n* against", ["softmax", "sdpa"], default="softmax", required=True,
                                format_func=label, **keyed("bench_baseline"))
+    busy = analysis.contention_summary(df)
+    if busy:
+        (st.warning if df["disturbed"].any() else st.caption)(busy)
+    if job.done and (missing := analysis.baseline_note(df, S.get("bench_baseline") or "softmax")):
+        st.info(missing, icon=":material/info:")
     for metric in metrics():
-        st.vega_lite_chart(live_spec(metric).update(df, metric, **chart_options(metric)), theme=None,
-                           width="stretch")
+        options = chart_options(metric)
+        st.vega_lite_chart(live_spec(metric).update(df, metric, **options), theme=None, width="stretch")
+        if note := charts.chart_note(df, metric, log=options["log"], curves=options["curves"]):
+            st.caption(note)
     if job.done:
+        if stopped := analysis.stopped_note(df):
+            st.info(stopped, icon=":material/stop_circle:")
         st.dataframe(summary(job), hide_index=True)
+        for note in analysis.summary_notes(df):
+            st.caption(note)
     else:
         st.caption("The summary table (fitted exponents, speed-ups, GFLOP/s) comes when the sweep ends.")
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import attn_core as ac
+from attn_core import analysis
 from attn_core.analysis import crossovers, fit_slopes, series_name, summary, theory_curves
 from attn_core.results import frame_from_rows
 
@@ -23,7 +24,9 @@ def point(mechanism, n, t, peak=None, status="ok", params=None, gflops=10.0):
             "time_median_s": t if status == "ok" else math.nan, "time_iqr_s": 0.0, "time_samples": [t],
             "repeats": 1, "peak_bytes": (peak if peak is not None else t * 1e9) if status == "ok" else math.nan,
             "memory_method": "torch.profiler (CPU allocator)", "predicted_bytes": 1.0, "theory_flops": 1.0,
-            "gflops": gflops, "device_gflops": 100.0, "pct_of_device": gflops, "sdpa_backend": "", "threads": 2.0}
+            "executed_flops": 1.0, "gflops": gflops, "device_gflops": 100.0, "pct_of_device": gflops,
+            "sdpa_backend": "", "threads": 2.0, "foreign_cpu": 0.0, "load_average": 0.5, "disturbed": False,
+            "retaken": 0}
 
 
 def frame(series: dict, ns=NS, **kw):
@@ -41,11 +44,12 @@ def test_slope_recovers_a_known_exponent_with_its_n_range():
     assert (upper.loc["softmax", "n_min"], upper.loc["softmax", "points"]) == (1024, 3)
 
 
-def test_slope_ignores_non_ok_points_and_needs_two():
-    rows = [point("softmax", 256, 1.0), point("softmax", 512, 4.0), point("softmax", 1024, 1.0, status="oom")]
+def test_slope_ignores_non_ok_points_and_needs_three():
+    rows = [point("softmax", n, n * n * 1e-9) for n in (256, 512, 1024)] + [point("softmax", 2048, 1.0, status="oom")]
     assert fit_slopes(frame_from_rows(rows), "time_median_s")["slope"].iloc[0] == pytest.approx(2.0)
-    one = fit_slopes(frame_from_rows(rows[:1]), "peak_bytes")
-    assert math.isnan(one["slope"].iloc[0]) and one["points"].iloc[0] == 1
+    two = fit_slopes(frame_from_rows(rows[:2]), "peak_bytes")
+    assert math.isnan(two["slope"].iloc[0]) and two["points"].iloc[0] == 2
+    assert two["why"].iloc[0] == "needs 3 clean points, has 2"
     with pytest.raises(ValueError, match="metric"):
         fit_slopes(frame_from_rows(rows), "colour")
 
@@ -118,3 +122,97 @@ def test_summary_reports_exponents_speedups_and_savings_at_the_largest_common_n(
     assert sw["at_n_vs_softmax"] == 4096 and sw["ok_points"] == 5 and sw["points"] == 5
     assert table.loc["softmax", "speedup_vs_softmax"] == 1.0
     assert sw["memory_method"] == "torch.profiler (CPU allocator)" and sw["gflops"] == 10.0
+
+
+def disturbed(df, mechanism, ns, cores=0.9, retaken=3):
+    """df with the points of `mechanism` at `ns` marked disturbed (other programs took `cores` cores)."""
+    hit = (df["mechanism"] == mechanism) & df["n"].isin(ns)
+    df.loc[hit, ["disturbed", "foreign_cpu", "retaken"]] = [True, cores, retaken]
+    return df
+
+
+def test_disturbed_points_are_left_out_of_slopes_curves_and_n_star():
+    # the disturbed softmax points are 10× too slow: any fit that used them would move
+    df = frame({"softmax": lambda n: 1e-9 * n ** 2, "sliding_window": lambda n: 1e-6 * n}, ns=(250, 500, 2000, 4000))
+    df.loc[(df["mechanism"] == "softmax") & (df["n"] == 4000), "time_median_s"] *= 10
+    df = disturbed(df, "softmax", [4000])
+    slopes = fit_slopes(df, "time_median_s").set_index("mechanism")
+    assert slopes.loc["softmax", "slope"] == pytest.approx(2.0) and slopes.loc["softmax", "disturbed"] == 1
+    assert slopes.loc["softmax", "points"] == 3 and slopes.loc["softmax", "n_max"] == 2000
+    curves = theory_curves(df, "time_median_s")
+    quad = curves[(curves["mechanism"] == "softmax") & (curves["kind"] == "n²")].set_index("n")["value"]
+    assert quad[4000] == pytest.approx(1e-9 * 4000 ** 2)  # the curve still reaches the disturbed point's n
+    assert crossovers(df, "time_median_s").set_index("mechanism").loc["sliding_window", "n_star"] == \
+        pytest.approx(1000.0)
+    # peak memory does not depend on contention: the memory fit keeps the point
+    assert fit_slopes(df, "peak_bytes").set_index("mechanism").loc["softmax", "points"] == 4
+
+
+def test_a_series_without_clean_points_gets_no_curve_and_says_why():
+    df = disturbed(frame({"softmax": lambda n: 1e-9 * n ** 2, "linear": lambda n: 1e-6 * n}), "linear", NS)
+    curves = theory_curves(df, "time_median_s")
+    assert set(curves["mechanism"]) == {"softmax"}
+    assert analysis.unfitted(df, "time_median_s") == ["Linear (elu+1)"]
+    slope = fit_slopes(df, "time_median_s").set_index("mechanism").loc["linear"]
+    assert math.isnan(slope["slope"]) and slope["why"] == "needs 3 clean points, has 0 (5 disturbed left out)"
+
+
+def test_a_sweep_stopped_after_two_points_fits_no_exponent_and_the_table_says_why():
+    rows = [point("softmax", n, t) for n, t in ((256, 1e-3), (512, 5e-5))]  # noise: a slope of −4.3
+    rows += [point("softmax", n, math.nan, status="cancelled") for n in (1024, 2048, 4096)]
+    df = frame_from_rows(rows)
+    row = summary(df).iloc[0]
+    assert math.isnan(row["time_exponent"]) and math.isnan(row["memory_exponent"])
+    assert row["note"] == "time and memory k: needs 3 clean points, has 2"
+    assert analysis.stopped_note(df) == "Stopped after 2 of 5 points; the table covers the measured ones."
+    assert analysis.stopped_note(df.iloc[:2]) == ""
+
+
+def test_contention_summary_counts_disturbed_points_cores_and_retakes():
+    df = frame({"softmax": lambda n: 1e-9 * n ** 2, "linear": lambda n: 1e-6 * n})
+    assert analysis.contention_summary(df) == ""
+    df = disturbed(df, "softmax", [256, 512], cores=0.8)
+    df = disturbed(df, "linear", [256, 512], cores=1.0)
+    df.loc[df["n"] == 1024, "retaken"] = 2  # re-measured, then clean
+    assert analysis.contention_summary(df) == (
+        "This machine was busy: 4 of 10 points were measured while other programs used 0.9 cores (mean); they are "
+        "drawn hollow on the time chart and left out of its fits. 2 points were re-measured clean after 4 disturbed "
+        "samples were taken again.")
+    clean = df.assign(disturbed=False, retaken=0)
+    clean.loc[0, "retaken"] = 1
+    assert analysis.contention_summary(clean) == "1 point was re-measured clean after 1 disturbed sample was taken " \
+                                                 "again."
+
+
+def test_roofline_is_executed_flops_at_one_device_throughput():
+    df = frame({"softmax": lambda n: 1e-9 * n ** 2, "linear": lambda n: 1e-6 * n})
+    df["executed_flops"] = [4.0 * n * n if m == "softmax" else 8.0 * n for m, n in zip(df["mechanism"], df["n"])]
+    df["device_gflops"] = [100.0, 90.0, 110.0] + [100.0] * (len(df) - 3)
+    df.loc[1, "device_gflops"] = math.nan
+    roof = analysis.roofline(df)
+    assert set(roof["kind"]) == {"roofline"} and len(roof) == len(df)
+    assert set(roof["curve"]) == {"hardware limit at 100 GFLOP/s (matmul, measured)"}  # the median, for all
+    for r in roof.itertuples():
+        flops = 4.0 * r.n ** 2 if r.mechanism == "softmax" else 8.0 * r.n
+        assert r.value == pytest.approx(flops / 100e9)
+    assert analysis.roofline(df.assign(device_gflops=math.nan)).empty
+
+
+def test_above_100_percent_of_the_device_carries_a_note():
+    df = frame({"linear": lambda n: 1e-6 * n}, gflops=140.0)
+    note = summary(df).iloc[0]["note"]
+    assert note.startswith("140 % of device: above the device's measured matmul throughput")
+    assert math.isclose(summary(df).iloc[0]["pct_of_device"], 140.0)
+
+
+def test_a_baseline_that_was_not_measured_is_named_with_how_to_include_it():
+    df = frame({"softmax": lambda n: 1e-9 * n ** 2, "linear": lambda n: 1e-6 * n})
+    assert analysis.baseline_note(df, "softmax") == ""
+    assert analysis.baseline_note(df, "sdpa") == ("No crossover against Softmax (fused SDPA): this sweep did not "
+                                                  "measure it. Add Softmax (fused SDPA) under Exact mechanisms in "
+                                                  "Settings and press Run.")
+    assert analysis.summary_notes(df) == ["No comparison with Softmax (fused SDPA): this sweep did not measure it."]
+    busy = disturbed(df, "softmax", NS)
+    assert "every point of it was disturbed" in analysis.baseline_note(busy, "softmax")
+    assert analysis.summary_notes(busy)[0] == "No speed-up vs Softmax (materialized): every timed point of it " \
+                                              "was disturbed."

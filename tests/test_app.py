@@ -129,6 +129,10 @@ def test_tiny_sweep_renders_both_charts_and_the_table(swept):
     table = swept.dataframe[0].value
     assert list(table["Mechanism"]) == ["Softmax (materialized)", "Linear (elu+1)"]
     assert (table["points measured"] == 2).all()
+    # two lengths: no exponent, and the table says why; the SDPA columns are gone and a line says why
+    assert table["time ∝ n^k: k"].isna().all() and table["note"].str.contains("needs 3 clean points").all()
+    captions = [c.value for c in swept.caption]
+    assert "No comparison with Softmax (fused SDPA): this sweep did not measure it." in captions
 
 
 def test_downloads_hold_real_png_svg_html_csv_and_json(swept, monkeypatch):
@@ -211,6 +215,8 @@ def test_stop_cancels_and_keeps_the_finished_points():
     run_to_end(at)
     statuses = list(at.session_state["bench_job"].frame()["status"])
     assert "cancelled" in statuses and len(statuses) == 7
+    done = 7 - statuses.count("cancelled")
+    assert f"Stopped after {done} of 7 points; the table covers the measured ones." in [i.value for i in at.info]
     assert not at.button(key="bench_run").disabled and not at.exception
 
 
@@ -250,6 +256,9 @@ def test_a_run_saved_by_the_command_line_is_shown_at_once(tmp_path):
     at.button(key="bench_show").click().run()
     assert isinstance(at.session_state["bench_job"], Replay) and at.session_state["bench_job"].done
     assert len(chart_specs(at)) == 2 and list(at.dataframe[0].value["points measured"]) == [2, 2]
+    for spec in chart_specs(at):  # a reason for a point not measured never reaches an axis title
+        assert not any("not measured" in t for layer in spec["layer"] for t in
+                       layer.get("encoding", {}).get("y", {}).get("title", []))
     assert not at.exception
 
 
@@ -291,8 +300,9 @@ def test_replay_reveals_points_at_its_pace_and_stops_on_cancel():
     rows = [dict(mechanism="softmax", label="Softmax", exact=True, params="{}", n=n, batch=1, heads=1, d_model=8,
                  head_dim=8, dtype="float32", device="cpu", mode="forward", causal=False, status="ok", reason="",
                  time_median_s=1e-3, time_iqr_s=0.0, time_samples=[1e-3], repeats=1, peak_bytes=1.0,
-                 memory_method="m", predicted_bytes=1.0, theory_flops=1.0, gflops=1.0, device_gflops=1.0,
-                 pct_of_device=1.0, sdpa_backend="", threads=1) for n in (8, 16, 32, 64)]
+                 memory_method="m", predicted_bytes=1.0, theory_flops=1.0, executed_flops=1.0, gflops=1.0,
+                 device_gflops=1.0, pct_of_device=1.0, sdpa_backend="", threads=1, foreign_cpu=0.0,
+                 load_average=0.0, disturbed=False, retaken=0) for n in (8, 16, 32, 64)]
     saved.frame = results.frame_from_rows(rows)
     now = [0.0]
     replay = Replay(saved, points_per_s=2.0, clock=lambda: now[0])
@@ -303,3 +313,23 @@ def test_replay_reveals_points_at_its_pace_and_stops_on_cancel():
     replay.cancel()
     now[0] = 9.0
     assert replay.poll() == [] and replay.done and len(replay.frame()) == 3
+
+
+def test_a_busy_run_says_so_and_sdpa_as_baseline_says_it_was_not_measured():
+    from tests.test_charts import results_frame
+    frame = results_frame(ns=(64, 128, 256, 512), skip_last=False)
+    frame.loc[frame["n"] == 512, ["disturbed", "foreign_cpu", "retaken"]] = [True, 0.9, 3]
+    saved = results.to_json_bytes(results.Run(frame, {"torch": "x"}, {}))
+    at = benchmark()
+    at.file_uploader(key="bench_upload").upload("busy.json", saved, "application/json")
+    at.run()
+    at.button(key="bench_show").click().run()
+    assert warnings(at) == ["This machine was busy: 2 of 8 points were measured while other programs used 0.9 cores "
+                            "(mean); they are drawn hollow on the time chart and left out of its fits."]
+    at.pills(key="bench_curves").set_value(["spec", "roofline"]).run()
+    time_spec = chart_specs(at)[0]
+    assert {r["kind"] for rows in time_spec["datasets"].values() for r in rows if "kind" in r} >= {"roofline"}
+    at.segmented_control(key="bench_baseline").set_value("sdpa").run()
+    assert any(i.value.startswith("No crossover against Softmax (fused SDPA): this sweep did not measure it")
+               for i in at.info)
+    assert not at.exception

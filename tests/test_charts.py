@@ -25,8 +25,9 @@ def results_frame(mechanisms=("softmax", "linear"), ns=(64, 128, 256), causal=Fa
                 status="skipped" if skipped else "ok", reason="predicted 9 GiB exceeds the guard" if skipped else "",
                 time_median_s=t, time_iqr_s=t / 10, time_samples=[] if skipped else [t] * 3,
                 repeats=0 if skipped else 3, peak_bytes=peak, memory_method="torch.profiler (CPU allocator)",
-                predicted_bytes=4.0 * n * n, theory_flops=4.0 * 8 * n * n * 64, gflops=np.nan if skipped else 12.5,
-                device_gflops=100.0, pct_of_device=np.nan if skipped else 12.5, sdpa_backend="", threads=2))
+                predicted_bytes=4.0 * n * n, theory_flops=4.0 * 8 * n * n * 64, executed_flops=4.0 * 8 * n * n * 64,
+                gflops=np.nan if skipped else 12.5, device_gflops=100.0, pct_of_device=np.nan if skipped else 12.5,
+                sdpa_backend="", threads=2, foreign_cpu=0.0, load_average=0.5, disturbed=False, retaken=0))
     return frame_from_rows(rows)
 
 
@@ -187,3 +188,112 @@ def test_a_live_spec_matches_a_fresh_build_and_is_rebuilt_only_when_its_shape_ch
     assert live.spec is not built
     live.update(df, "time_median_s")
     assert live.spec is built  # a shape seen before is not built again
+
+
+NOT_MEASURED = "not measured: the point's time budget was spent on timing"
+
+
+def without_memory(df, rows=None):
+    """df with memory not measured at `rows` (all when None), the reason in memory_method as the engine writes it."""
+    hit = df.index if rows is None else rows
+    df.loc[hit, ["peak_bytes", "memory_method"]] = [np.nan, NOT_MEASURED]
+    return df
+
+
+def layers_of(spec: dict, mark: str) -> list[dict]:
+    return [layer for layer in spec["layer"] if (layer["mark"]["type"] if isinstance(layer["mark"], dict)
+                                                 else layer["mark"]) == mark]
+
+
+@pytest.mark.parametrize("rows", [None, [2, 5], [0]])
+def test_memory_not_measured_stays_out_of_the_axis_title_and_the_plot_keeps_its_scale(rows):
+    df = without_memory(results_frame(skip_last=False), rows)
+    if rows == [0]:
+        df = df.iloc[[0, 3]]  # one point drawn: a single value, which Vega would give a flat axis
+    for log in (True, False):
+        spec = charts.figure(df, "peak_bytes", log=log).to_dict()
+        (y,) = [layer["encoding"]["y"] for layer in spec["layer"] if layer["data"].get("name") == "points"]
+        assert not any("not measured" in line for line in y["title"]), y["title"]
+        if rows is None:  # nothing drawable: an explicit domain and a sentence in the plot
+            assert y["scale"]["domain"] == list(charts.EMPTY_DOMAIN[log])
+            assert layers_of(spec, "text")[0]["mark"]["text"] == "No measured value to draw"
+        elif rows == [0]:
+            assert y["scale"]["domain"] == ([0.01, 0.1] if log else [0.0, 2 * 4.0 * 64 * 64 / 2**20])
+        elif log:  # within one decade: the powers of ten around the values
+            assert y["scale"]["domain"] == [0.01, 0.1]
+        else:
+            assert "domain" not in y["scale"]  # a real range: Vega's own
+        (crosses,) = [layer for layer in layers_of(spec, "point") if layer["mark"].get("shape") == "cross"]
+        assert {r["why"] for r in spec["datasets"][crosses["data"]["name"]]} == {NOT_MEASURED}
+    note = charts.chart_note(df, "peak_bytes")
+    assert note.startswith("Not drawn (crosses on the bottom edge): ") and NOT_MEASURED in note
+
+
+def test_disturbed_points_are_hollow_with_the_figure_in_their_tooltip_and_out_of_the_fits():
+    df = results_frame(ns=(64, 128, 256, 512), skip_last=False)
+    hit = (df["mechanism"] == "softmax") & (df["n"] == 512)
+    df.loc[hit, "time_median_s"] *= 10  # would bend a fit that used it
+    df.loc[hit, ["disturbed", "foreign_cpu", "retaken"]] = [True, 0.9, 3]
+    spec = charts.figure(df, "time_median_s", curves=("n²",)).to_dict()
+    (hollow,) = [layer for layer in layers_of(spec, "point") if layer["mark"].get("filled") is False
+                 and layer["data"]["name"] != "crossings_left" and "shape" not in layer["mark"]]
+    (row,) = spec["datasets"][hollow["data"]["name"]]
+    assert (row["mechanism"], row["n"]) == ("softmax", 512)
+    assert row["contention"] == "measured while other programs used 0.9 cores; re-measured 3 samples (left out of " \
+                                "the fits)"
+    filled = [r for layer in layers_of(spec, "point") if layer["mark"].get("filled") is True
+              for r in spec["datasets"][layer["data"]["name"]] if "drawn" in r]
+    assert ("softmax", 512) not in {(r["mechanism"], r["n"]) for r in filled} and len(filled) == 7
+    (dashed,) = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
+    quad = {r["n"]: r["time_ms"] for r in spec["datasets"][dashed["data"]["name"]] if r["mechanism"] == "softmax"}
+    assert quad[512] == pytest.approx(1e-8 * 512 ** 2 * 1e3)  # fitted on the three clean points only
+    assert "This machine was busy: 1 of 8 points" in " ".join(spec["title"]["subtitle"])
+    assert not charts.figure(df, "peak_bytes").to_dict().get("datasets", {}).get("disturbed")  # memory: unaffected
+    every = charts.figure(df.assign(disturbed=True), "time_median_s").to_dict()  # nothing clean: still coloured
+    assert every["layer"][0]["encoding"]["color"]["scale"]["domain"] == ["Softmax (materialized)", "Linear (elu+1)"]
+    assert "No theory curve for Linear (elu+1): every point of it was disturbed." in \
+        charts.chart_note(df.assign(disturbed=True), "time_median_s")
+
+
+def test_iqr_bars_span_the_25th_to_75th_percentile_of_the_samples():
+    df = results_frame(skip_last=False)
+    df["time_samples"] = [[t * f for f in (0.9, 1.0, 1.0, 1.1, 2.0)] for t in df["time_median_s"]]
+    spec = charts.figure(df, "time_median_s").to_dict()
+    (bars,) = layers_of(spec, "errorbar")
+    assert bars["encoding"]["y"]["field"] == "iqr_low" and bars["encoding"]["y2"]["field"] == "iqr_high"
+    for r in spec["datasets"][bars["data"]["name"]]:
+        (t,) = df.loc[(df["n"] == r["n"]) & (df["label"] == r["line"]), "time_median_s"]
+        assert (r["iqr_low"], r["iqr_high"]) == pytest.approx((t * 1e3, t * 1.1e3))  # skewed: not median ± IQR/2
+    assert layers_of(charts.figure(df, "peak_bytes").to_dict(), "errorbar") == []
+
+
+def test_roofline_is_executed_flops_at_the_sweeps_measured_matmul_throughput():
+    df = results_frame(skip_last=False)
+    df["executed_flops"] = 2 * df["theory_flops"]
+    spec = charts.figure(df, "time_median_s", curves=("roofline",)).to_dict()
+    (dashed,) = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
+    rows = spec["datasets"][dashed["data"]["name"]]
+    assert {r["kind_label"] for r in rows} == {"hardware limit at 100 GFLOP/s (matmul, measured)"}
+    assert dashed["encoding"]["strokeDash"]["scale"]["domain"] == ["hardware limit at 100 GFLOP/s (matmul, measured)"]
+    for r in rows:
+        assert r["time_ms"] == pytest.approx(2 * 4.0 * 8 * r["n"] ** 2 * 64 / 100e9 * 1e3)
+    memory = charts.figure(df, "peak_bytes", curves=("roofline",)).to_dict()
+    assert not [layer for layer in memory["layer"] if "strokeDash" in layer.get("encoding", {})]
+
+
+def test_more_than_100_percent_of_the_device_says_why():
+    df = results_frame(skip_last=False)
+    df.loc[0, "pct_of_device"] = 130.0
+    rows = layer_data(charts.figure(df, "time_median_s").to_dict(), "point")[0]
+    above = next(r for r in rows if r["mechanism"] == "softmax" and r["n"] == 64)
+    assert "above the device's measured matmul throughput" in above["throughput"]
+    assert "above" not in next(r for r in rows if r["n"] == 128)["throughput"]
+    assert "1 point is above the device's measured matmul throughput" in charts.chart_note(df, "time_median_s")
+
+
+def test_summary_table_names_its_flops_and_says_why_an_exponent_is_missing():
+    table = charts.summary_table(results_frame(ns=(64, 128), skip_last=False))
+    assert table["time ∝ n^k: k"].isna().all() and table["memory ∝ n^k: k"].isna().all()  # kept, empty
+    assert set(table["note"]) == {"time and memory k: needs 3 clean points, has 2"}
+    assert "% of device matmul (executed FLOPs)" in table and "GFLOP/s at largest n (useful FLOPs)" in table
+    assert "note" not in charts.summary_table(results_frame(skip_last=False))

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 import attn_core as ac
-from attn_core import env
+from attn_core import env, measure
 from attn_core.measure import (Cancelled, Case, Settings, format_bytes, guard, is_oom, measure_case, median_iqr,
                                required_bytes, resolve_mechanisms, time_samples)
 from attn_core.results import COLUMNS
@@ -26,16 +30,80 @@ def test_median_and_iqr_are_derived_from_the_samples():
     assert median_iqr([7.0]) == (7.0, 0.0)
 
 
+class FakeProbe(env.ContentionProbe):
+    """A contention probe whose samples are disturbed as a script says: True = another program took 1.5 cores
+    (and this process's threads waited half the time), False = a quiet machine."""
+
+    def __init__(self, script):
+        self.script, self.marks = list(script), 0
+        super().__init__()
+
+    def mark(self):
+        self.marks += 1
+        return (time.perf_counter(), 0.0, 0.0, 0)
+
+    def since(self, mark):
+        wall = time.perf_counter() - mark[0]
+        busy = self.script.pop(0) if self.script else False
+        return env.Contention(wall, 1.5 * wall if busy else 0.0, 0.5 * wall * 2 if busy else 0.0)
+
+
 def test_time_samples_reaches_both_minimum_count_and_minimum_time():
     calls = []
-    samples, _ = time_samples(lambda: calls.append(1), "cpu", Settings(warmup=2, min_repeats=4, min_time_s=0.0))
-    assert len(samples) >= 4 and all(s > 0 for s in samples)
+    timing = time_samples(lambda: calls.append(1), "cpu", Settings(warmup=2, min_repeats=4, min_time_s=0.0))
+    assert len(timing.samples) >= 4 and all(s > 0 for s in timing.samples)
     assert len(calls) >= 2 + 4  # warm-up calls are made but not kept
 
 
 def test_time_samples_stops_at_the_budget_with_at_least_one_sample():
-    samples, spent = time_samples(lambda: None, "cpu", Settings(min_repeats=10**6, min_time_s=1e9, budget_s=0.0))
-    assert len(samples) == 1 and spent > 0
+    timing = time_samples(lambda: None, "cpu", Settings(min_repeats=10**6, min_time_s=1e9, budget_s=0.0))
+    assert len(timing.samples) == 1 and timing.spent_s > 0
+
+
+def test_a_disturbed_sample_is_set_aside_and_taken_again(monkeypatch):
+    monkeypatch.setattr(measure, "wait_for_quiet", lambda probe, threads: None)
+    probe = FakeProbe([False, True, True, False, False])
+    timing = time_samples(lambda: None, "cpu", Settings(warmup=1, min_repeats=3, min_time_s=0.0), probe=probe)
+    assert timing.retaken == 2 and len(timing.samples) == 3 and not timing.disturbed
+    assert timing.contention.foreign_s == 0.0  # only the clean samples are described
+
+
+def test_a_point_that_stays_disturbed_is_kept_and_flagged(monkeypatch):
+    monkeypatch.setattr(measure, "wait_for_quiet", lambda probe, threads: None)
+    probe = FakeProbe([True] * 100)
+    timing = time_samples(lambda: None, "cpu", Settings(warmup=1, min_repeats=3, min_time_s=0.0), probe=probe)
+    assert timing.disturbed and timing.retaken == measure.MAX_RETAKES  # bounded: the point still ends
+    assert len(timing.samples) == measure.MAX_RETAKES + 3  # every sample, the disturbed ones included
+    assert timing.contention.foreign_cores == pytest.approx(1.5)
+
+
+def test_contention_reads_waits_where_the_os_gives_them_and_foreign_cores_elsewhere():
+    quiet, busy = env.Contention(1.0, 0.02, 0.001), env.Contention(1.0, 0.9, 0.3)
+    assert not quiet.disturbed(2) and busy.disturbed(2)
+    assert busy.foreign_cores == pytest.approx(0.9) and (quiet + busy).wall_s == 2.0
+    no_waits = env.Contention(1.0, 0.9 + max(os.cpu_count() - 2, 0), None)
+    assert no_waits.disturbed(2) and not env.Contention(1.0, 0.0, None).disturbed(2)
+
+
+def test_the_real_probe_sees_this_process_threads_and_a_busy_neighbour():
+    """A child process spinning on every core: the probe counts its CPU as foreign; this process's own work is not."""
+    probe = env.ContentionProbe()
+    mark = probe.mark()
+    deadline = time.perf_counter() + 0.3
+    while time.perf_counter() < deadline:
+        pass
+    alone = probe.since(mark)
+    assert alone.foreign_cores < 0.6  # our own spinning is not foreign (OS ticks are 10 ms: coarse)
+    spinners = [subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<0.6: pass"])
+                for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.1)
+        mark = probe.mark()
+        time.sleep(0.4)
+        assert probe.since(mark).foreign_cores > 0.5 * (os.cpu_count() or 1)
+    finally:
+        for p in spinners:
+            p.wait()
 
 
 def test_time_samples_raises_cancelled():
@@ -48,9 +116,10 @@ def test_ok_row_has_every_column_raw_samples_and_theory():
     assert row["status"] == "ok" and row["reason"] == "" and set(row) == set(COLUMNS)
     assert row["repeats"] == len(row["time_samples"]) >= 3
     assert row["time_median_s"] == pytest.approx(median_iqr(row["time_samples"])[0])
-    spec_flops = ac.get("softmax").flops(case().shape)
-    assert row["theory_flops"] == spec_flops
-    assert row["gflops"] == pytest.approx(spec_flops / row["time_median_s"] / 1e9)
+    spec_flops, executed = ac.get("softmax").flops(case().shape), ac.get("softmax").executed(case().shape)
+    assert row["theory_flops"] == spec_flops and row["executed_flops"] == executed
+    assert row["gflops"] == pytest.approx(executed / row["time_median_s"] / 1e9)  # the device does what it executes
+    assert row["foreign_cpu"] >= 0 and row["retaken"] >= 0 and row["disturbed"] in (True, False)
     assert row["pct_of_device"] == pytest.approx(100 * row["gflops"] / row["device_gflops"])
     assert row["memory_method"] == "torch.profiler (CPU allocator)"
     assert row["threads"] == torch.get_num_threads() and json.loads(row["params"]) == {}

@@ -1,6 +1,8 @@
 """Runs saved and loaded as JSON and CSV: exact round trips, and a clear error for every kind of bad file."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 
@@ -21,7 +23,8 @@ def row(**kw) -> dict:
             "time_iqr_s": 0.0004, "time_samples": [0.012, 0.0123, 0.0125], "repeats": 3, "peak_bytes": 4194304.0,
             "memory_method": "torch.profiler (CPU allocator)", "predicted_bytes": 4194304.0,
             "theory_flops": 1.1e9, "gflops": 89.4, "device_gflops": 140.0, "pct_of_device": 63.9,
-            "sdpa_backend": "", "threads": 2.0}
+            "sdpa_backend": "", "threads": 2.0, "executed_flops": 1.2e9, "foreign_cpu": 0.02, "load_average": 0.4,
+            "disturbed": False, "retaken": 0}
     return {**base, **kw}
 
 
@@ -60,10 +63,10 @@ def test_frame_has_the_schema_columns_and_types_even_when_empty():
 
 def test_json_has_no_nan_and_csv_starts_with_the_stamp():
     doc = json.loads(to_json_bytes(sample_run()))
-    assert doc["format"] == "attention-lab-run" and doc["schema_version"] == 1
+    assert doc["format"] == "attention-lab-run" and doc["schema_version"] == 2
     assert doc["rows"][2]["time_median_s"] is None
     lines = to_csv_bytes(sample_run()).decode().splitlines()
-    assert lines[0] == "# attention-lab-run" and lines[1] == "# schema_version: 1"
+    assert lines[0] == "# attention-lab-run" and lines[1] == "# schema_version: 2"
     assert lines[2].startswith("# env: {") and lines[4].split(",")[:2] == ["mechanism", "label"]
 
 
@@ -124,3 +127,29 @@ def test_missing_file_is_a_clear_error(tmp_path):
 def test_nan_written_by_other_tools_still_loads():
     text = to_json_bytes(sample_run()).decode().replace('"time_median_s": null', '"time_median_s": NaN', 1)
     assert math.isnan(load_run(text.encode()).frame["time_median_s"].iloc[2])
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_a_version_1_file_still_opens_with_the_new_columns_filled(fmt):
+    """Runs saved before the contention columns existed: executed FLOPs = the useful ones, contention unknown."""
+    old = sample_run()
+    old.frame = old.frame.drop(columns=list(results.ADDED_IN_2))
+    if fmt == "json":
+        doc = json.loads(to_json_bytes(sample_run()))
+        doc["schema_version"] = 1
+        doc["rows"] = [{k: v for k, v in r.items() if k not in results.ADDED_IN_2} for r in doc["rows"]]
+        data = json.dumps(doc).encode()
+    else:
+        text = to_csv_bytes(sample_run()).decode().replace("# schema_version: 2", "# schema_version: 1")
+        lines = text.splitlines()
+        header = lines[4].split(",")
+        keep = [i for i, c in enumerate(header) if c not in results.ADDED_IN_2]
+        body = list(csv.reader(io.StringIO("\n".join(lines[4:]))))
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows([[r[i] for i in keep] for r in body])
+        data = ("\n".join(lines[:4]) + "\n" + out.getvalue()).encode()
+    back = load_run(data, name=f"old.{fmt}")
+    assert list(back.frame.columns) == list(COLUMNS)
+    assert (back.frame["executed_flops"] == back.frame["theory_flops"]).all()
+    assert back.frame["foreign_cpu"].isna().all() and not back.frame["disturbed"].any()
+    assert (back.frame["retaken"] == 0).all()

@@ -198,3 +198,23 @@ def test_eta_is_estimated_once_a_point_is_timed():
     eta = run.progress()["eta_s"]  # from the seconds per FLOP of the finished point (0.0 if already done)
     run.wait(60)
     assert eta is not None and eta >= 0 and math.isfinite(eta)
+
+
+def test_eta_comes_from_executed_flops_and_the_device_speed_not_from_fixed_costs():
+    """The first points are the cheapest: an ETA that scaled their wall time (overheads included) by the FLOP ratio
+    said 'about 5055 s left' for a 36 s sweep. Now: calls × executed FLOPs ÷ achieved speed."""
+    from attn_core.measure import theory
+
+    run = SweepRun(config(["softmax"], ns=(256, 1024, 4096), measure_memory=False, min_repeats=3,
+                          min_time_s=0.0, warmup=1))
+    assert run._eta(0) is None  # nothing known yet: no device figure, no point
+    run.env = {"device_gflops": 100.0}
+    spec = run.registry["softmax"]
+    executed = [theory(spec, c)[1] for c in run.cases]
+    expected = sum(run._point_seconds(f / 25e9) for f in executed)  # a quarter of the matmul figure before any point
+    assert run._eta(0) == pytest.approx(expected)
+    first = run.cases[0]
+    row = {**run._row(first, "ok", ""), "gflops": 50.0, "time_median_s": executed[0] / 50e9}
+    run._add(row, (first.mechanism, first.params), elapsed_s=5.0)  # 5 s of fixed costs around a tiny point
+    overhead = 5.0 - run._point_seconds(executed[0] / 50e9)
+    assert run._eta(1) == pytest.approx(sum(run._point_seconds(f / 50e9) + overhead for f in executed[1:]))

@@ -1,8 +1,11 @@
-"""How fast the dashboard answers, in a real browser: server start to first page, first point after Run, the default
-sweep, and a click while a sweep runs. Prints figures; asserts nothing. `python -m attn_core.benchmarks.dashboard`."""
+"""The dashboard's numbers against the command line's, in a real browser: agreement of the medians (default sweep and
+quick demo), repeatability of two runs, the default sweep's time, the first point after Run (fresh server and warm),
+a click while a sweep runs, and what a process spinning on one core does to a sweep's points (flagged or re-measured
+clean). Prints figures; asserts nothing. `python -m attn_core.benchmarks.dashboard`."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -14,12 +17,19 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+import pandas as pd
+
+from attn_core import presets, results
+from attn_core.sweep import DEFAULT_SWEEP, SweepConfig
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run")
 EXCEPTION = '[data-testid="stException"]'
 CHART = '[data-testid="stVegaLiteChart"]'
+DEFAULT = DEFAULT_SWEEP
+DEFAULT_CPU = dataclasses.replace(DEFAULT_SWEEP, device="cpu")
 # The new sweep's progress bar counts a point (its charts come in the same script run).
 FIRST_POINT = """() => { const bar = document.querySelector('[data-testid="stProgress"]');
                          return bar !== null && /^[1-9][0-9]* of /.test(bar.innerText)
@@ -108,41 +118,6 @@ def wait_idle(page, timeout_s: float = 60) -> None:
     page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout_s * 1000)
 
 
-def measure() -> dict[str, float]:
-    """Seconds: server start → first rendered page; Run → first point (pressed as soon as the page is up, then again
-    with the worker warm); a click while the sweep runs → the server's answer on screen; Run → default sweep done."""
-    figures = {}
-    with browser_page() as page:
-        server = AppServer()
-        try:
-            server.wait_ready()
-            page.goto(server.url)
-            page.get_by_role("heading", name="Attention Lab").wait_for()
-            figures["server start → first rendered page"] = time.perf_counter() - server.started
-            page.goto(f"{server.url}/benchmark")
-            run, done = page.locator(".st-key-bench_run button"), page.locator(".st-key-bench_stop button[disabled]")
-            run.wait_for()
-            wait_idle(page)
-            t0 = time.perf_counter()
-            run.click()
-            page.wait_for_selector(CHART)
-            figures["Run → first point on the chart (Run pressed at once)"] = time.perf_counter() - t0
-            figures["a click while the sweep runs → answer on screen"] = answer_time(page)
-            done.wait_for(timeout=300_000)
-            figures["Run → default sweep done"] = time.perf_counter() - t0
-            wait_idle(page)
-            t0 = time.perf_counter()
-            run.click()
-            page.wait_for_function(FIRST_POINT)
-            figures["Run → first point on the chart (worker warm)"] = time.perf_counter() - t0
-            page.locator(".st-key-bench_stop button").click()
-            if page.locator(EXCEPTION).count():
-                print("an exception box is on the page:", page.locator(EXCEPTION).first.inner_text())
-        finally:
-            server.stop()
-    return figures
-
-
 def answer_time(page) -> float:
     """Type an invalid d_model and wait for the page's sentence about it (a full rerun), then put it back."""
     d_model = page.locator(".st-key-bench_d_model input")
@@ -156,23 +131,173 @@ def answer_time(page) -> float:
     return seconds
 
 
-def engine_alone() -> float:
-    """Seconds the default sweep takes through the engine with no dashboard, for comparison."""
-    from attn_core.sweep import DEFAULT_SWEEP, run_sweep
-    from attn_core.worker import prestart
+DONE = ".st-key-bench_stop button[disabled]"
 
-    prestart().wait_ready()
+
+def wait_done(page) -> None:
+    """Until the sweep has ended and the page has drawn its end (Run back, the Export panel there)."""
+    page.locator(DONE).wait_for(timeout=300_000)
+    page.get_by_text("Export", exact=True).first.wait_for(timeout=60_000)
+    wait_idle(page)
+
+
+def exported(page) -> pd.DataFrame:
+    """The finished sweep's rows, through the page's own JSON export (what a user downloads)."""
+    page.get_by_text("Export", exact=True).first.click()
+    button = page.locator(".st-key-bench_dl_json button")
+    button.wait_for()
+    with page.expect_download() as download:
+        button.click()
+    return results.load_run(Path(download.value.path()).read_bytes()).frame
+
+
+def points_done(page) -> int:
+    text = page.locator('[data-testid="stProgress"]').first.inner_text()
+    return int(text.split(" of ")[0]) if " of " in text else 0
+
+
+def dashboard_default(page, url: str, busy_halfway: bool = False) -> tuple[pd.DataFrame, dict]:
+    """The default sweep through the page: Run, first point, end; optionally a process spinning on one core from
+    the moment half the points are in (figures: seconds, and the points measured before it started)."""
+    page.goto(f"{url}/benchmark")
+    run = page.locator(".st-key-bench_run button")
+    run.wait_for()
+    wait_idle(page)
     t0 = time.perf_counter()
-    run_sweep(DEFAULT_SWEEP)
-    return time.perf_counter() - t0
+    run.click()
+    page.wait_for_function(FIRST_POINT, timeout=120_000)
+    figures = {"first point": time.perf_counter() - t0}
+    spinner = None
+    if busy_halfway:
+        total = len(DEFAULT.mechanisms) * len(DEFAULT.ns)
+        page.wait_for_function(f"""() => {{ const bar = document.querySelector('[data-testid="stProgress"]');
+            return bar !== null && parseInt(bar.innerText) >= {total // 2}; }}""", timeout=300_000)
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                   preexec_fn=lambda: os.sched_setaffinity(0, {(os.cpu_count() or 1) - 1}))
+        figures["points before the busy process"] = points_done(page)
+    try:
+        wait_done(page)
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+    figures["seconds"] = time.perf_counter() - t0
+    return exported(page), figures
+
+
+def dashboard_demo(page, url: str) -> pd.DataFrame:
+    page.goto(url)
+    page.locator(".st-key-home_demo button").click()
+    page.locator(".st-key-bench_run button").wait_for()
+    wait_done(page)
+    return exported(page)
+
+
+def cli_run(config: SweepConfig) -> pd.DataFrame:
+    """The same sweep through `python -m attn_core sweep` (a process of its own, as a user runs it)."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "run.json"
+        mechanisms = ",".join(key for key, _ in config.mechanisms)
+        subprocess.run([sys.executable, "-m", "attn_core", "sweep", "--mechanisms", mechanisms,
+                        "--n", ",".join(map(str, config.ns)), "--d-model", str(config.d_model),
+                        "--heads", str(config.heads), "--batch", str(config.batch), "--device", "cpu",
+                        "--warmup", str(config.warmup), "--min-repeats", str(config.min_repeats),
+                        "--min-time", str(config.min_time_s), "--point-budget", str(config.point_budget_s),
+                        "--quiet", "--out", str(out)], cwd=ROOT, check=False, capture_output=True)
+        return results.load_run(out).frame
+
+
+def medians(frame: pd.DataFrame) -> pd.Series:
+    ok = frame[frame["status"] == "ok"]
+    return ok.set_index(["mechanism", "params", "n"])["time_median_s"]
+
+
+def compare(a: pd.DataFrame, b: pd.DataFrame, floor_s: float) -> dict:
+    """Per point of at least `floor_s` in b: the ratio a / b of the medians (worst as the larger of r and 1/r)."""
+    ma, mb = medians(a), medians(b)
+    common = ma.index.intersection(mb.index)
+    common = [i for i in common if mb[i] >= floor_s]
+    off = pd.Series({i: max(ma[i] / mb[i], mb[i] / ma[i]) for i in common}, dtype=float)
+    if off.empty:
+        return {"points": 0}
+    worst = off.idxmax()
+    return {"points": len(off), "median": float(off.median()), "worst": float(off.max()),
+            "worst_at": f"{worst[0]} n={worst[2]}", "within_1.3": int((off <= 1.3).sum()),
+            "within_10pct": int((off <= 1.1).sum())}
+
+
+def say(name: str, c: dict) -> None:
+    if not c["points"]:
+        print(f"  {name:<58} no common points")
+        return
+    print(f"  {name:<58} {c['points']:>2} points: median ×{c['median']:.3f}, worst ×{c['worst']:.2f} "
+          f"({c['worst_at']}); within ×1.3: {c['within_1.3']}, within 10%: {c['within_10pct']}")
+
+
+def disturbed_share(frame: pd.DataFrame, before: int) -> str:
+    """Of the points measured after the busy process started: how many were flagged or re-measured clean."""
+    later = frame.iloc[before:]
+    later = later[later["status"] == "ok"]
+    flagged, retaken = int(later["disturbed"].sum()), int((~later["disturbed"] & (later["retaken"] > 0)).sum())
+    untouched = len(later) - flagged - retaken
+    return (f"{len(later)} points measured with a process spinning on one core: {flagged} flagged disturbed, "
+            f"{retaken} re-measured clean (samples retaken), {untouched} neither; mean foreign CPU "
+            f"{later['foreign_cpu'].mean():.2f} cores")
 
 
 def main() -> None:
-    print(f"dashboard response times on this machine ({os.cpu_count()} CPUs, load average "
-          f"{os.getloadavg()[0]:.1f} at the start), default settings:")
-    for name, seconds in measure().items():
-        print(f"  {name:<56} {seconds:6.2f} s")
-    print(f"  {'the default sweep through the engine alone (no dashboard)':<56} {engine_alone():6.2f} s")
+    print(f"Dashboard against the command line, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the "
+          "start; Chromium shows the page throughout. Ratios are medians of the same point, max(a/b, b/a).")
+    quick = presets.QUICK_DEMO.for_device("cpu")[0]
+    figures, runs = {}, {}
+    with browser_page() as page:
+        server = AppServer()
+        try:
+            server.wait_ready()
+            page.goto(server.url)
+            page.get_by_role("heading", name="Attention Lab").wait_for()
+            figures["server start → first rendered page"] = time.perf_counter() - server.started
+            runs["dash default 1"], first = dashboard_default(page, server.url)
+            figures["Run → first point, fresh server (Run pressed at once)"] = first["first point"]
+            figures["default sweep in the dashboard, fresh server"] = first["seconds"]
+            runs["cli default 1"] = cli_run(DEFAULT_CPU)
+            runs["dash default 2"], second = dashboard_default(page, server.url)
+            figures["Run → first point, warm worker"] = second["first point"]
+            figures["default sweep in the dashboard, warm"] = second["seconds"]
+            runs["cli default 2"] = cli_run(DEFAULT_CPU)
+            for i in (1, 2):
+                runs[f"dash demo {i}"] = dashboard_demo(page, server.url)
+                runs[f"cli demo {i}"] = cli_run(quick)
+            runs["dash busy"], busy = dashboard_default(page, server.url, busy_halfway=True)
+            figures["answer to a click during a sweep"] = answer_during_sweep(page, server.url)
+            if page.locator(EXCEPTION).count():
+                print("an exception box is on the page:", page.locator(EXCEPTION).first.inner_text())
+        finally:
+            server.stop()
+    for name, seconds in figures.items():
+        print(f"  {name:<58} {seconds:6.2f} s")
+    print("Dashboard vs command line (target: every point ≥ 0.5 ms within ×1.3):")
+    for i in (1, 2):
+        say(f"default sweep, run {i}", compare(runs[f"dash default {i}"], runs[f"cli default {i}"], 5e-4))
+        say(f"quick demo, run {i}", compare(runs[f"dash demo {i}"], runs[f"cli demo {i}"], 5e-4))
+    print("Repeatability, two runs of one sweep (target: every point ≥ 1 ms within 10%):")
+    for kind in ("dash", "cli"):
+        say(f"{kind} default sweep", compare(runs[f"{kind} default 1"], runs[f"{kind} default 2"], 1e-3))
+        say(f"{kind} quick demo", compare(runs[f"{kind} demo 1"], runs[f"{kind} demo 2"], 1e-3))
+    print("A process spinning on one core from halfway through a default sweep in the dashboard:")
+    print("  " + disturbed_share(runs["dash busy"], int(busy["points before the busy process"])))
+    say("its points against the clean dashboard run", compare(runs["dash busy"], runs["dash default 2"], 5e-4))
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+def answer_during_sweep(page, url: str) -> float:
+    page.goto(f"{url}/benchmark")
+    page.locator(".st-key-bench_run button").click()
+    page.wait_for_function(FIRST_POINT, timeout=120_000)
+    seconds = answer_time(page)
+    page.locator(".st-key-bench_stop button").click()
+    page.locator(DONE).wait_for(timeout=60_000)
+    return seconds
 
 
 if __name__ == "__main__":

@@ -28,6 +28,12 @@ def banded_memory(heads: int, n: int, d: int, elem: int, *, block: int, left: in
     return heads * n * d * elem + block * span * (elem + 1) + heads * rows * (d + 2 * span) * elem + slabs
 
 
+def banded_flops(heads: int, n: int, d: int, *, block: int, left: int, right: int) -> float:
+    """FLOPs banded_attention executes: Q Kᵀ and P V for every query block, the last zero-padded to `block` rows,
+    against its whole window of S = left + block + right keys, masked cells and zero keys past the ends included."""
+    return 4.0 * heads * math.ceil(n / block) * block * (left + block + right) * d
+
+
 def _key_slab(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """x[:, :, start:stop] along the sequence, zero rows where [start, stop) leaves [0, n)."""
     n = x.shape[-2]

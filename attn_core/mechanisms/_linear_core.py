@@ -52,6 +52,21 @@ def linear_attention_core(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Ten
     return (num / den.clamp_min(torch.finfo(den.dtype).tiny)).view(B, H, nc * C, -1)[:, :, :n]
 
 
+def linear_core_flops(heads: int, nq: int, nk: int, m: int, d: int, causal: bool, *, executed: bool = False) -> float:
+    """Matmul FLOPs of linear_attention_core with φ of width m. Both forms: the state φ(K)ᵀV (2·Nk·m·D), its product
+    with φ(Q) (2·Nq·m·D), the normalizer φ(Q)·Σφ(K) (2·Nq·m). Causal adds the in-chunk products φ(Q_c)φ(K_c)ᵀ and
+    their product with V_c, 2·(m + D) per cell: useful counts the cells j ≤ i of the real positions, `executed` every
+    chunk's full C×C block and all the work of the zero rows that pad n to whole chunks."""
+    if not causal:
+        return heads * (2.0 * nk * m * d + 2.0 * nq * m * d + 2.0 * nq * m)
+    C = min(causal_chunk(m, d), nq)
+    if executed:
+        return heads * -(-nq // C) * C * (4.0 * m * d + 2.0 * m + 2.0 * C * (m + d))
+    full, rest = divmod(nq, C)
+    cells = full * C * (C + 1) / 2 + rest * (rest + 1) / 2  # in-chunk pairs with j ≤ i
+    return heads * (nq * (4.0 * m * d + 2.0 * m) + 2.0 * cells * (m + d))
+
+
 def linear_core_memory(heads: int, nq: int, m: int, d: int, elem: int, causal: bool) -> float:
     """Predicted peak bytes of linear_attention_core above its φ inputs (output included), from the order in
     which it allocates: the largest set of tensors alive at once."""

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from ..spec import MechanismSpec, Shape
 from ._common import checked_shape
-from ._linear_core import causal_chunk, linear_attention_core, linear_core_memory
+from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory
 
 
 def feature_map(x):
@@ -24,10 +24,11 @@ def linear_attention(q, k, v, *, causal: bool = False):
 
 
 def _flops(s: Shape) -> float:
-    if s.causal:  # per position: state in and out (m·D each), plus its share of the masked (C, C) in-chunk block
-        C = min(causal_chunk(s.D, s.D), s.Nq)
-        return s.heads * s.Nq * (4.0 * s.D * s.D + 2.0 * C * s.D)
-    return s.heads * (2.0 * s.Nk * s.D * s.D + 2.0 * s.Nq * s.D * s.D)
+    return linear_core_flops(s.heads, s.Nq, s.Nk, s.D, s.D, s.causal)  # φ = elu + 1 is elementwise: no matmul
+
+
+def _executed_flops(s: Shape) -> float:
+    return linear_core_flops(s.heads, s.Nq, s.Nk, s.D, s.D, s.causal, executed=True)
 
 
 def _memory(s: Shape) -> float:
@@ -49,5 +50,6 @@ SPEC = MechanismSpec(
     time_big_o="O(n·d²)",
     memory_big_o="O(n·d)",
     flops=_flops,
+    executed_flops=_executed_flops,
     memory_bytes=_memory,
 )

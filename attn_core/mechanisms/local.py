@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import masks
 from ..spec import MechanismSpec, Param, Shape
-from ._banded import banded_attention, banded_memory
+from ._banded import banded_attention, banded_flops, banded_memory
 from ._common import checked_shape
 
 
@@ -41,6 +41,11 @@ def _flops(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) ->
     return 4.0 * s.heads * s.Nq * min(keys, s.Nk) * s.D
 
 
+def _executed_flops(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
+    b, back, ahead = _reach(s, block, lookback, lookahead)
+    return banded_flops(s.heads, s.Nq, s.D, block=b, left=back * b, right=ahead * b)
+
+
 def _memory(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
     b, back, ahead = _reach(s, block, lookback, lookahead)
     return banded_memory(s.heads, s.Nq, s.D, s.elem, block=b, left=back * b, right=ahead * b)
@@ -63,6 +68,7 @@ SPEC = MechanismSpec(
     time_big_o="O(n·b·d)",
     memory_big_o="O(n·d)",
     flops=_flops,
+    executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=_pattern,
 )

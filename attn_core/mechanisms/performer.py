@@ -8,7 +8,7 @@ import torch
 
 from ..spec import MechanismSpec, Param, Shape
 from ._common import checked_shape
-from ._linear_core import causal_chunk, linear_attention_core, linear_core_memory
+from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory
 
 
 def orthogonal_features(features: int, d: int, *, seed: int = 0, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -60,13 +60,16 @@ def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, p
                                  favor_features(k, projection, is_query=False), v, causal)
 
 
+def _maps_flops(s: Shape, features: int) -> float:
+    return 2.0 * s.heads * (s.Nq + s.Nk) * features * s.D  # the random projections x' Wᵀ of queries and keys
+
+
 def _flops(s: Shape, features: int = 256) -> float:
-    m = features
-    maps = 2.0 * (s.Nq + s.Nk) * m * s.D  # projections of queries and keys
-    if s.causal:
-        C = min(causal_chunk(m, s.D), s.Nq)
-        return s.heads * (maps + s.Nq * (4.0 * m * s.D + 2.0 * C * (m + s.D)))
-    return s.heads * (maps + 2.0 * s.Nk * m * s.D + 2.0 * s.Nq * m * s.D)
+    return _maps_flops(s, features) + linear_core_flops(s.heads, s.Nq, s.Nk, features, s.D, s.causal)
+
+
+def _executed_flops(s: Shape, features: int = 256) -> float:
+    return _maps_flops(s, features) + linear_core_flops(s.heads, s.Nq, s.Nk, features, s.D, s.causal, executed=True)
 
 
 def _memory(s: Shape, features: int = 256) -> float:
@@ -90,6 +93,7 @@ SPEC = MechanismSpec(
     time_big_o="O(n·m·d)",
     memory_big_o="O(n·(m + d))",
     flops=_flops,
+    executed_flops=_executed_flops,
     memory_bytes=_memory,
     init_state=init_state,
     state_keys=("projection",),

@@ -16,7 +16,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
 
     Shapes as softmax_attention. PyTorch picks the kernel (see `sdpa_backend`): flash on CPU and on recent GPUs,
     memory-efficient or cuDNN otherwise, the unfused math path as a fallback. Fused kernels never hold the n×n
-    matrix: O(n²·d) time, O(n) memory; causal kernels skip the masked half.
+    matrix: O(n²·d) time, O(n) memory; causal kernels skip the key tiles wholly above the diagonal.
     """
     checked_shape(SPEC, q, k, v, causal)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -32,7 +32,23 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: b
 
 
 def _flops(s: Shape) -> float:
-    return (2.0 if s.causal else 4.0) * s.heads * s.Nq * s.Nk * s.D
+    cells = s.Nq * (s.Nq + 1) / 2 if s.causal else s.Nq * s.Nk  # causal keeps j ≤ i
+    return 4.0 * s.heads * cells * s.D
+
+
+def _executed_flops(s: Shape) -> float:
+    """Q Kᵀ and P V as PyTorch's CPU flash kernel tiles them (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp):
+    query blocks of 256 rows (Nq ≥ 768), 64 (Nq ≥ 192) or 32, key blocks of 512. Causal, a query block stops at
+    the key block holding its last query but computes that whole block, masking after; non-causal, every cell.
+    The fp16 path with oneDNN packing (keys padded to 64) and the GPU kernels, with their own tiles, differ."""
+    if not s.causal:
+        return 4.0 * s.heads * s.Nq * s.Nk * s.D
+    q_split, kv_split = min(256 if s.Nq >= 768 else 64 if s.Nq >= 192 else 32, s.Nq), min(512, s.Nk)
+    cells = 0
+    for first in range(0, s.Nq, q_split):
+        rows = min(q_split, s.Nq - first)
+        cells += rows * min(s.Nk, -(-(first + rows) // kv_split) * kv_split)  # whole key blocks up to its last query
+    return 4.0 * s.heads * cells * s.D
 
 
 def _memory(s: Shape) -> float:
@@ -53,6 +69,7 @@ SPEC = MechanismSpec(
     time_big_o="O(n²·d)",
     memory_big_o="O(n·d)",
     flops=_flops,
+    executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=lambda causal: masks.causal if causal else masks.full,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import masks
 from ..spec import MechanismSpec, Param, Shape
-from ._banded import banded_attention, banded_memory
+from ._banded import banded_attention, banded_flops, banded_memory
 from ._common import checked_shape
 from .softmax import softmax_attention
 
@@ -47,6 +47,10 @@ def _flops(s: Shape, window: int = 256) -> float:
     return 4.0 * s.heads * _visible(s, window) * s.D
 
 
+def _executed_flops(s: Shape, window: int = 256) -> float:
+    return banded_flops(s.heads, s.Nq, s.D, block=tile(window, s.Nq), left=window, right=0 if s.causal else window)
+
+
 def _memory(s: Shape, window: int = 256) -> float:
     return banded_memory(s.heads, s.Nq, s.D, s.elem, block=tile(window, s.Nq), left=window,
                          right=0 if s.causal else window)
@@ -65,6 +69,7 @@ SPEC = MechanismSpec(
     time_big_o="O(n·w·d)",
     memory_big_o="O(n·d)",
     flops=_flops,
+    executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=_pattern,
 )

@@ -32,6 +32,12 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
 
 
 def _flops(s: Shape) -> float:
+    cells = s.Nq * (s.Nq + 1) / 2 if s.causal else s.Nq * s.Nk  # causal keeps j ≤ i
+    return 4.0 * s.heads * cells * s.D  # Q Kᵀ and P V, 2·D each per kept cell
+
+
+def _executed_flops(s: Shape) -> float:
+    # Causal too: every (Nq, Nk) score and product is computed; the mask only sets the upper half to −inf.
     return 4.0 * s.heads * s.Nq * s.Nk * s.D
 
 
@@ -53,6 +59,7 @@ SPEC = MechanismSpec(
     time_big_o="O(n²·d)",
     memory_big_o="O(n²)",
     flops=_flops,
+    executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=lambda causal: masks.causal if causal else masks.full,
 )

@@ -70,6 +70,13 @@ def _flops(s: Shape, stride: int = 128) -> float:
     return 4.0 * s.heads * s.Nq * keys * s.D
 
 
+def _executed_flops(s: Shape, stride: int = 128) -> float:
+    # Every query block, the last zero-padded to st rows, against its st own keys and all ⌊n/st⌋ summaries, masked
+    # cells included: Q Kᵀ and P V.
+    st = min(stride, s.Nq)
+    return 4.0 * s.heads * -(-s.Nq // st) * st * (st + s.Nq // st) * s.D
+
+
 def _memory(s: Shape, stride: int = 128) -> float:
     st = min(stride, s.Nq)
     nb, m = -(-s.Nq // st), s.Nq // st
@@ -97,6 +104,7 @@ SPEC = MechanismSpec(
     time_big_o="O(n·(s + n/s)·d)",
     memory_big_o="O(n·d + s·(s + n/s))",
     flops=_flops,
+    executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=_pattern,
 )
