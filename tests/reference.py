@@ -43,3 +43,31 @@ def kernel_attention(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, 
     if causal:
         a = a * torch.ones(a.shape[-2:], dtype=torch.float64).tril()
     return torch.einsum("bhij,bhjd->bhid", a / a.sum(-1, keepdim=True), v.double())
+
+
+def trace_peak_bytes(fn) -> int:
+    """Peak CPU bytes in use during fn() above its start, read from the profiler's exported Chrome trace (not the
+    engine's reading of the event list): every '[memory]' record's signed Bytes, summed in timestamp order."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.remove(path)
+    records = sorted((float(e["ts"]), int(e["args"]["Bytes"])) for e in events
+                     if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0)
+    level = peak = 0
+    for _, nbytes in records:  # equal stamps: an allocation (+) before a free (−) of the same instant, the safe side
+        level += nbytes
+        peak = max(peak, level)
+    return peak

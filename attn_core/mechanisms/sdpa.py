@@ -43,7 +43,7 @@ def _executed_flops(s: Shape) -> float:
     The fp16 path with oneDNN packing (keys padded to 64) and the GPU kernels, with their own tiles, differ."""
     if not s.causal:
         return 4.0 * s.heads * s.Nq * s.Nk * s.D
-    q_split, kv_split = min(256 if s.Nq >= 768 else 64 if s.Nq >= 192 else 32, s.Nq), min(512, s.Nk)
+    q_split, kv_split = _tiles(s)
     cells = 0
     for first in range(0, s.Nq, q_split):
         rows = min(q_split, s.Nq - first)
@@ -51,9 +51,44 @@ def _executed_flops(s: Shape) -> float:
     return 4.0 * s.heads * cells * s.D
 
 
+def _tiles(s: Shape) -> tuple[int, int]:
+    """(query rows, key columns) of one tile of the CPU flash kernel: 256 × 512 for Nq ≥ 768, 64 × 512 for
+    Nq ≥ 192, 32 × 512 below, each cut to the sequence."""
+    return min(256 if s.Nq >= 768 else 64 if s.Nq >= 192 else 32, s.Nq), min(512, s.Nk)
+
+
+def cpu_flash_platform(dtype: str) -> tuple[int, bool]:
+    """(threads, packs): the intra-op thread count, each thread holding its own scratch, and whether this CPU's
+    flash kernel repacks K and V for AMX tiles in this dtype (bfloat16 with AMX-BF16, float16 with AMX-FP16;
+    PyTorch's cpublas::could_pack). The one place the spec reads the machine."""
+    has = {"bfloat16": "_is_amx_tile_supported", "float16": "_is_amx_fp16_supported"}.get(dtype)
+    packs = bool(has) and bool(getattr(torch.cpu, has, lambda: False)())
+    return torch.get_num_threads(), packs
+
+
 def _memory(s: Shape) -> float:
-    # Fused kernels: the output; tiles live in per-thread scratch (a log-sum-exp row is kept only for backward).
-    return float(s.output_bytes)
+    """The CPU flash kernel's allocations, all alive at its end (FlashAttentionKernel.cpp, measured op by op):
+    the output; the log-sum-exp, fp32 (B, H, Nq); per thread, fp32 scratch for a tile's scores, row max and sum
+    and output (qs·ks + 2·qs + qs·D) and, in half precision, the scores again in that dtype; when the kernel
+    repacks for AMX (cpu_flash_platform, and enough work per thread to pay for it): K with D padded to even,
+    V with each key tile padded to even, per thread a padded query tile when D is odd, and a (ks, D) transpose
+    buffer. O(n·d + threads·qs·ks): GPU kernels hold the output and log-sum-exp, and their scratch differs."""
+    qs, ks = _tiles(s)
+    threads, packs = cpu_flash_platform(s.dtype)
+    half = s.elem < 4
+    tail = (s.Nk - 1) % ks + 1
+    even = lambda x: x + x % 2  # noqa: E731
+    if packs:  # enough GEMMs per packed element: at least 4 (q tiles per thread × qs × Nk·D) ÷ (B·H·Nk·D)
+        per_thread = -(-s.heads * -(-s.Nq // qs) // threads)
+        packs = s.Nq >= 64 and s.Nk >= 64 and per_thread * qs >= 4 * s.heads
+    ek, ed = (even(ks), even(s.D)) if packs else (ks, s.D)
+    scratch = threads * (qs * ks + 2 * qs + qs * s.D) * 4 + (threads * qs * ek * s.elem if half else 0)
+    packed = 0
+    if packs:
+        padded_keys = (s.Nk - 1) // ks * ek + even(tail)
+        packed = s.heads * (ed * s.Nk + padded_keys * s.D) * s.elem + threads * ks * s.D * s.elem
+        packed += threads * qs * ed * s.elem if s.D % 2 else 0
+    return float(s.output_bytes + s.heads * s.Nq * 4 + scratch + packed)
 
 
 SPEC = MechanismSpec(
