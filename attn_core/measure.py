@@ -212,6 +212,7 @@ class Timing:
 MAX_RETAKES = 20  # disturbed samples taken again per point, at most ...
 RETAKE_S = 1.0  # ... and at most this many seconds (or the clean samples' own time, if longer) spent on them
 QUIET_STEP_S, QUIET_WAIT_S = 0.025, 0.5  # after a disturbed sample, wait (up to 0.5 s) for a quiet 25 ms window
+HOLD_MAX_S = 3.0  # the longest a hold (a page is drawing) keeps one sample waiting
 
 
 def wait_for_quiet(probe: env.ContentionProbe, threads: int) -> None:
@@ -226,23 +227,36 @@ def wait_for_quiet(probe: env.ContentionProbe, threads: int) -> None:
             return
 
 
+def wait_while_held(held: Callable[[], bool], cancelled: Callable[[], bool]) -> float:
+    """Sleep in QUIET_STEP_S steps while `held()` (the dashboard is drawing), HOLD_MAX_S at most, so a page that
+    never lets go cannot stall a sweep; the seconds waited."""
+    began = time.perf_counter()
+    while held() and time.perf_counter() - began < HOLD_MAX_S and not cancelled():
+        time.sleep(QUIET_STEP_S / 5)
+    return time.perf_counter() - began
+
+
 def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
                  cancelled: Callable[[], bool] = lambda: False, probe: env.ContentionProbe | None = None,
-                 first_call_s: float | None = None) -> Timing:
+                 first_call_s: float | None = None, held: Callable[[], bool] = lambda: False) -> Timing:
     """Seconds per call, one sample per block of back-to-back calls: `warmup` untimed calls, then samples until
     both `min_repeats` clean samples and `min_time_s` of them are reached, or the point's `budget_s` is spent
-    (≥ 1 sample). A sample during which another program took CPU from this process (env.Contention.disturbed) is
-    set aside and taken again after a quiet moment, at most MAX_RETAKES times and RETAKE_S seconds; a point
-    still short of clean samples then is `disturbed`. `first_call_s`: the thunk already ran once, taking that long
-    (it counts as a warm-up call). Raises Cancelled when `cancelled()` turns true."""
+    (≥ 1 sample). No sample starts while `held()` (the caller's page is drawing) or right after other programs were
+    busy (warm-up, a hold): it waits for a quiet moment first. A sample during which another program took CPU from
+    this process anyway (env.Contention.disturbed) is set aside and taken again after a quiet moment, at most
+    MAX_RETAKES times and RETAKE_S seconds; a point still short of clean samples then is `disturbed`.
+    `first_call_s`: the thunk already ran once, taking that long (it counts as a warm-up call). Waits do not count
+    towards the budget. Raises Cancelled when `cancelled()` turns true."""
     timed, threads = env.device_timer(device), torch.get_num_threads()
-    start, one = time.perf_counter(), first_call_s or 0.0
+    probe = probe or env.ContentionProbe()
+    start, one, warm = time.perf_counter(), first_call_s or 0.0, probe.mark()
     for _ in range(settings.warmup - (first_call_s is not None)):
         if cancelled():
             raise Cancelled
         one = timed(thunk, 1)
-    probe = probe or env.ContentionProbe()
+    busy = probe.since(warm).foreign_cores >= max((os.cpu_count() or 1) - threads, 0) + 0.5
     probe.refresh()  # the warm-up may have started the thread pool
+    waited = _settle(probe, threads, busy, held, cancelled)
     calls = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(MIN_SAMPLE_S / max(one, 1e-9))))
     kept: list[tuple[float, env.Contention]] = []
     set_aside: list[tuple[float, env.Contention]] = []
@@ -250,10 +264,12 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
     while len(kept) + len(set_aside) < MAX_SAMPLES:
         if cancelled():
             raise Cancelled
+        if held():
+            waited += _settle(probe, threads, True, held, cancelled)
         mark = probe.mark()
         t = timed(thunk, calls)
         seen = probe.since(mark)
-        over = time.perf_counter() - start > settings.budget_s
+        over = time.perf_counter() - start - waited > settings.budget_s
         may_retake = len(set_aside) < MAX_RETAKES and retake_s < max(RETAKE_S, spent) and not over
         if seen.disturbed(threads) and may_retake:
             set_aside.append((t / calls, seen))
@@ -272,8 +288,20 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
     return Timing([t for t, _ in used], time.perf_counter() - start, total, len(set_aside), disturbed)
 
 
-def measure_case(spec: MechanismSpec, case: Case, settings: Settings,
-                 cancelled: Callable[[], bool] = lambda: False) -> tuple[dict, float]:
+def _settle(probe: env.ContentionProbe, threads: int, busy: bool, held: Callable[[], bool],
+            cancelled: Callable[[], bool]) -> float:
+    """Before timed samples: wait out a hold, then, if anything was busy, a quiet moment; the seconds waited."""
+    began = time.perf_counter()
+    if held():
+        wait_while_held(held, cancelled)
+        busy = True  # the page drew: the browser renders what it was sent
+    if busy:
+        wait_for_quiet(probe, threads)
+    return time.perf_counter() - began
+
+
+def measure_case(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Callable[[], bool] = lambda: False,
+                 held: Callable[[], bool] = lambda: False) -> tuple[dict, float]:
     """Measure one point; (row, seconds it took). Statuses: ok; skipped by the memory guard; oom on an allocator
     failure; failed on any other exception (its message is the reason); cancelled. Time and memory come from
     separate runs, so profiling never inflates a time."""
@@ -283,7 +311,7 @@ def measure_case(spec: MechanismSpec, case: Case, settings: Settings,
         reason = guard(spec, case, settings)
         if reason:
             return make_row(spec, case, "skipped", reason, threads=torch.get_num_threads()), 0.0
-        return _measured(spec, case, settings, cancelled), time.perf_counter() - start
+        return _measured(spec, case, settings, cancelled, held), time.perf_counter() - start
     except Cancelled:
         return make_row(spec, case, "cancelled", "cancelled while this point was measured"), 0.0
     except Exception as e:  # a mechanism's failure is a result, not a crash of the sweep
@@ -295,7 +323,8 @@ def measure_case(spec: MechanismSpec, case: Case, settings: Settings,
         env.release_cached_memory(case.device)
 
 
-def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Callable[[], bool]) -> dict:
+def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Callable[[], bool],
+              held: Callable[[], bool]) -> dict:
     q, k, v = make_inputs(case)
     state = make_state(spec, case)
     thunk = call_of(spec, case, q, k, v, state)
@@ -308,7 +337,7 @@ def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Ca
             method, peak = _peak(thunk, case.device, cancelled)
             took = time.perf_counter() - began
             first_call_s = took if took >= 0.05 else None
-        timing = time_samples(thunk, case.device, settings, cancelled, first_call_s=first_call_s)
+        timing = time_samples(thunk, case.device, settings, cancelled, first_call_s=first_call_s, held=held)
         if settings.measure_memory and case.device != "cpu":  # GPUs: after timing, clear of first-call workspaces
             if timing.spent_s <= settings.budget_s:
                 method, peak = _peak(thunk, case.device, cancelled)

@@ -65,12 +65,13 @@ def _bare_main_module() -> Iterator[None]:
 
 class Worker:
     """Handle on one worker process. Requests go through a pipe, one at a time; `cancel_event` asks the point in
-    flight to stop at its next sample."""
+    flight to stop at its next sample; until the wall-clock time in `held_until` (a page is drawing) no timed sample
+    starts."""
 
     def __init__(self) -> None:
         self._conn, child = _CTX.Pipe()
-        self.cancel_event = _CTX.Event()
-        self.process = _CTX.Process(target=_serve, args=(child, self.cancel_event), daemon=True,
+        self.cancel_event, self.held_until = _CTX.Event(), _CTX.Value("d", 0.0, lock=False)
+        self.process = _CTX.Process(target=_serve, args=(child, self.cancel_event, self.held_until), daemon=True,
                                     name="attn_core-worker")
         with _bare_main_module():
             self.process.start()
@@ -183,6 +184,17 @@ def prestart() -> Worker:
     return get_worker()
 
 
+HOLD_S = 3.0  # a hold not released by then lapses: a page that fails mid-draw cannot stall a sweep
+
+
+def hold(on: bool) -> None:
+    """While on, the running worker starts no timed sample (measure.time_samples waits): a page sets it while it
+    draws, so the measurement never competes with the dashboard. It lapses after HOLD_S. No-op without a worker."""
+    current = _worker
+    if current is not None and current.alive():
+        current.held_until.value = time.time() + HOLD_S if on else 0.0
+
+
 def shutdown() -> None:
     """Stop the persistent worker (tests, or a host that wants the memory back)."""
     global _worker
@@ -205,7 +217,7 @@ def _warm_up() -> None:
     env.peak_memory_probe("cpu")[1](lambda: torch.ones(8) + 1)
 
 
-def _serve(conn: Any, cancel_event: Any) -> None:
+def _serve(conn: Any, cancel_event: Any, held_until: Any) -> None:
     """The worker's loop: answer 'measure', 'env' and 'stop' requests until the caller goes away (EOF)."""
     import torch
 
@@ -235,7 +247,8 @@ def _serve(conn: Any, cancel_event: Any) -> None:
                 _, case, settings, extra = message
                 torch.set_num_threads(settings.threads or default_threads)
                 spec = measure.resolve_mechanisms(extra)[case.mechanism]
-                row, elapsed = measure.measure_case(spec, case, settings, cancel_event.is_set)
+                held = lambda: time.time() < held_until.value  # noqa: E731
+                row, elapsed = measure.measure_case(spec, case, settings, cancel_event.is_set, held)
                 reply = ("row", row, elapsed)
             else:
                 reply = ("error", f"unknown request {kind!r}")

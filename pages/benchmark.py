@@ -6,7 +6,7 @@ import time
 import streamlit as st
 
 import app
-from attn_core import MECHANISMS, analysis, charts, env, export, presets, results
+from attn_core import MECHANISMS, analysis, charts, env, export, presets, results, worker
 from attn_core.sweep import DEFAULT_SWEEP, SweepConfig, log_spaced
 
 app.ensure_routed()
@@ -129,6 +129,7 @@ def ticker() -> None:
                 text=f"{p['done']} of {p['total']} points · now {p['current']}{eta}")
     drawn = S.get("bench_drawn", {})
     if (drawn.get("job") != id(job) or p["done"] > drawn["points"]) and time.monotonic() >= drawn.get("ready_at", 0):
+        worker.hold(True)  # from now until the full run has drawn, the worker starts no timed sample
         st.rerun()
 
 
@@ -249,6 +250,7 @@ run_col.button("Run", key="bench_run", type="primary", icon=":material/play_arro
 stop_col.button("Stop", key="bench_stop", icon=":material/stop:", on_click=stop, disabled=not running,
                 width="stretch")
 if running:
+    worker.hold(True)  # this run draws: no timed sample competes with it (measure.time_samples waits, 3 s at most)
     started = time.monotonic()
     # not before this run has drawn them (a tick inside a full run must not ask for another); 5 s at most
     S["bench_drawn"] = {"job": id(job), "points": job.progress()["done"], "ready_at": started + 5}
@@ -258,6 +260,7 @@ if running:
     # the next drawing: at once for the first points, then after twice this one's cost and at most every REDRAW_S
     wait = max(REDRAW_S, 2 * (time.monotonic() - started)) if S["bench_drawn"]["points"] else 0.0
     S["bench_drawn"]["ready_at"] = time.monotonic() + wait
+    worker.hold(False)  # the charts are sent; the worker waits for the browser to draw them (a quiet moment)
 if job is not None and job.done and not job.frame().empty:
     export_panel(job)
 replay_panel()

@@ -241,3 +241,33 @@ def test_cpu_peak_counts_buffers_an_op_allocates_and_frees_itself():
         call()
         engine = env.peak_memory_probe("cpu")[1](call)
         assert engine == trace_peak_bytes(call) > q.numel() * 4  # more than the output alone
+
+
+def test_no_timed_sample_starts_while_the_page_holds_the_worker(monkeypatch):
+    """The hold (a page drawing) lifts 0.15 s in: every call after the warm-up comes after it, and the wait does
+    not eat the point's budget (its samples are still taken)."""
+    monkeypatch.setattr(measure, "wait_for_quiet", lambda probe, threads: None)
+    lifted = time.perf_counter() + 0.15
+    calls = []
+    timing = time_samples(lambda: calls.append(time.perf_counter()), "cpu",
+                          Settings(warmup=1, min_repeats=3, min_time_s=0.0, budget_s=0.1),
+                          held=lambda: time.perf_counter() < lifted)
+    assert calls[0] < lifted <= min(calls[1:])  # the warm-up ran under the hold, no timed call did
+    assert len(timing.samples) >= 3
+
+
+def test_a_hold_is_bounded_so_a_page_that_never_lets_go_cannot_stall_a_sweep(monkeypatch):
+    monkeypatch.setattr(measure, "HOLD_MAX_S", 0.05)
+    began = time.perf_counter()
+    assert measure.wait_while_held(lambda: True, lambda: False) >= 0.05
+    assert time.perf_counter() - began < 1.0
+
+
+def test_worker_hold_reaches_the_worker_and_lapses():
+    from attn_core import worker
+
+    w = worker.prestart()
+    worker.hold(True)
+    assert w.held_until.value > time.time() + worker.HOLD_S - 1  # lapses on its own after HOLD_S
+    worker.hold(False)
+    assert w.held_until.value == 0.0
