@@ -104,6 +104,7 @@ def environment(device: str, dtype: str, threads: int | None) -> dict:
             "total_memory_bytes": total_memory_bytes(device), "cpu_count": os.cpu_count(),
             "threads": threads if threads is not None else torch.get_num_threads(), "dtype": dtype_name(dtype),
             "cuda": torch.version.cuda if device == "cuda" else None, "load_average": load_average(),
+            "cpu_allocator": allocator_note(),
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -184,6 +185,22 @@ class ContentionProbe:
                 total += int(os.pread(fd, 64, 0).split()[1])
         return total
 
+    def others_runnable(self, span_s: float) -> float | None:
+        """While this process sleeps for `span_s`: the mean number of other threads running or waiting to run,
+        sampled every 2 ms from the kernel's instantaneous count (/proc/loadavg, field 4, less the reader itself).
+        Unlike CPU times (10 ms ticks) it sees a browser's 20 ms drawing burst. None where the OS does not say."""
+        counts: list[int] = []
+        end = time.perf_counter() + span_s
+        try:
+            with open("/proc/loadavg", "rb") as f:
+                while not counts or time.perf_counter() < end:
+                    f.seek(0)
+                    counts.append(int(f.read().split()[3].split(b"/")[0]) - 1)
+                    time.sleep(0.002)
+        except (OSError, ValueError, IndexError):
+            return None
+        return sum(counts) / len(counts)
+
     def mark(self) -> tuple[float, float, float, int | None]:
         t = psutil.cpu_times()
         busy = sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
@@ -195,17 +212,28 @@ class ContentionProbe:
         return Contention(now[0] - mark[0], (now[1] - mark[1]) - (now[2] - mark[2]), waited)
 
 
+ALLOCATOR = {"steady": False}  # whether steady_allocator took effect in this process (the stamp says so)
+
+
 def steady_allocator() -> None:
     """Make a CPU point's cost independent of what ran before it in this process. glibc serves a block above its
-    mmap threshold with fresh pages (zeroed by the kernel on first touch) and raises the threshold when such a
-    block is freed, up to 32 MiB: the same n×n buffer then costs page faults in one run and not in the next (the
-    two-valued times of softmax at n = 512 and 1024). Fixing the threshold at its maximum, and keeping freed
-    memory instead of trimming it, gives every run the same allocator. No-op off glibc."""
+    mmap threshold with fresh pages (zeroed by the kernel on first touch) and raises the threshold, up to 32 MiB,
+    each time such a block is freed: the same n×n buffer then costs page faults in one run and not in the next
+    (softmax's two-valued times). Fixing the threshold at its maximum ends the drift: blocks of 32 MiB or more
+    always come fresh, as in any program on this machine, smaller ones are reused (trimming raised), and
+    release_cached_memory returns the heap's free memory between points. No-op off glibc."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None)
         m_trim_threshold, m_mmap_threshold = -1, -3
-        libc.mallopt(m_mmap_threshold, 32 * 2**20)
-        libc.mallopt(m_trim_threshold, 256 * 2**20)
+        ALLOCATOR["steady"] = bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)) and bool(
+            libc.mallopt(m_trim_threshold, 2**30))
+
+
+def allocator_note() -> str:
+    """How this process's CPU allocator treats freed memory, as the environment stamp says it."""
+    if ALLOCATOR["steady"]:
+        return "glibc, fixed 32 MiB mmap threshold: larger blocks fresh on every call, smaller ones reused"
+    return "the system's default"
 
 
 def synchronize(device: str) -> None:
@@ -241,11 +269,15 @@ def device_timer(device: str) -> Callable[[Callable[[], object], int], float]:
 
 
 def release_cached_memory(device: str) -> None:
-    """Return cached blocks to the device so the next point starts from a clean allocator."""
+    """Return cached blocks to the device so the next point starts from a clean allocator (on CPU, under
+    steady_allocator: glibc's free heap memory back to the OS, so the memory guard sees it free)."""
     if device == "cuda":
         torch.cuda.empty_cache()
     elif device == "mps":
         torch.mps.empty_cache()
+    elif ALLOCATOR["steady"]:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).malloc_trim(0)
 
 
 @contextlib.contextmanager
@@ -267,14 +299,15 @@ def _profiled_peak(thunk: Callable[[], object]) -> int:
     """Running maximum of the CPU allocator's bytes in use above the start: torch.profiler records one '[memory]'
     event per allocation (+bytes) and per free (−bytes); summed one by one in time order from the raw kineto
     events. (Not the op list's self_cpu_memory_usage: that nets each op's allocations and frees at the op's
-    start, so a buffer an op allocates and frees itself, such as sdpa's log-sum-exp and scratch, is never seen.)"""
+    start, so a buffer an op allocates and frees itself, such as sdpa's log-sum-exp and scratch, is never seen.)
+    The autograd profiler that torch.profiler wraps: the wrapper's first use imports torch._inductor (a second)."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from torch.autograd.profiler import profile
 
-    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _stderr_silenced(), profile(use_cpu=True, profile_memory=True) as prof:
         result = thunk()
         del result
-    events = [e for e in prof.profiler.kineto_results.events()
+    events = [e for e in prof.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
     in_use = peak = 0
     for event in sorted(events, key=lambda e: e.start_ns()):  # stable: ties keep the order they were recorded in

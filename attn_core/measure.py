@@ -212,38 +212,63 @@ class Timing:
 MAX_RETAKES = 20  # disturbed samples taken again per point, at most ...
 RETAKE_S = 1.0  # ... and at most this many seconds (or the clean samples' own time, if longer) spent on them
 QUIET_STEP_S, QUIET_WAIT_S = 0.025, 0.5  # after a disturbed sample, wait (up to 0.5 s) for a quiet 25 ms window
-HOLD_MAX_S = 3.0  # the longest a hold (a page is drawing) keeps one sample waiting
+HOLD_MAX_S = 3.0  # the longest a hold (a page is drawing) keeps one sample waiting ...
+AFTER_HOLD_QUIET_S, AFTER_HOLD_WAIT_S = 0.1, 1.0  # ... then 0.1 s of quiet (the browser drew), waited 1 s at most
 
 
-def wait_for_quiet(probe: env.ContentionProbe, threads: int) -> None:
-    """Sleep in QUIET_STEP_S steps until other programs use less than half a core beyond the spare ones (a browser
-    drawing a chart, a page's script run), at most QUIET_WAIT_S."""
+def wait_for_quiet(probe: env.ContentionProbe, threads: int, quiet_s: float = QUIET_STEP_S,
+                   max_s: float = QUIET_WAIT_S) -> None:
+    """Sleep until other programs have kept fewer than half a thread running beyond the spare cores for `quiet_s`
+    in a row (checked every QUIET_STEP_S; env.ContentionProbe.others_runnable, else CPU times), at most `max_s`: a
+    browser drawing a chart, a page's script run."""
     spare = max((os.cpu_count() or 1) - threads, 0)
-    deadline = time.perf_counter() + QUIET_WAIT_S
-    while time.perf_counter() < deadline:
-        mark = probe.mark()
-        time.sleep(QUIET_STEP_S)
-        if probe.since(mark).foreign_cores < spare + 0.5:
-            return
+    deadline, calm = time.perf_counter() + max_s, 0.0
+    while time.perf_counter() < deadline and calm < quiet_s:
+        began, mark = time.perf_counter(), probe.mark()
+        others = probe.others_runnable(QUIET_STEP_S)
+        if others is None:
+            others = probe.since(mark).foreign_cores
+        calm = calm + time.perf_counter() - began if others < spare + 0.5 else 0.0
 
 
-def wait_while_held(held: Callable[[], bool], cancelled: Callable[[], bool]) -> float:
-    """Sleep in QUIET_STEP_S steps while `held()` (the dashboard is drawing), HOLD_MAX_S at most, so a page that
-    never lets go cannot stall a sweep; the seconds waited."""
-    began = time.perf_counter()
-    while held() and time.perf_counter() - began < HOLD_MAX_S and not cancelled():
-        time.sleep(QUIET_STEP_S / 5)
+@dataclass(frozen=True)
+class Turns:
+    """How timed samples take turns with a page drawing beside them (worker.hold). `claim()` before a sample: True
+    when it may start now, False while the page holds the machine; `release()` after it, so a page waiting for the
+    sample in flight to end may go on."""
+
+    claim: Callable[[], bool] = lambda: True
+    release: Callable[[], None] = lambda: None
+
+
+def take_turn(probe: env.ContentionProbe, threads: int, busy: bool, turns: Turns,
+              cancelled: Callable[[], bool]) -> float:
+    """Wait until a timed sample may start, and claim it: while the page holds the machine (HOLD_MAX_S at most, so
+    a page that never lets go cannot stall a sweep), then for AFTER_HOLD_QUIET_S of quiet (the browser draws what
+    it was sent); after other programs were `busy`, for a short quiet moment. The seconds waited."""
+    began, drew = time.perf_counter(), False
+    while time.perf_counter() - began < HOLD_MAX_S and not cancelled():
+        if not turns.claim():
+            drew = True
+            time.sleep(QUIET_STEP_S / 5)
+            continue
+        if not (drew or busy):
+            break
+        turns.release()  # the page may draw while this waits for quiet
+        wait_for_quiet(probe, threads, *((AFTER_HOLD_QUIET_S, AFTER_HOLD_WAIT_S) if drew else (QUIET_STEP_S,
+                                                                                             QUIET_WAIT_S)))
+        drew = busy = False
     return time.perf_counter() - began
 
 
 def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
                  cancelled: Callable[[], bool] = lambda: False, probe: env.ContentionProbe | None = None,
-                 first_call_s: float | None = None, held: Callable[[], bool] = lambda: False) -> Timing:
+                 first_call_s: float | None = None, turns: Turns = Turns()) -> Timing:
     """Seconds per call, one sample per block of back-to-back calls: `warmup` untimed calls, then samples until
     both `min_repeats` clean samples and `min_time_s` of them are reached, or the point's `budget_s` is spent
-    (≥ 1 sample). No sample starts while `held()` (the caller's page is drawing) or right after other programs were
-    busy (warm-up, a hold): it waits for a quiet moment first. A sample during which another program took CPU from
-    this process anyway (env.Contention.disturbed) is set aside and taken again after a quiet moment, at most
+    (≥ 1 sample). Each sample takes its turn (take_turn): none starts while the caller's page draws, and after a
+    busy warm-up or two disturbed samples in a row it waits for a quiet moment. A sample during which another
+    program took CPU from this process anyway (env.Contention.disturbed) is set aside and taken again, at most
     MAX_RETAKES times and RETAKE_S seconds; a point still short of clean samples then is `disturbed`.
     `first_call_s`: the thunk already ran once, taking that long (it counts as a warm-up call). Waits do not count
     towards the budget. Raises Cancelled when `cancelled()` turns true."""
@@ -256,26 +281,28 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
         one = timed(thunk, 1)
     busy = probe.since(warm).foreign_cores >= max((os.cpu_count() or 1) - threads, 0) + 0.5
     probe.refresh()  # the warm-up may have started the thread pool
-    waited = _settle(probe, threads, busy, held, cancelled)
     calls = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(MIN_SAMPLE_S / max(one, 1e-9))))
     kept: list[tuple[float, env.Contention]] = []
     set_aside: list[tuple[float, env.Contention]] = []
-    spent = retake_s = 0.0
+    spent = retake_s = waited = 0.0
+    last_hit = False
     while len(kept) + len(set_aside) < MAX_SAMPLES:
         if cancelled():
             raise Cancelled
-        if held():
-            waited += _settle(probe, threads, True, held, cancelled)
-        mark = probe.mark()
-        t = timed(thunk, calls)
-        seen = probe.since(mark)
+        waited += take_turn(probe, threads, busy, turns, cancelled)
+        try:
+            mark = probe.mark()
+            t = timed(thunk, calls)
+            seen = probe.since(mark)
+        finally:
+            turns.release()
         over = time.perf_counter() - start - waited > settings.budget_s
         may_retake = len(set_aside) < MAX_RETAKES and retake_s < max(RETAKE_S, spent) and not over
-        if seen.disturbed(threads) and may_retake:
+        hit = seen.disturbed(threads)
+        busy, last_hit = hit and last_hit, hit  # a blip passes by itself; after two in a row, wait for quiet
+        if hit and may_retake:
             set_aside.append((t / calls, seen))
-            quiet = time.perf_counter()
-            wait_for_quiet(probe, threads)
-            retake_s += t + time.perf_counter() - quiet
+            retake_s += t
             continue
         kept.append((t / calls, seen))
         spent += t
@@ -288,20 +315,8 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
     return Timing([t for t, _ in used], time.perf_counter() - start, total, len(set_aside), disturbed)
 
 
-def _settle(probe: env.ContentionProbe, threads: int, busy: bool, held: Callable[[], bool],
-            cancelled: Callable[[], bool]) -> float:
-    """Before timed samples: wait out a hold, then, if anything was busy, a quiet moment; the seconds waited."""
-    began = time.perf_counter()
-    if held():
-        wait_while_held(held, cancelled)
-        busy = True  # the page drew: the browser renders what it was sent
-    if busy:
-        wait_for_quiet(probe, threads)
-    return time.perf_counter() - began
-
-
 def measure_case(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Callable[[], bool] = lambda: False,
-                 held: Callable[[], bool] = lambda: False) -> tuple[dict, float]:
+                 turns: Turns = Turns()) -> tuple[dict, float]:
     """Measure one point; (row, seconds it took). Statuses: ok; skipped by the memory guard; oom on an allocator
     failure; failed on any other exception (its message is the reason); cancelled. Time and memory come from
     separate runs, so profiling never inflates a time."""
@@ -311,7 +326,7 @@ def measure_case(spec: MechanismSpec, case: Case, settings: Settings, cancelled:
         reason = guard(spec, case, settings)
         if reason:
             return make_row(spec, case, "skipped", reason, threads=torch.get_num_threads()), 0.0
-        return _measured(spec, case, settings, cancelled, held), time.perf_counter() - start
+        return _measured(spec, case, settings, cancelled, turns), time.perf_counter() - start
     except Cancelled:
         return make_row(spec, case, "cancelled", "cancelled while this point was measured"), 0.0
     except Exception as e:  # a mechanism's failure is a result, not a crash of the sweep
@@ -324,7 +339,7 @@ def measure_case(spec: MechanismSpec, case: Case, settings: Settings, cancelled:
 
 
 def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Callable[[], bool],
-              held: Callable[[], bool]) -> dict:
+              turns: Turns) -> dict:
     q, k, v = make_inputs(case)
     state = make_state(spec, case)
     thunk = call_of(spec, case, q, k, v, state)
@@ -337,7 +352,7 @@ def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Ca
             method, peak = _peak(thunk, case.device, cancelled)
             took = time.perf_counter() - began
             first_call_s = took if took >= 0.05 else None
-        timing = time_samples(thunk, case.device, settings, cancelled, first_call_s=first_call_s, held=held)
+        timing = time_samples(thunk, case.device, settings, cancelled, first_call_s=first_call_s, turns=turns)
         if settings.measure_memory and case.device != "cpu":  # GPUs: after timing, clear of first-call workspaces
             if timing.spent_s <= settings.budget_s:
                 method, peak = _peak(thunk, case.device, cancelled)

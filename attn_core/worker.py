@@ -66,12 +66,14 @@ def _bare_main_module() -> Iterator[None]:
 class Worker:
     """Handle on one worker process. Requests go through a pipe, one at a time; `cancel_event` asks the point in
     flight to stop at its next sample; until the wall-clock time in `held_until` (a page is drawing) no timed sample
-    starts."""
+    starts, and `in_sample` is 1 while one runs (see hold)."""
 
     def __init__(self) -> None:
         self._conn, child = _CTX.Pipe()
-        self.cancel_event, self.held_until = _CTX.Event(), _CTX.Value("d", 0.0, lock=False)
-        self.process = _CTX.Process(target=_serve, args=(child, self.cancel_event, self.held_until), daemon=True,
+        self.cancel_event = _CTX.Event()
+        self.held_until, self.in_sample = _CTX.Value("d", 0.0, lock=False), _CTX.Value("b", 0, lock=False)
+        self.process = _CTX.Process(target=_serve, args=(child, self.cancel_event, self.held_until, self.in_sample),
+                                    daemon=True,
                                     name="attn_core-worker")
         with _bare_main_module():
             self.process.start()
@@ -185,14 +187,35 @@ def prestart() -> Worker:
 
 
 HOLD_S = 3.0  # a hold not released by then lapses: a page that fails mid-draw cannot stall a sweep
+PARK_WAIT_S = 1.0  # hold(True) waits at most this long for the sample in flight to end
 
 
 def hold(on: bool) -> None:
-    """While on, the running worker starts no timed sample (measure.time_samples waits): a page sets it while it
-    draws, so the measurement never competes with the dashboard. It lapses after HOLD_S. No-op without a worker."""
+    """While on, the running worker starts no timed sample (measure.take_turn waits): a page holds it while it
+    draws, so the measurement never competes with the dashboard. hold(True) returns once the sample in flight has
+    ended (PARK_WAIT_S at most); the hold lapses after HOLD_S. No-op without a worker."""
     current = _worker
-    if current is not None and current.alive():
-        current.held_until.value = time.time() + HOLD_S if on else 0.0
+    if current is None or not current.alive():
+        return
+    current.held_until.value = time.time() + HOLD_S if on else 0.0
+    deadline = time.monotonic() + PARK_WAIT_S
+    while on and current.in_sample.value and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+def _turns(held_until: Any, in_sample: Any) -> Any:
+    """The worker's side of hold: a sample claims its turn by marking itself in flight, then backs off if a page
+    holds the machine (marking first, checking second: a page that holds just then waits for this sample)."""
+    from .measure import Turns
+
+    def claim() -> bool:
+        in_sample.value = 1
+        if time.time() < held_until.value:
+            in_sample.value = 0
+            return False
+        return True
+
+    return Turns(claim, lambda: setattr(in_sample, "value", 0))
 
 
 def shutdown() -> None:
@@ -217,7 +240,7 @@ def _warm_up() -> None:
     env.peak_memory_probe("cpu")[1](lambda: torch.ones(8) + 1)
 
 
-def _serve(conn: Any, cancel_event: Any, held_until: Any) -> None:
+def _serve(conn: Any, cancel_event: Any, held_until: Any, in_sample: Any) -> None:
     """The worker's loop: answer 'measure', 'env' and 'stop' requests until the caller goes away (EOF)."""
     import torch
 
@@ -247,8 +270,8 @@ def _serve(conn: Any, cancel_event: Any, held_until: Any) -> None:
                 _, case, settings, extra = message
                 torch.set_num_threads(settings.threads or default_threads)
                 spec = measure.resolve_mechanisms(extra)[case.mechanism]
-                held = lambda: time.time() < held_until.value  # noqa: E731
-                row, elapsed = measure.measure_case(spec, case, settings, cancel_event.is_set, held)
+                row, elapsed = measure.measure_case(spec, case, settings, cancel_event.is_set,
+                                                    _turns(held_until, in_sample))
                 reply = ("row", row, elapsed)
             else:
                 reply = ("error", f"unknown request {kind!r}")

@@ -13,7 +13,10 @@ app.ensure_routed()
 S = st.session_state
 NS = [2**k for k in range(4, 18)]
 DEVICES = env.available_devices()
-REDRAW_S = 0.75  # at most this often the charts are redrawn while a sweep measures (the browser's share of the CPU)
+REDRAW_S = 2.0  # at most this often the charts are redrawn while a sweep measures (the browser's share of the CPU)
+TICK_S, FIRST_TICK_S = 2.0, 0.25  # the progress bar's pace; faster until the first points are on the charts
+# No animation while points are timed: a browser easing a progress bar draws for the whole transition.
+STILL_CSS = "<style>[data-testid='stProgress'] * { transition: none !important; animation: none !important; }</style>"
 CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
 talk = bool(S.get("talk"))
 job = S.get("bench_job")
@@ -115,10 +118,11 @@ def metrics() -> list[str]:
 
 
 def ticker() -> None:
-    """A fragment rerun every 0.4 s while a job measures: it advances the job and redraws only the progress bar.
-    When points have arrived it asks for a full run, which draws them (charts sit outside this fragment, so a tick
-    without news costs next to nothing, on the server and in the browser); a full run waits until twice the last
-    one's cost has passed, so drawing never takes more than a third of the time the measurement could have."""
+    """A fragment rerun every TICK_S while a job measures: it advances the job and redraws only the progress bar.
+    When points have arrived it asks for a full run, which draws them, at most every REDRAW_S and never more than a
+    quarter of the time (3 × the last full run's cost must pass). Every tick and full run holds the worker: no timed
+    sample starts until it is over and the browser has drawn what it was sent (worker.hold)."""
+    worker.hold(True)
     job = S["bench_job"]
     job.poll()
     if job.done:
@@ -129,8 +133,8 @@ def ticker() -> None:
                 text=f"{p['done']} of {p['total']} points · now {p['current']}{eta}")
     drawn = S.get("bench_drawn", {})
     if (drawn.get("job") != id(job) or p["done"] > drawn["points"]) and time.monotonic() >= drawn.get("ready_at", 0):
-        worker.hold(True)  # from now until the full run has drawn, the worker starts no timed sample
-        st.rerun()
+        st.rerun()  # held until the full run has drawn
+    worker.hold(False)
 
 
 def results_view(job) -> None:
@@ -233,6 +237,7 @@ def replay_panel() -> None:
         st.rerun()
 
 
+st.html(STILL_CSS)
 st.title("Benchmark")
 picked = S.get("bench_preset")
 if picked or talk:
@@ -254,11 +259,11 @@ if running:
     started = time.monotonic()
     # not before this run has drawn them (a tick inside a full run must not ask for another); 5 s at most
     S["bench_drawn"] = {"job": id(job), "points": job.progress()["done"], "ready_at": started + 5}
-    st.fragment(ticker, run_every=0.4)()
+    st.fragment(ticker, run_every=TICK_S if S["bench_drawn"]["points"] else FIRST_TICK_S)()
 results_view(job)
 if running:
-    # the next drawing: at once for the first points, then after twice this one's cost and at most every REDRAW_S
-    wait = max(REDRAW_S, 2 * (time.monotonic() - started)) if S["bench_drawn"]["points"] else 0.0
+    # the next drawing: at once for the first points, then after 3 × this one's cost and at most every REDRAW_S
+    wait = max(REDRAW_S, 3 * (time.monotonic() - started)) if S["bench_drawn"]["points"] else 0.0
     S["bench_drawn"]["ready_at"] = time.monotonic() + wait
     worker.hold(False)  # the charts are sent; the worker waits for the browser to draw them (a quiet moment)
 if job is not None and job.done and not job.frame().empty:

@@ -61,7 +61,7 @@ def test_time_samples_stops_at_the_budget_with_at_least_one_sample():
 
 
 def test_a_disturbed_sample_is_set_aside_and_taken_again(monkeypatch):
-    monkeypatch.setattr(measure, "wait_for_quiet", lambda probe, threads: None)
+    monkeypatch.setattr(measure, "wait_for_quiet", lambda *args: None)
     probe = FakeProbe([False, True, True, False, False])
     timing = time_samples(lambda: None, "cpu", Settings(warmup=1, min_repeats=3, min_time_s=0.0), probe=probe)
     assert timing.retaken == 2 and len(timing.samples) == 3 and not timing.disturbed
@@ -69,7 +69,7 @@ def test_a_disturbed_sample_is_set_aside_and_taken_again(monkeypatch):
 
 
 def test_a_point_that_stays_disturbed_is_kept_and_flagged(monkeypatch):
-    monkeypatch.setattr(measure, "wait_for_quiet", lambda probe, threads: None)
+    monkeypatch.setattr(measure, "wait_for_quiet", lambda *args: None)
     probe = FakeProbe([True] * 100)
     timing = time_samples(lambda: None, "cpu", Settings(warmup=1, min_repeats=3, min_time_s=0.0), probe=probe)
     assert timing.disturbed and timing.retaken == measure.MAX_RETAKES  # bounded: the point still ends
@@ -244,30 +244,41 @@ def test_cpu_peak_counts_buffers_an_op_allocates_and_frees_itself():
 
 
 def test_no_timed_sample_starts_while_the_page_holds_the_worker(monkeypatch):
-    """The hold (a page drawing) lifts 0.15 s in: every call after the warm-up comes after it, and the wait does
-    not eat the point's budget (its samples are still taken)."""
-    monkeypatch.setattr(measure, "wait_for_quiet", lambda probe, threads: None)
+    """The hold (a page drawing) lifts 0.15 s in: every call after the warm-up comes after it, each sample is
+    released when it ends, and the wait does not eat the point's budget (its samples are still taken)."""
+    monkeypatch.setattr(measure, "wait_for_quiet", lambda *args: None)
     lifted = time.perf_counter() + 0.15
-    calls = []
+    calls, claims, releases = [], [], []
+    turns = measure.Turns(lambda: claims.append(1) or time.perf_counter() >= lifted, lambda: releases.append(1))
     timing = time_samples(lambda: calls.append(time.perf_counter()), "cpu",
-                          Settings(warmup=1, min_repeats=3, min_time_s=0.0, budget_s=0.1),
-                          held=lambda: time.perf_counter() < lifted)
+                          Settings(warmup=1, min_repeats=3, min_time_s=0.0, budget_s=0.1), turns=turns)
     assert calls[0] < lifted <= min(calls[1:])  # the warm-up ran under the hold, no timed call did
-    assert len(timing.samples) >= 3
+    assert len(timing.samples) >= 3 and len(claims) > len(timing.samples) and len(releases) >= len(timing.samples)
 
 
 def test_a_hold_is_bounded_so_a_page_that_never_lets_go_cannot_stall_a_sweep(monkeypatch):
     monkeypatch.setattr(measure, "HOLD_MAX_S", 0.05)
+    probe = env.ContentionProbe()
     began = time.perf_counter()
-    assert measure.wait_while_held(lambda: True, lambda: False) >= 0.05
+    assert measure.take_turn(probe, 1, False, measure.Turns(lambda: False), lambda: False) >= 0.05
     assert time.perf_counter() - began < 1.0
 
 
-def test_worker_hold_reaches_the_worker_and_lapses():
+def test_worker_hold_reaches_the_worker_waits_for_its_sample_and_lapses():
     from attn_core import worker
 
     w = worker.prestart()
+    w.in_sample.value = 1  # as if a sample were in flight: hold(True) waits for it, PARK_WAIT_S at most
+    began, wall = time.monotonic(), time.time()
     worker.hold(True)
-    assert w.held_until.value > time.time() + worker.HOLD_S - 1  # lapses on its own after HOLD_S
+    assert time.monotonic() - began >= worker.PARK_WAIT_S * 0.9
+    assert wall + worker.HOLD_S <= w.held_until.value < wall + worker.HOLD_S + 0.5  # lapses on its own
+    w.in_sample.value = 0
     worker.hold(False)
     assert w.held_until.value == 0.0
+    turns = worker._turns(w.held_until, w.in_sample)  # the worker's side, on the same shared values
+    assert turns.claim() and w.in_sample.value == 1
+    turns.release()
+    worker.hold(True)
+    assert not turns.claim() and w.in_sample.value == 0
+    worker.hold(False)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pandas as pd
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from attn_core import presets, results
 from attn_core.sweep import DEFAULT_SWEEP, SweepConfig
@@ -134,21 +135,35 @@ def answer_time(page) -> float:
 DONE = ".st-key-bench_stop button[disabled]"
 
 
+def quietly(page, predicate: str, timeout_s: float, every_ms: int = 250) -> None:
+    """Wait until the JavaScript `predicate` holds, checked every `every_ms`. (A locator's wait or a default
+    wait_for_function checks on every animation frame: a browser busy 60 times a second beside the measurement.)"""
+    page.wait_for_function(predicate, polling=every_ms, timeout=timeout_s * 1000)
+
+
 def wait_done(page) -> None:
     """Until the sweep has ended and the page has drawn its end (Run back, the Export panel there)."""
-    page.locator(DONE).wait_for(timeout=300_000)
+    quietly(page, f"() => document.querySelector('{DONE}') !== null", 300)
     page.get_by_text("Export", exact=True).first.wait_for(timeout=60_000)
     wait_idle(page)
 
 
 def exported(page) -> pd.DataFrame:
     """The finished sweep's rows, through the page's own JSON export (what a user downloads)."""
-    page.get_by_text("Export", exact=True).first.click()
+    wait_idle(page)
     button = page.locator(".st-key-bench_dl_json button")
+    if not button.is_visible():  # the panel keeps its state between sweeps: open it only when it is shut
+        page.get_by_text("Export", exact=True).first.click()
     button.wait_for()
-    with page.expect_download() as download:
-        button.click()
-    return results.load_run(Path(download.value.path()).read_bytes()).frame
+    wait_idle(page)
+    for attempt in range(6):  # a click the page was not ready for starts no download: click again
+        try:
+            with page.expect_download(timeout=10_000) as download:
+                button.click()
+            return results.load_run(Path(download.value.path()).read_bytes()).frame
+        except PlaywrightTimeout:
+            wait_idle(page)
+    raise RuntimeError("the JSON export never started a download")
 
 
 def points_done(page) -> int:
@@ -165,13 +180,13 @@ def dashboard_default(page, url: str, busy_halfway: bool = False) -> tuple[pd.Da
     wait_idle(page)
     t0 = time.perf_counter()
     run.click()
-    page.wait_for_function(FIRST_POINT, timeout=120_000)
+    quietly(page, FIRST_POINT, 120, every_ms=25)
     figures = {"first point": time.perf_counter() - t0}
     spinner = None
     if busy_halfway:
         total = len(DEFAULT.mechanisms) * len(DEFAULT.ns)
-        page.wait_for_function(f"""() => {{ const bar = document.querySelector('[data-testid="stProgress"]');
-            return bar !== null && parseInt(bar.innerText) >= {total // 2}; }}""", timeout=300_000)
+        quietly(page, f"""() => {{ const bar = document.querySelector('[data-testid="stProgress"]');
+            return bar !== null && parseInt(bar.innerText) >= {total // 2}; }}""", 300)
         spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
                                    preexec_fn=lambda: os.sched_setaffinity(0, {(os.cpu_count() or 1) - 1}))
         figures["points before the busy process"] = points_done(page)
