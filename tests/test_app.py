@@ -333,3 +333,19 @@ def test_a_busy_run_says_so_and_sdpa_as_baseline_says_it_was_not_measured():
     assert any(i.value.startswith("No crossover against Softmax (fused SDPA): this sweep did not measure it")
                for i in at.info)
     assert not at.exception
+
+
+def test_a_full_run_during_a_sweep_holds_the_worker_and_lets_go_at_its_end(monkeypatch):
+    """No timed sample may compete with the page drawing: each full run while a sweep measures holds the worker
+    first and releases it last (worker.hold, which measure.take_turn obeys)."""
+    from attn_core import worker
+
+    at = benchmark(**{**TINY, "bench_steps": 3, "bench_n": (64, 256)})
+    calls = []
+    monkeypatch.setattr(worker, "hold", calls.append)
+    at.button(key="bench_run").click().run()
+    if at.session_state["bench_job"].done:
+        pytest.skip("the sweep ended within one script run")
+    assert calls[0] is True and calls[-1] is False  # held from the start of the run to its end
+    run_to_end(at)
+    assert not at.exception

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pandas as pd
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -232,13 +233,14 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, floor_s: float) -> dict:
     ma, mb = medians(a), medians(b)
     common = ma.index.intersection(mb.index)
     common = [i for i in common if mb[i] >= floor_s]
-    off = pd.Series({i: max(ma[i] / mb[i], mb[i] / ma[i]) for i in common}, dtype=float)
+    ratio = pd.Series({i: ma[i] / mb[i] for i in common}, dtype=float)
+    off = np.maximum(ratio, 1 / ratio)
     if off.empty:
         return {"points": 0}
     worst = off.idxmax()
     return {"points": len(off), "median": float(off.median()), "worst": float(off.max()),
             "worst_at": f"{worst[0]} n={worst[2]}", "within_1.3": int((off <= 1.3).sum()),
-            "within_10pct": int((off <= 1.1).sum())}
+            "within_10pct": int((off <= 1.1).sum()), "bias": float(np.exp(np.log(ratio).mean()))}
 
 
 def say(name: str, c: dict) -> None:
@@ -246,7 +248,8 @@ def say(name: str, c: dict) -> None:
         print(f"  {name:<58} no common points")
         return
     print(f"  {name:<58} {c['points']:>2} points: median ×{c['median']:.3f}, worst ×{c['worst']:.2f} "
-          f"({c['worst_at']}); within ×1.3: {c['within_1.3']}, within 10%: {c['within_10pct']}")
+          f"({c['worst_at']}); within ×1.3: {c['within_1.3']}, within 10%: {c['within_10pct']}; first ÷ second "
+          f"×{c['bias']:.3f} (geometric mean)")
 
 
 def disturbed_share(frame: pd.DataFrame, before: int) -> str:
@@ -258,6 +261,14 @@ def disturbed_share(frame: pd.DataFrame, before: int) -> str:
     return (f"{len(later)} points measured with a process spinning on one core: {flagged} flagged disturbed, "
             f"{retaken} re-measured clean (samples retaken), {untouched} neither; mean foreign CPU "
             f"{later['foreign_cpu'].mean():.2f} cores")
+
+
+def save(runs: dict[str, pd.DataFrame], folder: str | None) -> None:
+    """Each run as CSV in `folder` (ATTN_BENCH_OUT), for a closer look; nothing without one."""
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        for name, frame in runs.items():
+            frame.to_csv(Path(folder) / f"{name.replace(' ', '_')}.csv", index=False)
 
 
 def main() -> None:
@@ -303,6 +314,7 @@ def main() -> None:
     print("  " + disturbed_share(runs["dash busy"], int(busy["points before the busy process"])))
     say("its points against the clean dashboard run", compare(runs["dash busy"], runs["dash default 2"], 5e-4))
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
+    save(runs, os.environ.get("ATTN_BENCH_OUT"))
 
 
 def answer_during_sweep(page, url: str) -> float:
