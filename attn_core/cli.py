@@ -212,6 +212,9 @@ def format_summary(frame) -> str:
     methods = sorted({m for m in frame["memory_method"] if m})
     if methods:
         lines.append("memory: " + "; ".join(methods))
+    lines += [f"note: {row['series']}: {row['note']}" for _, row in table.iterrows() if row["note"]]
+    lines += [text for text in (analysis.contention_summary(frame), analysis.stopped_note(frame),
+                                *analysis.summary_notes(frame)) if text]
     return "\n".join(lines)
 
 
