@@ -292,6 +292,15 @@ def contention_summary(df: pd.DataFrame) -> str:
     return " ".join(lines)
 
 
+def matmul_note(stamp: dict) -> str:
+    """The sentence for a run whose device matmul figure (the basis of % of device) was measured while other
+    programs kept taking CPU from every sample of it; '' otherwise."""
+    if not stamp.get("device_gflops_disturbed"):
+        return ""
+    return ("The device's matmul figure was measured while other programs were busy, so it reads low and every % of "
+            "device reads high; measure again on a quiet machine.")
+
+
 def stopped_note(df: pd.DataFrame) -> str:
     """'Stopped after 7 of 40 points; …' for a sweep with cancelled points; '' otherwise."""
     cancelled = int((df["status"] == "cancelled").sum())

@@ -249,6 +249,8 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         save_run(result, args.out)
         err.write(f"saved to {args.out}\n")
     out.write(format_summary(result.frame) + "\n")
+    if note := analysis.matmul_note(result.env):
+        out.write(note + "\n")
     if interrupted:
         return EXIT_INTERRUPTED
     return EXIT_POINTS if result.frame["status"].isin(["failed", "oom"]).any() else EXIT_OK
@@ -264,6 +266,8 @@ def run_show_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     out.write(f"{stamp.get('device_name', '?')} ({stamp.get('device', '?')}), torch {stamp.get('torch', '?')}, "
               f"{stamp.get('dtype', '?')}, {stamp.get('threads', '?')} threads, {stamp.get('timestamp', '?')}\n")
     out.write(format_summary(run.frame) + "\n")
+    if note := analysis.matmul_note(run.env):
+        out.write(note + "\n")
     return EXIT_OK
 
 

@@ -167,6 +167,8 @@ def results_view(job) -> None:
     if job.done:
         if stopped := analysis.stopped_note(df):
             st.info(stopped, icon=":material/stop_circle:")
+        if busy_matmul := analysis.matmul_note(job.result().env):
+            st.warning(busy_matmul)
         st.dataframe(summary(job), hide_index=True)
         for note in analysis.summary_notes(df):
             st.caption(note)

@@ -216,3 +216,11 @@ def test_a_baseline_that_was_not_measured_is_named_with_how_to_include_it():
     assert "every point of it was disturbed" in analysis.baseline_note(busy, "softmax")
     assert analysis.summary_notes(busy)[0] == "No speed-up vs Softmax (materialized): every timed point of it " \
                                               "was disturbed."
+
+
+def test_a_busy_matmul_figure_is_said_once_and_only_then():
+    from attn_core import analysis
+
+    assert analysis.matmul_note({"device_gflops": 300.0, "device_gflops_disturbed": False}) == ""
+    assert analysis.matmul_note({}) == ""
+    assert "every % of device reads high" in analysis.matmul_note({"device_gflops_disturbed": True})
