@@ -211,7 +211,7 @@ class Timing:
 
 MAX_RETAKES = 20  # disturbed samples taken again per point, at most ...
 RETAKE_S = 1.0  # ... and at most this many seconds (or the clean samples' own time, if longer) spent on them
-QUIET_STEP_S, QUIET_WAIT_S = 0.025, 0.5  # after a disturbed sample, wait (up to 0.5 s) for a quiet 25 ms window
+QUIET_STEP_S, QUIET_WAIT_S = 0.025, 0.5  # after two disturbed samples in a row: a quiet 25 ms, waited 0.5 s at most
 HOLD_MAX_S = 3.0  # the longest a hold (a page is drawing) keeps one sample waiting ...
 AFTER_HOLD_QUIET_S, AFTER_HOLD_WAIT_S = 0.1, 1.0  # ... then 0.1 s of quiet (the browser drew), waited 1 s at most
 
