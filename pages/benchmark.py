@@ -122,7 +122,9 @@ def ticker() -> None:
     When points have arrived it asks for a full run, which draws them, at most every REDRAW_S and never more than a
     quarter of the time (3 × the last full run's cost must pass). Every tick and full run holds the worker: no timed
     sample starts until it is over and the browser has drawn what it was sent (worker.hold)."""
-    worker.hold(True)
+    inside = S.get("bench_drawing")  # run inside a full run, which holds the worker from its start to its end
+    if not inside:
+        worker.hold(True)
     job = S["bench_job"]
     job.poll()
     if job.done:
@@ -134,7 +136,8 @@ def ticker() -> None:
     drawn = S.get("bench_drawn", {})
     if (drawn.get("job") != id(job) or p["done"] > drawn["points"]) and time.monotonic() >= drawn.get("ready_at", 0):
         st.rerun()  # held until the full run has drawn
-    worker.hold(False)
+    if not inside:
+        worker.hold(False)
 
 
 def results_view(job) -> None:
@@ -257,7 +260,8 @@ run_col.button("Run", key="bench_run", type="primary", icon=":material/play_arro
 stop_col.button("Stop", key="bench_stop", icon=":material/stop:", on_click=stop, disabled=not running,
                 width="stretch")
 if running:
-    worker.hold(True)  # this run draws: no timed sample competes with it (measure.time_samples waits, 3 s at most)
+    worker.hold(True)  # this run draws: no timed sample competes with it (measure.take_turn waits, 3 s at most)
+    S["bench_drawing"] = True
     started = time.monotonic()
     # not before this run has drawn them (a tick inside a full run must not ask for another); 5 s at most
     S["bench_drawn"] = {"job": id(job), "points": job.progress()["done"], "ready_at": started + 5}
@@ -267,6 +271,7 @@ if running:
     # the next drawing: at once for the first points, then after 3 × this one's cost and at most every REDRAW_S
     wait = max(REDRAW_S, 3 * (time.monotonic() - started)) if S["bench_drawn"]["points"] else 0.0
     S["bench_drawn"]["ready_at"] = time.monotonic() + wait
+    S["bench_drawing"] = False
     worker.hold(False)  # the charts are sent; the worker waits for the browser to draw them (a quiet moment)
 if job is not None and job.done and not job.frame().empty:
     export_panel(job)
