@@ -3,27 +3,34 @@ summary table and saves the run as JSON or CSV; `python -m attn_core show RUN` p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
+import os
 import re
 import sys
+import tempfile
 from typing import Sequence, TextIO
 
 from . import analysis, env
 from .mechanisms import MECHANISMS
 from .measure import MODES, format_bytes, resolve_mechanisms
-from .results import RunFileError, load_run, save_run
+from .results import Run, RunFileError, load_run, save_run
 from .spec import DTYPE_BYTES
 from .sweep import DEFAULT_SWEEP, LOCK_WAIT_S, SweepConfig, SweepRun, log_spaced
 
-EXIT_OK, EXIT_POINTS, EXIT_USAGE, EXIT_BUSY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_POINTS, EXIT_USAGE, EXIT_BUSY, EXIT_UNSAVED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+MAX_SIZE = 2**60  # 1 EiB: the largest --memory-limit
 
 EPILOG = """\
 exit codes:
   0    the sweep finished; every point is ok or was deliberately skipped (memory guard, time budget)
   1    the sweep finished, but some points failed or ran out of memory (their reasons are in the table and file)
   2    bad arguments or settings (the message says what to change), or a run file that cannot be read
-  3    the sweep could not run: another sweep holds this machine (see --wait), or the worker could not start
+  3    the sweep could not run: another sweep of yours holds this machine (see --wait), the sweep lock is unsafe
+       (the message says what to remove), or the worker could not start
+  4    the sweep finished but --out could not be written; the run was saved to a file in the temp folder instead
+       (the message says where)
   130  interrupted (Ctrl-C): the sweep was cancelled; the points finished so far are still saved to --out
 
 examples:
@@ -35,12 +42,17 @@ examples:
 
 
 def _size(text: str) -> int:
-    """'512MiB', '8GiB', '1e9' → bytes."""
+    """'512MiB', '8GiB', '1e9' → bytes, from 1 B to 1 EiB."""
     m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]i?B?|B)?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; write e.g. 512MiB or 8GiB")
-    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
-    return int(float(m.group(1)) * 1024 ** " KMGT".index(unit or " "))
+    try:
+        number = float(m.group(1)) if m else math.nan
+    except ValueError:  # '1.2.3'
+        number = math.nan
+    unit = ((m and m.group(2)) or "B").upper().rstrip("B").rstrip("I")
+    size = number * 1024 ** " KMGT".index(unit or " ")
+    if not 1 <= size <= MAX_SIZE:  # NaN and infinity ('1e400') fail too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size from 1 B to 1 EiB; write e.g. 512MiB or 8GiB")
+    return int(size)
 
 
 def parse_ns(text: str) -> tuple[int, ...]:
@@ -209,25 +221,84 @@ def format_summary(frame) -> str:
     problems = frame[~frame["status"].isin(["ok"])]
     for _, row in problems.iterrows():
         lines.append(f"  {row['mechanism']} n={row['n']}: {row['status']}: {row['reason']}")
-    methods = sorted({m for m in frame["memory_method"] if m})
-    if methods:
-        lines.append("memory: " + "; ".join(methods))
+    lines += _memory_lines(frame[frame["status"] == "ok"])
     lines += [f"note: {row['series']}: {row['note']}" for _, row in table.iterrows() if row["note"]]
     lines += [text for text in (analysis.contention_summary(frame), analysis.stopped_note(frame),
                                 *analysis.summary_notes(frame)) if text]
     return "\n".join(lines)
 
 
+def _memory_lines(ok) -> list[str]:
+    """'memory: <how it was measured>' (the real methods only) and how many ok points have no memory figure."""
+    lines = []
+    methods = sorted({m for m in ok["memory_method"] if m and not m.startswith("not measured")})
+    if methods:
+        lines.append("memory: " + "; ".join(methods))
+    unmeasured = ok[ok["peak_bytes"].isna()]
+    if len(unmeasured):
+        why = sorted({m.removeprefix("not measured: ") for m in unmeasured["memory_method"]
+                      if m.startswith("not measured")})
+        lines.append(f"memory not measured at {len(unmeasured)} of {len(ok)} measured points"
+                     + (f" ({'; '.join(why)})" if why else ""))
+    return lines
+
+
+def out_problem(path: str) -> str | None:
+    """Why the run could not be saved to `path`, found before measuring; None when it can. The file is opened for
+    appending (nothing in it changes) and removed again if the probe created it."""
+    if not path.lower().endswith((".json", ".csv")):
+        return f"--out {path!r}: name the file .json or .csv"
+    if os.path.isdir(path):
+        return f"--out {path!r} is a folder; name a file in it, e.g. {os.path.join(path, 'run.json')!r}"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        above = folder
+        while not os.path.lexists(above):
+            above = os.path.dirname(above)
+        if not os.path.isdir(above):
+            return f"--out {path!r}: {above!r} is a file, not a folder; choose a path in a folder"
+        return f"--out {path!r}: the folder {folder!r} does not exist; create it or choose another folder"
+    existed = os.path.lexists(path)
+    try:  # O_NONBLOCK: a FIFO with no reader fails at once instead of hanging the probe
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666))
+    except OSError as e:
+        return f"--out {path!r} cannot be written ({e.strerror or e}); choose a file in a folder you can write to"
+    if not existed:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return None
+
+
+def save_or_fall_back(run: Run, path: str, err: TextIO) -> bool:
+    """Save the run to `path`; when that fails, to a new file in the temp folder, saying where (the measured points
+    are never lost to a full disk or a folder removed mid-sweep). True when `path` was written."""
+    try:
+        save_run(run, path)
+        err.write(f"saved to {path}\n")
+        return True
+    except OSError as e:
+        why = e.strerror or str(e)
+    fallback = os.path.join(tempfile.gettempdir(), "attn_core-run-*")
+    try:  # mkstemp: a new file of mode 0o600 under a fresh name, never an existing file or link
+        fd, fallback = tempfile.mkstemp(prefix="attn_core-run-", suffix=os.path.splitext(path)[1].lower())
+        os.close(fd)
+        save_run(run, fallback)
+    except OSError as e:
+        err.write(f"error: the run could not be saved to {path} ({why}) nor to {fallback} ({e.strerror or e}); "
+                  "only the summary below is left\n")
+        return False
+    err.write(f"error: the run could not be saved to {path} ({why}); it was saved to {fallback} instead\n")
+    return False
+
+
 def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    if args.out and not args.out.lower().endswith((".json", ".csv")):
-        err.write(f"--out {args.out!r}: name the file .json or .csv\n")
-        return EXIT_USAGE
+    problems = [p for p in (out_problem(args.out) if args.out else None, _wait_problem(args.wait)) if p]
     extra = tuple(r.strip() for r in args.extra_mechanisms.split(",") if r.strip())
     try:
         config = config_from_args(args)
-        problems = config.problems(resolve_mechanisms(extra))
+        problems += config.problems(resolve_mechanisms(extra))
     except ValueError as e:
-        problems = [str(e)]
+        problems.append(str(e))
     if problems:
         err.write("".join(f"error: {p}\n" for p in problems))
         return EXIT_USAGE
@@ -245,20 +316,26 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         return EXIT_BUSY
     result = run.result()
     err.write(f"{len(result.frame)} points in {run.progress()['elapsed_s']:.1f} s\n")
-    if args.out:
-        save_run(result, args.out)
-        err.write(f"saved to {args.out}\n")
+    saved = save_or_fall_back(result, args.out, err) if args.out else True
     out.write(format_summary(result.frame) + "\n")
     if note := analysis.matmul_note(result.env):
         out.write(note + "\n")
     if interrupted:
         return EXIT_INTERRUPTED
+    if not saved:
+        return EXIT_UNSAVED
     return EXIT_POINTS if result.frame["status"].isin(["failed", "oom"]).any() else EXIT_OK
+
+
+def _wait_problem(wait_s: float) -> str | None:
+    if math.isfinite(wait_s) and wait_s >= 0:
+        return None
+    return f"--wait {wait_s!r}: give the seconds to wait for another sweep as a finite number, 0 or more"
 
 
 def run_show_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
-        run = load_run(args.path)
+        run = load_run(args.path, name=args.path)
     except RunFileError as e:
         err.write(f"error: {e}\n")
         return EXIT_USAGE
@@ -275,8 +352,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     """Entry point; returns the exit code (see --help)."""
     out, err = out or sys.stdout, err or sys.stderr
     parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
+    try:  # argparse writes its help and errors to sys.stdout/stderr: send them where the caller asked
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
         return int(e.code or 0)
     return run_sweep_command(args, out, err) if args.command == "sweep" else run_show_command(args, out, err)

@@ -16,6 +16,7 @@ SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 lacks the contention and executed-FLOP columns: they are filled in
 FORMAT = "attention-lab-run"
 MAX_FILE_BYTES = 32 * 1024 * 1024  # ~100k points; larger files are refused before parsing
+MAX_COUNT = 2**40  # n, batch, heads, d_model, head_dim, repeats, retaken: far above any run, far below int64
 
 COLUMNS = (
     "mechanism", "label", "exact", "params", "n", "batch", "heads", "d_model", "head_dim", "dtype", "device", "mode",
@@ -138,14 +139,7 @@ def load_run(source: str | os.PathLike | bytes, name: str | None = None) -> Run:
         data = bytes(source)
     else:
         label = name or os.path.basename(os.fspath(source))
-        try:
-            size = os.path.getsize(source)
-            if size > MAX_FILE_BYTES:
-                raise RunFileError(_too_large(label, size))
-            with open(source, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise RunFileError(f"{label}: cannot be read ({e.strerror or e}); check the path") from None
+        data = _read_capped(source, label)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -154,13 +148,33 @@ def load_run(source: str | os.PathLike | bytes, name: str | None = None) -> Run:
         return _parse_json(text, label) if text.lstrip().startswith("{") else _parse_csv(text, label)
     except RunFileError:
         raise
+    except RecursionError:  # JSON nested thousands deep: json's parser recurses once per level
+        raise RunFileError(f"{label} nests its data too deeply to be a run; choose a run file saved by Attention "
+                           "Lab") from None
     except (ValueError, TypeError, KeyError, csv.Error) as e:
         raise RunFileError(f"{label} is malformed ({e}); save the run again or choose another file") from None
 
 
-def _too_large(label: str, size: int) -> str:
-    return (f"{label} is {size / 2**20:.1f} MiB, larger than the {MAX_FILE_BYTES // 2**20} MiB a run file may be; "
-            "choose a run file saved by Attention Lab")
+def _read_capped(path: str | os.PathLike, label: str) -> bytes:
+    """At most MAX_FILE_BYTES of any file: a size on disk cannot be trusted (a device, a pipe or /dev/stdin says 0),
+    so one byte more than the cap is read and its arrival refuses the file."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_FILE_BYTES:  # a regular file: refused before reading, with its size
+                raise RunFileError(_too_large(label, size))
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise RunFileError(f"{label}: cannot be read ({e.strerror or e}); check the path") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise RunFileError(_too_large(label, None))
+    return data
+
+
+def _too_large(label: str, size: int | None) -> str:
+    what = f"is {size / 2**20:.1f} MiB, larger than" if size is not None else "holds more than"
+    return (f"{label} {what} the {MAX_FILE_BYTES // 2**20} MiB a run file may be; choose a run file saved by "
+            "Attention Lab")
 
 
 def _check_header(fmt: Any, version: Any, label: str) -> None:
@@ -242,13 +256,92 @@ def _check_columns(names: Any, label: str) -> None:
 
 
 def _validated(rows: list[dict], label: str) -> pd.DataFrame:
-    for r in rows:
+    """The rows as a frame once every cell holds what its column allows; RunFileError naming the row (1 = the first
+    point), the column, the value and what is allowed otherwise."""
+    clean = []
+    for i, r in enumerate(rows, 1):
         _check_columns(r, label)
         if r["status"] not in STATUSES:
             raise RunFileError(f"{label} is malformed: status {r['status']!r} is not one of {', '.join(STATUSES)}")
-        samples = r["time_samples"]
-        if not isinstance(samples, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
-                                                    for t in samples):
-            raise RunFileError(f"{label} is malformed: time_samples must be a list of numbers")
-        json.loads(r["params"] or "{}")  # params is JSON text; a ValueError here reads as malformed
-    return frame_from_rows(rows)
+        cells = dict(r)
+        for column in (*BOOL, *INT, *FLOAT, "time_samples", "params"):
+            try:
+                cells[column] = _cell(column, r[column])
+            except ValueError as e:
+                raise RunFileError(f"{label} is malformed: row {i}, {column} = {_shown(r[column])} is not allowed; "
+                                   f"{column} must be {e}") from None
+        clean.append(cells)
+    return frame_from_rows(clean)
+
+
+def _cell(column: str, value: Any) -> Any:
+    """A cell of a run file as its column's type; ValueError with what the column allows."""
+    if column in BOOL:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        raise ValueError("true or false")
+    if column in INT:
+        low = 1 if column not in ("repeats", "retaken") else 0
+        number = _number(value)
+        if isinstance(number, float) and number.is_integer():
+            number = int(number)  # 256.0, as other tools write whole numbers
+        if not isinstance(number, int) or not low <= number < MAX_COUNT:
+            raise ValueError(f"a whole number from {low} to below 2**40")
+        return number
+    if column in FLOAT:
+        return _measure(value, "a finite number ≥ 0, or empty (null) where it was not measured")
+    if column == "time_samples":
+        if not isinstance(value, list):
+            raise ValueError("a list of seconds, each a finite number ≥ 0")
+        return [_measure(t, "a list of seconds, each a finite number ≥ 0", empty=False) for t in value]
+    try:  # params: JSON text of an object
+        params = json.loads(value or "{}") if isinstance(value, str) else None
+    except json.JSONDecodeError:
+        params = None
+    if not isinstance(params, dict):
+        raise ValueError('JSON text of an object, e.g. {"window": 64}')
+    return value
+
+
+def _measure(value: Any, allowed: str, empty: bool = True) -> float:
+    """A measured quantity: finite and ≥ 0, or NaN where `empty` allows it (null, '', NaN)."""
+    if empty and (value is None or value == ""):
+        return math.nan
+    number = _number(value)
+    if number is None:
+        raise ValueError(allowed)
+    try:
+        number = float(number)
+    except OverflowError:  # an integer beyond float range
+        raise ValueError(allowed) from None
+    if math.isnan(number) and empty:
+        return number
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(allowed)
+    return number
+
+
+def _number(value: Any) -> int | float | None:
+    """An int or float from a JSON number or CSV text; None for anything else (booleans included)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        for kind in (int, float):
+            try:
+                return kind(value.strip())
+            except ValueError:
+                pass
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A cell's value as written, cut to 40 characters."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer of more digits than Python prints
+        text = "a number of thousands of digits"
+    return text if len(text) <= 40 else text[:39] + "…"

@@ -1,6 +1,8 @@
 """What a mechanism is: its knobs, its support, and its theoretical cost (the single source for UI, tests and guards)."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -66,10 +68,18 @@ class Param:
     at_most: str | None = None
 
     def check(self, value: Any, shape: Shape | None = None) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (self.kind is int and value != int(value)):
-            raise ValueError(f"{self.name} must be {'an integer' if self.kind is int else 'a number'}, got {value!r}")
-        if not self.low <= value <= self.high:
-            raise ValueError(f"{self.name} = {value} is out of range; choose {self.name} between {self.low} and {self.high}")
+        """ValueError naming the knob, the value and the allowed range unless low ≤ value ≤ high, an integer for an
+        integer knob (1000.0 or 1e3 is refused, not rounded: the kernel would get a float) and finite otherwise."""
+        whole = self.kind is int
+        number = isinstance(value, numbers.Integral if whole else numbers.Real) and not isinstance(value, bool)
+        finite = number and (isinstance(value, numbers.Integral) or math.isfinite(value))  # a huge int has no float
+        if not finite or not self.low <= value <= self.high:
+            allowed = "an integer" if whole else "a finite number"
+            hint = (f"; write {self.name}={int(value)}" if whole and isinstance(value, float) and value.is_integer()
+                    else "")
+            shown = value if number else repr(value)  # 1000.0, nan, inf as written; text quoted
+            raise ValueError(f"{self.name} = {shown} is not allowed; choose {allowed} between {self.low} and "
+                             f"{self.high}{hint}")
         if shape is not None and self.at_most is not None and value > getattr(shape, self.at_most):
             limit = getattr(shape, self.at_most)
             raise ValueError(

@@ -1,11 +1,12 @@
 """Sweeps declared as data and run point by point in the worker process, streaming rows with progress; one sweep at
-a time per machine."""
+a time per user of a machine."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import math
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -18,7 +19,7 @@ import pandas as pd
 from . import env
 from .mechanisms import MECHANISMS
 from .measure import MIN_SAMPLE_S, MODES, Case, Settings, make_row, resolve_mechanisms, theory
-from .results import SCHEMA_VERSION, Run, frame_from_rows
+from .results import MAX_COUNT, SCHEMA_VERSION, Run, frame_from_rows
 from .spec import DTYPE_BYTES, MechanismSpec, Shape
 from .worker import Worker, WorkerError, get_worker, prestart
 
@@ -27,11 +28,13 @@ try:
 except ImportError:  # Windows: sweeps are serialised within one process only
     fcntl = None
 
-LOCK_PATH = os.path.join(tempfile.gettempdir(), "attn_core-sweep.lock")
+LOCK_NAME = "sweep.lock"  # inside the user's own folder of the temp folder, see user_folder()
 LOCK_WAIT_S = 10.0  # how long a second sweep waits for the first before it is told that one is running
 # A point normally ends by itself within about 2 × point_budget_s (a warm-up call and one sample past the budget);
 # one still running at HARD_LIMIT_FACTOR × budget + HARD_LIMIT_GRACE_S is stopped by killing the worker.
 HARD_LIMIT_FACTOR, HARD_LIMIT_GRACE_S = 3.0, 10.0
+MAX_THREADS = 4 * (os.cpu_count() or 1)  # far more torch threads than cores only thrash; 10,000 crash the worker
+MAX_SEED = 2**63 - 1  # torch's generator takes a 64-bit seed
 
 
 @dataclass(frozen=True)
@@ -119,12 +122,12 @@ def _shape_problems(c: SweepConfig) -> list[str]:
     found = []
     if not c.ns:
         found.append("no sequence length is given; give at least one n")
-    elif not all(_is_int(n) and n >= 1 for n in c.ns):
-        found.append(f"sequence lengths must be positive integers, got {', '.join(map(str, c.ns))}")
+    elif not all(_is_int(n) and 1 <= n < MAX_COUNT for n in c.ns):
+        found.append(f"sequence lengths must be positive integers below 2**40, got {', '.join(map(str, c.ns))}")
     for name in ("batch", "heads", "d_model"):
         value = getattr(c, name)
-        if not _is_int(value) or value < 1:
-            found.append(f"{name} must be a positive integer, got {value!r}")
+        if not _is_int(value) or not 1 <= value < MAX_COUNT:
+            found.append(f"{name} must be a positive integer below 2**40, got {value!r}")
     if not found and c.d_model % c.heads:
         found.append(f"d_model {c.d_model} is not divisible by {c.heads} heads; choose a multiple of {c.heads}")
     if c.mode not in MODES:
@@ -143,19 +146,25 @@ def _setting_problems(c: SweepConfig) -> list[str]:
     rules = (
         (_is_int(c.warmup) and c.warmup >= 1, f"warmup must be at least 1 (the first call is cold), got {c.warmup!r}"),
         (_is_int(c.min_repeats) and c.min_repeats >= 1, f"min_repeats must be at least 1, got {c.min_repeats!r}"),
-        (isinstance(c.min_time_s, (int, float)) and c.min_time_s >= 0,
+        (_is_number(c.min_time_s) and c.min_time_s >= 0,
          f"min_time_s must be 0 or more seconds, got {c.min_time_s!r}"),
-        (isinstance(c.point_budget_s, (int, float)) and c.point_budget_s > 0,
+        (_is_number(c.point_budget_s) and c.point_budget_s > 0,
          f"point_budget_s must be a positive number of seconds, got {c.point_budget_s!r}"),
-        (isinstance(c.memory_margin, (int, float)) and 0 <= c.memory_margin <= 10,
+        (_is_number(c.memory_margin) and 0 <= c.memory_margin <= 10,
          f"memory_margin must be between 0 and 10 (a fraction: 0.2 = 20%), got {c.memory_margin!r}"),
-        (c.threads is None or (_is_int(c.threads) and c.threads >= 1),
-         f"threads must be a positive integer or empty for torch's default, got {c.threads!r}"),
-        (c.memory_limit_bytes is None or (_is_int(c.memory_limit_bytes) and c.memory_limit_bytes > 0),
-         f"memory_limit_bytes must be a positive integer or empty, got {c.memory_limit_bytes!r}"),
-        (_is_int(c.seed), f"seed must be an integer, got {c.seed!r}"),
+        (c.threads is None or (_is_int(c.threads) and 1 <= c.threads <= MAX_THREADS),
+         f"threads must be from 1 to {MAX_THREADS} (4 × this machine's {os.cpu_count() or 1} cores) or empty for "
+         f"torch's default, got {c.threads!r}"),
+        (c.memory_limit_bytes is None or (_is_int(c.memory_limit_bytes) and 0 < c.memory_limit_bytes < 2**63),
+         f"memory_limit_bytes must be a positive integer below 2**63 or empty, got {c.memory_limit_bytes!r}"),
+        (_is_int(c.seed) and 0 <= c.seed <= MAX_SEED, f"seed must be an integer from 0 to 2**63 - 1, got {c.seed!r}"),
     )
     return [message for ok, message in rules if not ok]
+
+
+def _is_number(x: Any) -> bool:
+    """A finite int or float (not a bool): infinity or NaN as a time or margin would never end or never compare."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def log_spaced(n_min: int, n_max: int, steps: int) -> tuple[int, ...]:
@@ -191,15 +200,26 @@ class SweepBusyError(RuntimeError):
     """Another sweep holds the machine's sweep lock."""
 
 
+class SweepLockError(RuntimeError):
+    """The sweep lock's file or folder cannot be used safely (a link, another user's folder); the message says what
+    to remove."""
+
+
 _process_lock = threading.Lock()  # where fcntl is missing
 
 
 @contextlib.contextmanager
 def sweep_lock(wait_s: float = 0.0, cancelled: Callable[[], bool] = lambda: False,
-               on_wait: Callable[[str], None] = lambda holder: None, path: str = LOCK_PATH) -> Iterator[None]:
-    """Hold the machine-wide sweep lock (an flock on a file in the temp folder, which also excludes a second
-    sweep in the same process). Waits up to `wait_s`, calling `on_wait(holder)` once, then raises SweepBusyError
-    saying who holds it; the lock goes with the process, so a crashed sweep never leaves it held."""
+               on_wait: Callable[[str], None] = lambda holder: None, path: str | None = None) -> Iterator[None]:
+    """Hold the sweep lock: an flock on `path`, by default LOCK_NAME in the user's own folder of the temp folder
+    (user_folder()), which also excludes a second sweep in the same process. Waits up to `wait_s`, calling
+    `on_wait(holder)` once, then raises SweepBusyError saying who holds it; the lock goes with the process, so a
+    crashed sweep never leaves it held.
+
+    The lock once sat at one fixed path in the shared temp folder and was opened following links, so any user could
+    plant a link there and have a sweep overwrite the file it pointed to. It is now per user (two sweeps of one user
+    still exclude each other; other users' sweeps are theirs to schedule), in a folder only that user can enter, and
+    opened with O_NOFOLLOW: a link at its path raises SweepLockError instead."""
     if fcntl is None:
         if not _process_lock.acquire(timeout=max(wait_s, 0)):
             raise SweepBusyError("another sweep is running in this process; wait for it to finish or cancel it")
@@ -208,7 +228,7 @@ def sweep_lock(wait_s: float = 0.0, cancelled: Callable[[], bool] = lambda: Fals
         finally:
             _process_lock.release()
         return
-    fd = _open_lock_file(path)
+    fd = _open_lock_file(path or os.path.join(user_folder(), LOCK_NAME))
     try:
         deadline, told = time.monotonic() + wait_s, False
         while True:
@@ -216,7 +236,7 @@ def sweep_lock(wait_s: float = 0.0, cancelled: Callable[[], bool] = lambda: Fals
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except OSError:
-                holder = _lock_holder(path)
+                holder = _lock_holder(fd)
                 if time.monotonic() >= deadline or cancelled():
                     raise SweepBusyError(f"another sweep is running on this machine ({holder}); wait for it to "
                                          "finish or cancel it, then start again") from None
@@ -232,19 +252,65 @@ def sweep_lock(wait_s: float = 0.0, cancelled: Callable[[], bool] = lambda: Fals
         os.close(fd)  # closing the descriptor releases the flock
 
 
-def _open_lock_file(path: str) -> int:
+def user_folder(base: str | None = None) -> str:
+    """This user's private folder in the temp folder (`base`), 'attn_core-<uid>', created with mode 0o700; raises
+    SweepLockError when its name is taken by a link, a file or another user's folder, or it cannot be made."""
+    base = tempfile.gettempdir() if base is None else base
+    uid = os.getuid()
+    folder = os.path.join(base, f"attn_core-{uid}")
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:  # created by another user: flock works on a read-only descriptor too
-        return os.open(path, os.O_RDONLY)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        info = os.lstat(folder)
+    except OSError as e:
+        raise SweepLockError(f"the sweep lock's folder {folder} cannot be made ({e.strerror or e}); make the temp "
+                             "folder writable or set TMPDIR to a folder of yours") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a folder"
+        raise SweepLockError(f"the sweep lock's folder {folder} is {kind}, which another user could have planted; "
+                             "remove it and start again")
+    if info.st_uid != uid:
+        raise SweepLockError(f"the sweep lock's folder {folder} belongs to another user (uid {info.st_uid}), who "
+                             "could read or replace the lock; ask them or an administrator to remove it")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(folder, 0o700)  # ours, but open to others (made under another umask): close it
+    return folder
 
 
-def _lock_holder(path: str) -> str:
+def _open_lock_file(path: str) -> int:
+    """A descriptor on the lock file, created 0o600; never through a link (O_NOFOLLOW) and never anything but a
+    regular file, so a planted link or device cannot redirect the holder's line written into it."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except PermissionError:  # another user's file: flock works on a read-only descriptor too
+        fd = _open_read_only(path)
+    except OSError as e:
+        if os.path.islink(path):
+            raise SweepLockError(f"the sweep lock {path} is a symbolic link, which would make a sweep overwrite "
+                                 "the file it points to; remove the link and start again") from None
+        raise SweepLockError(f"the sweep lock {path} cannot be opened ({e.strerror or e}); remove it or free its "
+                             "folder and start again") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SweepLockError(f"the sweep lock {path} is not a regular file; remove it and start again")
+    return fd
+
+
+def _open_read_only(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise SweepLockError(f"the sweep lock {path} cannot be opened ({e.strerror or e}); remove it and start "
+                             "again") from None
+
+
+def _lock_holder(fd: int) -> str:
+    """The holder's line ('pid 123, started 10:04:05') read through our own descriptor, not the path again."""
     with contextlib.suppress(OSError):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(200).strip()
-            if text:
-                return text
+        text = os.pread(fd, 200, 0).decode("utf-8", errors="replace").strip()
+        if text:
+            return text
     return "holder unknown"
 
 
@@ -382,7 +448,7 @@ class SweepRun:
             with sweep_lock(self.lock_wait_s, self._cancel.is_set,
                             lambda holder: self._set_current(f"waiting for another sweep to finish ({holder})")):
                 self._measure_all()
-        except SweepBusyError as e:
+        except (SweepBusyError, SweepLockError) as e:
             self.error = None if self._cancel.is_set() else str(e)
         except WorkerError as e:
             self.error = None if self._cancel.is_set() else str(e)
@@ -426,7 +492,7 @@ class SweepRun:
             row = outcome.row or self._row(case, "cancelled" if outcome.failure == "cancelled" else "failed",
                                            outcome.detail)
             if outcome.elapsed_s > budget:
-                over_budget[series] = (f"skipped: at n = {case.n} this mechanism took {outcome.elapsed_s:.1f} s, "
+                over_budget[series] = (f"at n = {case.n} this mechanism took {outcome.elapsed_s:.1f} s, "
                                        f"over the per-point budget of {budget:g} s; raise the budget to measure "
                                        "larger n")
             self._add(row, series, outcome.elapsed_s)
