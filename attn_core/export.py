@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 
 import altair as alt
@@ -34,6 +35,22 @@ def chart_svg(chart: alt.TopLevelMixin | dict) -> bytes:
     return vlc.vegalite_to_svg(_spec(chart)).encode("utf-8")
 
 
+# Where vl-convert 1.x writes the spec: raw JSON in an inline script, after the bundled Vega (in the head).
+SPEC_AT = '<div id="vega-chart"></div>\n    <script type="text/javascript">\n\n{\n    const spec = '
+# Characters that could end the script or start markup inside it, and JavaScript's two odd line ends.
+INERT = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                       "\u2029": "\\u2029"})
+
+
 def chart_html(chart: alt.TopLevelMixin | dict) -> bytes:
-    """One HTML file holding the chart, its data and the Vega JavaScript: opens offline, tooltips work."""
-    return vlc.vegalite_to_html(_spec(chart), bundle=True).encode("utf-8")
+    """One HTML file holding the chart, its data and the Vega JavaScript: opens offline, tooltips work.
+    vl-convert embeds the spec as raw JSON, so a label holding `</script><img onerror=…>` would run; the spec is
+    written again with <, >, &, U+2028/9 as \\u escapes (the same strings to JavaScript, inert to HTML)."""
+    html = vlc.vegalite_to_html(_spec(chart), bundle=True)
+    start = html.rfind(SPEC_AT)  # literal newlines: never inside the JSON, where they are escaped
+    if start < 0:
+        raise RuntimeError("vl-convert's HTML changed: the chart spec was not found where it was expected")
+    start += len(SPEC_AT)
+    spec, end = json.JSONDecoder().raw_decode(html, start)
+    safe = json.dumps(spec, ensure_ascii=False, allow_nan=False, separators=(",", ":")).translate(INERT)
+    return (html[:start] + safe + html[end:]).encode("utf-8")

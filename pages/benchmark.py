@@ -4,9 +4,10 @@ import functools
 import time
 
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 import app
-from attn_core import MECHANISMS, analysis, charts, env, export, presets, results, worker
+from attn_core import MECHANISMS, analysis, charts, env, export, presets, results, untrusted, worker
 from attn_core.sweep import DEFAULT_SWEEP, SweepConfig, log_spaced
 
 app.ensure_routed()
@@ -17,6 +18,9 @@ REDRAW_S = 2.0  # at most this often the charts are redrawn while a sweep measur
 TICK_S, FIRST_TICK_S = 2.0, 0.25  # the progress bar's pace; faster until the first points are on the charts
 # No animation while points are timed: a browser easing a progress bar draws for the whole transition.
 STILL_CSS = "<style>[data-testid='stProgress'] * { transition: none !important; animation: none !important; }</style>"
+# The number widgets' ranges (low, high); the link check reads them too
+NUMBERS = {"bench_steps": (1, 16), "bench_d_model": (1, 16384), "bench_heads": (1, 256), "bench_batch": (1, 1024),
+           "bench_speed": (0.5, 20.0)}
 CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
 talk = bool(S.get("talk"))
 job = S.get("bench_job")
@@ -76,10 +80,10 @@ def settings() -> tuple[SweepConfig, list[str]]:
             mechanisms = tuple((key, mechanism_params(key)) for key in exact + approx)
         n_min, n_max = sizes.select_slider("Sequence lengths n", NS, (d.ns[0], d.ns[-1]), format_func="{:,}".format,
                                            **keyed("bench_n"))
-        steps = sizes.number_input("Steps, log-spaced", 1, 16, len(d.ns), **keyed("bench_steps"))
-        d_model = shape.number_input("d_model", 1, 16384, d.d_model, step=64, **keyed("bench_d_model"))
-        heads = shape.number_input("Heads", 1, 256, d.heads, **keyed("bench_heads"))
-        batch = shape.number_input("Batch", 1, 1024, d.batch, **keyed("bench_batch"))
+        steps = sizes.number_input("Steps, log-spaced", *NUMBERS["bench_steps"], len(d.ns), **keyed("bench_steps"))
+        d_model = shape.number_input("d_model", *NUMBERS["bench_d_model"], d.d_model, step=64, **keyed("bench_d_model"))
+        heads = shape.number_input("Heads", *NUMBERS["bench_heads"], d.heads, **keyed("bench_heads"))
+        batch = shape.number_input("Batch", *NUMBERS["bench_batch"], d.batch, **keyed("bench_batch"))
         device = where.selectbox("Device", DEVICES, DEVICES.index(env.resolve_device(d.device)),
                                  **keyed("bench_device"))
         dtypes = env.supported_dtypes(device)
@@ -102,6 +106,34 @@ def mechanism_params(key: str) -> dict:
     st.markdown(f"**{spec.label}**: {spec.description}")
     return {p.name: st.number_input(p.name, p.low, p.high, p.default, step=1 if p.kind is int else None,
                                     help=p.help, **keyed(f"bench_p_{key}_{p.name}")) for p in spec.params}
+
+
+def link_notes() -> list[str]:
+    """Number settings in the link that their widget cannot take (1e309 raised OverflowError inside Streamlit) are
+    dropped from the URL and the page runs again without them (widgets are seeded from the URL it was opened with);
+    returns, once, the sentences saying which values were ignored."""
+    limits = {key: (low, high, isinstance(low, int)) for key, (low, high) in NUMBERS.items()}
+    limits.update({f"bench_p_{key}_{p.name}": (p.low, p.high, p.kind is int) for key, spec in MECHANISMS.items()
+                   for p in spec.params})
+    bad = {key: untrusted.link_number(key, st.query_params.get_all(key), *limits[key])
+           for key in limits if key in st.query_params}
+    bad = {key: note for key, note in bad.items() if note}
+    gone = [key for key in bad if dropped(key)]  # all of them, before the rerun
+    if gone:
+        S["bench_link_notes"] = list(bad.values())
+        st.rerun()
+    return S.pop("bench_link_notes", []) or list(bad.values())
+
+
+def dropped(key: str) -> bool:
+    """Remove `key` from the URL; False where Streamlit refuses because its widget is bound in this session: the
+    value came back by Back or Forward, and Streamlit seeds the widget itself (it resets a value out of range, but
+    1e309 in a whole-number widget still raises inside Streamlit; st.query_params cannot reach that copy)."""
+    try:
+        del st.query_params[key]
+    except StreamlitAPIException:
+        return False
+    return True
 
 
 def chart_options(metric: str) -> dict:
@@ -132,7 +164,7 @@ def ticker() -> None:
     p = job.progress()
     eta = f" · about {p['eta_s']:.0f} s left" if p["eta_s"] is not None else ""
     st.progress(min(p["done"] / max(p["total"], 1), 1.0),
-                text=f"{p['done']} of {p['total']} points · now {p['current']}{eta}")
+                text=f"{p['done']} of {p['total']} points · now {untrusted.literal(p['current'])}{eta}")
     drawn = S.get("bench_drawn", {})
     if (drawn.get("job") != id(job) or p["done"] > drawn["points"]) and time.monotonic() >= drawn.get("ready_at", 0):
         st.rerun()  # held until the full run has drawn
@@ -146,7 +178,7 @@ def results_view(job) -> None:
         st.info("Choose settings and press Run, or pick a preset: points appear on the charts as they are measured.")
         return
     if job.error:
-        st.error(f"The sweep stopped: {job.error}")
+        st.error(f"The sweep stopped: {untrusted.literal(job.error)}")
     df = job.frame()
     if df.empty:
         st.caption("Waiting for the first point…")
@@ -166,7 +198,7 @@ def results_view(job) -> None:
         options = chart_options(metric)
         st.vega_lite_chart(live_spec(metric).update(df, metric, **options), theme=None, width="stretch")
         if note := charts.chart_note(df, metric, log=options["log"], curves=options["curves"]):
-            st.caption(note)
+            st.caption(untrusted.literal(note))  # it quotes labels and reasons, from a file when replayed
     if job.done:
         if stopped := analysis.stopped_note(df):
             st.info(stopped, icon=":material/stop_circle:")
@@ -224,7 +256,7 @@ def replay_panel() -> None:
     with st.expander("Replay or show a saved run", icon=":material/replay:", expanded=talk and not running):
         upload = st.file_uploader("A run saved by `python -m attn_core sweep --out run.json` or by Export (JSON or "
                                   "CSV)", type=["json", "csv"], key="bench_upload")
-        st.slider("Replay speed (points per second)", 0.5, 20.0, 3.0, step=0.5, **keyed("bench_speed"))
+        st.slider("Replay speed (points per second)", *NUMBERS["bench_speed"], 3.0, step=0.5, **keyed("bench_speed"))
         left, right = st.columns(2)
         show = left.button("Show it", key="bench_show", disabled=upload is None or running)
         replay = right.button("Replay point by point", key="bench_replay", disabled=upload is None or running)
@@ -233,7 +265,7 @@ def replay_panel() -> None:
         try:
             run = results.load_run(upload.getvalue(), name=upload.name)
         except results.RunFileError as e:
-            st.error(str(e))
+            st.error(untrusted.literal(e))
             return
         S.update({"bench_preset": None, "bench_focus": "time_median_s"})
         S["bench_job"] = presets.Replay(run, S.get("bench_speed", 3.0))
@@ -242,8 +274,11 @@ def replay_panel() -> None:
         st.rerun()
 
 
+notes = link_notes()
 st.html(STILL_CSS)
 st.title("Benchmark")
+for note in notes:
+    st.warning(note, icon=":material/link_off:")
 picked = S.get("bench_preset")
 if picked or talk:
     st.markdown(f"**{picked}**: {presets.PRESETS[picked].look_for}" if picked else

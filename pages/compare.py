@@ -2,7 +2,7 @@
 import streamlit as st
 
 import app
-from attn_core import MECHANISMS, insight_charts, reference, results
+from attn_core import MECHANISMS, insight_charts, reference, results, untrusted
 
 app.ensure_routed()  # a deep link as a server's first request: let the router run first
 
@@ -25,10 +25,11 @@ def load(files) -> dict:
         try:
             run = results.load_run(f.getvalue(), name=f.name)
         except results.RunFileError as e:
-            st.error(str(e), icon=":material/block:")
+            st.error(untrusted.literal(e), icon=":material/block:")
             continue
         if not (run.frame["status"] == "ok").any():
-            st.warning(f"{f.name} holds no measured point (every point was skipped, failed or cancelled).")
+            st.warning(f"{untrusted.literal(f.name)} holds no measured point (every point was skipped, failed or "
+                       "cancelled).")
             continue
         name = f.name if f.name not in runs else f"{f.name} ({len(runs) + 1})"
         runs[name] = run
@@ -38,8 +39,8 @@ def load(files) -> dict:
 st.title("Compare runs")
 st.caption("Runs saved by `python -m attn_core sweep --out run.json` or by the Benchmark page's export, from this "
            "machine or others. Files are read as JSON or CSV data only; nothing in them is executed.")
-files = st.file_uploader("Saved runs (JSON or CSV, up to 32 MiB each)", type=["json", "csv"],
-                         accept_multiple_files=True, key="cmp_upload")
+files = st.file_uploader(f"Saved runs (JSON or CSV, up to {results.MAX_FILE_BYTES // 2**20} MiB each)",
+                         type=["json", "csv"], accept_multiple_files=True, key="cmp_upload")
 runs = load(files or [])
 if not runs:
     st.info("Upload one or more saved runs to overlay them.", icon=":material/upload_file:")
@@ -87,7 +88,8 @@ if a == b:
     st.stop()
 ratios = reference.run_ratio(runs[a].frame, runs[b].frame, metric)
 if ratios.empty:
-    st.warning(f"{a} and {b} share no point (same mechanism, parameters, n, dtype, mode, mask and sizes).")
+    st.warning(f"{untrusted.literal(a)} and {untrusted.literal(b)} share no point (same mechanism, parameters, n, "
+               "dtype, mode, mask and sizes).")
     st.stop()
 chart = insight_charts.ratio_chart(ratios, a, b, metric)
 st.altair_chart(chart, theme=None)

@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from attn_core import MECHANISMS, accuracy, effective, insight_charts, reference, results, theory
-from tests.apptest_helpers import chart_specs as charts
+from tests.apptest_helpers import chart_specs as charts, displayed
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_ACCURACY = {"acc_n": 32, "acc_d_model": 32, "acc_heads": 2, "acc_scatter": False}
@@ -26,7 +26,7 @@ def page(name: str, **state) -> AppTest:
 
 def errors(at: AppTest) -> list[str]:
     assert not at.exception, [e.value for e in at.exception]
-    return [e.value for e in at.error]
+    return [displayed(e.value) for e in at.error]
 
 
 def records(spec: dict, column: str) -> list[dict]:
@@ -212,7 +212,7 @@ def test_compare_page_says_when_runs_share_no_point():
     at = upload(page("compare"), ("a.json", run_bytes("A", 1.0, ns=(256,)), "application/json"),
                 ("b.json", run_bytes("B", 1.0, ns=(512,)), "application/json"))
     assert errors(at) == []
-    assert any("a.json and b.json share no point" in w.value for w in at.warning)
+    assert any("a.json and b.json share no point" in displayed(w.value) for w in at.warning)
 
 
 # ---- charts and exports ----

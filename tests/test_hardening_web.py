@@ -1,0 +1,152 @@
+"""No string from a run file, a file name or a link can run script, fetch a URL or break a page."""
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from attn_core import MECHANISMS, charts, export, results, untrusted
+from attn_core.benchmarks.dashboard import browser_page
+from tests.apptest_helpers import displayed
+from tests.test_app import APP, private_sweep_lock, routed, widget  # noqa: F401 (the fixtures apply here too)
+from tests.test_browser import _need_chromium
+from tests.test_charts import results_frame
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = "</script><img src=x onerror=alert(1)><script>alert(2)</script>\u2028&amp;"
+BEACON = "![img](http://127.0.0.1:9/beacon.png)"
+MARKDOWN = ("error", "warning", "info", "caption", "markdown", "success")
+
+
+def hostile_frame(text: str):
+    """A results frame whose labels, params and skip reasons all carry `text`."""
+    df = results_frame()
+    df["label"] = df["label"] + " " + text
+    df["params"] = [json.dumps({**json.loads(p), "note": text}) for p in df["params"]]
+    df.loc[df["status"] == "skipped", "reason"] = text
+    return df
+
+
+def shown_markdown(at: AppTest) -> list[str]:
+    """The Markdown body of every element that renders Markdown."""
+    return [e.value for kind in MARKDOWN for e in at.get(kind)]
+
+
+def test_literal_escapes_markdown_and_leaves_plain_words():
+    assert untrusted.literal(BEACON) == r"\!\[img\]\(http\:\/\/127\.0\.0\.1\:9\/beacon\.png\)"
+    assert displayed(untrusted.literal(BEACON)) == BEACON  # shown as typed
+    assert untrusted.literal("Softmax 1024") == "Softmax 1024"
+    assert untrusted.literal(ValueError("*a*")) == r"\*a\*"
+
+
+def test_html_export_keeps_hostile_strings_as_escaped_json():
+    df = hostile_frame(SCRIPT)
+    chart = charts.figure(df, "time_median_s", title=SCRIPT, subtitle=SCRIPT)
+    html = export.chart_html(chart).decode()
+    body = html[html.rindex('<div id="vega-chart">'):]
+    assert "<img" not in body and "\u2028" not in body and "&amp;" not in body
+    assert body.count("<script") == 1 and body.count("</script>") == 1
+    assert r"\u003c/script\u003e\u003cimg src=x onerror=alert(1)\u003e" in body
+
+
+def test_html_export_of_a_hostile_run_runs_no_script_and_fetches_nothing(tmp_path):
+    """Opened in chromium, the file must draw its chart, open no dialog and request nothing but itself."""
+    _need_chromium()
+    df = hostile_frame(SCRIPT + BEACON)
+    path = tmp_path / "hostile.html"
+    path.write_bytes(export.chart_html(charts.figure(df, "time_median_s", title=SCRIPT, subtitle=BEACON)))
+    dialogs, requests = [], []
+    with browser_page() as page:
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(path.as_uri())
+        page.wait_for_load_state("networkidle")  # an onerror handler or a beacon has fired by now
+        assert dialogs == []
+        assert [url for url in requests if url != path.as_uri()] == []
+        text = page.locator(".vega-embed svg.marks").text_content()  # waits for the chart
+    assert "</script><img src=x onerror=alert(1)>" in text  # the title, drawn as the characters it holds
+
+
+def test_a_hostile_file_name_is_shown_as_text_on_the_benchmark_page():
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.switch_page("pages/benchmark.py").run()
+    at.file_uploader(key="bench_upload").upload(BEACON + ".json", b'{"hello": 1}', "application/json")
+    at.run()
+    at.button(key="bench_show").click().run()
+    assert not at.exception
+    assert any(untrusted.literal(BEACON) in e.value for e in at.error)
+    assert not any("![" in text for text in shown_markdown(at))
+
+
+def test_a_hostile_run_replays_with_its_labels_and_reasons_as_text():
+    saved = results.to_json_bytes(results.Run(hostile_frame(BEACON)))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.switch_page("pages/benchmark.py").run()
+    at.file_uploader(key="bench_upload").upload("run.json", saved, "application/json")
+    at.run()
+    at.button(key="bench_show").click().run()
+    assert not at.exception
+    captions = [c.value for c in at.caption]
+    assert any("Not drawn" in c and untrusted.literal(BEACON) in c for c in captions)
+    assert not any("![" in text for text in shown_markdown(at))
+
+
+def test_hostile_files_are_shown_as_text_on_the_compare_page():
+    """A refused file (its status quoted) and a run with no measured point (its name quoted)."""
+    not_a_run = json.loads(results.to_json_bytes(results.Run(results_frame())))
+    not_a_run["rows"] = [dict(r, status=BEACON) for r in not_a_run["rows"]]
+    unmeasured = results.to_json_bytes(results.Run(results_frame().assign(status="skipped")))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.switch_page("pages/compare.py").run()
+    at.file_uploader(key="cmp_upload").upload("bad.json", json.dumps(not_a_run).encode(), "application/json")
+    at.file_uploader(key="cmp_upload").upload(BEACON + ".json", unmeasured, "application/json")
+    at.run()
+    assert not at.exception
+    assert any(untrusted.literal(BEACON) in e.value for e in at.error)
+    assert any(untrusted.literal(BEACON) in w.value for w in at.warning)
+    assert not any("![" in text for text in shown_markdown(at))
+
+
+@pytest.mark.parametrize("key, value", [
+    ("bench_heads", "1e309"), ("bench_d_model", "1e400"), ("bench_batch", "inf"), ("bench_heads", "nan"),
+    ("bench_heads", "-3"), ("bench_steps", "many"), ("bench_heads", "257"), ("bench_steps", "2.5"),
+    ("bench_speed", "1e309"), ("bench_d_model", BEACON), ("bench_p_sliding_window_window", "1e309"),
+    ("bench_p_local_lookback", str(MECHANISMS["local"].params[1].high + 1))])
+def test_a_bad_number_in_a_link_is_ignored_with_a_sentence(key, value):
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.switch_page("pages/benchmark.py")
+    at.query_params[key] = value
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    notes = [w.value for w in at.warning if f"`{key}` was ignored" in w.value]
+    assert len(notes) == 1 and "so its default is used" in notes[0]
+    assert untrusted.literal(value) in notes[0] and "![" not in notes[0]
+    fresh = AppTest.from_file(APP, default_timeout=60)
+    fresh.switch_page("pages/benchmark.py").run()
+    assert widget(at, key).value == widget(fresh, key).value
+    assert key not in at.query_params
+
+
+def test_a_good_number_in_a_link_still_sets_its_widget():
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.switch_page("pages/benchmark.py")
+    at.query_params["bench_heads"] = "4"
+    at.run()
+    assert not at.exception and widget(at, "bench_heads").value == 4
+    assert not any("was ignored" in w.value for w in at.warning)
+
+
+def test_link_number_says_the_range_and_accepts_values_inside_it():
+    assert untrusted.link_number("bench_heads", "8", 1, 256) == ""
+    assert untrusted.link_number("bench_heads", "1e3", 1, 16384) == ""
+    assert "a whole number from 1 to 16,384" in untrusted.link_number("bench_d_model", "0", 1, 16384)
+    assert "a number from 0.5 to 20" in untrusted.link_number("bench_speed", "-inf", 0.5, 20.0, whole=False)
+    assert untrusted.link_number("bench_heads", ["8", "nan"], 1, 256)
+    assert "9" * untrusted.SHOWN_CHARS + "…" in untrusted.link_number("bench_heads", "9" * 100, 1, 256)
+
+
+def test_server_listens_locally_and_its_upload_cap_is_the_run_file_limit():
+    server = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())["server"]
+    assert server["address"] == "127.0.0.1"
+    assert server["maxUploadSize"] * 2**20 == results.MAX_FILE_BYTES
