@@ -318,12 +318,14 @@ def main() -> None:
 
 
 def answer_during_sweep(page, url: str) -> float:
+    """Seconds from typing a bad value to the page's sentence about it, while a sweep measures; then Stop."""
     page.goto(f"{url}/benchmark")
     page.locator(".st-key-bench_run button").click()
-    page.wait_for_function(FIRST_POINT, timeout=120_000)
+    quietly(page, FIRST_POINT, 120, every_ms=25)
     seconds = answer_time(page)
-    page.locator(".st-key-bench_stop button").click()
-    page.locator(DONE).wait_for(timeout=60_000)
+    wait_idle(page)  # the sentence's rerun moved the buttons: until it ends, the old Stop is on the page as well
+    page.locator(".st-key-bench_stop button").first.click()
+    quietly(page, f"() => document.querySelector('{DONE}') !== null", 60)
     return seconds
 
 
