@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from .mechanisms import MECHANISMS
+from .mechanisms._common import check_finite, check_qkv
 from .spec import MechanismSpec, Shape
 
 
@@ -18,8 +19,10 @@ def get(key: str) -> MechanismSpec:
 
 def make_state(key: str, shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0,
                **params: Any) -> dict[str, torch.Tensor]:
-    """The seeded random state a mechanism takes as keyword arguments ({} for those with none)."""
+    """The seeded random state a mechanism takes as keyword arguments ({} for those with none). The parameters are
+    checked against the spec (range, and e.g. Linformer's rank ≤ Nk) before anything is allocated."""
     spec = get(key)
+    spec.check_params(params, shape, extra=("seed",))
     if spec.init_state is None:
         return {}
     return spec.init_state(shape, device, dtype, seed=seed, **spec.resolved(params))
@@ -27,7 +30,10 @@ def make_state(key: str, shape: Shape, device=None, dtype=torch.float32, *, seed
 
 def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               **params: Any) -> torch.Tensor:
-    """Run mechanism `key` on q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D) with its keyword parameters."""
+    """Run mechanism `key` on q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D) with its keyword parameters.
+    NaN or inf in q, k or v is refused here (`check_finite`), outside the timed mechanism function."""
     spec = get(key)
     spec.check_params(params, extra=(*spec.state_keys, "seed", "mask"))  # before the call: no TypeError for a typo
+    check_qkv(q, k, v)
+    check_finite(q=q, k=k, v=v)
     return spec.fn(q, k, v, causal=causal, **params)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from .api import get, make_state
+from .mechanisms._common import check_finite
 from .spec import Shape, dtype_name
 
 
@@ -29,7 +30,7 @@ class MultiHeadAttention(nn.Module):
         self.spec = get(mechanism)
         self.spec.check_causal(causal)
         self.spec.check_params(params)
-        self.d_model, self.heads, self.causal, self.seed = d_model, heads, causal, seed
+        self.d_model, self.heads, self.causal, self.seed = d_model, heads, bool(causal), seed
         self.params = self.spec.resolved(params)
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model, bias=bias)
                                                                 for _ in range(4))
@@ -52,11 +53,25 @@ class MultiHeadAttention(nn.Module):
         """Draw new random features or projections at the next call."""
         self.seed, self._state = seed, {}
 
+    def _check_input(self, name: str, t: Any) -> None:
+        """ValueError unless `t` is a torch tensor of the layer's dtype (its projections' weights)."""
+        dtype = self.q_proj.weight.dtype
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch tensor of dtype {dtype}, got {type(t).__name__}; convert it "
+                             f"with torch.as_tensor({name}, dtype={dtype})")
+        if t.dtype != dtype:
+            other = f", or convert the layer with layer.to({t.dtype})" if t.is_floating_point() else ""
+            raise ValueError(f"{name} has dtype {t.dtype} but this layer's weights are {dtype}; convert the input "
+                             f"with {name}.to({dtype}){other}")
+
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
         context = x if context is None else context
+        for name, t in (("x", x), ("context", context)):
+            self._check_input(name, t)
         if x.dim() != 3 or context.dim() != 3 or x.shape[-1] != self.d_model or context.shape[-1] != self.d_model:
             raise ValueError(f"inputs must be (batch, seq, {self.d_model}), got {tuple(x.shape)} and "
                              f"{tuple(context.shape)}")
+        check_finite(x=x, **({} if context is x else {"context": context}))
         q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(context)), self._split(self.v_proj(context))
         shape = Shape(q.shape[0], self.heads, q.shape[2], k.shape[2], q.shape[3], dtype_name(q.dtype), self.causal)
         out = self.spec.fn(q, k, v, causal=self.causal, **self.params, **self._mechanism_state(shape, q))

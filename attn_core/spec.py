@@ -6,6 +6,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -147,6 +148,11 @@ class MechanismSpec:
         self.check_params(params, shape, extra=(*self.state_keys, "seed"))
 
     def check_causal(self, causal: bool) -> None:
+        """ValueError unless `causal` is a real bool (numpy's too) that this mechanism supports: a string such as
+        'false' is truthy and would silently compute causal attention."""
+        if not isinstance(causal, (bool, np.bool_)):
+            raise ValueError(f"causal must be True or False, got {causal!r} ({type(causal).__name__}); "
+                             f"pass a bool, e.g. causal=False")
         if causal and not self.supports_causal:
             raise ValueError(f"{self.label} cannot be causal; untick causal or choose another mechanism")
 

@@ -71,3 +71,16 @@ def trace_peak_bytes(fn) -> int:
         level += nbytes
         peak = max(peak, level)
     return peak
+
+
+def positive_random_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """FAVOR+ features as the paper writes them, in float64 and with no stabiliser:
+    φ(x) = exp(w·x' − |x'|²/2)/√m, x' = x/D^¼. x (…, D), w (m, D) → (…, m)."""
+    xs = x.double() / x.shape[-1] ** 0.25
+    return torch.exp(xs @ w.double().T - (xs * xs).sum(-1, keepdim=True) / 2) / w.shape[0] ** 0.5
+
+
+def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
+    """Linear attention's φ in float64: x + 1 for x > 0, exp(x) otherwise."""
+    x = x.double()
+    return torch.where(x > 0, x + 1, torch.exp(x))

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from ..spec import MechanismSpec, Shape
 from ._common import checked_shape
-from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory
+from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory, work_dtype
 
 
 def feature_map(x):
@@ -20,7 +20,8 @@ def linear_attention(q, k, v, *, causal: bool = False):
     O(n·D²) time; O(n·D) memory (causal by chunked prefix sums).
     """
     checked_shape(SPEC, q, k, v, causal)
-    return linear_attention_core(feature_map(q), feature_map(k), v, causal)
+    work = work_dtype(v.dtype)  # float32 for half inputs: φ(q)·Σφ(k) overflows float16 (NaN at inputs × 30)
+    return linear_attention_core(feature_map(q.to(work)), feature_map(k.to(work)), v, causal)
 
 
 def _flops(s: Shape) -> float:
@@ -32,9 +33,9 @@ def _executed_flops(s: Shape) -> float:
 
 
 def _memory(s: Shape) -> float:
-    # φ(Q) and φ(K), then the core.
-    return (s.heads * (s.Nq + s.Nk) * s.D * s.elem
-            + linear_core_memory(s.heads, s.Nq, s.D, s.D, s.elem, s.causal))
+    # φ(Q) and φ(K) (float32 for half inputs), then the core.
+    return (s.heads * (s.Nq + s.Nk) * s.D * max(s.elem, 4)
+            + linear_core_memory(s.heads, s.Nq, s.D, s.D, s.elem, s.causal, s.Nk))
 
 
 SPEC = MechanismSpec(

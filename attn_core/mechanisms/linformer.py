@@ -10,7 +10,9 @@ from ._common import checked_shape
 
 
 def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, rank: int = 256) -> dict:
-    """Seeded projections {'E': (rank, Nk), 'F': (rank, Nk)} with N(0, 1/rank) entries (Johnson–Lindenstrauss)."""
+    """Seeded projections {'E': (rank, Nk), 'F': (rank, Nk)} with N(0, 1/rank) entries (Johnson–Lindenstrauss).
+    `rank` is checked against the spec first: within its range and ≤ Nk, before anything is allocated."""
+    SPEC.check_params({"rank": rank}, shape)
     g = torch.Generator().manual_seed(seed)
     e, f = (torch.randn(rank, shape.Nk, generator=g) / math.sqrt(rank) for _ in range(2))
     return {"E": e.to(device=device, dtype=dtype), "F": f.to(device=device, dtype=dtype)}

@@ -8,7 +8,7 @@ import torch
 
 from ..spec import MechanismSpec, Param, Shape
 from ._common import checked_shape
-from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory
+from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory, work_dtype
 
 
 def orthogonal_features(features: int, d: int, *, seed: int = 0, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -28,7 +28,9 @@ def _haar_orthogonal(d: int, g: torch.Generator) -> torch.Tensor:
 
 
 def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, features: int = 256) -> dict:
-    """Random state of one Performer layer: {'projection': (features, D)}. A new seed redraws the features."""
+    """Random state of one Performer layer: {'projection': (features, D)}. A new seed redraws the features.
+    `features` is checked against the spec first (features = 0 or 10¹² is refused with a sentence)."""
+    SPEC.check_params({"features": features}, shape)
     return {"projection": orthogonal_features(features, shape.D, seed=seed, device=device, dtype=dtype)}
 
 
@@ -36,12 +38,24 @@ def favor_features(x: torch.Tensor, projection: torch.Tensor, *, is_query: bool)
     """Positive random features of exp(q·k/√D): φ(x) = exp(w·x' − |x'|²/2 − c)/√m with x' = x/D^¼.
 
     x (B, H, N, D), projection (m, D) → (B, H, N, m). The stabilizer c is each query's own maximum, or one maximum
-    over all keys of a head; both cancel in the normalization (the max-subtraction trick).
+    over all keys of a head; both cancel in the normalization (the max-subtraction trick). For a query, |x'|²/2 is
+    part of its own c and is never formed; for keys it is taken in float64 from x'/max|x'|, so finite inputs as
+    large as 10³⁰ (|x'|² = 10⁶⁰) give finite features, not inf − inf = NaN.
     """
     xs = x * x.shape[-1] ** -0.25
-    proj = (xs @ projection.T).sub_((xs * xs).sum(-1, keepdim=True) / 2)  # (B, H, N, m), in place to spare memory
-    stab = proj.amax(-1, keepdim=True) if is_query else proj.amax((-2, -1), keepdim=True)
-    return proj.sub_(stab.detach() + 0.5 * math.log(projection.shape[0])).exp_()  # the 1/√m folded into the exponent
+    proj = xs @ projection.T  # (B, H, N, m)
+    top = proj.detach().amax(-1, keepdim=True)  # (B, H, N, 1): max_m w·x'
+    shift = top + 0.5 * math.log(projection.shape[0])  # the 1/√m folded into the exponent
+    if not is_query:  # per-key exponent offset −|x'|²/2 + max_m w·x' − c, in float64, ≤ 0
+        per_key = top.double() - half_squared_norm(xs)
+        shift = shift - (per_key - per_key.detach().amax((-2, -1), keepdim=True)).to(proj.dtype)
+    return proj.sub_(shift).exp_()  # in place to spare memory; −inf shifts give 0, never NaN
+
+
+def half_squared_norm(x: torch.Tensor) -> torch.Tensor:
+    """|x|²/2 along the last dim in float64 without overflow: x scaled by its largest |entry| first. (…, D) → (…, 1)."""
+    top = x.detach().abs().amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+    return (torch.linalg.vector_norm(x / top, dim=-1, keepdim=True).double() * top.double()).square() / 2
 
 
 def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, projection=None, seed: int = 0):
@@ -49,15 +63,18 @@ def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, p
 
     q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D). `projection` (features, D) comes from `init_state`;
     when absent it is drawn here from `seed`. Unbiased for the kernel, error ~ 1/√features. O(n·m·D) time,
-    O(n·(m + D)) memory; causal by chunked prefix sums with the same bound.
+    O(n·(m + D)) memory; causal by chunked prefix sums with the same bound. float16/bfloat16 inputs are mapped and
+    summed in float32 (features near exp(−30) vanish in float16), the result cast back.
     """
     shape = checked_shape(SPEC, q, k, v, causal, features=features)
     if projection is None:
         projection = init_state(shape, q.device, q.dtype, seed=seed, features=features)["projection"]
     if projection.shape != (features, shape.D):
         raise ValueError(f"projection must have shape ({features}, {shape.D}), got {tuple(projection.shape)}")
-    return linear_attention_core(favor_features(q, projection, is_query=True),
-                                 favor_features(k, projection, is_query=False), v, causal)
+    work = work_dtype(v.dtype)
+    w = projection.to(work)
+    return linear_attention_core(favor_features(q.to(work), w, is_query=True),
+                                 favor_features(k.to(work), w, is_query=False), v, causal)
 
 
 def _maps_flops(s: Shape, features: int) -> float:
@@ -73,10 +90,12 @@ def _executed_flops(s: Shape, features: int = 256) -> float:
 
 
 def _memory(s: Shape, features: int = 256) -> float:
-    m, e = features, s.elem
-    # Drawing φ(K) while φ(Q) is held: its scaled input, squares and projection; then φ(Q), φ(K) and the core.
-    maps = s.heads * (s.Nq * m + s.Nk * (m + 2 * s.D)) * e
-    held = s.heads * (s.Nq + s.Nk) * m * e + linear_core_memory(s.heads, s.Nq, m, s.D, e, s.causal)
+    m, e = features, max(s.elem, 4)  # half precision maps and sums in float32 (`work_dtype`)
+    copy = s.D if s.elem < 4 else 0  # the float32 copy of k being mapped
+    # Drawing φ(K) while φ(Q) is held: its scaled input, one (N, D) temporary of the norm and the projection;
+    # then φ(Q), φ(K) and the core.
+    maps = s.heads * (s.Nq * m + s.Nk * (m + 2 * s.D + copy)) * e
+    held = s.heads * (s.Nq + s.Nk) * m * e + linear_core_memory(s.heads, s.Nq, m, s.D, s.elem, s.causal, s.Nk)
     return max(maps, held)
 
 
