@@ -142,8 +142,12 @@ class Contention:
             return False
         if self.waited_s is not None:
             return self.waited_s > WAIT_SHARE * self.wall_s * max(threads, 1)
-        spare = max((os.cpu_count() or 1) - threads, 0)
-        return self.foreign_cores > spare + FOREIGN_CORES
+        return self.foreign_cores > spare_cores(threads) + FOREIGN_CORES
+
+
+def spare_cores(threads: int) -> int:
+    """The cores a process running `threads` busy threads leaves to other programs."""
+    return max((os.cpu_count() or 1) - threads, 0)
 
 
 WAIT_SHARE = 0.05  # threads kept waiting for a core more than 5% of the time: the sample is not clean

@@ -6,7 +6,6 @@ import functools
 import importlib
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -214,6 +213,7 @@ RETAKE_S = 1.0  # ... and at most this many seconds (or the clean samples' own t
 QUIET_STEP_S, QUIET_WAIT_S = 0.025, 0.5  # after two disturbed samples in a row: a quiet 25 ms, waited 0.5 s at most
 HOLD_MAX_S = 3.0  # the longest a hold (a page is drawing) keeps one sample waiting ...
 AFTER_HOLD_QUIET_S, AFTER_HOLD_WAIT_S = 0.1, 1.0  # ... then 0.1 s of quiet (the browser drew), waited 1 s at most
+BUSY_OTHERS = 0.5  # threads or cores of other programs beyond the spare ones that make a moment not quiet
 
 
 def wait_for_quiet(probe: env.ContentionProbe, threads: int, quiet_s: float = QUIET_STEP_S,
@@ -221,14 +221,19 @@ def wait_for_quiet(probe: env.ContentionProbe, threads: int, quiet_s: float = QU
     """Sleep until other programs have kept fewer than half a thread running beyond the spare cores for `quiet_s`
     in a row (checked every QUIET_STEP_S; env.ContentionProbe.others_runnable, else CPU times), at most `max_s`: a
     browser drawing a chart, a page's script run."""
-    spare = max((os.cpu_count() or 1) - threads, 0)
     deadline, calm = time.perf_counter() + max_s, 0.0
     while time.perf_counter() < deadline and calm < quiet_s:
         began, mark = time.perf_counter(), probe.mark()
         others = probe.others_runnable(QUIET_STEP_S)
         if others is None:
             others = probe.since(mark).foreign_cores
-        calm = calm + time.perf_counter() - began if others < spare + 0.5 else 0.0
+        calm = 0.0 if busy(others, threads) else calm + time.perf_counter() - began
+
+
+def busy(others: float, threads: int) -> bool:
+    """Whether other programs, keeping `others` threads running (or using that many cores), leave this process's
+    `threads` less than the machine: half a core or more beyond the spare ones."""
+    return others >= env.spare_cores(threads) + BUSY_OTHERS
 
 
 @dataclass(frozen=True)
@@ -241,23 +246,23 @@ class Turns:
     release: Callable[[], None] = lambda: None
 
 
-def take_turn(probe: env.ContentionProbe, threads: int, busy: bool, turns: Turns,
+def take_turn(probe: env.ContentionProbe, threads: int, crowded: bool, turns: Turns,
               cancelled: Callable[[], bool]) -> float:
     """Wait until a timed sample may start, and claim it: while the page holds the machine (HOLD_MAX_S at most, so
     a page that never lets go cannot stall a sweep), then for AFTER_HOLD_QUIET_S of quiet (the browser draws what
-    it was sent); after other programs were `busy`, for a short quiet moment. The seconds waited."""
+    it was sent); when other programs `crowded` it just before, for a short quiet moment. The seconds waited."""
     began, drew = time.perf_counter(), False
     while time.perf_counter() - began < HOLD_MAX_S and not cancelled():
         if not turns.claim():
             drew = True
             time.sleep(QUIET_STEP_S / 5)
             continue
-        if not (drew or busy):
+        if not (drew or crowded):
             break
         turns.release()  # the page may draw while this waits for quiet
         wait_for_quiet(probe, threads, *((AFTER_HOLD_QUIET_S, AFTER_HOLD_WAIT_S) if drew else (QUIET_STEP_S,
                                                                                              QUIET_WAIT_S)))
-        drew = busy = False
+        drew = crowded = False
     return time.perf_counter() - began
 
 
@@ -279,7 +284,7 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
         if cancelled():
             raise Cancelled
         one = timed(thunk, 1)
-    busy = probe.since(warm).foreign_cores >= max((os.cpu_count() or 1) - threads, 0) + 0.5
+    crowded = busy(probe.since(warm).foreign_cores, threads)
     probe.refresh()  # the warm-up may have started the thread pool
     calls = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(MIN_SAMPLE_S / max(one, 1e-9))))
     kept: list[tuple[float, env.Contention]] = []
@@ -289,7 +294,7 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
     while len(kept) + len(set_aside) < MAX_SAMPLES:
         if cancelled():
             raise Cancelled
-        waited += take_turn(probe, threads, busy, turns, cancelled)
+        waited += take_turn(probe, threads, crowded, turns, cancelled)
         try:
             mark = probe.mark()
             t = timed(thunk, calls)
@@ -299,7 +304,7 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
         over = time.perf_counter() - start - waited > settings.budget_s
         may_retake = len(set_aside) < MAX_RETAKES and retake_s < max(RETAKE_S, spent) and not over
         hit = seen.disturbed(threads)
-        busy, last_hit = hit and last_hit, hit  # a blip passes by itself; after two in a row, wait for quiet
+        crowded, last_hit = hit and last_hit, hit  # a blip passes by itself; after two in a row, wait for quiet
         if hit and may_retake:
             set_aside.append((t / calls, seen))
             retake_s += t
