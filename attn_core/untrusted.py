@@ -22,11 +22,29 @@ def link_number(name: str, raw: str | list[str], low: float, high: float, whole:
     values = raw if isinstance(raw, list) else [raw]
     if all(_fits(v, low, high, whole) for v in values):
         return ""
-    shown = ", ".join(values)
-    shown = shown if len(shown) <= SHOWN_CHARS else shown[:SHOWN_CHARS] + "…"
     allowed = f"a whole number from {low:,} to {high:,}" if whole else f"a number from {low:g} to {high:g}"
-    return f"The link's value {literal(shown)} for `{name}` was ignored: `{name}` takes {allowed}, so its default " \
+    return f"The link's value {_quoted(values)} for `{name}` was ignored: `{name}` takes {allowed}, so its default " \
            "is used."
+
+
+def link_choice(name: str, raw: str | list[str], allowed: list[str], several: bool = True) -> tuple[list[str], str]:
+    """Split a link's values for a choice widget offering `allowed` (the texts it shows, as Streamlit puts them in
+    URLs): the values it can take, and the sentence naming the others ('' when there are none). Where not `several`
+    (a range slider's two ends) one bad value voids them all. Quoted values are escaped and cut short."""
+    values = raw if isinstance(raw, list) else [raw]
+    bad = [v for v in values if v not in allowed]
+    if not bad:
+        return values, ""
+    kept = [v for v in values if v in allowed] if several else []
+    offered = " · ".join(allowed)
+    offered = offered if len(offered) <= 4 * SHOWN_CHARS else offered[:4 * SHOWN_CHARS] + "…"
+    what = "and the others are used" if kept else "so its default is used"
+    return kept, f"The link's value {_quoted(bad)} for `{name}` was ignored: `{name}` takes one of {literal(offered)}, {what}."
+
+
+def _quoted(values: list[str]) -> str:
+    shown = ", ".join(values)
+    return literal(shown if len(shown) <= SHOWN_CHARS else shown[:SHOWN_CHARS] + "…")
 
 
 def _fits(raw: str, low: float, high: float, whole: bool) -> bool:

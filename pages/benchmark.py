@@ -21,6 +21,7 @@ STILL_CSS = "<style>[data-testid='stProgress'] * { transition: none !important; 
 # The number widgets' ranges (low, high); the link check reads them too
 NUMBERS = {"bench_steps": (1, 16), "bench_d_model": (1, 16384), "bench_heads": (1, 256), "bench_batch": (1, 1024),
            "bench_speed": (0.5, 20.0)}
+MODES, AXES, BASELINES = ["forward", "forward+backward"], ["log-log", "linear"], ["softmax", "sdpa"]
 CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
 talk = bool(S.get("talk"))
 job = S.get("bench_job")
@@ -91,7 +92,7 @@ def settings() -> tuple[SweepConfig, list[str]]:
             S["bench_dtype"] = dtypes[0]  # the device changed under a dtype it lacks
         dtype = where.selectbox("dtype", dtypes, **keyed("bench_dtype"))
         causal = where.toggle("Causal mask", d.causal, **keyed("bench_causal"))
-        mode = where.radio("Mode", ["forward", "forward+backward"], **keyed("bench_mode"),
+        mode = where.radio("Mode", MODES, **keyed("bench_mode"),
                            help="forward+backward counts 3× the forward FLOPs")
     config = dataclasses.replace(d, mechanisms=mechanisms, ns=log_spaced(n_min, n_max, steps), batch=batch,
                                  heads=heads, d_model=d_model, dtype=dtype, device=device, mode=mode, causal=causal)
@@ -108,30 +109,62 @@ def mechanism_params(key: str) -> dict:
                                     help=p.help, **keyed(f"bench_p_{key}_{p.name}")) for p in spec.params}
 
 
+def link_choices() -> dict[str, tuple[list[str], bool]]:
+    """What a link may say for each choice setting (the text its widget shows, Streamlit's form in a URL) and
+    whether it takes several values at once."""
+    dtypes = list(dict.fromkeys(t for device in DEVICES for t in env.supported_dtypes(device)))
+    return {"bench_exact": ([label(k) for k, s in MECHANISMS.items() if s.exact], True),
+            "bench_approx": ([label(k) for k, s in MECHANISMS.items() if not s.exact], True),
+            "bench_n": ([f"{n:,}" for n in NS], False), "bench_device": (DEVICES, False),
+            "bench_dtype": (dtypes, False), "bench_causal": (["true", "false"], False), "bench_mode": (MODES, False),
+            "bench_axes": (AXES, False), "bench_curves": (list(CURVES.values()), True),
+            "bench_baseline": ([label(k) for k in BASELINES], False)}
+
+
 def link_notes() -> list[str]:
-    """Number settings in the link that their widget cannot take (1e309 raised OverflowError inside Streamlit) are
-    dropped from the URL and the page runs again without them (widgets are seeded from the URL it was opened with);
-    returns, once, the sentences saying which values were ignored."""
+    """Settings in the link that their widget cannot take are taken out of the URL before any widget reads it, and
+    the page runs again without them; returns, once, the sentences saying which values were ignored. Numbers out of
+    range or unreadable (1e309 raised OverflowError inside Streamlit) and choices a widget does not offer (which
+    Streamlit drops without a word) are refused; n written plainly (1024 for 1,024) and TRUE for true are taken."""
     limits = {key: (low, high, isinstance(low, int)) for key, (low, high) in NUMBERS.items()}
     limits.update({f"bench_p_{key}_{p.name}": (p.low, p.high, p.kind is int) for key, spec in MECHANISMS.items()
                    for p in spec.params})
-    bad = {key: untrusted.link_number(key, st.query_params.get_all(key), *limits[key])
-           for key in limits if key in st.query_params}
-    bad = {key: note for key, note in bad.items() if note}
-    gone = [key for key in bad if dropped(key)]  # all of them, before the rerun
-    if gone:
-        S["bench_link_notes"] = list(bad.values())
+    notes, kept = {}, {}
+    for key in limits.keys() & st.query_params.keys():
+        notes[key] = untrusted.link_number(key, st.query_params.get_all(key), *limits[key])
+        kept[key] = [] if notes[key] else st.query_params.get_all(key)
+    for key, (allowed, several) in link_choices().items():
+        if key in st.query_params:
+            raw = st.query_params.get_all(key)
+            plain = [f"{int(v):,}" if v.isdigit() and key == "bench_n" else v.lower() if key == "bench_causal" else v
+                     for v in raw]
+            kept[key], notes[key] = untrusted.link_choice(key, plain, allowed, several)
+    fix = [key for key in kept if kept[key] != st.query_params.get_all(key)]
+    said = [notes[key] for key in sorted(notes) if notes[key]]
+    if [key for key in fix if rewritten(key, kept[key])]:  # all of them, before the rerun
+        S["bench_link_notes"] = said
         st.rerun()
-    return S.pop("bench_link_notes", []) or list(bad.values())
+    return S.pop("bench_link_notes", []) or said
 
 
-def dropped(key: str) -> bool:
-    """Remove `key` from the URL; False where Streamlit refuses because its widget is bound in this session: the
-    value came back by Back or Forward, and Streamlit seeds the widget itself (it resets a value out of range, but
-    1e309 in a whole-number widget still raises inside Streamlit; st.query_params cannot reach that copy)."""
+def rewritten(key: str, values: list[str]) -> bool:
+    """Set `key` in the URL to `values` (none: remove it). True where the page must run again for its widget to read
+    the change. False where the widget is bound in this session: Back or Forward brought the value back, and
+    Streamlit seeds the widget from its own copy of the URL. It filters choices itself; a refused number is cleared
+    from that copy here, as Streamlit clears a value it cannot parse (1e309 in a whole-number widget raises
+    OverflowError inside Streamlit 1.67, which clears only ValueError and TypeError)."""
     try:
-        del st.query_params[key]
+        if values:
+            st.query_params[key] = values
+        else:
+            del st.query_params[key]
     except StreamlitAPIException:
+        if not values:
+            from streamlit.runtime.state.session_state_proxy import get_session_state  # no public route to it
+
+            with get_session_state().query_params() as params:
+                params._initial_query_params.pop(key, None)
+                params.remove_param(key)
         return False
     return True
 
@@ -184,10 +217,10 @@ def results_view(job) -> None:
         st.caption("Waiting for the first point…")
         return
     axes, curves, baseline = st.columns([1, 2, 2])
-    axes.segmented_control("Axes", ["log-log", "linear"], default="log-log", required=True, **keyed("bench_axes"))
+    axes.segmented_control("Axes", AXES, default="log-log", required=True, **keyed("bench_axes"))
     curves.pills("Theory curves (dashed)", list(CURVES), default=["spec"], selection_mode="multi",
                  format_func=CURVES.get, **keyed("bench_curves"))
-    baseline.segmented_control("Crossover n* against", ["softmax", "sdpa"], default="softmax", required=True,
+    baseline.segmented_control("Crossover n* against", BASELINES, default="softmax", required=True,
                                format_func=label, **keyed("bench_baseline"))
     busy = analysis.contention_summary(df)
     if busy:

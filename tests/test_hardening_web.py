@@ -7,7 +7,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from attn_core import MECHANISMS, charts, export, results, untrusted
-from attn_core.benchmarks.dashboard import browser_page
+from attn_core.benchmarks.dashboard import EXCEPTION, app_server, browser_page, wait_idle
+from attn_core.sweep import DEFAULT_SWEEP
 from tests.apptest_helpers import displayed
 from tests.test_app import APP, private_sweep_lock, routed, widget  # noqa: F401 (the fixtures apply here too)
 from tests.test_browser import _need_chromium
@@ -31,6 +32,14 @@ def hostile_frame(text: str):
 def shown_markdown(at: AppTest) -> list[str]:
     """The Markdown body of every element that renders Markdown."""
     return [e.value for kind in MARKDOWN for e in at.get(kind)]
+
+
+def linked(key: str, value) -> AppTest:
+    """The Benchmark page opened by a link holding `key=value`."""
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.switch_page("pages/benchmark.py")
+    at.query_params[key] = value
+    return at.run()
 
 
 def test_literal_escapes_markdown_and_leaves_plain_words():
@@ -114,10 +123,7 @@ def test_hostile_files_are_shown_as_text_on_the_compare_page():
     ("bench_speed", "1e309"), ("bench_d_model", BEACON), ("bench_p_sliding_window_window", "1e309"),
     ("bench_p_local_lookback", str(MECHANISMS["local"].params[1].high + 1))])
 def test_a_bad_number_in_a_link_is_ignored_with_a_sentence(key, value):
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.switch_page("pages/benchmark.py")
-    at.query_params[key] = value
-    at.run()
+    at = linked(key, value)
     assert not at.exception, [e.value for e in at.exception]
     notes = [w.value for w in at.warning if f"`{key}` was ignored" in w.value]
     assert len(notes) == 1 and "so its default is used" in notes[0]
@@ -128,13 +134,66 @@ def test_a_bad_number_in_a_link_is_ignored_with_a_sentence(key, value):
     assert key not in at.query_params
 
 
+def test_back_to_a_crafted_link_is_refused_with_a_sentence_in_the_browser(tmp_path):
+    """Back restores `?bench_heads=1e309` into a session whose widget is bound; Streamlit seeds the widget itself and
+    raised OverflowError there. The page clears the value first, says so, and the widget keeps its default."""
+    _need_chromium()
+    with app_server({"TMPDIR": str(tmp_path)}) as server, browser_page() as page:
+        page.goto(f"{server.url}/benchmark?bench_heads=1e309")
+        page.get_by_text("was ignored").wait_for()
+        page.wait_for_url(f"{server.url}/benchmark")  # dropped from the URL
+        heads = page.locator(".st-key-bench_heads input")
+        heads.fill("4")
+        heads.press("Enter")
+        page.wait_for_url("**/benchmark?bench_heads=4")
+        wait_idle(page)
+        page.go_back()  # to the entry the crafted link made
+        page.wait_for_url(f"{server.url}/benchmark")  # and the page has cleared it again
+        page.get_by_text("was ignored").wait_for()
+        wait_idle(page)
+        assert page.locator(EXCEPTION).count() == 0
+        assert heads.input_value() == str(DEFAULT_SWEEP.heads)
+
+
 def test_a_good_number_in_a_link_still_sets_its_widget():
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.switch_page("pages/benchmark.py")
-    at.query_params["bench_heads"] = "4"
-    at.run()
+    at = linked("bench_heads", "4")
     assert not at.exception and widget(at, "bench_heads").value == 4
     assert not any("was ignored" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize("key, value, kept", [
+    ("bench_n", ["100", "4096"], None), ("bench_n", ["64", "1,000,000"], None), ("bench_exact", ["Bogus"], None),
+    ("bench_exact", ["Softmax (materialized)", BEACON], ["softmax"]), ("bench_device", "tpu", None),
+    ("bench_dtype", "float8", None), ("bench_causal", "maybe", None), ("bench_mode", "sideways", None),
+    ("bench_approx", ["Performer (FAVOR+)", "performer"], ["performer"])])
+def test_a_choice_a_widget_does_not_offer_is_ignored_with_a_sentence(key, value, kept):
+    """Streamlit drops such values without a word; the page names them (and keeps the good ones of a multiselect)."""
+    at = linked(key, value)
+    assert not at.exception, [e.value for e in at.exception]
+    notes = [w.value for w in at.warning if f"`{key}` was ignored" in w.value]
+    assert len(notes) == 1 and "takes one of" in notes[0] and "![" not in notes[0]
+    assert ("and the others are used" if kept else "so its default is used") in notes[0]
+    fresh = AppTest.from_file(APP, default_timeout=60)
+    fresh.switch_page("pages/benchmark.py").run()
+    assert widget(at, key).value == (kept if kept else widget(fresh, key).value)
+    at.run()  # the sentence is said once, not on every rerun
+    assert not [w.value for w in at.warning if "was ignored" in w.value]
+
+
+@pytest.mark.parametrize("key, value, seen", [("bench_n", ["1024", "4096"], (1024, 4096)),
+                                              ("bench_causal", "TRUE", True)])
+def test_a_link_written_plainly_is_taken_without_a_word(key, value, seen):
+    """n as 1024 (the slider shows 1,024) and TRUE for true set their widgets."""
+    at = linked(key, value)
+    assert not at.exception and widget(at, key).value == seen
+    assert not any("was ignored" in w.value for w in at.warning)
+
+
+def test_link_choice_keeps_the_offered_values_and_names_the_rest():
+    assert untrusted.link_choice("k", ["a", "b"], ["a", "b", "c"]) == (["a", "b"], "")
+    kept, note = untrusted.link_choice("k", ["a", "*x*"], ["a", "b"])
+    assert kept == ["a"] and r"value \*x\* for `k`" in note and "one of a · b, and the others are used" in note
+    assert untrusted.link_choice("k", ["a", "z"], ["a", "b"], several=False)[0] == []
 
 
 def test_link_number_says_the_range_and_accepts_values_inside_it():
