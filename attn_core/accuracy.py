@@ -12,12 +12,26 @@ from .api import attention, get, make_state
 from .effective import KEYS, effective_attention
 from .spec import Shape
 
-INPUTS = ("gaussian", "peaky", "local")
+INPUTS = ("gaussian", "peaky", "local", "gentle")
 INPUT_HELP = {
     "gaussian": "q, k, v with independent N(0, 1) entries: q·k/√D has unit variance, attention is diffuse.",
     "peaky": "the same with q and k scaled by 2, so q·k/√D has standard deviation 4: each query attends to a few keys.",
     "local": "q, k and v vary slowly along the sequence (AR(1), neighbour correlation 0.9), q and k from one shared "
              "sequence: nearby tokens score highest, as in text or audio.",
+    "gentle": "q and k scaled by 1/√8, so q·k/√D has standard deviation 1/8: every query spreads its attention "
+              "widely, as with small query and key norms.",
+}
+GENTLE_SCALE = 8 ** -0.5
+# Each approximate mechanism: the inputs where it works as designed, the inputs that show its limit, and why.
+REGIMES = {
+    "performer": ("gentle", "gaussian", "FAVOR+ estimates exp(q·k/√D) with random features whose variance grows as "
+                  "exp(‖q‖² + ‖k‖²)/√D: with unit-variance inputs (‖q‖²/√D = 8 at head dimension 64) a few hundred "
+                  "features cannot tame it (Choromanski et al. 2020, arXiv 2009.14794, Lemma 2)."),
+    "linear": ("gentle", "peaky", "elu(x) + 1 is a smooth, positive kernel: it cannot put nearly all of a query's "
+               "weight on a few keys, as softmax does when scores spread widely."),
+    **{key: ("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
+             "fixed pattern drops all of it that falls outside the pattern (the dropped mass).")
+       for key in ("sliding_window", "local", "sparse")},
 }
 PEAKY_SCALE = 2.0
 LOCAL_RHO = 0.9
@@ -81,8 +95,9 @@ def make_inputs(kind: str, batch: int, heads: int, n: int, head_dim: int, *, see
         q, k, v = noisy[0], noisy[1], _ar1(size, g)
     else:
         q, k, v = (torch.randn(size, generator=g) for _ in range(3))
-        if kind == "peaky":
-            q, k = q * PEAKY_SCALE, k * PEAKY_SCALE
+        if kind in ("peaky", "gentle"):
+            scale = PEAKY_SCALE if kind == "peaky" else GENTLE_SCALE
+            q, k = q * scale, k * scale
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 

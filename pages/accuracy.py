@@ -7,6 +7,8 @@ from attn_core import MECHANISMS, accuracy, insight_charts
 app.ensure_routed()  # a deep link as a server's first request: let the router run first
 
 S = st.session_state
+COLUMNS = {"params": "parameters", "label": "mechanism", "time_s": "time (ms)",
+           "predicted_bytes": "predicted memory (MiB)", "pareto": "on the Pareto front"}
 NS = [32, 64, 128, 256, 512, 1024, 2048]
 
 
@@ -16,6 +18,13 @@ def keyed(key: str) -> dict:
 
 def label(key: str) -> str:
     return MECHANISMS[key].label
+
+
+def readable(table):
+    """Column names a class can read: the metrics' labels, time in ms, memory in MiB."""
+    table = table.assign(**{c: table[c] * 1e3 for c in ("time_s",) if c in table},
+                         **{c: table[c] / 2**20 for c in ("predicted_bytes",) if c in table})
+    return table.rename(columns={**accuracy.METRIC_LABELS, **COLUMNS})
 
 
 def parse_values(text: str) -> list[int | float]:
@@ -58,8 +67,16 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
                                   if param else "", disabled=param is None, **keyed(f"acc_values_{key}_{param}"))
     d_model = mid.number_input("d_model", 1, 4096, 256, **keyed("acc_d_model"))
     heads = mid.number_input("Heads", 1, 64, 4, **keyed("acc_heads"))
-    inputs = right.selectbox("Inputs", accuracy.INPUTS, **keyed("acc_inputs"))
+    easy, hard, why_hard = accuracy.REGIMES.get(key, ("gaussian", None, ""))
+    inputs = right.selectbox("Inputs", accuracy.INPUTS, accuracy.INPUTS.index(easy), **keyed(f"acc_inputs_{key}"),
+                             help="Each mechanism opens on inputs where it works as designed; the button beside "
+                                  "shows its hard case.")
     right.caption(accuracy.INPUT_HELP[inputs])
+    if hard:
+        flip = easy if inputs == hard else hard
+        right.button(f"Show the {'working' if inputs == hard else 'hard'} case ({flip} inputs)",
+                     key="acc_flip", on_click=S.__setitem__, args=(f"acc_inputs_{key}", flip),
+                     icon=":material/swap_horiz:")
     seed = right.number_input("Seed", 0, 2**31 - 1, 0, **keyed("acc_seed"))
     causal = right.toggle("Causal mask", **keyed("acc_causal"))
     dtype = right.selectbox("dtype of the mechanism", ["float32", "float64"], **keyed("acc_dtype"))
@@ -81,17 +98,17 @@ frame = sweep(key, param, values, settings)
 if key == "linformer":
     st.info("Linformer's projections E and F are random here, as at initialisation; the paper learns them. These "
             "are the errors of an untrained Linformer.")
-if key == "performer":
-    st.info("FAVOR+ is unbiased, but its variance grows exponentially with ‖q‖² and ‖k‖² (scaled by 1/√d): with "
-            "unit-variance inputs of head dimension 64 the error falls slowly as features grow.")
+if hard and inputs == hard:
+    st.info(f"The hard case for {label(key)}: {why_hard}", icon=":material/warning:")
+elif hard and inputs == easy:
+    st.caption(f"{label(key)} in its working regime ({easy} inputs); the button under Inputs shows where it fails.")
 metric = st.segmented_control("Error shown", list(accuracy.METRICS), default="rel_fro", required=True,
                               format_func=accuracy.METRIC_LABELS.get, **keyed("acc_metric"))
 if param:
     chart = insight_charts.error_chart(frame, metric)
     st.altair_chart(chart, theme=None)
     export_row(chart, frame, f"accuracy-{key}-{param}", "error")
-st.dataframe(frame[["params", "rel_fro", "max_abs", "cosine", "kl", "dropped_mass", "time_s", "predicted_bytes"]],
-             hide_index=True)
+st.dataframe(readable(frame[["params", *accuracy.METRICS, "time_s", "predicted_bytes"]]), hide_index=True)
 st.caption("KL(softmax ‖ mechanism) is infinite when the mechanism gives zero weight to a key softmax weights "
            "(sparse patterns): the dropped mass says how much. Linformer weighs projected keys, so it has neither. "
            f"KL is computed for n ≤ {accuracy.KL_MAX_N}.")
@@ -104,4 +121,5 @@ if st.toggle("Time every mechanism at these settings (a few seconds)", False, **
     export_row(chart, table, "speed-accuracy", "scatter")
     st.caption("Time: median of a few in-process calls on this machine, state built outside; memory: the spec's "
                "prediction. Errors below 100 × machine epsilon count as exact for the Pareto front.")
-    st.dataframe(table[["label", "params", "rel_fro", "time_s", "predicted_bytes", "pareto"]], hide_index=True)
+    st.dataframe(readable(table[["label", "params", "rel_fro", "time_s", "predicted_bytes", "pareto"]]),
+                 hide_index=True)

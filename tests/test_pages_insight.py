@@ -59,8 +59,32 @@ def test_accuracy_page_runs_with_defaults():
     assert errors(at) == []
     assert len(charts(at)) == 1  # error vs features; the speed–accuracy scatter waits for its toggle
     table = at.dataframe[0].value
-    assert table["params"].tolist() == [f"features={v}" for v in accuracy.sweep_values("performer", "features", 256)]
+    assert table["parameters"].tolist() == [f"features={v}" for v in accuracy.sweep_values("performer", "features",
+                                                                                             256)]
     assert {b.key for b in at.get("download_button")} == {"acc_dl_error_png", "acc_dl_error_svg", "acc_dl_error_csv"}
+
+
+def test_accuracy_page_opens_on_the_working_regime_and_one_click_shows_the_hard_case():
+    """Performer on gentle inputs: the error falls as features grow, to a few percent; the button shows unit-variance
+    inputs, where it stays above 100 %, and says why."""
+    at = page("accuracy")
+    error = at.dataframe[0].value["relative Frobenius error"]
+    assert at.selectbox(key="acc_inputs_performer").value == "gentle"
+    assert error.is_monotonic_decreasing and error.iloc[-1] < 0.1
+    assert not any("hard case" in i.value for i in at.info)
+    at.button(key="acc_flip").click().run()
+    assert at.selectbox(key="acc_inputs_performer").value == "gaussian"
+    assert at.dataframe[0].value["relative Frobenius error"].min() > 1
+    assert any("hard case for Performer" in i.value and "exp(‖q‖² + ‖k‖²)" in i.value for i in at.info)
+    at.button(key="acc_flip").click().run()
+    assert at.selectbox(key="acc_inputs_performer").value == "gentle"
+
+
+def test_accuracy_tables_name_their_columns_for_a_reader():
+    at = page("accuracy", **{**FAST_ACCURACY, "acc_scatter": True})
+    for table in (t.value for t in at.dataframe):
+        assert not {"rel_fro", "time_s", "predicted_bytes", "params"} & set(table.columns)
+        assert "relative Frobenius error" in table.columns and "time (ms)" in table.columns
 
 
 def test_accuracy_page_times_every_mechanism_on_request():
@@ -76,7 +100,7 @@ def test_accuracy_sweep_renders_the_values_asked_for():
     assert errors(at) == []
     (spec,) = charts(at)
     assert sorted({p["value"] for p in records(spec, "value")}) == [2, 8]
-    assert at.dataframe[0].value["params"].tolist() == ["window=2", "window=8"]
+    assert at.dataframe[0].value["parameters"].tolist() == ["window=2", "window=8"]
 
 
 @pytest.mark.parametrize("state,sentence", [
