@@ -1,8 +1,10 @@
 """Attention Lab: the frame and router of the dashboard (`streamlit run app.py`)."""
 import streamlit as st
+from streamlit.runtime import Runtime
 from streamlit.runtime.pages_manager import PagesManager
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from attn_core import env, worker
+from attn_core import env, stage, worker
 
 # Talk mode: type a back row can read, black on white, wide content.
 TALK_CSS = """<style>
@@ -19,6 +21,28 @@ def prestart_worker() -> bool:
     """Start the measuring process once per server: it imports torch now, so a first point comes fast later."""
     worker.prestart()
     return True
+
+
+def session_id() -> str:
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else ""
+
+
+def session_alive(session: str) -> bool:
+    """Whether a session still has a page open; True where no server runs (AppTest): nothing can be told there."""
+    return not Runtime.exists() or Runtime.instance().is_active_session(session)
+
+
+@st.cache_resource(show_spinner=False)
+def sweeps() -> stage.Stage:
+    """The server's one measuring stage: sweeps run one at a time, each watched by the sessions that show it."""
+    return stage.Stage(session_alive)
+
+
+def submit(name: str, make, total: int) -> stage.Ticket:
+    """Queue a sweep on the server's stage for this session; the ticket answers like the job."""
+    desk = sweeps()
+    return stage.Ticket(desk, desk.submit(session_id(), name, make), total)
 
 
 @st.cache_data(ttl=30, show_spinner=False)

@@ -2,6 +2,7 @@
 replay of a saved run point by point. Both playbacks answer like a SweepRun (poll, frame, progress, cancel, done)."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -57,6 +58,26 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
 )}
 QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short sequences.",
                     (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),))
+
+
+def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
+    """The sweep a results frame was measured with, read from its rows (the file's own config is not trusted), and
+    what of the frame that one config cannot hold: a second mask, a second shape, mechanisms this build lacks."""
+    from .mechanisms import MECHANISMS
+
+    first = frame.iloc[0]
+    seen = frame.drop_duplicates(["mechanism", "params"])
+    mechanisms = tuple((key, json.loads(params)) for key, params in zip(seen["mechanism"], seen["params"])
+                       if key in MECHANISMS)
+    ns = tuple(sorted({int(n) for n in frame["n"]}))
+    config = replace(DEFAULT_SWEEP, mechanisms=mechanisms, ns=ns, batch=int(first["batch"]),
+                     heads=int(first["heads"]), d_model=int(first["d_model"]), dtype=str(first["dtype"]),
+                     device=str(first["device"]), mode=str(first["mode"]), causal=bool(first["causal"]))
+    left = [f"{column} {', '.join(map(str, frame[column].unique()))}" for column in
+            ("batch", "heads", "d_model", "dtype", "device", "mode") if frame[column].nunique() > 1]
+    left += ["both masks (causal and bidirectional)"] if frame["causal"].nunique() > 1 else []
+    left += [f"{key} (not in this build)" for key in dict.fromkeys(seen["mechanism"]) if key not in MECHANISMS]
+    return config, left
 
 
 @dataclass
@@ -131,12 +152,16 @@ class Replay:
     def total(self) -> int:
         return len(self.run.frame)
 
+    @property
+    def due(self) -> int:
+        """How many points the pace has reached by now (shown once a poll takes them)."""
+        return self.shown if self.stopped else min(self.total, 1 + int((self.clock() - self.started) *
+                                                                        self.points_per_s))
+
     def poll(self) -> list[dict]:
-        if not self.stopped:
-            due = min(self.total, 1 + int((self.clock() - self.started) * self.points_per_s))
-            new, self.shown = self.run.frame.iloc[self.shown:due], max(self.shown, due)
-            return new.to_dict("records")
-        return []
+        due = self.due
+        new, self.shown = self.run.frame.iloc[self.shown:due], max(self.shown, due)
+        return new.to_dict("records")
 
     @property
     def rows(self) -> list[dict]:

@@ -1,13 +1,14 @@
 """Benchmark: pick mechanisms and sizes, press Run, watch time and memory grow against the theoretical curves."""
 import dataclasses
 import functools
+import math
 import time
 
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 import app
-from attn_core import MECHANISMS, analysis, charts, env, export, presets, results, untrusted, worker
+from attn_core import MECHANISMS, analysis, charts, env, export, presets, results, stage, untrusted, worker
 from attn_core.sweep import DEFAULT_SWEEP, SweepConfig, log_spaced
 
 app.ensure_routed()
@@ -22,10 +23,9 @@ STILL_CSS = "<style>[data-testid='stProgress'] * { transition: none !important; 
 NUMBERS = {"bench_steps": (1, 16), "bench_d_model": (1, 16384), "bench_heads": (1, 256), "bench_batch": (1, 1024),
            "bench_speed": (0.5, 20.0)}
 MODES, AXES, BASELINES = ["forward", "forward+backward"], ["log-log", "linear"], ["softmax", "sdpa"]
+SHOWN_PRESETS = {**presets.PRESETS, presets.QUICK_DEMO.name: presets.QUICK_DEMO}
 CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
 talk = bool(S.get("talk"))
-job = S.get("bench_job")
-running = job is not None and not job.done
 
 
 def keyed(key: str) -> dict:
@@ -37,30 +37,69 @@ def label(key: str) -> str:
     return MECHANISMS[key].label
 
 
-def apply_preset(name: str) -> None:
-    """Set every control from the preset's first sweep, then start its sweeps."""
-    preset = presets.PRESETS[name]
-    device = S.get("bench_device") or env.resolve_device("auto")
-    first = preset.for_device(device)[0]
-    keys = [k for k, _ in first.mechanisms]
+def show_settings(config: SweepConfig) -> list[str]:
+    """Set every control to `config`, so the panel says what the charts show (a preset, the quick demo, a saved
+    run); returns what the panel cannot hold (n goes to the slider's nearest powers of two)."""
+    keys = list(dict.fromkeys(k for k, _ in config.mechanisms))
+    near = [min(NS, key=lambda x: abs(math.log2(x / n))) for n in (config.ns[0], config.ns[-1])]
+    numbers = {"bench_steps": len(config.ns), "bench_d_model": config.d_model, "bench_heads": config.heads,
+               "bench_batch": config.batch}
+    left = [f"{key.removeprefix('bench_')} {value:,}" for key, value in numbers.items()
+            if not NUMBERS[key][0] <= value <= NUMBERS[key][1]]
+    S.update({key: min(max(value, NUMBERS[key][0]), NUMBERS[key][1]) for key, value in numbers.items()})
     S.update({"bench_exact": [k for k in keys if MECHANISMS[k].exact],
-              "bench_approx": [k for k in keys if not MECHANISMS[k].exact], "bench_n": (first.ns[0], first.ns[-1]),
-              "bench_steps": len(first.ns), "bench_d_model": first.d_model, "bench_heads": first.heads,
-              "bench_batch": first.batch, "bench_causal": first.causal, "bench_mode": first.mode,
-              "bench_axes": "log-log" if preset.log else "linear", "bench_focus": preset.metric,
-              "bench_preset": name})
-    S.update({f"bench_p_{key}_{p.name}": params.get(p.name, p.default) for key, params in first.mechanisms
+              "bench_approx": [k for k in keys if not MECHANISMS[k].exact], "bench_n": tuple(near),
+              "bench_causal": config.causal, "bench_mode": config.mode})
+    if log_spaced(*near, len(config.ns)) != tuple(config.ns):
+        left.append(f"n = {', '.join(f'{n:,}' for n in config.ns)}")
+    if config.device in DEVICES:
+        S["bench_device"] = config.device
+        if config.dtype in env.supported_dtypes(config.device):
+            S["bench_dtype"] = config.dtype
+        else:
+            left.append(f"dtype {config.dtype}")
+    else:
+        left.append(f"device {config.device}")
+    S.update({f"bench_p_{key}_{p.name}": params.get(p.name, p.default) for key, params in config.mechanisms
               for p in MECHANISMS[key].params})
-    S["bench_job"] = preset.start(device, S.get("bench_dtype"))
+    return left
+
+
+def apply_preset(preset: presets.Preset) -> None:
+    """Set every control from the preset's first sweep, then queue its sweeps."""
+    device = S.get("bench_device") or env.resolve_device("auto")
+    configs = preset.for_device(device, S.get("bench_dtype"))
+    show_settings(configs[0])
+    S.update({"bench_axes": "log-log" if preset.log else "linear", "bench_focus": preset.metric,
+              "bench_preset": preset.name, "bench_source": None})
+    S["bench_job"] = app.submit(preset.name, functools.partial(presets.SweepSequence, configs), points(configs))
+
+
+def points(configs) -> int:
+    return sum(len(c.mechanisms) * len(c.ns) for c in configs)
 
 
 def start(config: SweepConfig) -> None:
-    S.update({"bench_preset": None, "bench_focus": "time_median_s"})
-    S["bench_job"] = presets.SweepSequence((config,))
+    S.update({"bench_preset": None, "bench_focus": "time_median_s", "bench_source": None})
+    S["bench_job"] = app.submit(", ".join(label(k) for k, _ in config.mechanisms),
+                                functools.partial(presets.SweepSequence, (config,)), points((config,)))
 
 
 def stop() -> None:
     S["bench_job"].cancel()
+
+
+def adopt() -> None:
+    """A session showing nothing (a reload, a second tab) finds the sweep the server is measuring and watches it."""
+    desk = app.sweeps()
+    entry = desk.running()
+    if S.get("bench_job") is None and entry is not None:
+        desk.watch(app.session_id(), entry)
+        S["bench_job"] = stage.Ticket(desk, entry, entry.job.progress()["total"], own=False)
+        if getattr(entry.job, "configs", None):
+            show_settings(entry.job.configs[0])
+        S["bench_source"] = (f"“{untrusted.literal(entry.name)}” was started before this page opened (a reload or "
+                             "another tab): it is shown here, and Stop stops it for every page showing it.")
 
 
 def settings() -> tuple[SweepConfig, list[str]]:
@@ -191,7 +230,12 @@ def ticker() -> None:
     if not inside:
         worker.hold(True)
     job = S["bench_job"]
-    job.poll()
+    replay = isinstance(job, presets.Replay)
+    if replay:  # points are taken only by the full run that draws them: the count is what the charts show
+        if not inside and job.due > job.shown:
+            st.rerun()
+    else:
+        job.poll()
     if job.done:
         st.rerun()  # Run comes back, the table and the exports appear
     p = job.progress()
@@ -199,7 +243,8 @@ def ticker() -> None:
     st.progress(min(p["done"] / max(p["total"], 1), 1.0),
                 text=f"{p['done']} of {p['total']} points · now {untrusted.literal(p['current'])}{eta}")
     drawn = S.get("bench_drawn", {})
-    if (drawn.get("job") != id(job) or p["done"] > drawn["points"]) and time.monotonic() >= drawn.get("ready_at", 0):
+    if (not replay and (drawn.get("job") != id(job) or p["done"] > drawn["points"])
+            and time.monotonic() >= drawn.get("ready_at", 0)):
         st.rerun()  # held until the full run has drawn
     if not inside:
         worker.hold(False)
@@ -210,6 +255,8 @@ def results_view(job) -> None:
     if job is None:
         st.info("Choose settings and press Run, or pick a preset: points appear on the charts as they are measured.")
         return
+    if S.get("bench_source"):
+        st.info(S["bench_source"], icon=":material/folder_open:")
     if job.error:
         st.error(f"The sweep stopped: {untrusted.literal(job.error)}")
     df = job.frame()
@@ -286,13 +333,13 @@ def export_panel(job) -> None:
 
 
 def replay_panel() -> None:
-    with st.expander("Replay or show a saved run", icon=":material/replay:", expanded=talk and not running):
+    with st.expander("Replay or show a saved run", icon=":material/replay:", expanded=talk and not busy):
         upload = st.file_uploader("A run saved by `python -m attn_core sweep --out run.json` or by Export (JSON or "
                                   "CSV)", type=["json", "csv"], key="bench_upload")
         st.slider("Replay speed (points per second)", *NUMBERS["bench_speed"], 3.0, step=0.5, **keyed("bench_speed"))
         left, right = st.columns(2)
-        show = left.button("Show it", key="bench_show", disabled=upload is None or running)
-        replay = right.button("Replay point by point", key="bench_replay", disabled=upload is None or running)
+        show = left.button("Show it", key="bench_show", disabled=upload is None or busy)
+        replay = right.button("Replay point by point", key="bench_replay", disabled=upload is None or busy)
         if upload is None or not (show or replay):
             return
         try:
@@ -300,40 +347,66 @@ def replay_panel() -> None:
         except results.RunFileError as e:
             st.error(untrusted.literal(e))
             return
-        S.update({"bench_preset": None, "bench_focus": "time_median_s"})
-        S["bench_job"] = presets.Replay(run, S.get("bench_speed", 3.0))
-        if show:
-            S["bench_job"].shown = len(run.frame)
+        S["bench_loaded"] = (run, upload.name, show)  # the panel is drawn: the next run sets it (load_saved)
         st.rerun()
 
 
+def load_saved() -> None:
+    """A saved run asked for by Show it or Replay: the panel set to the settings it was measured with, and a line
+    saying the charts show that file, what the panel cannot hold, and what Run would do."""
+    run, name, show = S.pop("bench_loaded")
+    left = show_settings(presets.config_of(run.frame)[0]) if len(run.frame) else []
+    left += presets.config_of(run.frame)[1] if len(run.frame) else []
+    S.update({"bench_preset": None, "bench_focus": "time_median_s"})
+    S["bench_job"] = presets.Replay(run, S.get("bench_speed", 3.0))
+    if show:
+        S["bench_job"].shown = len(run.frame)
+    where = " · ".join(str(run.env[k]) for k in ("device_name", "timestamp") if run.env.get(k))
+    S["bench_source"] = (f"Showing the saved run {untrusted.literal(name)}" + (f" ({untrusted.literal(where)})"
+                         if where else "") + ". The settings above are the ones it was measured with" +
+                         (f", except what the panel cannot hold: {untrusted.literal('; '.join(left))}" if left else "")
+                         + ". Run measures them again on this machine.")
+
+
 notes = link_notes()
+if S.pop("bench_quick_demo", False):  # Home's quick demo: its settings in the panel, its sweep queued
+    apply_preset(presets.QUICK_DEMO)
+if "bench_loaded" in S:
+    load_saved()
+adopt()
+job = S.get("bench_job")
+running = job is not None and not job.done  # the job shown: its progress ticks, Stop stops it
+busy = running and getattr(job, "own", True)  # this session's own: no second Run, preset or replay meanwhile
 st.html(STILL_CSS)
 st.title("Benchmark")
 for note in notes:
     st.warning(note, icon=":material/link_off:")
 picked = S.get("bench_preset")
 if picked or talk:
-    st.markdown(f"**{picked}**: {presets.PRESETS[picked].look_for}" if picked else
+    st.markdown(f"**{picked}**: {SHOWN_PRESETS[picked].look_for}" if picked else
                 "**Presets**: one click sets everything and runs.")
-for column, name in zip(st.columns(len(presets.PRESETS)), presets.PRESETS):
-    column.button(name, key=f"bench_preset_{name.lower().replace(' ', '_')}", on_click=apply_preset, args=(name,),
-                  disabled=running, width="stretch")
+for column, (name, preset) in zip(st.columns(len(presets.PRESETS)), presets.PRESETS.items()):
+    column.button(name, key=f"bench_preset_{name.lower().replace(' ', '_')}", on_click=apply_preset, args=(preset,),
+                  disabled=busy, width="stretch")
 config, problems = settings()
 for problem in problems:
     st.warning(problem, icon=":material/edit:")
 run_col, stop_col, _ = st.columns([1, 1, 6])
 run_col.button("Run", key="bench_run", type="primary", icon=":material/play_arrow:", on_click=start, args=(config,),
-               disabled=bool(problems) or running, width="stretch")
+               disabled=bool(problems) or busy, width="stretch")
 stop_col.button("Stop", key="bench_stop", icon=":material/stop:", on_click=stop, disabled=not running,
                 width="stretch")
 if running:
     worker.hold(True)  # this run draws: no timed sample competes with it (measure.take_turn waits, 3 s at most)
     S["bench_drawing"] = True
     started = time.monotonic()
+    if isinstance(job, presets.Replay):
+        job.poll()  # the points due now, drawn by this run
     # not before this run has drawn them (a tick inside a full run must not ask for another); 5 s at most
     S["bench_drawn"] = {"job": id(job), "points": job.progress()["done"], "ready_at": started + 5}
-    st.fragment(ticker, run_every=TICK_S if S["bench_drawn"]["points"] else FIRST_TICK_S)()
+    pace = (max(1 / job.points_per_s, FIRST_TICK_S) if isinstance(job, presets.Replay) else
+            TICK_S if S["bench_drawn"]["points"] else FIRST_TICK_S)
+    st.fragment(ticker, run_every=pace)()
 results_view(job)
 if running:
     # the next drawing: at once for the first points, then after 3 × this one's cost and at most every REDRAW_S

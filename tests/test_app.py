@@ -32,6 +32,24 @@ def private_sweep_lock(tmp_path_factory):
         yield
 
 
+@pytest.fixture(autouse=True)
+def fresh_stage():
+    """Each test's sessions get a server stage of their own; a sweep a test leaves running is stopped after it."""
+    import app
+
+    app.sweeps.clear()
+    yield
+    desk = app.sweeps()
+    for entry in [desk.running(), *desk.queue]:
+        if entry is not None:
+            desk.cancel(entry)
+    deadline = time.monotonic() + 30
+    while desk.running() is not None and time.monotonic() < deadline:
+        desk.check()
+        time.sleep(0.05)
+    app.sweeps.clear()
+
+
 class Routed(PagesManager):
     """AppTest re-detects streamlit's legacy pages/-folder mode before every run, where a server does it once and
     the router leaves it on the first request; runs here are then those of a server past its first request."""
@@ -102,8 +120,10 @@ def test_home_shows_the_device_and_the_quick_demo_lands_on_the_benchmark():
     assert at.dataframe[0].value["device"].iloc[0] == "cpu"
     at.button(key="home_demo").click().run()
     assert [t.value for t in at.title] == ["Benchmark"]
-    job = at.session_state["bench_job"]
+    job = at.session_state["bench_job"].job
     assert isinstance(job, SweepSequence) and job.configs[0].mechanisms == (("softmax", {}), ("linear", {}))
+    assert widget(at, "bench_exact").value == ["softmax"] and widget(at, "bench_approx").value == ["linear"]
+    assert widget(at, "bench_d_model").value == 256 and widget(at, "bench_n").value == (128, 2048)
     at.button(key="bench_stop").click().run()
     run_to_end(at)
     assert not at.exception
@@ -232,13 +252,18 @@ def test_a_preset_sets_every_control_in_one_click():
     assert not at.exception
 
 
-def test_a_saved_run_replays_point_by_point(swept):
+def replaying(swept: AppTest, speed: float) -> AppTest:
+    """A fresh Benchmark page replaying the swept run at `speed` points per second."""
     saved = results.to_json_bytes(swept.session_state["bench_job"].result())
     at = benchmark()
     at.file_uploader(key="bench_upload").upload("run.json", saved, "application/json")
     at.run()
-    at.slider(key="bench_speed").set_value(20.0).run()
-    at.button(key="bench_replay").click().run()
+    at.slider(key="bench_speed").set_value(speed).run()
+    return at.button(key="bench_replay").click().run()
+
+
+def test_a_saved_run_replays_point_by_point(swept):
+    at = replaying(swept, 20.0)
     job = at.session_state["bench_job"]
     assert isinstance(job, Replay) and job.shown < 4
     run_to_end(at)
@@ -350,3 +375,60 @@ def test_a_full_run_during_a_sweep_holds_the_worker_and_lets_go_at_its_end(monke
     calls.clear()
     run_to_end(at)
     assert not at.exception
+
+
+def drawn_points(at: AppTest) -> int:
+    """Points on the first chart (filled, hollow and crosses)."""
+    datasets = chart_specs(at)[0]["datasets"] if chart_specs(at) else {}
+    return sum(len(datasets.get(name, [])) for name in ("points", "disturbed", "missing"))
+
+
+def test_a_shown_run_sets_the_settings_panel_to_it_and_says_so(tmp_path):
+    path = tmp_path / "cli-run.json"
+    args = ["sweep", "--mechanisms", "sdpa,performer:features=16", "--n", "32:128:3", "--d-model", "32", "--heads",
+            "2", "--batch", "3", "--causal", "--device", "cpu", "--out", str(path), "--quiet"]
+    assert cli.main(args, out=io.StringIO(), err=io.StringIO()) == 0
+    at = benchmark()
+    at.file_uploader(key="bench_upload").upload(path.name, path.read_bytes(), "application/json")
+    at.run()
+    at.button(key="bench_show").click().run()
+    assert not at.exception
+    assert widget(at, "bench_exact").value == ["sdpa"] and widget(at, "bench_approx").value == ["performer"]
+    assert widget(at, "bench_n").value == (32, 128) and widget(at, "bench_steps").value == 3
+    assert (widget(at, "bench_d_model").value, widget(at, "bench_heads").value, widget(at, "bench_batch").value) == \
+        (32, 2, 3)
+    assert widget(at, "bench_causal").value is True and widget(at, "bench_p_performer_features").value == 16
+    said = [i.value for i in at.info if "Showing the saved run" in i.value]
+    assert len(said) == 1 and "cli\\-run\\.json" in said[0] and "Run measures them again" in said[0]
+    assert "cannot hold" not in said[0]
+
+
+def test_a_replay_counts_only_the_points_its_charts_show(swept):
+    at = replaying(swept, 2.0)
+    job, seen = at.session_state["bench_job"], []
+    while not job.done:
+        counted = int(next(p for p in at.get("progress")).proto.text.split(" of ")[0])
+        seen.append((counted, drawn_points(at)))
+        time.sleep(0.2)
+        at.run()
+    assert all(counted == drawn for counted, drawn in seen) and len({c for c, _ in seen}) > 1
+
+
+def test_a_second_session_finds_the_running_sweep_and_its_own_run_queues_behind_it():
+    first = benchmark(**{**TINY, "bench_steps": 4})
+    first.button(key="bench_run").click().run()
+    second = AppTest.from_file(APP, default_timeout=60).run()  # a reload or another tab
+    second.switch_page("pages/benchmark.py").run()
+    shared = second.session_state["bench_job"]
+    assert shared.entry is first.session_state["bench_job"].entry
+    assert any("started before this page opened" in i.value for i in second.info)
+    assert widget(second, "bench_steps").value == 4 and widget(second, "bench_d_model").value == 64
+    assert not second.button(key="bench_stop").disabled and not second.button(key="bench_run").disabled
+    second.button(key="bench_run").click().run()
+    queued = second.session_state["bench_job"]
+    assert queued.own and queued.entry is not shared.entry
+    if not first.session_state["bench_job"].done:  # the tiny sweep may have ended already
+        assert queued.queued and "queued, next after" in queued.progress()["current"]
+    run_to_end(first)
+    run_to_end(second)
+    assert not queued.queued and len(queued.frame()) > 0 and not second.exception

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from attn_core import sweep
 from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_server, browser_page, wait_idle
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -95,3 +96,24 @@ def test_talk_mode_is_the_first_click_on_a_fresh_server_and_it_counts(page, priv
         page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'", timeout=10_000)
         wait_idle(page)
         page.screenshot(path=ARTIFACTS / "browser-home-talk-mode.png", full_page=True)
+
+
+def test_a_reload_finds_the_running_sweep_and_a_sweep_nobody_watches_is_cancelled(page, private_tmp):
+    """Reload mid-sweep: the new page shows the sweep's progress and can stop it. Close every page: the server
+    cancels the sweep after its grace time (stage.ORPHAN_S) and says so in its log."""
+    longer = TINY.replace("bench_n=64&bench_n=128&bench_steps=2", "bench_n=256&bench_n=16%2C384&bench_steps=7")
+    with app_server(private_tmp) as server:
+        page.goto(f"{server.url}/benchmark?{longer}")
+        wait_idle(page)
+        page.locator(".st-key-bench_run button").click()
+        page.locator('[data-testid="stProgress"]').wait_for()
+        page.reload()
+        page.get_by_text("was started before this page opened").wait_for()
+        page.locator('[data-testid="stProgress"]').wait_for()
+        assert page.locator(".st-key-bench_stop button:not([disabled])").count() == 1
+        assert page.locator(EXCEPTION).count() == 0
+        page.goto("about:blank")  # every page of the sweep has gone
+        lock = os.path.join(sweep.user_folder(private_tmp["TMPDIR"]), sweep.LOCK_NAME)
+        with sweep.sweep_lock(wait_s=120, path=lock):  # free once the sweep has ended
+            pass
+        assert "cancelled: no page has shown it" in server.output()

@@ -10,7 +10,7 @@ from attn_core import MECHANISMS, charts, export, results, untrusted
 from attn_core.benchmarks.dashboard import EXCEPTION, app_server, browser_page, wait_idle
 from attn_core.sweep import DEFAULT_SWEEP
 from tests.apptest_helpers import displayed
-from tests.test_app import APP, private_sweep_lock, routed, widget  # noqa: F401 (the fixtures apply here too)
+from tests.test_app import APP, fresh_stage, private_sweep_lock, routed, widget  # noqa: F401 (fixtures apply here)
 from tests.test_browser import _need_chromium
 from tests.test_charts import results_frame
 
