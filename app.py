@@ -13,6 +13,7 @@ html { font-size: 21px; }
 [data-testid="stMain"] .block-container { max-width: 100%; padding-left: 2rem; padding-right: 2rem; }
 [data-testid="stCaptionContainer"], [data-testid="stMarkdownContainer"] p { color: #000000; }
 button[kind="primary"] { font-size: 1.15rem; }
+button:disabled, button:disabled p { color: #6b6b6b !important; border-style: dashed !important; }
 </style>"""
 
 
@@ -64,7 +65,10 @@ def ensure_routed() -> None:
 
 def main() -> None:
     ensure_routed()  # a fresh server's first request, even to "/", would otherwise run this as a legacy page
-    st.set_page_config(page_title="Attention Lab", page_icon=":material/monitoring:", layout="wide")
+    talk = bool(st.session_state.get("talk"))
+    # talk mode folds the sidebar away (its arrow brings it back, with the switch to leave talk mode)
+    st.set_page_config(page_title="Attention Lab", page_icon=":material/monitoring:", layout="wide",
+                       initial_sidebar_state="collapsed" if talk else "auto")
     prestart_worker()
     with st.sidebar:
         st.toggle("Talk mode", key="talk", persist_state="session",

@@ -26,12 +26,15 @@ CURVES = {"spec": "each mechanism's own cost (spec)", "n²": "O(n²)", "n": "O(n
 COLOURS = ["#D55E00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9", "#8C564B", "#E69F00", "#000000"]
 SPARE_COLOURS = ["#7F7F7F", "#BCBD22", "#17BECF", "#9467BD", "#E377C2", "#AEC7E8"]
 DASHES = {"spec": [8, 4], "n²": [2, 3], "n": [12, 4, 2, 4], "roofline": [1, 4]}
+# Measured lines when a chart mixes masks: bidirectional solid, causal a dash-dot no theory curve uses
+MASK_DASHES = {"bidirectional": [1, 0], "causal": [14, 4, 3, 4]}
 # How the engine times a call on each device (env.device_timer), as the axis says it.
 TIME_METHODS = {"cuda": "median of CUDA-event timings", "mps": "median wall-clock, synchronized",
                 "cpu": "median wall-clock"}
 FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif"
 THEORY_HOW = ["Dashed: theory c·f(n), c fitted to the", "clean measured points (least squares, log space)"]
 ROOFLINE_HOW = ["Dotted: executed FLOPs at the device's", "measured matmul throughput"]
+TALK_MIN_PX = 18  # the smallest chart text in talk mode
 EMPTY_DOMAIN = {True: (1.0, 10.0), False: (0.0, 1.0)}  # a y scale with nothing to draw (log, linear): keeps its height
 
 
@@ -192,8 +195,8 @@ class ChartShape:
     metric: str
     log: bool
     talk: bool
-    width: int
-    height: int
+    width: int | str  # pixels, or "container": the page's box (a page fits it to the screen)
+    height: int | str
     title: str
     subtitle: str | tuple[str, ...]
     y_title: tuple[str, ...]
@@ -204,18 +207,22 @@ class ChartShape:
     kinds: tuple[str, ...]  # which kinds of theory curve are drawn ...
     dash_labels: tuple[str, ...]  # ... and their legend entries
     ticks: tuple[int, ...]  # the measured lengths, as the x axis' ticks when they are few (else Vega's own)
+    formulas: tuple[tuple[str, str], ...]  # line → its theory formula, written into the colour legend
     y_domain: tuple[float, ...] = ()  # set only when the values span no range (none, or all equal): Vega's own else
 
 
 def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, *, log: bool = True,
                 talk: bool = False, title: str | None = None, subtitle: str | list[str] | None = None,
-                width: int | None = None, height: int | None = None) -> ChartShape:
+                width: int | str | None = None, height: int | str | None = None) -> ChartShape:
     _, unit, _, name = METRICS[metric]
     every = pd.concat([frames[key] for key in ("points", "disturbed", "missing") if key in frames])
     scale = colour_scale(every)
     theory = frames.get("theory")
     kinds = tuple(k for k in DASHES if theory is not None and k in set(theory["kind"]))
     labels = tuple(theory.loc[theory["kind"] == k, "kind_label"].iloc[0] for k in kinds)
+    spec_curves = theory[theory["kind"] == "spec"].drop_duplicates("line") if theory is not None else theory
+    formulas = () if spec_curves is None else tuple(zip(spec_curves["line"], spec_curves["curve"].str.replace(
+        " fit", "")))
     return ChartShape(metric, log, talk, width or (900 if talk else 640), height or (500 if talk else 380),
                       title or default_title(df, metric),
                       tuple(subtitle) if isinstance(subtitle, list) else
@@ -223,7 +230,7 @@ def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, 
                       tuple(_y_title(df, metric, unit, name, log)), tuple(scale.domain), tuple(scale.range),
                       every["mask"].nunique() > 1, tuple(frames), kinds, labels,
                       tuple(sorted(set(df["n"].astype(int)))) if 1 < df["n"].nunique() <= 9 else (),
-                      _fixed_domain(frames, METRICS[metric][0], log))
+                      formulas, _fixed_domain(frames, METRICS[metric][0], log))
 
 
 def _fixed_domain(frames: dict[str, pd.DataFrame], column: str, log: bool) -> tuple[float, ...]:
@@ -250,22 +257,20 @@ def chart_frames(df: pd.DataFrame, metric: str, *, theory: pd.DataFrame | None =
                  crossovers: pd.DataFrame | None = None, log: bool = True) -> dict[str, pd.DataFrame]:
     """The datasets a scaling chart draws, in display units and by name: lines (every drawn point, for the lines and
     the IQR bars), points (drawn filled), disturbed (drawn hollow), missing (not drawn: crosses on the bottom edge),
-    theory and theory_ends (dashed curves and their labels), crossings_left and crossings_right (n* marks,
-    neighbours labelled on opposite sides). Empty ones are left out, points excepted."""
+    theory (dashed curves) and crossings (n* marks). Empty ones are left out, points excepted."""
     column, _, divisor, _ = METRICS[metric]
     keep = ["mechanism", "label", "params", "causal", "n", column, "line", "series", "mask", "status", "drawn", "why",
             "time", "memory", "predicted", "memory_method", "throughput", "contention"]
     pts = points_frame(df, metric, log)  # only what the chart draws or shows goes into the spec: it stays small
     drawn = pts[pts["drawn"]]
     spread = ["iqr_low", "iqr_high"] if metric == "time_median_s" else []
-    frames = {"lines": drawn[["n", column, *spread, "line", "series"]], "points": drawn.loc[~drawn["hollow"], keep],
+    frames = {"lines": drawn[["n", column, *spread, "line", "series", "mask"]], "points": drawn.loc[~drawn["hollow"], keep],
               "disturbed": drawn.loc[drawn["hollow"], keep], "missing": pts.loc[~pts["drawn"], keep]}
     pts = pts[keep]
     if theory is not None and len(theory):
-        frames["theory"], frames["theory_ends"] = _theory_frames(theory, pts, column, divisor)
+        frames["theory"] = _theory_frames(theory, pts, column, divisor)
     if crossovers is not None and len(crossovers):
-        found = _crossover_frame(crossovers, pts, metric)
-        frames["crossings_left"], frames["crossings_right"] = found.iloc[0::2], found.iloc[1::2]
+        frames["crossings"] = _crossover_frame(crossovers, pts, metric)
     return {name: frame for name, frame in frames.items() if name == "points" or len(frame)}
 
 
@@ -279,8 +284,13 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
     be put into the spec later, as LiveSpec does)."""
     column = METRICS[shape.metric][0]
     cscale = alt.Scale(domain=list(shape.lines), range=list(shape.colours))
-    colour = alt.Color("line:N", scale=cscale, title="Mechanism (measured, solid)",
-                       legend=alt.Legend(symbolOpacity=1))  # the error bars' lighter rules would set it
+    # the error bars' lighter rules would set the symbols' opacity; a formula follows its mechanism's name (labels
+    # placed on the chart overlapped each other and the lines)
+    named = {"labelExpr": f"({json.dumps(dict(shape.formulas))})[datum.label] ? datum.label + ' — ' + "
+                          f"({json.dumps(dict(shape.formulas))})[datum.label] : datum.label"} if shape.formulas else {}
+    colour = alt.Color("line:N", scale=cscale, title="Mechanism (measured)" + (" — its cost" if shape.formulas
+                                                                               else ""),
+                       legend=alt.Legend(symbolOpacity=1, **named))
     x = alt.X("n:Q", title="Sequence length n (tokens)" + (", log₂ scale" if shape.log else ""),
               scale=alt.Scale(type="log", base=2) if shape.log else alt.Scale(zero=False),
               axis=alt.Axis(format=",d", values=list(shape.ticks)) if shape.ticks and shape.log else
@@ -290,11 +300,14 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
               alt.Scale(zero=True, **domain))
     y = alt.Y(f"{column}:Q", title=list(shape.y_title), scale=yscale)
     talk = shape.talk
-    marker = {"shape": alt.Shape("mask:N", title="Mask") if shape.masks else alt.value("circle"), "tooltip": TOOLTIP}
+    # the masks' points differ in shape too; the line style's legend names them
+    marker = {"shape": alt.Shape("mask:N", legend=None) if shape.masks else alt.value("circle"), "tooltip": TOOLTIP}
     layers = []
     if "lines" in shape.datasets:
         drawn = alt.Chart(alt.NamedData(name="lines")).encode(x=x, y=y, color=colour)
-        layers.append(drawn.mark_line(strokeWidth=4 if talk else 2).encode(detail="series:N"))
+        mask = {"strokeDash": alt.StrokeDash("mask:N", title="Mask (line style)", scale=alt.Scale(
+            domain=list(MASK_DASHES), range=list(MASK_DASHES.values())))} if shape.masks else {}
+        layers.append(drawn.mark_line(strokeWidth=4 if talk else 2).encode(detail="series:N", **mask))
         if shape.metric == "time_median_s":  # the IQR: 25th to 75th percentile of the samples
             layers.append(drawn.mark_errorbar(ticks=True, thickness=2 if talk else 1).encode(
                 y=alt.Y("iqr_low:Q", title=list(shape.y_title), scale=yscale), y2="iqr_high:Q"))
@@ -320,8 +333,12 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
     layers.extend(_crossover_layers(shape, x, y, cscale))
     # One constructor call: each .properties() or .configure_*() would deep-copy every layer.
     data = {} if frames is None else {"datasets": records(frames)}
-    return alt.LayerChart(layer=layers, width=shape.width, height=shape.height, **data,
+    fit = {"autosize": alt.AutoSizeParams(type="fit", contains="padding")} if "container" in (shape.width,
+                                                                                         shape.height) else {}
+    return alt.LayerChart(layer=layers, width=shape.width, height=shape.height, **data, **fit,
                           title=alt.TitleParams(shape.title, anchor="start", subtitle=shape.subtitle),
+                          resolve=alt.Resolve(scale=alt.ScaleResolveMap(shape="independent",
+                                                                        strokeDash="independent")),
                           config=house_config(talk))
 
 
@@ -366,10 +383,13 @@ class LiveSpec:
 
     def update(self, df: pd.DataFrame, metric: str, *, log: bool = True, baseline: str = "softmax",
                curves: tuple[str, ...] = ("spec",), talk: bool = False, title: str | None = None,
-               subtitle: str | None = None) -> dict:
+               subtitle: str | None = None, fit: bool = False) -> dict:
+        """The spec for these rows; `fit`: as wide and tall as the page's box around it (width and height
+        "container"), which a page sizes to the screen."""
         theory, crossings = analyse(df, metric, baseline, "roofline" in curves)
         frames = chart_frames(df, metric, theory=theory[theory["kind"].isin(curves)], crossovers=crossings, log=log)
-        self.shape = chart_shape(df, frames, metric, log=log, talk=talk, title=title, subtitle=subtitle)
+        size = {"width": "container", "height": "container"} if fit else {}
+        self.shape = chart_shape(df, frames, metric, log=log, talk=talk, title=title, subtitle=subtitle, **size)
         if self.shape not in self.specs:
             if len(self.specs) >= self.KEEP:
                 self.specs.pop(next(iter(self.specs)))
@@ -394,8 +414,7 @@ def _theory_frames(theory, pts, column, divisor):
     curves["kind_label"] = curves["kind"].map(CURVES).fillna(curves["kind"])
     roof = curves["kind"] == "roofline"
     curves.loc[roof, "kind_label"] = curves.loc[roof, "curve"]  # names the device's GFLOP/s
-    ends = curves[curves["kind"] == "spec"].sort_values("n").groupby("series", sort=False).tail(1)
-    return curves, ends.assign(text=ends["curve"].str.replace(" fit", ""))
+    return curves
 
 
 def _theory_layers(shape, x, y, cscale, column):
@@ -407,12 +426,7 @@ def _theory_layers(shape, x, y, cscale, column):
         x=x, y=y, color=alt.Color("line:N", scale=cscale), strokeDash=dash, detail="series:N",
         tooltip=[alt.Tooltip("series:N", title="Mechanism"), alt.Tooltip("curve:N", title="Theory curve"),
                  alt.Tooltip("n:Q", title="n", format=",d"), alt.Tooltip(f"{column}:Q", title="Value", format=".4g")])
-    if "theory_ends" not in shape.datasets:
-        return [line]
-    label = alt.Chart(alt.NamedData(name="theory_ends")).mark_text(
-        align="right", baseline="bottom", dx=-2, dy=-4, fontSize=16 if shape.talk else 10).encode(
-        x=x, y=y, text="text:N", color=alt.Color("line:N", scale=cscale))
-    return [line, label]
+    return [line]
 
 
 def _crossover_frame(crossovers, pts, metric):
@@ -431,22 +445,20 @@ def _crossover_frame(crossovers, pts, metric):
 
 
 def _crossover_layers(shape, x, y, cscale):
+    """Each n*: a dotted rule and a ring in its mechanism's colour, named in a legend of its own ("Linear overtakes
+    Softmax at n* ≈ 303"): labels on the chart overlapped each other and the lines, and did not say the pair."""
     colour = alt.Color("line:N", scale=cscale)
     tooltip = [alt.Tooltip("line_text:N", title="Crossover"), alt.Tooltip("note:N", title="How")]
-    layers = []
-    for name, (align, baseline, dx, dy) in (("crossings_left", ("left", "top", 10, 8)),
-                                            ("crossings_right", ("right", "bottom", -10, -8))):
-        if name not in shape.datasets:
-            continue
-        found = alt.Chart(alt.NamedData(name=name))
-        layers += [found.mark_rule(strokeWidth=2 if shape.talk else 1, strokeDash=[3, 3]).encode(
-                       x=x, color=colour, tooltip=tooltip),
-                   found.mark_point(shape="circle", filled=False, size=700 if shape.talk else 300,
-                                    strokeWidth=3 if shape.talk else 2).encode(x=x, y=y, color=colour,
-                                                                               tooltip=tooltip),
-                   found.mark_text(align=align, baseline=baseline, dx=dx, dy=dy, fontWeight="bold",
-                                   fontSize=18 if shape.talk else 11).encode(x=x, y=y, text="text:N", color=colour)]
-    return layers
+    if "crossings" not in shape.datasets:
+        return []
+    found = alt.Chart(alt.NamedData(name="crossings"))
+    named = alt.Shape("line_text:N", title="Crossover n* (ring, dotted rule)", scale=alt.Scale(range=["circle"]),
+                      legend=alt.Legend(symbolFillColor="transparent", symbolStrokeColor="#000000",
+                                        symbolStrokeWidth=2, symbolSize=300 if shape.talk else 150))
+    return [found.mark_rule(strokeWidth=2 if shape.talk else 1, strokeDash=[3, 3]).encode(
+                x=x, color=colour, tooltip=tooltip),
+            found.mark_point(filled=False, size=700 if shape.talk else 300, strokeWidth=3 if shape.talk else 2,
+                             opacity=1).encode(x=x, y=y, color=colour, shape=named, tooltip=tooltip)]
 
 
 def _value_at(series_pts: pd.DataFrame, column: str, n: float) -> float:
@@ -518,16 +530,16 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def house_config(talk: bool = False) -> alt.Config:
     """House look, with installed fonts so exports show text; talk: large type and thick strokes for a projector."""
-    big = 1.6 if talk else 1.0
+    big = 1.4 if talk else 1.0  # talk: every text at least 18 px (TALK_MIN_PX), read from the back row
     return alt.Config(
         font=FONT, background="white",
-        title=alt.TitleConfig(fontSize=round(17 * big), subtitleFontSize=round(12 * big), color="#000000",
+        title=alt.TitleConfig(fontSize=round(18 * big), subtitleFontSize=round(13 * big), color="#000000",
                               subtitleColor="#222222"),
-        axis=alt.AxisConfig(labelFontSize=round(12 * big), titleFontSize=round(13 * big), labelColor="#000000",
+        axis=alt.AxisConfig(labelFontSize=round(13 * big), titleFontSize=round(14 * big), labelColor="#000000",
                             titleColor="#000000", gridColor="#DDDDDD", domainColor="#000000", tickColor="#000000"),
-        legend=alt.LegendConfig(labelFontSize=round(12 * big), titleFontSize=round(12 * big), labelColor="#000000",
+        legend=alt.LegendConfig(labelFontSize=round(13 * big), titleFontSize=round(13 * big), labelColor="#000000",
                                 titleColor="#000000", orient="right", labelLimit=0, titleLimit=0,
-                                symbolStrokeWidth=2),
+                                symbolStrokeWidth=3 if talk else 2, symbolSize=220 if talk else 120),
         view=alt.ViewConfig(stroke="#000000" if talk else "#BBBBBB"))
 
 

@@ -19,6 +19,16 @@ REDRAW_S = 2.0  # at most this often the charts are redrawn while a sweep measur
 TICK_S, FIRST_TICK_S = 2.0, 0.25  # the progress bar's pace; faster until the first points are on the charts
 # No animation while points are timed: a browser easing a progress bar draws for the whole transition.
 STILL_CSS = "<style>[data-testid='stProgress'] * { transition: none !important; animation: none !important; }</style>"
+# Each chart's box: as tall as the screen allows (the chart fills it, title included). In talk mode a chart and its
+# title fill the window below Streamlit's header bar, at 1280×720 as at 1920×1080.
+CHART_CSS = "".join(f".st-key-bench_chart_{m} {{ flex: 0 0 auto !important; height: auto !important; }} "
+                    f".st-key-bench_chart_{m} * {{ height: auto; }} "
+                    f".st-key-bench_chart_{m} [data-testid='stVegaLiteChart'] {{ height: HEIGHT !important; }} "
+                    for m in charts.METRICS)
+CHART_HEIGHT = {False: "clamp(380px, calc(100vh - 12rem), 1000px)", True: "max(420px, calc(100vh - 4.5rem))"}
+# The columns a speaker talks about; the rest of the summary is one click away.
+TALK_COLUMNS = ["Mechanism", "time ∝ n^k: k", "memory ∝ n^k: k", "speed-up vs softmax (×)",
+                "memory saving vs softmax (×)"]
 # The number widgets' ranges (low, high); the link check reads them too
 NUMBERS = {"bench_steps": (1, 16), "bench_d_model": (1, 16384), "bench_heads": (1, 256), "bench_batch": (1, 1024),
            "bench_speed": (0.5, 20.0)}
@@ -107,7 +117,8 @@ def settings() -> tuple[SweepConfig, list[str]]:
     d = DEFAULT_SWEEP
     with st.expander("Settings" + (" (folded away in talk mode)" if talk else ""), expanded=not talk,
                      icon=":material/tune:"):
-        what, sizes, shape, where = st.columns([3, 2, 2, 2])
+        # talk mode's large type: two columns to a row
+        what, sizes, shape, where = st.columns(2) + st.columns(2) if talk else st.columns([3, 2, 2, 2])
         exact = what.multiselect("Exact mechanisms", [k for k, s in MECHANISMS.items() if s.exact],
                                  [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=label,
                                  **keyed("bench_exact"))
@@ -115,8 +126,10 @@ def settings() -> tuple[SweepConfig, list[str]]:
                                   [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=label,
                                   **keyed("bench_approx"))
         knobs = [p.name for key in exact + approx for p in MECHANISMS[key].params]
-        with what.popover(f"Parameters: {', '.join(dict.fromkeys(knobs))}" if knobs else "No parameters to set",
-                          icon=":material/settings:", width="stretch", disabled=not knobs, key="bench_params"):
+        names = ", ".join(dict.fromkeys(knobs))
+        with what.popover(("Parameters: " + names if len(names) <= 24 else f"Parameters ({len(knobs)})") if knobs
+                          else "No parameters to set", help=names or None, icon=":material/settings:",
+                          width="stretch", disabled=not knobs, key="bench_params"):
             mechanisms = tuple((key, mechanism_params(key)) for key in exact + approx)
         n_min, n_max = sizes.select_slider("Sequence lengths n", NS, (d.ns[0], d.ns[-1]), format_func="{:,}".format,
                                            **keyed("bench_n"))
@@ -263,7 +276,11 @@ def results_view(job) -> None:
     if df.empty:
         st.caption("Waiting for the first point…")
         return
-    axes, curves, baseline = st.columns([1, 2, 2])
+    if talk:  # large type: the curves' pills get a row of their own, no name cut short
+        axes, baseline = st.columns([2, 3])
+        curves = st.container()
+    else:
+        axes, curves, baseline = st.columns([1, 2, 2])
     axes.segmented_control("Axes", AXES, default="log-log", required=True, **keyed("bench_axes"))
     curves.pills("Theory curves (dashed)", list(CURVES), default=["spec"], selection_mode="multi",
                  format_func=CURVES.get, **keyed("bench_curves"))
@@ -276,7 +293,9 @@ def results_view(job) -> None:
         st.info(missing, icon=":material/info:")
     for metric in metrics():
         options = chart_options(metric)
-        st.vega_lite_chart(live_spec(metric).update(df, metric, **options), theme=None, width="stretch")
+        with st.container(key=f"bench_chart_{metric}"):  # sized to the screen by CHART_CSS; the chart fills it
+            st.vega_lite_chart(live_spec(metric).update(df, metric, fit=True, **options), theme=None,
+                               width="stretch", height="stretch")
         if note := charts.chart_note(df, metric, log=options["log"], curves=options["curves"]):
             st.caption(untrusted.literal(note))  # it quotes labels and reasons, from a file when replayed
     if job.done:
@@ -284,7 +303,13 @@ def results_view(job) -> None:
             st.info(stopped, icon=":material/stop_circle:")
         if busy_matmul := analysis.matmul_note(job.result().env):
             st.warning(busy_matmul)
-        st.dataframe(summary(job), hide_index=True)
+        table = summary(job)
+        if talk:  # large type: an HTML table scales with the page's font, a data grid does not
+            st.table(table[[c for c in TALK_COLUMNS if c in table]].set_index("Mechanism"), border="horizontal")
+            with st.expander("Every column of the summary"):
+                st.dataframe(table, hide_index=True)
+        else:
+            st.dataframe(table, hide_index=True)
         for note in analysis.summary_notes(df):
             st.caption(note)
     else:
@@ -377,7 +402,7 @@ adopt()
 job = S.get("bench_job")
 running = job is not None and not job.done  # the job shown: its progress ticks, Stop stops it
 busy = running and getattr(job, "own", True)  # this session's own: no second Run, preset or replay meanwhile
-st.html(STILL_CSS)
+st.html(STILL_CSS + f"<style>{CHART_CSS.replace('HEIGHT', CHART_HEIGHT[talk])}</style>")
 st.title("Benchmark")
 for note in notes:
     st.warning(note, icon=":material/link_off:")
@@ -385,13 +410,15 @@ picked = S.get("bench_preset")
 if picked or talk:
     st.markdown(f"**{picked}**: {SHOWN_PRESETS[picked].look_for}" if picked else
                 "**Presets**: one click sets everything and runs.")
-for column, (name, preset) in zip(st.columns(len(presets.PRESETS)), presets.PRESETS.items()):
+per_row = 2 if talk else len(presets.PRESETS)  # talk mode's large type: two to a row, no name cut short
+slots = [column for _ in range(0, len(presets.PRESETS), per_row) for column in st.columns(per_row)]
+for column, (name, preset) in zip(slots, presets.PRESETS.items()):
     column.button(name, key=f"bench_preset_{name.lower().replace(' ', '_')}", on_click=apply_preset, args=(preset,),
                   disabled=busy, width="stretch")
 config, problems = settings()
 for problem in problems:
     st.warning(problem, icon=":material/edit:")
-run_col, stop_col, _ = st.columns([1, 1, 6])
+run_col, stop_col, _ = st.columns([1, 1, 2 if talk else 6])
 run_col.button("Run", key="bench_run", type="primary", icon=":material/play_arrow:", on_click=start, args=(config,),
                disabled=bool(problems) or busy, width="stretch")
 stop_col.button("Stop", key="bench_stop", icon=":material/stop:", on_click=stop, disabled=not running,

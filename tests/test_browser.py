@@ -3,11 +3,12 @@
 Screenshots go to test-artifacts/. Without chromium this skips, except under CI, where it fails."""
 import importlib.util
 import os
+from urllib.parse import quote_plus
 from pathlib import Path
 
 import pytest
 
-from attn_core import sweep
+from attn_core import MECHANISMS, sweep
 from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_server, browser_page, wait_idle
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -16,6 +17,11 @@ PAGES = {"": "Attention Lab", "benchmark": "Benchmark", "accuracy": "Accuracy", 
 # A tiny sweep as a link: settings are bound to the URL (multiselects by their labels).
 TINY = ("bench_exact=Softmax+%28materialized%29&bench_approx=Linear+%28elu%2B1%29&bench_n=64&bench_n=128&bench_steps=2"
         "&bench_d_model=64&bench_heads=2")
+
+# Every mechanism on the shortest sweep: the longest labels the page shows
+EVERY = "&".join([*(f"bench_exact={quote_plus(s.label)}" for s in MECHANISMS.values() if s.exact),
+                  *(f"bench_approx={quote_plus(s.label)}" for s in MECHANISMS.values() if not s.exact),
+                  "bench_n=256", "bench_n=512", "bench_steps=2", "bench_d_model=64", "bench_heads=2"])
 
 
 def _need_chromium() -> None:
@@ -117,3 +123,63 @@ def test_a_reload_finds_the_running_sweep_and_a_sweep_nobody_watches_is_cancelle
         with sweep.sweep_lock(wait_s=120, path=lock):  # free once the sweep has ended
             pass
         assert "cancelled: no page has shown it" in server.output()
+
+
+# Text cut short on the page: an element that clips what it holds (an ellipsis, hidden overflow) holding more than
+# fits (Streamlit shortens a button's label in a div.stMarkdownEllipsis).
+CUT_SHORT = """() => [...document.querySelectorAll('[data-testid="stMain"] *')].filter(e => {
+    const cs = getComputedStyle(e);
+    return e.offsetParent !== null && e.textContent.trim() && e.scrollWidth > e.clientWidth + 1
+        && (cs.textOverflow === 'ellipsis' || ['hidden', 'clip'].includes(cs.overflowX));
+}).map(e => e.textContent.trim().slice(0, 60))"""
+CHART_TEXT = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg text')]
+    .filter(t => t.textContent.trim()).map(t => [t.textContent, parseFloat(getComputedStyle(t).fontSize)])"""
+
+
+@pytest.mark.parametrize("width, height", [(1280, 720), (1920, 1080)])
+def test_talk_mode_fits_a_projector_and_a_screen(width, height, private_tmp):
+    """Talk mode at both sizes: sidebar folded, nothing cut short, each chart and its title within the window,
+    every chart text at least 18 px, the summary a short table in large type."""
+    from attn_core.charts import TALK_MIN_PX
+
+    _need_chromium()
+    with app_server(private_tmp) as server, browser_page(width, height) as page:
+        # every mechanism, so that the Settings panel holds its longest labels
+        page.goto(f"{server.url}/benchmark?{EVERY}")
+        page.locator(".st-key-bench_run button").wait_for()
+        wait_idle(page)
+        page.locator(".st-key-talk label p").click()
+        page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'")
+        wait_idle(page)
+        page.get_by_text("Settings (folded away in talk mode)").click()
+        page.locator(".st-key-bench_d_model input").wait_for()  # open
+        page.wait_for_function("""() => { const s = document.querySelector('[data-testid="stSidebar"]');
+                                         return s.getBoundingClientRect().right <= 1; }""")  # folded away
+        page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}-settings.png")
+        assert page.evaluate(CUT_SHORT) == []
+        page.locator(".st-key-bench_run button").click()
+        page.locator(".st-key-bench_stop button:not([disabled])").wait_for()
+        page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
+        page.locator('[data-testid="stTable"]').wait_for()
+        wait_idle(page)
+        page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}.png", full_page=True)
+        assert page.locator(EXCEPTION).count() == 0
+        assert page.evaluate(CUT_SHORT) == []
+        header = page.locator('[data-testid="stHeader"]').bounding_box()["height"]
+        charts = page.locator(CHART)
+        assert charts.count() == 2
+        stop = page.locator(".st-key-bench_stop button p")  # disabled: grey, not black text that looks live
+        assert stop.evaluate("p => getComputedStyle(p).color") not in ("rgb(0, 0, 0)", "rgb(49, 51, 63)")
+        for i in range(2):
+            charts.nth(i).scroll_into_view_if_needed()
+            page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}-chart{i + 1}.png")
+            box = charts.nth(i).bounding_box()
+            assert box["height"] <= height - header, (box, header)
+            assert box["width"] <= width
+        texts = page.evaluate(CHART_TEXT)
+        assert texts and min(size for _, size in texts) >= TALK_MIN_PX, sorted(texts, key=lambda t: t[1])[:3]
+        assert not any(text.endswith("…") for text, _ in texts)
+        table = page.locator('[data-testid="stTable"]')
+        assert float(table.evaluate("t => parseFloat(getComputedStyle(t.querySelector('td')).fontSize)")) >= 18
+        assert table.locator("tbody tr").count() == 8  # the other columns are one click away
+        assert page.get_by_text("Every column of the summary").count() == 1

@@ -1,11 +1,13 @@
 """Scaling charts, checked through chart.to_dict(): layers, encodings, units and what non-ok points say."""
+import html
 import json
+import re
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from attn_core import MECHANISMS, charts
+from attn_core import MECHANISMS, charts, export
 from attn_core.results import frame_from_rows
 
 
@@ -82,6 +84,12 @@ def test_zero_memory_cannot_sit_on_a_log_axis_and_says_so():
     assert charts.points_frame(df, "peak_bytes", log=False).loc[0, "drawn"]
 
 
+def svg_texts(chart) -> set[str]:
+    """Every text the chart draws, as rendered by Vega (vl-convert): titles, axes, legends, marks."""
+    svg = export.chart_svg(chart).decode()
+    return {html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg)}
+
+
 def test_theory_curves_are_dashed_and_the_legend_says_how_they_are_scaled():
     spec = charts.figure(results_frame(), "time_median_s", curves=("spec", "n²")).to_dict()
     dashed = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
@@ -93,8 +101,9 @@ def test_theory_curves_are_dashed_and_the_legend_says_how_they_are_scaled():
     softmax = [r for r in rows if r["mechanism"] == "softmax" and r["kind"] == "n²"]
     # softmax's two measured points are exactly 1e-8·n² s, so its fitted n² curve passes through them
     assert all(r["time_ms"] == pytest.approx(1e-8 * r["n"] ** 2 * 1e3) for r in softmax)
-    ends = {r["text"] for rows in layer_data(spec, "text") for r in rows if "kind" in r}
-    assert ends == {"O(n²·d)", "O(n·d²)"}
+    assert layer_data(spec, "text") == []  # no label sits on a line: each formula follows its name in the legend
+    texts = svg_texts(charts.figure(results_frame(), "time_median_s", curves=("spec", "n²")))
+    assert {"Softmax (materialized) — O(n²·d)", "Linear (elu+1) — O(n·d²)"} <= texts
 
 
 def test_only_the_chosen_kinds_of_theory_curve_are_drawn():
@@ -111,7 +120,9 @@ def test_crossover_is_marked_at_n_star_where_the_lines_meet():
     assert rules[0]["n"] == pytest.approx(100, rel=1e-6)
     assert rules[0]["time_ms"] == pytest.approx(1e-6 * 100 * 1e3, rel=1e-6)
     assert rules[0]["line_text"] == "Linear (elu+1) overtakes Softmax (materialized) at n* ≈ 100"
-    assert [r["text"] for rows in layer_data(spec, "text") for r in rows] == ["n* ≈ 100"]
+    assert layer_data(spec, "text") == []  # named in a legend, which says the pair
+    texts = svg_texts(charts.figure(results_frame(), "time_median_s", baseline="softmax", curves=()))
+    assert "Linear (elu+1) overtakes Softmax (materialized) at n* ≈ 100" in texts
 
 
 def test_no_crossover_within_the_range_draws_no_mark():
@@ -127,6 +138,11 @@ def test_mixed_causal_frame_keeps_two_lines_per_mechanism_told_apart_by_shape():
     assert {r["series"] for r in rows} >= {f"{softmax} · causal", f"{softmax} · bidirectional"}
     point_layer = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "point")
     assert point_layer["encoding"]["shape"]["field"] == "mask"
+    line_layer = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "line")
+    assert line_layer["encoding"]["strokeDash"]["field"] == "mask"  # the masks differ in line style too
+    dashes = dict(zip(*(line_layer["encoding"]["strokeDash"]["scale"][k] for k in ("domain", "range"))))
+    assert dashes["bidirectional"] == [1, 0] and dashes["causal"] not in [*charts.DASHES.values(), [1, 0]]
+    assert "Mask (line style)" in svg_texts(charts.scaling_chart(df, "time_median_s"))
     table = charts.summary_table(df)
     assert list(table["Mechanism"]).count("Linear (elu+1) · causal") == 1
 
@@ -236,7 +252,7 @@ def test_disturbed_points_are_hollow_with_the_figure_in_their_tooltip_and_out_of
     df.loc[hit, ["disturbed", "foreign_cpu", "retaken"]] = [True, 0.9, 3]
     spec = charts.figure(df, "time_median_s", curves=("n²",)).to_dict()
     (hollow,) = [layer for layer in layers_of(spec, "point") if layer["mark"].get("filled") is False
-                 and layer["data"]["name"] != "crossings_left" and "shape" not in layer["mark"]]
+                 and layer["data"]["name"] != "crossings" and "shape" not in layer["mark"]]
     (row,) = spec["datasets"][hollow["data"]["name"]]
     assert (row["mechanism"], row["n"]) == ("softmax", 512)
     assert row["contention"] == "measured while other programs used 0.9 cores; re-measured 3 samples (left out of " \

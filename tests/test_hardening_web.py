@@ -121,7 +121,7 @@ def test_hostile_files_are_shown_as_text_on_the_compare_page():
     ("bench_heads", "1e309"), ("bench_d_model", "1e400"), ("bench_batch", "inf"), ("bench_heads", "nan"),
     ("bench_heads", "-3"), ("bench_steps", "many"), ("bench_heads", "257"), ("bench_steps", "2.5"),
     ("bench_speed", "1e309"), ("bench_d_model", BEACON), ("bench_p_sliding_window_window", "1e309"),
-    ("bench_p_local_lookback", str(MECHANISMS["local"].params[1].high + 1))])
+    ("bench_p_sliding_window_window", str(MECHANISMS["sliding_window"].params[0].high + 1))])
 def test_a_bad_number_in_a_link_is_ignored_with_a_sentence(key, value):
     at = linked(key, value)
     assert not at.exception, [e.value for e in at.exception]
