@@ -25,6 +25,9 @@ def _finish(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
     return styled(chart).properties(padding={"top": 10, "left": 5, "right": 5, "bottom": 5})
 
 
+REFERENCE_DASHES = [[2, 3], [8, 3], [8, 3, 2, 3], [14, 4], [1, 2], [4, 4, 1, 4]]
+
+
 def colour_scale(frame: pd.DataFrame) -> alt.Scale:
     """Colour by mechanism label, each mechanism in its catalogue colour (the Benchmark page's), others grey."""
     order = list(MECHANISMS)
@@ -108,7 +111,7 @@ def _panels(frame: pd.DataFrame, *, value: str, value_title: str, x_title: str, 
     """Unstyled heatmap of a matrix_frame: queries down, keys across, in order; one panel per head."""
     rows = frame.drop_duplicates("i").sort_values("i")["query"].tolist()
     cols = frame.drop_duplicates("j").sort_values("j")["key"].tolist()
-    side = max(140, min(360, 14 * max(len(rows), len(cols))))
+    side = max(260, min(440, 22 * max(len(rows), len(cols))))  # readable cells on a wide screen, not a stamp
     if binary:
         data = frame.assign(cell=frame[value].astype(bool).map({True: "computed", False: "not computed"}))
         colour = alt.Color("cell:N", legend=None, scale=alt.Scale(domain=["computed", "not computed"],
@@ -257,7 +260,8 @@ def ratio_chart(ratios: pd.DataFrame, a_name: str, b_name: str, metric: str = "t
     what = "time" if metric == "time_median_s" else "peak memory"
     kept = _finite(ratios, "ratio")
     x = alt.X("n:Q", title="Sequence length n (tokens, log₂ scale; K = 1024)", scale=LOG2_X, axis=n_axis(kept["n"]))
-    y = alt.Y("ratio:Q", title=f"{what}: {b_name} ÷ {a_name} (log scale)", scale=alt.Scale(type="log"))
+    y = alt.Y("ratio:Q", title=f"{what}: {b_name} ÷ {a_name} (log scale)", scale=alt.Scale(
+        type="log", nice=False, domain=list(ratio_domain(kept["ratio"]))))
     base = alt.Chart(kept).encode(x=x, y=y, color=_colour(ratios))
     layers = [base.mark_line().encode(detail="params:N"), base.mark_point(filled=True, size=70).encode(
         tooltip=[alt.Tooltip("label:N", title="Mechanism"), alt.Tooltip("params:N", title="Parameters"),
@@ -268,11 +272,18 @@ def ratio_chart(ratios: pd.DataFrame, a_name: str, b_name: str, metric: str = "t
         anchor="start")))
 
 
+def ratio_domain(ratios: pd.Series, pad: float = 1.15) -> tuple[float, float]:
+    """The ratio axis: the data and the line at 1, padded by `pad` (log scale); Vega's nice log domain ran 1 to 10
+    for ratios of 1.0 to 1.6."""
+    low, high = (min(float(ratios.min()), 1.0), max(float(ratios.max()), 1.0)) if len(ratios) else (1.0, 1.0)
+    return low / pad, high * pad
+
+
 def reference_layer(reference: pd.DataFrame, *, x: str = "n", y: str = "value") -> alt.LayerChart:
-    """Published figures (reference.relative) as grey dotted lines, hollow diamonds and an end label per method,
-    to layer on a relative speed or memory chart whose x and y fields are `x` and `y`. Each paper's own baseline
-    (1 by definition) is left out. Unstyled, so it can still be layered; it adds no colour or shape scale, so it
-    never disturbs the measured legend."""
+    """Published figures (reference.relative) as grey lines, one dash pattern per method, named in a legend of
+    their own (end labels at one point overlapped), with hollow diamonds, to layer on a relative speed or memory
+    chart whose x and y fields are `x` and `y`. Each paper's own baseline (1 by definition) is left out. Unstyled,
+    so it can still be layered; it adds no colour or shape scale, so it never disturbs the measured legend."""
     data = reference[reference["method"] != reference["baseline"]].rename(columns={"n": x, "value": y})
     data = data.assign(what=data["method"] + " · " + data["short"] + " (" + PUBLISHED + ")",
                        tag=data["method"] + " (" + data["short"].str.split(" · ").str[0] + ")")
@@ -281,13 +292,15 @@ def reference_layer(reference: pd.DataFrame, *, x: str = "n", y: str = "value") 
     tooltip = [alt.Tooltip("what:N", title="Published"), alt.Tooltip(f"{x}:Q", title="n", format=","),
                alt.Tooltip(f"{y}:Q", title="relative to standard attention", format=".3g"),
                alt.Tooltip("setup:N", title="Setup"), alt.Tooltip("citation:N", title="Source")]
+    tags = list(dict.fromkeys(ends["tag"]))
+    dash = alt.StrokeDash("tag:N", title=f"Grey: {PUBLISHED}", scale=alt.Scale(
+        domain=tags, range=[REFERENCE_DASHES[i % len(REFERENCE_DASHES)] for i in range(len(tags))]),
+        legend=alt.Legend(symbolStrokeColor=REFERENCE_GREY, symbolStrokeWidth=2))
     return alt.layer(
-        alt.Chart(data).mark_line(color=REFERENCE_GREY, strokeDash=[2, 3], strokeWidth=1.5).encode(
-            detail="what:N", **enc),
+        alt.Chart(data).mark_line(color=REFERENCE_GREY, strokeWidth=1.5).encode(detail="what:N", strokeDash=dash,
+                                                                                 **enc),
         alt.Chart(data).mark_point(shape="diamond", color=REFERENCE_GREY, filled=False, size=60).encode(
-            tooltip=tooltip, **enc),
-        alt.Chart(ends).mark_text(align="right", dy=-9, fontSize=10, color=REFERENCE_GREY).encode(
-            text=alt.Text("tag:N"), **enc))
+            tooltip=tooltip, **enc))
 
 
 def relative_chart(frame: pd.DataFrame, metric: str = "time_median_s", *, baseline_label: str = "softmax",
@@ -303,7 +316,8 @@ def relative_chart(frame: pd.DataFrame, metric: str = "time_median_s", *, baseli
     if reference is not None and len(reference):
         layers.append(reference_layer(reference))
         sources = "; ".join(sorted(set(reference["short"])))
-        subtitle.append(f"grey dotted: {PUBLISHED} ({sources}), relative to each paper's standard attention")
+        subtitle.append(f"grey, one dash pattern per method: {PUBLISHED} ({sources}), relative to each paper's "
+                        "standard attention")
     title = "Speed-up" if metric == "time_median_s" else "Memory"
     return _finish(alt.layer(*layers).properties(width=620, height=400, title=alt.TitleParams(
         f"{title} relative to {baseline_label}", subtitle=subtitle, anchor="start")))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -295,3 +296,41 @@ def test_downloads_are_real_files():
     assert made["PNG"][0].startswith(b"\x89PNG") and made["PNG"][1] == "speed.png"
     assert b"<svg" in made["SVG"][0]
     assert made["CSV"][0].decode().splitlines()[0] == "mechanism,label,n,value,source,run,machine"
+
+
+def test_ratio_axis_fits_ratios_near_one():
+    """Ratios of 1.0 to 1.6 on an axis of about 0.87 to 1.84, not Vega's nice 1 to 10."""
+    ratios = pd.DataFrame({"mechanism": ["softmax"] * 3, "label": ["Softmax"] * 3, "params": ["{}"] * 3,
+                           "n": [256, 512, 1024], "ratio": [1.0, 1.3, 1.6]})
+    y = insight_charts.ratio_chart(ratios, "A", "B").to_dict()["layer"][0]["encoding"]["y"]
+    low, high = y["scale"]["domain"]
+    assert y["scale"]["nice"] is False and 0.8 < low < 1.0 and 1.6 < high < 2.0
+    assert insight_charts.ratio_domain(pd.Series([0.25, 0.5])) == pytest.approx((0.25 / 1.15, 1.15))
+
+
+def test_published_figures_are_named_in_a_legend_not_by_labels_that_overlap():
+    chart = insight_charts.relative_chart(
+        pd.DataFrame({"mechanism": ["linear"] * 2, "label": ["Linear"] * 2, "n": [1024, 4096],
+                      "value": [1.5, 4.0], "source": ["a · b"] * 2, "run": ["a"] * 2, "machine": ["b"] * 2}),
+        "time_median_s", reference=reference.relative("speed"))
+    spec = chart.to_dict()
+    assert not [layer for layer in _layers(spec) if layer.get("mark", {}).get("type") == "text"]
+    svg = insight_charts.downloads(chart, pd.DataFrame(), "x")[1][1]().decode()
+    shown = set(re.findall(r"<text[^>]*>([^<]*)</text>", svg))
+    tags = {t for t in shown if t.endswith(")") and "(" in t}
+    assert len(tags) >= 2 and any(t.startswith("Performer") for t in tags)
+
+
+def _layers(spec: dict) -> list[dict]:
+    """Every layer of a (nested) layered spec."""
+    found = []
+    for layer in spec.get("layer", []):
+        found += [layer] + _layers(layer)
+    return found
+
+
+def test_pattern_heatmaps_are_large_enough_to_read():
+    cells = pd.DataFrame([{"head": 0, "i": i, "j": j, "query": str(i), "key": str(j), "computed": i >= j}
+                          for i in range(12) for j in range(12)])
+    spec = insight_charts.heatmap(cells, title="t", value="computed", binary=True).to_dict()
+    assert spec["width"] >= 260 and spec["height"] >= 260
