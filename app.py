@@ -4,7 +4,7 @@ from streamlit.runtime import Runtime
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from attn_core import env, stage, worker
+from attn_core import charts, env, stage, worker
 
 # Talk mode: type a back row can read, black on white, wide content.
 TALK_CSS = """<style>
@@ -50,6 +50,13 @@ def submit(name: str, make, total: int) -> stage.Ticket:
 def device_line(device: str) -> str:
     info = env.device_info(device)
     return f"{info['name']} · {info['total_memory_bytes'] / 2**30:.0f} GiB · {info['threads']} threads"
+
+
+def show_chart(chart, **options) -> None:
+    """An insight page's Altair chart in the house look, with talk mode's large type (every text ≥ 18 px) when on."""
+    if st.session_state.get("talk"):
+        chart = charts.styled(chart, talk=True)
+    st.altair_chart(chart, theme=None, **options)
 
 
 def ensure_routed() -> None:

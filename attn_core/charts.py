@@ -540,6 +540,8 @@ def house_config(talk: bool = False) -> alt.Config:
         legend=alt.LegendConfig(labelFontSize=round(13 * big), titleFontSize=round(13 * big), labelColor="#000000",
                                 titleColor="#000000", orient="right", labelLimit=0, titleLimit=0,
                                 symbolStrokeWidth=3 if talk else 2, symbolSize=220 if talk else 120),
+        text=alt.MarkConfig(fontSize=round(13 * big)), header=alt.HeaderConfig(labelFontSize=round(13 * big),
+                                                                              titleFontSize=round(13 * big)),
         view=alt.ViewConfig(stroke="#000000" if talk else "#BBBBBB"))
 
 

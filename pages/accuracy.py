@@ -106,7 +106,7 @@ metric = st.segmented_control("Error shown", list(accuracy.METRICS), default="re
                               format_func=accuracy.METRIC_LABELS.get, **keyed("acc_metric"))
 if param:
     chart = insight_charts.error_chart(frame, metric)
-    st.altair_chart(chart, theme=None)
+    app.show_chart(chart)
     export_row(chart, frame, f"accuracy-{key}-{param}", "error")
 st.dataframe(readable(frame[["params", *accuracy.METRICS, "time_s", "predicted_bytes"]]), hide_index=True)
 st.caption("KL(softmax ‖ mechanism) is infinite when the mechanism gives zero weight to a key softmax weights "
@@ -117,7 +117,7 @@ st.subheader("Speed vs accuracy, every mechanism")
 if st.toggle("Time every mechanism at these settings (a few seconds)", False, **keyed("acc_scatter")):
     table = scatter(settings)
     chart = insight_charts.speed_accuracy_chart(table)
-    st.altair_chart(chart, theme=None)
+    app.show_chart(chart)
     export_row(chart, table, "speed-accuracy", "scatter")
     st.caption("Time: median of a few in-process calls on this machine, state built outside; memory: the spec's "
                "prediction. Errors below 100 × machine epsilon count as exact for the Pareto front.")

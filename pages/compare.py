@@ -50,7 +50,7 @@ frame = reference.runs_frame(runs)
 metric = st.segmented_control("Metric", list(METRICS), default="time_median_s", required=True,
                               format_func=METRICS.get, **keyed("cmp_metric"))
 chart = insight_charts.runs_chart(frame, metric)
-st.altair_chart(chart, theme=None)
+app.show_chart(chart)
 export_row(chart, frame.drop(columns="time_samples"), "runs-overlay")
 
 st.subheader("Relative to a baseline, with published figures")
@@ -69,7 +69,7 @@ else:
         ref = ref[ref["mechanism"].isin(set(frame["mechanism"]))]
     chart = insight_charts.relative_chart(relative, metric, baseline_label=MECHANISMS[baseline].label,
                                           reference=ref)
-    st.altair_chart(chart, theme=None)
+    app.show_chart(chart)
     export_row(chart, relative, "runs-relative")
     if published:
         st.caption("Published figures, measured on other hardware with other models and settings: "
@@ -92,5 +92,5 @@ if ratios.empty:
                "dtype, mode, mask and sizes).")
     st.stop()
 chart = insight_charts.ratio_chart(ratios, a, b, metric)
-st.altair_chart(chart, theme=None)
+app.show_chart(chart)
 export_row(chart, ratios, "runs-ratio")

@@ -87,5 +87,5 @@ for key in ["softmax"] + chosen:
                                                                                                causal, p)],
         x_title=maps["columns"], cells_x_title=effective.PROJECTED if key == "linformer" else effective.KEYS,
         weights_title=note)
-    st.altair_chart(chart, theme=None, width="content")
+    app.show_chart(chart, width="content")
     export_row(chart, maps["weights"], f"pattern-{key}", key)

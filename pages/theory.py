@@ -80,23 +80,23 @@ flops_tab, memory_tab, time_tab, fit_tab, big_o_tab = st.tabs(
     ["FLOPs", "Memory", "Time (extrapolated)", "What fits", "Big-O"])
 with flops_tab:
     chart = insight_charts.theory_chart(frame, "flops")
-    st.altair_chart(chart, theme=None)
+    app.show_chart(chart)
     export_row(chart, frame, "theory-flops")
 with memory_tab:
     chart = insight_charts.theory_chart(frame, "total_bytes", budgets=budgets)
-    st.altair_chart(chart, theme=None)
+    app.show_chart(chart)
     export_row(chart, frame, "theory-memory")
 with time_tab:
     where = f"{env.device_info(device)['name']} ({device}, {dtype})" if source.startswith("this") else "typed"
     st.warning(f"An extrapolation, not a measurement: FLOPs ÷ {gflops:,.0f} GFLOP/s ({where} matmul throughput). "
                "Real kernels reach a fraction of it, less for small or irregular work.", icon=":material/warning:")
     chart = insight_charts.theory_chart(frame, "predicted_time_s")
-    st.altair_chart(chart, theme=None)
+    app.show_chart(chart)
     export_row(chart, frame, "theory-time")
 with fit_tab:
     table = theory.fit_table(keys, budgets, params=params, **settings)
     chart = insight_charts.fit_chart(table)
-    st.altair_chart(chart, theme=None)
+    app.show_chart(chart)
     export_row(chart, table, "theory-fit")
     st.dataframe(table.pivot(index="label", columns="budget", values="largest_n")
                  .reindex(index=[label(k) for k in keys], columns=list(budgets)))

@@ -334,3 +334,16 @@ def test_pattern_heatmaps_are_large_enough_to_read():
                           for i in range(12) for j in range(12)])
     spec = insight_charts.heatmap(cells, title="t", value="computed", binary=True).to_dict()
     assert spec["width"] >= 260 and spec["height"] >= 260
+
+
+@pytest.mark.parametrize("name, state", [("accuracy", FAST_ACCURACY), ("theory", {})])
+def test_insight_charts_take_talk_modes_large_type(name, state):
+    from attn_core.charts import TALK_MIN_PX
+
+    plain, talk = page(name, **state), page(name, **state, talk=True)
+    for spec in charts(talk):
+        config = spec["config"]
+        sizes = [config["axis"]["labelFontSize"], config["axis"]["titleFontSize"], config["legend"]["labelFontSize"],
+                 config["title"]["fontSize"], config["title"]["subtitleFontSize"], config["text"]["fontSize"]]
+        assert min(sizes) >= TALK_MIN_PX
+    assert charts(plain) and charts(plain)[0]["config"]["axis"]["labelFontSize"] < TALK_MIN_PX
