@@ -13,7 +13,7 @@ html { font-size: 21px; }
 [data-testid="stMain"] .block-container { max-width: 100%; padding-left: 2rem; padding-right: 2rem; }
 [data-testid="stCaptionContainer"], [data-testid="stMarkdownContainer"] p { color: #000000; }
 button[kind="primary"] { font-size: 1.15rem; }
-button:disabled, button:disabled p { color: #6b6b6b !important; border-style: dashed !important; }
+button[kind]:disabled, button[kind]:disabled p { color: #6b6b6b !important; border-style: dashed !important; }
 </style>"""
 
 
@@ -86,6 +86,7 @@ def main() -> None:
 
     st.navigation([
         st.Page("pages/home.py", title="Home", icon=":material/home:", default=True),
+        st.Page("pages/learn.py", title="Learn", icon=":material/school:", url_path="learn"),
         st.Page("pages/benchmark.py", title="Benchmark", icon=":material/speed:", url_path="benchmark"),
         st.Page("pages/accuracy.py", title="Accuracy", icon=":material/target:", url_path="accuracy"),
         st.Page("pages/patterns.py", title="Patterns", icon=":material/grid_on:", url_path="patterns"),

@@ -264,8 +264,8 @@ def chart_frames(df: pd.DataFrame, metric: str, *, theory: pd.DataFrame | None =
     pts = points_frame(df, metric, log)  # only what the chart draws or shows goes into the spec: it stays small
     drawn = pts[pts["drawn"]]
     spread = ["iqr_low", "iqr_high"] if metric == "time_median_s" else []
-    frames = {"lines": drawn[["n", column, *spread, "line", "series", "mask"]], "points": drawn.loc[~drawn["hollow"], keep],
-              "disturbed": drawn.loc[drawn["hollow"], keep], "missing": pts.loc[~pts["drawn"], keep]}
+    frames = {"lines": drawn[["n", column, *spread, "line", "series", "mask"]],
+              "points": drawn.loc[~drawn["hollow"], keep], "disturbed": drawn.loc[drawn["hollow"], keep], "missing": pts.loc[~pts["drawn"], keep]}
     pts = pts[keep]
     if theory is not None and len(theory):
         frames["theory"] = _theory_frames(theory, pts, column, divisor)

@@ -7,10 +7,12 @@ from functools import partial
 
 import altair as alt
 import pandas as pd
+import torch
 
 from . import export
 from .accuracy import METRIC_LABELS
 from .charts import COLOURS, styled
+from .effective import matrix_frame
 from .mechanisms import MECHANISMS
 from .reference import PUBLISHED
 from .theory import EXTRAPOLATION
@@ -154,6 +156,50 @@ def pattern_chart(cells: pd.DataFrame, weights: pd.DataFrame, *, title: str, sub
         title=alt.TitleParams(weights_title, anchor="start"))
     chart = alt.hconcat(left, right, spacing=30).resolve_scale(color="independent")
     return _finish(chart.properties(title=alt.TitleParams(title, subtitle=subtitle, anchor="start")))
+
+
+def step_frame(step) -> pd.DataFrame:
+    """A lesson step's matrix as tidy rows (head, i, j, query, key, value; matrix_frame), −∞ cells `masked` with an
+    empty value, `shade` the value drawn (0 for −∞) and `text` what a cell says."""
+    m = step.matrix
+    finite = torch.isfinite(m)
+    frame = matrix_frame(torch.where(finite, m, torch.zeros_like(m)), step.rows, step.columns, value=step.value)
+    frame["masked"] = (~finite).flatten().numpy()
+    frame["shade"] = frame[step.value]
+    frame.loc[frame["masked"], step.value] = float("nan")
+    frame["text"] = ["−∞" if hidden else f"{v:.2f}" for v, hidden in zip(frame[step.value], frame["masked"])]
+    return frame
+
+
+def step_chart(step, *, cell: int = 44, numbers: bool = True) -> alt.TopLevelMixin:
+    """One step of lesson.steps as a heatmap per head, `cell` pixels a side: rows down, columns across, each cell's
+    value written in it (`numbers`), −∞ cells grey and written "−∞"; signed values on a diverging scale around 0."""
+    frame = step_frame(step)
+    big = float(frame["shade"].abs().max()) or 1.0
+    frame["dark"] = frame["shade"].abs() > 0.55 * big  # white text on the darkest cells
+    signed = bool((frame[step.value] < 0).any())
+    scale = (alt.Scale(scheme="redblue", domainMid=0, reverse=True, domain=[-big, big]) if signed else
+             alt.Scale(scheme="blues", domain=[0, big]))
+    x = alt.X("key:N", sort=step.columns, title=None, axis=alt.Axis(labelAngle=-45, orient="top"))
+    y = alt.Y("query:N", sort=step.rows, title=None)
+    tooltip = [alt.Tooltip("head:O"), alt.Tooltip("query:N", title="row"), alt.Tooltip("key:N", title="column"),
+               alt.Tooltip("text:N", title=step.value)]
+    cells = alt.Chart(frame).encode(x=x, y=y)
+    layers = [cells.mark_rect(stroke="white", strokeWidth=1).encode(
+                  color=alt.condition("datum.masked", alt.value("#CCCCCC"), alt.Color(
+                      "shade:Q", scale=scale, title=step.value)), tooltip=tooltip)]
+    if numbers:
+        layers.append(cells.mark_text().encode(
+            text="text:N", color=alt.condition("datum.dark", alt.value("white"), alt.value("black"))))
+    chart = alt.layer(*layers).properties(width=cell * len(step.columns), height=cell * len(step.rows))
+    if step.matrix.shape[0] > 1:
+        chart = chart.facet(column=alt.Column("head:O", title=None, header=alt.Header(
+            labelExpr="'head ' + datum.value")))
+    # "pad": the cells keep their size and the axes and legend are added around them (a page's "fit" squeezed all
+    # of it into the cells' width)
+    return _finish(chart.properties(title=alt.TitleParams(step.title, subtitle=[step.shape], anchor="start",
+                                                          limit=0),  # never cut short
+                                    autosize=alt.AutoSizeParams(type="pad")))
 
 
 def n_axis(ns: pd.Series) -> alt.Axis:

@@ -39,7 +39,8 @@ def link_choice(name: str, raw: str | list[str], allowed: list[str], several: bo
     offered = " · ".join(allowed)
     offered = offered if len(offered) <= 4 * SHOWN_CHARS else offered[:4 * SHOWN_CHARS] + "…"
     what = "and the others are used" if kept else "so its default is used"
-    return kept, f"The link's value {_quoted(bad)} for `{name}` was ignored: `{name}` takes one of {literal(offered)}, {what}."
+    return kept, (f"The link's value {_quoted(bad)} for `{name}` was ignored: `{name}` takes one of "
+                  f"{literal(offered)}, {what}.")
 
 
 def _quoted(values: list[str]) -> str:

@@ -394,8 +394,8 @@ def load_saved() -> None:
 
 
 notes = link_notes()
-if S.pop("bench_quick_demo", False):  # Home's quick demo: its settings in the panel, its sweep queued
-    apply_preset(presets.QUICK_DEMO)
+if (asked := S.pop("bench_start_preset", None)) in SHOWN_PRESETS:  # from Home or Learn: panel set, sweep queued
+    apply_preset(SHOWN_PRESETS[asked])
 if "bench_loaded" in S:
     load_saved()
 adopt()

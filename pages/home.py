@@ -28,6 +28,6 @@ busy = job is not None and not job.done
 st.caption(presets.QUICK_DEMO.look_for + " A few seconds on a laptop CPU.")
 if st.button("Run the quick demo", key="home_demo", type="primary", icon=":material/play_arrow:", disabled=busy,
              help="A sweep is running; stop it on the Benchmark page first." if busy else None):
-    st.session_state["bench_quick_demo"] = True  # the Benchmark page sets its panel to the demo and queues it
+    st.session_state["bench_start_preset"] = presets.QUICK_DEMO.name  # the Benchmark page sets its panel, queues it
     st.switch_page("pages/benchmark.py")
 st.page_link("pages/benchmark.py", label="Or choose your own settings on the Benchmark page", icon=":material/tune:")

@@ -17,8 +17,8 @@ from tests.apptest_helpers import chart_specs
 from attn_core.presets import Replay, SweepSequence
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = {"pages/home.py": "Attention Lab", "pages/benchmark.py": "Benchmark", "pages/accuracy.py": "Accuracy",
-         "pages/patterns.py": "Patterns", "pages/theory.py": "Theory", "pages/compare.py": "Compare runs"}
+PAGES = {"pages/home.py": "Attention Lab", "pages/learn.py": "Learn", "pages/benchmark.py": "Benchmark",
+         "pages/accuracy.py": "Accuracy", "pages/patterns.py": "Patterns", "pages/theory.py": "Theory", "pages/compare.py": "Compare runs"}
 TINY = {"bench_exact": ["softmax"], "bench_approx": ["linear"], "bench_n": (64, 128), "bench_steps": 2,
         "bench_d_model": 64, "bench_heads": 2}
 

@@ -12,8 +12,8 @@ from attn_core import MECHANISMS, sweep
 from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_server, browser_page, wait_idle
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-PAGES = {"": "Attention Lab", "benchmark": "Benchmark", "accuracy": "Accuracy", "patterns": "Patterns",
-         "theory": "Theory", "compare": "Compare runs"}
+PAGES = {"": "Attention Lab", "learn": "Learn", "benchmark": "Benchmark", "accuracy": "Accuracy",
+         "patterns": "Patterns", "theory": "Theory", "compare": "Compare runs"}
 # A tiny sweep as a link: settings are bound to the URL (multiselects by their labels).
 TINY = ("bench_exact=Softmax+%28materialized%29&bench_approx=Linear+%28elu%2B1%29&bench_n=64&bench_n=128&bench_steps=2"
         "&bench_d_model=64&bench_heads=2")
@@ -183,3 +183,29 @@ def test_talk_mode_fits_a_projector_and_a_screen(width, height, private_tmp):
         assert float(table.evaluate("t => parseFloat(getComputedStyle(t.querySelector('td')).fontSize)")) >= 18
         assert table.locator("tbody tr").count() == 8  # the other columns are one click away
         assert page.get_by_text("Every column of the summary").count() == 1
+
+
+def test_learn_page_in_talk_mode_at_1280x720_is_readable(private_tmp):
+    """Every step's figure at 1280×720 in talk mode: nothing cut short, every chart text at least 18 px, each figure
+    within the window's width."""
+    from attn_core.charts import TALK_MIN_PX
+
+    _need_chromium()
+    with app_server(private_tmp) as server, browser_page(1280, 720) as page:
+        page.goto(f"{server.url}/learn?")
+        page.get_by_role("heading", name="Learn", exact=True).first.wait_for()
+        wait_idle(page)
+        page.locator(".st-key-talk label p").click()
+        page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'")
+        wait_idle(page)
+        page.locator('[data-testid="stTable"]').wait_for()
+        page.screenshot(path=ARTIFACTS / "browser-learn-talk-1280x720.png")
+        assert page.locator(EXCEPTION).count() == 0
+        assert page.evaluate(CUT_SHORT) == []
+        texts = page.evaluate(CHART_TEXT)
+        assert texts and min(size for _, size in texts) >= TALK_MIN_PX, sorted(texts, key=lambda t: t[1])[:3]
+        assert not any(text.endswith("…") for text, _ in texts)
+        main = page.locator('[data-testid="stMain"]').bounding_box()
+        for chart in page.locator(CHART).all():
+            box = chart.bounding_box()
+            assert box["x"] + box["width"] <= main["x"] + main["width"]

@@ -347,3 +347,85 @@ def test_insight_charts_take_talk_modes_large_type(name, state):
                  config["title"]["fontSize"], config["title"]["subtitleFontSize"], config["text"]["fontSize"]]
         assert min(sizes) >= TALK_MIN_PX
     assert charts(plain) and charts(plain)[0]["config"]["axis"]["labelFontSize"] < TALK_MIN_PX
+
+
+# ---- Learn ----
+
+def metrics_shown(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_learn_page_walks_the_sentence_with_every_number_from_the_library():
+    from attn_core import lesson
+
+    at = page("learn")
+    assert errors(at) == []
+    walk = lesson.walk("the cat sat on the mat", lesson.Setup())
+    steps = lesson.steps(walk)
+    assert [h.value for h in at.subheader][:len(steps)] == [f"{i}. {s.title}" for i, s in enumerate(steps, 1)]
+    specs = charts(at)
+    assert len(specs) == len(steps)
+    weights = next(s for s in specs if s["title"]["text"].startswith("Weights"))
+    cells = [r for r in records(weights, "weight")]
+    by_cell = {(r["query"], r["key"]): r["weight"] for r in cells}
+    for i, query in enumerate(walk.queries):
+        for j, key in enumerate(walk.keys):
+            assert by_cell[(query, key)] == pytest.approx(float(walk.weights[0, i, j]))
+    read = walk.readout()
+    shown = metrics_shown(at)
+    assert shown["Spread of Q·K (standard deviation)"] == f"{read['raw_std']:.3g}"
+    assert shown["Largest softmax weight"] == f"{read['max_weight']:.3f}"
+    exports = {b.key for b in at.get("download_button") if b.key.startswith("learn_dl_")}
+    assert len(exports) == 3 * len(steps) and "learn_dl_learn-7-weights_png" in exports
+    table = at.table[0].value
+    assert list(table.index) == ["6 (this sentence)", "1,024", "32,768", "1,048,576"]
+    assert list(table["score cells (heads · n²)"]) == ["36", "1,048,576", "1,073,741,824", "1,099,511,627,776"]
+    assert list(table["their bytes (float32)"]) == ["144 B", "4.0 MiB", "4.0 GiB", "4.0 TiB"]
+
+
+def test_learn_page_shows_saturation_without_the_scale():
+    at = page("learn", learn_d_k=512, learn_scaled=False,
+              learn_sentence="one two three four five six seven eight nine ten eleven twelve")
+    assert errors(at) == []
+    assert float(metrics_shown(at)["Largest softmax weight"]) > 0.99
+    assert float(metrics_shown(at)["Spread of Q·K (standard deviation)"]) > 15
+    assert any("Not scaled" in h.value for h in at.subheader)
+
+
+@pytest.mark.parametrize("state, present, absent", [
+    ({"learn_causal": True, "learn_pad": 1}, "Masked: −∞ before the softmax", None),
+    ({"learn_score": "additive"}, "Scores e = vᵀ tanh(q W_a + k U_a)", "Scaled S / √d_k"),
+    ({"learn_cross": True, "learn_source": "le chat"}, "Keys K = X_source W_K", "Masked: −∞ before the softmax"),
+    ({"learn_heads": 3}, "Heads concatenated", None)])
+def test_learn_page_follows_its_settings(state, present, absent):
+    at = page("learn", **state)
+    assert errors(at) == []
+    titles = [h.value.split(". ", 1)[1] for h in at.subheader if ". " in h.value]
+    assert present in titles and (absent is None or absent not in titles)
+    if state.get("learn_heads") == 3:
+        assert any("facet" in spec for spec in charts(at))
+    if state.get("learn_causal"):
+        masked = next(s for s in charts(at) if s["title"]["text"].startswith("Masked"))
+        assert {r["text"] for r in records(masked, "masked") if r["masked"]} == {"−∞"}
+
+
+@pytest.mark.parametrize("state, sentence", [
+    ({"learn_sentence": "   "}, "The sentence is empty; type a few words."),
+    ({"learn_sentence": " ".join(["w"] * 13)}, "use at most 12"),
+    ({"learn_causal": True, "learn_cross": True}, "A causal mask needs self-attention")])
+def test_learn_page_refuses_bad_settings_with_a_sentence(state, sentence):
+    at = page("learn", **state)
+    assert any(sentence in e for e in errors(at)) and charts(at) == []
+
+
+def test_learn_page_leads_to_the_quadratic_wall_measured_live():
+    from tests.test_app import APP
+
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.switch_page("pages/learn.py").run()
+    at.button(key="learn_wall").click().run()
+    assert [t.value for t in at.title] == ["Benchmark"] and not at.exception
+    job = at.session_state["bench_job"]
+    assert at.session_state["bench_preset"] == "The quadratic wall"
+    assert [k for k, _ in job.entry.job.configs[0].mechanisms] == ["softmax", "sliding_window", "linear"]
+    job.cancel()
