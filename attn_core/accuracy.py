@@ -22,17 +22,6 @@ INPUT_HELP = {
               "widely, as with small query and key norms.",
 }
 GENTLE_SCALE = 8 ** -0.5
-# Each approximate mechanism: the inputs where it works as designed, the inputs that show its limit, and why.
-REGIMES = {
-    "performer": ("gentle", "gaussian", "FAVOR+ estimates exp(q·k/√D) with random features whose variance grows as "
-                  "exp(‖q‖² + ‖k‖²)/√D: with unit-variance inputs (‖q‖²/√D = 8 at head dimension 64) a few hundred "
-                  "features cannot tame it (Choromanski et al. 2020, arXiv 2009.14794, Lemma 2)."),
-    "linear": ("gentle", "peaky", "elu(x) + 1 is a smooth, positive kernel: it cannot put nearly all of a query's "
-               "weight on a few keys, as softmax does when scores spread widely."),
-    **{key: ("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
-             "fixed pattern drops all of it that falls outside the pattern (the dropped mass).")
-       for key in ("sliding_window", "local", "sparse")},
-}
 PEAKY_SCALE = 2.0
 LOCAL_RHO = 0.9
 # The KL needs both (Nq, Nk) weight matrices per head; above this n only the output errors are computed.
@@ -224,11 +213,11 @@ def parameter_sweep(key: str, param: str | None, values: Sequence[int | float], 
 
 def sweep_values(key: str, param: str, n: int, steps: int = 5) -> list[int]:
     """A sensible default sweep: up to `steps` log-spaced powers of two from 4 for `param`, within its range and
-    (rank, window, block, stride) within n, others up to 1024; consecutive values for a non-log count."""
+    a token count (Param.tokens: rank, window, block, stride) within n, others up to 1024; consecutive values for a non-log count."""
     p = get(key).param(param)
     if not p.log:  # a small count (lookback, lookahead): consecutive values
         return list(range(int(p.low), int(min(p.high, p.low + steps - 1)) + 1))
-    top = min(p.high, n if p.name in ("rank", "window", "block", "stride") else 1024)
+    top = min(p.high, n if p.tokens else 1024)
     low = max(p.low, 4)  # 1 and 2 are degenerate (a block of one token, a stride of one) and slow to show
     powers = [2 ** e for e in range(int(math.log2(low)), int(math.log2(top)) + 1) if low <= 2 ** e <= top]
     if len(powers) <= steps:

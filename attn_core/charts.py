@@ -22,8 +22,10 @@ METRICS = {
 # analysis' curve kinds; a roofline's legend names the device's figure (analysis.roofline)
 CURVES = {"spec": "each mechanism's own cost (spec)", "n²": "O(n²)", "n": "O(n)",
           "roofline": "hardware limit (matmul, measured)"}
-# One colour per mechanism in every chart (Okabe–Ito plus brown); a second setting of one mechanism takes a spare.
-COLOURS = ["#D55E00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9", "#8C564B", "#E69F00", "#000000"]
+# One colour per mechanism in every chart, by its place in the catalogue: Okabe–Ito plus brown for the first eight,
+# then eight more distinct ones (room for 16); a second setting of one mechanism takes a spare.
+COLOURS = ["#D55E00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9", "#8C564B", "#E69F00", "#000000",
+           "#6A3D9A", "#B15928", "#1B9E77", "#E7298A", "#66A61E", "#A6761D", "#1F78B4", "#FB9A99"]
 SPARE_COLOURS = ["#7F7F7F", "#BCBD22", "#17BECF", "#9467BD", "#E377C2", "#AEC7E8"]
 DASHES = {"spec": [8, 4], "n²": [2, 3], "n": [12, 4, 2, 4], "roofline": [1, 4]}
 # Measured lines when a chart mixes masks: bidirectional solid, causal a dash-dot no theory curve uses

@@ -13,8 +13,6 @@ import torch
 
 from . import masks
 from .api import get, make_state
-from .mechanisms.linear import feature_map
-from .mechanisms.performer import favor_features
 from .spec import Shape
 
 # How the columns of a mechanism's weight matrix are indexed: the n keys, or Linformer's `rank` projected keys.
@@ -32,20 +30,21 @@ class Effective:
     weights: torch.Tensor
     values: torch.Tensor
     columns: str
+    pull_back: Any = None  # for projected columns: the spec's map of the weights onto the n keys
 
     def output(self) -> torch.Tensor:
         return self.weights @ self.values
 
 
 def computed_cells(key: str, nq: int, nk: int, causal: bool = False, **params: Any) -> torch.Tensor:
-    """(Nq, C) boolean: the cells the mechanism scores. Exact mechanisms: their pattern; Linformer: all Nq × rank
-    cells against projected keys; linear and Performer: every allowed (i, j), implicitly through features."""
+    """(Nq, C) boolean: the cells the mechanism scores. Exact mechanisms: their pattern; a mechanism over projected
+    keys (spec.projected): all Nq × C cells; one scoring through features: every allowed (i, j), implicitly."""
     spec = get(key)
     resolved = spec.resolved(params)
     if spec.pattern is not None:
         return masks.dense_mask(spec.pattern(causal, **resolved), nq, nk)
-    if key == "linformer":
-        return torch.ones(nq, resolved["rank"], dtype=torch.bool)
+    if spec.projected is not None:
+        return torch.ones(nq, resolved[spec.projected], dtype=torch.bool)
     return masks.dense_mask(masks.causal if causal else masks.full, nq, nk)
 
 
@@ -61,38 +60,32 @@ def cells_computed(key: str, n: int, causal: bool = False, **params: Any) -> dic
     spec.check(Shape(1, 1, n, n, 1, causal=causal), resolved)
     if spec.pattern is not None:
         fraction = masks.density(spec.pattern(causal, **resolved), n, n)
-    elif key == "linformer":
-        fraction = resolved["rank"] / n
+    elif spec.projected is not None:
+        fraction = resolved[spec.projected] / n
     else:
         fraction = masks.density(masks.causal, n, n) if causal else 1.0
     settings = ", ".join(f"{k}={v}" for k, v in resolved.items())
     head = f"{spec.label}{', ' + settings if settings else ''}, n={n}"
-    if key == "linformer":
-        tail = f"{fraction:.1%} of the n² cells ({n}×{resolved['rank']} scores against projected keys)"
+    if spec.projected is not None:
+        columns = resolved[spec.projected]
+        tail = f"{fraction:.1%} of the n² cells ({n}×{columns} scores against projected keys)"
     elif spec.pattern is None:
         tail = f"{fraction:.1%} of the n² cells, implicitly through features (none stored)"
     else:
         tail = f"{fraction:.1%} of the n² cells"
     return {"cells": round(fraction * n * n), "total": n * n, "fraction": fraction,
-            "implicit": spec.pattern is None and key != "linformer", "sentence": f"{head}: {tail}"}
-
-
-def _normalized(scores: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Rows of non-negative similarities, causal-masked (j ≤ i), divided by their sums."""
-    if causal:
-        scores = scores.tril()
-    return scores / scores.sum(-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
+            "implicit": spec.pattern is None and spec.projected is None, "sentence": f"{head}: {tail}"}
 
 
 def effective_attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                         state: dict[str, torch.Tensor] | None = None, seed: int = 0, **params: Any) -> Effective:
     """The weights mechanism `key` applies to q (B, H, Nq, D), k, v (B, H, Nk, D), written out densely.
 
-    Exact mechanisms: softmax(QKᵀ/√D) masked by their pattern (cells outside it are exactly 0). Linear attention:
-    φ(Q)φ(K)ᵀ row-normalized, φ = elu + 1. Performer: the same with FAVOR+ features. Linformer: softmax(Q(EK)ᵀ/√D),
-    (Nq, rank), applied to F·v. Causal: j ≤ i. Random state comes from `state`, or is drawn from `seed` exactly
-    as `attn_core.make_state` draws it, so the result matches the mechanism called with that state.
-    O(Nq·Nk·D) time and O(Nq·Nk) memory.
+    Exact mechanisms: softmax(QKᵀ/√D) masked by their pattern (cells outside it are exactly 0). The others: their
+    spec's `effective` form (linear attention and Performer: φ(Q)φ(K)ᵀ row-normalized; Linformer:
+    softmax(Q(EK)ᵀ/√D), (Nq, rank), applied to F·v). Causal: j ≤ i. Random state comes from `state`, or is drawn
+    from `seed` exactly as `attn_core.make_state` draws it, so the result matches the mechanism called with that
+    state. O(Nq·Nk·D) time and O(Nq·Nk) memory.
     """
     spec = get(key)
     resolved = spec.resolved(params)
@@ -104,38 +97,26 @@ def effective_attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         scores = (q * (1.0 / math.sqrt(shape.D))) @ k.transpose(-2, -1)
         allowed = masks.dense_mask(spec.pattern(causal, **resolved), shape.Nq, shape.Nk, q.device)
         return Effective(torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1), v, KEYS)
-    if key == "linformer":
-        scores = (q * (1.0 / math.sqrt(shape.D))) @ (state["E"] @ k).transpose(-2, -1)  # (B, H, Nq, rank)
-        return Effective(torch.softmax(scores, dim=-1), state["F"] @ v, PROJECTED)
-    if key == "performer":
-        phi_q = favor_features(q, state["projection"], is_query=True)
-        phi_k = favor_features(k, state["projection"], is_query=False)
-    elif key == "linear":
-        phi_q, phi_k = feature_map(q), feature_map(k)
-    else:
-        raise ValueError(f"no effective-attention form is known for {spec.label}")
-    return Effective(_normalized(phi_q @ phi_k.transpose(-2, -1), causal), v, KEYS)
+    if spec.effective is None:
+        raise ValueError(f"{spec.label} has neither a pattern nor an effective form in its spec; give it one")
+    weights, values = spec.effective(q, k, v, causal, state, **resolved)
+    if spec.projected is not None:
+        return Effective(weights, values, PROJECTED, spec.pull_back)
+    return Effective(weights, values, KEYS)
 
 
 def pulled_back(eff: Effective, state: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Linformer's (Nq, rank) weights mapped to the n keys: W·F, (B, H, Nq, Nk), so that out = (W·F)·v.
-
-    Rows still sum to Σ_r W_ir·(Σ_j F_rj), not 1, and entries may be negative: F mixes every position into each
-    projected value, so this is a linear map of v, not a distribution over keys.
-    """
+    """Weights over projected keys mapped onto the n keys by their spec's pull_back (Linformer: W·F, (B, H, Nq, Nk),
+    so that out = (W·F)·v); weights over the keys themselves as they are."""
     if eff.columns != PROJECTED:
         return eff.weights
-    return eff.weights @ state["F"]
+    return eff.pull_back(eff.weights, state)
 
 
-def small_defaults(key: str, n: int) -> dict[str, int]:
-    """Parameters that show a mechanism's structure on a short sequence of n tokens (the specs' defaults are
-    sized for thousands of tokens, where a window of 256 covers a whole sentence)."""
-    quarter = max(1, n // 4)
-    choices = {"window": max(1, n // 8), "block": quarter, "stride": max(1, round(math.sqrt(n))),
-               "rank": quarter}
-    spec = get(key)
-    return {p.name: choices.get(p.name, p.default) for p in spec.params}
+def small_defaults(key: str, n: int) -> dict[str, int | float]:
+    """Parameters that show a mechanism's structure on a short sequence of n tokens: each Param's `small` value
+    (the specs' defaults are sized for thousands of tokens, where a window of 256 covers a whole sentence)."""
+    return {p.name: p.small_value(n) for p in get(key).params}
 
 
 def matrix_frame(weights: torch.Tensor, rows: list[str] | None = None, columns: list[str] | None = None,

@@ -14,8 +14,9 @@ from .spec import Shape, dtype_name
 class MultiHeadAttention(nn.Module):
     """Q, K, V and output projections around any mechanism: (B, Nq, d_model), context (B, Nk, d_model) → (B, Nq, d_model).
 
-    Random mechanism state (Performer features, Linformer projections) is drawn once from `seed` for the first
-    context length seen and kept as buffers; `redraw(seed)` draws it again.
+    Random mechanism state (Performer features, Linformer projections) is drawn from `seed` and kept in a plain
+    dict (not parameters or buffers: it is not trained or saved), drawn again when the context length, head size,
+    device or dtype changes; `redraw(seed)` draws it anew.
     """
 
     def __init__(self, d_model: int, heads: int, mechanism: str = "softmax", causal: bool = False, *,
@@ -35,6 +36,7 @@ class MultiHeadAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model, bias=bias)
                                                                 for _ in range(4))
         self._state: dict[str, torch.Tensor] = {}
+        self._drawn_for: tuple = ()
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         B, N, _ = x.shape
@@ -43,10 +45,10 @@ class MultiHeadAttention(nn.Module):
     def _mechanism_state(self, shape: Shape, ref: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.spec.init_state is None:
             return {}
-        first = next(iter(self._state.values()), None)
-        if first is None or first.device != ref.device or first.dtype != ref.dtype or (
-                "E" in self._state and self._state["E"].shape[-1] != shape.Nk):
+        drawn_for = (shape.Nk, shape.D, ref.device, ref.dtype)  # what any mechanism's state may depend on
+        if not self._state or self._drawn_for != drawn_for:
             self._state = make_state(self.spec.key, shape, ref.device, ref.dtype, seed=self.seed, **self.params)
+            self._drawn_for = drawn_for
         return self._state
 
     def redraw(self, seed: int) -> None:

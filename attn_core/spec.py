@@ -67,6 +67,13 @@ class Param:
     kind: type = int
     log: bool = False
     at_most: str | None = None
+    # a value that shows the mechanism's structure on n tokens (the defaults are sized for thousands of tokens, where
+    # a window of 256 covers a whole sentence); None: the default
+    small: Callable[[int], int | float] | None = None
+    tokens: bool = False  # counts tokens, so values past n change nothing: an accuracy sweep stops at n
+
+    def small_value(self, n: int) -> int | float:
+        return self.default if self.small is None else self.small(n)
 
     def check(self, value: Any, shape: Shape | None = None) -> None:
         """ValueError naming the knob, the value and the allowed range unless low ≤ value ≤ high, an integer for an
@@ -102,6 +109,12 @@ class MechanismSpec:
     included when it is alive at the peak; the figure a measured peak is compared against.
     `pattern(causal, **params)`: for exact mechanisms, the mask predicate the result must equal masked softmax under.
     `init_state(shape, device, dtype, *, seed, **params)`: random state built outside the kernel and passed in.
+    `effective(q, k, v, causal, state, **params) -> (weights, values)`: for a mechanism without a `pattern`, the
+    attention it applies written out densely, out = weights @ values (the Patterns and Accuracy pages draw it).
+    `projected`: the parameter counting the weights' columns when they are projected keys, not the n keys
+    (Linformer's rank); `pull_back(weights, state)` then maps them back onto the n keys.
+    `regime`: for the Accuracy page, the inputs (accuracy.INPUTS) where it works as designed, the inputs that show
+    its limit, and why; `accuracy_note`: a sentence shown beside its errors.
     """
 
     key: str
@@ -121,6 +134,11 @@ class MechanismSpec:
     init_state: Callable[..., dict] | None = None
     state_keys: tuple[str, ...] = field(default=())
     executed_flops: Callable[..., float] | None = None
+    effective: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    projected: str | None = None
+    pull_back: Callable[[torch.Tensor, dict], torch.Tensor] | None = None
+    regime: tuple[str, str, str] | None = None
+    accuracy_note: str = ""
 
     @property
     def defaults(self) -> dict[str, int | float]:

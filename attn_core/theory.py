@@ -95,7 +95,7 @@ def largest_n(key: str, budget_bytes: float, *, d_model: int = 512, heads: int =
             return False
         return spec.memory_bytes(shape, **resolved) + shape.input_bytes <= budget_bytes
 
-    low = next((n for n in (1, resolved.get("rank", 1)) if fits(n)), 0)
+    low = next((n for n in (1, resolved.get(spec.projected, 1)) if fits(n)), 0)  # n ≥ projected keys (rank)
     if not low:
         return 0
     high = n_max

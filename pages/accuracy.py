@@ -67,7 +67,7 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
                                   if param else "", disabled=param is None, **keyed(f"acc_values_{key}_{param}"))
     d_model = mid.number_input("d_model", 1, 4096, 256, **keyed("acc_d_model"))
     heads = mid.number_input("Heads", 1, 64, 4, **keyed("acc_heads"))
-    easy, hard, why_hard = accuracy.REGIMES.get(key, ("gaussian", None, ""))
+    easy, hard, why_hard = MECHANISMS[key].regime or ("gaussian", None, "")
     inputs = right.selectbox("Inputs", accuracy.INPUTS, accuracy.INPUTS.index(easy), **keyed(f"acc_inputs_{key}"),
                              help="Each mechanism opens on inputs where it works as designed; the button beside "
                                   "shows its hard case.")
@@ -95,9 +95,8 @@ if found:
     st.stop()
 
 frame = sweep(key, param, values, settings)
-if key == "linformer":
-    st.info("Linformer's projections E and F are random here, as at initialisation; the paper learns them. These "
-            "are the errors of an untrained Linformer.")
+if MECHANISMS[key].accuracy_note:
+    st.info(MECHANISMS[key].accuracy_note)
 if hard and inputs == hard:
     st.info(f"The hard case for {label(key)}: {why_hard}", icon=":material/warning:")
 elif hard and inputs == easy:

@@ -12,9 +12,10 @@ COUNT_MAX = 8192
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def counted(key: str, n: int, causal: bool, params: dict) -> str:
-    if key == "linformer" and params["rank"] > n:
-        return f"{MECHANISMS[key].label}: rank {params['rank']} is larger than n = {n}"
-    return effective.cells_computed(key, n, causal, **params)["sentence"]
+    try:
+        return effective.cells_computed(key, n, causal, **params)["sentence"]
+    except ValueError as e:  # e.g. a rank larger than the n counted at
+        return f"{MECHANISMS[key].label}: {e}"
 
 
 def keyed(key: str) -> dict:
@@ -78,14 +79,14 @@ st.info(f"Inputs are not a trained model: q, k and v are random {inputs} embeddi
 for key in ["softmax"] + chosen:
     spec, p = MECHANISMS[key], params.get(key, {})
     maps = effective.attention_maps(key, q, k, v, tokens, causal=causal, seed=int(seed), pull_back=pull_back, **p)
-    pulled = key == "linformer" and pull_back
+    pulled = spec.projected is not None and pull_back
     note = ("Effective attention pulled back through F (W·F): a linear map of v, not a distribution" if pulled else
             "Effective attention over projected keys: softmax(Q(EK)ᵀ/√d)" if maps["columns"] == effective.PROJECTED
             else "Effective attention (rows sum to 1)")
     chart = insight_charts.pattern_chart(
         maps["cells"], maps["weights"], title=spec.label, subtitle=[spec.description, counted(key, int(count_n),
                                                                                                causal, p)],
-        x_title=maps["columns"], cells_x_title=effective.PROJECTED if key == "linformer" else effective.KEYS,
+        x_title=maps["columns"], cells_x_title=effective.PROJECTED if spec.projected else effective.KEYS,
         weights_title=note)
     app.show_chart(chart, width="content")
     export_row(chart, maps["weights"], f"pattern-{key}", key)

@@ -61,3 +61,11 @@ def checked_shape(spec: MechanismSpec, q: torch.Tensor, k: torch.Tensor, v: torc
 def scale(d: int) -> float:
     """1/√d, the scaling of 'Attention Is All You Need'."""
     return 1.0 / math.sqrt(d)
+
+
+def row_normalized(scores: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Rows of non-negative similarities (B, H, Nq, Nk), causal-masked (j ≤ i), divided by their sums: the weights a
+    kernel-feature mechanism applies, written out densely."""
+    if causal:
+        scores = scores.tril()
+    return scores / scores.sum(-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from ..spec import MechanismSpec, Shape
-from ._common import checked_shape
+from ._common import checked_shape, row_normalized
 from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory, work_dtype
 
 
@@ -22,6 +22,11 @@ def linear_attention(q, k, v, *, causal: bool = False):
     checked_shape(SPEC, q, k, v, causal)
     work = work_dtype(v.dtype)  # float32 for half inputs: φ(q)·Σφ(k) overflows float16 (NaN at inputs × 30)
     return linear_attention_core(feature_map(q.to(work)), feature_map(k.to(work)), v, causal)
+
+
+def _effective(q, k, v, causal: bool, state: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """φ(Q)φ(K)ᵀ row-normalized (causal: j ≤ i), applied to v."""
+    return row_normalized(feature_map(q) @ feature_map(k).transpose(-2, -1), causal), v
 
 
 def _flops(s: Shape) -> float:
@@ -53,4 +58,7 @@ SPEC = MechanismSpec(
     flops=_flops,
     executed_flops=_executed_flops,
     memory_bytes=_memory,
+    effective=_effective,
+    regime=("gentle", "peaky", "elu(x) + 1 is a smooth, positive kernel: it cannot put nearly all of a query's "
+            "weight on a few keys, as softmax does when scores spread widely."),
 )

@@ -6,7 +6,7 @@ import math
 import torch
 
 from ..spec import MechanismSpec, Param, Shape
-from ._common import checked_shape
+from ._common import checked_shape, scale
 
 
 def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, rank: int = 256) -> dict:
@@ -36,6 +36,18 @@ def linformer_attention(q, k, v, *, causal: bool = False, rank: int = 256, E=Non
     return torch.softmax((q * (1.0 / math.sqrt(shape.D))) @ kp.transpose(-2, -1), dim=-1) @ vp  # via (B, H, Nq, rank)
 
 
+def _effective(q, k, v, causal: bool, state: dict, rank: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q(EK)ᵀ/√D), (B, H, Nq, rank), applied to the projected values F·v."""
+    scores = (q * scale(q.shape[-1])) @ (state["E"] @ k).transpose(-2, -1)
+    return torch.softmax(scores, dim=-1), state["F"] @ v
+
+
+def _pull_back(weights: torch.Tensor, state: dict) -> torch.Tensor:
+    """(Nq, rank) weights mapped onto the n keys: W·F, so that out = (W·F)·v. Rows sum to Σ_r W_ir·(Σ_j F_rj), not
+    1, and entries may be negative: F mixes every position into each projected value."""
+    return weights @ state["F"]
+
+
 def _flops(s: Shape, rank: int = 256) -> float:
     return s.heads * (4.0 * rank * s.Nk * s.D + 4.0 * s.Nq * rank * s.D)
 
@@ -51,7 +63,8 @@ SPEC = MechanismSpec(
     fn=linformer_attention,
     description="Projects the n keys and values down to rank k rows, so attention is n×k instead of n×n.",
     paper="Wang et al. 2020, 'Linformer: Self-Attention with Linear Complexity', arXiv 2006.04768",
-    params=(Param("rank", 256, 1, 1 << 16, "Projected length k of keys and values (≤ n).", log=True, at_most="Nk"),),
+    params=(Param("rank", 256, 1, 1 << 16, "Projected length k of keys and values (≤ n).", log=True, at_most="Nk",
+                  small=lambda n: max(1, n // 4), tokens=True),),
     exact=False,
     supports_causal=False,
     supports_cross=True,
@@ -61,4 +74,9 @@ SPEC = MechanismSpec(
     memory_bytes=_memory,
     init_state=init_state,
     state_keys=("E", "F"),
+    effective=_effective,
+    projected="rank",
+    pull_back=_pull_back,
+    accuracy_note="Linformer's projections E and F are random here, as at initialisation; the paper learns them. "
+                  "These are the errors of an untrained Linformer.",
 )

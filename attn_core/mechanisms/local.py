@@ -58,7 +58,7 @@ SPEC = MechanismSpec(
     description="The sequence is cut into blocks; each query attends to its own block and a few neighbouring ones.",
     paper="Parmar et al. 2018, 'Image Transformer', arXiv 1802.05751; Qiu et al. 2019, arXiv 1911.02972",
     params=(
-        Param("block", 128, 1, 1 << 16, "Tokens per block.", log=True),
+        Param("block", 128, 1, 1 << 16, "Tokens per block.", log=True, small=lambda n: max(1, n // 4), tokens=True),
         Param("lookback", 1, 0, 64, "Previous blocks each query also sees."),
         Param("lookahead", 1, 0, 64, "Next blocks each query also sees (0 when causal)."),
     ),
@@ -71,4 +71,6 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=_pattern,
+    regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
+            "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
 )

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..spec import MechanismSpec, Param, Shape
-from ._common import checked_shape
+from ._common import checked_shape, row_normalized
 from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory, work_dtype
 
 
@@ -77,6 +77,13 @@ def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, p
                                  favor_features(k.to(work), w, is_query=False), v, causal)
 
 
+def _effective(q, k, v, causal: bool, state: dict, features: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """φ(Q)φ(K)ᵀ with FAVOR+ features from state["projection"], row-normalized (causal: j ≤ i), applied to v."""
+    phi_q = favor_features(q, state["projection"], is_query=True)
+    phi_k = favor_features(k, state["projection"], is_query=False)
+    return row_normalized(phi_q @ phi_k.transpose(-2, -1), causal), v
+
+
 def _maps_flops(s: Shape, features: int) -> float:
     return 2.0 * s.heads * (s.Nq + s.Nk) * features * s.D  # the random projections x' Wᵀ of queries and keys
 
@@ -116,4 +123,8 @@ SPEC = MechanismSpec(
     memory_bytes=_memory,
     init_state=init_state,
     state_keys=("projection",),
+    effective=_effective,
+    regime=("gentle", "gaussian", "FAVOR+ estimates exp(q·k/√D) with random features whose variance grows as "
+            "exp(‖q‖² + ‖k‖²)/√D: with unit-variance inputs (‖q‖²/√D = 8 at head dimension 64) a few hundred "
+            "features cannot tame it (Choromanski et al. 2020, arXiv 2009.14794, Lemma 2)."),
 )

@@ -62,7 +62,8 @@ SPEC = MechanismSpec(
     fn=sliding_window_attention,
     description="Each token attends to its neighbours within ±window positions: exact inside the band, blind outside.",
     paper="Beltagy et al. 2020, 'Longformer', arXiv 2004.05150 (local sliding-window part)",
-    params=(Param("window", 256, 1, 1 << 20, "Keys on each side a query sees (|i − j| ≤ window).", log=True),),
+    params=(Param("window", 256, 1, 1 << 20, "Keys on each side a query sees (|i − j| ≤ window).", log=True,
+                  small=lambda n: max(1, n // 8), tokens=True),),
     exact=True,
     supports_causal=True,
     supports_cross=False,
@@ -72,4 +73,6 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=_pattern,
+    regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
+            "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
 )

@@ -97,7 +97,7 @@ SPEC = MechanismSpec(
     description="Each token sees its own block plus one 'summary' token from every block: O(n·√n) at stride √n.",
     paper="Child et al. 2019, 'Generating Long Sequences with Sparse Transformers', arXiv 1904.10509",
     params=(Param("stride", 128, 1, 1 << 16, "Block size; every stride-th key is a summary all queries see.",
-                  log=True),),
+                  log=True, small=lambda n: max(1, round(math.sqrt(n))), tokens=True),),
     exact=True,
     supports_causal=True,
     supports_cross=False,
@@ -107,4 +107,6 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=_pattern,
+    regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
+            "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
 )
