@@ -3,17 +3,16 @@ against running out of memory; failures become statuses, never crashes."""
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 
 from . import env
-from .mechanisms import MECHANISMS
+from .mechanisms import MECHANISMS, load
 from .mechanisms.sdpa import sdpa_backend
 from .results import COLUMNS
 from .spec import MechanismSpec, Shape
@@ -72,23 +71,16 @@ class Settings:
     threads: int | None = None
 
 
-@functools.lru_cache(maxsize=32)
 def resolve_mechanisms(extra: tuple[str, ...] = ()) -> dict[str, MechanismSpec]:
-    """The catalogue plus mechanisms of your own, named as importable 'module:attribute' references to a
-    MechanismSpec or to a dict or list of them (their functions must live at module level so the worker can
-    import them). ValueError with a sentence for a reference that does not resolve."""
-    registry = dict(MECHANISMS)
-    for ref in extra:
-        module, _, attribute = ref.partition(":")
-        try:
-            found = getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError, ValueError) as e:
-            raise ValueError(f"extra mechanism {ref!r} cannot be imported ({e}); give it as module:attribute") from None
-        specs = found.values() if isinstance(found, dict) else [found] if isinstance(found, MechanismSpec) else found
-        if not isinstance(specs, Iterable) or not all(isinstance(s, MechanismSpec) for s in specs):
-            raise ValueError(f"extra mechanism {ref!r} is not a MechanismSpec (nor a dict or list of them)")
-        registry.update({s.key: s for s in specs})
-    return registry
+    """The catalogue as it is now plus mechanisms of your own, named as importable 'module:attribute' references to
+    a MechanismSpec or to a dict or list of them (mechanisms.load, remembered per reference). ValueError with a
+    sentence for a reference that does not resolve."""
+    return {**MECHANISMS, **_loaded(extra)}
+
+
+@functools.lru_cache(maxsize=32)
+def _loaded(extra: tuple[str, ...]) -> dict[str, MechanismSpec]:
+    return load(extra)
 
 
 def format_bytes(n: float) -> str:

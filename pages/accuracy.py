@@ -45,8 +45,9 @@ def sweep(key, param, values, settings):
 
 
 @st.cache_data(show_spinner="Timing every mechanism…", max_entries=8)
-def scatter(settings):
-    return accuracy.speed_accuracy(accuracy.default_configs(settings["n"]), **settings)
+def scatter(settings, keys: tuple[str, ...]):
+    """Every mechanism of the catalogue (`keys`, so a catalogue that grew is timed anew) at these settings."""
+    return accuracy.speed_accuracy(accuracy.default_configs(settings["n"], keys), **settings)
 
 
 def export_row(chart, frame, stem: str, tag: str) -> None:
@@ -114,7 +115,7 @@ st.caption("KL(softmax ‖ mechanism) is infinite when the mechanism gives zero 
 
 st.subheader("Speed vs accuracy, every mechanism")
 if st.toggle("Time every mechanism at these settings (a few seconds)", False, **keyed("acc_scatter")):
-    table = scatter(settings)
+    table = scatter(settings, tuple(MECHANISMS))
     chart = insight_charts.speed_accuracy_chart(table)
     app.show_chart(chart)
     export_row(chart, table, "speed-accuracy", "scatter")
