@@ -1,6 +1,7 @@
 """One entry point for every mechanism, by key."""
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -33,7 +34,9 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     """Run mechanism `key` on q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D) with its keyword parameters.
     NaN or inf in q, k or v is refused here (`check_finite`), outside the timed mechanism function."""
     spec = get(key)
-    spec.check_params(params, extra=(*spec.state_keys, "seed", "mask"))  # before the call: no TypeError for a typo
+    # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
+    takes_mask = "mask" in inspect.signature(spec.fn).parameters
+    spec.check_params(params, extra=(*spec.state_keys, "seed", *(("mask",) if takes_mask else ())))
     check_qkv(q, k, v)
     check_finite(q=q, k=k, v=v)
     return spec.fn(q, k, v, causal=causal, **params)

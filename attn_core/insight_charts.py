@@ -137,14 +137,6 @@ def _panels(frame: pd.DataFrame, *, value: str, value_title: str, x_title: str, 
     return base
 
 
-def heatmap(frame: pd.DataFrame, *, title: str, subtitle: str | list[str] = "", value: str = "weight",
-            value_title: str = "attention weight", x_title: str = "key", binary: bool = False) -> alt.TopLevelMixin:
-    """One panel per head of a matrix_frame (head, i, j, query, key, value); binary: a boolean 'computed' value
-    drawn blue (computed) or light grey (not)."""
-    chart = _panels(frame, value=value, value_title=value_title, x_title=x_title, binary=binary)
-    return _finish(chart.properties(title=alt.TitleParams(title, subtitle=subtitle, anchor="start")))
-
-
 def pattern_chart(cells: pd.DataFrame, weights: pd.DataFrame, *, title: str, subtitle: str | list[str] = "",
                   x_title: str = "key", cells_x_title: str = "key",
                   weights_title: str = "Effective attention") -> alt.TopLevelMixin:

@@ -96,8 +96,9 @@ class Worker:
         return self.info
 
     def environment(self, device: str, dtype: str, threads: int | None) -> dict:
-        """The environment stamp, taken inside the worker (the caller never initialises a GPU), with the device's
-        matmul throughput measured afresh (`device_gflops`): a sweep's percentages rest on a figure of its own."""
+        """The environment stamp, taken inside the worker, the process that measures (its threads, allocator and
+        device state are the ones the figures come from), with the device's matmul throughput measured afresh
+        (`device_gflops`): a sweep's percentages rest on a figure of its own."""
         self._conn.send(("env", device, dtype, threads))
         reply = self._receive(time.monotonic() + START_TIMEOUT_S, lambda: False)
         if reply is None or reply[0] != "env":

@@ -211,3 +211,10 @@ def test_linear_attention_of_inputs_times_30_in_half_precision_is_finite_and_rig
     out = ac.attention("linear", q, k, v, causal=causal)
     assert torch.isfinite(out).all()
     assert (out.double() - kernel_reference("linear", q, k, v, causal)).abs().max().item() <= bound
+
+
+def test_a_mask_given_to_a_mechanism_without_one_is_a_sentence_not_a_type_error():
+    q = k = v = torch.randn(1, 1, 8, 4)
+    with pytest.raises(ValueError, match="Linear \\(elu\\+1\\) has no parameter mask"):
+        ac.attention("linear", q, k, v, mask=torch.ones(8, 8, dtype=torch.bool))
+    assert ac.attention("softmax", q, k, v, mask=torch.ones(8, 8, dtype=torch.bool)).shape == (1, 1, 8, 4)

@@ -332,8 +332,9 @@ def _layers(spec: dict) -> list[dict]:
 def test_pattern_heatmaps_are_large_enough_to_read():
     cells = pd.DataFrame([{"head": 0, "i": i, "j": j, "query": str(i), "key": str(j), "computed": i >= j}
                           for i in range(12) for j in range(12)])
-    spec = insight_charts.heatmap(cells, title="t", value="computed", binary=True).to_dict()
-    assert spec["width"] >= 260 and spec["height"] >= 260
+    weights = cells.rename(columns={"computed": "weight"}).assign(weight=lambda f: f["weight"] / 12.0)
+    spec = insight_charts.pattern_chart(cells, weights, title="t").to_dict()
+    assert all(panel["width"] >= 260 and panel["height"] >= 260 for panel in spec["hconcat"])
 
 
 @pytest.mark.parametrize("name, state", [("accuracy", FAST_ACCURACY), ("theory", {})])

@@ -6,7 +6,6 @@ from .. import masks
 from ..spec import MechanismSpec, Param, Shape
 from ._banded import banded_attention, banded_flops, banded_memory
 from ._common import checked_shape
-from .softmax import softmax_attention
 
 
 def tile(window: int, n: int) -> int:
@@ -24,12 +23,6 @@ def sliding_window_attention(q, k, v, *, causal: bool = False, window: int = 256
     pattern = _pattern(causal, window)
     return banded_attention(q, k, v, pattern=pattern, block=tile(window, s.Nq), left=window,
                             right=0 if causal else window)
-
-
-def sliding_window_reference(q, k, v, *, causal: bool = False, window: int = 256):
-    """The obvious version, for reading and testing: masked softmax with the dense (n, n) mask. O(n²) memory."""
-    return softmax_attention(q, k, v, mask=masks.dense_mask(_pattern(causal, window), q.shape[-2], k.shape[-2],
-                                                             q.device))
 
 
 def _pattern(causal: bool, window: int) -> masks.Pattern:
