@@ -13,6 +13,7 @@ import torch
 
 from . import env
 from .mechanisms import MECHANISMS, load
+from .mechanisms._common import checked_shape, validated
 from .mechanisms.sdpa import sdpa_backend
 from .results import COLUMNS
 from .spec import MechanismSpec, Shape
@@ -339,9 +340,10 @@ def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Ca
               turns: Turns) -> dict:
     q, k, v = make_inputs(case)
     state = make_state(spec, case)
+    checked_shape(spec, q, k, v, case.causal, **dict(case.params))  # once, here: no timed call checks again
     thunk = call_of(spec, case, q, k, v, state)
     peak, method, first_call_s = float("nan"), "", None
-    with torch.inference_mode(case.mode == "forward"):
+    with torch.inference_mode(case.mode == "forward"), validated():
         if settings.measure_memory and case.device == "cpu":
             # On CPU the profiled call is the first warm-up: the allocator sees the same blocks in every call, and
             # a call of ≥ 50 ms needs no second warm-up (the profiler's own cost is then small beside it).

@@ -316,3 +316,18 @@ assert small < 0.3 and large > 0.9, (small, large)
     if not sys.platform.startswith("linux"):
         pytest.skip("glibc's allocator")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_a_case_is_checked_once_before_it_is_measured_and_never_inside_a_timed_call(monkeypatch):
+    from attn_core.mechanisms import _common
+
+    checks = []
+    real = _common.check_qkv
+    monkeypatch.setattr(_common, "check_qkv", lambda *a: checks.append(1) or real(*a))
+    row, _ = measure_case(ac.get("softmax"), case(), QUICK)
+    assert row["status"] == "ok" and row["repeats"] >= 3 and len(checks) == 1
+    q = k = v = torch.randn(1, 1, 4, 2)
+    with _common.validated():  # trusted inside: the engine checked before
+        assert _common.checked_shape(ac.get("softmax"), q, k, v, "no") == ac.Shape(1, 1, 4, 4, 2, causal=True)
+    with pytest.raises(ValueError, match="causal must be True or False"):
+        _common.checked_shape(ac.get("softmax"), q, k, v, "no")

