@@ -4,7 +4,7 @@ from streamlit.runtime import Runtime
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from attn_core import charts, env, stage, worker
+from attn_core import MECHANISMS, charts, env, insight_charts, stage, worker
 
 # Talk mode: type a back row can read, black on white, wide content.
 TALK_CSS = """<style>
@@ -50,6 +50,29 @@ def submit(name: str, make, total: int) -> stage.Ticket:
 def device_line(device: str) -> str:
     info = env.device_info(device)
     return f"{info['name']} · {info['total_memory_bytes'] / 2**30:.0f} GiB · {info['threads']} threads"
+
+
+def keyed(key: str, *, link: bool = False) -> dict:
+    """A widget's stable key, its value kept across page switches; `link`: also in the URL, so a link reproduces
+    the setup."""
+    return {"key": key, "persist_state": "session", **({"bind": "query-params"} if link else {})}
+
+
+def label(key: str) -> str:
+    return MECHANISMS[key].label
+
+
+def export_row(chart, frame, stem: str, key: str, *, folded: bool = False) -> None:
+    """The chart as PNG and SVG and its data as CSV, in a row of download buttons keyed `{key}_png` etc. (`folded`:
+    in a popover, for a page of many figures)."""
+    made = insight_charts.downloads(chart, frame, stem)
+    if folded:
+        with st.popover("Export this figure", icon=":material/download:"):
+            places = [st] * len(made)
+    else:
+        places = st.columns(6)
+    for place, (fmt, data, name, mime) in zip(places, made):
+        place.download_button(fmt, data, name, mime, key=f"{key}_{fmt.lower()}", on_click="ignore")
 
 
 def show_chart(chart, **options) -> None:

@@ -38,13 +38,11 @@ CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "rooflin
 talk = bool(S.get("talk"))
 
 
-def keyed(key: str) -> dict:
-    """Every setting has a stable key, lives in the URL (a link reproduces a setup) and survives page switches."""
-    return {"key": key, "bind": "query-params", "persist_state": "session"}
 
 
-def label(key: str) -> str:
-    return MECHANISMS[key].label
+
+
+keyed = functools.partial(app.keyed, link=True)  # every setting lives in the URL: a link reproduces a setup
 
 
 def show_settings(config: SweepConfig) -> list[str]:
@@ -91,7 +89,7 @@ def points(configs) -> int:
 
 def start(config: SweepConfig) -> None:
     S.update({"bench_preset": None, "bench_focus": "time_median_s", "bench_source": None})
-    S["bench_job"] = app.submit(", ".join(label(k) for k, _ in config.mechanisms),
+    S["bench_job"] = app.submit(", ".join(app.label(k) for k, _ in config.mechanisms),
                                 functools.partial(presets.SweepSequence, (config,)), points((config,)))
 
 
@@ -120,10 +118,10 @@ def settings() -> tuple[SweepConfig, list[str]]:
         # talk mode's large type: two columns to a row
         what, sizes, shape, where = st.columns(2) + st.columns(2) if talk else st.columns([3, 2, 2, 2])
         exact = what.multiselect("Exact mechanisms", [k for k, s in MECHANISMS.items() if s.exact],
-                                 [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=label,
+                                 [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=app.label,
                                  **keyed("bench_exact"))
         approx = what.multiselect("Approximate mechanisms", [k for k, s in MECHANISMS.items() if not s.exact],
-                                  [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=label,
+                                  [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=app.label,
                                   **keyed("bench_approx"))
         knobs = [p.name for key in exact + approx for p in MECHANISMS[key].params]
         names = ", ".join(dict.fromkeys(knobs))
@@ -165,12 +163,12 @@ def link_choices() -> dict[str, tuple[list[str], bool]]:
     """What a link may say for each choice setting (the text its widget shows, Streamlit's form in a URL) and
     whether it takes several values at once."""
     dtypes = list(dict.fromkeys(t for device in DEVICES for t in env.supported_dtypes(device)))
-    return {"bench_exact": ([label(k) for k, s in MECHANISMS.items() if s.exact], True),
-            "bench_approx": ([label(k) for k, s in MECHANISMS.items() if not s.exact], True),
+    return {"bench_exact": ([app.label(k) for k, s in MECHANISMS.items() if s.exact], True),
+            "bench_approx": ([app.label(k) for k, s in MECHANISMS.items() if not s.exact], True),
             "bench_n": ([f"{n:,}" for n in NS], False), "bench_device": (DEVICES, False),
             "bench_dtype": (dtypes, False), "bench_causal": (["true", "false"], False), "bench_mode": (MODES, False),
             "bench_axes": (AXES, False), "bench_curves": (list(CURVES.values()), True),
-            "bench_baseline": ([label(k) for k in BASELINES], False)}
+            "bench_baseline": ([app.label(k) for k in BASELINES], False)}
 
 
 def link_notes() -> list[str]:
@@ -285,7 +283,7 @@ def results_view(job) -> None:
     curves.pills("Theory curves (dashed)", list(CURVES), default=["spec"], selection_mode="multi",
                  format_func=CURVES.get, **keyed("bench_curves"))
     baseline.segmented_control("Crossover n* against", BASELINES, default="softmax", required=True,
-                               format_func=label, **keyed("bench_baseline"))
+                               format_func=app.label, **keyed("bench_baseline"))
     busy = analysis.contention_summary(df)
     if busy:
         (st.warning if df["disturbed"].any() else st.caption)(busy)

@@ -9,13 +9,8 @@ app.ensure_routed()  # a deep link as a server's first request: let the router r
 METRICS = {"time_median_s": "Time", "peak_bytes": "Peak memory"}
 
 
-def keyed(key: str) -> dict:
-    return {"key": key, "persist_state": "session"}
 
 
-def export_row(chart, frame, stem: str) -> None:
-    for column, (fmt, data, name, mime) in zip(st.columns(6), insight_charts.downloads(chart, frame, stem)):
-        column.download_button(fmt, data, name, mime, key=f"cmp_dl_{stem}_{fmt.lower()}", on_click="ignore")
 
 
 def load(files) -> dict:
@@ -48,17 +43,17 @@ if not runs:
 
 frame = reference.runs_frame(runs)
 metric = st.segmented_control("Metric", list(METRICS), default="time_median_s", required=True,
-                              format_func=METRICS.get, **keyed("cmp_metric"))
+                              format_func=METRICS.get, **app.keyed("cmp_metric"))
 chart = insight_charts.runs_chart(frame, metric)
 app.show_chart(chart)
-export_row(chart, frame.drop(columns="time_samples"), "runs-overlay")
+app.export_row(chart, frame.drop(columns="time_samples"), "runs-overlay", "cmp_dl_runs-overlay")
 
 st.subheader("Relative to a baseline, with published figures")
 left, mid, right = st.columns(3)
 baseline = left.selectbox("Baseline", ["softmax", "sdpa"], format_func=lambda k: MECHANISMS[k].label,
-                          **keyed("cmp_baseline"))
-published = mid.toggle(f"Overlay {reference.PUBLISHED}", True, **keyed("cmp_published"))
-matching = right.toggle("Only published methods matching the mechanisms shown", True, **keyed("cmp_matching"))
+                          **app.keyed("cmp_baseline"))
+published = mid.toggle(f"Overlay {reference.PUBLISHED}", True, **app.keyed("cmp_published"))
+matching = right.toggle("Only published methods matching the mechanisms shown", True, **app.keyed("cmp_matching"))
 relative = reference.relative_to_baseline(frame, metric, baseline)
 if relative.empty:
     st.warning(f"No run measured {MECHANISMS[baseline].label} at the same n and settings as the others; choose "
@@ -70,7 +65,7 @@ else:
     chart = insight_charts.relative_chart(relative, metric, baseline_label=MECHANISMS[baseline].label,
                                           reference=ref)
     app.show_chart(chart)
-    export_row(chart, relative, "runs-relative")
+    app.export_row(chart, relative, "runs-relative", "cmp_dl_runs-relative")
     if published:
         st.caption("Published figures, measured on other hardware with other models and settings: "
                    + " · ".join(reference.citations()))
@@ -81,8 +76,8 @@ if len(runs) < 2:
     st.stop()
 names = list(runs)
 left, right = st.columns(2)
-a = left.selectbox("Run A", names, 0, **keyed("cmp_a"))
-b = right.selectbox("Run B", names, 1, **keyed("cmp_b"))
+a = left.selectbox("Run A", names, 0, **app.keyed("cmp_a"))
+b = right.selectbox("Run B", names, 1, **app.keyed("cmp_b"))
 if a == b:
     st.error("Run A and run B are the same; choose two different runs.", icon=":material/edit:")
     st.stop()
@@ -93,4 +88,4 @@ if ratios.empty:
     st.stop()
 chart = insight_charts.ratio_chart(ratios, a, b, metric)
 app.show_chart(chart)
-export_row(chart, ratios, "runs-ratio")
+app.export_row(chart, ratios, "runs-ratio", "cmp_dl_runs-ratio")

@@ -10,17 +10,10 @@ NS = [2**k for k in range(7, 21)]
 GIB = theory.GIB
 
 
-def keyed(key: str) -> dict:
-    return {"key": key, "persist_state": "session"}
 
 
-def label(key: str) -> str:
-    return MECHANISMS[key].label
 
 
-def export_row(chart, frame, stem: str) -> None:
-    for column, (fmt, data, name, mime) in zip(st.columns(6), insight_charts.downloads(chart, frame, stem)):
-        column.download_button(fmt, data, name, mime, key=f"th_dl_{stem}_{fmt.lower()}", on_click="ignore")
 
 
 @st.cache_data(show_spinner="Measuring this device's matmul throughput…")
@@ -34,28 +27,28 @@ st.caption("Costs from each mechanism's spec: nothing is run, so n can be a mill
 device = env.resolve_device("auto")
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
     left, mid, right = st.columns(3)
-    keys = left.multiselect("Mechanisms", list(MECHANISMS), list(MECHANISMS), format_func=label,
-                            **keyed("th_mechanisms"))
+    keys = left.multiselect("Mechanisms", list(MECHANISMS), list(MECHANISMS), format_func=app.label,
+                            **app.keyed("th_mechanisms"))
     n_min, n_max = left.select_slider("Sequence lengths n", NS, (1024, 1 << 20), format_func="{:,}".format,
-                                      **keyed("th_n"))
-    d_model = mid.number_input("d_model", 1, 65536, 1024, step=64, **keyed("th_d_model"))
-    heads = mid.number_input("Heads", 1, 512, 16, **keyed("th_heads"))
-    batch = mid.number_input("Batch", 1, 4096, 1, **keyed("th_batch"))
-    dtype = right.selectbox("dtype", ["float32", "bfloat16", "float16", "float64"], **keyed("th_dtype"))
-    causal = right.toggle("Causal mask", **keyed("th_causal"))
-    mode = right.radio("FLOPs of", list(theory.MODES), horizontal=True, **keyed("th_mode"),
+                                      **app.keyed("th_n"))
+    d_model = mid.number_input("d_model", 1, 65536, 1024, step=64, **app.keyed("th_d_model"))
+    heads = mid.number_input("Heads", 1, 512, 16, **app.keyed("th_heads"))
+    batch = mid.number_input("Batch", 1, 4096, 1, **app.keyed("th_batch"))
+    dtype = right.selectbox("dtype", ["float32", "bfloat16", "float16", "float64"], **app.keyed("th_dtype"))
+    causal = right.toggle("Causal mask", **app.keyed("th_causal"))
+    mode = right.radio("FLOPs of", list(theory.MODES), horizontal=True, **app.keyed("th_mode"),
                        help="Forward + backward counts 3× the forward FLOPs; memory stays the forward call's.")
-    budget_gib = right.number_input("Custom memory budget (GiB, 0 = none)", 0.0, 1e6, 0.0, **keyed("th_budget"))
+    budget_gib = right.number_input("Custom memory budget (GiB, 0 = none)", 0.0, 1e6, 0.0, **app.keyed("th_budget"))
     source = right.radio("Throughput for predicted time", ["this device (measured)", "a figure I type"],
-                         **keyed("th_source"))
-    typed = right.number_input("Matmul throughput (GFLOP/s)", 0.0, 1e7, 1000.0, **keyed("th_gflops"),
+                         **app.keyed("th_source"))
+    typed = right.number_input("Matmul throughput (GFLOP/s)", 0.0, 1e7, 1000.0, **app.keyed("th_gflops"),
                                disabled=source != "a figure I type")
 params = {}
 with st.expander("Mechanism parameters", icon=":material/settings:"):
     for key in keys:
         for column, p in zip(st.columns(4), MECHANISMS[key].params):
             params.setdefault(key, {})[p.name] = column.number_input(
-                f"{label(key)}: {p.name}", p.low, p.high, p.default, help=p.help, **keyed(f"th_{key}_{p.name}"))
+                f"{app.label(key)}: {p.name}", p.low, p.high, p.default, help=p.help, **app.keyed(f"th_{key}_{p.name}"))
 
 problems = []
 if not keys:
@@ -81,24 +74,24 @@ flops_tab, memory_tab, time_tab, fit_tab, big_o_tab = st.tabs(
 with flops_tab:
     chart = insight_charts.theory_chart(frame, "flops")
     app.show_chart(chart)
-    export_row(chart, frame, "theory-flops")
+    app.export_row(chart, frame, "theory-flops", "th_dl_theory-flops")
 with memory_tab:
     chart = insight_charts.theory_chart(frame, "total_bytes", budgets=budgets)
     app.show_chart(chart)
-    export_row(chart, frame, "theory-memory")
+    app.export_row(chart, frame, "theory-memory", "th_dl_theory-memory")
 with time_tab:
     where = f"{env.device_info(device)['name']} ({device}, {dtype})" if source.startswith("this") else "typed"
     st.warning(f"An extrapolation, not a measurement: FLOPs ÷ {gflops:,.0f} GFLOP/s ({where} matmul throughput). "
                "Real kernels reach a fraction of it, less for small or irregular work.", icon=":material/warning:")
     chart = insight_charts.theory_chart(frame, "predicted_time_s")
     app.show_chart(chart)
-    export_row(chart, frame, "theory-time")
+    app.export_row(chart, frame, "theory-time", "th_dl_theory-time")
 with fit_tab:
     table = theory.fit_table(keys, budgets, params=params, **settings)
     chart = insight_charts.fit_chart(table)
     app.show_chart(chart)
-    export_row(chart, table, "theory-fit")
+    app.export_row(chart, table, "theory-fit", "th_dl_theory-fit")
     st.dataframe(table.pivot(index="label", columns="budget", values="largest_n")
-                 .reindex(index=[label(k) for k in keys], columns=list(budgets)))
+                 .reindex(index=[app.label(k) for k in keys], columns=list(budgets)))
 with big_o_tab:
     st.dataframe(theory.big_o_table(), hide_index=True)
