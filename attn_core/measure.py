@@ -29,7 +29,7 @@ class Cancelled(Exception):
     """The sweep was cancelled while this point was being measured."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Case:
     """What is measured: one mechanism with its parameters at one problem size, dtype, device and mode."""
 
@@ -51,14 +51,14 @@ class Case:
 
     @property
     def shape(self) -> Shape:
-        return Shape(self.batch, self.heads, self.n, self.n, self.head_dim, self.dtype, self.causal)
+        return Shape(self.batch, self.heads, self.n, self.n, self.head_dim, dtype=self.dtype, causal=self.causal)
 
     def describe(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.params)
         return f"{self.mechanism}{extra} at n = {self.n}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     """How a point is measured. `memory_limit_bytes` caps the free memory the guard sees (None: the device's own)."""
 

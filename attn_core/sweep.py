@@ -89,8 +89,10 @@ class SweepConfig:
         return list(dict.fromkeys(found))
 
     def settings(self) -> Settings:
-        return Settings(self.warmup, self.min_repeats, self.min_time_s, self.point_budget_s, self.measure_memory,
-                        self.memory_margin, self.memory_limit_bytes, self.threads)
+        return Settings(warmup=self.warmup, min_repeats=self.min_repeats, min_time_s=self.min_time_s,
+                        budget_s=self.point_budget_s, measure_memory=self.measure_memory,
+                        memory_margin=self.memory_margin, memory_limit_bytes=self.memory_limit_bytes,
+                        threads=self.threads)
 
     def to_dict(self) -> dict:
         """Plain JSON-ready data: mechanisms as [[key, params], ...], ns as a list."""
@@ -195,8 +197,9 @@ def plan(config: SweepConfig) -> list[Case]:
     """The points in the order they run: n ascending, the mechanisms in their order at each n (so a chart fills
     from the left and a time budget can skip the larger n of one mechanism)."""
     device = env.resolve_device(config.device)
-    return [Case(key, tuple(sorted(params.items())), n, config.batch, config.heads, config.d_model, config.dtype,
-                 device, config.mode, config.causal, config.seed)
+    return [Case(mechanism=key, params=tuple(sorted(params.items())), n=n, batch=config.batch, heads=config.heads,
+                 d_model=config.d_model, dtype=config.dtype, device=device, mode=config.mode, causal=config.causal,
+                 seed=config.seed)
             for n in sorted(set(config.ns)) for key, params in config.mechanisms]
 
 

@@ -22,7 +22,8 @@ QUICK = Settings(warmup=1, min_repeats=3, min_time_s=0.0, budget_s=30.0)
 
 
 def case(mechanism="softmax", n=64, mode="forward", params=(), heads=2, d_model=16, **kw) -> Case:
-    return Case(mechanism, params, n, 1, heads, d_model, "float32", "cpu", mode, **kw)
+    return Case(mechanism=mechanism, params=params, n=n, batch=1, heads=heads, d_model=d_model, dtype="float32",
+                device="cpu", mode=mode, **kw)
 
 
 def test_median_and_iqr_are_derived_from_the_samples():

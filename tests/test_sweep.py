@@ -1,6 +1,7 @@
 """Sweeps in the worker process: config problems, every status, the time budget, cancel, worker death, the lock."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -258,3 +259,15 @@ def test_eta_comes_from_executed_flops_and_the_device_speed_not_from_fixed_costs
     run._add(row, (first.mechanism, first.params), elapsed_s=5.0)  # 5 s of fixed costs around a tiny point
     overhead = 5.0 - run._point_seconds(executed[0] / 50e9)
     assert run._eta(1) == pytest.approx(sum(run._point_seconds(f / 50e9) + overhead for f in executed[1:]))
+
+
+def test_a_sweeps_measurement_settings_are_carried_by_name_not_by_position():
+    """Distinct values in every field: a swapped pair (two Optional[int] side by side) would show here."""
+    from attn_core.measure import Settings
+
+    c = dataclasses.replace(DEFAULT_SWEEP, warmup=2, min_repeats=7, min_time_s=0.3, point_budget_s=11.0,
+                            measure_memory=False, memory_margin=0.4, memory_limit_bytes=1 << 20, threads=3)
+    assert c.settings() == Settings(warmup=2, min_repeats=7, min_time_s=0.3, budget_s=11.0, measure_memory=False,
+                                    memory_margin=0.4, memory_limit_bytes=1 << 20, threads=3)
+    with pytest.raises(TypeError):
+        Settings(2, 7)  # keyword-only: a positional copy cannot be written

@@ -113,7 +113,7 @@ def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> bool:
           f"target ≤ {OVERHEAD_LIMIT:.0%})")
     good = True
     for key, n in cases:
-        case = Case(key, (), n, 1, 8, 512, "float32", "cpu")
+        case = Case(mechanism=key, params=(), n=n, batch=1, heads=8, d_model=512, dtype="float32", device="cpu")
         spec = MECHANISMS[key]
         thunk = call_of(spec, case, *make_inputs(case), make_state(spec, case))
         engine_t, bare_t = [], []

@@ -40,8 +40,8 @@ def measure(args: argparse.Namespace):
     for key, params, causal in lines(args):
         slow = False
         for n in ns:
-            case = Case(key, tuple(sorted(params.items())), n, 1, args.heads, args.heads * args.head_dim, "float32",
-                        "cpu", "forward", causal)
+            case = Case(mechanism=key, params=tuple(sorted(params.items())), n=n, batch=1, heads=args.heads,
+                        d_model=args.heads * args.head_dim, dtype="float32", device="cpu", causal=causal)
             if slow:  # the previous n of this line already took longer than the budget
                 row = make_row(MECHANISMS[key], case, "skipped",
                                f"a smaller n of this line took longer than the {args.budget:g} s budget")
