@@ -7,7 +7,7 @@ import torch
 
 import attn_core as ac
 from attn_core import effective as ef
-from tests.reference import allowed
+from tests.baselines import allowed
 
 SMALL = {"sliding_window": {"window": 3}, "local": {"block": 4, "lookback": 1, "lookahead": 1},
          "sparse": {"stride": 4}, "linformer": {"rank": 6}, "performer": {"features": 48}}
@@ -47,7 +47,7 @@ def test_cross_attention_effective_matrix(key):
 @pytest.mark.parametrize("causal", [False, True])
 def test_exact_weights_vanish_exactly_outside_the_pattern(key, causal):
     n, params = 13, SMALL.get(key, {})
-    expected = allowed(REF_KIND[key], n, n, causal, **params)  # written cell by cell in tests/reference.py
+    expected = allowed(REF_KIND[key], n, n, causal, **params)  # written cell by cell in tests/baselines.py
     cells = ef.computed_cells(key, n, n, causal, **params)
     np.testing.assert_array_equal(cells.numpy(), expected)
     q, k, v = qkv(n)

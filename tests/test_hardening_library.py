@@ -9,7 +9,7 @@ import torch
 import attn_core as ac
 from attn_core.mechanisms import linformer, performer
 from attn_core.spec import Shape
-from tests.reference import elu_plus_one, kernel_attention, positive_random_features
+from tests.baselines import elu_plus_one, kernel_attention, positive_random_features
 
 
 def qkv(n: int = 32, *, B: int = 1, H: int = 2, D: int = 16, dtype=torch.float32, seed: int = 0):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import attn_core as ac
-from tests.reference import allowed, masked_softmax
+from tests.baselines import allowed, masked_softmax
 
 
 def layer_reference(layer: ac.MultiHeadAttention, x: torch.Tensor, ctx: torch.Tensor, mask=None) -> torch.Tensor:

@@ -233,8 +233,8 @@ def test_matmul_throughput_is_measured_once_and_cached():
 
 def test_cpu_peak_counts_buffers_an_op_allocates_and_frees_itself():
     """sdpa allocates its log-sum-exp and per-thread scratch inside one op and frees them before it returns: the
-    engine's reading must see them, as the allocator's own records (tests.reference.trace_peak_bytes) do."""
-    from tests.reference import trace_peak_bytes
+    engine's reading must see them, as the allocator's own records (tests.baselines.trace_peak_bytes) do."""
+    from tests.baselines import trace_peak_bytes
 
     q, k, v = (torch.randn(1, 5, 1000, 24) for _ in range(3))
     call = lambda: ac.attention("sdpa", q, k, v)  # noqa: E731

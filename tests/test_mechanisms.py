@@ -13,7 +13,7 @@ import attn_core as ac
 from attn_core.mechanisms.linear import feature_map
 from attn_core.mechanisms.performer import favor_features, orthogonal_features
 from attn_core.spec import Shape
-from tests.reference import allowed, kernel_attention, masked_softmax, trace_peak_bytes
+from tests.baselines import allowed, kernel_attention, masked_softmax, trace_peak_bytes
 
 SMALL = {"sliding_window": {"window": 5}, "local": {"block": 8, "lookback": 1, "lookahead": 2},
          "sparse": {"stride": 7}, "linformer": {"rank": 16}, "performer": {"features": 32}}
@@ -333,7 +333,7 @@ def test_a_default_that_cannot_fit_the_shape_is_refused_before_running():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
 def test_spec_memory_matches_an_independent_allocator_reading(key, causal, dtype):
-    """memory_bytes against the allocator's own records (tests.reference.trace_peak_bytes) within 2%, at a shape
+    """memory_bytes against the allocator's own records (tests.baselines.trace_peak_bytes) within 2%, at a shape
     of no power of two: B=2, H=3, n=3000, D=40. sdpa's scratch (log-sum-exp, per-thread tiles, AMX repacking
     where this CPU has it) must be in its spec."""
     spec = ac.get(key)
