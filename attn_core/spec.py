@@ -37,17 +37,17 @@ class Shape:
         return DTYPE_BYTES[dtype_name(self.dtype)]
 
     @property
-    def heads(self) -> int:
-        """B·H: the number of independent attention problems."""
+    def bh(self) -> int:
+        """B·H: the number of independent attention problems (H alone is `H`; "heads" means H everywhere else)."""
         return self.B * self.H
 
     @property
     def input_bytes(self) -> int:
-        return self.heads * (self.Nq + 2 * self.Nk) * self.D * self.elem
+        return self.bh * (self.Nq + 2 * self.Nk) * self.D * self.elem
 
     @property
     def output_bytes(self) -> int:
-        return self.heads * self.Nq * self.D * self.elem
+        return self.bh * self.Nq * self.D * self.elem
 
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> "Shape":

@@ -45,7 +45,7 @@ def hangs(q, k, v, *, causal=False):
 
 
 def _flops(s: Shape) -> float:
-    return 4.0 * s.heads * s.Nq * s.Nk * s.D
+    return 4.0 * s.bh * s.Nq * s.Nk * s.D
 
 
 def _memory(s: Shape) -> float:

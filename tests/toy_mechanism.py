@@ -35,11 +35,11 @@ def _effective(q, k, v, causal: bool, state: dict, features: int = 16):
 
 
 def _flops(s: Shape, features: int = 16) -> float:
-    return 2.0 * s.heads * (s.Nq + s.Nk) * s.D * features + 4.0 * s.heads * s.Nq * s.Nk * max(features, s.D)
+    return 2.0 * s.bh * (s.Nq + s.Nk) * s.D * features + 4.0 * s.bh * s.Nq * s.Nk * max(features, s.D)
 
 
 def _memory(s: Shape, features: int = 16) -> float:
-    return 2.0 * s.heads * s.Nq * s.Nk * s.elem + s.output_bytes
+    return 2.0 * s.bh * s.Nq * s.Nk * s.elem + s.output_bytes
 
 
 TOY = MechanismSpec(

@@ -30,17 +30,17 @@ def _effective(q, k, v, causal: bool, state: dict) -> tuple[torch.Tensor, torch.
 
 
 def _flops(s: Shape) -> float:
-    return linear_core_flops(s.heads, s.Nq, s.Nk, s.D, s.D, s.causal)  # φ = elu + 1 is elementwise: no matmul
+    return linear_core_flops(s.bh, s.Nq, s.Nk, s.D, s.D, s.causal)  # φ = elu + 1 is elementwise: no matmul
 
 
 def _executed_flops(s: Shape) -> float:
-    return linear_core_flops(s.heads, s.Nq, s.Nk, s.D, s.D, s.causal, executed=True)
+    return linear_core_flops(s.bh, s.Nq, s.Nk, s.D, s.D, s.causal, executed=True)
 
 
 def _memory(s: Shape) -> float:
     # φ(Q) and φ(K) (float32 for half inputs), then the core.
-    return (s.heads * (s.Nq + s.Nk) * s.D * max(s.elem, 4)
-            + linear_core_memory(s.heads, s.Nq, s.D, s.D, s.elem, s.causal, s.Nk))
+    return (s.bh * (s.Nq + s.Nk) * s.D * max(s.elem, 4)
+            + linear_core_memory(s.bh, s.Nq, s.D, s.D, s.elem, s.causal, s.Nk))
 
 
 SPEC = MechanismSpec(

@@ -49,12 +49,12 @@ def _pull_back(weights: torch.Tensor, state: dict) -> torch.Tensor:
 
 
 def _flops(s: Shape, rank: int = 256) -> float:
-    return s.heads * (4.0 * rank * s.Nk * s.D + 4.0 * s.Nq * rank * s.D)
+    return s.bh * (4.0 * rank * s.Nk * s.D + 4.0 * s.Nq * rank * s.D)
 
 
 def _memory(s: Shape, rank: int = 256) -> float:
     # Projected K and V (rank, D) held throughout, beside two of: scaled queries, scores, probabilities, output.
-    return s.heads * (2 * rank * s.D + s.Nq * rank + s.Nq * max(s.D, rank)) * s.elem
+    return s.bh * (2 * rank * s.D + s.Nq * rank + s.Nq * max(s.D, rank)) * s.elem
 
 
 SPEC = MechanismSpec(

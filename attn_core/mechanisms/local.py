@@ -38,17 +38,17 @@ def _reach(s: Shape, block: int, lookback: int, lookahead: int) -> tuple[int, in
 def _flops(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
     b, back, ahead = _reach(s, block, lookback, lookahead)
     keys = (back + 1 + ahead) * b - ((b - 1) / 2 if s.causal else 0)  # causal: the own block is a triangle
-    return 4.0 * s.heads * s.Nq * min(keys, s.Nk) * s.D
+    return 4.0 * s.bh * s.Nq * min(keys, s.Nk) * s.D
 
 
 def _executed_flops(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
     b, back, ahead = _reach(s, block, lookback, lookahead)
-    return banded_flops(s.heads, s.Nq, s.D, block=b, left=back * b, right=ahead * b)
+    return banded_flops(s.bh, s.Nq, s.D, block=b, left=back * b, right=ahead * b)
 
 
 def _memory(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
     b, back, ahead = _reach(s, block, lookback, lookahead)
-    return banded_memory(s.heads, s.Nq, s.D, s.elem, block=b, left=back * b, right=ahead * b)
+    return banded_memory(s.bh, s.Nq, s.D, s.elem, block=b, left=back * b, right=ahead * b)
 
 
 SPEC = MechanismSpec(

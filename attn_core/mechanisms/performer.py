@@ -85,15 +85,15 @@ def _effective(q, k, v, causal: bool, state: dict, features: int = 256) -> tuple
 
 
 def _maps_flops(s: Shape, features: int) -> float:
-    return 2.0 * s.heads * (s.Nq + s.Nk) * features * s.D  # the random projections x' Wᵀ of queries and keys
+    return 2.0 * s.bh * (s.Nq + s.Nk) * features * s.D  # the random projections x' Wᵀ of queries and keys
 
 
 def _flops(s: Shape, features: int = 256) -> float:
-    return _maps_flops(s, features) + linear_core_flops(s.heads, s.Nq, s.Nk, features, s.D, s.causal)
+    return _maps_flops(s, features) + linear_core_flops(s.bh, s.Nq, s.Nk, features, s.D, s.causal)
 
 
 def _executed_flops(s: Shape, features: int = 256) -> float:
-    return _maps_flops(s, features) + linear_core_flops(s.heads, s.Nq, s.Nk, features, s.D, s.causal, executed=True)
+    return _maps_flops(s, features) + linear_core_flops(s.bh, s.Nq, s.Nk, features, s.D, s.causal, executed=True)
 
 
 def _memory(s: Shape, features: int = 256) -> float:
@@ -101,8 +101,8 @@ def _memory(s: Shape, features: int = 256) -> float:
     copy = s.D if s.elem < 4 else 0  # the float32 copy of k being mapped
     # Drawing φ(K) while φ(Q) is held: its scaled input, one (N, D) temporary of the norm and the projection;
     # then φ(Q), φ(K) and the core.
-    maps = s.heads * (s.Nq * m + s.Nk * (m + 2 * s.D + copy)) * e
-    held = s.heads * (s.Nq + s.Nk) * m * e + linear_core_memory(s.heads, s.Nq, m, s.D, s.elem, s.causal, s.Nk)
+    maps = s.bh * (s.Nq * m + s.Nk * (m + 2 * s.D + copy)) * e
+    held = s.bh * (s.Nq + s.Nk) * m * e + linear_core_memory(s.bh, s.Nq, m, s.D, s.elem, s.causal, s.Nk)
     return max(maps, held)
 
 

@@ -33,7 +33,7 @@ def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: b
 
 def _flops(s: Shape) -> float:
     cells = s.Nq * (s.Nq + 1) / 2 if s.causal else s.Nq * s.Nk  # causal keeps j ≤ i
-    return 4.0 * s.heads * cells * s.D
+    return 4.0 * s.bh * cells * s.D
 
 
 def _executed_flops(s: Shape) -> float:
@@ -42,13 +42,13 @@ def _executed_flops(s: Shape) -> float:
     the key block holding its last query but computes that whole block, masking after; non-causal, every cell.
     The fp16 path with oneDNN packing (keys padded to 64) and the GPU kernels, with their own tiles, differ."""
     if not s.causal:
-        return 4.0 * s.heads * s.Nq * s.Nk * s.D
+        return 4.0 * s.bh * s.Nq * s.Nk * s.D
     q_split, kv_split = _tiles(s)
     cells = 0
     for first in range(0, s.Nq, q_split):
         rows = min(q_split, s.Nq - first)
         cells += rows * min(s.Nk, -(-(first + rows) // kv_split) * kv_split)  # whole key blocks up to its last query
-    return 4.0 * s.heads * cells * s.D
+    return 4.0 * s.bh * cells * s.D
 
 
 def _tiles(s: Shape) -> tuple[int, int]:
@@ -79,16 +79,16 @@ def _memory(s: Shape) -> float:
     tail = (s.Nk - 1) % ks + 1
     even = lambda x: x + x % 2  # noqa: E731
     if packs:  # enough GEMMs per packed element: at least 4 (q tiles per thread × qs × Nk·D) ÷ (B·H·Nk·D)
-        per_thread = -(-s.heads * -(-s.Nq // qs) // threads)
-        packs = s.Nq >= 64 and s.Nk >= 64 and per_thread * qs >= 4 * s.heads
+        per_thread = -(-s.bh * -(-s.Nq // qs) // threads)
+        packs = s.Nq >= 64 and s.Nk >= 64 and per_thread * qs >= 4 * s.bh
     ek, ed = (even(ks), even(s.D)) if packs else (ks, s.D)
     scratch = threads * (qs * ks + 2 * qs + qs * s.D) * 4 + (threads * qs * ek * s.elem if half else 0)
     packed = 0
     if packs:
         padded_keys = (s.Nk - 1) // ks * ek + even(tail)
-        packed = s.heads * (ed * s.Nk + padded_keys * s.D) * s.elem + threads * ks * s.D * s.elem
+        packed = s.bh * (ed * s.Nk + padded_keys * s.D) * s.elem + threads * ks * s.D * s.elem
         packed += threads * qs * ed * s.elem if s.D % 2 else 0
-    return float(s.output_bytes + s.heads * s.Nq * 4 + scratch + packed)
+    return float(s.output_bytes + s.bh * s.Nq * 4 + scratch + packed)
 
 
 SPEC = MechanismSpec(

@@ -37,15 +37,15 @@ def _visible(s: Shape, window: int) -> float:
 
 
 def _flops(s: Shape, window: int = 256) -> float:
-    return 4.0 * s.heads * _visible(s, window) * s.D
+    return 4.0 * s.bh * _visible(s, window) * s.D
 
 
 def _executed_flops(s: Shape, window: int = 256) -> float:
-    return banded_flops(s.heads, s.Nq, s.D, block=tile(window, s.Nq), left=window, right=0 if s.causal else window)
+    return banded_flops(s.bh, s.Nq, s.D, block=tile(window, s.Nq), left=window, right=0 if s.causal else window)
 
 
 def _memory(s: Shape, window: int = 256) -> float:
-    return banded_memory(s.heads, s.Nq, s.D, s.elem, block=tile(window, s.Nq), left=window,
+    return banded_memory(s.bh, s.Nq, s.D, s.elem, block=tile(window, s.Nq), left=window,
                          right=0 if s.causal else window)
 
 

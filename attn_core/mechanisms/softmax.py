@@ -33,17 +33,17 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
 
 def _flops(s: Shape) -> float:
     cells = s.Nq * (s.Nq + 1) / 2 if s.causal else s.Nq * s.Nk  # causal keeps j ≤ i
-    return 4.0 * s.heads * cells * s.D  # Q Kᵀ and P V, 2·D each per kept cell
+    return 4.0 * s.bh * cells * s.D  # Q Kᵀ and P V, 2·D each per kept cell
 
 
 def _executed_flops(s: Shape) -> float:
     # Causal too: every (Nq, Nk) score and product is computed; the mask only sets the upper half to −inf.
-    return 4.0 * s.heads * s.Nq * s.Nk * s.D
+    return 4.0 * s.bh * s.Nq * s.Nk * s.D
 
 
 def _memory(s: Shape) -> float:
     # Peak inside softmax: the scores and the probabilities, each (B, H, Nq, Nk).
-    return 2.0 * s.heads * s.Nq * s.Nk * s.elem
+    return 2.0 * s.bh * s.Nq * s.Nk * s.elem
 
 
 SPEC = MechanismSpec(

@@ -67,27 +67,27 @@ def _pattern(causal: bool, stride: int = 128) -> masks.Pattern:
 def _flops(s: Shape, stride: int = 128) -> float:
     st = min(stride, s.Nq)
     keys = st + s.Nq // st - 1 if not s.causal else (st + 1) / 2 + (s.Nq // st) / 2
-    return 4.0 * s.heads * s.Nq * keys * s.D
+    return 4.0 * s.bh * s.Nq * keys * s.D
 
 
 def _executed_flops(s: Shape, stride: int = 128) -> float:
     # Every query block, the last zero-padded to st rows, against its st own keys and all ⌊n/st⌋ summaries, masked
     # cells included: Q Kᵀ and P V.
     st = min(stride, s.Nq)
-    return 4.0 * s.heads * -(-s.Nq // st) * st * (st + s.Nq // st) * s.D
+    return 4.0 * s.bh * -(-s.Nq // st) * st * (st + s.Nq // st) * s.D
 
 
 def _memory(s: Shape, stride: int = 128) -> float:
     st = min(stride, s.Nq)
     nb, m = -(-s.Nq // st), s.Nq // st
-    rows = min(chunk_blocks(s.heads, st, st + m), nb) * st  # query rows in the first, largest chunk
-    padded = 3 * s.heads * nb * st * s.D if nb * st != s.Nq else 0  # zero-padded copies of q, k, v
-    keys = 2 * s.heads * (rows // st) * (st + m) * s.D  # the chunk's gathered keys and values
-    scores = s.heads * rows * (st + m)
+    rows = min(chunk_blocks(s.bh, st, st + m), nb) * st  # query rows in the first, largest chunk
+    padded = 3 * s.bh * nb * st * s.D if nb * st != s.Nq else 0  # zero-padded copies of q, k, v
+    keys = 2 * s.bh * (rows // st) * (st + m) * s.D  # the chunk's gathered keys and values
+    scores = s.bh * rows * (st + m)
     # Output (padded length), the chunk's mask, keys and values, its scores beside the scaled queries or beside
     # the probabilities.
-    return (s.heads * nb * st * s.D + padded + rows * (st + m) + keys + scores
-            + max(s.heads * rows * s.D, scores)) * s.elem
+    return (s.bh * nb * st * s.D + padded + rows * (st + m) + keys + scores
+            + max(s.bh * rows * s.D, scores)) * s.elem
 
 
 SPEC = MechanismSpec(
