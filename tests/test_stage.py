@@ -140,3 +140,33 @@ def test_the_stage_polls_the_running_job_so_a_sequence_moves_on_unwatched():
 def test_ordinals():
     assert [ordinal(k) for k in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
+
+
+def test_sessions_polling_one_sequence_at_once_never_poll_it_together():
+    """Tickets poll through the stage's lock: a page's tick and the stage's own check never run a sequence's poll
+    at the same time (two could both see its first sweep done and start the second twice)."""
+    import threading
+
+    inside, most = [0], [0]
+    guard = threading.Lock()
+
+    class Sequence(FakeJob):
+        def poll(self):
+            with guard:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            threading.Event().wait(0.005)
+            with guard:
+                inside[0] -= 1
+            return []
+
+    desk, _, _ = stage_with({"a", "b"})
+    entry = desk.submit("a", "seq", lambda: Sequence("seq"))
+    tickets = [Ticket(desk, entry), Ticket(desk, entry, own=False)]
+    work = [t.poll for t in tickets] + [desk.check]
+    threads = [threading.Thread(target=lambda f=f: [f() for _ in range(10)]) for f in work]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1
