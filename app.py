@@ -13,7 +13,8 @@ html { font-size: 21px; }
 [data-testid="stMain"] .block-container { max-width: 100%; padding-left: 2rem; padding-right: 2rem; }
 [data-testid="stCaptionContainer"], [data-testid="stMarkdownContainer"] p { color: #000000; }
 button[kind="primary"] { font-size: 1.15rem; }
-button[kind]:disabled, button[kind]:disabled p { color: #6b6b6b !important; border-style: dashed !important; }
+button[kind]:disabled, button[kind]:disabled p { color: #6b6b6b !important; }
+button[kind]:disabled { border-style: dashed !important; }
 </style>"""
 
 

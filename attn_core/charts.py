@@ -288,8 +288,9 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
     cscale = alt.Scale(domain=list(shape.lines), range=list(shape.colours))
     # the error bars' lighter rules would set the symbols' opacity; a formula follows its mechanism's name (labels
     # placed on the chart overlapped each other and the lines)
-    named = {"labelExpr": f"({json.dumps(dict(shape.formulas))})[datum.label] ? datum.label + ' — ' + "
-                          f"({json.dumps(dict(shape.formulas))})[datum.label] : datum.label"} if shape.formulas else {}
+    table = json.dumps(dict(shape.formulas))
+    named = {"labelExpr": f"({table})[datum.label] ? datum.label + ' — ' + ({table})[datum.label] : datum.label"
+             } if shape.formulas else {}
     colour = alt.Color("line:N", scale=cscale, title="Mechanism (measured)" + (" — its cost" if shape.formulas
                                                                                else ""),
                        legend=alt.Legend(symbolOpacity=1, **named))

@@ -9,6 +9,7 @@ from typing import Callable
 
 import pandas as pd
 
+from .mechanisms import MECHANISMS
 from .results import SCHEMA_VERSION, Run
 from .sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced
 
@@ -31,9 +32,6 @@ class Preset:
         reach = 1 if device == "cpu" else ACCELERATOR_REACH
         return tuple(replace(c, device=device, dtype=dtype or c.dtype,
                              ns=log_spaced(c.ns[0] * reach, c.ns[-1] * reach, len(c.ns))) for c in self.configs)
-
-    def start(self, device: str = "cpu", dtype: str | None = None) -> "SweepSequence":
-        return SweepSequence(self.for_device(device, dtype))
 
 
 def _config(mechanisms: tuple[str, ...], n_min: int, n_max: int, steps: int, **settings) -> SweepConfig:
@@ -63,8 +61,6 @@ QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short seq
 def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
     """The sweep a results frame was measured with, read from its rows (the file's own config is not trusted), and
     what of the frame that one config cannot hold: a second mask, a second shape, mechanisms this build lacks."""
-    from .mechanisms import MECHANISMS
-
     first = frame.iloc[0]
     seen = frame.drop_duplicates(["mechanism", "params"])
     mechanisms = tuple((key, json.loads(params)) for key, params in zip(seen["mechanism"], seen["params"])

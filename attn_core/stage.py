@@ -11,6 +11,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .results import frame_from_rows
+
 _LOG = logging.getLogger(__name__)
 ORPHAN_S = 5.0  # a sweep with no live watcher for this long is cancelled (a network blip reconnects sooner)
 CHECK_S = 1.0  # how often the stage's own thread looks for orphans and starts the next sweep
@@ -111,7 +113,6 @@ class Stage:
                     entry.error = str(e) or type(e).__name__
 
 
-
 def _watch(ref: "weakref.ref[Stage]") -> None:
     """The stage's own check every CHECK_S, for as long as the stage exists."""
     while (stage := ref()) is not None:
@@ -150,8 +151,6 @@ class Ticket:
         return []
 
     def frame(self):
-        from .results import frame_from_rows
-
         return frame_from_rows([]) if self.job is None else self.job.frame()
 
     def progress(self) -> dict:

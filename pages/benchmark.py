@@ -28,7 +28,7 @@ CHART_CSS = "".join(f".st-key-bench_chart_{m} {{ flex: 0 0 auto !important; heig
 CHART_HEIGHT = {False: "clamp(380px, calc(100vh - 12rem), 1000px)", True: "max(420px, calc(100vh - 4.5rem))"}
 # The columns a speaker talks about; the rest of the summary is one click away.
 TALK_COLUMNS = ["Mechanism", "time ∝ n^k: k", "memory ∝ n^k: k", "speed-up vs softmax (×)",
-                "memory saving vs softmax (×)"]
+                "memory saving vs softmax (×)", "at n (vs softmax)"]
 # The number widgets' ranges (low, high); the link check reads them too
 NUMBERS = {"bench_steps": (1, 16), "bench_d_model": (1, 16384), "bench_heads": (1, 256), "bench_batch": (1, 1024),
            "bench_speed": (0.5, 20.0)}
@@ -36,12 +36,6 @@ MODES, AXES, BASELINES = ["forward", "forward+backward"], ["log-log", "linear"],
 SHOWN_PRESETS = {**presets.PRESETS, presets.QUICK_DEMO.name: presets.QUICK_DEMO}
 CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
 talk = bool(S.get("talk"))
-
-
-
-
-
-
 keyed = functools.partial(app.keyed, link=True)  # every setting lives in the URL: a link reproduces a setup
 
 
@@ -68,8 +62,15 @@ def show_settings(config: SweepConfig) -> list[str]:
             left.append(f"dtype {config.dtype}")
     else:
         left.append(f"device {config.device}")
-    S.update({f"bench_p_{key}_{p.name}": params.get(p.name, p.default) for key, params in config.mechanisms
-              for p in MECHANISMS[key].params})
+    for key, params in config.mechanisms:
+        for p in MECHANISMS[key].params:
+            value = params.get(p.name, p.default)
+            try:
+                p.check(value)
+            except ValueError:  # a file's value the widget cannot hold: its default, and the panel says so
+                left.append(f"{p.name} {value}")
+                value = p.default
+            S[f"bench_p_{key}_{p.name}"] = value
     return left
 
 
@@ -303,7 +304,9 @@ def results_view(job) -> None:
             st.warning(busy_matmul)
         table = summary(job)
         if talk:  # large type: an HTML table scales with the page's font, a data grid does not
-            st.table(table[[c for c in TALK_COLUMNS if c in table]].set_index("Mechanism"), border="horizontal")
+            short = table[[c for c in TALK_COLUMNS if c in table]].set_index("Mechanism")
+            st.table(short.style.format({"at n (vs softmax)": "{:,.0f}"}, precision=2, na_rep="—"),
+                     border="horizontal")
             with st.expander("Every column of the summary"):
                 st.dataframe(table, hide_index=True)
         else:
@@ -378,8 +381,8 @@ def load_saved() -> None:
     """A saved run asked for by Show it or Replay: the panel set to the settings it was measured with, and a line
     saying the charts show that file, what the panel cannot hold, and what Run would do."""
     run, name, show = S.pop("bench_loaded")
-    left = show_settings(presets.config_of(run.frame)[0]) if len(run.frame) else []
-    left += presets.config_of(run.frame)[1] if len(run.frame) else []
+    config, left = presets.config_of(run.frame) if len(run.frame) else (None, [])
+    left = (show_settings(config) if config else []) + left
     S.update({"bench_preset": None, "bench_focus": "time_median_s"})
     S["bench_job"] = presets.Replay(run, S.get("bench_speed", 3.0))
     if show:

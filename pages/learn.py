@@ -82,7 +82,7 @@ rows = [lesson.cost(length, setup) for length in (n, *lesson.COST_NS)]
 table = pd.DataFrame({"n (tokens)": [f"{r['n']:,}" + (" (this sentence)" if r["n"] == n else "") for r in rows],
                       "score cells (heads · n²)": [f"{r['cells']:,.0f}" for r in rows],
                       "their bytes (float32)": [size(r["bytes"]) for r in rows],
-                      "softmax's peak, one forward call": [size(r["peak_bytes"]) for r in rows]})
+                      "softmax's peak, one forward call (spec's prediction)": [size(r["peak_bytes"]) for r in rows]})
 st.table(table.set_index("n (tokens)"))
 st.caption("Time grows as O(n²·d) and memory as O(n²): doubling the sentence quadruples the score matrix. The "
            "Benchmark page measures it on this machine, and the efficient mechanisms that avoid it.")

@@ -3,6 +3,7 @@ say what to change, downloads hold real files, and a sweep survives reruns, page
 import dataclasses
 import functools
 import io
+import json
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest, app_test
 
-from attn_core import cli, presets, results, sweep
+from attn_core import MECHANISMS, cli, presets, results, sweep
 from tests.apptest_helpers import chart_specs
 from attn_core.presets import Replay, SweepSequence
 
@@ -432,3 +433,21 @@ def test_a_second_session_finds_the_running_sweep_and_its_own_run_queues_behind_
     run_to_end(first)
     run_to_end(second)
     assert not queued.queued and len(queued.frame()) > 0 and not second.exception
+
+
+def test_a_shown_runs_parameter_the_panel_cannot_hold_is_said_not_dropped():
+    """A window of 0 from a file: the widget keeps its default and the line about the run names what it could not
+    hold (Streamlit would otherwise reset the widget without a word)."""
+    from tests.test_charts import results_frame
+
+    frame = results_frame().assign(mechanism="sliding_window", label="Sliding window",
+                                   params=json.dumps({"window": 0}))
+    at = benchmark()
+    at.file_uploader(key="bench_upload").upload("w0.json", results.to_json_bytes(results.Run(frame)),
+                                                "application/json")
+    at.run()
+    at.button(key="bench_show").click().run()
+    assert not at.exception
+    assert widget(at, "bench_p_sliding_window_window").value == MECHANISMS["sliding_window"].param("window").default
+    said = [i.value for i in at.info if "Showing the saved run" in i.value]
+    assert len(said) == 1 and "cannot hold: window 0" in said[0]
