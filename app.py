@@ -4,7 +4,9 @@ from streamlit.runtime import Runtime
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from attn_core import MECHANISMS, charts, env, insight_charts, stage, worker
+from attn_core import MECHANISMS
+from attn_core.charts import insight as insight_charts, style
+from attn_core.engine import env, stage, worker
 
 # Talk mode: type a back row can read, black on white, wide content.
 TALK_CSS = """<style>
@@ -79,7 +81,7 @@ def export_row(chart, frame, stem: str, key: str, *, folded: bool = False) -> No
 def show_chart(chart, **options) -> None:
     """An insight page's Altair chart in the house look, with talk mode's large type (every text ≥ 18 px) when on."""
     if st.session_state.get("talk"):
-        chart = charts.styled(chart, talk=True)
+        chart = style.styled(chart, talk=True)
     st.altair_chart(chart, theme=None, **options)
 
 

@@ -10,11 +10,11 @@ __all__ = ["MECHANISMS", "MechanismSpec", "MultiHeadAttention", "Param", "Shape"
            "masks", "sdpa_backend"]
 
 # engine
-from . import worker
-from .analysis import crossovers, fit_slopes, summary, theory_curves
-from .env import available_devices, device_info, environment, matmul_gflops, resolve_device, supported_dtypes
-from .results import Run, RunFileError, load_run, save_run, to_csv_bytes, to_json_bytes
-from .sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced, run_sweep
+from .engine import worker
+from .engine.analysis import crossovers, fit_slopes, summary, theory_curves
+from .engine.env import available_devices, device_info, environment, matmul_gflops, resolve_device, supported_dtypes
+from .engine.results import Run, RunFileError, load_run, save_run, to_csv_bytes, to_json_bytes
+from .engine.sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced, run_sweep
 
 __all__ += ["DEFAULT_SWEEP", "Run", "RunFileError", "SweepConfig", "SweepRun", "available_devices", "crossovers",
             "device_info", "environment", "fit_slopes", "load_run", "log_spaced", "matmul_gflops", "resolve_device",

@@ -12,12 +12,12 @@ import sys
 import tempfile
 from typing import Sequence, TextIO
 
-from . import analysis, env
+from .engine import analysis, env
 from .mechanisms import MECHANISMS
-from .measure import MODES, format_bytes, resolve_mechanisms
-from .results import Run, RunFileError, load_run, save_run
+from .engine.measure import MODES, format_bytes, resolve_mechanisms
+from .engine.results import Run, RunFileError, load_run, save_run
 from .spec import DTYPE_BYTES
-from .sweep import DEFAULT_SWEEP, LOCK_WAIT_S, SweepConfig, SweepRun, log_spaced
+from .engine.sweep import DEFAULT_SWEEP, LOCK_WAIT_S, SweepConfig, SweepRun, log_spaced
 
 EXIT_OK, EXIT_POINTS, EXIT_USAGE, EXIT_BUSY, EXIT_UNSAVED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 MAX_SIZE = 2**60  # 1 EiB: the largest --memory-limit

@@ -8,8 +8,10 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 import app
-from attn_core import MECHANISMS, analysis, charts, env, export, presets, results, stage, untrusted, worker
-from attn_core.sweep import DEFAULT_SWEEP, SweepConfig, log_spaced
+from attn_core import MECHANISMS, untrusted
+from attn_core.engine import analysis, env, presets, results, stage, worker
+from attn_core.charts import export, scaling
+from attn_core.engine.sweep import DEFAULT_SWEEP, SweepConfig, log_spaced
 
 app.ensure_routed()
 S = st.session_state
@@ -24,7 +26,7 @@ STILL_CSS = "<style>[data-testid='stProgress'] * { transition: none !important; 
 CHART_CSS = "".join(f".st-key-bench_chart_{m} {{ flex: 0 0 auto !important; height: auto !important; }} "
                     f".st-key-bench_chart_{m} * {{ height: auto; }} "
                     f".st-key-bench_chart_{m} [data-testid='stVegaLiteChart'] {{ height: HEIGHT !important; }} "
-                    for m in charts.METRICS)
+                    for m in scaling.METRICS)
 CHART_HEIGHT = {False: "clamp(380px, calc(100vh - 12rem), 1000px)", True: "max(420px, calc(100vh - 4.5rem))"}
 # The columns a speaker talks about; the rest of the summary is one click away.
 TALK_COLUMNS = ["Mechanism", "time ∝ n^k: k", "memory ∝ n^k: k", "speed-up vs softmax (×)",
@@ -230,7 +232,7 @@ def chart_options(metric: str) -> dict:
 def metrics() -> list[str]:
     """The chart metrics, the one the preset focuses on first."""
     first = S.get("bench_focus", "time_median_s")
-    return sorted(charts.METRICS, key=lambda metric: metric != first)
+    return sorted(scaling.METRICS, key=lambda metric: metric != first)
 
 
 def ticker() -> None:
@@ -295,7 +297,7 @@ def results_view(job) -> None:
         with st.container(key=f"bench_chart_{metric}"):  # sized to the screen by CHART_CSS; the chart fills it
             st.vega_lite_chart(live_spec(metric).update(df, metric, fit=True, **options), theme=None,
                                width="stretch", height="stretch")
-        if note := charts.chart_note(df, metric, log=options["log"], curves=options["curves"]):
+        if note := scaling.chart_note(df, metric, log=options["log"], curves=options["curves"]):
             st.caption(untrusted.literal(note))  # it quotes labels and reasons, from a file when replayed
     if job.done:
         if stopped := analysis.stopped_note(df):
@@ -317,32 +319,32 @@ def results_view(job) -> None:
         st.caption("The summary table (fitted exponents, speed-ups, GFLOP/s) comes when the sweep ends.")
 
 
-def live_spec(metric: str) -> charts.LiveSpec:
+def live_spec(metric: str) -> scaling.LiveSpec:
     """The session's spec of one chart: rebuilt only when its shape changes, new points swapped in otherwise."""
-    return S.setdefault("bench_live_specs", {m: charts.LiveSpec() for m in charts.METRICS})[metric]
+    return S.setdefault("bench_live_specs", {m: scaling.LiveSpec() for m in scaling.METRICS})[metric]
 
 
 def summary(job):
     """The summary table of a finished job, made once (from all its rows: it may have finished a moment ago)."""
     if S.get("bench_summary", (None,))[0] is not job:
-        S["bench_summary"] = (job, charts.summary_table(job.frame()))
+        S["bench_summary"] = (job, scaling.summary_table(job.frame()))
     return S["bench_summary"][1]
 
 
 def export_panel(job) -> None:
     record = job.result()
     with st.expander("Export", icon=":material/download:"):
-        shown = {metric: charts.figure(record.frame, metric, **chart_options(metric)) for metric in metrics()}
+        shown = {metric: scaling.figure(record.frame, metric, **chart_options(metric)) for metric in metrics()}
         cols = st.columns(len(shown) + 1)
         for metric, column in zip(shown, cols):
-            column.text_input(f"Title of the {charts.METRICS[metric][3].lower()} chart",
-                              placeholder=charts.default_title(record.frame, metric), **keyed(f"bench_title_{metric}"))
-        cols[-1].text_input("Subtitle of both", placeholder=charts.default_subtitle(record.frame),
+            column.text_input(f"Title of the {scaling.METRICS[metric][3].lower()} chart",
+                              placeholder=scaling.default_title(record.frame, metric), **keyed(f"bench_title_{metric}"))
+        cols[-1].text_input("Subtitle of both", placeholder=scaling.default_subtitle(record.frame),
                             **keyed("bench_subtitle"))
         for metric, chart in shown.items():
             name = "time" if metric == "time_median_s" else "memory"
             row = st.columns(4)
-            row[0].markdown(f"**{charts.METRICS[metric][3]}** chart")
+            row[0].markdown(f"**{scaling.METRICS[metric][3]}** chart")
             for column, (fmt, make, mime) in zip(row[1:], (("PNG", export.chart_png, "image/png"),
                                                            ("SVG", export.chart_svg, "image/svg+xml"),
                                                            ("HTML", export.chart_html, "text/html"))):

@@ -2,7 +2,10 @@
 import streamlit as st
 
 import app
-from attn_core import MECHANISMS, insight_charts, reference, results, untrusted
+from attn_core import MECHANISMS, untrusted
+from attn_core.charts import insight as insight_charts
+from attn_core.insight import published
+from attn_core.engine import results
 
 app.ensure_routed()  # a deep link as a server's first request: let the router run first
 
@@ -41,7 +44,7 @@ if not runs:
     st.info("Upload one or more saved runs to overlay them.", icon=":material/upload_file:")
     st.stop()
 
-frame = reference.runs_frame(runs)
+frame = published.runs_frame(runs)
 metric = st.segmented_control("Metric", list(METRICS), default="time_median_s", required=True,
                               format_func=METRICS.get, **app.keyed("cmp_metric"))
 chart = insight_charts.runs_chart(frame, metric)
@@ -52,23 +55,23 @@ st.subheader("Relative to a baseline, with published figures")
 left, mid, right = st.columns(3)
 baseline = left.selectbox("Baseline", ["softmax", "sdpa"], format_func=lambda k: MECHANISMS[k].label,
                           **app.keyed("cmp_baseline"))
-published = mid.toggle(f"Overlay {reference.PUBLISHED}", True, **app.keyed("cmp_published"))
+overlay = mid.toggle(f"Overlay {published.PUBLISHED}", True, **app.keyed("cmp_published"))
 matching = right.toggle("Only published methods matching the mechanisms shown", True, **app.keyed("cmp_matching"))
-relative = reference.relative_to_baseline(frame, metric, baseline)
+relative = published.relative_to_baseline(frame, metric, baseline)
 if relative.empty:
     st.warning(f"No run measured {MECHANISMS[baseline].label} at the same n and settings as the others; choose "
                "another baseline or upload a run that includes it.")
 else:
-    ref = reference.relative("speed" if metric == "time_median_s" else "memory") if published else None
+    ref = published.relative("speed" if metric == "time_median_s" else "memory") if overlay else None
     if ref is not None and matching:
         ref = ref[ref["mechanism"].isin(set(frame["mechanism"]))]
     chart = insight_charts.relative_chart(relative, metric, baseline_label=MECHANISMS[baseline].label,
                                           reference=ref)
     app.show_chart(chart)
     app.export_row(chart, relative, "runs-relative", "cmp_dl_runs-relative")
-    if published:
+    if overlay:
         st.caption("Published figures, measured on other hardware with other models and settings: "
-                   + " · ".join(reference.citations()))
+                   + " · ".join(published.citations()))
 
 st.subheader("Ratio between two runs")
 if len(runs) < 2:
@@ -81,7 +84,7 @@ b = right.selectbox("Run B", names, 1, **app.keyed("cmp_b"))
 if a == b:
     st.error("Run A and run B are the same; choose two different runs.", icon=":material/edit:")
     st.stop()
-ratios = reference.run_ratio(runs[a].frame, runs[b].frame, metric)
+ratios = published.run_ratio(runs[a].frame, runs[b].frame, metric)
 if ratios.empty:
     st.warning(f"{untrusted.literal(a)} and {untrusted.literal(b)} share no point (same mechanism, parameters, n, "
                "dtype, mode, mask and sizes).")

@@ -3,7 +3,7 @@ import pandas as pd
 import streamlit as st
 
 import app
-from attn_core import env, presets
+from attn_core.engine import env, presets
 
 app.ensure_routed()
 st.title("Attention Lab")

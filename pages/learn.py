@@ -3,7 +3,9 @@ import pandas as pd
 import streamlit as st
 
 import app
-from attn_core import insight_charts, lesson, untrusted
+from attn_core.charts import insight as insight_charts
+from attn_core.insight import lesson
+from attn_core import untrusted
 
 app.ensure_routed()  # a deep link as a server's first request: let the router run first
 S = st.session_state

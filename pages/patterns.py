@@ -2,7 +2,9 @@
 import streamlit as st
 
 import app
-from attn_core import MECHANISMS, accuracy, effective, insight_charts
+from attn_core import MECHANISMS
+from attn_core.insight import accuracy, effective
+from attn_core.charts import insight as insight_charts
 
 app.ensure_routed()  # a deep link as a server's first request: let the router run first
 

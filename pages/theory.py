@@ -2,7 +2,10 @@
 import streamlit as st
 
 import app
-from attn_core import MECHANISMS, env, insight_charts, theory
+from attn_core import MECHANISMS
+from attn_core.engine import env
+from attn_core.charts import insight as insight_charts
+from attn_core.insight import theory
 
 app.ensure_routed()  # a deep link as a server's first request: let the router run first
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from attn_core import accuracy as acc
+from attn_core.insight import accuracy as acc
 
 T = torch.tensor
 SMALL = dict(n=64, d_model=32, heads=2, repeats=1)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import attn_core as ac
-from attn_core import analysis
-from attn_core.analysis import crossovers, fit_slopes, series_name, summary, theory_curves
-from attn_core.results import frame_from_rows
+from attn_core.engine import analysis
+from attn_core.engine.analysis import crossovers, fit_slopes, series_name, summary, theory_curves
+from attn_core.engine.results import frame_from_rows
 
 NS = (256, 512, 1024, 2048, 4096)
 
@@ -219,7 +219,7 @@ def test_a_baseline_that_was_not_measured_is_named_with_how_to_include_it():
 
 
 def test_a_busy_matmul_figure_is_said_once_and_only_then():
-    from attn_core import analysis
+    from attn_core.engine import analysis
 
     assert analysis.matmul_note({"device_gflops": 300.0, "device_gflops_disturbed": False}) == ""
     assert analysis.matmul_note({}) == ""

@@ -13,9 +13,10 @@ from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest, app_test
 
-from attn_core import MECHANISMS, cli, presets, results, sweep
+from attn_core import cli, MECHANISMS
+from attn_core.engine import presets, results, sweep
 from tests.apptest_helpers import chart_specs
-from attn_core.presets import Replay, SweepSequence
+from attn_core.engine.presets import Replay, SweepSequence
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = {"pages/home.py": "Attention Lab", "pages/learn.py": "Learn", "pages/benchmark.py": "Benchmark",
@@ -364,7 +365,7 @@ def test_a_busy_run_says_so_and_sdpa_as_baseline_says_it_was_not_measured():
 def test_a_full_run_during_a_sweep_holds_the_worker_and_lets_go_at_its_end(monkeypatch):
     """No timed sample may compete with the page drawing: each full run while a sweep measures holds the worker
     first and releases it last (worker.hold, which measure.take_turn obeys)."""
-    from attn_core import worker
+    from attn_core.engine import worker
 
     at = benchmark(**{**TINY, "bench_steps": 3, "bench_n": (64, 256)})
     calls = []

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from attn_core import MECHANISMS, sweep
+from attn_core import MECHANISMS
+from attn_core.engine import sweep
 from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_server, browser_page, wait_idle
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -140,7 +141,7 @@ CHART_TEXT = """() => [...document.querySelectorAll('[data-testid="stVegaLiteCha
 def test_talk_mode_fits_a_projector_and_a_screen(width, height, private_tmp):
     """Talk mode at both sizes: sidebar folded, nothing cut short, each chart and its title within the window,
     every chart text at least 18 px, the summary a short table in large type."""
-    from attn_core.charts import TALK_MIN_PX
+    from attn_core.charts.style import TALK_MIN_PX
 
     _need_chromium()
     with app_server(private_tmp) as server, browser_page(width, height) as page:
@@ -188,7 +189,7 @@ def test_talk_mode_fits_a_projector_and_a_screen(width, height, private_tmp):
 def test_learn_page_in_talk_mode_at_1280x720_is_readable(private_tmp):
     """Every step's figure at 1280×720 in talk mode: nothing cut short, every chart text at least 18 px, each figure
     within the window's width."""
-    from attn_core.charts import TALK_MIN_PX
+    from attn_core.charts.style import TALK_MIN_PX
 
     _need_chromium()
     with app_server(private_tmp) as server, browser_page(1280, 720) as page:

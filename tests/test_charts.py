@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attn_core import MECHANISMS, charts, export
-from attn_core.results import frame_from_rows
+from attn_core import MECHANISMS
+from attn_core.charts import export, scaling
+from attn_core.engine.results import frame_from_rows
 
 
 def results_frame(mechanisms=("softmax", "linear"), ns=(64, 128, 256), causal=False, skip_last=True) -> pd.DataFrame:
@@ -44,7 +45,7 @@ def layer_data(spec: dict, mark: str) -> list[list[dict]]:
 
 
 def test_time_chart_draws_ok_points_in_ms_and_labels_unit_and_method():
-    spec = charts.scaling_chart(results_frame(), "time_median_s").to_dict()
+    spec = scaling.scaling_chart(results_frame(), "time_median_s").to_dict()
     points = [r for rows in layer_data(spec, "point") for r in rows if r["drawn"]]
     assert len(points) == 5  # six points, softmax at n=256 skipped
     first = next(r for r in points if r["mechanism"] == "softmax" and r["n"] == 64)
@@ -56,7 +57,7 @@ def test_time_chart_draws_ok_points_in_ms_and_labels_unit_and_method():
 
 
 def test_memory_chart_names_its_method_and_uses_mib():
-    spec = charts.scaling_chart(results_frame(), "peak_bytes", log=False).to_dict()
+    spec = scaling.scaling_chart(results_frame(), "peak_bytes", log=False).to_dict()
     y = spec["layer"][0]["encoding"]["y"]
     assert "MiB" in y["title"][0] and "torch.profiler (CPU allocator)" in y["title"][1]
     assert "scale" not in y or y["scale"].get("type") != "log"
@@ -67,7 +68,7 @@ def test_memory_chart_names_its_method_and_uses_mib():
 
 
 def test_skipped_point_is_a_cross_whose_tooltip_gives_the_reason():
-    spec = charts.scaling_chart(results_frame(), "time_median_s").to_dict()
+    spec = scaling.scaling_chart(results_frame(), "time_median_s").to_dict()
     crosses = [layer for layer in spec["layer"] if layer["mark"].get("shape") == "cross"]
     assert len(crosses) == 1
     rows = spec["datasets"][crosses[0]["data"]["name"]]
@@ -79,9 +80,9 @@ def test_skipped_point_is_a_cross_whose_tooltip_gives_the_reason():
 def test_zero_memory_cannot_sit_on_a_log_axis_and_says_so():
     df = results_frame(skip_last=False)
     df.loc[0, "peak_bytes"] = 0.0
-    pts = charts.points_frame(df, "peak_bytes", log=True)
+    pts = scaling.points_frame(df, "peak_bytes", log=True)
     assert not pts.loc[0, "drawn"] and "log axis" in pts.loc[0, "why"]
-    assert charts.points_frame(df, "peak_bytes", log=False).loc[0, "drawn"]
+    assert scaling.points_frame(df, "peak_bytes", log=False).loc[0, "drawn"]
 
 
 def svg_texts(chart) -> set[str]:
@@ -91,7 +92,7 @@ def svg_texts(chart) -> set[str]:
 
 
 def test_theory_curves_are_dashed_and_the_legend_says_how_they_are_scaled():
-    spec = charts.figure(results_frame(), "time_median_s", curves=("spec", "n²")).to_dict()
+    spec = scaling.figure(results_frame(), "time_median_s", curves=("spec", "n²")).to_dict()
     dashed = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
     assert len(dashed) == 1
     title = " ".join(dashed[0]["encoding"]["strokeDash"]["title"])
@@ -102,37 +103,37 @@ def test_theory_curves_are_dashed_and_the_legend_says_how_they_are_scaled():
     # softmax's two measured points are exactly 1e-8·n² s, so its fitted n² curve passes through them
     assert all(r["time_ms"] == pytest.approx(1e-8 * r["n"] ** 2 * 1e3) for r in softmax)
     assert layer_data(spec, "text") == []  # no label sits on a line: each formula follows its name in the legend
-    texts = svg_texts(charts.figure(results_frame(), "time_median_s", curves=("spec", "n²")))
+    texts = svg_texts(scaling.figure(results_frame(), "time_median_s", curves=("spec", "n²")))
     assert {"Softmax (materialized) — O(n²·d)", "Linear (elu+1) — O(n·d²)"} <= texts
 
 
 def test_only_the_chosen_kinds_of_theory_curve_are_drawn():
-    spec = charts.figure(results_frame(), "peak_bytes", curves=("n",)).to_dict()
+    spec = scaling.figure(results_frame(), "peak_bytes", curves=("n",)).to_dict()
     (dashed,) = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
     assert {r["kind"] for r in spec["datasets"][dashed["data"]["name"]]} == {"n"}
 
 
 def test_crossover_is_marked_at_n_star_where_the_lines_meet():
     # linear (1e-6·n) and softmax (1e-8·n²) meet at n = 100, between the measured 64 and 128
-    spec = charts.figure(results_frame(), "time_median_s", baseline="softmax", curves=()).to_dict()
+    spec = scaling.figure(results_frame(), "time_median_s", baseline="softmax", curves=()).to_dict()
     (rules,) = layer_data(spec, "rule")
     assert [r["mechanism"] for r in rules] == ["linear"]
     assert rules[0]["n"] == pytest.approx(100, rel=1e-6)
     assert rules[0]["time_ms"] == pytest.approx(1e-6 * 100 * 1e3, rel=1e-6)
     assert rules[0]["line_text"] == "Linear (elu+1) overtakes Softmax (materialized) at n* ≈ 100"
     assert layer_data(spec, "text") == []  # named in a legend, which says the pair
-    texts = svg_texts(charts.figure(results_frame(), "time_median_s", baseline="softmax", curves=()))
+    texts = svg_texts(scaling.figure(results_frame(), "time_median_s", baseline="softmax", curves=()))
     assert "Linear (elu+1) overtakes Softmax (materialized) at n* ≈ 100" in texts
 
 
 def test_no_crossover_within_the_range_draws_no_mark():
-    spec = charts.figure(results_frame(ns=(256, 512, 1024), skip_last=False), "time_median_s").to_dict()
+    spec = scaling.figure(results_frame(ns=(256, 512, 1024), skip_last=False), "time_median_s").to_dict()
     assert layer_data(spec, "rule") == []
 
 
 def test_mixed_causal_frame_keeps_two_lines_per_mechanism_told_apart_by_shape():
     df = pd.concat([results_frame(causal=False), results_frame(causal=True)], ignore_index=True)
-    spec = charts.scaling_chart(df, "time_median_s").to_dict()
+    spec = scaling.scaling_chart(df, "time_median_s").to_dict()
     rows = layer_data(spec, "point")[0]
     softmax = "Softmax (materialized)"
     assert {r["series"] for r in rows} >= {f"{softmax} · causal", f"{softmax} · bidirectional"}
@@ -141,14 +142,14 @@ def test_mixed_causal_frame_keeps_two_lines_per_mechanism_told_apart_by_shape():
     line_layer = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "line")
     assert line_layer["encoding"]["strokeDash"]["field"] == "mask"  # the masks differ in line style too
     dashes = dict(zip(*(line_layer["encoding"]["strokeDash"]["scale"][k] for k in ("domain", "range"))))
-    assert dashes["bidirectional"] == [1, 0] and dashes["causal"] not in [*charts.DASHES.values(), [1, 0]]
-    assert "Mask (line style)" in svg_texts(charts.scaling_chart(df, "time_median_s"))
-    table = charts.summary_table(df)
+    assert dashes["bidirectional"] == [1, 0] and dashes["causal"] not in [*scaling.DASHES.values(), [1, 0]]
+    assert "Mask (line style)" in svg_texts(scaling.scaling_chart(df, "time_median_s"))
+    table = scaling.summary_table(df)
     assert list(table["Mechanism"]).count("Linear (elu+1) · causal") == 1
 
 
 def test_summary_table_names_units_and_compares_with_softmax():
-    table = charts.summary_table(results_frame(ns=(64, 128, 256, 512), skip_last=False))
+    table = scaling.summary_table(results_frame(ns=(64, 128, 256, 512), skip_last=False))
     linear = table.set_index("Mechanism").loc["Linear (elu+1)"]
     assert linear["time ∝ n^k: k"] == pytest.approx(1.0, abs=1e-3)
     assert linear["speed-up vs softmax (×)"] == pytest.approx(1e-8 * 512 / 1e-6, rel=1e-3)
@@ -158,47 +159,47 @@ def test_summary_table_names_units_and_compares_with_softmax():
 def test_a_second_setting_of_a_mechanism_is_its_own_line_with_its_own_colour():
     wide = results_frame(("linear",))
     narrow = wide.assign(params='{"window": 8}', mechanism="sliding_window", label="Sliding window")
-    spec = charts.scaling_chart(pd.concat([wide, narrow, narrow.assign(params='{"window": 16}')]), "time_median_s")
+    spec = scaling.scaling_chart(pd.concat([wide, narrow, narrow.assign(params='{"window": 16}')]), "time_median_s")
     scale = spec.to_dict()["layer"][0]["encoding"]["color"]["scale"]
     assert scale["domain"] == ["Sliding window (window=8)", "Sliding window (window=16)", "Linear (elu+1)"]
     assert len(set(scale["range"])) == 3
 
 
 def test_colours_follow_the_catalogue_so_a_mechanism_keeps_its_colour():
-    one = charts.scaling_chart(results_frame(("softmax", "linear")), "time_median_s").to_dict()
-    two = charts.scaling_chart(results_frame(("linear",)), "time_median_s").to_dict()
+    one = scaling.scaling_chart(results_frame(("softmax", "linear")), "time_median_s").to_dict()
+    two = scaling.scaling_chart(results_frame(("linear",)), "time_median_s").to_dict()
     scale = lambda s: s["layer"][0]["encoding"]["color"]["scale"]  # noqa: E731
     assert dict(zip(scale(one)["domain"], scale(one)["range"]))["Linear (elu+1)"] == scale(two)["range"][0]
 
 
 def test_talk_mode_uses_larger_type_and_thicker_lines():
-    plain = charts.scaling_chart(results_frame(), "time_median_s").to_dict()
-    talk = charts.scaling_chart(results_frame(), "time_median_s", talk=True).to_dict()
+    plain = scaling.scaling_chart(results_frame(), "time_median_s").to_dict()
+    talk = scaling.scaling_chart(results_frame(), "time_median_s", talk=True).to_dict()
     assert talk["config"]["axis"]["labelFontSize"] > plain["config"]["axis"]["labelFontSize"]
     assert talk["layer"][0]["mark"]["strokeWidth"] > plain["layer"][0]["mark"]["strokeWidth"]
 
 
 def test_title_and_subtitle_are_editable_and_default_to_the_setup():
     df = results_frame()
-    default = charts.scaling_chart(df, "peak_bytes").to_dict()["title"]
+    default = scaling.scaling_chart(df, "peak_bytes").to_dict()["title"]
     assert default["text"] == "Peak memory of one forward call vs sequence length"
     assert "d_model 512" in default["subtitle"] and "float32" in default["subtitle"]
-    mine = charts.scaling_chart(df, "peak_bytes", title="The quadratic wall", subtitle="live").to_dict()["title"]
+    mine = scaling.scaling_chart(df, "peak_bytes", title="The quadratic wall", subtitle="live").to_dict()["title"]
     assert (mine["text"], mine["subtitle"]) == ("The quadratic wall", "live")
 
 
 def test_an_empty_frame_still_makes_a_valid_chart():
     empty = results_frame().iloc[0:0]
-    spec = charts.scaling_chart(empty, "time_median_s").to_dict()
+    spec = scaling.scaling_chart(empty, "time_median_s").to_dict()
     assert spec["title"]["subtitle"] == ""
 
 
 def test_a_live_spec_matches_a_fresh_build_and_is_rebuilt_only_when_its_shape_changes():
     df = results_frame(ns=(64, 128, 256, 512), skip_last=False)
-    live = charts.LiveSpec()
+    live = scaling.LiveSpec()
     live.update(df.iloc[:-1], "time_median_s")  # one point fewer: the same lines, lengths and marks
     built = live.spec
-    assert live.update(df, "time_median_s") == charts.figure(df, "time_median_s").to_dict(validate=False)
+    assert live.update(df, "time_median_s") == scaling.figure(df, "time_median_s").to_dict(validate=False)
     assert live.spec is built  # same lines, axes and titles: only the data changed
     live.update(df, "time_median_s", log=False)
     assert live.spec is not built
@@ -227,11 +228,11 @@ def test_memory_not_measured_stays_out_of_the_axis_title_and_the_plot_keeps_its_
     if rows == [0]:
         df = df.iloc[[0, 3]]  # one point drawn: a single value, which Vega would give a flat axis
     for log in (True, False):
-        spec = charts.figure(df, "peak_bytes", log=log).to_dict()
+        spec = scaling.figure(df, "peak_bytes", log=log).to_dict()
         (y,) = [layer["encoding"]["y"] for layer in spec["layer"] if layer["data"].get("name") == "points"]
         assert not any("not measured" in line for line in y["title"]), y["title"]
         if rows is None:  # nothing drawable: an explicit domain and a sentence in the plot
-            assert y["scale"]["domain"] == list(charts.EMPTY_DOMAIN[log])
+            assert y["scale"]["domain"] == list(scaling.EMPTY_DOMAIN[log])
             assert layers_of(spec, "text")[0]["mark"]["text"] == "No measured value to draw"
         elif rows == [0]:
             assert y["scale"]["domain"] == ([0.01, 0.1] if log else [0.0, 2 * 4.0 * 64 * 64 / 2**20])
@@ -241,7 +242,7 @@ def test_memory_not_measured_stays_out_of_the_axis_title_and_the_plot_keeps_its_
             assert "domain" not in y["scale"]  # a real range: Vega's own
         (crosses,) = [layer for layer in layers_of(spec, "point") if layer["mark"].get("shape") == "cross"]
         assert {r["why"] for r in spec["datasets"][crosses["data"]["name"]]} == {NOT_MEASURED}
-    note = charts.chart_note(df, "peak_bytes")
+    note = scaling.chart_note(df, "peak_bytes")
     assert note.startswith("Not drawn (crosses on the bottom edge): ") and NOT_MEASURED in note
 
 
@@ -250,7 +251,7 @@ def test_disturbed_points_are_hollow_with_the_figure_in_their_tooltip_and_out_of
     hit = (df["mechanism"] == "softmax") & (df["n"] == 512)
     df.loc[hit, "time_median_s"] *= 10  # would bend a fit that used it
     df.loc[hit, ["disturbed", "foreign_cpu", "retaken"]] = [True, 0.9, 3]
-    spec = charts.figure(df, "time_median_s", curves=("n²",)).to_dict()
+    spec = scaling.figure(df, "time_median_s", curves=("n²",)).to_dict()
     (hollow,) = [layer for layer in layers_of(spec, "point") if layer["mark"].get("filled") is False
                  and layer["data"]["name"] != "crossings" and "shape" not in layer["mark"]]
     (row,) = spec["datasets"][hollow["data"]["name"]]
@@ -264,52 +265,52 @@ def test_disturbed_points_are_hollow_with_the_figure_in_their_tooltip_and_out_of
     quad = {r["n"]: r["time_ms"] for r in spec["datasets"][dashed["data"]["name"]] if r["mechanism"] == "softmax"}
     assert quad[512] == pytest.approx(1e-8 * 512 ** 2 * 1e3)  # fitted on the three clean points only
     assert "This machine was busy: 1 of 8 points" in " ".join(spec["title"]["subtitle"])
-    assert not charts.figure(df, "peak_bytes").to_dict().get("datasets", {}).get("disturbed")  # memory: unaffected
-    every = charts.figure(df.assign(disturbed=True), "time_median_s").to_dict()  # nothing clean: still coloured
+    assert not scaling.figure(df, "peak_bytes").to_dict().get("datasets", {}).get("disturbed")  # memory: unaffected
+    every = scaling.figure(df.assign(disturbed=True), "time_median_s").to_dict()  # nothing clean: still coloured
     assert every["layer"][0]["encoding"]["color"]["scale"]["domain"] == ["Softmax (materialized)", "Linear (elu+1)"]
     assert "No theory curve for Linear (elu+1): every point of it was disturbed." in \
-        charts.chart_note(df.assign(disturbed=True), "time_median_s")
+        scaling.chart_note(df.assign(disturbed=True), "time_median_s")
 
 
 def test_iqr_bars_span_the_25th_to_75th_percentile_of_the_samples():
     df = results_frame(skip_last=False)
     df["time_samples"] = [[t * f for f in (0.9, 1.0, 1.0, 1.1, 2.0)] for t in df["time_median_s"]]
-    spec = charts.figure(df, "time_median_s").to_dict()
+    spec = scaling.figure(df, "time_median_s").to_dict()
     (bars,) = layers_of(spec, "errorbar")
     assert bars["encoding"]["y"]["field"] == "iqr_low" and bars["encoding"]["y2"]["field"] == "iqr_high"
     for r in spec["datasets"][bars["data"]["name"]]:
         (t,) = df.loc[(df["n"] == r["n"]) & (df["label"] == r["line"]), "time_median_s"]
         assert (r["iqr_low"], r["iqr_high"]) == pytest.approx((t * 1e3, t * 1.1e3))  # skewed: not median ± IQR/2
-    assert layers_of(charts.figure(df, "peak_bytes").to_dict(), "errorbar") == []
+    assert layers_of(scaling.figure(df, "peak_bytes").to_dict(), "errorbar") == []
 
 
 def test_roofline_is_executed_flops_at_the_sweeps_measured_matmul_throughput():
     df = results_frame(skip_last=False)
     df["executed_flops"] = 2 * df["theory_flops"]
-    spec = charts.figure(df, "time_median_s", curves=("roofline",)).to_dict()
+    spec = scaling.figure(df, "time_median_s", curves=("roofline",)).to_dict()
     (dashed,) = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
     rows = spec["datasets"][dashed["data"]["name"]]
     assert {r["kind_label"] for r in rows} == {"hardware limit at 100 GFLOP/s (matmul, measured)"}
     assert dashed["encoding"]["strokeDash"]["scale"]["domain"] == ["hardware limit at 100 GFLOP/s (matmul, measured)"]
     for r in rows:
         assert r["time_ms"] == pytest.approx(2 * 4.0 * 8 * r["n"] ** 2 * 64 / 100e9 * 1e3)
-    memory = charts.figure(df, "peak_bytes", curves=("roofline",)).to_dict()
+    memory = scaling.figure(df, "peak_bytes", curves=("roofline",)).to_dict()
     assert not [layer for layer in memory["layer"] if "strokeDash" in layer.get("encoding", {})]
 
 
 def test_more_than_100_percent_of_the_device_says_why():
     df = results_frame(skip_last=False)
     df.loc[0, "pct_of_device"] = 130.0
-    rows = layer_data(charts.figure(df, "time_median_s").to_dict(), "point")[0]
+    rows = layer_data(scaling.figure(df, "time_median_s").to_dict(), "point")[0]
     above = next(r for r in rows if r["mechanism"] == "softmax" and r["n"] == 64)
     assert "above the device's measured matmul throughput" in above["throughput"]
     assert "above" not in next(r for r in rows if r["n"] == 128)["throughput"]
-    assert "1 point is above the device's measured matmul throughput" in charts.chart_note(df, "time_median_s")
+    assert "1 point is above the device's measured matmul throughput" in scaling.chart_note(df, "time_median_s")
 
 
 def test_summary_table_names_its_flops_and_says_why_an_exponent_is_missing():
-    table = charts.summary_table(results_frame(ns=(64, 128), skip_last=False))
+    table = scaling.summary_table(results_frame(ns=(64, 128), skip_last=False))
     assert table["time ∝ n^k: k"].isna().all() and table["memory ∝ n^k: k"].isna().all()  # kept, empty
     assert set(table["note"]) == {"time and memory k: needs 3 clean points, has 2"}
     assert "% of device matmul (executed FLOPs)" in table and "GFLOP/s at largest n (useful FLOPs)" in table
-    assert "note" not in charts.summary_table(results_frame(skip_last=False))
+    assert "note" not in scaling.summary_table(results_frame(skip_last=False))

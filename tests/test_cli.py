@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from attn_core import cli
-from attn_core import sweep as sweep_module
-from attn_core.results import load_run
+from attn_core.engine import sweep as sweep_module
+from attn_core.engine.results import load_run
 from tests.fake_mechanisms import REF, private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def test_show_prints_a_saved_run_and_refuses_a_bad_file(tmp_path):
 def test_show_says_what_the_page_says_of_a_busy_stopped_run(tmp_path):
     """The command line's summary carries the same sentences as the dashboard: disturbed points, a stopped sweep,
     a missing baseline."""
-    from attn_core import results
+    from attn_core.engine import results
     from tests.test_charts import results_frame
 
     frame = results_frame(ns=(64, 128, 256, 512), skip_last=False)

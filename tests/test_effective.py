@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import effective as ef
+from attn_core.insight import effective as ef
 from tests.baselines import allowed
 
 SMALL = {"sliding_window": {"window": 3}, "local": {"block": 4, "lookback": 1, "lookahead": 1},

@@ -7,14 +7,14 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from attn_core import charts, export
+from attn_core.charts import export, scaling, style
 
 
 def title_only(text: str) -> alt.Chart:
     """A chart whose only ink is its title, in the house font."""
     frame = pd.DataFrame({"x": [0]})
     chart = alt.Chart(frame).mark_point(opacity=0).encode(x=alt.X("x:Q", axis=None))
-    return charts.styled(chart.properties(width=400, height=10, title=text))
+    return style.styled(chart.properties(width=400, height=10, title=text))
 
 
 def ink_width(png: bytes) -> int:
@@ -53,7 +53,7 @@ def test_html_is_self_contained():
 def test_a_scaling_chart_exports_to_every_format():
     from test_charts import results_frame
 
-    chart = charts.scaling_chart(results_frame(), "peak_bytes")
+    chart = scaling.scaling_chart(results_frame(), "peak_bytes")
     assert export.chart_png(chart)[:8] == b"\x89PNG\r\n\x1a\n"
     assert b"Peak memory" in export.chart_svg(chart)
     assert b"Softmax (materialized)" in export.chart_html(chart)

@@ -6,9 +6,11 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attn_core import MECHANISMS, charts, export, results, untrusted
+from attn_core import MECHANISMS, untrusted
+from attn_core.charts import export, scaling
+from attn_core.engine import results
 from attn_core.benchmarks.dashboard import EXCEPTION, app_server, browser_page, wait_idle
-from attn_core.sweep import DEFAULT_SWEEP
+from attn_core.engine.sweep import DEFAULT_SWEEP
 from tests.apptest_helpers import displayed
 from tests.test_app import APP, fresh_stage, private_sweep_lock, routed, widget  # noqa: F401 (fixtures apply here)
 from tests.test_browser import _need_chromium
@@ -51,7 +53,7 @@ def test_literal_escapes_markdown_and_leaves_plain_words():
 
 def test_html_export_keeps_hostile_strings_as_escaped_json():
     df = hostile_frame(SCRIPT)
-    chart = charts.figure(df, "time_median_s", title=SCRIPT, subtitle=SCRIPT)
+    chart = scaling.figure(df, "time_median_s", title=SCRIPT, subtitle=SCRIPT)
     html = export.chart_html(chart).decode()
     body = html[html.rindex('<div id="vega-chart">'):]
     assert "<img" not in body and "\u2028" not in body and "&amp;" not in body
@@ -64,7 +66,7 @@ def test_html_export_of_a_hostile_run_runs_no_script_and_fetches_nothing(tmp_pat
     _need_chromium()
     df = hostile_frame(SCRIPT + BEACON)
     path = tmp_path / "hostile.html"
-    path.write_bytes(export.chart_html(charts.figure(df, "time_median_s", title=SCRIPT, subtitle=BEACON)))
+    path.write_bytes(export.chart_html(scaling.figure(df, "time_median_s", title=SCRIPT, subtitle=BEACON)))
     dialogs, requests = [], []
     with browser_page() as page:
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))

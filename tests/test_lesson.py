@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from attn_core import MECHANISMS, lesson
+from attn_core import MECHANISMS
+from attn_core.insight import lesson
 from attn_core.spec import Shape
 
 SENTENCE = "the cat sat on the mat"

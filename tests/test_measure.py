@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import env, measure
-from attn_core.measure import (Cancelled, Case, Settings, format_bytes, guard, is_oom, measure_case, median_iqr,
+from attn_core.engine import env, measure
+from attn_core.engine.measure import (Cancelled, Case, Settings, format_bytes, guard, is_oom, measure_case, median_iqr,
                                required_bytes, resolve_mechanisms, time_samples)
-from attn_core.results import COLUMNS
+from attn_core.engine.results import COLUMNS
 from tests.fake_mechanisms import FAKES, REF
 
 QUICK = Settings(warmup=1, min_repeats=3, min_time_s=0.0, budget_s=30.0)
@@ -266,7 +266,7 @@ def test_a_hold_is_bounded_so_a_page_that_never_lets_go_cannot_stall_a_sweep(mon
 
 
 def test_worker_hold_reaches_the_worker_waits_for_its_sample_and_lapses():
-    from attn_core import worker
+    from attn_core.engine import worker
 
     w = worker.prestart()
     w.in_sample.value = 1  # as if a sample were in flight: hold(True) waits for it, PARK_WAIT_S at most
@@ -302,7 +302,7 @@ def test_steady_allocator_reuses_small_blocks_and_gives_large_ones_fresh_pages_e
     the fixed 32 MiB threshold, is faulted in on every call, as in any program: neither depends on what ran before."""
     code = """
 import resource, torch
-from attn_core import env
+from attn_core.engine import env
 env.steady_allocator()
 assert env.allocator_note().startswith("glibc"), env.allocator_note()
 def faults(mib):  # page faults per call, as a share of the block's pages

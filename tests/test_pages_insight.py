@@ -10,7 +10,10 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attn_core import MECHANISMS, accuracy, effective, insight_charts, reference, results, theory
+from attn_core import MECHANISMS
+from attn_core.insight import accuracy, effective, published, theory
+from attn_core.charts import insight as insight_charts
+from attn_core.engine import results
 from tests.apptest_helpers import chart_specs as charts, displayed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,7 +284,7 @@ def test_theory_and_fit_charts():
 
 
 def test_reference_layer_leaves_out_baselines_and_adds_no_colour_scale():
-    layer = insight_charts.reference_layer(reference.relative("speed"), y="speedup").to_dict()
+    layer = insight_charts.reference_layer(published.relative("speed"), y="speedup").to_dict()
     rows = [r for d in layer["datasets"].values() for r in d]
     assert rows and not {"PyTorch Attention", "Transformer"} & {r["method"] for r in rows}
     assert all("speedup" in r for r in rows)
@@ -312,7 +315,7 @@ def test_published_figures_are_named_in_a_legend_not_by_labels_that_overlap():
     chart = insight_charts.relative_chart(
         pd.DataFrame({"mechanism": ["linear"] * 2, "label": ["Linear"] * 2, "n": [1024, 4096],
                       "value": [1.5, 4.0], "source": ["a · b"] * 2, "run": ["a"] * 2, "machine": ["b"] * 2}),
-        "time_median_s", reference=reference.relative("speed"))
+        "time_median_s", reference=published.relative("speed"))
     spec = chart.to_dict()
     assert not [layer for layer in _layers(spec) if layer.get("mark", {}).get("type") == "text"]
     svg = insight_charts.downloads(chart, pd.DataFrame(), "x")[1][1]().decode()
@@ -339,7 +342,7 @@ def test_pattern_heatmaps_are_large_enough_to_read():
 
 @pytest.mark.parametrize("name, state", [("accuracy", FAST_ACCURACY), ("theory", {})])
 def test_insight_charts_take_talk_modes_large_type(name, state):
-    from attn_core.charts import TALK_MIN_PX
+    from attn_core.charts.style import TALK_MIN_PX
 
     plain, talk = page(name, **state), page(name, **state, talk=True)
     for spec in charts(talk):
@@ -357,7 +360,7 @@ def metrics_shown(at: AppTest) -> dict[str, str]:
 
 
 def test_learn_page_walks_the_sentence_with_every_number_from_the_library():
-    from attn_core import lesson
+    from attn_core.insight import lesson
 
     at = page("learn")
     assert errors(at) == []

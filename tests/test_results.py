@@ -9,8 +9,8 @@ import math
 import pandas as pd
 import pytest
 
-from attn_core import results
-from attn_core.results import COLUMNS, Run, RunFileError, frame_from_rows, load_run, save_run, to_csv_bytes, \
+from attn_core.engine import results
+from attn_core.engine.results import COLUMNS, Run, RunFileError, frame_from_rows, load_run, save_run, to_csv_bytes, \
     to_json_bytes
 
 NAN = float("nan")

@@ -1,5 +1,5 @@
 """The server's stage: one sweep at a time, a queue in order of asking, orphans cancelled, sessions watching."""
-from attn_core.stage import Stage, Ticket, ordinal
+from attn_core.engine.stage import Stage, Ticket, ordinal
 
 
 class FakeJob:

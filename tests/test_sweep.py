@@ -14,10 +14,10 @@ import types
 import pytest
 
 import attn_core as ac
-from attn_core import sweep as sweep_module
-from attn_core import worker
-from attn_core.results import COLUMNS
-from attn_core.sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced, plan, run_sweep
+from attn_core.engine import sweep as sweep_module
+from attn_core.engine import worker
+from attn_core.engine.results import COLUMNS
+from attn_core.engine.sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced, plan, run_sweep
 from tests.fake_mechanisms import REF, private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 TINY = dict(heads=2, d_model=16, warmup=1, min_repeats=2, min_time_s=0.0, point_budget_s=30.0)
@@ -244,7 +244,7 @@ def test_eta_is_estimated_once_a_point_is_timed():
 def test_eta_comes_from_executed_flops_and_the_device_speed_not_from_fixed_costs():
     """The first points are the cheapest: an ETA that scaled their wall time (overheads included) by the FLOP ratio
     said 'about 5055 s left' for a 36 s sweep. Now: calls × executed FLOPs ÷ achieved speed."""
-    from attn_core.measure import theory
+    from attn_core.engine.measure import theory
 
     run = SweepRun(config(["softmax"], ns=(256, 1024, 4096), measure_memory=False, min_repeats=3,
                           min_time_s=0.0, warmup=1))
@@ -263,7 +263,7 @@ def test_eta_comes_from_executed_flops_and_the_device_speed_not_from_fixed_costs
 
 def test_a_sweeps_measurement_settings_are_carried_by_name_not_by_position():
     """Distinct values in every field: a swapped pair (two Optional[int] side by side) would show here."""
-    from attn_core.measure import Settings
+    from attn_core.engine.measure import Settings
 
     c = dataclasses.replace(DEFAULT_SWEEP, warmup=2, min_repeats=7, min_time_s=0.3, point_budget_s=11.0,
                             measure_memory=False, memory_margin=0.4, memory_limit_bytes=1 << 20, threads=3)

@@ -6,7 +6,7 @@ import math
 import pytest
 
 import attn_core as ac
-from attn_core import theory
+from attn_core.insight import theory
 
 
 def test_softmax_costs_by_hand():

@@ -6,7 +6,9 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attn_core import MECHANISMS, accuracy, cli, mechanisms, results, worker
+from attn_core import cli, MECHANISMS, mechanisms
+from attn_core.insight import accuracy
+from attn_core.engine import results, worker
 from tests import toy_mechanism
 from tests.apptest_helpers import chart_specs
 from tests.test_app import (APP, TINY, benchmark, fresh_stage, private_sweep_lock, routed,  # noqa: F401

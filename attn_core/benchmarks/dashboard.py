@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from attn_core import presets, results
-from attn_core.sweep import DEFAULT_SWEEP, SweepConfig
+from ..engine import presets, results
+from ..engine.sweep import DEFAULT_SWEEP, SweepConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"

@@ -18,9 +18,10 @@ import time
 
 import torch
 
-from .. import MECHANISMS, env, worker
-from ..measure import Case, Settings, call_of, format_bytes, make_inputs, make_state, time_samples
-from ..sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, run_sweep
+from attn_core import MECHANISMS
+from ..engine import env, worker
+from ..engine.measure import Case, Settings, call_of, format_bytes, make_inputs, make_state, time_samples
+from ..engine.sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, run_sweep
 
 MEMORY_MECHANISMS = ("softmax", "sdpa", "sliding_window")
 MEMORY_TOLERANCE, REPEAT_TOLERANCE, REPEAT_MIN_S, OVERHEAD_LIMIT, DEFAULT_LIMIT_S = 0.05, 0.10, 0.010, 0.05, 15.0

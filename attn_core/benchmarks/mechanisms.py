@@ -12,10 +12,11 @@ import sys
 
 import torch
 
-from .. import MECHANISMS, env
-from ..analysis import fit_slopes
-from ..measure import Case, Settings, format_bytes, make_row, measure_case
-from ..results import frame_from_rows
+from attn_core import MECHANISMS
+from ..engine import env
+from ..engine.analysis import fit_slopes
+from ..engine.measure import Case, Settings, format_bytes, make_row, measure_case
+from ..engine.results import frame_from_rows
 
 EFFICIENT = {"local": {}, "sliding_window": {"window": 256}, "linformer": {"rank": 256},
              "performer": {"features": 256}, "linear": {}}

@@ -8,9 +8,9 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 import torch
 
-from .api import attention, get, make_state
+from ..api import attention, get, make_state
 from .effective import KEYS, effective_attention
-from .spec import Shape
+from ..spec import Shape
 
 INPUTS = ("gaussian", "peaky", "local", "gentle")
 INPUT_HELP = {
@@ -259,7 +259,7 @@ def speed_accuracy(configs: Iterable[tuple[str, dict[str, Any]]], **settings: An
 def default_configs(n: int, keys: Iterable[str] | None = None, steps: int = 3) -> list[tuple[str, dict[str, Any]]]:
     """Each mechanism at its defaults when it has no parameter, else at `steps` values of its first parameter
     (clipped to n): the points of a speed–accuracy scatter."""
-    from .mechanisms import MECHANISMS
+    from ..mechanisms import MECHANISMS
 
     configs: list[tuple[str, dict[str, Any]]] = []
     for key in keys or MECHANISMS:

@@ -10,8 +10,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .mechanisms import MECHANISMS
-from .spec import MechanismSpec, Shape
+from ..mechanisms import MECHANISMS
+from ..spec import MechanismSpec, Shape
 
 METRICS = {"time_median_s": "time", "peak_bytes": "memory"}
 SERIES = ["mechanism", "params"]  # one line of a chart: a mechanism with one setting of its parameters

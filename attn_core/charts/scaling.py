@@ -11,8 +11,9 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from . import analysis
-from .mechanisms import MECHANISMS
+from ..engine import analysis
+from ..mechanisms import MECHANISMS
+from .style import colour_scale, house_config, styled
 
 METRICS = {
     # metric column → (display column, unit, divisor from the stored unit, what the chart calls it)
@@ -22,21 +23,14 @@ METRICS = {
 # analysis' curve kinds; a roofline's legend names the device's figure (analysis.roofline)
 CURVES = {"spec": "each mechanism's own cost (spec)", "n²": "O(n²)", "n": "O(n)",
           "roofline": "hardware limit (matmul, measured)"}
-# One colour per mechanism in every chart, by its place in the catalogue: Okabe–Ito plus brown for the first eight,
-# then eight more distinct ones (room for 16); a second setting of one mechanism takes a spare.
-COLOURS = ["#D55E00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9", "#8C564B", "#E69F00", "#000000",
-           "#6A3D9A", "#B15928", "#1B9E77", "#E7298A", "#66A61E", "#A6761D", "#1F78B4", "#FB9A99"]
-SPARE_COLOURS = ["#7F7F7F", "#BCBD22", "#17BECF", "#9467BD", "#E377C2", "#AEC7E8"]
 DASHES = {"spec": [8, 4], "n²": [2, 3], "n": [12, 4, 2, 4], "roofline": [1, 4]}
 # Measured lines when a chart mixes masks: bidirectional solid, causal a dash-dot no theory curve uses
 MASK_DASHES = {"bidirectional": [1, 0], "causal": [14, 4, 3, 4]}
 # How the engine times a call on each device (env.device_timer), as the axis says it.
 TIME_METHODS = {"cuda": "median of CUDA-event timings", "mps": "median wall-clock, synchronized",
                 "cpu": "median wall-clock"}
-FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif"
 THEORY_HOW = ["Dashed: theory c·f(n), c fitted to the", "clean measured points (least squares, log space)"]
 ROOFLINE_HOW = ["Dotted: executed FLOPs at the device's", "measured matmul throughput"]
-TALK_MIN_PX = 18  # the smallest chart text in talk mode
 EMPTY_DOMAIN = {True: (1.0, 10.0), False: (0.0, 1.0)}  # a y scale with nothing to draw (log, linear): keeps its height
 
 
@@ -49,20 +43,6 @@ def with_series(df: pd.DataFrame) -> pd.DataFrame:
     out["mask"] = df["causal"].map({True: "causal", False: "bidirectional"}).astype(object)
     out["series"] = out["line"] + (" · " + out["mask"] if df["causal"].nunique() > 1 else "")
     return out
-
-
-def colour_scale(pts: pd.DataFrame) -> alt.Scale:
-    """Each line's colour: its mechanism's catalogue colour, or a spare one for a second setting of a mechanism."""
-    order = list(MECHANISMS)
-    lines = pts.drop_duplicates("line")[["mechanism", "line"]]
-    lines = lines.assign(rank=[order.index(m) if m in order else len(order) for m in lines["mechanism"]])
-    domain, colours, used, spare = [], [], set(), iter(SPARE_COLOURS * 4)
-    for mechanism, line, rank in lines.sort_values("rank", kind="stable").itertuples(index=False):
-        first = mechanism in order and mechanism not in used
-        used.add(mechanism)
-        domain.append(line)
-        colours.append(COLOURS[rank % len(COLOURS)] if first else next(spare))
-    return alt.Scale(domain=domain, range=colours)
 
 
 def _ms(seconds: float) -> str:
@@ -218,7 +198,7 @@ def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, 
                 width: int | str | None = None, height: int | str | None = None) -> ChartShape:
     _, unit, _, name = METRICS[metric]
     every = pd.concat([frames[key] for key in ("points", "disturbed", "missing") if key in frames])
-    scale = colour_scale(every)
+    scale = colour_scale(every.drop_duplicates("line")[["mechanism", "line"]].itertuples(index=False))
     theory = frames.get("theory")
     kinds = tuple(k for k in DASHES if theory is not None and k in set(theory["kind"]))
     labels = tuple(theory.loc[theory["kind"] == k, "kind_label"].iloc[0] for k in kinds)
@@ -529,25 +509,3 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     empty = [c for c in table if table[c].isna().all() and c not in (SUMMARY_COLUMNS["time_exponent"],
                                                                     SUMMARY_COLUMNS["memory_exponent"])]
     return table.drop(columns=empty)  # e.g. the SDPA comparisons when SDPA was not measured (summary_notes)
-
-
-def house_config(talk: bool = False) -> alt.Config:
-    """House look, with installed fonts so exports show text; talk: large type and thick strokes for a projector."""
-    big = 1.4 if talk else 1.0  # talk: every text at least 18 px (TALK_MIN_PX), read from the back row
-    return alt.Config(
-        font=FONT, background="white",
-        title=alt.TitleConfig(fontSize=round(18 * big), subtitleFontSize=round(13 * big), color="#000000",
-                              subtitleColor="#222222"),
-        axis=alt.AxisConfig(labelFontSize=round(13 * big), titleFontSize=round(14 * big), labelColor="#000000",
-                            titleColor="#000000", gridColor="#DDDDDD", domainColor="#000000", tickColor="#000000"),
-        legend=alt.LegendConfig(labelFontSize=round(13 * big), titleFontSize=round(13 * big), labelColor="#000000",
-                                titleColor="#000000", orient="right", labelLimit=0, titleLimit=0,
-                                symbolStrokeWidth=3 if talk else 2, symbolSize=220 if talk else 120),
-        text=alt.MarkConfig(fontSize=round(13 * big)), header=alt.HeaderConfig(labelFontSize=round(13 * big),
-                                                                              titleFontSize=round(13 * big)),
-        view=alt.ViewConfig(stroke="#000000" if talk else "#BBBBBB"))
-
-
-def styled(chart: alt.TopLevelMixin, talk: bool = False) -> alt.TopLevelMixin:
-    """Any chart in the house look (see house_config)."""
-    return chart.properties(config=house_config(talk))

@@ -9,7 +9,7 @@ from typing import Callable
 
 import pandas as pd
 
-from .mechanisms import MECHANISMS
+from ..mechanisms import MECHANISMS
 from .results import SCHEMA_VERSION, Run
 from .sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced
 

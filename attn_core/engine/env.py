@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import psutil
 import torch
 
-from .spec import dtype_name
+from ..spec import dtype_name
 
 DEVICES = ("cpu", "cuda", "mps")
 

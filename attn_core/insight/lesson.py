@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .mechanisms import MECHANISMS
-from .spec import DTYPE_BYTES, Shape
+from ..mechanisms import MECHANISMS
+from ..spec import DTYPE_BYTES, Shape
 
 MAX_WORDS = 12  # a heatmap a class can read
 PAD = "<pad>"

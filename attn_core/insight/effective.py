@@ -11,9 +11,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from . import masks
-from .api import get, make_state
-from .spec import Shape
+from .. import masks
+from ..api import get, make_state
+from ..spec import Shape
 
 # How the columns of a mechanism's weight matrix are indexed: the n keys, or Linformer's `rank` projected keys.
 KEYS, PROJECTED = "keys", "projected keys"

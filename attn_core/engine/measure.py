@@ -12,11 +12,11 @@ from typing import Any, Callable
 import torch
 
 from . import env
-from .mechanisms import MECHANISMS, load
-from .mechanisms._common import checked_shape, validated
-from .mechanisms.sdpa import sdpa_backend
+from ..mechanisms import MECHANISMS, load
+from ..mechanisms._common import checked_shape, validated
+from ..mechanisms.sdpa import sdpa_backend
 from .results import COLUMNS
-from .spec import MechanismSpec, Shape
+from ..spec import MechanismSpec, Shape
 
 MODES = ("forward", "forward+backward")
 BACKWARD_FLOP_FACTOR = 3  # backward ≈ 2× forward (a product for each operand's gradient): 3× in all

@@ -5,11 +5,11 @@ from importlib import resources
 
 import pytest
 
-from attn_core import reference as ref
+from attn_core.insight import published as ref
 
 
 def test_data_files_ship_inside_the_package():
-    data = resources.files("attn_core").joinpath("data")
+    data = resources.files("attn_core.insight").joinpath("data")
     for source in ref.SOURCES:
         assert data.joinpath(source["file"]).is_file()
 
@@ -56,7 +56,8 @@ def test_citations_name_papers_and_arxiv_ids():
 
 def _run(device: str, rows: list[tuple[str, int, float, float]], status: str = "ok"):
     """A Run from (mechanism, n, time, peak bytes) tuples with every other column filled in."""
-    from attn_core import MECHANISMS, results
+    from attn_core import MECHANISMS
+    from attn_core.engine import results
 
     full = [dict(mechanism=m, label=MECHANISMS[m].label, exact=MECHANISMS[m].exact, params="{}", n=n, batch=1,
                  heads=2, d_model=64, head_dim=32, dtype="float32", device="cpu", mode="forward", causal=False,

@@ -10,16 +10,15 @@ import pandas as pd
 import torch
 
 from . import export
-from .accuracy import METRIC_LABELS
-from .charts import COLOURS, styled
-from .effective import matrix_frame
-from .mechanisms import MECHANISMS
-from .reference import PUBLISHED
-from .theory import EXTRAPOLATION
+from ..insight.accuracy import METRIC_LABELS
+from .style import REFERENCE_GREY, colour_scale, styled
+from ..insight.effective import matrix_frame
+from ..mechanisms import MECHANISMS
+from ..insight.published import PUBLISHED
+from ..insight.theory import EXTRAPOLATION
 
 MIB = float(1 << 20)
 LOG2_X = alt.Scale(type="log", base=2)
-REFERENCE_GREY = "#6E6E6E"
 
 
 def _finish(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
@@ -30,17 +29,14 @@ def _finish(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
 REFERENCE_DASHES = [[2, 3], [8, 3], [8, 3, 2, 3], [14, 4], [1, 2], [4, 4, 1, 4]]
 
 
-def colour_scale(frame: pd.DataFrame) -> alt.Scale:
+def mechanism_colours(frame: pd.DataFrame) -> alt.Scale:
     """Colour by mechanism label, each mechanism in its catalogue colour (the Benchmark page's), others grey."""
-    order = list(MECHANISMS)
-    pairs = frame.drop_duplicates("mechanism")[["mechanism", "label"]].astype(str)
-    pairs = sorted(pairs.itertuples(index=False), key=lambda ml: order.index(ml[0]) if ml[0] in order else len(order))
-    return alt.Scale(domain=[label for _, label in pairs],
-                     range=[COLOURS[order.index(m) % len(COLOURS)] if m in order else REFERENCE_GREY for m, _ in pairs])
+    pairs = frame.drop_duplicates("mechanism")[["mechanism", "label"]].astype(str).itertuples(index=False)
+    return colour_scale(pairs, unknown=REFERENCE_GREY)
 
 
 def _colour(frame: pd.DataFrame, title: str = "Mechanism") -> alt.Color:
-    return alt.Color("label:N", scale=colour_scale(frame), title=title)
+    return alt.Color("label:N", scale=mechanism_colours(frame), title=title)
 
 
 def _finite(frame: pd.DataFrame, column: str, positive: bool = True) -> pd.DataFrame:
@@ -249,7 +245,7 @@ def fit_chart(table: pd.DataFrame) -> alt.TopLevelMixin:
         y=alt.Y("label:N", title=None, sort=list(dict.fromkeys(table["label"]))),
         x=alt.X("largest_n:Q", title="Largest n that fits (log scale)", scale=alt.Scale(type="log", domainMin=low),
                 axis=alt.Axis(format="~s")),
-        color=alt.Color("label:N", scale=colour_scale(table), legend=None))
+        color=alt.Color("label:N", scale=mechanism_colours(table), legend=None))
     bars = base.mark_bar().encode(x2="start:Q", tooltip=[alt.Tooltip("label:N", title="Mechanism"),
                                            alt.Tooltip("budget:N"), alt.Tooltip("largest_n:Q", format=",")])
     text = base.mark_text(align="left", dx=3).encode(text=alt.Text("largest_n:Q", format=","))

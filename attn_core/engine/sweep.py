@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 
 from . import env
-from .mechanisms import MECHANISMS
+from ..mechanisms import MECHANISMS
 from .measure import MIN_SAMPLE_S, MODES, Case, Settings, make_row, resolve_mechanisms, theory
 from .results import MAX_COUNT, SCHEMA_VERSION, Run, frame_from_rows
-from .spec import DTYPE_BYTES, MechanismSpec, Shape
+from ..spec import DTYPE_BYTES, MechanismSpec, Shape
 from .worker import Worker, WorkerError, get_worker, prestart
 
 try:

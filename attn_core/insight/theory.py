@@ -7,9 +7,9 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from .api import get
-from .mechanisms import MECHANISMS
-from .spec import Shape
+from ..api import get
+from ..mechanisms import MECHANISMS
+from ..spec import Shape
 
 GIB = 1 << 30
 # Common accelerator sizes, in GiB as the vendors' "GB" are (an "80 GB" A100 has 80 GiB).
