@@ -14,9 +14,11 @@ from .engine import worker
 from .engine.analysis import crossovers, fit_slopes, summary, theory_curves
 from .engine.env import available_devices, device_info, environment, matmul_gflops, resolve_device, supported_dtypes
 from .engine.results import Run, RunFileError, load_run, save_run, to_csv_bytes, to_json_bytes
-from .engine.sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced, run_sweep
+from .engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
+from .engine.measure import Problem, Settings
+from .engine.sweep import SweepRun, run_sweep
 
-__all__ += ["DEFAULT_SWEEP", "Run", "RunFileError", "SweepConfig", "SweepRun", "available_devices", "crossovers",
+__all__ += ["DEFAULT_SWEEP", "Problem", "Run", "RunFileError", "SweepConfig", "SweepRun", "available_devices", "crossovers",
             "device_info", "environment", "fit_slopes", "load_run", "log_spaced", "matmul_gflops", "resolve_device",
-            "run_sweep", "save_run", "summary", "supported_dtypes", "theory_curves", "to_csv_bytes", "to_json_bytes",
+            "run_sweep", "save_run", "Settings", "summary", "supported_dtypes", "theory_curves", "to_csv_bytes", "to_json_bytes",
             "worker"]

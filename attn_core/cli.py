@@ -17,7 +17,10 @@ from .mechanisms import MECHANISMS
 from .engine.measure import MODES, format_bytes, resolve_mechanisms
 from .engine.results import Run, RunFileError, load_run, save_run
 from .spec import DTYPE_BYTES
-from .engine.sweep import DEFAULT_SWEEP, LOCK_WAIT_S, SweepConfig, SweepRun, log_spaced
+from .engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
+from .engine.lock import LOCK_WAIT_S
+from .engine.measure import Problem, Settings
+from .engine.sweep import SweepRun
 
 EXIT_OK, EXIT_POINTS, EXIT_USAGE, EXIT_BUSY, EXIT_UNSAVED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 MAX_SIZE = 2**60  # 1 EiB: the largest --memory-limit
@@ -103,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m attn_core", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{sweep,show}")
-    d = {f.name: f.default for f in dataclasses.fields(SweepConfig)}
+    d = {**dataclasses.asdict(Problem()), **dataclasses.asdict(Settings())}  # the library's defaults
     s = sub.add_parser("sweep", help="measure time and peak memory over sequence lengths",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                        description="Measure each mechanism at each n in a separate worker process, one point at a "
@@ -155,12 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
-    return SweepConfig(
-        mechanisms=args.mechanisms, ns=tuple(args.n), batch=args.batch, heads=args.heads, d_model=args.d_model,
-        dtype=args.dtype, device=args.device, mode=args.mode, causal=args.causal, threads=args.threads,
-        warmup=args.warmup, min_repeats=args.min_repeats, min_time_s=args.min_time, point_budget_s=args.point_budget,
-        measure_memory=not args.no_memory, memory_margin=args.memory_margin, seed=args.seed,
-        memory_limit_bytes=args.memory_limit)
+    problem = Problem(batch=args.batch, heads=args.heads, d_model=args.d_model, dtype=args.dtype, device=args.device,
+                      mode=args.mode, causal=args.causal, seed=args.seed)
+    settings = Settings(warmup=args.warmup, min_repeats=args.min_repeats, min_time_s=args.min_time,
+                        point_budget_s=args.point_budget, measure_memory=not args.no_memory,
+                        memory_margin=args.memory_margin, memory_limit_bytes=args.memory_limit, threads=args.threads)
+    return SweepConfig(mechanisms=args.mechanisms, ns=tuple(args.n), problem=problem, settings=settings)
 
 
 def _bar(progress: dict, width: int = 24) -> str:

@@ -1,5 +1,4 @@
 """Benchmark: pick mechanisms and sizes, press Run, watch time and memory grow against the theoretical curves."""
-import dataclasses
 import functools
 import math
 import time
@@ -11,7 +10,7 @@ import app
 from attn_core import MECHANISMS, untrusted
 from attn_core.engine import analysis, env, presets, results, stage, worker
 from attn_core.charts import export, scaling
-from attn_core.engine.sweep import DEFAULT_SWEEP, SweepConfig, log_spaced
+from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 
 app.ensure_routed()
 S = st.session_state
@@ -46,24 +45,25 @@ def show_settings(config: SweepConfig) -> list[str]:
     run); returns what the panel cannot hold (n goes to the slider's nearest powers of two)."""
     keys = list(dict.fromkeys(k for k, _ in config.mechanisms))
     near = [min(NS, key=lambda x: abs(math.log2(x / n))) for n in (config.ns[0], config.ns[-1])]
-    numbers = {"bench_steps": len(config.ns), "bench_d_model": config.d_model, "bench_heads": config.heads,
-               "bench_batch": config.batch}
+    p = config.problem
+    numbers = {"bench_steps": len(config.ns), "bench_d_model": p.d_model, "bench_heads": p.heads,
+               "bench_batch": p.batch}
     left = [f"{key.removeprefix('bench_')} {value:,}" for key, value in numbers.items()
             if not NUMBERS[key][0] <= value <= NUMBERS[key][1]]
     S.update({key: min(max(value, NUMBERS[key][0]), NUMBERS[key][1]) for key, value in numbers.items()})
     S.update({"bench_exact": [k for k in keys if MECHANISMS[k].exact],
               "bench_approx": [k for k in keys if not MECHANISMS[k].exact], "bench_n": tuple(near),
-              "bench_causal": config.causal, "bench_mode": config.mode})
+              "bench_causal": p.causal, "bench_mode": p.mode})
     if log_spaced(*near, len(config.ns)) != tuple(config.ns):
         left.append(f"n = {', '.join(f'{n:,}' for n in config.ns)}")
-    if config.device in DEVICES:
-        S["bench_device"] = config.device
-        if config.dtype in env.supported_dtypes(config.device):
-            S["bench_dtype"] = config.dtype
+    if p.device in DEVICES:
+        S["bench_device"] = p.device
+        if p.dtype in env.supported_dtypes(p.device):
+            S["bench_dtype"] = p.dtype
         else:
-            left.append(f"dtype {config.dtype}")
+            left.append(f"dtype {p.dtype}")
     else:
-        left.append(f"device {config.device}")
+        left.append(f"device {p.device}")
     for key, params in config.mechanisms:
         for p in MECHANISMS[key].params:
             value = params.get(p.name, p.default)
@@ -135,20 +135,20 @@ def settings() -> tuple[SweepConfig, list[str]]:
         n_min, n_max = sizes.select_slider("Sequence lengths n", NS, (d.ns[0], d.ns[-1]), format_func="{:,}".format,
                                            **keyed("bench_n"))
         steps = sizes.number_input("Steps, log-spaced", *NUMBERS["bench_steps"], len(d.ns), **keyed("bench_steps"))
-        d_model = shape.number_input("d_model", *NUMBERS["bench_d_model"], d.d_model, step=64, **keyed("bench_d_model"))
-        heads = shape.number_input("Heads", *NUMBERS["bench_heads"], d.heads, **keyed("bench_heads"))
-        batch = shape.number_input("Batch", *NUMBERS["bench_batch"], d.batch, **keyed("bench_batch"))
-        device = where.selectbox("Device", DEVICES, DEVICES.index(env.resolve_device(d.device)),
+        d_model = shape.number_input("d_model", *NUMBERS["bench_d_model"], d.problem.d_model, step=64, **keyed("bench_d_model"))
+        heads = shape.number_input("Heads", *NUMBERS["bench_heads"], d.problem.heads, **keyed("bench_heads"))
+        batch = shape.number_input("Batch", *NUMBERS["bench_batch"], d.problem.batch, **keyed("bench_batch"))
+        device = where.selectbox("Device", DEVICES, DEVICES.index(env.resolve_device(d.problem.device)),
                                  **keyed("bench_device"))
         dtypes = env.supported_dtypes(device)
         if S.get("bench_dtype", dtypes[0]) not in dtypes:
             S["bench_dtype"] = dtypes[0]  # the device changed under a dtype it lacks
         dtype = where.selectbox("dtype", dtypes, **keyed("bench_dtype"))
-        causal = where.toggle("Causal mask", d.causal, **keyed("bench_causal"))
+        causal = where.toggle("Causal mask", d.problem.causal, **keyed("bench_causal"))
         mode = where.radio("Mode", MODES, **keyed("bench_mode"),
                            help="forward+backward counts 3× the forward FLOPs")
-    config = dataclasses.replace(d, mechanisms=mechanisms, ns=log_spaced(n_min, n_max, steps), batch=batch,
-                                 heads=heads, d_model=d_model, dtype=dtype, device=device, mode=mode, causal=causal)
+    config = d.replaced(mechanisms=mechanisms, ns=log_spaced(n_min, n_max, steps), batch=batch, heads=heads,
+                        d_model=d_model, dtype=dtype, device=device, mode=mode, causal=causal)
     return config, config.problems()
 
 

@@ -1,6 +1,5 @@
 """Every page through streamlit's AppTest: defaults run clean, a tiny sweep draws its charts and table, bad settings
 say what to change, downloads hold real files, and a sweep survives reruns, page switches and Stop."""
-import dataclasses
 import functools
 import io
 import json
@@ -310,7 +309,7 @@ def test_talk_mode_folds_the_settings_away_and_enlarges_the_charts(swept):
 
 def test_a_sequence_runs_its_sweeps_one_after_another_as_one_run():
     tiny = presets._config(("softmax", "linear"), 64, 128, 2, d_model=64, heads=2)
-    both = SweepSequence(tuple(dataclasses.replace(tiny, device="cpu", causal=c) for c in (False, True)))
+    both = SweepSequence(tuple(tiny.replaced(device="cpu", causal=c) for c in (False, True)))
     end = time.monotonic() + 120
     while not both.done:
         assert time.monotonic() < end, "the sweeps did not finish"

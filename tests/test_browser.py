@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from attn_core import MECHANISMS
-from attn_core.engine import sweep
+from attn_core.engine import lock
 from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_server, browser_page, wait_idle
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -120,8 +120,8 @@ def test_a_reload_finds_the_running_sweep_and_a_sweep_nobody_watches_is_cancelle
         assert page.locator(".st-key-bench_stop button:not([disabled])").count() == 1
         assert page.locator(EXCEPTION).count() == 0
         page.goto("about:blank")  # every page of the sweep has gone
-        lock = os.path.join(sweep.user_folder(private_tmp["TMPDIR"]), sweep.LOCK_NAME)
-        with sweep.sweep_lock(wait_s=120, path=lock):  # free once the sweep has ended
+        path = os.path.join(lock.user_folder(private_tmp["TMPDIR"]), lock.LOCK_NAME)
+        with lock.sweep_lock(wait_s=120, path=path):  # free once the sweep has ended
             pass
         assert "cancelled: no page has shown it" in server.output()
 

@@ -10,7 +10,7 @@ from attn_core import MECHANISMS, untrusted
 from attn_core.charts import export, scaling
 from attn_core.engine import results
 from attn_core.benchmarks.dashboard import EXCEPTION, app_server, browser_page, wait_idle
-from attn_core.engine.sweep import DEFAULT_SWEEP
+from attn_core.engine.config import DEFAULT_SWEEP
 from tests.apptest_helpers import displayed
 from tests.test_app import APP, fresh_stage, private_sweep_lock, routed, widget  # noqa: F401 (fixtures apply here)
 from tests.test_browser import _need_chromium
@@ -154,7 +154,7 @@ def test_back_to_a_crafted_link_is_refused_with_a_sentence_in_the_browser(tmp_pa
         page.get_by_text("was ignored").wait_for()
         wait_idle(page)
         assert page.locator(EXCEPTION).count() == 0
-        assert heads.input_value() == str(DEFAULT_SWEEP.heads)
+        assert heads.input_value() == str(DEFAULT_SWEEP.problem.heads)
 
 
 def test_a_good_number_in_a_link_still_sets_its_widget():

@@ -13,17 +13,17 @@ import torch
 
 import attn_core as ac
 from attn_core.engine import env, measure
-from attn_core.engine.measure import (Cancelled, Case, Settings, format_bytes, guard, is_oom, measure_case, median_iqr,
-                               required_bytes, resolve_mechanisms, time_samples)
+from attn_core.engine.measure import (Cancelled, Case, Problem, Settings, format_bytes, guard, is_oom, measure_case,
+                                     median_iqr, required_bytes, resolve_mechanisms, time_samples)
 from attn_core.engine.results import COLUMNS
 from tests.fake_mechanisms import FAKES, REF
 
-QUICK = Settings(warmup=1, min_repeats=3, min_time_s=0.0, budget_s=30.0)
+QUICK = Settings(warmup=1, min_repeats=3, min_time_s=0.0, point_budget_s=30.0)
 
 
 def case(mechanism="softmax", n=64, mode="forward", params=(), heads=2, d_model=16, **kw) -> Case:
-    return Case(mechanism=mechanism, params=params, n=n, batch=1, heads=heads, d_model=d_model, dtype="float32",
-                device="cpu", mode=mode, **kw)
+    return Case(mechanism=mechanism, params=params, n=n,
+                problem=Problem(batch=1, heads=heads, d_model=d_model, device="cpu", mode=mode, **kw))
 
 
 def test_median_and_iqr_are_derived_from_the_samples():
@@ -57,7 +57,7 @@ def test_time_samples_reaches_both_minimum_count_and_minimum_time():
 
 
 def test_time_samples_stops_at_the_budget_with_at_least_one_sample():
-    timing = time_samples(lambda: None, "cpu", Settings(min_repeats=10**6, min_time_s=1e9, budget_s=0.0))
+    timing = time_samples(lambda: None, "cpu", Settings(min_repeats=10**6, min_time_s=1e9, point_budget_s=0.0))
     assert len(timing.samples) == 1 and timing.spent_s > 0
 
 
@@ -252,7 +252,7 @@ def test_no_timed_sample_starts_while_the_page_holds_the_worker(monkeypatch):
     calls, claims, releases = [], [], []
     turns = measure.Turns(lambda: claims.append(1) or time.perf_counter() >= lifted, lambda: releases.append(1))
     timing = time_samples(lambda: calls.append(time.perf_counter()), "cpu",
-                          Settings(warmup=1, min_repeats=3, min_time_s=0.0, budget_s=0.1), turns=turns)
+                          Settings(warmup=1, min_repeats=3, min_time_s=0.0, point_budget_s=0.1), turns=turns)
     assert calls[0] < lifted <= min(calls[1:])  # the warm-up ran under the hold, no timed call did
     assert len(timing.samples) >= 3 and len(claims) > len(timing.samples) and len(releases) >= len(timing.samples)
 

@@ -324,7 +324,7 @@ def test_a_default_that_cannot_fit_the_shape_is_refused_before_running():
     spec = ac.MECHANISMS["linformer"]
     with pytest.raises(ValueError, match="rank = 256 is larger than the sequence length 64"):
         spec.check(Shape(1, 1, 64, 64, 8), {})
-    from attn_core.engine.sweep import SweepConfig
+    from attn_core.engine.config import SweepConfig
     problems = SweepConfig(mechanisms=(("linformer", {}),), ns=(64, 128)).problems()
     assert problems and "rank" in problems[0] and "shortest sequence length 64" in problems[0]
 

@@ -14,18 +14,19 @@ import types
 import pytest
 
 import attn_core as ac
-from attn_core.engine import sweep as sweep_module
+from attn_core.engine import lock as lock_module, sweep as sweep_module
 from attn_core.engine import worker
 from attn_core.engine.results import COLUMNS
-from attn_core.engine.sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced, plan, run_sweep
+from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced, plan
+from attn_core.engine.sweep import SweepRun, run_sweep
 from tests.fake_mechanisms import REF, private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 TINY = dict(heads=2, d_model=16, warmup=1, min_repeats=2, min_time_s=0.0, point_budget_s=30.0)
 
 
 def config(mechanisms, ns=(32,), **kw) -> SweepConfig:
-    return SweepConfig(mechanisms=tuple((m, {}) if isinstance(m, str) else m for m in mechanisms), ns=ns,
-                       **{**TINY, **kw})
+    return SweepConfig(mechanisms=tuple((m, {}) if isinstance(m, str) else m for m in mechanisms),
+                       ns=ns).replaced(**{**TINY, **kw})
 
 
 def statuses(df) -> list[tuple[str, int, str]]:
@@ -68,8 +69,8 @@ def test_log_spaced_and_the_default_dashboard_sweep():
     assert log_spaced(100, 100, 3) == (100,) and log_spaced(1, 2, 5) == (1, 2)
     assert DEFAULT_SWEEP.problems() == []
     assert [m for m, _ in DEFAULT_SWEEP.mechanisms] == ["softmax", "sdpa", "sliding_window", "linear"]
-    assert (DEFAULT_SWEEP.batch, DEFAULT_SWEEP.heads, DEFAULT_SWEEP.d_model, DEFAULT_SWEEP.dtype,
-            DEFAULT_SWEEP.mode) == (1, 8, 512, "float32", "forward")
+    p = DEFAULT_SWEEP.problem
+    assert (p.batch, p.heads, p.d_model, p.dtype, p.mode) == (1, 8, 512, "float32", "forward")
 
 
 def test_plan_runs_n_ascending_with_every_mechanism_at_each_n():
@@ -197,26 +198,26 @@ def test_a_link_planted_at_the_lock_path_is_refused_and_its_target_untouched(tmp
     target.write_text("keep me")
     link = tmp_path / "sweep.lock"
     link.symlink_to(target)
-    with pytest.raises(sweep_module.SweepLockError, match="sweep.lock is a symbolic link.*remove the link"):
-        with sweep_module.sweep_lock(path=str(link)):
+    with pytest.raises(lock_module.SweepLockError, match="sweep.lock is a symbolic link.*remove the link"):
+        with lock_module.sweep_lock(path=str(link)):
             pass
-    monkeypatch.setattr(sweep_module, "sweep_lock", functools.partial(sweep_module.sweep_lock, path=str(link)))
+    monkeypatch.setattr(sweep_module, "sweep_lock", functools.partial(lock_module.sweep_lock, path=str(link)))
     run = SweepRun.start(config(["softmax"]))
     assert run.wait(30) and "is a symbolic link" in run.error and run.frame()["status"].tolist() == ["cancelled"]
     assert target.read_text() == "keep me"
 
 
 def test_the_lock_lives_in_a_folder_of_the_users_own(tmp_path):
-    folder = sweep_module.user_folder(str(tmp_path))
+    folder = lock_module.user_folder(str(tmp_path))
     assert folder == str(tmp_path / f"attn_core-{os.getuid()}") and stat.S_IMODE(os.stat(folder).st_mode) == 0o700
-    lock = os.path.join(folder, sweep_module.LOCK_NAME)
-    with sweep_module.sweep_lock(path=lock):
+    lock = os.path.join(folder, lock_module.LOCK_NAME)
+    with lock_module.sweep_lock(path=lock):
         assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
     planted = tmp_path / "planted"
     planted.mkdir()
     (planted / f"attn_core-{os.getuid()}").symlink_to(tmp_path)
-    with pytest.raises(sweep_module.SweepLockError, match="is a symbolic link, which another user could have"):
-        sweep_module.user_folder(str(planted))
+    with pytest.raises(lock_module.SweepLockError, match="is a symbolic link, which another user could have"):
+        lock_module.user_folder(str(planted))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can make a folder that belongs to another user")
@@ -224,8 +225,8 @@ def test_a_lock_folder_of_another_user_is_refused(tmp_path):
     other = tmp_path / f"attn_core-{os.getuid()}"
     other.mkdir(mode=0o700)
     os.chown(other, 12345, 12345)
-    with pytest.raises(sweep_module.SweepLockError, match="belongs to another user .uid 12345."):
-        sweep_module.user_folder(str(tmp_path))
+    with pytest.raises(lock_module.SweepLockError, match="belongs to another user .uid 12345."):
+        lock_module.user_folder(str(tmp_path))
 
 
 def test_invalid_config_is_refused_before_starting():
@@ -265,9 +266,9 @@ def test_a_sweeps_measurement_settings_are_carried_by_name_not_by_position():
     """Distinct values in every field: a swapped pair (two Optional[int] side by side) would show here."""
     from attn_core.engine.measure import Settings
 
-    c = dataclasses.replace(DEFAULT_SWEEP, warmup=2, min_repeats=7, min_time_s=0.3, point_budget_s=11.0,
+    c = DEFAULT_SWEEP.replaced(warmup=2, min_repeats=7, min_time_s=0.3, point_budget_s=11.0,
                             measure_memory=False, memory_margin=0.4, memory_limit_bytes=1 << 20, threads=3)
-    assert c.settings() == Settings(warmup=2, min_repeats=7, min_time_s=0.3, budget_s=11.0, measure_memory=False,
+    assert c.settings == Settings(warmup=2, min_repeats=7, min_time_s=0.3, point_budget_s=11.0, measure_memory=False,
                                     memory_margin=0.4, memory_limit_bytes=1 << 20, threads=3)
     with pytest.raises(TypeError):
         Settings(2, 7)  # keyword-only: a positional copy cannot be written

@@ -5,7 +5,6 @@ clean). Prints figures; asserts nothing. `python -m attn_core.benchmarks.dashboa
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import socket
@@ -22,7 +21,7 @@ import pandas as pd
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from ..engine import presets, results
-from ..engine.sweep import DEFAULT_SWEEP, SweepConfig
+from ..engine.config import DEFAULT_SWEEP, SweepConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -31,7 +30,7 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-back
 EXCEPTION = '[data-testid="stException"]'
 CHART = '[data-testid="stVegaLiteChart"]'
 DEFAULT = DEFAULT_SWEEP
-DEFAULT_CPU = dataclasses.replace(DEFAULT_SWEEP, device="cpu")
+DEFAULT_CPU = DEFAULT_SWEEP.replaced(device="cpu")
 # The new sweep's progress bar counts a point (its charts come in the same script run).
 FIRST_POINT = """() => { const bar = document.querySelector('[data-testid="stProgress"]');
                          return bar !== null && /^[1-9][0-9]* of /.test(bar.innerText)
@@ -214,11 +213,12 @@ def cli_run(config: SweepConfig) -> pd.DataFrame:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "run.json"
         mechanisms = ",".join(key for key, _ in config.mechanisms)
+        p, s = config.problem, config.settings
         subprocess.run([sys.executable, "-m", "attn_core", "sweep", "--mechanisms", mechanisms,
-                        "--n", ",".join(map(str, config.ns)), "--d-model", str(config.d_model),
-                        "--heads", str(config.heads), "--batch", str(config.batch), "--device", "cpu",
-                        "--warmup", str(config.warmup), "--min-repeats", str(config.min_repeats),
-                        "--min-time", str(config.min_time_s), "--point-budget", str(config.point_budget_s),
+                        "--n", ",".join(map(str, config.ns)), "--d-model", str(p.d_model),
+                        "--heads", str(p.heads), "--batch", str(p.batch), "--device", "cpu",
+                        "--warmup", str(s.warmup), "--min-repeats", str(s.min_repeats),
+                        "--min-time", str(s.min_time_s), "--point-budget", str(s.point_budget_s),
                         "--quiet", "--out", str(out)], cwd=ROOT, check=False, capture_output=True)
         return results.load_run(out).frame
 

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import time
@@ -20,8 +19,10 @@ import torch
 
 from attn_core import MECHANISMS
 from ..engine import env, worker
-from ..engine.measure import Case, Settings, call_of, format_bytes, make_inputs, make_state, time_samples
-from ..engine.sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, run_sweep
+from ..engine.measure import (Case, Problem, Settings, call_of, format_bytes, make_inputs, make_state,
+                              time_samples)
+from ..engine.config import DEFAULT_SWEEP, SweepConfig
+from ..engine.sweep import SweepRun, run_sweep
 
 MEMORY_MECHANISMS = ("softmax", "sdpa", "sliding_window")
 MEMORY_TOLERANCE, REPEAT_TOLERANCE, REPEAT_MIN_S, OVERHEAD_LIMIT, DEFAULT_LIMIT_S = 0.05, 0.10, 0.010, 0.05, 15.0
@@ -29,8 +30,9 @@ MEMORY_TOLERANCE, REPEAT_TOLERANCE, REPEAT_MIN_S, OVERHEAD_LIMIT, DEFAULT_LIMIT_
 
 def check_memory(ns: tuple[int, ...]) -> bool:
     """Peak bytes above the inputs (torch.profiler, CPU allocator) against spec.memory_bytes."""
-    config = SweepConfig(mechanisms=tuple((m, {}) for m in MEMORY_MECHANISMS), ns=ns, heads=8, d_model=512,
-                         warmup=1, min_repeats=1, min_time_s=0.0, point_budget_s=120.0)
+    config = SweepConfig(mechanisms=tuple((m, {}) for m in MEMORY_MECHANISMS), ns=ns,
+                         problem=Problem(heads=8, d_model=512),
+                         settings=Settings(warmup=1, min_repeats=1, min_time_s=0.0, point_budget_s=120.0))
     df = run_sweep(config)
     print(f"\n1. Peak memory vs spec prediction (B=1, H=8, D=64, fp32, forward; target ±{MEMORY_TOLERANCE:.0%})")
     print(f"   {'mechanism':<16}{'n':>6}  {'measured':>11}  {'predicted':>11}  {'error':>8}")
@@ -86,11 +88,11 @@ def check_default_and_repeatability() -> dict[str, bool]:
           f"{DEFAULT_LIMIT_S:.0f} s): {first_s:.1f} s, then {second_s:.1f} s; statuses "
           f"{dict(a['status'].value_counts())}")
     short = repeatability(a, b, "two back-to-back default sweeps (3 samples per point)")
-    standard = dataclasses.replace(DEFAULT_SWEEP, min_repeats=SweepConfig.min_repeats,
-                                   min_time_s=SweepConfig.min_time_s, measure_memory=False)
+    standard = DEFAULT_SWEEP.replaced(min_repeats=Settings.min_repeats, min_time_s=Settings.min_time_s,
+                                      measure_memory=False)
     c, d = timed_sweep(standard)[1], timed_sweep(standard)[1]
-    long = repeatability(c, d, f"the same points with standard timing (≥ {standard.min_repeats} samples, "
-                               f"≥ {standard.min_time_s} s per point)")
+    long = repeatability(c, d, f"the same points with standard timing (≥ {standard.settings.min_repeats} samples, "
+                               f"≥ {standard.settings.min_time_s} s per point)")
     return {"default sweep ≤ 15 s": first_s <= DEFAULT_LIMIT_S, "repeatability (default timing)": short,
             "repeatability (standard timing)": long}
 
@@ -114,7 +116,7 @@ def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> bool:
           f"target ≤ {OVERHEAD_LIMIT:.0%})")
     good = True
     for key, n in cases:
-        case = Case(mechanism=key, params=(), n=n, batch=1, heads=8, d_model=512, dtype="float32", device="cpu")
+        case = Case(mechanism=key, params=(), n=n, problem=Problem(batch=1, heads=8, d_model=512, device="cpu"))
         spec = MECHANISMS[key]
         thunk = call_of(spec, case, *make_inputs(case), make_state(spec, case))
         engine_t, bare_t = [], []

@@ -15,7 +15,7 @@ import torch
 from attn_core import MECHANISMS
 from ..engine import env
 from ..engine.analysis import fit_slopes
-from ..engine.measure import Case, Settings, format_bytes, make_row, measure_case
+from ..engine.measure import Case, Problem, Settings, format_bytes, make_row, measure_case
 from ..engine.results import frame_from_rows
 
 EFFICIENT = {"local": {}, "sliding_window": {"window": 256}, "linformer": {"rank": 256},
@@ -34,15 +34,15 @@ def lines(args: argparse.Namespace) -> list[tuple[str, dict, bool]]:
 
 
 def measure(args: argparse.Namespace):
-    settings = Settings(warmup=1, min_repeats=args.repeats, min_time_s=args.min_time, budget_s=args.budget,
+    settings = Settings(warmup=1, min_repeats=args.repeats, min_time_s=args.min_time, point_budget_s=args.budget,
                         threads=args.threads)
     ns = [2**e for e in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
     rows = []
     for key, params, causal in lines(args):
         slow = False
         for n in ns:
-            case = Case(mechanism=key, params=tuple(sorted(params.items())), n=n, batch=1, heads=args.heads,
-                        d_model=args.heads * args.head_dim, dtype="float32", device="cpu", causal=causal)
+            problem = Problem(heads=args.heads, d_model=args.heads * args.head_dim, device="cpu", causal=causal)
+            case = Case(mechanism=key, params=tuple(sorted(params.items())), n=n, problem=problem)
             if slow:  # the previous n of this line already took longer than the budget
                 row = make_row(MECHANISMS[key], case, "skipped",
                                f"a smaller n of this line took longer than the {args.budget:g} s budget")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -15,14 +16,16 @@ from . import env
 from ..mechanisms import MECHANISMS, load
 from ..mechanisms._common import checked_shape, validated
 from ..mechanisms.sdpa import sdpa_backend
-from .results import COLUMNS
-from ..spec import MechanismSpec, Shape
+from .results import COLUMNS, MAX_COUNT
+from ..spec import DTYPE_BYTES, MechanismSpec, Shape
 
 MODES = ("forward", "forward+backward")
 BACKWARD_FLOP_FACTOR = 3  # backward ≈ 2× forward (a product for each operand's gradient): 3× in all
 MIN_SAMPLE_S = 1e-3  # a sample times back-to-back calls adding up to ≥ 1 ms, so timer overhead stays small
 MAX_CALLS_PER_SAMPLE = 100
 MAX_SAMPLES = 1000
+MAX_THREADS = 4 * (os.cpu_count() or 1)  # far more torch threads than cores only thrash; 10,000 crash the worker
+MAX_SEED = 2**63 - 1  # torch's generator takes a 64-bit seed
 
 
 class Cancelled(Exception):
@@ -30,17 +33,15 @@ class Cancelled(Exception):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Case:
-    """What is measured: one mechanism with its parameters at one problem size, dtype, device and mode."""
+class Problem:
+    """The attention problem every point of a sweep shares: inputs (batch, heads, n, d_model / heads) of `dtype` on
+    `device`, drawn from `seed`; the forward pass or forward and backward (`mode`); bidirectional or causal."""
 
-    mechanism: str
-    params: tuple[tuple[str, Any], ...]
-    n: int
-    batch: int
-    heads: int
-    d_model: int
-    dtype: str
-    device: str
+    batch: int = 1
+    heads: int = 8
+    d_model: int = 512
+    dtype: str = "float32"
+    device: str = "cpu"
     mode: str = "forward"
     causal: bool = False
     seed: int = 0
@@ -49,9 +50,43 @@ class Case:
     def head_dim(self) -> int:
         return self.d_model // self.heads
 
+    def shape(self, n: int) -> Shape:
+        """The Shape of one self-attention call over n tokens."""
+        return Shape(self.batch, self.heads, n, n, self.head_dim, dtype=self.dtype, causal=self.causal)
+
+    def problems(self) -> list[str]:
+        """Every reason these inputs cannot be built, each a sentence saying what to change; [] when they can."""
+        found = [f"{name} must be a positive integer below 2**40, got {getattr(self, name)!r}"
+                 for name in ("batch", "heads", "d_model") if not _is_count(getattr(self, name))]
+        if not found and self.d_model % self.heads:
+            found.append(f"d_model {self.d_model} is not divisible by {self.heads} heads; choose a multiple of "
+                         f"{self.heads}")
+        if self.mode not in MODES:
+            found.append(f"mode {self.mode!r} is unknown; choose {' or '.join(MODES)}")
+        try:
+            device = env.resolve_device(self.device)
+        except ValueError as e:
+            return found + [str(e)]
+        if self.dtype not in DTYPE_BYTES or self.dtype not in env.supported_dtypes(device):
+            choices = ", ".join(env.supported_dtypes(device))
+            found.append(f"dtype {self.dtype!r} is not supported on {device}; choose {choices}")
+        if not (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED):
+            found.append(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
+        return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """What is measured: one mechanism with its parameters at one length n of a problem."""
+
+    mechanism: str
+    params: tuple[tuple[str, Any], ...]
+    n: int
+    problem: Problem
+
     @property
     def shape(self) -> Shape:
-        return Shape(self.batch, self.heads, self.n, self.n, self.head_dim, dtype=self.dtype, causal=self.causal)
+        return self.problem.shape(self.n)
 
     def describe(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.params)
@@ -60,16 +95,55 @@ class Case:
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """How a point is measured. `memory_limit_bytes` caps the free memory the guard sees (None: the device's own)."""
+    """How a point is measured. Timing: `warmup` untimed calls, then samples until `min_repeats` and `min_time_s` are
+    both reached; a point that takes longer than `point_budget_s` ends its mechanism's sweep (larger n are skipped).
+    Memory: a separate profiled call (`measure_memory`); a point whose predicted need × (1 + `memory_margin`)
+    exceeds the free memory (capped at `memory_limit_bytes` when set) is skipped. `threads`: torch CPU threads
+    (None: torch's default)."""
 
     warmup: int = 1
     min_repeats: int = 5
     min_time_s: float = 0.2
-    budget_s: float = 30.0
+    point_budget_s: float = 30.0
     measure_memory: bool = True
     memory_margin: float = 0.2
     memory_limit_bytes: int | None = None
     threads: int | None = None
+
+    def problems(self) -> list[str]:
+        """Every setting that cannot be used, each a sentence saying what to change; [] when all can."""
+        rules = (
+            (_is_int(self.warmup) and self.warmup >= 1,
+             f"warmup must be at least 1 (the first call is cold), got {self.warmup!r}"),
+            (_is_int(self.min_repeats) and self.min_repeats >= 1,
+             f"min_repeats must be at least 1, got {self.min_repeats!r}"),
+            (_is_number(self.min_time_s) and self.min_time_s >= 0,
+             f"min_time_s must be 0 or more seconds, got {self.min_time_s!r}"),
+            (_is_number(self.point_budget_s) and self.point_budget_s > 0,
+             f"point_budget_s must be a positive number of seconds, got {self.point_budget_s!r}"),
+            (_is_number(self.memory_margin) and 0 <= self.memory_margin <= 10,
+             f"memory_margin must be between 0 and 10 (a fraction: 0.2 = 20%), got {self.memory_margin!r}"),
+            (self.threads is None or (_is_int(self.threads) and 1 <= self.threads <= MAX_THREADS),
+             f"threads must be from 1 to {MAX_THREADS} (4 × this machine's {os.cpu_count() or 1} cores) or empty "
+             f"for torch's default, got {self.threads!r}"),
+            (self.memory_limit_bytes is None or (_is_int(self.memory_limit_bytes)
+                                                 and 0 < self.memory_limit_bytes < 2**63),
+             f"memory_limit_bytes must be a positive integer below 2**63 or empty, got {self.memory_limit_bytes!r}"),
+        )
+        return [message for ok, message in rules if not ok]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_count(x: Any) -> bool:
+    return _is_int(x) and 1 <= x < MAX_COUNT
+
+
+def _is_number(x: Any) -> bool:
+    """A finite int or float (not a bool): infinity or NaN as a time or margin would never end or never compare."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def resolve_mechanisms(extra: tuple[str, ...] = ()) -> dict[str, MechanismSpec]:
@@ -96,7 +170,7 @@ def theory(spec: MechanismSpec, case: Case) -> tuple[float, float, float]:
     """(useful FLOPs of the measured call, executed FLOPs, the spec's predicted forward peak bytes); FLOPs ×3 for
     forward+backward."""
     params = spec.resolved(dict(case.params))
-    factor = BACKWARD_FLOP_FACTOR if case.mode == "forward+backward" else 1
+    factor = BACKWARD_FLOP_FACTOR if case.problem.mode == "forward+backward" else 1
     return (factor * float(spec.flops(case.shape, **params)), factor * float(spec.executed(case.shape, **params)),
             float(spec.memory_bytes(case.shape, **params)))
 
@@ -108,7 +182,7 @@ def required_bytes(spec: MechanismSpec, case: Case) -> float:
     and not counted."""
     forward = theory(spec, case)[2]
     inputs = case.shape.input_bytes
-    if case.mode == "forward+backward":
+    if case.problem.mode == "forward+backward":
         return inputs + 3 * forward + 2 * inputs
     return inputs + forward
 
@@ -116,7 +190,7 @@ def required_bytes(spec: MechanismSpec, case: Case) -> float:
 def guard(spec: MechanismSpec, case: Case, settings: Settings) -> str | None:
     """A reason to skip the point when its predicted need, with the safety margin, exceeds the free memory."""
     need = required_bytes(spec, case) * (1 + settings.memory_margin)
-    free = env.free_memory_bytes(case.device)
+    free = env.free_memory_bytes(case.problem.device)
     limited = settings.memory_limit_bytes is not None and settings.memory_limit_bytes < free
     if limited:
         free = settings.memory_limit_bytes
@@ -138,11 +212,11 @@ def is_oom(error: BaseException) -> bool:
 def make_row(spec: MechanismSpec, case: Case, status: str, reason: str = "", **measured: Any) -> dict:
     """One result row: the case, the spec's theory, and whatever was measured (NaN where nothing was)."""
     flops, executed, predicted = theory(spec, case)
-    nan = float("nan")
+    nan, p = float("nan"), case.problem
     row = {"mechanism": case.mechanism, "label": spec.label, "exact": spec.exact,
            "params": json.dumps(spec.resolved(dict(case.params)), sort_keys=True), "n": case.n,
-           "batch": case.batch, "heads": case.heads, "d_model": case.d_model, "head_dim": case.head_dim,
-           "dtype": case.dtype, "device": case.device, "mode": case.mode, "causal": case.causal,
+           "batch": p.batch, "heads": p.heads, "d_model": p.d_model, "head_dim": p.head_dim, "dtype": p.dtype,
+           "device": p.device, "mode": p.mode, "causal": p.causal,
            "status": status, "reason": reason, "time_median_s": nan, "time_iqr_s": nan, "time_samples": [],
            "repeats": 0, "peak_bytes": nan, "memory_method": "", "predicted_bytes": predicted,
            "theory_flops": flops, "executed_flops": executed, "gflops": nan, "device_gflops": nan,
@@ -162,9 +236,9 @@ def median_iqr(samples: list[float]) -> tuple[float, float]:
 
 def make_inputs(case: Case) -> tuple[torch.Tensor, ...]:
     """Seeded q, k, v (B, H, n, D) on the case's device and dtype."""
-    g = torch.Generator().manual_seed(case.seed)
-    dtype = getattr(torch, case.dtype)
-    return tuple(torch.randn(case.batch, case.heads, case.n, case.head_dim, generator=g).to(case.device, dtype)
+    p = case.problem
+    g = torch.Generator().manual_seed(p.seed)
+    return tuple(torch.randn(p.batch, p.heads, case.n, p.head_dim, generator=g).to(p.device, getattr(torch, p.dtype))
                  for _ in range(3))
 
 
@@ -172,7 +246,8 @@ def make_state(spec: MechanismSpec, case: Case) -> dict:
     """The mechanism's seeded random state, built outside the timed region (attn_core.make_state, by spec)."""
     if spec.init_state is None:
         return {}
-    return spec.init_state(case.shape, case.device, getattr(torch, case.dtype), seed=case.seed,
+    p = case.problem
+    return spec.init_state(case.shape, p.device, getattr(torch, p.dtype), seed=p.seed,
                            **spec.resolved(dict(case.params)))
 
 
@@ -180,11 +255,11 @@ def call_of(spec: MechanismSpec, case: Case, q: torch.Tensor, k: torch.Tensor, v
             state: dict) -> Callable[[], Any]:
     """The thunk that is timed: the forward call, or forward then the gradients of q, k and v."""
     kwargs = {**dict(case.params), **state}
-    if case.mode == "forward":
-        return lambda: spec.fn(q, k, v, causal=case.causal, **kwargs)
+    if case.problem.mode == "forward":
+        return lambda: spec.fn(q, k, v, causal=case.problem.causal, **kwargs)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     grad_out = torch.randn_like(q)  # the output has q's shape
-    return lambda: torch.autograd.grad(spec.fn(q, k, v, causal=case.causal, **kwargs), (q, k, v), grad_out)
+    return lambda: torch.autograd.grad(spec.fn(q, k, v, causal=case.problem.causal, **kwargs), (q, k, v), grad_out)
 
 
 @dataclass(frozen=True)
@@ -263,7 +338,7 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
                  cancelled: Callable[[], bool] = lambda: False, probe: env.ContentionProbe | None = None,
                  first_call_s: float | None = None, turns: Turns = Turns()) -> Timing:
     """Seconds per call, one sample per block of back-to-back calls: `warmup` untimed calls, then samples until
-    both `min_repeats` clean samples and `min_time_s` of them are reached, or the point's `budget_s` is spent
+    both `min_repeats` clean samples and `min_time_s` of them are reached, or the point's `point_budget_s` is spent
     (≥ 1 sample). Each sample takes its turn (take_turn): none starts while the caller's page draws, and after a
     busy warm-up or two disturbed samples in a row it waits for a quiet moment. A sample during which another
     program took CPU from this process anyway (env.Contention.disturbed) is set aside and taken again, at most
@@ -294,7 +369,7 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
             seen = probe.since(mark)
         finally:
             turns.release()
-        over = time.perf_counter() - start - waited > settings.budget_s
+        over = time.perf_counter() - start - waited > settings.point_budget_s
         may_retake = len(set_aside) < MAX_RETAKES and retake_s < max(RETAKE_S, spent) and not over
         hit = seen.disturbed(threads)
         crowded, last_hit = hit and last_hit, hit  # a blip passes by itself; after two in a row, wait for quiet
@@ -333,35 +408,36 @@ def measure_case(spec: MechanismSpec, case: Case, settings: Settings, cancelled:
         reason = f"out of memory: {message}" if status == "oom" else f"{type(e).__name__}: {message}"
         return make_row(spec, case, status, reason[:500]), time.perf_counter() - start
     finally:
-        env.release_cached_memory(case.device)
+        env.release_cached_memory(case.problem.device)
 
 
 def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Callable[[], bool],
               turns: Turns) -> dict:
     q, k, v = make_inputs(case)
     state = make_state(spec, case)
-    checked_shape(spec, q, k, v, case.causal, **dict(case.params))  # once, here: no timed call checks again
+    checked_shape(spec, q, k, v, case.problem.causal, **dict(case.params))  # once, here: no timed call checks again
     thunk = call_of(spec, case, q, k, v, state)
     peak, method, first_call_s = float("nan"), "", None
-    with torch.inference_mode(case.mode == "forward"), validated():
-        if settings.measure_memory and case.device == "cpu":
+    with torch.inference_mode(case.problem.mode == "forward"), validated():
+        if settings.measure_memory and case.problem.device == "cpu":
             # On CPU the profiled call is the first warm-up: the allocator sees the same blocks in every call, and
             # a call of ≥ 50 ms needs no second warm-up (the profiler's own cost is then small beside it).
             began = time.perf_counter()
-            method, peak = _peak(thunk, case.device, cancelled)
+            method, peak = _peak(thunk, case.problem.device, cancelled)
             took = time.perf_counter() - began
             first_call_s = took if took >= 0.05 else None
-        timing = time_samples(thunk, case.device, settings, cancelled, first_call_s=first_call_s, turns=turns)
-        if settings.measure_memory and case.device != "cpu":  # GPUs: after timing, clear of first-call workspaces
-            if timing.spent_s <= settings.budget_s:
-                method, peak = _peak(thunk, case.device, cancelled)
+        timing = time_samples(thunk, case.problem.device, settings, cancelled, first_call_s=first_call_s,
+                              turns=turns)
+        if settings.measure_memory and case.problem.device != "cpu":  # GPUs: after timing, past first-call workspaces
+            if timing.spent_s <= settings.point_budget_s:
+                method, peak = _peak(thunk, case.problem.device, cancelled)
             else:
                 method = "not measured: the point's time budget was spent on timing"
     median, iqr = median_iqr(timing.samples)
     executed = theory(spec, case)[1]
-    device_gflops = env.matmul_gflops(case.device, case.dtype)
+    device_gflops = env.matmul_gflops(case.problem.device, case.problem.dtype)
     gflops = executed / median / 1e9
-    backend = sdpa_backend(q.detach(), k.detach(), v.detach(), causal=case.causal) if spec.key == "sdpa" else ""
+    backend = sdpa_backend(q.detach(), k.detach(), v.detach(), causal=case.problem.causal) if spec.key == "sdpa" else ""
     seen = timing.contention
     return make_row(spec, case, "ok", time_median_s=median, time_iqr_s=iqr, time_samples=timing.samples,
                     repeats=len(timing.samples), peak_bytes=peak, memory_method=method, gflops=gflops,

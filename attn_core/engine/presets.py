@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import pandas as pd
 
 from ..mechanisms import MECHANISMS
 from .results import SCHEMA_VERSION, Run
-from .sweep import DEFAULT_SWEEP, SweepConfig, SweepRun, log_spaced
+from .config import DEFAULT_SWEEP, SweepConfig, log_spaced
+from .sweep import SweepRun
 
 # Accelerators are far faster than a laptop CPU: presets reach this many times longer sequences there.
 ACCELERATOR_REACH = 4
@@ -30,14 +31,14 @@ class Preset:
     def for_device(self, device: str, dtype: str | None = None) -> tuple[SweepConfig, ...]:
         """The configs on `device`, with longer sequences on an accelerator."""
         reach = 1 if device == "cpu" else ACCELERATOR_REACH
-        return tuple(replace(c, device=device, dtype=dtype or c.dtype,
-                             ns=log_spaced(c.ns[0] * reach, c.ns[-1] * reach, len(c.ns))) for c in self.configs)
+        return tuple(c.replaced(device=device, dtype=dtype or c.problem.dtype,
+                                ns=log_spaced(c.ns[0] * reach, c.ns[-1] * reach, len(c.ns))) for c in self.configs)
 
 
 def _config(mechanisms: tuple[str, ...], n_min: int, n_max: int, steps: int, **settings) -> SweepConfig:
     """The dashboard's default sweep (its short timing) with these mechanisms, lengths and settings."""
-    return replace(DEFAULT_SWEEP, mechanisms=tuple((key, {}) for key in mechanisms),
-                   ns=log_spaced(n_min, n_max, steps), **settings)
+    return DEFAULT_SWEEP.replaced(mechanisms=tuple((key, {}) for key in mechanisms),
+                                  ns=log_spaced(n_min, n_max, steps), **settings)
 
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
@@ -66,9 +67,10 @@ def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
     mechanisms = tuple((key, json.loads(params)) for key, params in zip(seen["mechanism"], seen["params"])
                        if key in MECHANISMS)
     ns = tuple(sorted({int(n) for n in frame["n"]}))
-    config = replace(DEFAULT_SWEEP, mechanisms=mechanisms, ns=ns, batch=int(first["batch"]),
-                     heads=int(first["heads"]), d_model=int(first["d_model"]), dtype=str(first["dtype"]),
-                     device=str(first["device"]), mode=str(first["mode"]), causal=bool(first["causal"]))
+    config = DEFAULT_SWEEP.replaced(mechanisms=mechanisms, ns=ns, batch=int(first["batch"]),
+                                    heads=int(first["heads"]), d_model=int(first["d_model"]),
+                                    dtype=str(first["dtype"]), device=str(first["device"]), mode=str(first["mode"]),
+                                    causal=bool(first["causal"]))
     left = [f"{column} {', '.join(map(str, frame[column].unique()))}" for column in
             ("batch", "heads", "d_model", "dtype", "device", "mode") if frame[column].nunique() > 1]
     left += ["both masks (causal and bidirectional)"] if frame["causal"].nunique() > 1 else []

@@ -1,0 +1,120 @@
+"""A sweep as data: the mechanisms with their parameters, the lengths, the problem and the measurement settings, each
+a value held once; its validation before anything runs, the default sweep, and the plan of its points."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import env
+from ..mechanisms import MECHANISMS
+from ..spec import MechanismSpec
+from .measure import Case, Problem, Settings
+from .results import MAX_COUNT
+
+_PROBLEM = frozenset(f.name for f in dataclasses.fields(Problem))
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(Settings))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """Each (mechanism key, its parameters) measured at each n of `ns`, on one `problem`, with one set of `settings`
+    (how each point is timed and guarded: measure.Settings)."""
+
+    mechanisms: tuple[tuple[str, dict], ...]
+    ns: tuple[int, ...]
+    problem: Problem = Problem()
+    settings: Settings = Settings()
+
+    def problems(self, registry: Mapping[str, MechanismSpec] | None = None) -> list[str]:
+        """Every reason this sweep cannot run, each a sentence saying what to change; [] when it can."""
+        registry = MECHANISMS if registry is None else registry
+        found = self._length_problems() + self.problem.problems() + self.settings.problems()
+        if not self.mechanisms:
+            found.append("no mechanism is selected; choose at least one")
+        if found or not self.ns:
+            return found
+        shape = self.problem.shape(min(self.ns))
+        for key, params in self.mechanisms:
+            if key not in registry:
+                found.append(f"mechanism {key!r} is unknown; choose one of {', '.join(registry)}")
+                continue
+            spec = registry[key]
+            try:
+                spec.check(shape, params)
+            except ValueError as e:
+                text = str(e).replace("the sequence length", "the shortest sequence length")
+                found.append(text if text.startswith(spec.label) else f"{spec.label}: {text}")
+        return list(dict.fromkeys(found))
+
+    def _length_problems(self) -> list[str]:
+        if not self.ns:
+            return ["no sequence length is given; give at least one n"]
+        if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n < MAX_COUNT for n in self.ns):
+            return [f"sequence lengths must be positive integers below 2**40, got {', '.join(map(str, self.ns))}"]
+        return []
+
+    def replaced(self, **changes: Any) -> "SweepConfig":
+        """A copy with some fields changed, each named as in a run file (`device`, `warmup`, `ns`, ...): a name goes
+        to the value that holds it; TypeError for a name no part has."""
+        unknown = set(changes) - _PROBLEM - _SETTINGS - {"mechanisms", "ns"}
+        if unknown:
+            raise TypeError(f"a sweep has no setting {', '.join(sorted(unknown))}")
+        return dataclasses.replace(
+            self, **{k: v for k, v in changes.items() if k in ("mechanisms", "ns")},
+            problem=dataclasses.replace(self.problem, **{k: v for k, v in changes.items() if k in _PROBLEM}),
+            settings=dataclasses.replace(self.settings, **{k: v for k, v in changes.items() if k in _SETTINGS}))
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready data, flat as run files hold it: mechanisms as [[key, params], ...], ns as a list, then
+        the problem's and the settings' fields."""
+        return {"mechanisms": [[key, dict(params)] for key, params in self.mechanisms], "ns": list(self.ns),
+                **dataclasses.asdict(self.problem), **dataclasses.asdict(self.settings)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SweepConfig":
+        """Inverse of to_dict; ValueError naming any unknown or malformed setting."""
+        names = _PROBLEM | _SETTINGS | {"mechanisms", "ns"}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown sweep settings {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
+        try:
+            mechanisms = tuple((str(key), dict(params)) for key, params in d["mechanisms"])
+            ns = tuple(int(n) for n in d["ns"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"a sweep needs 'mechanisms' as [[key, params], ...] and 'ns' as numbers ({e})") from None
+        return cls(mechanisms=mechanisms, ns=ns, problem=Problem(**{k: v for k, v in d.items() if k in _PROBLEM}),
+                   settings=Settings(**{k: v for k, v in d.items() if k in _SETTINGS}))
+
+
+def log_spaced(n_min: int, n_max: int, steps: int) -> tuple[int, ...]:
+    """`steps` integers from n_min to n_max, evenly spaced in log n (duplicates after rounding dropped):
+    log_spaced(256, 4096, 5) = (256, 512, 1024, 2048, 4096)."""
+    if not (1 <= n_min <= n_max) or steps < 1:
+        raise ValueError(f"need 1 ≤ n_min ≤ n_max and steps ≥ 1, got {n_min}, {n_max}, {steps}")
+    if steps == 1 or n_min == n_max:
+        return (n_min,) if n_min == n_max or steps == 1 else (n_min, n_max)
+    ratio = math.log(n_max / n_min) / (steps - 1)
+    return tuple(dict.fromkeys(round(n_min * math.exp(i * ratio)) for i in range(steps)))
+
+
+# The dashboard's first chart tells one story in four lines: the quadratic wall (softmax) and the three ways
+# around it: a fused exact kernel (same arithmetic, memory O(n)), a sparse pattern (the window), a kernel feature
+# map (linear). The other mechanisms are one click away; eight lines and their curves on one chart were a tangle.
+DEFAULT_MECHANISMS = ("softmax", "sdpa", "sliding_window", "linear")
+DEFAULT_SWEEP = SweepConfig(
+    mechanisms=tuple((key, {}) for key in DEFAULT_MECHANISMS), ns=log_spaced(256, 4096, 5),
+    problem=Problem(batch=1, heads=8, d_model=512, dtype="float32", device="auto", mode="forward"),
+    settings=Settings(warmup=1, min_repeats=3, min_time_s=0.05, point_budget_s=10.0),
+)
+"""The dashboard's default: DEFAULT_MECHANISMS at their defaults, n = 256 … 4096, short timing (~6 s, 2 idle
+cores)."""
+
+
+def plan(config: SweepConfig) -> list[Case]:
+    """The points in the order they run: n ascending, the mechanisms in their order at each n (so a chart fills
+    from the left and a time budget can skip the larger n of one mechanism)."""
+    problem = dataclasses.replace(config.problem, device=env.resolve_device(config.problem.device))
+    return [Case(mechanism=key, params=tuple(sorted(params.items())), n=n, problem=problem)
+            for n in sorted(set(config.ns)) for key, params in config.mechanisms]
