@@ -8,7 +8,7 @@ from streamlit.errors import StreamlitAPIException
 
 import app
 from attn_core import MECHANISMS, untrusted
-from attn_core.engine import analysis, env, presets, results, stage, worker
+from attn_core.engine import analysis, env, jobs, presets, results, stage, worker
 from attn_core.charts import export, scaling
 from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 
@@ -83,7 +83,7 @@ def apply_preset(preset: presets.Preset) -> None:
     show_settings(configs[0])
     S.update({"bench_axes": "log-log" if preset.log else "linear", "bench_focus": preset.metric,
               "bench_preset": preset.name, "bench_source": None})
-    S["bench_job"] = app.submit(preset.name, functools.partial(presets.SweepSequence, configs), points(configs))
+    S["bench_job"] = app.submit(preset.name, functools.partial(jobs.SweepSequence, configs), points(configs))
 
 
 def points(configs) -> int:
@@ -93,7 +93,7 @@ def points(configs) -> int:
 def start(config: SweepConfig) -> None:
     S.update({"bench_preset": None, "bench_focus": "time_median_s", "bench_source": None})
     S["bench_job"] = app.submit(", ".join(app.label(k) for k, _ in config.mechanisms),
-                                functools.partial(presets.SweepSequence, (config,)), points((config,)))
+                                functools.partial(jobs.SweepSequence, (config,)), points((config,)))
 
 
 def stop() -> None:
@@ -244,7 +244,7 @@ def ticker() -> None:
     if not inside:
         worker.hold(True)
     job = S["bench_job"]
-    replay = isinstance(job, presets.Replay)
+    replay = isinstance(job, jobs.Replay)
     if replay:  # points are taken only by the full run that draws them: the count is what the charts show
         if not inside and job.due > job.shown:
             st.rerun()
@@ -386,7 +386,7 @@ def load_saved() -> None:
     config, left = presets.config_of(run.frame) if len(run.frame) else (None, [])
     left = (show_settings(config) if config else []) + left
     S.update({"bench_preset": None, "bench_focus": "time_median_s"})
-    S["bench_job"] = presets.Replay(run, S.get("bench_speed", 3.0))
+    S["bench_job"] = jobs.Replay(run, S.get("bench_speed", 3.0))
     if show:
         S["bench_job"].shown = len(run.frame)
     where = " · ".join(str(run.env[k]) for k in ("device_name", "timestamp") if run.env.get(k))
@@ -430,11 +430,11 @@ if running:
     worker.hold(True)  # this run draws: no timed sample competes with it (measure.take_turn waits, 3 s at most)
     S["bench_drawing"] = True
     started = time.monotonic()
-    if isinstance(job, presets.Replay):
+    if isinstance(job, jobs.Replay):
         job.poll()  # the points due now, drawn by this run
     # not before this run has drawn them (a tick inside a full run must not ask for another); 5 s at most
     S["bench_drawn"] = {"job": id(job), "points": job.progress()["done"], "ready_at": started + 5}
-    pace = (max(1 / job.points_per_s, FIRST_TICK_S) if isinstance(job, presets.Replay) else
+    pace = (max(1 / job.points_per_s, FIRST_TICK_S) if isinstance(job, jobs.Replay) else
             TICK_S if S["bench_drawn"]["points"] else FIRST_TICK_S)
     st.fragment(ticker, run_every=pace)()
 results_view(job)

@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest, app_test
 from attn_core import cli, MECHANISMS
 from attn_core.engine import presets, results, sweep
 from tests.apptest_helpers import chart_specs
-from attn_core.engine.presets import Replay, SweepSequence
+from attn_core.engine.jobs import Replay, SweepSequence
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = {"pages/home.py": "Attention Lab", "pages/learn.py": "Learn", "pages/benchmark.py": "Benchmark",
