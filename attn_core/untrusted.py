@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Callable, Mapping
 
 # Every ASCII punctuation character: Markdown (and Streamlit's :color[…] and $…$) can escape each with a backslash.
 _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
@@ -54,3 +55,19 @@ def _fits(raw: str, low: float, high: float, whole: bool) -> bool:
     except ValueError:
         return False
     return math.isfinite(value) and low <= value <= high and (value.is_integer() or not whole)
+
+
+def link_values(query: Mapping[str, list[str]], numbers: Mapping[str, tuple[float, float, bool]],
+                choices: Mapping[str, tuple[list[str], bool]],
+                plain: Callable[[str, str], str] = lambda key, value: value) -> tuple[dict[str, list[str]], list[str]]:
+    """What a link may keep of its values, and why the rest is ignored. `numbers`: key → (low, high, whole) of a number
+    widget; `choices`: key → (the texts its widget offers, whether it takes several); `plain(key, value)` first
+    rewrites a value into the form the widget shows (1024 → 1,024). Returns, for each of those keys in `query`,
+    the values to keep (possibly none), and the sentences (sorted by key) naming the values ignored."""
+    kept, notes = {}, {}
+    for key in numbers.keys() & query.keys():
+        notes[key] = link_number(key, query[key], *numbers[key])
+        kept[key] = [] if notes[key] else list(query[key])
+    for key in choices.keys() & query.keys():
+        kept[key], notes[key] = link_choice(key, [plain(key, v) for v in query[key]], *choices[key])
+    return kept, [notes[key] for key in sorted(notes) if notes[key]]

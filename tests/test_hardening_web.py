@@ -211,3 +211,14 @@ def test_server_listens_locally_and_its_upload_cap_is_the_run_file_limit():
     server = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())["server"]
     assert server["address"] == "127.0.0.1"
     assert server["maxUploadSize"] * 2**20 == results.MAX_FILE_BYTES
+
+
+def test_link_values_keeps_what_each_widget_takes_and_names_the_rest_in_key_order():
+    kept, notes = untrusted.link_values(
+        {"steps": ["3"], "heads": ["1e309"], "n": ["1024", "7"], "mech": ["Softmax", "<b>x</b>"], "other": ["?"]},
+        {"steps": (1, 16, True), "heads": (1, 256, True)},
+        {"n": (["1,024", "2,048"], False), "mech": (["Softmax", "Linear"], True)},
+        lambda key, value: f"{int(value):,}" if key == "n" and value.isdigit() else value)
+    assert kept == {"steps": ["3"], "heads": [], "n": [], "mech": ["Softmax"]}  # "other" is no widget's: untouched
+    assert [note.split("`")[1] for note in notes] == ["heads", "mech", "n"]
+    assert "<b>" not in notes[1] and "7" in notes[2]

@@ -13,7 +13,6 @@ from . import export
 from ..insight.accuracy import METRIC_LABELS
 from .style import REFERENCE_GREY, colour_scale, styled
 from ..insight.effective import matrix_frame
-from ..mechanisms import MECHANISMS
 from ..insight.published import PUBLISHED
 from ..insight.theory import EXTRAPOLATION
 

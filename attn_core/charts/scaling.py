@@ -12,8 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine import analysis
-from ..mechanisms import MECHANISMS
-from .style import colour_scale, house_config, styled
+from .style import colour_scale, house_config
 
 METRICS = {
     # metric column → (display column, unit, divisor from the stored unit, what the chart calls it)

@@ -266,14 +266,16 @@ def call_of(spec: MechanismSpec, case: Case, q: torch.Tensor, k: torch.Tensor, v
 class Timing:
     """The timed samples of one point: `samples` (seconds per call) that the median is taken from, the seconds
     spent in all, what other programs did during those samples (`contention`), how many samples were taken again
-    because another program took CPU from them (`retaken`), and whether the point stayed disturbed after the
-    bounded retakes (then `samples` holds every sample, disturbed ones included)."""
+    because another program took CPU from them (`retaken`), whether the point stayed disturbed after the
+    bounded retakes (then `samples` holds every sample, disturbed ones included), and the seconds it waited for its
+    turn or for quiet (`waited_s`, part of `spent_s`; not counted against the point's budget)."""
 
     samples: list[float]
     spent_s: float
     contention: env.Contention = env.Contention()
     retaken: int = 0
     disturbed: bool = False
+    waited_s: float = 0.0
 
 
 MAX_RETAKES = 20  # disturbed samples taken again per point, at most ...
@@ -385,7 +387,7 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
     disturbed = len(clean) < min(settings.min_repeats, len(kept))
     used = kept + set_aside if disturbed else kept
     total = sum((c for _, c in used), env.Contention(0.0, 0.0, 0.0))
-    return Timing([t for t, _ in used], time.perf_counter() - start, total, len(set_aside), disturbed)
+    return Timing([t for t, _ in used], time.perf_counter() - start, total, len(set_aside), disturbed, waited)
 
 
 def measure_case(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Callable[[], bool] = lambda: False,
@@ -399,7 +401,8 @@ def measure_case(spec: MechanismSpec, case: Case, settings: Settings, cancelled:
         reason = guard(spec, case, settings)
         if reason:
             return make_row(spec, case, "skipped", reason, threads=torch.get_num_threads()), 0.0
-        return _measured(spec, case, settings, cancelled, turns), time.perf_counter() - start
+        row, waited = _measured(spec, case, settings, cancelled, turns)
+        return row, time.perf_counter() - start - waited  # waits for quiet do not count against the budget
     except Cancelled:
         return make_row(spec, case, "cancelled", "cancelled while this point was measured"), 0.0
     except Exception as e:  # a mechanism's failure is a result, not a crash of the sweep
@@ -412,7 +415,7 @@ def measure_case(spec: MechanismSpec, case: Case, settings: Settings, cancelled:
 
 
 def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Callable[[], bool],
-              turns: Turns) -> dict:
+              turns: Turns) -> tuple[dict, float]:
     q, k, v = make_inputs(case)
     state = make_state(spec, case)
     checked_shape(spec, q, k, v, case.problem.causal, **dict(case.params))  # once, here: no timed call checks again
@@ -429,7 +432,7 @@ def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Ca
         timing = time_samples(thunk, case.problem.device, settings, cancelled, first_call_s=first_call_s,
                               turns=turns)
         if settings.measure_memory and case.problem.device != "cpu":  # GPUs: after timing, past first-call workspaces
-            if timing.spent_s <= settings.point_budget_s:
+            if timing.spent_s - timing.waited_s <= settings.point_budget_s:
                 method, peak = _peak(thunk, case.problem.device, cancelled)
             else:
                 method = "not measured: the point's time budget was spent on timing"
@@ -444,7 +447,7 @@ def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Ca
                     device_gflops=device_gflops, pct_of_device=100.0 * gflops / device_gflops,
                     sdpa_backend=backend, threads=float(torch.get_num_threads()), foreign_cpu=seen.foreign_cores,
                     load_average=env.load_average() or float("nan"), disturbed=timing.disturbed,
-                    retaken=timing.retaken)
+                    retaken=timing.retaken), timing.waited_s
 
 
 def _peak(thunk: Callable[[], Any], device: str, cancelled: Callable[[], bool]) -> tuple[str, float]:

@@ -1,0 +1,172 @@
+"""The Benchmark page's settings: the panel a SweepConfig is read from and written to, and the URL that carries it
+(every setting lives in the link, so a link reproduces a setup; values a widget cannot take are refused first)."""
+import functools
+import math
+
+import streamlit as st
+from streamlit.errors import StreamlitAPIException
+
+import app
+from attn_core import MECHANISMS, untrusted
+from attn_core.engine import env, presets
+from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
+
+S = st.session_state
+NS = [2**k for k in range(4, 18)]
+DEVICES = env.available_devices()
+# The number widgets' ranges (low, high); the link check reads them too
+NUMBERS = {"bench_steps": (1, 16), "bench_d_model": (1, 16384), "bench_heads": (1, 256), "bench_batch": (1, 1024),
+           "bench_speed": (0.5, 20.0)}
+MODES, AXES, BASELINES = ["forward", "forward+backward"], ["log-log", "linear"], ["softmax", "sdpa"]
+SHOWN_PRESETS = {**presets.PRESETS, presets.QUICK_DEMO.name: presets.QUICK_DEMO}
+CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
+keyed = functools.partial(app.keyed, link=True)  # every setting lives in the URL: a link reproduces a setup
+
+
+def talk() -> bool:
+    return bool(S.get("talk"))
+
+
+def show_settings(config: SweepConfig) -> list[str]:
+    """Set every control to `config`, so the panel says what the charts show (a preset, the quick demo, a saved
+    run); returns what the panel cannot hold (n goes to the slider's nearest powers of two)."""
+    keys = list(dict.fromkeys(k for k, _ in config.mechanisms))
+    near = [min(NS, key=lambda x: abs(math.log2(x / n))) for n in (config.ns[0], config.ns[-1])]
+    p = config.problem
+    numbers = {"bench_steps": len(config.ns), "bench_d_model": p.d_model, "bench_heads": p.heads,
+               "bench_batch": p.batch}
+    left = [f"{key.removeprefix('bench_')} {value:,}" for key, value in numbers.items()
+            if not NUMBERS[key][0] <= value <= NUMBERS[key][1]]
+    S.update({key: min(max(value, NUMBERS[key][0]), NUMBERS[key][1]) for key, value in numbers.items()})
+    S.update({"bench_exact": [k for k in keys if MECHANISMS[k].exact],
+              "bench_approx": [k for k in keys if not MECHANISMS[k].exact], "bench_n": tuple(near),
+              "bench_causal": p.causal, "bench_mode": p.mode})
+    if log_spaced(*near, len(config.ns)) != tuple(config.ns):
+        left.append(f"n = {', '.join(f'{n:,}' for n in config.ns)}")
+    if p.device in DEVICES:
+        S["bench_device"] = p.device
+        if p.dtype in env.supported_dtypes(p.device):
+            S["bench_dtype"] = p.dtype
+        else:
+            left.append(f"dtype {p.dtype}")
+    else:
+        left.append(f"device {p.device}")
+    for key, params in config.mechanisms:
+        for p in MECHANISMS[key].params:
+            value = params.get(p.name, p.default)
+            try:
+                p.check(value)
+            except ValueError:  # a file's value the widget cannot hold: its default, and the panel says so
+                left.append(f"{p.name} {value}")
+                value = p.default
+            S[f"bench_p_{key}_{p.name}"] = value
+    return left
+
+
+def settings() -> tuple[SweepConfig, list[str]]:
+    """The form; returns the sweep it describes and the sentences saying what to change."""
+    d = DEFAULT_SWEEP
+    with st.expander("Settings" + (" (folded away in talk mode)" if talk() else ""), expanded=not talk(),
+                     icon=":material/tune:"):
+        # talk mode's large type: two columns to a row
+        what, sizes, shape, where = st.columns(2) + st.columns(2) if talk() else st.columns([3, 2, 2, 2])
+        exact = what.multiselect("Exact mechanisms", [k for k, s in MECHANISMS.items() if s.exact],
+                                 [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=app.label,
+                                 **keyed("bench_exact"))
+        approx = what.multiselect("Approximate mechanisms", [k for k, s in MECHANISMS.items() if not s.exact],
+                                  [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=app.label,
+                                  **keyed("bench_approx"))
+        knobs = [p.name for key in exact + approx for p in MECHANISMS[key].params]
+        names = ", ".join(dict.fromkeys(knobs))
+        with what.popover(("Parameters: " + names if len(names) <= 24 else f"Parameters ({len(knobs)})") if knobs
+                          else "No parameters to set", help=names or None, icon=":material/settings:",
+                          width="stretch", disabled=not knobs, key="bench_params"):
+            mechanisms = tuple((key, mechanism_params(key)) for key in exact + approx)
+        n_min, n_max = sizes.select_slider("Sequence lengths n", NS, (d.ns[0], d.ns[-1]), format_func="{:,}".format,
+                                           **keyed("bench_n"))
+        steps = sizes.number_input("Steps, log-spaced", *NUMBERS["bench_steps"], len(d.ns), **keyed("bench_steps"))
+        p = d.problem
+        d_model = shape.number_input("d_model", *NUMBERS["bench_d_model"], p.d_model, step=64, **keyed("bench_d_model"))
+        heads = shape.number_input("Heads", *NUMBERS["bench_heads"], p.heads, **keyed("bench_heads"))
+        batch = shape.number_input("Batch", *NUMBERS["bench_batch"], p.batch, **keyed("bench_batch"))
+        device = where.selectbox("Device", DEVICES, DEVICES.index(env.resolve_device(p.device)),
+                                 **keyed("bench_device"))
+        dtypes = env.supported_dtypes(device)
+        if S.get("bench_dtype", dtypes[0]) not in dtypes:
+            S["bench_dtype"] = dtypes[0]  # the device changed under a dtype it lacks
+        dtype = where.selectbox("dtype", dtypes, **keyed("bench_dtype"))
+        causal = where.toggle("Causal mask", p.causal, **keyed("bench_causal"))
+        mode = where.radio("Mode", MODES, **keyed("bench_mode"),
+                           help="forward+backward counts 3× the forward FLOPs")
+    config = d.replaced(mechanisms=mechanisms, ns=log_spaced(n_min, n_max, steps), batch=batch, heads=heads,
+                        d_model=d_model, dtype=dtype, device=device, mode=mode, causal=causal)
+    return config, config.problems()
+
+
+def mechanism_params(key: str) -> dict:
+    """Widgets for one mechanism's own parameters, generated from its spec."""
+    spec = MECHANISMS[key]
+    if not spec.params:
+        return {}
+    st.markdown(f"**{spec.label}**: {spec.description}")
+    return {p.name: st.number_input(p.name, p.low, p.high, p.default, step=1 if p.kind is int else None,
+                                    help=p.help, **keyed(f"bench_p_{key}_{p.name}")) for p in spec.params}
+
+
+def link_choices() -> dict[str, tuple[list[str], bool]]:
+    """What a link may say for each choice setting (the text its widget shows, Streamlit's form in a URL) and
+    whether it takes several values at once."""
+    dtypes = list(dict.fromkeys(t for device in DEVICES for t in env.supported_dtypes(device)))
+    return {"bench_exact": ([app.label(k) for k, s in MECHANISMS.items() if s.exact], True),
+            "bench_approx": ([app.label(k) for k, s in MECHANISMS.items() if not s.exact], True),
+            "bench_n": ([f"{n:,}" for n in NS], False), "bench_device": (DEVICES, False),
+            "bench_dtype": (dtypes, False), "bench_causal": (["true", "false"], False), "bench_mode": (MODES, False),
+            "bench_axes": (AXES, False), "bench_curves": (list(CURVES.values()), True),
+            "bench_baseline": ([app.label(k) for k in BASELINES], False)}
+
+
+def link_notes() -> list[str]:
+    """Settings in the link that their widget cannot take are taken out of the URL before any widget reads it, and
+    the page runs again without them; returns, once, the sentences saying which values were ignored. Numbers out of
+    range or unreadable (1e309 raised OverflowError inside Streamlit) and choices a widget does not offer (which
+    Streamlit drops without a word) are refused; n written plainly (1024 for 1,024) and TRUE for true are taken."""
+    numbers = {key: (low, high, isinstance(low, int)) for key, (low, high) in NUMBERS.items()}
+    numbers.update({f"bench_p_{key}_{p.name}": (p.low, p.high, p.kind is int) for key, spec in MECHANISMS.items()
+                    for p in spec.params})
+    query = {key: st.query_params.get_all(key) for key in st.query_params.keys()}
+    kept, said = untrusted.link_values(query, numbers, link_choices(), plain)
+    fix = [key for key in kept if kept[key] != query[key]]
+    if [key for key in fix if rewritten(key, kept[key])]:  # all of them, before the rerun
+        S["bench_link_notes"] = said
+        st.rerun()
+    return S.pop("bench_link_notes", []) or said
+
+
+def plain(key: str, value: str) -> str:
+    """A link's value in the form its widget shows: n written plainly (1024) as the slider writes it (1,024), TRUE
+    as true."""
+    if key == "bench_n" and value.isdigit():
+        return f"{int(value):,}"
+    return value.lower() if key == "bench_causal" else value
+
+
+def rewritten(key: str, values: list[str]) -> bool:
+    """Set `key` in the URL to `values` (none: remove it). True where the page must run again for its widget to read
+    the change. False where the widget is bound in this session: Back or Forward brought the value back, and
+    Streamlit seeds the widget from its own copy of the URL. It filters choices itself; a refused number is cleared
+    from that copy here, as Streamlit clears a value it cannot parse (1e309 in a whole-number widget raises
+    OverflowError inside Streamlit 1.67, which clears only ValueError and TypeError)."""
+    try:
+        if values:
+            st.query_params[key] = values
+        else:
+            del st.query_params[key]
+    except StreamlitAPIException:
+        if not values:
+            from streamlit.runtime.state.session_state_proxy import get_session_state  # no public route to it
+
+            with get_session_state().query_params() as params:
+                params._initial_query_params.pop(key, None)
+                params.remove_param(key)
+        return False
+    return True

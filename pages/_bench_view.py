@@ -1,0 +1,224 @@
+"""The Benchmark page's results: the live charts and their progress ticks, the summary, exports, and saved runs
+shown or replayed."""
+import functools
+import time
+
+import streamlit as st
+
+import app
+from attn_core import untrusted
+from attn_core.charts import export, scaling
+from attn_core.engine import analysis, jobs, presets, results, worker
+from attn_core.engine.pacing import Pacing
+from pages._bench_form import AXES, BASELINES, CURVES, NUMBERS, keyed, show_settings, talk
+
+S = st.session_state
+# No animation while points are timed: a browser easing a progress bar draws for the whole transition.
+STILL_CSS = "<style>[data-testid='stProgress'] * { transition: none !important; animation: none !important; }</style>"
+# Each chart's box: as tall as the screen allows (the chart fills it, title included). In talk mode a chart and its
+# title fill the window below Streamlit's header bar, at 1280×720 as at 1920×1080.
+CHART_CSS = "".join(f".st-key-bench_chart_{m} {{ flex: 0 0 auto !important; height: auto !important; }} "
+                    f".st-key-bench_chart_{m} * {{ height: auto; }} "
+                    f".st-key-bench_chart_{m} [data-testid='stVegaLiteChart'] {{ height: HEIGHT !important; }} "
+                    for m in scaling.METRICS)
+CHART_HEIGHT = {False: "clamp(380px, calc(100vh - 12rem), 1000px)", True: "max(420px, calc(100vh - 4.5rem))"}
+# The columns a speaker talks about; the rest of the summary is one click away.
+TALK_COLUMNS = ["Mechanism", "time ∝ n^k: k", "memory ∝ n^k: k", "speed-up vs softmax (×)",
+                "memory saving vs softmax (×)", "at n (vs softmax)"]
+
+
+def style() -> None:
+    st.html(STILL_CSS + f"<style>{CHART_CSS.replace('HEIGHT', CHART_HEIGHT[talk()])}</style>")
+
+
+def pacing() -> Pacing:
+    return S.setdefault("bench_pacing", Pacing())
+
+
+def live(job) -> None:
+    """Draw a running job: the worker is held while this run draws (no timed sample competes with it), the progress
+    ticks in a fragment between full runs, and the next full run is paced (engine.pacing)."""
+    worker.hold(True)  # measure.take_turn waits for the hold, 3 s at most
+    S["bench_drawing"] = True
+    clock = pacing()
+    replay = isinstance(job, jobs.Replay)
+    if replay:
+        job.poll()  # the points due now, drawn by this run
+    clock.begin(id(job), job.progress()["done"], time.monotonic())
+    st.fragment(ticker, run_every=clock.tick_every(job.points_per_s if replay else None))()
+    results_view(job)
+    clock.end(time.monotonic())
+    S["bench_drawing"] = False
+    worker.hold(False)  # the charts are sent; the worker waits for the browser to draw them (a quiet moment)
+
+
+def ticker() -> None:
+    """A fragment rerun every few seconds while a job measures: it advances the job and redraws only the progress
+    bar. When points have arrived it asks for a full run, which draws them, when the pacing allows. Every tick and
+    full run holds the worker: no timed sample starts until it is over and the browser has drawn what it was sent
+    (worker.hold)."""
+    inside = S.get("bench_drawing")  # run inside a full run, which holds the worker from its start to its end
+    if not inside:
+        worker.hold(True)
+    job = S["bench_job"]
+    replay = isinstance(job, jobs.Replay)
+    if replay:  # points are taken only by the full run that draws them: the count is what the charts show
+        if not inside and job.due > job.shown:
+            st.rerun()
+    else:
+        job.poll()
+    if job.done:
+        st.rerun()  # Run comes back, the table and the exports appear
+    p = job.progress()
+    eta = f" · about {p['eta_s']:.0f} s left" if p["eta_s"] is not None else ""
+    st.progress(min(p["done"] / max(p["total"], 1), 1.0),
+                text=f"{p['done']} of {p['total']} points · now {untrusted.literal(p['current'])}{eta}")
+    if not replay and pacing().wants_redraw(id(job), p["done"], time.monotonic()):
+        st.rerun()
+    if not inside:
+        worker.hold(False)
+
+
+def results_view(job) -> None:
+    """Controls, charts and table of the current job's points."""
+    if job is None:
+        st.info("Choose settings and press Run, or pick a preset: points appear on the charts as they are measured.")
+        return
+    if S.get("bench_source"):
+        st.info(S["bench_source"], icon=":material/folder_open:")
+    if job.error:
+        st.error(f"The sweep stopped: {untrusted.literal(job.error)}")
+    df = job.frame()
+    if df.empty:
+        st.caption("Waiting for the first point…")
+        return
+    if talk():  # large type: the curves' pills get a row of their own, no name cut short
+        axes, baseline = st.columns([2, 3])
+        curves = st.container()
+    else:
+        axes, curves, baseline = st.columns([1, 2, 2])
+    axes.segmented_control("Axes", AXES, default="log-log", required=True, **keyed("bench_axes"))
+    curves.pills("Theory curves (dashed)", list(CURVES), default=["spec"], selection_mode="multi",
+                 format_func=CURVES.get, **keyed("bench_curves"))
+    baseline.segmented_control("Crossover n* against", BASELINES, default="softmax", required=True,
+                               format_func=app.label, **keyed("bench_baseline"))
+    busy = analysis.contention_summary(df)
+    if busy:
+        (st.warning if df["disturbed"].any() else st.caption)(busy)
+    if job.done and (missing := analysis.baseline_note(df, S.get("bench_baseline") or "softmax")):
+        st.info(missing, icon=":material/info:")
+    for metric in metrics():
+        options = chart_options(metric)
+        with st.container(key=f"bench_chart_{metric}"):  # sized to the screen by CHART_CSS; the chart fills it
+            st.vega_lite_chart(live_spec(metric).update(df, metric, fit=True, **options), theme=None,
+                               width="stretch", height="stretch")
+        if note := scaling.chart_note(df, metric, log=options["log"], curves=options["curves"]):
+            st.caption(untrusted.literal(note))  # it quotes labels and reasons, from a file when replayed
+    if job.done:
+        if stopped := analysis.stopped_note(df):
+            st.info(stopped, icon=":material/stop_circle:")
+        if busy_matmul := analysis.matmul_note(job.result().env):
+            st.warning(busy_matmul)
+        table = summary(job)
+        if talk():  # large type: an HTML table scales with the page's font, a data grid does not
+            short = table[[c for c in TALK_COLUMNS if c in table]].set_index("Mechanism")
+            st.table(short.style.format({"at n (vs softmax)": "{:,.0f}"}, precision=2, na_rep="—"),
+                     border="horizontal")
+            with st.expander("Every column of the summary"):
+                st.dataframe(table, hide_index=True)
+        else:
+            st.dataframe(table, hide_index=True)
+        for note in analysis.summary_notes(df):
+            st.caption(note)
+    else:
+        st.caption("The summary table (fitted exponents, speed-ups, GFLOP/s) comes when the sweep ends.")
+
+
+def chart_options(metric: str) -> dict:
+    """How a chart is drawn: the current axes, theory curves, baseline, theme and titles."""
+    return {"log": S.get("bench_axes") != "linear", "baseline": S.get("bench_baseline") or "softmax",
+            "curves": tuple(S.get("bench_curves", ["spec"])), "talk": talk(),
+            "title": S.get(f"bench_title_{metric}") or None, "subtitle": S.get("bench_subtitle") or None}
+
+
+def metrics() -> list[str]:
+    """The chart metrics, the one the preset focuses on first."""
+    first = S.get("bench_focus", "time_median_s")
+    return sorted(scaling.METRICS, key=lambda metric: metric != first)
+
+
+def live_spec(metric: str) -> scaling.LiveSpec:
+    """The session's spec of one chart: rebuilt only when its shape changes, new points swapped in otherwise."""
+    return S.setdefault("bench_live_specs", {m: scaling.LiveSpec() for m in scaling.METRICS})[metric]
+
+
+def summary(job):
+    """The summary table of a finished job, made once (from all its rows: it may have finished a moment ago)."""
+    if S.get("bench_summary", (None,))[0] is not job:
+        S["bench_summary"] = (job, scaling.summary_table(job.frame()))
+    return S["bench_summary"][1]
+
+
+def export_panel(job) -> None:
+    record = job.result()
+    with st.expander("Export", icon=":material/download:"):
+        shown = {metric: scaling.figure(record.frame, metric, **chart_options(metric)) for metric in metrics()}
+        cols = st.columns(len(shown) + 1)
+        for metric, column in zip(shown, cols):
+            column.text_input(f"Title of the {scaling.METRICS[metric][3].lower()} chart",
+                              placeholder=scaling.default_title(record.frame, metric), **keyed(f"bench_title_{metric}"))
+        cols[-1].text_input("Subtitle of both", placeholder=scaling.default_subtitle(record.frame),
+                            **keyed("bench_subtitle"))
+        for metric, chart in shown.items():
+            name = "time" if metric == "time_median_s" else "memory"
+            row = st.columns(4)
+            row[0].markdown(f"**{scaling.METRICS[metric][3]}** chart")
+            for column, (fmt, make, mime) in zip(row[1:], (("PNG", export.chart_png, "image/png"),
+                                                           ("SVG", export.chart_svg, "image/svg+xml"),
+                                                           ("HTML", export.chart_html, "text/html"))):
+                column.download_button(fmt, functools.partial(make, chart), f"attention-{name}.{fmt.lower()}", mime,
+                                       key=f"bench_dl_{name}_{fmt.lower()}", on_click="ignore",
+                                       icon=":material/download:")
+        row = st.columns(4)
+        row[0].markdown("**Data, with the environment stamp**")
+        row[1].download_button("CSV", functools.partial(results.to_csv_bytes, record), "attention-run.csv",
+                               "text/csv", key="bench_dl_csv", on_click="ignore", icon=":material/download:")
+        row[2].download_button("JSON", functools.partial(results.to_json_bytes, record), "attention-run.json",
+                               "application/json", key="bench_dl_json", on_click="ignore",
+                               icon=":material/download:")
+
+
+def replay_panel(busy: bool) -> None:
+    with st.expander("Replay or show a saved run", icon=":material/replay:", expanded=talk() and not busy):
+        upload = st.file_uploader("A run saved by `python -m attn_core sweep --out run.json` or by Export (JSON or "
+                                  "CSV)", type=["json", "csv"], key="bench_upload")
+        st.slider("Replay speed (points per second)", *NUMBERS["bench_speed"], 3.0, step=0.5, **keyed("bench_speed"))
+        left, right = st.columns(2)
+        show = left.button("Show it", key="bench_show", disabled=upload is None or busy)
+        replay = right.button("Replay point by point", key="bench_replay", disabled=upload is None or busy)
+        if upload is None or not (show or replay):
+            return
+        try:
+            run = results.load_run(upload.getvalue(), name=upload.name)
+        except results.RunFileError as e:
+            st.error(untrusted.literal(e))
+            return
+        S["bench_loaded"] = (run, upload.name, show)  # the panel is drawn: the next run sets it (load_saved)
+        st.rerun()
+
+
+def load_saved() -> None:
+    """A saved run asked for by Show it or Replay: the panel set to the settings it was measured with, and a line
+    saying the charts show that file, what the panel cannot hold, and what Run would do."""
+    run, name, show = S.pop("bench_loaded")
+    config, left = presets.config_of(run.frame) if len(run.frame) else (None, [])
+    left = (show_settings(config) if config else []) + left
+    S.update({"bench_preset": None, "bench_focus": "time_median_s"})
+    S["bench_job"] = jobs.Replay(run, S.get("bench_speed", 3.0))
+    if show:
+        S["bench_job"].shown = len(run.frame)
+    where = " · ".join(str(run.env[k]) for k in ("device_name", "timestamp") if run.env.get(k))
+    S["bench_source"] = (f"Showing the saved run {untrusted.literal(name)}" + (f" ({untrusted.literal(where)})"
+                         if where else "") + ". The settings above are the ones it was measured with" +
+                         (f", except what the panel cannot hold: {untrusted.literal('; '.join(left))}" if left else "")
+                         + ". Run measures them again on this machine.")
