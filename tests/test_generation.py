@@ -54,8 +54,7 @@ def generate(key: str, q, k, v, n0: int, *, max_len=None, **params):
 
 
 @pytest.mark.parametrize("key,params", cases())
-@pytest.mark.parametrize("n0", [1, 10])
-@pytest.mark.parametrize("max_len", [None, N])
+@pytest.mark.parametrize("n0,max_len", [(1, None), (10, None), (10, N)])  # doubling from 1; a full ring; no growth
 def test_prefill_then_steps_equal_the_causal_forward_pass(key, params, n0, max_len):
     q, k, v = qkv()
     params = {**params, **state(key, params)}
