@@ -8,7 +8,8 @@ import torch
 import attn_core as ac
 from attn_core import generation as gen
 from attn_core.spec import Shape
-from tests.baselines import allowed, elu_plus_one, kernel_attention, masked_softmax, positive_random_features
+from tests.baselines import (allowed, elu_plus_one, kernel_attention, masked_softmax, positive_random_features,
+                             trace_peak_bytes)
 
 GENERATES = [key for key, spec in ac.MECHANISMS.items() if spec.generation is not None]
 CANNOT = [key for key, spec in ac.MECHANISMS.items() if spec.generation is None]
@@ -129,6 +130,24 @@ def test_steps_write_in_place_when_the_cache_was_sized_by_max_len(key):
     for i in range(5, N):
         _, cache = gen.step(key, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], cache)
     assert [(t.data_ptr(), t.shape) for t in cache.tensors()] == before
+
+
+@pytest.mark.parametrize("key", GENERATES)
+def test_a_step_allocates_far_less_than_its_cache(key):
+    """Below half the cache's bytes at n = 2048 (no copy of the cache, nothing n×n: the scores and probabilities of
+    one query are 1/8 of a key-value cache at D = 8), and the same bytes at n = 256 and 2048 for a fixed state."""
+    peaks = []
+    for n in (256, 2048):
+        q, k, v = (t[:1, :2] for t in qkv(n + 1))
+        params = {p.name: p.small_value(n) for p in ac.MECHANISMS[key].params}
+        params.update(ac.make_state(key, Shape(1, 2, n, n, D), **params))
+        cache = gen.remember(key, k[:, :, :n], v[:, :, :n], max_len=n + 1, **params)
+        token = (q[:, :, n:], k[:, :, n:], v[:, :, n:])
+        peaks.append(trace_peak_bytes(lambda: gen.step(key, *token, cache)))
+        size = gen.cache_bytes(key, Shape(1, 2, n, n, D), **params)
+    assert peaks[1] <= size / 2 + 8192, (peaks, size)
+    if gen.cache_bytes(key, Shape(1, 2, 256, 256, D), **params) == size:
+        assert peaks[0] == peaks[1]
 
 
 @pytest.mark.parametrize("key", ["softmax", "sdpa"])

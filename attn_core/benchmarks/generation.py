@@ -24,7 +24,7 @@ from .. import generation as gen
 from ..api import make_state
 from ..mechanisms import MECHANISMS
 from ..mechanisms._common import validated
-from ..measure import format_bytes
+from ..measure import format_bytes, wait_for_quiet
 from ..spec import Shape
 
 LINES = {"softmax": {}, "sdpa": {}, "sliding_window": {"window": 256}, "linear": {}, "performer": {"features": 256}}
@@ -36,24 +36,42 @@ def tokens(n: int, args, device: str, seed: int) -> list[torch.Tensor]:
     return [torch.randn(shape, generator=g).to(device) for _ in range(3)]
 
 
-def time_steps(key: str, params: dict, n: int, args, device: str) -> tuple[list[float], int]:
-    """Per-step seconds of `args.steps` steps after `args.warmup` untimed ones, against a cache of n random tokens;
-    and the cache's bytes at context n."""
+def time_steps(key: str, params: dict, n: int, args, device: str) -> tuple[list[float], int, int]:
+    """Seconds of `args.steps` clean steps after `args.warmup` untimed ones, against a cache of n random tokens; the
+    cache's bytes at context n; and how many steps were set aside because another program took a core from this
+    one meanwhile (env.ContentionProbe, as the engine judges its samples; at most `args.steps` of them, after two
+    in a row a short wait for a quiet moment). Every step adds a token: the context ends at most 3·steps + warmup
+    past n, the cache preallocated for it."""
     k, v = tokens(n, args, device, seed=n)[1:]
     state = make_state(key, Shape(1, args.heads, n, n, args.head_dim), device, seed=0, **params)
-    cache = gen.remember(key, k, v, max_len=n + args.warmup + args.steps, **params, **state)
+    total = args.warmup + 2 * args.steps
+    cache = gen.remember(key, k, v, max_len=n + total, **params, **state)
     held = cache.nbytes
     del k, v
-    q, k, v = tokens(args.warmup + args.steps, args, device, seed=-n % 2**31)
-    timer = env.device_timer(device)
-    samples = []
+    q, k, v = tokens(total, args, device, seed=-n % 2**31)
+    timer, probe, threads = env.device_timer(device), env.ContentionProbe(), torch.get_num_threads()
+    clean, set_aside, last_hit = [], 0, False
     with validated():
-        for i in range(args.warmup + args.steps):
+        for i in range(total):
             t = (q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1])
+            if i == args.warmup:
+                probe.refresh()  # the warm-up may have started the thread pool
+            mark = probe.mark()
             took = timer(lambda: gen.step(key, *t, cache), 1)
-            if i >= args.warmup:
-                samples.append(took)
-    return samples, held
+            hit = probe.since(mark).disturbed(threads)
+            if i < args.warmup:
+                continue
+            if hit and set_aside < args.steps:
+                set_aside += 1
+                if last_hit:
+                    wait_for_quiet(probe, threads)
+                last_hit = True
+                continue
+            clean.append(took)
+            last_hit = False
+            if len(clean) == args.steps:
+                break
+    return clean, held, set_aside
 
 
 def slope(ns: list[int], ts: list[float]) -> float:
@@ -96,19 +114,20 @@ def main(argv: list[str] | None = None) -> int:
     for n in ns:  # every mechanism at one n before the next n: a slow spell of the machine hits them all alike
         for key in keys:
             params = {**MECHANISMS[key].defaults, **LINES.get(key, {})}
-            samples, held = time_steps(key, params, n, args, device)
+            samples, held, set_aside = time_steps(key, params, n, args, device)
             q1, med, q3 = np.percentile(samples, [25, 50, 75])
-            rows.append((key, n, med, q1, q3, held, min(samples)))
+            rows.append((key, n, med, q1, q3, held, min(samples), set_aside))
             print(f"  {key:15s} n={n:6d}  {med * 1e6:9.1f} µs  (IQR {q1 * 1e6:.1f}–{q3 * 1e6:.1f})  "
-                  f"cache {format_bytes(held)}", file=sys.stderr, flush=True)
+                  f"cache {format_bytes(held)}  {set_aside} disturbed steps set aside", file=sys.stderr, flush=True)
             env.release_cached_memory(device)
 
-    print(f"\nPer-token step time, median µs (interquartile range), and the cache's bytes; load average now "
-          f"{env.load_average()}:")
+    print(f"\nPer-token step time, median µs (interquartile range; * where more than half the steps were "
+          f"disturbed and set aside), and the cache's bytes; load average now {env.load_average()}:")
     print(f"  {'mechanism':15s} " + " ".join(f"{n:>18d}" for n in ns))
     for key in keys:
         mine = [r for r in rows if r[0] == key]
-        print(f"  {key:15s} " + " ".join(f"{r[2] * 1e6:8.1f} ({(r[4] - r[3]) * 1e6:6.1f})" for r in mine))
+        print(f"  {key:15s} " + " ".join(f"{r[2] * 1e6:8.1f} ({(r[4] - r[3]) * 1e6:6.1f}){'*' if 2 * r[7] > args.steps else ' '}"
+                                        for r in mine))
         print(f"  {'':15s} " + " ".join(f"{format_bytes(r[5]):>18s}" for r in mine))
     print(f"\nLog-log slope of the median step time against n (fit over n ≥ {args.slope_from}; in brackets, "
           f"between successive n), of the fastest step (contention only ever adds time), and of the cache's bytes:")
