@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'mechanism':15s} " + " ".join(f"{n:>18d}" for n in ns))
     for key in keys:
         mine = [r for r in rows if r[0] == key]
-        print(f"  {key:15s} " + " ".join(f"{r[2] * 1e6:8.1f} ({(r[4] - r[3]) * 1e6:6.1f}){'*' if 2 * r[7] > args.steps else ' '}"
-                                        for r in mine))
+        cells = (f"{r[2] * 1e6:8.1f} ({(r[4] - r[3]) * 1e6:6.1f}){'*' if 2 * r[7] > args.steps else ' '}" for r in mine)
+        print(f"  {key:15s} " + " ".join(cells))
         print(f"  {'':15s} " + " ".join(f"{format_bytes(r[5]):>18s}" for r in mine))
     print(f"\nLog-log slope of the median step time against n (fit over n ≥ {args.slope_from}; in brackets, "
           f"between successive n), of the fastest step (contention only ever adds time), and of the cache's bytes:")

@@ -62,8 +62,8 @@ def _remember(k, v, *, max_len: int | None = None, block: int = 128, lookback: i
 
 def _step(q, k, v, cache: KVCache):
     """The new token (causal) against its own block so far and the `lookback` blocks before it:
-    O((lookback + 1)·block·d). Once the ring has wrapped, the slots of its own block after its own still hold the block `lookback` + 1 back,
-    which it must not see: they are left out of the softmax."""
+    O((lookback + 1)·block·d). Once the ring has wrapped, the slots of its own block after its own still hold the
+    block `lookback` + 1 back, which it must not see: they are left out of the softmax."""
     keys, values = cache.append(k, v)
     ring, hide = cache.rings["tokens"], None
     if cache.length > ring.capacity:
