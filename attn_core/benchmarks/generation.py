@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mechanisms", default=",".join(LINES),
                    help="comma-separated keys (any mechanism with a generation form; parameters at its defaults "
                         "unless listed in LINES)")
-    p.add_argument("--quick", action="store_true", help="n = 1k … 8k, 20 steps, slope from 2k")
+    p.add_argument("--quick", action="store_true", help="n up to 8k, at most 20 steps, slope from 2k")
     args = p.parse_args(argv)
     if args.quick:
-        args.n_max, args.steps, args.slope_from = 8192, 20, 2048
+        args.n_max, args.steps, args.slope_from = min(args.n_max, 8192), min(args.steps, 20), 2048
     device = env.resolve_device(args.device)
     torch.set_num_threads(args.threads)
     keys = [k.strip() for k in args.mechanisms.split(",") if k.strip()]
@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         fastest = slope([r[1] for r in big], [r[6] for r in big])
         print(f"  {key:15s} time {slope([r[1] for r in big], [r[2] for r in big]):5.2f} "
               f"[{', '.join(f'{s:.2f}' for s in local)}]  fastest {fastest:5.2f}  cache {memory:5.2f}")
-    print("\nExpected: softmax and sdpa ≈ 1 (a step reads all n cached keys and values), sliding_window ≈ 0 (w + 1 of "
-          "them), linear and performer ≈ 0 (an m × D state). Timings on a shared machine are noisy.")
+    print("\nExpected: softmax and sdpa ≈ 1 (a step reads all n cached keys and values), sliding_window ≈ 0 "
+          "(w + 1 of them), linear and performer ≈ 0 (an m × D state). Timings on a shared machine are noisy.")
     return 0
 
 

@@ -151,7 +151,7 @@ class StateCache(Cache):
         self.length += 1
 
     def read(self, phi_q: torch.Tensor) -> torch.Tensor:
-        """φ(q)ᵀ kv / φ(q)ᵀ z for one query's features (B, H, 1, m) → (B, H, 1, D), the tokens' dtype: O(m·D)."""
+        """φ(q)ᵀ kv / φ(q)ᵀ z for one query's features (B, H, 1, m) → (B, H, 1, D), tokens' dtype: O(m·D)."""
         den = (phi_q * self.z).sum(-1, keepdim=True)
         return ((phi_q @ self.kv) / den.clamp_min(torch.finfo(den.dtype).tiny)).to(self.dtype)
 
