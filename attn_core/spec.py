@@ -96,6 +96,27 @@ class Param:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """How a mechanism generates token by token: causal self-attention, one new query at a time, against a cache.
+
+    `remember(k, v, *, max_len=None, **params) -> cache`: what the next token needs of a prompt's keys and values
+    (B, H, n, D): its key-value cache or its fixed-size state. `max_len`: the longest context the caller expects, to
+    preallocate; a cache grows by doubling past it.
+    `step(q, k, v, cache) -> (out, cache)`: the new token's query, key and value (B, H, 1, D) → its output
+    (B, H, 1, D), the cache written in place (the same object; its tensors reallocated only when it doubles).
+    `cache_bytes(shape, **params)`: the bytes a cache holds in use after shape.Nk tokens (its `used_bytes`; also its
+    `nbytes` when preallocated for exactly that context).
+    `prefill(q, k, v, *, max_len=None, **params) -> (out, cache)`: the causal outputs of the prompt and its cache;
+    None: the mechanism's own causal forward beside `remember`. Set it when one pass serves both (Performer's φ(K)).
+    """
+
+    remember: Callable[..., Any]
+    step: Callable[..., tuple[torch.Tensor, Any]]
+    cache_bytes: Callable[..., float]
+    prefill: Callable[..., tuple[torch.Tensor, Any]] | None = None
+
+
+@dataclass(frozen=True)
 class MechanismSpec:
     """Declarative description of one attention mechanism.
 
@@ -139,6 +160,8 @@ class MechanismSpec:
     pull_back: Callable[[torch.Tensor, dict], torch.Tensor] | None = None
     regime: tuple[str, str, str] | None = None
     accuracy_note: str = ""
+    generation: Generation | None = None
+    no_generation: str = ""
 
     @property
     def defaults(self) -> dict[str, int | float]:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from ..spec import MechanismSpec, Shape
+from ..spec import Generation, MechanismSpec, Shape
+from ._cache import StateCache
 from ._common import checked_shape, row_normalized
 from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory, work_dtype
 
@@ -43,6 +44,23 @@ def _memory(s: Shape) -> float:
             + linear_core_memory(s.bh, s.Nq, s.D, s.D, s.elem, s.causal, s.Nk))
 
 
+def _remember(k, v, *, max_len: int | None = None) -> StateCache:
+    """The RNN state of Katharopoulos et al. (eq. 8–9): Σ φ(k_j) v_jᵀ (D × D) and Σ φ(k_j) (D), whatever the
+    context; `max_len` changes nothing."""
+    return StateCache("linear", {}, k, feature_map(k.to(work_dtype(v.dtype))), v)
+
+
+def _step(q, k, v, cache: StateCache):
+    """Fold the new token into the state, then read it with φ(q): O(D²) time, whatever the context."""
+    work = cache.kv.dtype
+    cache.add(feature_map(k.to(work)), v)
+    return cache.read(feature_map(q.to(work))), cache
+
+
+def _cache_bytes(s: Shape) -> float:
+    return s.bh * (s.D * s.D + s.D) * max(s.elem, 4)  # in the work dtype: float32 for half inputs
+
+
 SPEC = MechanismSpec(
     key="linear",
     label="Linear (elu+1)",
@@ -61,4 +79,5 @@ SPEC = MechanismSpec(
     effective=_effective,
     regime=("gentle", "peaky", "elu(x) + 1 is a smooth, positive kernel: it cannot put nearly all of a query's "
             "weight on a few keys, as softmax does when scores spread widely."),
+    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),
 )

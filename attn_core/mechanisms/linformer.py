@@ -79,4 +79,7 @@ SPEC = MechanismSpec(
     pull_back=_pull_back,
     accuracy_note="Linformer's projections E and F are random here, as at initialisation; the paper learns them. "
                   "These are the errors of an untrained Linformer.",
+    no_generation="Its projections E and F mix every position of the sequence, later ones included, into each "
+                  "projected key and value, so it has no causal form: no token's output can be computed before the "
+                  "whole sequence is known, and generating one token at a time is impossible.",
 )

@@ -3,8 +3,9 @@ Parmar et al. 2018, arXiv 1802.05751; the blockwise local attention of Qiu et al
 from __future__ import annotations
 
 from .. import masks
-from ..spec import MechanismSpec, Param, Shape
+from ..spec import Generation, MechanismSpec, Param, Shape
 from ._banded import banded_attention, banded_flops, banded_memory
+from ._cache import KVCache, attend, kv_bytes
 from ._common import checked_shape
 
 
@@ -51,6 +52,30 @@ def _memory(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -
     return banded_memory(s.bh, s.Nq, s.D, s.elem, block=b, left=back * b, right=ahead * b)
 
 
+def _remember(k, v, *, max_len: int | None = None, block: int = 128, lookback: int = 1,
+              lookahead: int = 1) -> KVCache:
+    """A ring of (lookback + 1)·block tokens: the current block and the `lookback` before it. Slots follow
+    positions modulo a whole number of blocks, so each block fills its own run of `block` slots."""
+    return KVCache("local", {"block": block, "lookback": lookback, "lookahead": lookahead}, k, v, max_len=max_len,
+                   limit=(lookback + 1) * block)
+
+
+def _step(q, k, v, cache: KVCache):
+    """The new token (causal) against its own block so far and the `lookback` blocks before it:
+    O((lookback + 1)·block·d). Once the ring has wrapped, the slots of its own block after its own still hold the
+    block `lookback` + 1 back, which it must not see: they are left out of the softmax."""
+    keys, values = cache.append(k, v)
+    ring, hide = cache.rings["tokens"], None
+    if cache.length > ring.capacity:
+        slot, b = (cache.length - 1) % ring.capacity, cache.params["block"]
+        hide = slice(slot + 1, (slot // b + 1) * b)
+    return attend(q, (keys, values), hide=hide), cache
+
+
+def _cache_bytes(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
+    return kv_bytes(s, min(s.Nk, (lookback + 1) * block))
+
+
 SPEC = MechanismSpec(
     key="local",
     label="Block-local",
@@ -73,4 +98,5 @@ SPEC = MechanismSpec(
     pattern=_pattern,
     regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
             "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
+    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),
 )

@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from ..spec import MechanismSpec, Param, Shape
+from ..spec import Generation, MechanismSpec, Param, Shape
+from ._cache import StateCache
 from ._common import checked_shape, row_normalized
 from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory, work_dtype
 
@@ -38,18 +39,32 @@ def favor_features(x: torch.Tensor, projection: torch.Tensor, *, is_query: bool)
     """Positive random features of exp(q·k/√D): φ(x) = exp(w·x' − |x'|²/2 − c)/√m with x' = x/D^¼.
 
     x (B, H, N, D), projection (m, D) → (B, H, N, m). The stabilizer c is each query's own maximum, or one maximum
-    over all keys of a head; both cancel in the normalization (the max-subtraction trick). For a query, |x'|²/2 is
-    part of its own c and is never formed; for keys it is taken in float64 from x'/max|x'|, so finite inputs as
-    large as 10³⁰ (|x'|² = 10⁶⁰) give finite features, not inf − inf = NaN.
+    over all keys of a head (`favor_key_features`); both cancel in the normalization (the max-subtraction trick).
+    For a query, |x'|²/2 is part of its own c and is never formed; for keys it is taken in float64 from x'/max|x'|,
+    so finite inputs as large as 10³⁰ (|x'|² = 10⁶⁰) give finite features, not inf − inf = NaN.
     """
+    if not is_query:
+        return favor_key_features(x, projection)[0]
+    proj = (x * x.shape[-1] ** -0.25) @ projection.T  # (B, H, N, m)
+    shift = proj.detach().amax(-1, keepdim=True) + 0.5 * math.log(projection.shape[0])  # the 1/√m in the exponent
+    return proj.sub_(shift).exp_()  # in place to spare memory
+
+
+def favor_key_features(x: torch.Tensor, projection: torch.Tensor,
+                       floor: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`favor_features` of keys x (B, H, N, D) → (B, H, N, m), and the stabilizer c they share, (B, H, 1, 1) float64:
+    the largest exponent max_m w·x' − |x'|²/2 over these keys of a head, or `floor` where that is larger.
+    Generation passes the c of the keys so far as `floor`, so that a new key's features share their scale."""
     xs = x * x.shape[-1] ** -0.25
     proj = xs @ projection.T  # (B, H, N, m)
     top = proj.detach().amax(-1, keepdim=True)  # (B, H, N, 1): max_m w·x'
-    shift = top + 0.5 * math.log(projection.shape[0])  # the 1/√m folded into the exponent
-    if not is_query:  # per-key exponent offset −|x'|²/2 + max_m w·x' − c, in float64, ≤ 0
-        per_key = top.double() - half_squared_norm(xs)
-        shift = shift - (per_key - per_key.detach().amax((-2, -1), keepdim=True)).to(proj.dtype)
-    return proj.sub_(shift).exp_()  # in place to spare memory; −inf shifts give 0, never NaN
+    per_key = top.double() - half_squared_norm(xs)  # each key's largest exponent, in float64
+    offset = per_key.detach().amax((-2, -1), keepdim=True)
+    if floor is not None:
+        offset = torch.maximum(offset, floor)
+    # exponent offset per key −|x'|²/2 + max_m w·x' − c ≤ 0, with the 1/√m folded in
+    shift = top + 0.5 * math.log(projection.shape[0]) - (per_key - offset).to(proj.dtype)
+    return proj.sub_(shift).exp_(), offset  # −inf shifts give 0, never NaN
 
 
 def half_squared_norm(x: torch.Tensor) -> torch.Tensor:
@@ -67,14 +82,54 @@ def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, p
     summed in float32 (features near exp(−30) vanish in float16), the result cast back.
     """
     shape = checked_shape(SPEC, q, k, v, causal, features=features)
+    w = _projection(shape, v, features, projection, seed)
+    return linear_attention_core(favor_features(q.to(w.dtype), w, is_query=True),
+                                 favor_features(k.to(w.dtype), w, is_query=False), v, causal)
+
+
+def _projection(shape: Shape, v: torch.Tensor, features: int, projection: torch.Tensor | None,
+                seed: int) -> torch.Tensor:
+    """The random features in the work dtype: `projection` as given (shape checked), or drawn from `seed`."""
     if projection is None:
-        projection = init_state(shape, q.device, q.dtype, seed=seed, features=features)["projection"]
+        projection = init_state(shape, v.device, v.dtype, seed=seed, features=features)["projection"]
     if projection.shape != (features, shape.D):
         raise ValueError(f"projection must have shape ({features}, {shape.D}), got {tuple(projection.shape)}")
-    work = work_dtype(v.dtype)
-    w = projection.to(work)
-    return linear_attention_core(favor_features(q.to(work), w, is_query=True),
-                                 favor_features(k.to(work), w, is_query=False), v, causal)
+    return projection.to(work_dtype(v.dtype))
+
+
+def _remember(k, v, *, max_len: int | None = None, features: int = 256, projection=None,
+              seed: int = 0) -> StateCache:
+    """The state Σ φ(k_j) v_jᵀ (m × D), Σ φ(k_j) (m) and the stabilizer c the features share: O(m·D) whatever
+    the context; the cache keeps a reference to the projection it was built with."""
+    w = _projection(Shape.of(k, k, True), v, features, projection, seed)
+    phi_k, offset = favor_key_features(k.to(w.dtype), w)
+    return StateCache("performer", {"features": features}, k, phi_k, v, offset=offset, projection=w)
+
+
+def _prefill(q, k, v, *, max_len: int | None = None, features: int = 256, projection=None, seed: int = 0):
+    """The causal forward of the prompt and its state from one φ(K)."""
+    w = _projection(Shape.of(q, k, True), v, features, projection, seed)
+    phi_k, offset = favor_key_features(k.to(w.dtype), w)
+    out = linear_attention_core(favor_features(q.to(w.dtype), w, is_query=True), phi_k, v, True)
+    return out, StateCache("performer", {"features": features}, k, phi_k, v, offset=offset, projection=w)
+
+
+def _step(q, k, v, cache: StateCache):
+    """Fold the new token into the state, then read it: O(m·D) whatever the context. A key whose exponent passes
+    the stabilizer raises it, and the state is rescaled by exp(c_old − c_new) ≤ 1 (as online softmax does)."""
+    w = cache.projection
+    phi_k, offset = favor_key_features(k.to(w.dtype), w, floor=cache.offset)
+    factor = torch.exp(cache.offset - offset).to(w.dtype)  # (B, H, 1, 1), 1 where c did not move
+    cache.kv.mul_(factor)
+    cache.z.mul_(factor)
+    cache.offset.copy_(offset)
+    cache.add(phi_k, v)
+    return cache.read(favor_features(q.to(w.dtype), w, is_query=True)), cache
+
+
+def _cache_bytes(s: Shape, features: int = 256) -> float:
+    # kv and z in the work dtype (float32 for half inputs), the float64 stabilizer per head
+    return s.bh * ((features * s.D + features) * max(s.elem, 4) + 8)
 
 
 def _effective(q, k, v, causal: bool, state: dict, features: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,4 +182,5 @@ SPEC = MechanismSpec(
     regime=("gentle", "gaussian", "FAVOR+ estimates exp(q·k/√D) with random features whose variance grows as "
             "exp(‖q‖² + ‖k‖²)/√D: with unit-variance inputs (‖q‖²/√D = 8 at head dimension 64) a few hundred "
             "features cannot tame it (Choromanski et al. 2020, arXiv 2009.14794, Lemma 2)."),
+    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, prefill=_prefill),
 )

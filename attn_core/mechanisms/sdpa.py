@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks
-from ..spec import MechanismSpec, Shape
+from ..spec import Generation, MechanismSpec, Shape
+from ._cache import KVCache, kv_bytes
 from ._common import checked_shape
 
 _BACKENDS = {0: "math", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overrideable"}
@@ -91,6 +92,23 @@ def _memory(s: Shape) -> float:
     return float(s.output_bytes + s.bh * s.Nq * 4 + scratch + packed)
 
 
+def _remember(k, v, *, max_len: int | None = None) -> KVCache:
+    """Key-value cache of every token, as softmax's."""
+    return KVCache("sdpa", {}, k, v, max_len=max_len)
+
+
+def _step(q, k, v, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
+    """The new token's query against every cached key through the fused kernel (not causal: it sees them all):
+    O(n·d) for a context of n."""
+    keys, values = cache.append(k, v)
+    return F.scaled_dot_product_attention(q, keys, values), cache
+
+
+def _cache_bytes(s: Shape) -> float:
+    """K and V of every token so far."""
+    return kv_bytes(s, s.Nk)
+
+
 SPEC = MechanismSpec(
     key="sdpa",
     label="Softmax (fused SDPA)",
@@ -107,4 +125,5 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=lambda causal: masks.causal if causal else masks.full,
+    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),
 )

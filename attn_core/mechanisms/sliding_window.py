@@ -3,8 +3,9 @@ Beltagy et al. 2020, arXiv 2004.05150)."""
 from __future__ import annotations
 
 from .. import masks
-from ..spec import MechanismSpec, Param, Shape
+from ..spec import Generation, MechanismSpec, Param, Shape
 from ._banded import banded_attention, banded_flops, banded_memory
+from ._cache import KVCache, kv_bytes, kv_step
 from ._common import checked_shape
 
 
@@ -49,6 +50,16 @@ def _memory(s: Shape, window: int = 256) -> float:
                          right=0 if s.causal else window)
 
 
+def _remember(k, v, *, max_len: int | None = None, window: int = 256) -> KVCache:
+    """A ring of the last window + 1 tokens (the window a new token sees, and the token itself, written before it
+    is read): a step is O(w·d) time, the cache O(w·d) memory at any context."""
+    return KVCache("sliding_window", {"window": window}, k, v, max_len=max_len, limit=window + 1)
+
+
+def _cache_bytes(s: Shape, window: int = 256) -> float:
+    return kv_bytes(s, min(s.Nk, window + 1))
+
+
 SPEC = MechanismSpec(
     key="sliding_window",
     label="Sliding window",
@@ -68,4 +79,5 @@ SPEC = MechanismSpec(
     pattern=_pattern,
     regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
             "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
+    generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes),
 )

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from .. import masks
-from ..spec import MechanismSpec, Shape
+from ..spec import Generation, MechanismSpec, Shape
+from ._cache import KVCache, kv_bytes, kv_step
 from ._common import checked_shape, scale
 
 
@@ -46,6 +47,16 @@ def _memory(s: Shape) -> float:
     return 2.0 * s.bh * s.Nq * s.Nk * s.elem
 
 
+def _remember(k, v, *, max_len: int | None = None) -> KVCache:
+    """Key-value cache of every token: a step reads all of it, O(n·d) time and memory at context n."""
+    return KVCache("softmax", {}, k, v, max_len=max_len)
+
+
+def _cache_bytes(s: Shape) -> float:
+    """K and V of every token so far."""
+    return kv_bytes(s, s.Nk)
+
+
 SPEC = MechanismSpec(
     key="softmax",
     label="Softmax (materialized)",
@@ -62,4 +73,5 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=lambda causal: masks.causal if causal else masks.full,
+    generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes),
 )

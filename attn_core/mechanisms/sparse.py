@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks
-from ..spec import MechanismSpec, Param, Shape
+from ..spec import Generation, MechanismSpec, Param, Shape
 from ._banded import chunk_blocks
+from ._cache import KVCache, Ring, attend, kv_bytes
 from ._common import checked_shape
 
 
@@ -90,6 +91,32 @@ def _memory(s: Shape, stride: int = 128) -> float:
             + max(s.bh * rows * s.D, scores)) * s.elem
 
 
+def _remember(k, v, *, max_len: int | None = None, stride: int = 128) -> KVCache:
+    """Two rings: the current block (`stride` tokens, slot = position mod stride) and the summary keys so far, the
+    last token of each finished block (growing by one every `stride` tokens). O(s + n/s) memory at context n."""
+    cache = KVCache("sparse", {"stride": stride}, k, v, max_len=max_len, limit=stride)
+    cache.rings["summaries"] = Ring(k[:, :, stride - 1::stride], v[:, :, stride - 1::stride],
+                                    reserve=(max_len or 0) // stride)
+    return cache
+
+
+def _step(q, k, v, cache: KVCache):
+    """The new token at position p (causal) against its own block up to p and the summaries of the earlier blocks,
+    one joint softmax: O((s + n/s)·d). The last token of a block joins the summaries after its own step."""
+    stride, position = cache.params["stride"], cache.length
+    keys, values = cache.append(k, v)
+    own = position % stride + 1  # its block's tokens so far, in slots 0 … own − 1
+    summaries = cache.rings["summaries"]
+    out = attend(q, (keys[:, :, :own], values[:, :, :own]), summaries.view())
+    if own == stride:
+        summaries.append(k, v)
+    return out, cache
+
+
+def _cache_bytes(s: Shape, stride: int = 128) -> float:
+    return kv_bytes(s, min(s.Nk, stride) + s.Nk // stride)
+
+
 SPEC = MechanismSpec(
     key="sparse",
     label="Sparse (fixed strided)",
@@ -109,4 +136,5 @@ SPEC = MechanismSpec(
     pattern=_pattern,
     regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
             "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
+    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),
 )

@@ -1,0 +1,148 @@
+"""What each mechanism costs per generated token: the time of one step against a cache of n tokens, the bytes the
+cache holds, and the log-log slope of the step time against n (softmax and sdpa ≈ 1 at large n: a step reads the
+whole key-value cache; a sliding window and the fixed-size states of linear attention and Performer ≈ 0).
+
+    python -m attn_core.benchmarks.generation           # B=1, H=8, D=64, fp32, 2 threads, n = 1k … 64k, 50 steps
+    python -m attn_core.benchmarks.generation --quick   # n = 1k … 8k, 20 steps
+
+Each cache is built by `generation.remember` from random keys and values of n tokens, not by a prefill: the prompt's
+own causal attention is beside the point here and would cost O(n²) (softmax materializes n² scores, 32 GiB a head
+at 64k). The cache is preallocated for every step that follows (max_len), so no timed step reallocates it; steps run
+inside `validated()`, so no timed step pays for argument checks. Each sample is one step, synchronized on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import numpy as np
+import torch
+
+from .. import env
+from .. import generation as gen
+from ..api import make_state
+from ..mechanisms import MECHANISMS
+from ..mechanisms._common import validated
+from ..measure import format_bytes, wait_for_quiet
+from ..spec import Shape
+
+LINES = {"softmax": {}, "sdpa": {}, "sliding_window": {"window": 256}, "linear": {}, "performer": {"features": 256}}
+
+
+def tokens(n: int, args, device: str, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shape = (1, args.heads, n, args.head_dim)
+    return [torch.randn(shape, generator=g).to(device) for _ in range(3)]
+
+
+def time_steps(key: str, params: dict, n: int, args, device: str) -> tuple[list[float], int, int]:
+    """Seconds of `args.steps` clean steps after `args.warmup` untimed ones, against a cache of n random tokens; the
+    cache's bytes at context n; and how many steps were set aside because another program took a core from this
+    one meanwhile (env.ContentionProbe, as the engine judges its samples; at most `args.steps` of them, after two
+    in a row a short wait for a quiet moment). Every step adds a token: the context ends at most 3·steps + warmup
+    past n, the cache preallocated for it."""
+    k, v = tokens(n, args, device, seed=n)[1:]
+    state = make_state(key, Shape(1, args.heads, n, n, args.head_dim), device, seed=0, **params)
+    total = args.warmup + 2 * args.steps
+    cache = gen.remember(key, k, v, max_len=n + total, **params, **state)
+    held = cache.nbytes
+    del k, v
+    q, k, v = tokens(total, args, device, seed=-n % 2**31)
+    timer, probe, threads = env.device_timer(device), env.ContentionProbe(), torch.get_num_threads()
+    clean, set_aside, last_hit = [], 0, False
+    with validated():
+        for i in range(total):
+            t = (q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1])
+            if i == args.warmup:
+                probe.refresh()  # the warm-up may have started the thread pool
+            mark = probe.mark()
+            took = timer(lambda: gen.step(key, *t, cache), 1)
+            hit = probe.since(mark).disturbed(threads)
+            if i < args.warmup:
+                continue
+            if hit and set_aside < args.steps:
+                set_aside += 1
+                if last_hit:
+                    wait_for_quiet(probe, threads)
+                last_hit = True
+                continue
+            clean.append(took)
+            last_hit = False
+            if len(clean) == args.steps:
+                break
+    return clean, held, set_aside
+
+
+def slope(ns: list[int], ts: list[float]) -> float:
+    """Least-squares slope of log t against log n."""
+    return float(np.polyfit(np.log(ns), np.log(ts), 1)[0]) if len(ns) >= 2 else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n-min", type=int, default=1024)
+    p.add_argument("--n-max", type=int, default=65536)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=50, help="timed steps per point")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
+    p.add_argument("--slope-from", type=int, default=8192, help="the fitted slope uses n ≥ this")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--mechanisms", default=",".join(LINES),
+                   help="comma-separated keys (any mechanism with a generation form; parameters at its defaults "
+                        "unless listed in LINES)")
+    p.add_argument("--quick", action="store_true", help="n up to 8k, at most 20 steps, slope from 2k")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n_max, args.steps, args.slope_from = min(args.n_max, 8192), min(args.steps, 20), 2048
+    device = env.resolve_device(args.device)
+    torch.set_num_threads(args.threads)
+    keys = [k.strip() for k in args.mechanisms.split(",") if k.strip()]
+    for key in keys:
+        able, why = gen.can_generate(key)
+        if not able:
+            print(f"{key} is left out: {why}", file=sys.stderr)
+    keys = [k for k in keys if gen.can_generate(k)[0]]
+    ns = [2**e for e in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
+
+    print(f"Device: {env.device_name(device)}, {torch.get_num_threads()} threads, B=1, H={args.heads}, "
+          f"D={args.head_dim}, fp32; {args.steps} timed steps per point after {args.warmup}; "
+          f"load average {env.load_average()}")
+    rows = []
+    for n in ns:  # every mechanism at one n before the next n: a slow spell of the machine hits them all alike
+        for key in keys:
+            params = {**MECHANISMS[key].defaults, **LINES.get(key, {})}
+            samples, held, set_aside = time_steps(key, params, n, args, device)
+            q1, med, q3 = np.percentile(samples, [25, 50, 75])
+            rows.append((key, n, med, q1, q3, held, min(samples), set_aside))
+            print(f"  {key:15s} n={n:6d}  {med * 1e6:9.1f} µs  (IQR {q1 * 1e6:.1f}–{q3 * 1e6:.1f})  "
+                  f"cache {format_bytes(held)}  {set_aside} disturbed steps set aside", file=sys.stderr, flush=True)
+            env.release_cached_memory(device)
+
+    print(f"\nPer-token step time, median µs (interquartile range; * where more than half the steps were "
+          f"disturbed and set aside), and the cache's bytes; load average now {env.load_average()}:")
+    print(f"  {'mechanism':15s} " + " ".join(f"{n:>18d}" for n in ns))
+    for key in keys:
+        mine = [r for r in rows if r[0] == key]
+        cells = (f"{r[2] * 1e6:8.1f} ({(r[4] - r[3]) * 1e6:6.1f}){'*' if 2 * r[7] > args.steps else ' '}" for r in mine)
+        print(f"  {key:15s} " + " ".join(cells))
+        print(f"  {'':15s} " + " ".join(f"{format_bytes(r[5]):>18s}" for r in mine))
+    print(f"\nLog-log slope of the median step time against n (fit over n ≥ {args.slope_from}; in brackets, "
+          f"between successive n), of the fastest step (contention only ever adds time), and of the cache's bytes:")
+    for key in keys:
+        mine = [r for r in rows if r[0] == key]
+        big = [r for r in mine if r[1] >= args.slope_from]
+        local = [slope([a[1], b[1]], [a[2], b[2]]) for a, b in zip(mine, mine[1:])]
+        memory = slope([r[1] for r in big], [r[5] for r in big])
+        fastest = slope([r[1] for r in big], [r[6] for r in big])
+        print(f"  {key:15s} time {slope([r[1] for r in big], [r[2] for r in big]):5.2f} "
+              f"[{', '.join(f'{s:.2f}' for s in local)}]  fastest {fastest:5.2f}  cache {memory:5.2f}")
+    print("\nExpected: softmax and sdpa ≈ 1 (a step reads all n cached keys and values), sliding_window ≈ 0 "
+          "(w + 1 of them), linear and performer ≈ 0 (an m × D state). Timings on a shared machine are noisy.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

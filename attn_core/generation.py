@@ -1,0 +1,106 @@
+"""Generating token by token: a prompt's causal outputs and cache (`prefill`), then one `step` per new token against
+that cache, for every mechanism whose spec has a `Generation` (softmax's key-value cache; a fixed-size state for
+kernelized attention, Katharopoulos et al. 2020, 'Transformers are RNNs', arXiv 2006.16236)."""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+
+from .api import get
+from .mechanisms._cache import Cache, KVCache, Ring, StateCache
+from .mechanisms._common import _VALIDATED, check_finite, check_qkv
+from .spec import Generation, MechanismSpec, Shape
+
+__all__ = ["Cache", "KVCache", "Ring", "StateCache", "cache_bytes", "can_generate", "prefill", "remember", "step"]
+
+
+def can_generate(key: str) -> tuple[bool, str]:
+    """(True, '') when mechanism `key` generates token by token, else (False, the sentence that says why not)."""
+    spec = get(key)
+    return spec.generation is not None, "" if spec.generation else _reason(spec)
+
+
+def prefill(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, max_len: int | None = None,
+            **params: Any) -> tuple[torch.Tensor, Cache]:
+    """The causal outputs of a prompt q, k, v (B, H, n, D) → (B, H, n, D), and the cache the next token needs.
+
+    `max_len`: the longest context expected (≥ n), so that the cache is allocated once; without it, a key-value
+    cache starts at n tokens and doubles when full. `params`: the mechanism's parameters and random state, as for
+    its forward call (Performer's `projection`, or a `seed` to draw it from). ValueError with a sentence for a
+    mechanism that cannot generate, bad shapes or settings.
+    """
+    spec, gen, kw = _checked(key, q, k, v, max_len, params)
+    if gen.prefill is not None:
+        return gen.prefill(q, k, v, max_len=max_len, **kw)
+    return spec.fn(q, k, v, causal=True, **kw), gen.remember(k, v, max_len=max_len, **kw)
+
+
+def remember(key: str, k: torch.Tensor, v: torch.Tensor, *, max_len: int | None = None, **params: Any) -> Cache:
+    """The cache of a prompt's keys and values (B, H, n, D) without its outputs: what `prefill` returns beside them,
+    at O(n) cost where the prompt's own attention may be quadratic (for timing steps at long contexts)."""
+    _, gen, kw = _checked(key, k, k, v, max_len, params)
+    return gen.remember(k, v, max_len=max_len, **kw)
+
+
+def step(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Cache) -> tuple[torch.Tensor, Cache]:
+    """One new token's q, k, v (B, H, 1, D) → its output (B, H, 1, D) and the cache, written in place: it sees
+    every token so far that its mechanism's causal pattern lets it see. The arguments are checked against the cache
+    (mechanism, batch, heads, head dimension, dtype, device) except inside `_common.validated()`, where a timed loop
+    does not pay for it."""
+    gen = _generation(get(key))
+    if not _VALIDATED.get():
+        _check_step(key, q, k, v, cache)
+    return gen.step(q, k, v, cache)
+
+
+def cache_bytes(key: str, shape: Shape, **params: Any) -> float:
+    """Bytes the cache of mechanism `key` holds in use after a context of shape.Nk tokens (its `used_bytes`)."""
+    spec = get(key)
+    spec.check_params(params, extra=(*spec.state_keys, "seed"))
+    return _generation(spec).cache_bytes(shape, **spec.resolved(params))
+
+
+def _reason(spec: MechanismSpec) -> str:
+    return spec.no_generation or "its spec gives no generation form"
+
+
+def _generation(spec: MechanismSpec) -> Generation:
+    if spec.generation is None:
+        raise ValueError(f"{spec.label} cannot generate token by token: {_reason(spec)}")
+    return spec.generation
+
+
+def _checked(key: str, q, k, v, max_len, params: dict) -> tuple[MechanismSpec, Generation, dict]:
+    """Spec, generation form and the keyword arguments (parameters with defaults, random state) for a prompt."""
+    spec = get(key)
+    gen = _generation(spec)
+    check_qkv(q, k, v)
+    check_finite(q=q, k=k, v=v)
+    spec.check(Shape.of(q, k, causal=True), params)
+    n = k.shape[-2]
+    if max_len is not None and (not isinstance(max_len, numbers.Integral) or isinstance(max_len, bool)
+                                or max_len < n):
+        raise ValueError(f"max_len = {max_len!r} cannot hold the prompt of {n} tokens; pass an integer ≥ {n}, or "
+                         f"None to let the cache grow")
+    state = {name: params[name] for name in (*spec.state_keys, "seed") if name in params and spec.init_state}
+    return spec, gen, {**spec.resolved(params), **state}
+
+
+def _check_step(key: str, q, k, v, cache) -> None:
+    if not isinstance(cache, Cache):
+        raise ValueError(f"cache must be what prefill or remember returned, got {type(cache).__name__}")
+    if cache.key != key:
+        raise ValueError(f"this cache belongs to {cache.key!r}; step it with {cache.key!r}, or prefill a cache "
+                         f"for {key!r}")
+    B, H, D = cache.batch_heads_dim
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and tuple(t.shape) != (B, H, 1, D):
+            raise ValueError(f"{name} must have shape {(B, H, 1, D)}, one new token for this cache of batch {B}, "
+                             f"{H} heads, head dimension {D}; got {tuple(t.shape)}")
+    check_qkv(q, k, v)
+    if q.dtype != cache.dtype or q.device != cache.device:
+        raise ValueError(f"the new token is {q.dtype} on {q.device} but the cache holds {cache.dtype} on "
+                         f"{cache.device}; pass the token in the prompt's dtype and device")
+    check_finite(q=q, k=k, v=v)
