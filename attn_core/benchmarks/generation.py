@@ -19,12 +19,12 @@ import sys
 import numpy as np
 import torch
 
-from .. import env
+from ..engine import env
 from .. import generation as gen
 from ..api import make_state
 from ..mechanisms import MECHANISMS
 from ..mechanisms._common import validated
-from ..measure import format_bytes, wait_for_quiet
+from ..engine.measure import format_bytes, wait_for_quiet
 from ..spec import Shape
 
 LINES = {"softmax": {}, "sdpa": {}, "sliding_window": {"window": 256}, "linear": {}, "performer": {"features": 256}}
