@@ -139,6 +139,7 @@ class MechanismSpec:
     pull_back: Callable[[torch.Tensor, dict], torch.Tensor] | None = None
     regime: tuple[str, str, str] | None = None
     accuracy_note: str = ""
+    shared_qk: bool = False
 
     @property
     def defaults(self) -> dict[str, int | float]:
