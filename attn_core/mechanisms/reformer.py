@@ -267,9 +267,9 @@ SPEC = MechanismSpec(
     effective=_effective,
     shared_qk=True,
     regime=("gentle", "gaussian", "Reformer uses the normalised queries as keys and never reads k: with independent "
-            "unit-variance q and k, softmax's weights follow q·k, which it cannot see, so more rounds or larger "
-            "buckets do not help; with gentle inputs every score is near 0 either way and what is left is the "
-            "keys the hashes miss, which fall as rounds and buckets grow."),
+            "unit-variance q and k, softmax's weights follow q·k, which it cannot see, and its error stays near 80% "
+            "even when one chunk holds every key; with gentle inputs every score is near 0 either way and what is "
+            "left is the keys the hashes miss, fewer as rounds and buckets grow."),
     accuracy_note="Reformer shares queries and keys (k is ignored; the keys are the queries normalised, a trained "
                   "Reformer learns one projection for both) and masks each token's own key: its errors against "
                   "softmax with the given k include that substitution, not only the keys its hashes miss.",
