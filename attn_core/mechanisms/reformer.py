@@ -121,12 +121,33 @@ def reformer_attention(q, k, v, *, causal: bool = False, bucket_size: int = 64, 
 def _chunked_attention(x: torch.Tensor, v: torch.Tensor, flat: torch.Tensor, n_hashes: int, c: int,
                        causal: bool) -> torch.Tensor:
     """Each sorted chunk against (previous chunk, own chunk), every round in one batched matmul, the rounds combined
-    by their log-sum-exp. x, v (BH, n, D), flat from `sorted_slots` → (BH·n, D).
-
-    Windows of 2c slots at stride c over `flat` are the (previous, own) chunk pairs: an unfold, no copy. A round's
-    first window starts in the round before it (or the lead chunk): that half is masked."""
+    by their log-sum-exp. x, v (BH, n, D), flat from `sorted_slots` → (BH·n, D)."""
     BH, n, D = x.shape
     G = BH * n_hashes
+    L = (flat.numel() - c) // G
+    slots = flat[c:]
+    p = _window_scores(x, flat, G, c, causal)  # (G·nc, c, 2c)
+    top = p.detach().amax(-1, keepdim=True)  # (G·nc, c, 1); a constant shift, as in any softmax
+    p = p.sub_(top).exp_()
+    vs = v.reshape(-1, D).index_select(0, flat)
+    num = p @ vs.unfold(0, 2 * c, c).transpose(1, 2)  # (G·nc, c, D): Σ_j exp(s_ij − top_i)·v_j
+    del vs
+    lse = p.sum(-1, keepdim=True).log().add_(top).view(G, L)
+    del p
+    coef = _round_weights(lse, top.view(G, L), slots.view(G, L), n, n_hashes)
+    num.view(G, L, D).mul_(coef.unsqueeze(-1))
+    out = torch.zeros(BH * n, D, dtype=x.dtype, device=x.device)
+    return out.index_add_(0, slots, num.view(G * L, D))
+
+
+def _window_scores(x: torch.Tensor, flat: torch.Tensor, G: int, c: int, causal: bool) -> torch.Tensor:
+    """q_i·k_j/√D of every sorted chunk's queries against (previous chunk, own chunk): (G·nc, c, 2c), with the
+    lowest finite value where j may not be attended and −10⁵ where j = i.
+
+    Windows of 2c slots at stride c over `flat` are the (previous, own) chunk pairs: an unfold, no copy. A round's
+    first window starts in the round before it (or the lead chunk), its last chunk may end in padding: both masked;
+    flat holds bh·n + position, so within a round j > i by position is a comparison of slots."""
+    BH, n, D = x.shape
     L = (flat.numel() - c) // G
     nc, slots = L // c, flat[c:]
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
@@ -135,27 +156,17 @@ def _chunked_attention(x: torch.Tensor, v: torch.Tensor, flat: torch.Tensor, n_h
     ks = keys.view(-1, D).index_select(0, flat)
     del keys
     qs = x.view(-1, D).index_select(0, slots)
-    s = qs.view(G * nc, c, D) @ ks.unfold(0, 2 * c, c)  # (G·nc, c, 2c)
+    s = qs.view(G * nc, c, D) @ ks.unfold(0, 2 * c, c)
     del qs, ks
     floor = torch.finfo(s.dtype).min
     chunks = s.view(G, nc, c, 2 * c)
-    chunks[:, 0, :, :c] = floor  # the first chunk has no previous chunk
+    chunks[:, 0, :, :c] = floor  # the first chunk has no chunk before it
     if L > n:
-        chunks[:, -1, :, 2 * c - (L - n):] = floor  # the last chunk's padding
-    if causal:  # flat holds bh·n + position: within one round, j > i by position
+        chunks[:, -1, :, 2 * c - (L - n):] = floor  # padding
+    if causal:
         s.masked_fill_(flat.unfold(0, 2 * c, c)[:, None, :] > slots.view(G * nc, c, 1), floor)
     s[:, :, c:].diagonal(dim1=1, dim2=2).fill_(SELF)
-    top = s.detach().amax(-1, keepdim=True)  # (G·nc, c, 1); a constant shift, as in any softmax
-    p = s.sub_(top).exp_()
-    vs = v.reshape(-1, D).index_select(0, flat)
-    num = p @ vs.unfold(0, 2 * c, c).transpose(1, 2)  # (G·nc, c, D): Σ_j exp(s_ij − top_i)·v_j
-    del vs
-    lse = p.sum(-1, keepdim=True).log().add_(top).view(G, L)
-    del p, s, chunks
-    coef = _round_weights(lse, top.view(G, L), slots.view(G, L), n, n_hashes)
-    num.view(G, L, D).mul_(coef.unsqueeze(-1))
-    out = torch.zeros(BH * n, D, dtype=x.dtype, device=x.device)
-    return out.index_add_(0, slots, num.view(G * L, D))
+    return s
 
 
 def _round_weights(lse: torch.Tensor, top: torch.Tensor, rows: torch.Tensor, n: int, n_hashes: int) -> torch.Tensor:
