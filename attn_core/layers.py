@@ -13,6 +13,7 @@ from .spec import Shape, dtype_name
 
 class MultiHeadAttention(nn.Module):
     """Q, K, V and output projections around any mechanism: (B, Nq, d_model), context (B, Nk, d_model) → (B, Nq, d_model).
+    A mechanism whose keys are its queries (spec.shared_qk, Reformer) has no K projection.
 
     Random mechanism state (Performer features, Linformer projections) is drawn from `seed` and kept in a plain
     dict (not parameters or buffers: it is not trained or saved), drawn again when the context length, head size,
@@ -33,8 +34,9 @@ class MultiHeadAttention(nn.Module):
         self.spec.check_params(params)
         self.d_model, self.heads, self.causal, self.seed = d_model, heads, bool(causal), seed
         self.params = self.spec.resolved(params)
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model, bias=bias)
-                                                                for _ in range(4))
+        # a mechanism that uses the queries as keys (spec.shared_qk) gets no key projection, which it would not train
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
+            None if role == "k" and self.spec.shared_qk else nn.Linear(d_model, d_model, bias=bias) for role in "qkvo")
         self._state: dict[str, torch.Tensor] = {}
         self._drawn_for: tuple = ()
 
@@ -74,7 +76,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"inputs must be (batch, seq, {self.d_model}), got {tuple(x.shape)} and "
                              f"{tuple(context.shape)}")
         check_finite(x=x, **({} if context is x else {"context": context}))
-        q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(context)), self._split(self.v_proj(context))
+        q, v = self._split(self.q_proj(x)), self._split(self.v_proj(context))
+        k = q if self.k_proj is None else self._split(self.k_proj(context))
         shape = Shape(q.shape[0], self.heads, q.shape[2], k.shape[2], q.shape[3], dtype_name(q.dtype), self.causal)
         out = self.spec.fn(q, k, v, causal=self.causal, **self.params, **self._mechanism_state(shape, q))
         B, H, N, D = out.shape

@@ -136,6 +136,8 @@ class MechanismSpec:
     (Linformer's rank); `pull_back(weights, state)` then maps them back onto the n keys.
     `regime`: for the Accuracy page, the inputs (accuracy.INPUTS) where it works as designed, the inputs that show
     its limit, and why; `accuracy_note`: a sentence shown beside its errors.
+    `shared_qk`: the keys are the queries themselves (Reformer's shared query-key space): the function never reads
+    k, and a MultiHeadAttention gives it no key projection.
     """
 
     key: str
@@ -162,6 +164,7 @@ class MechanismSpec:
     accuracy_note: str = ""
     generation: Generation | None = None
     no_generation: str = ""
+    shared_qk: bool = False
 
     @property
     def defaults(self) -> dict[str, int | float]:

@@ -84,3 +84,49 @@ def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
     """Linear attention's φ in float64: x + 1 for x > 0, exp(x) otherwise."""
     x = x.double()
     return torch.where(x > 0, x + 1, torch.exp(x))
+
+
+def lsh_attention(q: torch.Tensor, v: torch.Tensor, rotations: torch.Tensor, factors: tuple[int, ...],
+                  bucket_size: int, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reformer's LSH attention from the paper's wording, in float64 numpy, token by token and round by round.
+
+    Keys are the queries normalised, score(i, j) = q_i·q_j / (|q_j|·√D), and −10⁵ for j = i. Round r: the bucket
+    of token i is, per factor f of the bucket count, argmax over [q_i R; −q_i R] of that factor's f/2 columns of
+    R = rotations[:, r], the digits read as a mixed-radix number (first factor lowest); tokens sorted by (bucket,
+    position) and numbered 0, 1, … in that order; token i may attend to token j iff rank(j) // c is rank(i) // c or
+    one less (and j ≤ i when causal). Each round is a softmax over its allowed keys; the rounds combine weighted by
+    the exponentials of their log-normalisers. Returns the output (B, H, n, D) and the combined weights (B, H, n, n).
+    """
+    qn, vn, rot = q.double().numpy(), v.double().numpy(), rotations.double().numpy()
+    B, H, n, D = qn.shape
+    rounds = rot.shape[1]
+    weights = np.zeros((B, H, n, n))
+    for b in range(B):
+        for h in range(H):
+            x = qn[b, h]
+            lse, per_round = np.zeros((rounds, n)), np.zeros((rounds, n, n))
+            for r in range(rounds):
+                bucket = [0] * n
+                for i in range(n):
+                    first, radix = 0, 1
+                    for f in factors:
+                        proj = [float(np.dot(x[i], rot[:, r, first + a])) for a in range(f // 2)]
+                        both = proj + [-p for p in proj]
+                        bucket[i] += radix * both.index(max(both))
+                        first, radix = first + f // 2, radix * f
+                order = sorted(range(n), key=lambda i: (bucket[i], i))
+                chunk = [0] * n
+                for rank, i in enumerate(order):
+                    chunk[i] = rank // bucket_size
+                for i in range(n):
+                    keys = [j for j in range(n) if chunk[j] in (chunk[i], chunk[i] - 1) and (j <= i or not causal)]
+                    scores = np.array([-1e5 if j == i else np.dot(x[i], x[j]) / (np.linalg.norm(x[j]) * D ** 0.5)
+                                       for j in keys])
+                    top = scores.max()
+                    w = np.exp(scores - top)
+                    lse[r, i] = top + np.log(w.sum())
+                    per_round[r, i, keys] = w / w.sum()
+            share = np.exp(lse - lse.max(0))
+            share /= share.sum(0)  # (rounds, n): each round's weight per query
+            weights[b, h] = (share[:, :, None] * per_round).sum(0)
+    return torch.from_numpy(weights @ vn), torch.from_numpy(weights)

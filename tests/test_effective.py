@@ -10,7 +10,8 @@ from attn_core.insight import effective as ef
 from tests.baselines import allowed
 
 SMALL = {"sliding_window": {"window": 3}, "local": {"block": 4, "lookback": 1, "lookahead": 1},
-         "sparse": {"stride": 4}, "linformer": {"rank": 6}, "performer": {"features": 48}}
+         "sparse": {"stride": 4}, "linformer": {"rank": 6}, "performer": {"features": 48},
+         "reformer": {"bucket_size": 4, "n_hashes": 2}}
 REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
             "sparse": "sparse"}
 CASES = [(key, causal) for key, spec in ac.MECHANISMS.items() for causal in (False, True)

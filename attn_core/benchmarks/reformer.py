@@ -1,0 +1,139 @@
+"""Reformer's LSH attention on this machine: time and peak-memory slopes over n, and its speed beside
+reformer-pytorch 1.4.4's LSHAttention at the same bucket size, rounds and causal flag, interleaved.
+
+    python -m attn_core.benchmarks.reformer             # B=1, H=8, D=64, fp32, forward, 2 threads
+    python -m attn_core.benchmarks.reformer --causal    # the causal form too
+
+Slopes: the measurement engine (warm-up, repeats, samples disturbed by other processes set aside) at n = 4096 …
+32768; target time slope ≤ 1.25. Peer: `pip install reformer-pytorch==1.4.4`; both get their inputs built
+outside the timed call, ours its rotations too (the peer draws its own inside each call, (1, D, rounds, n/128)
+numbers), and run A B A B … in one process; a ratio below 1 means ours is faster.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from .. import MECHANISMS, env
+from ..analysis import fit_slopes
+from ..measure import Case, Settings, format_bytes, measure_case
+from ..mechanisms._common import validated
+from ..results import frame_from_rows
+from ..spec import Shape
+
+TARGET_TIME_SLOPE, TARGET_RATIO = 1.25, 1.0
+
+
+def slopes(args: argparse.Namespace) -> None:
+    settings = Settings(warmup=1, min_repeats=args.repeats, min_time_s=0.0, budget_s=args.budget,
+                        threads=args.threads)
+    params = (("bucket_size", args.bucket_size), ("n_hashes", args.n_hashes))
+    rows = []
+    for causal in (False, True) if args.causal else (False,):
+        for n in args.slope_n:
+            case = Case(mechanism="reformer", params=params, n=n, batch=1, heads=args.heads,
+                        d_model=args.heads * args.head_dim, dtype="float32", device="cpu", causal=causal)
+            row, _ = measure_case(MECHANISMS["reformer"], case, settings)
+            rows.append(row)
+            print(f"  {'causal' if causal else 'full  '} n={n:6d} {row['status']:8s} "
+                  f"{row['time_median_s'] * 1e3:9.1f} ms (IQR {row['time_iqr_s'] * 1e3:.1f})  "
+                  f"peak {format_bytes(row['peak_bytes']):>10s}  predicted {format_bytes(row['predicted_bytes']):>10s}"
+                  f"  {row['reason']}", flush=True)
+    df = frame_from_rows(rows)
+    for causal in sorted(set(df.causal)):
+        part = df[(df.causal == causal) & (df.status == "ok")]
+        t, m = fit_slopes(part, "time_median_s").iloc[0], fit_slopes(part, "peak_bytes").iloc[0]
+        label = f"slopes{' (causal)' if causal else ''}, n {part.n.min()}–{part.n.max()}"
+        if math.isnan(t.slope):  # every point disturbed by other processes: the slope of them all, said so
+            t_slope = float(np.polyfit(np.log(part.n), np.log(part.time_median_s), 1)[0])
+            note = f"all {len(part)} points disturbed by other processes: fitted anyway, read with care"
+        else:
+            t_slope, note = t.slope, f"{t.disturbed} disturbed points left out"
+        verdict = "meets" if t_slope <= TARGET_TIME_SLOPE else "MISSES"
+        print(f"  {label}: time {t_slope:.2f}, memory {m.slope:.2f} ({verdict} the time target ≤ "
+              f"{TARGET_TIME_SLOPE}; {note})")
+
+
+def peer_ratios(args: argparse.Namespace) -> None:
+    try:
+        from reformer_pytorch.reformer_pytorch import LSHAttention
+    except ImportError:
+        print("  reformer-pytorch is not installed (pip install reformer-pytorch==1.4.4): the side-by-side "
+              "comparison is skipped.")
+        return
+    fn = MECHANISMS["reformer"].fn
+    for causal in (False, True) if args.causal else (False,):
+        peer = LSHAttention(bucket_size=args.bucket_size, n_hashes=args.n_hashes, causal=causal)
+        for n in args.peer_n:
+            g = torch.Generator().manual_seed(n)
+            q, v = (torch.randn(1, args.heads, n, args.head_dim, generator=g) for _ in range(2))
+            state = MECHANISMS["reformer"].init_state(Shape.of(q, q, causal), seed=0, bucket_size=args.bucket_size,
+                                                      n_hashes=args.n_hashes)
+            qk2, v2 = q.view(args.heads, n, args.head_dim), v.view(args.heads, n, args.head_dim)
+
+            def ours():
+                fn(q, q, v, causal=causal, bucket_size=args.bucket_size, n_hashes=args.n_hashes, **state)
+
+            def theirs():
+                peer(qk2, v2)
+
+            a, b = interleaved(ours, theirs, args.pairs)
+            ratios = sorted(x / y for x, y in zip(a, b))
+            verdict = "meets" if statistics.median(ratios) <= TARGET_RATIO else "MISSES"
+            print(f"  {'causal' if causal else 'full  '} n={n:6d}  ours {statistics.median(a) * 1e3:8.1f} ms "
+                  f"(range {min(a) * 1e3:.0f}–{max(a) * 1e3:.0f})  peer {statistics.median(b) * 1e3:8.1f} ms "
+                  f"(range {min(b) * 1e3:.0f}–{max(b) * 1e3:.0f})  ratio ours/peer median "
+                  f"{statistics.median(ratios):.2f} (pairs {ratios[0]:.2f}–{ratios[-1]:.2f}), {verdict} ≤ "
+                  f"{TARGET_RATIO}", flush=True)
+
+
+def interleaved(a, b, pairs: int) -> tuple[list[float], list[float]]:
+    """Seconds of `pairs` calls of each, A B A B …, after one warm-up call of each."""
+    out_a, out_b = [], []
+    with torch.inference_mode(), validated():
+        a(), b()
+        for _ in range(pairs):
+            for f, out in ((a, out_a), (b, out_b)):
+                start = time.perf_counter()
+                f()
+                out.append(time.perf_counter() - start)
+    return out_a, out_b
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--bucket-size", type=int, default=64)
+    p.add_argument("--n-hashes", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--causal", action="store_true", help="measure the causal form as well")
+    p.add_argument("--slope-n", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
+    p.add_argument("--peer-n", type=int, nargs="+", default=[4096, 8192, 16384])
+    p.add_argument("--repeats", type=int, default=3, help="minimum timed samples per point of the slopes")
+    p.add_argument("--pairs", type=int, default=5, help="interleaved calls of each side per n")
+    p.add_argument("--budget", type=float, default=120.0, help="seconds per point of the slopes")
+    p.add_argument("--skip-slopes", action="store_true")
+    p.add_argument("--skip-peer", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"{env.device_name('cpu')}, {torch.get_num_threads()} threads, load average {env.load_average()}; "
+          f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, bucket_size={args.bucket_size}, "
+          f"n_hashes={args.n_hashes}", file=sys.stderr)
+    if not args.skip_slopes:
+        print("Time (median of the engine's samples) and peak memory (profiler) over n:")
+        slopes(args)
+    if not args.skip_peer:
+        print("\nSide by side with reformer-pytorch's LSHAttention, interleaved:")
+        peer_ratios(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
