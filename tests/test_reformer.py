@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import effective as ef
-from attn_core.analysis import theory_curves
+from attn_core.insight import effective as ef
+from attn_core.engine.analysis import theory_curves
 from attn_core.mechanisms import reformer
 from attn_core.spec import Shape
 from tests.baselines import lsh_attention, trace_peak_bytes

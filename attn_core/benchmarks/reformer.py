@@ -20,11 +20,12 @@ import time
 import numpy as np
 import torch
 
-from .. import MECHANISMS, env
-from ..analysis import fit_slopes
-from ..measure import Case, Settings, format_bytes, measure_case
+from attn_core import MECHANISMS
+from ..engine import env
+from ..engine.analysis import fit_slopes
+from ..engine.measure import Case, Settings, format_bytes, measure_case
 from ..mechanisms._common import validated
-from ..results import frame_from_rows
+from ..engine.results import frame_from_rows
 from ..spec import Shape
 
 TARGET_TIME_SLOPE, TARGET_RATIO = 1.25, 1.0
