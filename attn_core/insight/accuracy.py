@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Iterable, Sequence
 
 import pandas as pd
 import torch
 
 from ..api import attention, get, make_state
+from ..engine import env
 from .effective import KEYS, effective_attention
 from ..spec import Shape
 
@@ -133,15 +133,15 @@ def exact_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return out
 
 
-def _median_time(fn, repeats: int, min_total_s: float = 0.03, max_samples: int = 50) -> float:
+def _median_time(fn, repeats: int, device: str = "cpu", min_total_s: float = 0.03, max_samples: int = 50) -> float:
     """Median seconds per call: one warm-up call (allocation, dispatch caches), then at least `repeats` calls and
-    at least `min_total_s` of them, so a millisecond call is not one noisy sample."""
+    at least `min_total_s` of them, so a millisecond call is not one noisy sample; each timed as the engine times a
+    call on `device` (env.device_timer: synchronized, CUDA events on a GPU)."""
+    timed = env.device_timer(device)
     fn()
     samples: list[float] = []
     while len(samples) < repeats or (sum(samples) < min_total_s and len(samples) < max_samples):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
+        samples.append(timed(fn, 1))
     return sorted(samples)[len(samples) // 2]
 
 
@@ -180,7 +180,8 @@ def evaluate(key: str, params: dict[str, Any] | None = None, *, n: int = 512, d_
         exact = exact_reference(q, k, v, causal)
         weights = (_weight_errors(key, q, k, v, causal, state, resolved) if n <= kl_max_n
                    else {"kl": math.nan, "dropped_mass": math.nan})
-        seconds = _median_time(lambda: attention(key, q, k, v, causal=causal, **resolved, **state), repeats)
+        seconds = _median_time(lambda: attention(key, q, k, v, causal=causal, **resolved, **state), repeats,
+                               q.device.type)
     return {"mechanism": key, "label": spec.label, "exact": spec.exact, "params": _params_text(resolved),
             "n": n, "batch": batch, "heads": heads, "d_model": d_model, "head_dim": d_model // heads,
             "inputs": inputs, "seed": seed, "causal": causal, "dtype": dtype,
