@@ -18,7 +18,8 @@ def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0,
     return {"E": e.to(device=device, dtype=dtype), "F": f.to(device=device, dtype=dtype)}
 
 
-def linformer_attention(q, k, v, *, causal: bool = False, rank: int = 256, E=None, F=None, seed: int = 0):
+def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, rank: int = 256,
+                        E: torch.Tensor | None = None, F: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
     """softmax(Q (E K)ᵀ/√D) (F V): attention over `rank` projected keys instead of Nk.
 
     q (B, H, Nq, D), k, v (B, H, Nk, D), E and F (rank, Nk), shared by batch and heads → (B, H, Nq, D).

@@ -2,6 +2,8 @@
 Parmar et al. 2018, arXiv 1802.05751; the blockwise local attention of Qiu et al. 2019, arXiv 1911.02972)."""
 from __future__ import annotations
 
+import torch
+
 from .. import masks
 from ..spec import Generation, MechanismSpec, Param, Shape
 from ._banded import banded_attention, banded_flops, banded_memory
@@ -9,7 +11,8 @@ from ._cache import KVCache, attend, kv_bytes
 from ._common import checked_shape
 
 
-def local_attention(q, k, v, *, causal: bool = False, block: int = 128, lookback: int = 1, lookahead: int = 1):
+def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, block: int = 128,
+                    lookback: int = 1, lookahead: int = 1) -> torch.Tensor:
     """Exact attention where query i sees key j iff −lookback ≤ ⌊j/block⌋ − ⌊i/block⌋ ≤ lookahead
     (causal: lookahead is 0 and j ≤ i).
 

@@ -83,8 +83,9 @@ def sorted_slots(x: torch.Tensor, rotations: torch.Tensor, bucket_size: int, c: 
     return flat
 
 
-def reformer_attention(q, k, v, *, causal: bool = False, bucket_size: int = 64, n_hashes: int = 4,
-                       rotations=None, seed: int = 0):
+def reformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                       bucket_size: int = 64, n_hashes: int = 4, rotations: torch.Tensor | None = None,
+                       seed: int = 0) -> torch.Tensor:
     """LSH attention (Reformer, arXiv 2001.04451, §2–3) with shared query-key vectors: k is not used.
 
     Keys are the queries' own vectors normalised, k_j = q_j/|q_j|; scores q_i·k_j/√D. Each of n_hashes rounds hashes

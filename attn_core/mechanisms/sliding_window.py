@@ -2,6 +2,8 @@
 Beltagy et al. 2020, arXiv 2004.05150)."""
 from __future__ import annotations
 
+import torch
+
 from .. import masks
 from ..spec import Generation, MechanismSpec, Param, Shape
 from ._banded import banded_attention, banded_flops, banded_memory
@@ -14,7 +16,8 @@ def tile(window: int, n: int) -> int:
     return max(1, min(n, 128, max(32, window // 2)))
 
 
-def sliding_window_attention(q, k, v, *, causal: bool = False, window: int = 256):
+def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                             window: int = 256) -> torch.Tensor:
     """Exact attention where query i sees key j iff |i − j| ≤ window (causal: 0 ≤ i − j ≤ window).
 
     q, k, v (B, H, n, D) → (B, H, n, D); any n. Rows are processed in blocks of `tile(window)` queries, each against

@@ -13,7 +13,8 @@ from ._cache import KVCache, Ring, attend, kv_bytes
 from ._common import checked_shape
 
 
-def sparse_attention(q, k, v, *, causal: bool = False, stride: int = 128):
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                     stride: int = 128) -> torch.Tensor:
     """Exact attention under the 'fixed' pattern: query i sees key j iff ⌊i/s⌋ = ⌊j/s⌋ (its block of size s =
     stride) or j mod s = s − 1 (a summary key); causal also needs j ≤ i.
 
