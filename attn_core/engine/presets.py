@@ -49,6 +49,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("Causal vs bidirectional",
            "A causal mask halves the useful work; only kernels that skip the masked half get faster.",
            tuple(_config(("softmax", "sdpa", "linear"), 256, 2048, 4, causal=causal) for causal in (False, True))),
+    Preset("The O(n log n) middle",
+           "Reformer hashes similar tokens into buckets: a sort, n·log n, between softmax's n² and linear's n.",
+           (_config(("softmax", "reformer", "linear"), 256, 4096, 5),)),
 )}
 QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short sequences.",
                     (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),))
