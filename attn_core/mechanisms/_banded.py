@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from ..masks import Pattern
+from ..spec import Shape
+from .sdpa import SPEC as SDPA
 
 # Scores held at once per chunk of query blocks, in elements (over all batch·heads): bounds the workspace.
 CHUNK_ELEMS = 1 << 21
@@ -31,12 +33,12 @@ def chunk_blocks(heads: int, block: int, span: int) -> int:
 
 
 def banded_memory(heads: int, n: int, d: int, elem: int, *, block: int, left: int, right: int,
-                  extra: int = 0) -> float:
+                  extra: int = 0, dtype: str = "float32") -> float:
     """Predicted peak bytes of banded_attention above its inputs: reached in the first chunk, which holds the output,
     the (block, S) mask, its scaled queries, zero-padded key and value slabs when it touches an edge, its edge mask,
-    and the scores and probabilities (B·H·rows·S each). With `extra` keys (`_merged`): their keys and values, and
-    S + extra scores per row; the joined keys (or values) beside the scores when those outweigh them (head_dim >
-    block)."""
+    and the scores and probabilities (B·H·rows·S each). With `extra` keys (`_merged`) instead of those two: the
+    extra keys' copies and masks, the chunk's (rows, S + extra) bias, its joined keys and values and what the
+    fused kernel allocates (the sdpa spec's prediction for that call)."""
     span = left + block + right
     rows = min(chunk_blocks(heads, block, span + extra), -(-n // block)) * block
     edge = left > 0 or rows + right > n
@@ -44,11 +46,10 @@ def banded_memory(heads: int, n: int, d: int, elem: int, *, block: int, left: in
     held = heads * n * d * elem + block * span * (elem + 1) + heads * rows * d * elem + slabs
     if not extra:
         return held + 2 * heads * rows * span * elem
-    scores = heads * rows * (span + extra) * elem
-    joined = heads * (rows // block) * d * (span + extra) * elem  # keys or values joined for one chunk
-    moments = (scores + joined + rows * (span + extra) * elem, 2 * scores, scores + joined + heads * rows * d * elem)
-    side = rows * extra * (elem + 1)  # the extra keys' mask and bias, (rows, extra)
-    return held + 2 * heads * extra * d * elem + side + max(moments)
+    c, keys = rows // block, span + extra
+    masks = rows * (8 + extra * (elem + 1) + keys * elem)  # query positions, the extra keys' mask and bias, bias
+    fused = SDPA.memory_bytes(Shape(heads, c, block, keys, d, dtype))
+    return held + 2 * heads * extra * d * elem + masks + 2 * heads * c * keys * d * elem + fused
 
 
 def banded_flops(heads: int, n: int, d: int, *, block: int, left: int, right: int) -> float:
@@ -117,46 +118,57 @@ def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bi
 def _merged(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Tensor, qs: int, pattern: Pattern,
             extra: Extra) -> torch.Tensor:
     """A chunk's c query blocks against their band of S keys and the g extra keys, one softmax over S + g: the
-    extra keys joined to every block's window (a key the band holds already is masked among the extra ones).
-    qc (B, H, c·block, D), kw (B, H, c, D, S), vw likewise, bias (block or c, block, S) → (B, H, c·block, D)."""
+    extra keys joined to every block's window (a key the band holds already is masked among the extra ones), the
+    softmax and product fused by PyTorch's kernel (`F.scaled_dot_product_attention`, no scores held).
+    qc (B, H, c·block, D) already scaled, kw (B, H, c, D, S), vw likewise, bias (block or c, block, S)
+    → (B, H, c·block, D)."""
     B, H, c, D, S = kw.shape
     block = qc.shape[-2] // c
     i = torch.arange(qs, qs + c * block, device=qc.device)[:, None]
     p = extra.positions[None, :]
     keep = extra.pattern(i, p) & ~pattern(i, p)  # (c·block, g)
-    side = torch.zeros(keep.shape, dtype=qc.dtype, device=qc.device).masked_fill_(~keep, torch.finfo(qc.dtype).min / 2)
+    side = torch.zeros(keep.shape, dtype=qc.dtype, device=qc.device).masked_fill_(~keep, floor(qc.dtype))
     bias = torch.cat([bias.expand(c, block, S), side.view(c, block, -1)], dim=-1)  # (c, block, S + g)
-    keys = torch.cat([kw, extra.k.transpose(-1, -2)[:, :, None].expand(B, H, c, D, -1)], dim=-1)  # (…, D, S + g)
-    scores = (qc.view(B, H, c, block, D) @ keys).add_(bias)  # (B, H, c, block, S + g)
-    del keys, bias  # before the softmax doubles the scores
-    weights = torch.softmax(scores, dim=-1)
-    del scores
-    values = torch.cat([vw.transpose(-1, -2), extra.v[:, :, None].expand(B, H, c, -1, D)], dim=-2)  # (…, S + g, D)
-    return (weights @ values).view(B, H, c * block, D)
+    keys, values = (torch.cat([w.transpose(-1, -2), x[:, :, None].expand(B, H, c, -1, D)], dim=-2)
+                    .view(B * H, c, -1, D) for w, x in ((kw, extra.k), (vw, extra.v)))  # (B·H, c, S + g, D)
+    queries = qc.reshape(B * H, c, block, D)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias[None], scale=1.0).view(B, H, -1, D)
 
 
 def dense_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, positions: torch.Tensor,
                causal: bool) -> None:
     """Rows `positions` of `out` (B, H, n, D) replaced by softmax attention over all n keys (causal: j ≤ i): the
-    global tokens' rows. Slabs of rows whose scores and probabilities, (B, H, rows, n) each, hold about
-    CHUNK_ELEMS together: O(g·n·D) time, O(n·D) memory beyond the output."""
+    global tokens' rows, through PyTorch's fused kernel (`F.scaled_dot_product_attention`, no (rows, n) scores
+    held). Causal, in slabs of rows whose (rows, n) additive mask holds about CHUNK_ELEMS entries.
+    O(g·n·D) time, O(n·D) memory beyond the output."""
     B, H, n, D = q.shape
-    rows = _slab_rows(B * H, n)
+    rows = dense_slab(n, len(positions), causal)
     for first in range(0, len(positions), rows):
         p = positions[first:first + rows]
-        scores = (q.index_select(2, p) * (1.0 / math.sqrt(D))) @ k.transpose(-1, -2)  # (B, H, rows, n)
-        if causal:
-            scores.masked_fill_(torch.arange(n, device=q.device) > p[:, None], float("-inf"))  # j = i stays
-        out.index_copy_(2, p, torch.softmax(scores, dim=-1) @ v)
-        del scores  # before the next slab's are made
+        mask = None
+        if causal:  # j = i stays: no row is empty
+            future = torch.arange(n, device=q.device) > p[:, None]
+            mask = torch.zeros(future.shape, dtype=q.dtype, device=q.device).masked_fill_(future, floor(q.dtype))
+        out.index_copy_(2, p, F.scaled_dot_product_attention(q.index_select(2, p), k, v,
+                                                             attn_mask=None if mask is None else mask[None, None]))
 
 
-def dense_rows_memory(heads: int, n: int, d: int, elem: int, count: int) -> float:
-    """Peak bytes of dense_rows for `count` rows beside the output it writes into: one slab's scores and
-    probabilities, (B·H, rows, n) each, and its scaled queries or product (B·H, rows, D)."""
-    rows = min(count, _slab_rows(heads, n))
-    return heads * rows * (2 * n + d) * elem if count else 0
+def dense_slab(n: int, count: int, causal: bool) -> int:
+    """Rows per slab of dense_rows: all of them, or as many as keep a causal (rows, n) mask to CHUNK_ELEMS."""
+    return max(1, min(count, CHUNK_ELEMS // n)) if causal else max(1, count)
 
 
-def _slab_rows(heads: int, n: int) -> int:
-    return max(1, CHUNK_ELEMS // (2 * heads * n))
+def floor(dtype: torch.dtype) -> float:
+    """A finite stand-in for −∞ in additive masks: a row that sees no key gives no NaN."""
+    return torch.finfo(dtype).min / 2
+
+
+def dense_rows_memory(batch: int, heads: int, n: int, d: int, dtype: str, count: int, causal: bool) -> float:
+    """Peak bytes of dense_rows for `count` rows beside the output it writes into: one slab's queries, what the fused
+    kernel allocates for them (the sdpa spec's prediction), and, causal, the slab's (rows, n) mask and its bias."""
+    if not count:
+        return 0.0
+    rows = dense_slab(n, count, causal)
+    shape = Shape(batch, heads, rows, n, d, dtype)
+    mask = rows * n * (1 + shape.elem) if causal else 0
+    return 8 * count + shape.bh * rows * d * shape.elem + SDPA.memory_bytes(shape) + mask

@@ -2,7 +2,6 @@
 (Zaheer et al. 2020, 'Big Bird: Transformers for Longer Sequences', arXiv 2007.14062)."""
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -11,7 +10,8 @@ import torch.nn.functional as F
 
 from .. import masks
 from ..spec import MechanismSpec, Param, Shape
-from ._banded import chunk_blocks, dense_rows, dense_rows_memory
+from ._banded import chunk_blocks, dense_rows, dense_rows_memory, floor
+from .sdpa import SPEC as SDPA
 from ._common import checked_shape, trusted
 
 
@@ -87,8 +87,9 @@ def bigbird_attention(q, k, v, *, causal: bool = False, block: int = 64, window_
 
     q, k, v (B, H, n, D) → (B, H, n, D); any n (the last block partial, masked). `random_table` comes from
     `init_state`, drawn here from `seed` when absent. Every non-global query block gathers its key blocks
-    (window, global, random: K blocks) by index and is scored against them in one softmax, all query blocks
-    batched in chunks of bounded size; the global blocks' rows attend densely (`dense_rows`). No n×n tensor:
+    (window, global, random: K blocks) whole, by index, and attends to them in one masked softmax, all query
+    blocks of a chunk of bounded size in one call of PyTorch's fused kernel (`F.scaled_dot_product_attention`:
+    the (b, K·b) scores are never held); the global blocks' rows attend densely (`dense_rows`). No n×n tensor:
     O(n·K·b·D) time, O(n·D) memory.
     """
     params = {"block": block, "window_blocks": window_blocks, "global_blocks": global_blocks,
@@ -120,34 +121,35 @@ def _key_blocks(L: Layout, table: torch.Tensor) -> torch.Tensor:
 
 
 def _block_rows(q, k, v, out: torch.Tensor, key_blocks: torch.Tensor, L: Layout, causal: bool) -> None:
-    """Rows of the non-global query blocks, in chunks of c blocks: each chunk's keys and values gathered
-    (B, H, c, K·b, D), one masked softmax per row."""
+    """Rows of the non-global query blocks, in chunks of c blocks (c·b·K·b scores per head ≤ CHUNK_ELEMS over all
+    heads): each chunk's keys and values gathered, (B·H, c, K·b, D), and attended to in one fused call."""
     B, H, n, D = q.shape
     span = L.keys * L.b
     step = chunk_blocks(B * H, L.b, span)
+    pad = L.nb * L.b - n  # keys and values as whole blocks (B, H, nb, b, D), zero-padded when n % b ≠ 0
+    kb, vb = ((F.pad(x, (0, 0, 0, pad)) if pad else x).view(B, H, L.nb, L.b, D) for x in (k, v))
     for first in range(L.g, L.nb, step):
         c = min(step, L.nb - first)
         qs, qe = first * L.b, min(n, (first + c) * L.b)
-        out[:, :, qs:qe] = _chunk(q, k, v, key_blocks[first - L.g:first - L.g + c], qs, L.b, causal)[:, :, :qe - qs]
+        out[:, :, qs:qe] = _chunk(q, kb, vb, key_blocks[first - L.g:first - L.g + c], qs, causal)[:, :, :qe - qs]
 
 
-def _chunk(q, k, v, blocks: torch.Tensor, qs: int, b: int, causal: bool) -> torch.Tensor:
-    """c query blocks from row qs against their key blocks (c, K) → (B, H, c·b, D); temporaries die on return."""
+def _chunk(q, kb, vb, blocks: torch.Tensor, qs: int, causal: bool) -> torch.Tensor:
+    """c query blocks from row qs against their key blocks (c, K), gathered whole from the blocked keys and values
+    kb, vb (B, H, nb, b, D), masked where a slot holds no key, a key lies past n or (causal) after the query:
+    → (B, H, c·b, D); temporaries die on return."""
     B, H, n, D = q.shape
-    c = blocks.shape[0]
+    c, b = blocks.shape[0], kb.shape[3]
     tokens = (blocks[:, :, None] * b + torch.arange(b, device=q.device)).flatten(1)  # (c, K·b)
     where = torch.arange(qs, qs + c * b, device=q.device).view(c, b, 1)  # query positions
     ok = ((blocks >= 0).repeat_interleave(b, dim=1) & (tokens < n))[:, None, :]  # (c, 1, K·b)
     if causal:
         ok = ok & (tokens[:, None, :] <= where)
-    bias = torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill_(~ok, torch.finfo(q.dtype).min / 2)
-    index = tokens.clamp(0, n - 1).flatten()
-    qc = F.pad(q[:, :, qs:min(n, qs + c * b)], (0, 0, 0, max(0, qs + c * b - n))) * (1.0 / math.sqrt(D))
-    scores = (qc.view(B, H, c, b, D) @ k.index_select(2, index).view(B, H, c, -1, D).transpose(-1, -2)).add_(bias)
-    del bias, qc  # (B, H, c, b, K·b) scores; the gathered keys died with the product
-    weights = torch.softmax(scores, dim=-1)
-    del scores
-    return (weights @ v.index_select(2, index).view(B, H, c, -1, D)).view(B, H, c * b, D)
+    bias = torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill_(~ok, floor(q.dtype))
+    index = blocks.clamp_min(0).flatten()  # a slot without a key reads block 0, masked
+    qc = F.pad(q[:, :, qs:min(n, qs + c * b)], (0, 0, 0, max(0, qs + c * b - n))).reshape(B * H, c, b, D)
+    keys, values = (x.index_select(2, index).view(B * H, c, -1, D) for x in (kb, vb))  # (B·H, c, K·b, D)
+    return F.scaled_dot_product_attention(qc, keys, values, attn_mask=bias[None]).view(B, H, c * b, D)
 
 
 def _pattern(causal: bool, block: int = 64, window_blocks: int = 3, global_blocks: int = 2, random_blocks: int = 3,
@@ -209,23 +211,29 @@ def _executed_flops(s: Shape, block: int = 64, window_blocks: int = 3, global_bl
 
 def _memory(s: Shape, block: int = 64, window_blocks: int = 3, global_blocks: int = 2,
             random_blocks: int = 3) -> float:
-    """The output beside the larger of: the first chunk of query blocks (`_chunk`) and a slab of global rows
-    (`dense_rows_memory`). A chunk of c blocks, rows = c·b, S = K·b: its token indices (two (c, S) int64), its
-    mask and bias ((rows, S) causal, else (c, S)), then the largest of three moments: scaled queries, gathered
-    keys (c·S·D) and scores; scores and probabilities; probabilities, gathered values and their product."""
+    """The output beside the larger of the first chunk of query blocks (`_chunk`) and the global rows
+    (`dense_rows_memory`). A chunk of c blocks, rows = c·b, S = K·b: the blocked keys and values when n % b ≠ 0
+    (zero-padded copies), the key-block table, the chunk's token positions, mask and bias ((rows, S) causal,
+    else (c, S)), its queries (a zero-padded copy), its gathered keys and values (c·S·D each)
+    and what the fused kernel allocates (the sdpa spec's prediction for that call)."""
     L = layout(s.Nq, s.causal, block, window_blocks, global_blocks, random_blocks)
     out = s.bh * s.Nq * s.D * s.elem
     G = min(L.g * L.b, s.Nq)
+    dense = dense_rows_memory(s.B, s.H, s.Nq, s.D, s.dtype, G, s.causal)
     if L.g == L.nb:
-        return out + dense_rows_memory(s.bh, s.Nq, s.D, s.elem, G)
+        return out + dense
     span = L.keys * L.b
     c = min(chunk_blocks(s.bh, L.b, span), L.nb - L.g)
-    rows = c * L.b
-    mask = (rows if s.causal else c) * span
-    scores, gathered, queries = s.bh * rows * span * s.elem, s.bh * c * span * s.D * s.elem, s.bh * rows * s.D * s.elem
-    moments = (queries + gathered + scores + mask * s.elem, 2 * scores, scores + gathered + queries)
-    chunk = 2 * 8 * c * span + mask + max(moments)
-    return out + max(chunk, dense_rows_memory(s.bh, s.Nq, s.D, s.elem, G))
+    padded = L.nb * L.b != s.Nq
+    blocked = 2 * s.bh * L.nb * L.b * s.D * s.elem if padded else 0
+    table = (L.nb - L.g) * L.keys * 8
+    mask = (c * L.b if s.causal else c) * span
+    positions = 8 * (c * span + c * L.b + c * L.keys)  # key tokens, query positions, block indices
+    queries = s.bh * c * L.b * s.D * s.elem
+    gathered = 2 * s.bh * c * span * s.D * s.elem
+    fused = SDPA.memory_bytes(Shape(s.bh, c, L.b, span, s.D, s.dtype))
+    chunk = blocked + table + positions + mask * (1 + s.elem) + queries + gathered + fused
+    return out + max(chunk, dense)
 
 
 SPEC = MechanismSpec(

@@ -19,10 +19,10 @@ def longformer_attention(q, k, v, *, causal: bool = False, window: int = 256, gl
     and j ≤ i, so a global token sees only the past and a query sees a global key only at j ≤ i).
 
     The global positions are the first `global_tokens` (g) unless `global_positions` lists min(g, n) distinct
-    ones. q, k, v (B, H, n, D) → (B, H, n, D); any n. Every query block is scored against its band of keys (as
-    `sliding_window`) and the g global keys in one softmax, a global key inside the band counted once; then the g
-    global rows are computed densely against all n keys and written over theirs (`dense_rows`). No n×n tensor:
-    O(n·(w + g)·D) time, O(n·D) memory (the band in chunks and the global rows in slabs of bounded size).
+    ones. q, k, v (B, H, n, D) → (B, H, n, D); any n. Every block of queries attends to its band of keys (as in
+    `sliding_window`) and the g global keys in one masked softmax, a global key inside the band counted once, fused
+    by PyTorch's kernel; then the g global rows attend densely to all n keys, written over theirs (`dense_rows`).
+    No n×n tensor: O(n·(w + g)·D) time, O(n·D) memory (the band in chunks, the global rows in slabs).
     """
     s = checked_shape(SPEC, q, k, v, causal, window=window, global_tokens=global_tokens)
     n = s.Nq
@@ -36,7 +36,7 @@ def longformer_attention(q, k, v, *, causal: bool = False, window: int = 256, gl
 
 def _band_rows(q, k, v, causal: bool, window: int, positions: torch.Tensor, pattern: masks.Pattern) -> torch.Tensor:
     """Every row against its band and the global keys (the global rows too, replaced afterwards); the global keys'
-    copies die on return, before the global rows' scores are made."""
+    copies die on return, before the global rows are made."""
     extra = (Extra(k.index_select(2, positions), v.index_select(2, positions), positions, pattern)
              if len(positions) else None)
     return banded_attention(q, k, v, pattern=_band(causal, window), block=tile(window, q.shape[-2]), left=window,
@@ -110,12 +110,12 @@ def _executed_flops(s: Shape, window: int = 256, global_tokens: int = 2) -> floa
 
 
 def _memory(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
-    """The larger of the band's peak (`banded_memory` with G extra keys) and the global rows': the output beside
-    one slab of the global rows' scores and probabilities (B·H·rows·n each) and its scaled queries or product."""
+    """The larger of the band's peak (`banded_memory` with G extra keys) and the global rows' beside the output
+    (`dense_rows_memory`)."""
     n, G = s.Nq, min(global_tokens, s.Nq)
     band = 0 if G == n else banded_memory(s.bh, n, s.D, s.elem, block=tile(window, n), left=window,
-                                         right=0 if s.causal else window, extra=G)
-    return max(band, s.bh * n * s.D * s.elem + dense_rows_memory(s.bh, n, s.D, s.elem, G))
+                                         right=0 if s.causal else window, extra=G, dtype=s.dtype)
+    return max(band, s.bh * n * s.D * s.elem + dense_rows_memory(s.B, s.H, n, s.D, s.dtype, G, s.causal))
 
 
 SPEC = MechanismSpec(
