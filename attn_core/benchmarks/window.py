@@ -48,16 +48,21 @@ def thunk(key: str, params: dict, n: int, args: argparse.Namespace) -> Callable[
     return call
 
 
-def interleaved(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    """Seconds per call of each line, one call of every line per round, after one warm-up call each."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int, clock: str = "wall") -> dict[str, list[float]]:
+    """Seconds per call of each line, one call of every line per round, after one warm-up call each. `clock`
+    'cpu' reads this process's CPU seconds (all its threads), which waiting for a busy core does not inflate."""
+    now = CLOCKS[clock]
     for call in calls.values():
         call()
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
-            start = time.perf_counter()
+            start = now()
             call()
-            samples[name].append(time.perf_counter() - start)
+            samples[name].append(now() - start)
     return samples
 
 
@@ -71,11 +76,11 @@ def slopes(args: argparse.Namespace) -> None:
     method, peak_of = env.peak_memory_probe(args.device)
     times: dict[str, list[float]] = {key: [] for key in LINES}
     peaks: dict[str, list[float]] = {key: [] for key in LINES}
-    print(f"Time: median [min–max] of {args.rounds} interleaved calls; memory: peak bytes above the inputs "
+    print(f"Time ({args.clock} clock): median [min–max] of {args.rounds} interleaved calls; memory: peak bytes above the inputs "
           f"({method}), beside the spec's prediction.")
     for n in ns:
         calls = {key: thunk(key, params, n, args) for key, params in LINES.items()}
-        samples = interleaved(calls, args.rounds)
+        samples = interleaved(calls, args.rounds, args.clock)
         for key, call in calls.items():
             env.release_cached_memory(args.device)
             peak = float(peak_of(call))
@@ -98,7 +103,7 @@ def versus_baseline(args: argparse.Namespace) -> None:
     n = args.compare_n
     calls = {key: thunk(key, params, n, args) for key, params in LINES.items()}
     calls[BASELINE] = thunk(BASELINE, {}, n, args)
-    samples = interleaved(calls, args.compare_rounds)
+    samples = interleaved(calls, args.compare_rounds, args.clock)
     base = samples[BASELINE]
     print(f"\nAt n = {n}, {args.compare_rounds} interleaved rounds: seconds per call, median [min–max]; "
           f"speed-up over {BASELINE} as the median [min–max] of each round's ratio (target ≥ {TARGET_SPEEDUP:g}×):")
@@ -122,12 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--causal", action="store_true")
     p.add_argument("--rounds", type=int, default=5, help="interleaved calls per line and n for the slopes")
     p.add_argument("--compare-rounds", type=int, default=3, help="interleaved rounds of the sdpa comparison")
+    p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                   help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
     p.add_argument("--quick", action="store_true", help="n = 1024…4096, the comparison at 4096")
     args = p.parse_args(argv)
     if args.quick:
         args.n_min, args.n_max, args.compare_n = 1024, 4096, 4096
     args.device = env.resolve_device(args.device)
     torch.set_num_threads(args.threads)
+    env.steady_allocator()  # as in the engine's worker: chunk buffers below 32 MiB reused, not faulted in anew
     stamp = env.environment(args.device, "float32", args.threads)
     print(f"{stamp['device_name']}, {args.threads} threads, torch {stamp['torch']}, load average "
           f"{stamp['load_average']} (timings are inflated on a busy machine); B={args.batch}, H={args.heads}, "
