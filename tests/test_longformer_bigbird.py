@@ -25,7 +25,7 @@ def qkv(n: int, *, B: int = 2, H: int = 3, D: int = 16, dtype=torch.float32, see
 def check_exact(key: str, n: int, causal: bool, params: dict, *, seed: int = 0, **given) -> None:
     """The mechanism equals masked softmax under its pattern, built cell by cell from the paper's wording."""
     q, k, v = qkv(n, seed=seed)
-    state = ac.make_state(key, Shape.of(q, k, causal), seed=seed, **params) or given
+    state = {**ac.make_state(key, Shape.of(q, k, causal), seed=seed, **params), **given}
     full = {**ac.get(key).defaults, **params}
     expected = masked_softmax(q, k, v, allowed(key, n, n, causal, **full, **state))
     out = ac.attention(key, q, k, v, causal=causal, **params, **state)
@@ -180,6 +180,27 @@ def test_the_patterns_page_draws_bigbirds_blocks_for_its_seed():
         np.testing.assert_array_equal(effective.computed_cells("bigbird", n, n, seed=seed, **params).numpy(),
                                       expected)
         assert effective.cells_computed("bigbird", n, seed=seed, **params)["cells"] == expected.sum()
+
+
+def test_the_patterns_page_shows_both_and_bigbirds_blocks_for_its_seed():
+    """The page's 12-word sentence with each Param's small value (BigBird: blocks of 2, one random block): the
+    cells drawn are the independently built mask for the table of the page's seed."""
+    from tests.test_pages_insight import charts, errors, page, records
+
+    drawn = {}
+    for seed in (0, 3):
+        at = page("patterns", pat_mechanisms=["longformer", "bigbird"], pat_seed=seed)
+        assert errors(at) == []
+        specs = charts(at)
+        assert [s["title"]["text"] for s in specs[1:]] == [ac.get("longformer").label, ac.get("bigbird").label]
+        params = {p.name: at.session_state[f"pat_bigbird_{p.name}"] for p in ac.get("bigbird").params}
+        table = ac.make_state("bigbird", Shape(1, 1, 12, 12, 8), seed=seed, **params)["random_table"]
+        cells = np.zeros((12, 12), dtype=bool)
+        for r in records(specs[-1], "computed"):
+            cells[r["i"], r["j"]] = r["computed"] > 0
+        np.testing.assert_array_equal(cells, allowed("bigbird", 12, 12, False, **params, random_table=table))
+        drawn[seed] = cells
+    assert not np.array_equal(drawn[0], drawn[3]), "another seed, other random blocks"
 
 
 # ---- both ----
