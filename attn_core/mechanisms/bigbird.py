@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from .. import masks
 from ..spec import MechanismSpec, Param, Shape
 from ._banded import chunk_blocks, dense_rows, dense_rows_memory, floor
-from .sdpa import SPEC as SDPA
 from ._common import checked_shape, trusted
+from .sdpa import SPEC as SDPA
 
 
 class Layout(NamedTuple):
