@@ -53,6 +53,30 @@ def strided(stride: int) -> Pattern:
     return Pattern(f"strided: stride {stride}", pred)
 
 
+def global_tokens(positions: int | torch.Tensor) -> Pattern:
+    """Query i sees key j iff i or j is a global position: the first `positions` tokens (an int), or those listed
+    (a 1-D integer tensor). Global tokens attend to every key and every query attends to them."""
+    if isinstance(positions, int):
+        first = positions
+        return Pattern(f"global: the first {first}", lambda i, j: (i < first) | (j < first))
+
+    def pred(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        listed = positions.to(i.device)
+        return torch.isin(i, listed) | torch.isin(j, listed)
+
+    return Pattern(f"global: positions {positions.tolist()}", pred)
+
+
+def random_blocks(block: int, table: torch.Tensor) -> Pattern:
+    """Query i sees key j iff ⌊j/block⌋ is listed in row ⌊i/block⌋ of `table` (n_blocks, r), an entry −1 listing
+    nothing: BigBird's random blocks, drawn outside the pattern."""
+    def pred(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        rows = table.to(i.device)[torch.div(i, block, rounding_mode="floor")]  # (..., r)
+        return (rows == torch.div(j, block, rounding_mode="floor").unsqueeze(-1)).any(-1)
+
+    return Pattern(f"random blocks: block {block}, {table.shape[-1]} per query block", pred)
+
+
 def dense_mask(pattern: Pattern, nq: int, nk: int, device: torch.device | str | None = None) -> torch.Tensor:
     """The (nq, nk) boolean matrix of a pattern. O(nq·nk) memory: for references and heatmaps only."""
     i = torch.arange(nq, device=device)[:, None]

@@ -128,8 +128,12 @@ class MechanismSpec:
     None when the kernel computes exactly the useful work; read it through `executed(shape, **params)`.
     `memory_bytes(shape, **params)`: predicted peak bytes the forward call allocates above its inputs, the output
     included when it is alive at the peak; the figure a measured peak is compared against.
-    `pattern(causal, **params)`: for exact mechanisms, the mask predicate the result must equal masked softmax under.
+    `pattern(causal, **params, **state)`: for exact mechanisms, the mask predicate the result must equal masked
+    softmax under; it also takes the mechanism's state tensors (`state_keys`) when it depends on them (BigBird's
+    random blocks), and effective.pattern_of hands them over.
     `init_state(shape, device, dtype, *, seed, **params)`: random state built outside the kernel and passed in.
+    `state_keys`: the keyword tensors the function takes besides its parameters: that state, or tensors a caller
+    may give (Longformer's global_positions).
     `effective(q, k, v, causal, state, **params) -> (weights, values)`: for a mechanism without a `pattern`, the
     attention it applies written out densely, out = weights @ values (the Patterns and Accuracy pages draw it).
     `projected`: the parameter counting the weights' columns when they are projected keys, not the n keys

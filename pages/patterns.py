@@ -13,9 +13,9 @@ COUNT_MAX = 8192
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def counted(key: str, n: int, causal: bool, params: dict) -> str:
+def counted(key: str, n: int, causal: bool, params: dict, seed: int) -> str:
     try:
-        return effective.cells_computed(key, n, causal, **params)["sentence"]
+        return effective.cells_computed(key, n, causal, seed=seed, **params)["sentence"]
     except ValueError as e:  # e.g. a rank larger than the n counted at
         return f"{MECHANISMS[key].label}: {e}"
 
@@ -80,7 +80,7 @@ for key in ["softmax"] + chosen:
             else "Effective attention (rows sum to 1)")
     chart = insight_charts.pattern_chart(
         maps["cells"], maps["weights"], title=spec.label, subtitle=[spec.description, counted(key, int(count_n),
-                                                                                               causal, p)],
+                                                                                               causal, p, int(seed))],
         x_title=maps["columns"], cells_x_title=effective.PROJECTED if spec.projected else effective.KEYS,
         weights_title=note)
     app.show_chart(chart, width="content")

@@ -10,10 +10,11 @@ from attn_core.insight import effective as ef
 from tests.baselines import allowed
 
 SMALL = {"sliding_window": {"window": 3}, "local": {"block": 4, "lookback": 1, "lookahead": 1},
-         "sparse": {"stride": 4}, "linformer": {"rank": 6}, "performer": {"features": 48},
-         "reformer": {"bucket_size": 4, "n_hashes": 2}}
+         "sparse": {"stride": 4}, "longformer": {"window": 2, "global_tokens": 2},
+         "bigbird": {"block": 2, "window_blocks": 3, "global_blocks": 1, "random_blocks": 1},
+         "linformer": {"rank": 6}, "performer": {"features": 48}, "reformer": {"bucket_size": 4, "n_hashes": 2}}
 REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
-            "sparse": "sparse"}
+            "sparse": "sparse", "longformer": "longformer", "bigbird": "bigbird"}
 CASES = [(key, causal) for key, spec in ac.MECHANISMS.items() for causal in (False, True)
          if spec.supports_causal or not causal]
 
@@ -48,11 +49,12 @@ def test_cross_attention_effective_matrix(key):
 @pytest.mark.parametrize("causal", [False, True])
 def test_exact_weights_vanish_exactly_outside_the_pattern(key, causal):
     n, params = 13, SMALL.get(key, {})
-    expected = allowed(REF_KIND[key], n, n, causal, **params)  # written cell by cell in tests/baselines.py
-    cells = ef.computed_cells(key, n, n, causal, **params)
+    state = ac.make_state(key, ac.Shape(1, 1, n, n, 8, causal=causal), seed=4, **params)  # random blocks, if any
+    expected = allowed(REF_KIND[key], n, n, causal, **params, **state)  # written cell by cell in tests/baselines.py
+    cells = ef.computed_cells(key, n, n, causal, seed=4, **params)
     np.testing.assert_array_equal(cells.numpy(), expected)
     q, k, v = qkv(n)
-    weights = ef.effective_attention(key, q, k, v, causal=causal, **params).weights
+    weights = ef.effective_attention(key, q, k, v, causal=causal, seed=4, **params).weights
     np.testing.assert_array_equal((weights > 0).all(dim=(0, 1)).numpy(), expected)
 
 

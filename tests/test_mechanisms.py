@@ -10,17 +10,19 @@ import pytest
 import torch
 
 import attn_core as ac
+from attn_core import effective
 from attn_core.mechanisms.linear import feature_map
 from attn_core.mechanisms.performer import favor_features, orthogonal_features
 from attn_core.spec import Shape
 from tests.baselines import allowed, kernel_attention, masked_softmax, trace_peak_bytes
 
 SMALL = {"sliding_window": {"window": 5}, "local": {"block": 8, "lookback": 1, "lookahead": 2},
-         "sparse": {"stride": 7}, "linformer": {"rank": 16}, "performer": {"features": 32},
-         "reformer": {"bucket_size": 8, "n_hashes": 2}}
+         "sparse": {"stride": 7}, "longformer": {"window": 4, "global_tokens": 3},
+         "bigbird": {"block": 8, "window_blocks": 3, "global_blocks": 1, "random_blocks": 2},
+         "linformer": {"rank": 16}, "performer": {"features": 32}, "reformer": {"bucket_size": 8, "n_hashes": 2}}
 EXACT = [k for k, s in ac.MECHANISMS.items() if s.exact]
 REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
-            "sparse": "sparse"}
+            "sparse": "sparse", "longformer": "longformer", "bigbird": "bigbird"}
 
 
 def qkv(n: int, nk: int | None = None, *, B: int = 2, H: int = 3, D: int = 16, dtype=torch.float32, seed: int = 0,
@@ -36,8 +38,10 @@ def qkv(n: int, nk: int | None = None, *, B: int = 2, H: int = 3, D: int = 16, d
 def test_exact_mechanisms_equal_masked_softmax(key, n, causal):
     q, k, v = qkv(n)
     params = SMALL.get(key, {})
-    expected = masked_softmax(q, k, v, allowed(REF_KIND[key], n, n, causal, **params))
-    out = ac.attention(key, q, k, v, causal=causal, **params)
+    state = ac.make_state(key, Shape.of(q, k, causal), seed=n, **params)  # a pattern's random blocks
+    expected = masked_softmax(q, k, v, allowed(REF_KIND[key], n, n, causal, **{**ac.get(key).defaults, **params},
+                                               **state))
+    out = ac.attention(key, q, k, v, causal=causal, **params, **state)
     assert out.shape == q.shape and out.dtype == q.dtype
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
 
@@ -66,10 +70,11 @@ def test_exact_cross_attention(key):
 def test_exact_gradients_match_reference(key, causal):
     params = SMALL.get(key, {})
     q, k, v = qkv(45, B=1, H=2, D=8, dtype=torch.float64, grad=True)
+    state = ac.make_state(key, Shape.of(q, k, causal), seed=1, **params)
     w = torch.randn(1, 2, 45, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    got = torch.autograd.grad((ac.attention(key, q, k, v, causal=causal, **params) * w).sum(), (q, k, v))
-    want = torch.autograd.grad((masked_softmax(q, k, v, allowed(REF_KIND[key], 45, 45, causal, **params)) * w)
-                               .sum(), (q, k, v))
+    got = torch.autograd.grad((ac.attention(key, q, k, v, causal=causal, **params, **state) * w).sum(), (q, k, v))
+    mask = allowed(REF_KIND[key], 45, 45, causal, **{**ac.get(key).defaults, **params}, **state)
+    want = torch.autograd.grad((masked_softmax(q, k, v, mask) * w).sum(), (q, k, v))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-7)
 
@@ -210,6 +215,11 @@ def test_half_precision_runs_and_stays_close_to_fp32(key, dtype, tol):
     ("performer", {"features": 0}, ["features", "0", "between 1"]),
     ("linformer", {"causal": True}, ["Linformer", "causal"]),
     ("sliding_window", {"window": 2.5}, ["window", "integer"]),
+    ("longformer", {"window": -1}, ["window", "-1", "between 0"]),
+    ("longformer", {"global_tokens": 1.5}, ["global_tokens", "integer"]),
+    ("bigbird", {"block": 0}, ["block", "0", "between 1"]),
+    ("bigbird", {"window_blocks": 0}, ["window_blocks", "0", "between 1"]),
+    ("bigbird", {"random_blocks": -2}, ["random_blocks", "-2"]),
     ("softmax", {"window": 4}, ["no parameter", "window"]),
 ])
 def test_bad_arguments_raise_value_error_naming_them(key, kwargs, words):
@@ -254,7 +264,8 @@ def test_unknown_mechanism_lists_the_known_ones():
 # Expected growth in n of the theoretical time (n from 4096 to 32768) and memory (n from 32768 to 262144, where
 # the output outweighs the bounded per-chunk workspace), defaults, d = 64.
 BIG_O = {"softmax": (2, 2), "sdpa": (2, 1), "local": (1, 1), "sparse": (1.5, 1), "sliding_window": (1, 1),
-         "linformer": (1, 1), "performer": (1, 1), "linear": (1, 1), "reformer": (1.1, 1)}
+         "longformer": (1, 1), "bigbird": (1, 1), "linformer": (1, 1), "performer": (1, 1), "linear": (1, 1),
+         "reformer": (1.1, 1)}
 
 
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
@@ -275,8 +286,8 @@ def test_spec_costs_are_positive_and_grow_as_stated(key, causal):
     assert abs(t_slope - want_t) < 0.35, t_slope
     assert abs(m_slope - want_m) < 0.15, m_slope
     assert spec.description and spec.paper and spec.time_big_o.startswith("O(")
-    if spec.exact:
-        assert spec.pattern(causal, **spec.defaults)(torch.tensor(5), torch.tensor(5))
+    if spec.exact:  # a query sees itself; a pattern with random state gets it drawn
+        assert effective.pattern_of(key, 64, 64, causal, **spec.defaults)(torch.tensor(5), torch.tensor(5))
 
 
 def test_import_does_not_pull_in_streamlit():
@@ -304,7 +315,8 @@ def test_profiled_peak_sees_the_softmax_matrices():
 
 
 @pytest.mark.parametrize("key,params", [("sliding_window", {"window": 16}), ("local", {"block": 32}),
-                                        ("sparse", {"stride": 181}), ("linear", {}), ("performer", {"features": 64}),
+                                        ("sparse", {"stride": 181}), ("longformer", {"window": 16}),
+                                        ("bigbird", {"block": 32}), ("linear", {}), ("performer", {"features": 64}),
                                         ("reformer", {})])
 @pytest.mark.parametrize("causal", [False, True])
 def test_efficient_mechanisms_never_build_quadratic_or_n_m_d_tensors(key, params, causal):

@@ -149,7 +149,7 @@ def _weight_errors(key: str, q, k, v, causal: bool, state: dict, params: dict) -
     """KL and dropped mass of the mechanism's weights against softmax's, both in float64 (the mechanism's maths,
     not its float32 rounding). NaN for Linformer, whose weights are over projected keys, not the n keys."""
     q, k, v = q.double(), k.double(), v.double()
-    state64 = {name: t.double() for name, t in state.items()}
+    state64 = {name: t.double() if t.is_floating_point() else t for name, t in state.items()}  # indices stay
     eff = effective_attention(key, q, k, v, causal=causal, state=state64, **params)
     if eff.columns != KEYS:
         return {"kl": math.nan, "dropped_mass": math.nan}

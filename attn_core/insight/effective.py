@@ -36,21 +36,36 @@ class Effective:
         return self.weights @ self.values
 
 
-def computed_cells(key: str, nq: int, nk: int, causal: bool = False, **params: Any) -> torch.Tensor:
-    """(Nq, C) boolean: the cells the mechanism scores. Exact mechanisms: their pattern; a mechanism over projected
-    keys (spec.projected): all Nq × C cells; one scoring through features: every allowed (i, j), implicitly."""
+def pattern_of(key: str, nq: int, nk: int, causal: bool = False, *, state: dict[str, torch.Tensor] | None = None,
+               seed: int = 0, **params: Any) -> masks.Pattern:
+    """The pattern of an exact mechanism at these settings. A pattern that depends on the mechanism's state
+    (BigBird's random blocks, Longformer's given global positions) gets it: `state`, or the state drawn from
+    `seed` for an (nq, nk) problem exactly as `attn_core.make_state` draws it."""
+    spec = get(key)
+    resolved = spec.resolved(params)
+    if state is None:
+        state = make_state(key, Shape(1, 1, nq, nk, 1, causal=causal), seed=seed, **resolved)
+    return spec.pattern(causal, **resolved, **{name: t for name, t in state.items() if name in spec.state_keys})
+
+
+def computed_cells(key: str, nq: int, nk: int, causal: bool = False, *, state: dict[str, torch.Tensor] | None = None,
+                   seed: int = 0, **params: Any) -> torch.Tensor:
+    """(Nq, C) boolean: the cells the mechanism scores. Exact mechanisms: their pattern (with its state: `state`, or
+    drawn from `seed`); a mechanism over projected keys (spec.projected): all Nq × C cells; one scoring through
+    features: every allowed (i, j), implicitly."""
     spec = get(key)
     resolved = spec.resolved(params)
     if spec.pattern is not None:
-        return masks.dense_mask(spec.pattern(causal, **resolved), nq, nk)
+        return masks.dense_mask(pattern_of(key, nq, nk, causal, state=state, seed=seed, **resolved), nq, nk)
     if spec.projected is not None:
         return torch.ones(nq, resolved[spec.projected], dtype=torch.bool)
     return masks.dense_mask(masks.causal if causal else masks.full, nq, nk)
 
 
-def cells_computed(key: str, n: int, causal: bool = False, **params: Any) -> dict[str, Any]:
+def cells_computed(key: str, n: int, causal: bool = False, *, seed: int = 0, **params: Any) -> dict[str, Any]:
     """How many of the n² (query, key) cells a mechanism scores, counted cell by cell in row slabs (never a dense
-    n×n matrix, but O(n²) time: about a second at n = 8192).
+    n×n matrix, but O(n²) time: about a second at n = 8192). A pattern with random state is counted for the state
+    drawn from `seed`.
 
     Returns {'cells', 'total' (= n²), 'fraction', 'implicit' (True when scored only through features, never
     stored), 'sentence'}, e.g. "Sliding window, window=64, n=1024: 12.6% of the n² cells".
@@ -59,7 +74,7 @@ def cells_computed(key: str, n: int, causal: bool = False, **params: Any) -> dic
     resolved = spec.resolved(params)
     spec.check(Shape(1, 1, n, n, 1, causal=causal), resolved)
     if spec.pattern is not None:
-        fraction = masks.density(spec.pattern(causal, **resolved), n, n)
+        fraction = masks.density(pattern_of(key, n, n, causal, seed=seed, **resolved), n, n)
     elif spec.projected is not None:
         fraction = resolved[spec.projected] / n
     else:
@@ -95,7 +110,8 @@ def effective_attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         state = make_state(key, shape, q.device, q.dtype, seed=seed, **resolved)
     if spec.pattern is not None:
         scores = (q * (1.0 / math.sqrt(shape.D))) @ k.transpose(-2, -1)
-        allowed = masks.dense_mask(spec.pattern(causal, **resolved), shape.Nq, shape.Nk, q.device)
+        allowed = masks.dense_mask(pattern_of(key, shape.Nq, shape.Nk, causal, state=state, **resolved), shape.Nq,
+                                   shape.Nk, q.device)
         return Effective(torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1), v, KEYS)
     if spec.effective is None:
         raise ValueError(f"{spec.label} has neither a pattern nor an effective form in its spec; give it one")
@@ -158,7 +174,7 @@ def attention_maps(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     n = q.shape[-2]
     state = make_state(key, Shape.of(q, k, causal), q.device, q.dtype, seed=seed, **get(key).resolved(params))
     eff = effective_attention(key, q, k, v, causal=causal, state=state, **params)
-    cells = computed_cells(key, n, k.shape[-2], causal, **params)
+    cells = computed_cells(key, n, k.shape[-2], causal, state=state, **params)
     projected = [f"p{r}" for r in range(eff.weights.shape[-1])] if eff.columns == PROJECTED else tokens
     shown = tokens if pull_back else projected
     weights = pulled_back(eff, state) if pull_back else eff.weights

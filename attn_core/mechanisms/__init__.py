@@ -11,8 +11,8 @@ from typing import Iterable
 
 from ..spec import MechanismSpec
 
-ORDER = ("softmax", "sdpa", "local", "sparse", "sliding_window", "linformer", "performer", "linear",  # pages' order
-         "reformer")
+ORDER = ("softmax", "sdpa", "local", "sparse", "sliding_window", "longformer", "bigbird", "linformer",
+         "performer", "linear", "reformer")  # pages' order
 ENV = "ATTN_CORE_MECHANISMS"
 
 

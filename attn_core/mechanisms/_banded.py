@@ -1,15 +1,30 @@
-"""Exact attention for banded patterns, block by block, without any n×n tensor (shared by local and sliding window)."""
+"""Exact attention for banded patterns, block by block, without any n×n tensor (shared by local, sliding window and
+Longformer), and the dense rows of global tokens (Longformer, BigBird)."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ..masks import Pattern
+from ..spec import Shape
+from .sdpa import SPEC as SDPA
 
 # Scores held at once per chunk of query blocks, in elements (over all batch·heads): bounds the workspace.
 CHUNK_ELEMS = 1 << 21
+
+
+class Extra(NamedTuple):
+    """Keys every query block may see besides its band (Longformer's global tokens): keys and values (B, H, g, D)
+    at sequence positions (g,), kept for query i where `pattern` allows and the band's pattern does not (so a key
+    inside the band is counted once)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    pattern: Pattern
 
 
 def chunk_blocks(heads: int, block: int, span: int) -> int:
@@ -17,15 +32,24 @@ def chunk_blocks(heads: int, block: int, span: int) -> int:
     return max(1, CHUNK_ELEMS // (heads * block * span))
 
 
-def banded_memory(heads: int, n: int, d: int, elem: int, *, block: int, left: int, right: int) -> float:
+def banded_memory(heads: int, n: int, d: int, elem: int, *, block: int, left: int, right: int,
+                  extra: int = 0, dtype: str = "float32") -> float:
     """Predicted peak bytes of banded_attention above its inputs: reached in the first chunk, which holds the output,
     the (block, S) mask, its scaled queries, zero-padded key and value slabs when it touches an edge, its edge mask,
-    and the scores and probabilities (B·H·rows·S each)."""
+    and the scores and probabilities (B·H·rows·S each). With `extra` keys (`_merged`) instead of those two: the
+    extra keys' copies and masks, the chunk's (rows, S + extra) bias, its joined keys and values and what the
+    fused kernel allocates (the sdpa spec's prediction for that call)."""
     span = left + block + right
-    rows = min(chunk_blocks(heads, block, span), -(-n // block)) * block
+    rows = min(chunk_blocks(heads, block, span + extra), -(-n // block)) * block
     edge = left > 0 or rows + right > n
     slabs = 2 * heads * (rows + left + right) * d * elem + rows * span * elem if edge else 0
-    return heads * n * d * elem + block * span * (elem + 1) + heads * rows * (d + 2 * span) * elem + slabs
+    held = heads * n * d * elem + block * span * (elem + 1) + heads * rows * d * elem + slabs
+    if not extra:
+        return held + 2 * heads * rows * span * elem
+    c, keys = rows // block, span + extra
+    masks = rows * (8 + extra * (elem + 1) + keys * elem)  # query positions, the extra keys' mask and bias, bias
+    fused = SDPA.memory_bytes(Shape(heads, c, block, keys, d, dtype))
+    return held + 2 * heads * extra * d * elem + masks + 2 * heads * c * keys * d * elem + fused
 
 
 def banded_flops(heads: int, n: int, d: int, *, block: int, left: int, right: int) -> float:
@@ -44,14 +68,15 @@ def _key_slab(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 
 
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, pattern: Pattern, block: int,
-                     left: int, right: int) -> torch.Tensor:
+                     left: int, right: int, extra: Extra | None = None) -> torch.Tensor:
     """softmax(Q Kᵀ/√D masked by `pattern`) V for self-attention, q, k, v (B, H, n, D) → (B, H, n, D).
 
     Query block β (rows [β·block, (β+1)·block)) may only see keys in [β·block − left, (β+1)·block + right): a
     window of S = left + block + right keys taken as a strided view. Within it the allowed cells are the same for
     every block (the pattern is invariant under shifts by `block`), so one (block, S) mask serves all; keys
     outside [0, n) are masked per block. Chunks of query blocks bound the workspace to about CHUNK_ELEMS scores.
-    O(n·S·D) time, O(n·D) memory.
+    O(n·S·D) time, O(n·D) memory. `extra` adds g keys every block is scored against too, in the same softmax
+    (`_merged`): O(n·(S + g)·D) time.
     """
     B, H, n, D = q.shape
     span = left + block + right
@@ -63,15 +88,16 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     # A finite floor, not −inf: a padded query row that sees no key must not turn into NaN (nor its gradients).
     inner_bias = torch.zeros(block, span, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min / 2)
     out = q.new_empty(B, H, n, D)
-    step = chunk_blocks(B * H, block, span)
+    step = chunk_blocks(B * H, block, span + (0 if extra is None else len(extra.positions)))
     for first in range(0, n_blocks, step):
         c = min(step, n_blocks - first)
         qs, qe = first * block, min(n, (first + c) * block)
-        out[:, :, qs:qe] = _chunk(q, k, v, qs, c, block, left, right, inner_bias)[:, :, : qe - qs]
+        out[:, :, qs:qe] = _chunk(q, k, v, qs, c, block, left, right, inner_bias, pattern, extra)[:, :, : qe - qs]
     return out
 
 
-def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bias: torch.Tensor) -> torch.Tensor:
+def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bias: torch.Tensor, pattern: Pattern,
+           extra: Extra | None) -> torch.Tensor:
     """Output rows [qs, qs + c·block) of banded_attention, (B, H, c·block, D); its temporaries die on return."""
     B, H, n, D = q.shape
     span = inner_bias.shape[-1]
@@ -83,5 +109,66 @@ def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bi
     if ks < 0 or ke > n:  # edge chunk: mask the zero-padded keys
         pos = ks + block * torch.arange(c, device=q.device)[:, None, None] + torch.arange(span, device=q.device)
         bias = inner_bias.masked_fill((pos < 0) | (pos >= n), torch.finfo(q.dtype).min / 2)  # (c, block, S)
+    if extra is not None:
+        return _merged(qc, kw, vw, bias, qs, pattern, extra)
     p = torch.softmax((qc.view(B, H, c, block, D) @ kw).add_(bias), dim=-1)  # (B, H, c, block, S)
     return (p @ vw.transpose(-1, -2)).view(B, H, c * block, D)
+
+
+def _merged(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Tensor, qs: int, pattern: Pattern,
+            extra: Extra) -> torch.Tensor:
+    """A chunk's c query blocks against their band of S keys and the g extra keys, one softmax over S + g: the
+    extra keys joined to every block's window (a key the band holds already is masked among the extra ones), the
+    softmax and product fused by PyTorch's kernel (`F.scaled_dot_product_attention`, no scores held).
+    qc (B, H, c·block, D) already scaled, kw (B, H, c, D, S), vw likewise, bias (block or c, block, S)
+    → (B, H, c·block, D)."""
+    B, H, c, D, S = kw.shape
+    block = qc.shape[-2] // c
+    i = torch.arange(qs, qs + c * block, device=qc.device)[:, None]
+    p = extra.positions[None, :]
+    keep = extra.pattern(i, p) & ~pattern(i, p)  # (c·block, g)
+    side = torch.zeros(keep.shape, dtype=qc.dtype, device=qc.device).masked_fill_(~keep, floor(qc.dtype))
+    bias = torch.cat([bias.expand(c, block, S), side.view(c, block, -1)], dim=-1)  # (c, block, S + g)
+    keys, values = (torch.cat([w.transpose(-1, -2), x[:, :, None].expand(B, H, c, -1, D)], dim=-2)
+                    .view(B * H, c, -1, D) for w, x in ((kw, extra.k), (vw, extra.v)))  # (B·H, c, S + g, D)
+    queries = qc.reshape(B * H, c, block, D)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias[None], scale=1.0).view(B, H, -1, D)
+
+
+def dense_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, positions: torch.Tensor,
+               causal: bool) -> None:
+    """Rows `positions` of `out` (B, H, n, D) replaced by softmax attention over all n keys (causal: j ≤ i): the
+    global tokens' rows, through PyTorch's fused kernel (`F.scaled_dot_product_attention`, no (rows, n) scores
+    held). Causal, in slabs of rows whose (rows, n) additive mask holds about CHUNK_ELEMS entries.
+    O(g·n·D) time, O(n·D) memory beyond the output."""
+    B, H, n, D = q.shape
+    rows = dense_slab(n, len(positions), causal)
+    for first in range(0, len(positions), rows):
+        p = positions[first:first + rows]
+        mask = None
+        if causal:  # j = i stays: no row is empty
+            future = torch.arange(n, device=q.device) > p[:, None]
+            mask = torch.zeros(future.shape, dtype=q.dtype, device=q.device).masked_fill_(future, floor(q.dtype))
+        out.index_copy_(2, p, F.scaled_dot_product_attention(q.index_select(2, p), k, v,
+                                                             attn_mask=None if mask is None else mask[None, None]))
+
+
+def dense_slab(n: int, count: int, causal: bool) -> int:
+    """Rows per slab of dense_rows: all of them, or as many as keep a causal (rows, n) mask to CHUNK_ELEMS."""
+    return max(1, min(count, CHUNK_ELEMS // n)) if causal else max(1, count)
+
+
+def floor(dtype: torch.dtype) -> float:
+    """A finite stand-in for −∞ in additive masks: a row that sees no key gives no NaN."""
+    return torch.finfo(dtype).min / 2
+
+
+def dense_rows_memory(batch: int, heads: int, n: int, d: int, dtype: str, count: int, causal: bool) -> float:
+    """Peak bytes of dense_rows for `count` rows beside the output it writes into: one slab's queries, what the fused
+    kernel allocates for them (the sdpa spec's prediction), and, causal, the slab's (rows, n) mask and its bias."""
+    if not count:
+        return 0.0
+    rows = dense_slab(n, count, causal)
+    shape = Shape(batch, heads, rows, n, d, dtype)
+    mask = rows * n * (1 + shape.elem) if causal else 0
+    return 8 * count + shape.bh * rows * d * shape.elem + SDPA.memory_bytes(shape) + mask

@@ -64,6 +64,12 @@ def validated() -> Iterator[None]:
         _VALIDATED.reset(token)
 
 
+def trusted() -> bool:
+    """True inside `validated()`: the caller has checked the arguments, so a mechanism skips its own checks of
+    tensors it takes besides q, k and v (those cost a host sync)."""
+    return _VALIDATED.get()
+
+
 def checked_shape(spec: MechanismSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   **params: Any) -> Shape:
     """Validate tensors and parameters against a spec; return the call's Shape (only the Shape inside

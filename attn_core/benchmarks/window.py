@@ -1,0 +1,152 @@
+"""Longformer and BigBird as the sequence grows: time and peak-memory slopes from n = 4096 to 32768, and their
+speed-up over PyTorch's fused exact kernel (`sdpa`) at n = 16384, every figure from interleaved calls
+(A B A B …, so a busy spell of the machine hits all lines alike), median with its spread.
+
+    python -m attn_core.benchmarks.window            # B=1, H=8, D=64, fp32, forward, 2 threads
+    python -m attn_core.benchmarks.window --quick    # n = 1024…4096, sdpa at 4096, for a first look
+
+Settings of the comparison: Longformer with a window of 256 keys each side and 2 global tokens; BigBird with blocks
+of 64 and a window of 9 blocks (its own and 4 = 256 tokens each side), 2 global blocks and 3 random blocks.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from attn_core import MECHANISMS
+from ..engine import env
+from ..engine.measure import format_bytes
+from ..mechanisms._common import validated
+from ..spec import Shape
+
+LINES = {"longformer": {"window": 256, "global_tokens": 2},
+         "bigbird": {"block": 64, "window_blocks": 9, "global_blocks": 2, "random_blocks": 3}}
+BASELINE = "sdpa"
+TARGET_SLOPE, TARGET_SPEEDUP = 1.15, 8.0
+
+
+def thunk(key: str, params: dict, n: int, args: argparse.Namespace) -> Callable[[], object]:
+    """One forward call of `key` on seeded inputs (B, H, n, D), its random state drawn outside, arguments checked
+    once here and trusted inside the call (as the engine does)."""
+    spec = MECHANISMS[key]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, generator=g).to(args.device) for _ in range(3))
+    shape = Shape(args.batch, args.heads, n, n, args.head_dim, "float32", args.causal)
+    spec.check(shape, params)
+    state = {} if spec.init_state is None else spec.init_state(shape, args.device, torch.float32, seed=0, **params)
+
+    def call():
+        with torch.inference_mode(), validated():
+            out = spec.fn(q, k, v, causal=args.causal, **params, **state)
+        env.synchronize(args.device)
+        return out
+
+    return call
+
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int, clock: str = "wall") -> dict[str, list[float]]:
+    """Seconds per call of each line, one call of every line per round, after one warm-up call each. `clock`
+    'cpu' reads this process's CPU seconds (all its threads), which waiting for a busy core does not inflate."""
+    now = CLOCKS[clock]
+    for call in calls.values():
+        call()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = now()
+            call()
+            samples[name].append(now() - start)
+    return samples
+
+
+def spread(xs: list[float]) -> str:
+    """Median [min–max] of a few samples."""
+    return f"{np.median(xs):.3g} [{min(xs):.3g}–{max(xs):.3g}]"
+
+
+def slopes(args: argparse.Namespace) -> None:
+    ns = [2 ** e for e in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
+    method, peak_of = env.peak_memory_probe(args.device)
+    times: dict[str, list[float]] = {key: [] for key in LINES}
+    peaks: dict[str, list[float]] = {key: [] for key in LINES}
+    print(f"Time ({args.clock} clock): median [min–max] of {args.rounds} interleaved calls; memory: peak bytes above the inputs "
+          f"({method}), beside the spec's prediction.")
+    for n in ns:
+        calls = {key: thunk(key, params, n, args) for key, params in LINES.items()}
+        samples = interleaved(calls, args.rounds, args.clock)
+        for key, call in calls.items():
+            env.release_cached_memory(args.device)
+            peak = float(peak_of(call))
+            predicted = MECHANISMS[key].memory_bytes(
+                Shape(args.batch, args.heads, n, n, args.head_dim, "float32", args.causal), **LINES[key])
+            times[key].append(float(np.median(samples[key])))
+            peaks[key].append(peak)
+            print(f"  {key:10s} n={n:6d}  {spread([s * 1e3 for s in samples[key]]):>28s} ms   "
+                  f"peak {format_bytes(peak):>10s} (spec {format_bytes(predicted)})", flush=True)
+    logs = np.log(ns)
+    print(f"\nLog-log slopes, n = {ns[0]}…{ns[-1]} (target ≤ {TARGET_SLOPE} each):")
+    for key in LINES:
+        t = np.polyfit(logs, np.log(times[key]), 1)[0]
+        m = np.polyfit(logs, np.log(peaks[key]), 1)[0]
+        verdict = "meets target" if t <= TARGET_SLOPE and m <= TARGET_SLOPE else "MISSES target"
+        print(f"  {key:10s} time {t:5.2f}   memory {m:5.2f}   {verdict}")
+
+
+def versus_baseline(args: argparse.Namespace) -> None:
+    n = args.compare_n
+    calls = {key: thunk(key, params, n, args) for key, params in LINES.items()}
+    calls[BASELINE] = thunk(BASELINE, {}, n, args)
+    samples = interleaved(calls, args.compare_rounds, args.clock)
+    base = samples[BASELINE]
+    print(f"\nAt n = {n}, {args.compare_rounds} interleaved rounds: seconds per call, median [min–max]; "
+          f"speed-up over {BASELINE} as the median [min–max] of each round's ratio (target ≥ {TARGET_SPEEDUP:g}×):")
+    print(f"  {BASELINE:10s} {spread(base):>28s} s")
+    for key in LINES:
+        ratios = [b / s for b, s in zip(base, samples[key])]
+        verdict = "meets target" if np.median(ratios) >= TARGET_SPEEDUP else "MISSES target"
+        print(f"  {key:10s} {spread(samples[key]):>28s} s   {spread(ratios):>22s}×   {verdict}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n-min", type=int, default=4096)
+    p.add_argument("--n-max", type=int, default=32768)
+    p.add_argument("--compare-n", type=int, default=16384)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved calls per line and n for the slopes")
+    p.add_argument("--compare-rounds", type=int, default=3, help="interleaved rounds of the sdpa comparison")
+    p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                   help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
+    p.add_argument("--quick", action="store_true", help="n = 1024…4096, the comparison at 4096")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n_min, args.n_max, args.compare_n = 1024, 4096, 4096
+    args.device = env.resolve_device(args.device)
+    torch.set_num_threads(args.threads)
+    env.steady_allocator()  # as in the engine's worker: chunk buffers below 32 MiB reused, not faulted in anew
+    stamp = env.environment(args.device, "float32", args.threads)
+    print(f"{stamp['device_name']}, {args.threads} threads, torch {stamp['torch']}, load average "
+          f"{stamp['load_average']} (timings are inflated on a busy machine); B={args.batch}, H={args.heads}, "
+          f"D={args.head_dim}, fp32, forward{', causal' if args.causal else ''}.")
+    for key, params in LINES.items():
+        print(f"  {key}: {', '.join(f'{k}={v}' for k, v in params.items())}")
+    slopes(args)
+    versus_baseline(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,269 @@
+"""BigBird's block-sparse attention, the ITC form: a window of blocks, global blocks and random blocks
+(Zaheer et al. 2020, 'Big Bird: Transformers for Longer Sequences', arXiv 2007.14062)."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import masks
+from ..spec import MechanismSpec, Param, Shape
+from ._banded import chunk_blocks, dense_rows, dense_rows_memory, floor
+from ._common import checked_shape, trusted
+from .sdpa import SPEC as SDPA
+
+
+class Layout(NamedTuple):
+    """The block structure at one n: block size b (≤ n), nb blocks (the last may be partial), window blocks back
+    and ahead of a query's own block, g global blocks and r random-table columns, each cut to what n allows."""
+
+    b: int
+    nb: int
+    back: int
+    ahead: int
+    g: int
+    r: int
+
+    @property
+    def keys(self) -> int:
+        """Key blocks each non-global query block is scored against: window, global and random."""
+        return self.back + 1 + self.ahead + self.g + self.r
+
+
+def layout(n: int, causal: bool, block: int = 64, window_blocks: int = 3, global_blocks: int = 2,
+           random_blocks: int = 3) -> Layout:
+    """A block larger than n is one of n; windows past the ends add nothing; at most nb − g − 1 blocks are left
+    for random ones (a query block's window holds its own)."""
+    b = min(block, n)
+    nb = -(-n // b)
+    g = min(global_blocks, nb)
+    back = min(window_blocks // 2, nb - 1)
+    ahead = 0 if causal else min((window_blocks - 1) // 2, nb - 1)
+    return Layout(b, nb, back, ahead, g, min(random_blocks, max(0, nb - g - 1)))
+
+
+def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, block: int = 64,
+               window_blocks: int = 3, global_blocks: int = 2, random_blocks: int = 3) -> dict:
+    """Seeded random blocks: {'random_table': (nb, r) LongTensor}, row β the key blocks query block β sees at
+    random, −1 where there are fewer candidates than r; rows of global blocks are all −1 (they see everything).
+
+    Candidates are the blocks no other part of the pattern covers: outside the global blocks and β's window
+    (causal: before β's window, the past only), so no key is counted twice. Each row is a uniform draw of
+    min(r, candidates) distinct blocks (Floyd's algorithm, one step per column for all rows at once), sorted.
+    """
+    SPEC.check_params({"block": block, "window_blocks": window_blocks, "global_blocks": global_blocks,
+                       "random_blocks": random_blocks}, shape)
+    L = layout(shape.Nq, shape.causal, block, window_blocks, global_blocks, random_blocks)
+    beta = torch.arange(L.nb)
+    lo = (beta - L.back).clamp_min(L.g)  # first non-global window block
+    hi = (beta + L.ahead).clamp_max(L.nb - 1)
+    if shape.causal:
+        count = (beta - L.back - L.g).clamp_min(0)  # blocks g … β − back − 1
+    else:
+        count = L.nb - L.g - (hi - lo + 1)
+    count = torch.where(beta < L.g, 0, count)
+    uniform = torch.rand(L.r, L.nb, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    rank = torch.full((L.nb, L.r), -1, dtype=torch.long)
+    for t in range(L.r):  # Floyd: draw from [0, top], take top itself if that one is taken
+        top = count - L.r + t
+        pick = (uniform[t] * (top + 1).clamp_min(1)).long().clamp_max(top.clamp_min(0))
+        pick = torch.where((rank[:, :t] == pick[:, None]).any(1), top, pick)
+        rank[:, t] = torch.where(count >= L.r, pick, torch.where(t < count, t, -1))  # too few: all of them
+    block_of = L.g + rank  # rank among the candidates → block; non-causal candidates skip the window
+    if not shape.causal:
+        block_of = torch.where(block_of >= lo[:, None], block_of + (hi - lo + 1)[:, None], block_of)
+    table = torch.where(rank >= 0, block_of, L.nb).sort(dim=1).values
+    return {"random_table": torch.where(table == L.nb, -1, table).to(device)}
+
+
+def bigbird_attention(q, k, v, *, causal: bool = False, block: int = 64, window_blocks: int = 3,
+                      global_blocks: int = 2, random_blocks: int = 3, random_table: torch.Tensor | None = None,
+                      seed: int = 0):
+    """Exact attention where query block ⌊i/b⌋ = β sees key block γ iff γ is in its window
+    (−⌊w/2⌋ ≤ γ − β ≤ ⌊(w − 1)/2⌋), or β or γ is one of the first g (global) blocks, or γ is in row β of
+    `random_table`; causal: and j ≤ i. b = block, w = window_blocks, g = global_blocks.
+
+    q, k, v (B, H, n, D) → (B, H, n, D); any n (the last block partial, masked). `random_table` comes from
+    `init_state`, drawn here from `seed` when absent. Every non-global query block gathers its key blocks
+    (window, global, random: K blocks) whole, by index, and attends to them in one masked softmax, all query
+    blocks of a chunk of bounded size in one call of PyTorch's fused kernel (`F.scaled_dot_product_attention`:
+    the (b, K·b) scores are never held); the global blocks' rows attend densely (`dense_rows`). No n×n tensor:
+    O(n·K·b·D) time, O(n·D) memory.
+    """
+    params = {"block": block, "window_blocks": window_blocks, "global_blocks": global_blocks,
+              "random_blocks": random_blocks}
+    s = checked_shape(SPEC, q, k, v, causal, **params)
+    L = layout(s.Nq, causal, **params)
+    if random_table is None:
+        random_table = init_state(s, q.device, seed=seed, **params)["random_table"]
+    elif not trusted() and (not isinstance(random_table, torch.Tensor) or random_table.is_floating_point()
+                            or tuple(random_table.shape) != (L.nb, L.r)):
+        got = tuple(random_table.shape) if isinstance(random_table, torch.Tensor) else type(random_table).__name__
+        raise ValueError(f"random_table must be an integer tensor of shape ({L.nb}, {L.r}) for these settings at "
+                         f"n = {s.Nq}, got {got}; draw it with attn_core.make_state('bigbird', shape, ...)")
+    out = q.new_empty(q.shape)
+    if L.g < L.nb:
+        _block_rows(q, k, v, out, _key_blocks(L, random_table.to(q.device)), L, causal)
+    dense_rows(q, k, v, out, torch.arange(min(L.g * L.b, s.Nq), device=q.device), causal)
+    return out
+
+
+def _key_blocks(L: Layout, table: torch.Tensor) -> torch.Tensor:
+    """(nb − g, K) key blocks of each non-global query block: window (global or outside [0, nb): −1), the g
+    global blocks, its random blocks. −1 marks a slot that holds no key."""
+    beta = torch.arange(L.g, L.nb, device=table.device)[:, None]
+    window = beta + torch.arange(-L.back, L.ahead + 1, device=table.device)
+    window = torch.where((window >= L.g) & (window < L.nb), window, -1)
+    glob = torch.arange(L.g, device=table.device).expand(len(beta), L.g)
+    return torch.cat([window, glob, table[L.g:].long()], dim=1)
+
+
+def _block_rows(q, k, v, out: torch.Tensor, key_blocks: torch.Tensor, L: Layout, causal: bool) -> None:
+    """Rows of the non-global query blocks, in chunks of c blocks (c·b·K·b scores per head ≤ CHUNK_ELEMS over all
+    heads): each chunk's keys and values gathered, (B·H, c, K·b, D), and attended to in one fused call."""
+    B, H, n, D = q.shape
+    span = L.keys * L.b
+    step = chunk_blocks(B * H, L.b, span)
+    pad = L.nb * L.b - n  # keys and values as whole blocks (B, H, nb, b, D), zero-padded when n % b ≠ 0
+    kb, vb = ((F.pad(x, (0, 0, 0, pad)) if pad else x).view(B, H, L.nb, L.b, D) for x in (k, v))
+    for first in range(L.g, L.nb, step):
+        c = min(step, L.nb - first)
+        qs, qe = first * L.b, min(n, (first + c) * L.b)
+        out[:, :, qs:qe] = _chunk(q, kb, vb, key_blocks[first - L.g:first - L.g + c], qs, causal)[:, :, :qe - qs]
+
+
+def _chunk(q, kb, vb, blocks: torch.Tensor, qs: int, causal: bool) -> torch.Tensor:
+    """c query blocks from row qs against their key blocks (c, K), gathered whole from the blocked keys and values
+    kb, vb (B, H, nb, b, D), masked where a slot holds no key, a key lies past n or (causal) after the query:
+    → (B, H, c·b, D); temporaries die on return."""
+    B, H, n, D = q.shape
+    c, b = blocks.shape[0], kb.shape[3]
+    tokens = (blocks[:, :, None] * b + torch.arange(b, device=q.device)).flatten(1)  # (c, K·b)
+    where = torch.arange(qs, qs + c * b, device=q.device).view(c, b, 1)  # query positions
+    ok = ((blocks >= 0).repeat_interleave(b, dim=1) & (tokens < n))[:, None, :]  # (c, 1, K·b)
+    if causal:
+        ok = ok & (tokens[:, None, :] <= where)
+    bias = torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill_(~ok, floor(q.dtype))
+    index = blocks.clamp_min(0).flatten()  # a slot without a key reads block 0, masked
+    qc = F.pad(q[:, :, qs:min(n, qs + c * b)], (0, 0, 0, max(0, qs + c * b - n))).reshape(B * H, c, b, D)
+    keys, values = (x.index_select(2, index).view(B * H, c, -1, D) for x in (kb, vb))  # (B·H, c, K·b, D)
+    return F.scaled_dot_product_attention(qc, keys, values, attn_mask=bias[None]).view(B, H, c * b, D)
+
+
+def _pattern(causal: bool, block: int = 64, window_blocks: int = 3, global_blocks: int = 2, random_blocks: int = 3,
+             random_table: torch.Tensor | None = None) -> masks.Pattern:
+    """Window blocks | global blocks | random blocks (from `random_table`, the state) [& causal]."""
+    back, ahead = window_blocks // 2, 0 if causal else (window_blocks - 1) // 2
+    both = masks.block_local(block, back, ahead) | masks.global_tokens(global_blocks * block)
+    if random_table is not None:
+        both = both | masks.random_blocks(block, random_table)
+    elif random_blocks:
+        raise ValueError("BigBird's pattern depends on its random blocks: pass random_table, drawn with "
+                         "attn_core.make_state('bigbird', shape, seed=...)")
+    return both & masks.causal if causal else both
+
+
+def _block_cells(s: Shape, L: Layout, beta: np.ndarray) -> np.ndarray:
+    """Σ over the rows of each non-global query block β of the keys it sees; random blocks in expectation over
+    the draw where the partial last block is a candidate (each candidate is drawn with probability r'/count)."""
+    n, b = s.Nq, L.b
+    rows = np.minimum(b, n - beta * b)
+    G = min(L.g * b, n)
+    lo = np.maximum(beta - L.back, L.g)
+    if s.causal:  # full past window and random blocks, the own block a triangle
+        drawn = np.minimum(L.r, np.maximum(0, beta - L.back - L.g)) * b
+        return rows * (G + (beta - lo) * b + drawn) + rows * (rows + 1) / 2
+    hi = np.minimum(beta + L.ahead, L.nb - 1)
+    count = L.nb - L.g - (hi - lo + 1)
+    drawn = np.minimum(L.r, count)
+    short = np.where((hi < L.nb - 1) & (count > 0), drawn / np.maximum(count, 1) * (L.nb * b - n), 0)
+    return rows * (np.minimum(n, (hi + 1) * b) - lo * b + G + drawn * b - short)
+
+
+def _visible(s: Shape, L: Layout) -> float:
+    """Σ over queries of the keys each sees. Blocks away from the edges (and, causal, with a full set of random
+    candidates) all see the same: one of them stands for all, the rest are counted one by one (O(w + r) work)."""
+    G = min(L.g * L.b, s.Nq)
+    dense = G * (G + 1) / 2 if s.causal else G * s.Nq
+    first = L.g + L.back + (L.r if s.causal else 0)  # interior: [first, last]
+    last = L.nb - 2 - (0 if s.causal else L.ahead)
+    if first > last:
+        return dense + float(_block_cells(s, L, np.arange(L.g, L.nb)).sum())
+    edges = np.concatenate([np.arange(L.g, first), np.arange(last + 1, L.nb)])
+    inner = float(_block_cells(s, L, np.array([first]))[0]) * (last - first + 1)
+    return dense + float(_block_cells(s, L, edges).sum()) + inner
+
+
+def _flops(s: Shape, block: int = 64, window_blocks: int = 3, global_blocks: int = 2, random_blocks: int = 3) -> float:
+    L = layout(s.Nq, s.causal, block, window_blocks, global_blocks, random_blocks)
+    return 4.0 * s.bh * _visible(s, L) * s.D
+
+
+def _executed_flops(s: Shape, block: int = 64, window_blocks: int = 3, global_blocks: int = 2,
+                    random_blocks: int = 3) -> float:
+    """Every non-global query block, padded to b rows, against its K gathered blocks (masked slots included),
+    and the global rows against all n keys."""
+    L = layout(s.Nq, s.causal, block, window_blocks, global_blocks, random_blocks)
+    return 4.0 * s.bh * s.D * ((L.nb - L.g) * L.b * L.keys * L.b + min(L.g * L.b, s.Nq) * s.Nq)
+
+
+def _memory(s: Shape, block: int = 64, window_blocks: int = 3, global_blocks: int = 2,
+            random_blocks: int = 3) -> float:
+    """The output beside the larger of the first chunk of query blocks (`_chunk`) and the global rows
+    (`dense_rows_memory`). A chunk of c blocks, rows = c·b, S = K·b: the blocked keys and values when n % b ≠ 0
+    (zero-padded copies), the key-block table, the chunk's token positions, mask and bias ((rows, S) causal,
+    else (c, S)), its queries (a zero-padded copy), its gathered keys and values (c·S·D each)
+    and what the fused kernel allocates (the sdpa spec's prediction for that call)."""
+    L = layout(s.Nq, s.causal, block, window_blocks, global_blocks, random_blocks)
+    out = s.bh * s.Nq * s.D * s.elem
+    G = min(L.g * L.b, s.Nq)
+    dense = dense_rows_memory(s.B, s.H, s.Nq, s.D, s.dtype, G, s.causal)
+    if L.g == L.nb:
+        return out + dense
+    span = L.keys * L.b
+    c = min(chunk_blocks(s.bh, L.b, span), L.nb - L.g)
+    padded = L.nb * L.b != s.Nq
+    blocked = 2 * s.bh * L.nb * L.b * s.D * s.elem if padded else 0
+    table = (L.nb - L.g) * L.keys * 8
+    mask = (c * L.b if s.causal else c) * span
+    positions = 8 * (c * span + c * L.b + c * L.keys)  # key tokens, query positions, block indices
+    queries = s.bh * c * L.b * s.D * s.elem
+    gathered = 2 * s.bh * c * span * s.D * s.elem
+    fused = SDPA.memory_bytes(Shape(s.bh, c, L.b, span, s.D, s.dtype))
+    chunk = blocked + table + positions + mask * (1 + s.elem) + queries + gathered + fused
+    return out + max(chunk, dense)
+
+
+SPEC = MechanismSpec(
+    key="bigbird",
+    label="BigBird (block sparse)",
+    fn=bigbird_attention,
+    description="Blocks of tokens see a window of neighbouring blocks, a few global blocks and a few random "
+                "blocks: exact on that sparse pattern, O(n) in time and memory.",
+    paper="Zaheer et al. 2020, 'Big Bird: Transformers for Longer Sequences', arXiv 2007.14062 (ITC)",
+    params=(Param("block", 64, 1, 1 << 16, "Tokens per block.", log=True, small=lambda n: max(2, n // 8),
+                  tokens=True),
+            Param("window_blocks", 3, 1, 1 << 12, "Consecutive blocks each query block sees, its own in the middle "
+                  "(an even count reaches one block further back; causal: the back half only)."),
+            Param("global_blocks", 2, 0, 1 << 16, "The first g blocks see every key and are seen by every query.",
+                  small=lambda n: 1),
+            Param("random_blocks", 3, 0, 1 << 10, "Random key blocks per query block, drawn (seeded) among those "
+                  "the window and global blocks miss; causal: from the past.", small=lambda n: 1)),
+    exact=True,
+    supports_causal=True,
+    supports_cross=False,
+    time_big_o="O(n·(w + g + r)·b·d)",
+    memory_big_o="O(n·d)",
+    flops=_flops,
+    executed_flops=_executed_flops,
+    memory_bytes=_memory,
+    pattern=_pattern,
+    init_state=init_state,
+    state_keys=("random_table",),
+    regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence; a window, "
+            "a few global and a few random blocks keep only part of it (the dropped mass)."),
+    no_generation="Its random blocks are drawn from the whole sequence's blocks, so each new block changes "
+                  "the draw of every block before it: there is no cache a step can extend.",
+)

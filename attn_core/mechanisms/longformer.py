@@ -1,0 +1,148 @@
+"""Longformer attention: a sliding window plus global tokens that see, and are seen by, every position
+(Beltagy, Peters and Cohan 2020, 'Longformer: The Long-Document Transformer', arXiv 2004.05150)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import masks
+from ..spec import MechanismSpec, Param, Shape
+from ._banded import Extra, banded_attention, banded_flops, banded_memory, dense_rows, dense_rows_memory
+from ._common import checked_shape, trusted
+from .sliding_window import tile
+
+
+def longformer_attention(q, k, v, *, causal: bool = False, window: int = 256, global_tokens: int = 2,
+                         global_positions: torch.Tensor | None = None):
+    """Exact attention where query i sees key j iff |i − j| ≤ window, or i or j is a global position (causal:
+    and j ≤ i, so a global token sees only the past and a query sees a global key only at j ≤ i).
+
+    The global positions are the first `global_tokens` (g) unless `global_positions` lists min(g, n) distinct
+    ones. q, k, v (B, H, n, D) → (B, H, n, D); any n. Every block of queries attends to its band of keys (as in
+    `sliding_window`) and the g global keys in one masked softmax, a global key inside the band counted once, fused
+    by PyTorch's kernel; then the g global rows attend densely to all n keys, written over theirs (`dense_rows`).
+    No n×n tensor: O(n·(w + g)·D) time, O(n·D) memory (the band in chunks, the global rows in slabs).
+    """
+    s = checked_shape(SPEC, q, k, v, causal, window=window, global_tokens=global_tokens)
+    n = s.Nq
+    positions = _positions(n, global_tokens, global_positions, q.device)
+    pattern = _pattern(causal, window, global_tokens, positions)
+    # every token global: dense attention alone
+    out = q.new_empty(q.shape) if len(positions) == n else _band_rows(q, k, v, causal, window, positions, pattern)
+    dense_rows(q, k, v, out, positions, causal)
+    return out
+
+
+def _band_rows(q, k, v, causal: bool, window: int, positions: torch.Tensor, pattern: masks.Pattern) -> torch.Tensor:
+    """Every row against its band and the global keys (the global rows too, replaced afterwards); the global keys'
+    copies die on return, before the global rows are made."""
+    extra = (Extra(k.index_select(2, positions), v.index_select(2, positions), positions, pattern)
+             if len(positions) else None)
+    return banded_attention(q, k, v, pattern=_band(causal, window), block=tile(window, q.shape[-2]), left=window,
+                            right=0 if causal else window, extra=extra)
+
+
+def _positions(n: int, global_tokens: int, given: torch.Tensor | None, device) -> torch.Tensor:
+    """The global positions as a LongTensor on `device`: the first min(g, n), or `given`, checked (outside the
+    engine's timed region) to hold min(g, n) distinct positions in [0, n)."""
+    g = min(global_tokens, n)
+    if given is None:
+        return torch.arange(g, device=device)
+    if not trusted():
+        if not isinstance(given, torch.Tensor) or given.dim() != 1 or given.is_floating_point() or given.is_complex():
+            raise ValueError("global_positions must be a 1-D integer tensor of sequence positions, e.g. "
+                             "torch.tensor([0, 100])")
+        if len(given) != g:
+            raise ValueError(f"global_positions lists {len(given)} positions but global_tokens = {global_tokens} "
+                             f"at n = {n} asks for {g}; set global_tokens={len(given)}")
+        if len(given) and (int(given.min()) < 0 or int(given.max()) >= n or len(torch.unique(given)) != len(given)):
+            raise ValueError(f"global_positions must be distinct positions in [0, {n}), got {given.tolist()}")
+    return given.to(device=device, dtype=torch.long)
+
+
+def _band(causal: bool, window: int) -> masks.Pattern:
+    return masks.sliding_window(window) & masks.causal if causal else masks.sliding_window(window)
+
+
+def _pattern(causal: bool, window: int = 256, global_tokens: int = 2,
+             global_positions: torch.Tensor | None = None) -> masks.Pattern:
+    """|i − j| ≤ window, or i or j global (the first `global_tokens`, or `global_positions`); causal: and j ≤ i."""
+    glob = masks.global_tokens(global_tokens if global_positions is None else global_positions)
+    both = masks.sliding_window(window) | glob
+    return both & masks.causal if causal else both
+
+
+def _capped_sum(m: int, cap: int) -> int:
+    """Σ_{u=0}^{m−1} min(u, cap); 0 for m ≤ 0."""
+    if m <= 0:
+        return 0
+    if m <= cap + 1:
+        return m * (m - 1) // 2
+    return cap * (cap + 1) // 2 + (m - cap - 1) * cap
+
+
+def _visible(s: Shape, window: int, global_tokens: int) -> int:
+    """Σ over queries of the keys each sees, the first g positions global. A row i ≥ G (G = min(g, n)) sees
+    min(i, w) + 1 window keys back and itself (+ min(n − 1 − i, w) ahead unless causal) and the globals p with
+    p < i − w, outside its window: clip(i − w, 0, G). A global row sees all n keys (causal: p + 1)."""
+    n, w, G = s.Nq, window, min(global_tokens, s.Nq)
+    rows = n - G
+    band = _capped_sum(n, w) - _capped_sum(G, w) + rows + (0 if s.causal else _capped_sum(rows, w))
+    beyond = _capped_sum(n - w, G) - _capped_sum(G - w, G)
+    return (G * (G + 1) // 2 if s.causal else G * n) + band + beyond
+
+
+def _flops(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
+    return 4.0 * s.bh * _visible(s, window, global_tokens) * s.D
+
+
+def _executed_flops(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
+    """The band (as sliding_window, every padded block against its S keys), every padded block against the G
+    global keys, and the G global rows against all n keys (causal too: the future is masked after)."""
+    n, G = s.Nq, min(global_tokens, s.Nq)
+    rows = 4.0 * s.bh * G * n * s.D
+    if G == n:
+        return rows
+    block = tile(window, n)
+    band = banded_flops(s.bh, n, s.D, block=block, left=window, right=0 if s.causal else window)
+    return band + 4.0 * s.bh * math.ceil(n / block) * block * G * s.D + rows
+
+
+def _memory(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
+    """The larger of the band's peak (`banded_memory` with G extra keys) and the global rows' beside the output
+    (`dense_rows_memory`)."""
+    n, G = s.Nq, min(global_tokens, s.Nq)
+    band = 0 if G == n else banded_memory(s.bh, n, s.D, s.elem, block=tile(window, n), left=window,
+                                         right=0 if s.causal else window, extra=G, dtype=s.dtype)
+    return max(band, s.bh * n * s.D * s.elem + dense_rows_memory(s.B, s.H, n, s.D, s.dtype, G, s.causal))
+
+
+SPEC = MechanismSpec(
+    key="longformer",
+    label="Longformer (window + global)",
+    fn=longformer_attention,
+    description="A sliding window of ±w neighbours plus g global tokens that attend to, and are attended by, "
+                "every position: exact, O(n·(w + g)).",
+    paper="Beltagy, Peters and Cohan 2020, 'Longformer: The Long-Document Transformer', arXiv 2004.05150",
+    params=(Param("window", 256, 0, 1 << 20, "Keys on each side a query sees (|i − j| ≤ window).", log=True,
+                  small=lambda n: max(1, n // 8), tokens=True),
+            Param("global_tokens", 2, 0, 1 << 20, "Global tokens g: the first g positions (or those given as "
+                  "global_positions) see every key and are seen by every query.", log=True,
+                  small=lambda n: 1 if n < 16 else 2, tokens=True)),
+    exact=True,
+    supports_causal=True,
+    supports_cross=False,
+    time_big_o="O(n·(w + g)·d)",
+    memory_big_o="O(n·d)",
+    flops=_flops,
+    executed_flops=_executed_flops,
+    memory_bytes=_memory,
+    pattern=_pattern,
+    state_keys=("global_positions",),
+    regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence; the window "
+            "and a few global tokens keep only a sliver of it (the dropped mass)."),
+    no_generation="Its global tokens attend to every position, later ones included, and a causal step would "
+                  "need a ring of the window plus the global entries: this library has no such cache for it "
+                  "yet.",
+)
