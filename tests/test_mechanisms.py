@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import effective
+from attn_core.insight import effective
 from attn_core.mechanisms.linear import feature_map
 from attn_core.mechanisms.performer import favor_features, orthogonal_features
 from attn_core.spec import Shape

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from attn_core import MECHANISMS
+from .. import MECHANISMS
 from ..engine import env
 from ..engine.measure import format_bytes
 from ..mechanisms._common import validated
