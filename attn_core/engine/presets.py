@@ -52,6 +52,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("The O(n log n) middle",
            "Reformer hashes similar tokens into buckets: a sort, n·log n, between softmax's n² and linear's n.",
            (_config(("softmax", "reformer", "linear"), 256, 4096, 5),)),
+    Preset("Long documents",
+           "Longformer's global tokens and BigBird's random blocks cost little on top of the window; the fused "
+           "exact kernel still grows as n².",
+           (_config(("sdpa", "sliding_window", "longformer", "bigbird"), 512, 8192, 5),)),
 )}
 QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short sequences.",
                     (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),))
