@@ -78,7 +78,8 @@ class MultiHeadAttention(nn.Module):
         check_finite(x=x, **({} if context is x else {"context": context}))
         q, v = self._split(self.q_proj(x)), self._split(self.v_proj(context))
         k = q if self.k_proj is None else self._split(self.k_proj(context))
-        shape = Shape(q.shape[0], self.heads, q.shape[2], k.shape[2], q.shape[3], dtype_name(q.dtype), self.causal)
+        shape = Shape(q.shape[0], self.heads, q.shape[2], k.shape[2], q.shape[3], dtype=dtype_name(q.dtype),
+                      causal=self.causal)
         out = self.spec.fn(q, k, v, causal=self.causal, **self.params, **self._mechanism_state(shape, q))
         B, H, N, D = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, N, H * D))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -29,6 +29,7 @@ class Shape:
     Nq: int
     Nk: int
     D: int
+    _: KW_ONLY  # the five sizes in the tensors' order; what they hold and the mask by name
     dtype: str = "float32"
     causal: bool = False
 
@@ -52,7 +53,7 @@ class Shape:
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> "Shape":
         B, H, Nq, D = q.shape
-        return cls(B, H, Nq, k.shape[-2], D, dtype_name(q.dtype), causal)
+        return cls(B, H, Nq, k.shape[-2], D, dtype=dtype_name(q.dtype), causal=causal)
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,7 @@ def test_the_state_of_half_precision_tokens_is_summed_in_float32():
     out, cache = gen.prefill("linear", q[:, :, :10], k[:, :, :10], v[:, :, :10])
     o, cache = gen.step("linear", q[:, :, 10:11], k[:, :, 10:11], v[:, :, 10:11], cache)
     assert out.dtype == o.dtype == torch.float16 and cache.kv.dtype == torch.float32
-    assert cache.nbytes == gen.cache_bytes("linear", Shape(B, H, 11, 11, D, "float16"))
+    assert cache.nbytes == gen.cache_bytes("linear", Shape(B, H, 11, 11, D, dtype="float16"))
 
 
 @pytest.mark.parametrize("key", CANNOT)

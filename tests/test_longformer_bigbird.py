@@ -253,7 +253,7 @@ def test_useful_flops_count_the_patterns_cells(key, n, causal, params):
 def test_spec_memory_matches_a_traced_peak_off_the_defaults(key, params, causal):
     """As tests/test_mechanisms.py does at the defaults: within 2% of the allocator's records, B=2, H=3, n=3000."""
     spec = ac.get(key)
-    shape = Shape(2, 3, 3000, 3000, 40, "float32", causal)
+    shape = Shape(2, 3, 3000, 3000, 40, dtype="float32", causal=causal)
     q, k, v = qkv(3000, B=2, H=3, D=40)
     state = ac.make_state(key, shape, **params)
     with torch.inference_mode():

@@ -277,7 +277,7 @@ def test_spec_costs_are_positive_and_grow_as_stated(key, causal):
     for p in spec.params:
         assert p.low <= p.default <= p.high
         p.check(p.default)
-    shape = lambda n: Shape(1, 8, n, n, 64, "float32", causal)  # noqa: E731
+    shape = lambda n: Shape(1, 8, n, n, 64, dtype="float32", causal=causal)  # noqa: E731
     flops = [spec.flops(shape(n), **spec.defaults) for n in (4096, 32768)]
     mem = [spec.memory_bytes(shape(n), **spec.defaults) for n in (32768, 262144)]
     assert min(flops + mem) > 0
@@ -355,7 +355,7 @@ def test_spec_memory_matches_an_independent_allocator_reading(key, causal, dtype
     spec = ac.get(key)
     if causal and not spec.supports_causal:
         pytest.skip(f"{key} is not causal")
-    shape = Shape(2, 3, 3000, 3000, 40, dtype, causal)
+    shape = Shape(2, 3, 3000, 3000, 40, dtype=dtype, causal=causal)
     q, k, v = qkv(3000, B=2, H=3, D=40, dtype=getattr(torch, dtype))
     state = ac.make_state(key, shape, dtype=getattr(torch, dtype))
     with torch.inference_mode():

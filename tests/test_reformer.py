@@ -181,7 +181,7 @@ def test_no_quadratic_tensor_at_16k_tokens(causal):
     4 rounds × n × 2c, the gathered values and the unnormalised output) and under 10% of one n×n float32 matrix."""
     n = 16384
     q, k, v = qkv(n, H=1, D=64, dtype=torch.float32)
-    shape = Shape(1, 1, n, n, 64, "float32", causal)
+    shape = Shape(1, 1, n, n, 64, dtype="float32", causal=causal)
     st = ac.make_state("reformer", shape)
     with torch.inference_mode():
         peak = trace_peak_bytes(lambda: SPEC.fn(q, k, v, causal=causal, **st))

@@ -36,7 +36,7 @@ def thunk(key: str, params: dict, n: int, args: argparse.Namespace) -> Callable[
     spec = MECHANISMS[key]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, generator=g).to(args.device) for _ in range(3))
-    shape = Shape(args.batch, args.heads, n, n, args.head_dim, "float32", args.causal)
+    shape = Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=args.causal)
     spec.check(shape, params)
     state = {} if spec.init_state is None else spec.init_state(shape, args.device, torch.float32, seed=0, **params)
 
@@ -86,7 +86,7 @@ def slopes(args: argparse.Namespace) -> None:
             env.release_cached_memory(args.device)
             peak = float(peak_of(call))
             predicted = MECHANISMS[key].memory_bytes(
-                Shape(args.batch, args.heads, n, n, args.head_dim, "float32", args.causal), **LINES[key])
+                Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=args.causal), **LINES[key])
             times[key].append(float(np.median(samples[key])))
             peaks[key].append(peak)
             print(f"  {key:10s} n={n:6d}  {spread([s * 1e3 for s in samples[key]]):>28s} ms   "

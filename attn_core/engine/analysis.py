@@ -94,8 +94,8 @@ def _own_curve(spec: MechanismSpec, metric: str, row: pd.Series) -> tuple[str, C
     big_o = spec.time_big_o if metric == "time_median_s" else spec.memory_big_o
 
     def at(n: int) -> float:
-        shape = Shape(int(row["batch"]), int(row["heads"]), n, n, int(row["head_dim"]), row["dtype"],
-                      bool(row["causal"]))
+        shape = Shape(int(row["batch"]), int(row["heads"]), n, n, int(row["head_dim"]), dtype=row["dtype"],
+                      causal=bool(row["causal"]))
         return float(cost(shape, **params))
     return big_o, at
 

@@ -23,7 +23,7 @@ def shape_for(n: int, *, d_model: int, heads: int, batch: int = 1, dtype: str = 
     """The self-attention Shape of one layer: q, k, v (batch, heads, n, d_model / heads)."""
     if d_model % heads:
         raise ValueError(f"d_model {d_model} is not divisible by {heads} heads; choose a multiple of {heads}")
-    return Shape(batch, heads, n, n, d_model // heads, dtype, causal)
+    return Shape(batch, heads, n, n, d_model // heads, dtype=dtype, causal=causal)
 
 
 def costs(keys: Iterable[str], ns: Iterable[int], *, d_model: int = 512, heads: int = 8, batch: int = 1,

@@ -231,7 +231,7 @@ def _memory(s: Shape, block: int = 64, window_blocks: int = 3, global_blocks: in
     positions = 8 * (c * span + c * L.b + c * L.keys)  # key tokens, query positions, block indices
     queries = s.bh * c * L.b * s.D * s.elem
     gathered = 2 * s.bh * c * span * s.D * s.elem
-    fused = SDPA.memory_bytes(Shape(s.bh, c, L.b, span, s.D, s.dtype))
+    fused = SDPA.memory_bytes(Shape(s.bh, c, L.b, span, s.D, dtype=s.dtype))
     chunk = blocked + table + positions + mask * (1 + s.elem) + queries + gathered + fused
     return out + max(chunk, dense)
 
