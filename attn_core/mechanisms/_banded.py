@@ -43,15 +43,30 @@ def _key_slab(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return F.pad(inside, (0, 0, max(0, -start), max(0, stop - n)))
 
 
+def padding_bias(key_padding_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, Nk, 1) additive key bias: 0, or a quarter of the lowest finite value where the key is padding. With
+    the pattern's floor of half the lowest value the sum stays finite (no −inf, so no NaN); a row whose best score
+    lies below `dead_below` saw no unpadded key."""
+    bias = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
+    return bias.masked_fill_(key_padding_mask, torch.finfo(dtype).min / 4)[:, None, :, None]
+
+
+def dead_below(dtype: torch.dtype) -> float:
+    """Scores (with their biases) below this are masked or padded keys: finite scores are far above it."""
+    return torch.finfo(dtype).min / 8
+
+
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, pattern: Pattern, block: int,
-                     left: int, right: int) -> torch.Tensor:
+                     left: int, right: int, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q Kᵀ/√D masked by `pattern`) V for self-attention, q, k, v (B, H, n, D) → (B, H, n, D).
 
     Query block β (rows [β·block, (β+1)·block)) may only see keys in [β·block − left, (β+1)·block + right): a
     window of S = left + block + right keys taken as a strided view. Within it the allowed cells are the same for
     every block (the pattern is invariant under shifts by `block`), so one (block, S) mask serves all; keys
     outside [0, n) are masked per block. Chunks of query blocks bound the workspace to about CHUNK_ELEMS scores.
-    O(n·S·D) time, O(n·D) memory.
+    O(n·S·D) time, O(n·D) memory. `key_padding_mask` (B, n) boolean, True where the key is padding: a per-key bias
+    (`padding_bias`), cut into windows as the keys are, is added to each block's scores; a query that sees no
+    unpadded key outputs zeros. No n×n tensor either way.
     """
     B, H, n, D = q.shape
     span = left + block + right
@@ -64,14 +79,16 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     inner_bias = torch.zeros(block, span, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min / 2)
     out = q.new_empty(B, H, n, D)
     step = chunk_blocks(B * H, block, span)
+    pad = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype)
     for first in range(0, n_blocks, step):
         c = min(step, n_blocks - first)
         qs, qe = first * block, min(n, (first + c) * block)
-        out[:, :, qs:qe] = _chunk(q, k, v, qs, c, block, left, right, inner_bias)[:, :, : qe - qs]
+        out[:, :, qs:qe] = _chunk(q, k, v, qs, c, block, left, right, inner_bias, pad)[:, :, : qe - qs]
     return out
 
 
-def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bias: torch.Tensor) -> torch.Tensor:
+def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bias: torch.Tensor,
+           pad: torch.Tensor | None = None) -> torch.Tensor:
     """Output rows [qs, qs + c·block) of banded_attention, (B, H, c·block, D); its temporaries die on return."""
     B, H, n, D = q.shape
     span = inner_bias.shape[-1]
@@ -83,5 +100,10 @@ def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bi
     if ks < 0 or ke > n:  # edge chunk: mask the zero-padded keys
         pos = ks + block * torch.arange(c, device=q.device)[:, None, None] + torch.arange(span, device=q.device)
         bias = inner_bias.masked_fill((pos < 0) | (pos >= n), torch.finfo(q.dtype).min / 2)  # (c, block, S)
-    p = torch.softmax((qc.view(B, H, c, block, D) @ kw).add_(bias), dim=-1)  # (B, H, c, block, S)
-    return (p @ vw.transpose(-1, -2)).view(B, H, c * block, D)
+    s = (qc.view(B, H, c, block, D) @ kw).add_(bias)  # (B, H, c, block, S)
+    if pad is None:
+        return (torch.softmax(s, dim=-1) @ vw.transpose(-1, -2)).view(B, H, c * block, D)
+    s.add_(_key_slab(pad, ks, ke).unfold(2, span, block))  # (B, 1, c, 1, S): the padding of each block's keys
+    dead = s.amax(-1, keepdim=True) < dead_below(s.dtype)
+    out = torch.softmax(s, dim=-1) @ vw.transpose(-1, -2)
+    return out.masked_fill_(dead, 0.0).view(B, H, c * block, D)
