@@ -100,10 +100,12 @@ def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bi
     if ks < 0 or ke > n:  # edge chunk: mask the zero-padded keys
         pos = ks + block * torch.arange(c, device=q.device)[:, None, None] + torch.arange(span, device=q.device)
         bias = inner_bias.masked_fill((pos < 0) | (pos >= n), torch.finfo(q.dtype).min / 2)  # (c, block, S)
-    s = (qc.view(B, H, c, block, D) @ kw).add_(bias)  # (B, H, c, block, S)
-    if pad is None:
-        return (torch.softmax(s, dim=-1) @ vw.transpose(-1, -2)).view(B, H, c * block, D)
+    if pad is None:  # no named scores: they die inside softmax, as the memory prediction assumes
+        p = torch.softmax((qc.view(B, H, c, block, D) @ kw).add_(bias), dim=-1)  # (B, H, c, block, S)
+        return (p @ vw.transpose(-1, -2)).view(B, H, c * block, D)
+    s = (qc.view(B, H, c, block, D) @ kw).add_(bias)
     s.add_(_key_slab(pad, ks, ke).unfold(2, span, block))  # (B, 1, c, 1, S): the padding of each block's keys
     dead = s.amax(-1, keepdim=True) < dead_below(s.dtype)
-    out = torch.softmax(s, dim=-1) @ vw.transpose(-1, -2)
-    return out.masked_fill_(dead, 0.0).view(B, H, c * block, D)
+    p = torch.softmax(s, dim=-1)
+    del s
+    return (p @ vw.transpose(-1, -2)).masked_fill_(dead, 0.0).view(B, H, c * block, D)

@@ -24,11 +24,12 @@ def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     """
     checked_shape(SPEC, q, k, v, causal)
     work = work_dtype(v.dtype)  # float32 for half inputs: φ(q)·Σφ(k) overflows float16 (NaN at inputs × 30)
-    phi_k = feature_map(k.to(work))
-    if key_padding_mask is not None:
-        check_key_padding(SPEC, key_padding_mask, q, k)
-        phi_k = phi_k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
-    return linear_attention_core(feature_map(q.to(work)), phi_k, v, causal)
+    if key_padding_mask is None:
+        return linear_attention_core(feature_map(q.to(work)), feature_map(k.to(work)), v, causal)
+    check_key_padding(SPEC, key_padding_mask, q, k)
+    phi_q = feature_map(q.to(work))
+    return linear_attention_core(phi_q, feature_map(k.to(work)).masked_fill_(key_padding_mask[:, None, :, None], 0.0),
+                                 v, causal)
 
 
 def _effective(q, k, v, causal: bool, state: dict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -94,11 +94,12 @@ def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, p
     shape = checked_shape(SPEC, q, k, v, causal, features=features)
     w = _projection(shape, v, features, projection, seed)
     if key_padding_mask is None:
-        phi_k = favor_features(k.to(w.dtype), w, is_query=False)
-    else:
-        check_key_padding(SPEC, key_padding_mask, q, k)
-        phi_k = favor_key_features(k.to(w.dtype), w, key_padding_mask=key_padding_mask)[0]
-    return linear_attention_core(favor_features(q.to(w.dtype), w, is_query=True), phi_k, v, causal)
+        return linear_attention_core(favor_features(q.to(w.dtype), w, is_query=True),
+                                     favor_features(k.to(w.dtype), w, is_query=False), v, causal)
+    check_key_padding(SPEC, key_padding_mask, q, k)
+    phi_q = favor_features(q.to(w.dtype), w, is_query=True)  # φ(Q) first, as without a mask
+    return linear_attention_core(phi_q, favor_key_features(k.to(w.dtype), w, key_padding_mask=key_padding_mask)[0],
+                                 v, causal)
 
 
 def _projection(shape: Shape, v: torch.Tensor, features: int, projection: torch.Tensor | None,

@@ -55,13 +55,16 @@ def _chunk(qc, kc, vc, ksum, vsum, bias, pad=None, psum=None):
     c = qc.shape[2]
     keys = torch.cat([kc, ksum[:, :, None].expand(-1, -1, c, -1, -1)], dim=-2)  # (B, H, c, s + m, D)
     values = torch.cat([vc, vsum[:, :, None].expand(-1, -1, c, -1, -1)], dim=-2)
+    if pad is None:  # no named scores: they die inside softmax, as the memory prediction assumes
+        p = torch.softmax(((qc * qc.shape[-1] ** -0.5) @ keys.transpose(-1, -2)).add_(bias), dim=-1)
+        return (p @ values).flatten(2, 3)
     scores = ((qc * qc.shape[-1] ** -0.5) @ keys.transpose(-1, -2)).add_(bias)
-    if pad is None:
-        return (torch.softmax(scores, dim=-1) @ values).flatten(2, 3)
     summaries = psum[:, :, None, None].expand(-1, -1, c, 1, -1)  # (B, 1, c, 1, m)
     scores.add_(torch.cat([pad, summaries], dim=-1))
     dead = scores.amax(-1, keepdim=True) < dead_below(scores.dtype)
-    return (torch.softmax(scores, dim=-1) @ values).masked_fill_(dead, 0.0).flatten(2, 3)
+    p = torch.softmax(scores, dim=-1)
+    del scores
+    return (p @ values).masked_fill_(dead, 0.0).flatten(2, 3)
 
 
 def _bias(blocks: slice, s: int, m: int, n: int, causal: bool, like: torch.Tensor) -> torch.Tensor:
