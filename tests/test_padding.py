@@ -162,10 +162,9 @@ def test_mechanisms_without_padding_refuse_with_a_sentence(key):
     with pytest.raises(ValueError, match=f"{spec.label}".replace("(", r"\(").replace(")", r"\)")
                        + " cannot take a key-padding mask: .+; choose one of"):
         ac.attention(key, q, k, v, key_padding_mask=lengths_mask([37, 20], 37), **SMALL.get(key, {}))
-    if not spec.shared_qk or True:
-        layer = MultiHeadAttention(16, 2, key, **SMALL.get(key, {}))
-        with pytest.raises(ValueError, match="cannot take a key-padding mask"):
-            layer(torch.randn(2, 37, 16), key_padding_mask=lengths_mask([37, 20], 37))
+    layer = MultiHeadAttention(16, 2, key, **SMALL.get(key, {}))
+    with pytest.raises(ValueError, match="cannot take a key-padding mask"):
+        layer(torch.randn(2, 37, 16), key_padding_mask=lengths_mask([37, 20], 37))
 
 
 @pytest.mark.parametrize("key", PADDED)
