@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from .mechanisms import MECHANISMS
-from .mechanisms._common import check_finite, check_qkv
+from .mechanisms._common import check_finite, check_key_padding, check_qkv
 from .spec import MechanismSpec, Shape
 
 
@@ -30,13 +30,22 @@ def make_state(key: str, shape: Shape, device=None, dtype=torch.float32, *, seed
 
 
 def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              **params: Any) -> torch.Tensor:
+              key_padding_mask: torch.Tensor | None = None, **params: Any) -> torch.Tensor:
     """Run mechanism `key` on q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D) with its keyword parameters.
-    NaN or inf in q, k or v is refused here (`check_finite`), outside the timed mechanism function."""
+    NaN or inf in q, k or v is refused here (`check_finite`), outside the timed mechanism function.
+
+    `key_padding_mask`: a boolean (B, Nk) tensor on k's device, True where the key is padding (variable lengths in
+    a batch; torch.nn.MultiheadAttention's convention), e.g. torch.arange(Nk) >= lengths[:, None]. Padded keys get
+    no weight, combined with the mechanism's own pattern and causality; a query that sees no unpadded key (a batch
+    element all padding, or causal attention before its first real key) outputs zeros. Mechanisms whose spec has
+    `padding` take it; the others refuse it with a sentence saying why."""
     spec = get(key)
     # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
     takes_mask = "mask" in inspect.signature(spec.fn).parameters
     spec.check_params(params, extra=(*spec.state_keys, "seed", *(("mask",) if takes_mask else ())))
     check_qkv(q, k, v)
     check_finite(q=q, k=k, v=v)
-    return spec.fn(q, k, v, causal=causal, **params)
+    if key_padding_mask is None:
+        return spec.fn(q, k, v, causal=causal, **params)
+    check_key_padding(spec, key_padding_mask, q, k)
+    return spec.fn(q, k, v, causal=causal, key_padding_mask=key_padding_mask, **params)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .api import get, make_state
-from .mechanisms._common import check_finite
+from .mechanisms._common import check_finite, check_key_padding
 from .spec import Shape, dtype_name
 
 
@@ -68,7 +68,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"{name} has dtype {t.dtype} but this layer's weights are {dtype}; convert the input "
                              f"with {name}.to({dtype}){other}")
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
+                key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, Nq, d_model), context (B, Nk, d_model) or None (self-attention) → (B, Nq, d_model).
+        `key_padding_mask`: boolean (B, Nk), True where a context token is padding (torch.nn.MultiheadAttention's
+        convention); see attn_core.attention. Refused with a sentence by a mechanism without spec.padding."""
         context = x if context is None else context
         for name, t in (("x", x), ("context", context)):
             self._check_input(name, t)
@@ -80,6 +84,10 @@ class MultiHeadAttention(nn.Module):
         k = q if self.k_proj is None else self._split(self.k_proj(context))
         shape = Shape(q.shape[0], self.heads, q.shape[2], k.shape[2], q.shape[3], dtype=dtype_name(q.dtype),
                       causal=self.causal)
-        out = self.spec.fn(q, k, v, causal=self.causal, **self.params, **self._mechanism_state(shape, q))
+        padding = {}
+        if key_padding_mask is not None:
+            check_key_padding(self.spec, key_padding_mask, q, v)
+            padding = {"key_padding_mask": key_padding_mask}
+        out = self.spec.fn(q, k, v, causal=self.causal, **self.params, **self._mechanism_state(shape, q), **padding)
         B, H, N, D = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, N, H * D))

@@ -143,6 +143,10 @@ class MechanismSpec:
     its limit, and why; `accuracy_note`: a sentence shown beside its errors.
     `shared_qk`: the keys are the queries themselves (Reformer's shared query-key space): the function never reads
     k, and a MultiHeadAttention gives it no key projection.
+    `padding`: the function takes `key_padding_mask=`, a boolean (B, Nk) tensor, True where a key is padding (the
+    convention of torch.nn.MultiheadAttention): padded keys get no weight, as if the sequence ended before them, and a
+    query that sees no unpadded key outputs zeros. None (the default) costs nothing. `no_padding`: where it is False,
+    the sentence saying why the mechanism cannot take one.
     """
 
     key: str
@@ -170,6 +174,8 @@ class MechanismSpec:
     generation: Generation | None = None
     no_generation: str = ""
     shared_qk: bool = False
+    padding: bool = False
+    no_padding: str = ""
 
     @property
     def defaults(self) -> dict[str, int | float]:

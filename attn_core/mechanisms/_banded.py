@@ -67,8 +67,22 @@ def _key_slab(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return F.pad(inside, (0, 0, max(0, -start), max(0, stop - n)))
 
 
+def padding_bias(key_padding_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, Nk, 1) additive key bias: 0, or a quarter of the lowest finite value where the key is padding. With
+    the pattern's floor of half the lowest value the sum stays finite (no −inf, so no NaN); a row whose best score
+    lies below `dead_below` saw no unpadded key."""
+    bias = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
+    return bias.masked_fill_(key_padding_mask, torch.finfo(dtype).min / 4)[:, None, :, None]
+
+
+def dead_below(dtype: torch.dtype) -> float:
+    """Scores (with their biases) below this are masked or padded keys: finite scores are far above it."""
+    return torch.finfo(dtype).min / 8
+
+
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, pattern: Pattern, block: int,
-                     left: int, right: int, extra: Extra | None = None) -> torch.Tensor:
+                     left: int, right: int, extra: Extra | None = None,
+                     key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q Kᵀ/√D masked by `pattern`) V for self-attention, q, k, v (B, H, n, D) → (B, H, n, D).
 
     Query block β (rows [β·block, (β+1)·block)) may only see keys in [β·block − left, (β+1)·block + right): a
@@ -76,7 +90,9 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     every block (the pattern is invariant under shifts by `block`), so one (block, S) mask serves all; keys
     outside [0, n) are masked per block. Chunks of query blocks bound the workspace to about CHUNK_ELEMS scores.
     O(n·S·D) time, O(n·D) memory. `extra` adds g keys every block is scored against too, in the same softmax
-    (`_merged`): O(n·(S + g)·D) time.
+    (`_merged`): O(n·(S + g)·D) time. `key_padding_mask` (B, n) boolean, True where the key is padding (not with
+    `extra`): a per-key bias (`padding_bias`), cut into windows as the keys are, is added to each block's scores; a
+    query that sees no unpadded key outputs zeros. No n×n tensor either way.
     """
     B, H, n, D = q.shape
     span = left + block + right
@@ -89,15 +105,17 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     inner_bias = torch.zeros(block, span, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min / 2)
     out = q.new_empty(B, H, n, D)
     step = chunk_blocks(B * H, block, span + (0 if extra is None else len(extra.positions)))
+    pad = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype)
     for first in range(0, n_blocks, step):
         c = min(step, n_blocks - first)
         qs, qe = first * block, min(n, (first + c) * block)
-        out[:, :, qs:qe] = _chunk(q, k, v, qs, c, block, left, right, inner_bias, pattern, extra)[:, :, : qe - qs]
+        out[:, :, qs:qe] = _chunk(q, k, v, qs, c, block, left, right, inner_bias, pattern, extra,
+                                  pad)[:, :, : qe - qs]
     return out
 
 
 def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bias: torch.Tensor, pattern: Pattern,
-           extra: Extra | None) -> torch.Tensor:
+           extra: Extra | None, pad: torch.Tensor | None = None) -> torch.Tensor:
     """Output rows [qs, qs + c·block) of banded_attention, (B, H, c·block, D); its temporaries die on return."""
     B, H, n, D = q.shape
     span = inner_bias.shape[-1]
@@ -111,8 +129,15 @@ def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bi
         bias = inner_bias.masked_fill((pos < 0) | (pos >= n), torch.finfo(q.dtype).min / 2)  # (c, block, S)
     if extra is not None:
         return _merged(qc, kw, vw, bias, qs, pattern, extra)
-    p = torch.softmax((qc.view(B, H, c, block, D) @ kw).add_(bias), dim=-1)  # (B, H, c, block, S)
-    return (p @ vw.transpose(-1, -2)).view(B, H, c * block, D)
+    if pad is None:  # no named scores: they die inside softmax, as the memory prediction assumes
+        p = torch.softmax((qc.view(B, H, c, block, D) @ kw).add_(bias), dim=-1)  # (B, H, c, block, S)
+        return (p @ vw.transpose(-1, -2)).view(B, H, c * block, D)
+    s = (qc.view(B, H, c, block, D) @ kw).add_(bias)
+    s.add_(_key_slab(pad, ks, ke).unfold(2, span, block))  # (B, 1, c, 1, S): the padding of each block's keys
+    dead = s.amax(-1, keepdim=True) < dead_below(s.dtype)
+    p = torch.softmax(s, dim=-1)
+    del s
+    return (p @ vw.transpose(-1, -2)).masked_fill_(dead, 0.0).view(B, H, c * block, D)
 
 
 def _merged(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Tensor, qs: int, pattern: Pattern,

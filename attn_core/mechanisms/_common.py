@@ -83,6 +83,39 @@ def checked_shape(spec: MechanismSpec, q: torch.Tensor, k: torch.Tensor, v: torc
     return shape
 
 
+def check_key_padding(spec: MechanismSpec, mask: Any, q: torch.Tensor, k: torch.Tensor) -> None:
+    """ValueError with a sentence unless `spec` takes a key-padding mask and `mask` is one for these inputs: a boolean
+    (B, Nk) tensor on k's device, True where the key is padding. Skipped inside `validated()`. Callers call it only
+    when a mask is given, so the default None costs nothing."""
+    if _VALIDATED.get():
+        return
+    if not spec.padding:
+        from . import MECHANISMS  # the catalogue imports this module
+
+        takers = ", ".join(key for key, s in MECHANISMS.items() if s.padding)
+        raise ValueError(f"{spec.label} cannot take a key-padding mask: {spec.no_padding or 'it has no masked form'}; "
+                         f"choose one of {takers}, or run each sequence at its own length")
+    B, Nk = k.shape[0], k.shape[-2]
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(f"key_padding_mask must be a boolean tensor of shape (batch, keys) = ({B}, {Nk}), got "
+                         f"{type(mask).__name__}; build it e.g. as torch.arange({Nk}) >= lengths[:, None]")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"key_padding_mask must be boolean (True where the key is padding), got {mask.dtype}; "
+                         f"convert it with mask.bool() if 1 marks padding")
+    if tuple(mask.shape) != (B, Nk):
+        raise ValueError(f"key_padding_mask must have shape (batch, keys) = ({B}, {Nk}), got {tuple(mask.shape)}")
+    if mask.device != k.device:
+        raise ValueError(f"key_padding_mask is on {mask.device} but the keys are on {k.device}; move it with "
+                         f"mask.to({str(k.device)!r})")
+
+
+def first_key(key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) index of each batch element's first unpadded key, Nk where every key is padding."""
+    nk = key_padding_mask.shape[-1]
+    where = torch.arange(nk, device=key_padding_mask.device).masked_fill(key_padding_mask, nk)
+    return where.amin(-1)
+
+
 def scale(d: int) -> float:
     """1/√d, the scaling of 'Attention Is All You Need'."""
     return 1.0 / math.sqrt(d)

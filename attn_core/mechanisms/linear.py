@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from ..spec import Generation, MechanismSpec, Shape
 from ._cache import StateCache
-from ._common import checked_shape, row_normalized
+from ._common import check_key_padding, checked_shape, row_normalized
 from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory, work_dtype
 
 
@@ -14,15 +14,22 @@ def feature_map(x):
     return F.elu(x).add_(1)
 
 
-def linear_attention(q, k, v, *, causal: bool = False):
+def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j), j over all keys (causal: j ≤ i).
 
     q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D). Not softmax: a different, cheaper similarity.
-    O(n·D²) time; O(n·D) memory (causal by chunked prefix sums).
+    O(n·D²) time; O(n·D) memory (causal by chunked prefix sums). `key_padding_mask` (B, Nk) boolean, True where
+    the key is padding: those rows of φ(K) are zeroed, so they add nothing to the numerator or the normaliser, the
+    same as leaving those keys out (exact masking); a query that sees no unpadded key outputs zeros.
     """
     checked_shape(SPEC, q, k, v, causal)
     work = work_dtype(v.dtype)  # float32 for half inputs: φ(q)·Σφ(k) overflows float16 (NaN at inputs × 30)
-    return linear_attention_core(feature_map(q.to(work)), feature_map(k.to(work)), v, causal)
+    if key_padding_mask is None:
+        return linear_attention_core(feature_map(q.to(work)), feature_map(k.to(work)), v, causal)
+    check_key_padding(SPEC, key_padding_mask, q, k)
+    phi_q = feature_map(q.to(work))
+    return linear_attention_core(phi_q, feature_map(k.to(work)).masked_fill_(key_padding_mask[:, None, :, None], 0.0),
+                                 v, causal)
 
 
 def _effective(q, k, v, causal: bool, state: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +84,7 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     effective=_effective,
+    padding=True,
     regime=("gentle", "peaky", "elu(x) + 1 is a smooth, positive kernel: it cannot put nearly all of a query's "
             "weight on a few keys, as softmax does when scores spread widely."),
     generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),

@@ -6,7 +6,7 @@ import math
 import torch
 
 from ..spec import MechanismSpec, Param, Shape
-from ._common import checked_shape, scale
+from ._common import check_key_padding, checked_shape, scale
 
 
 def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, rank: int = 256) -> dict:
@@ -19,12 +19,18 @@ def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0,
 
 
 def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, rank: int = 256,
-                        E: torch.Tensor | None = None, F: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
+                        E: torch.Tensor | None = None, F: torch.Tensor | None = None, seed: int = 0,
+                        key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q (E K)ᵀ/√D) (F V): attention over `rank` projected keys instead of Nk.
 
     q (B, H, Nq, D), k, v (B, H, Nk, D), E and F (rank, Nk), shared by batch and heads → (B, H, Nq, D).
     Projections absent are drawn here from `seed` (pass them from `init_state` to time the kernel alone).
     Not causal: E mixes every position into every projected key. O(n·rank·d) time, O(n·rank) memory.
+    `key_padding_mask` (B, Nk) boolean, True where the key is padding: the padded rows of K and V are zeroed before
+    E and F project them, so padding adds nothing to any projected key or value and the result is Linformer on the
+    unpadded keys with the columns of E and F for their positions. Masking inside the softmax cannot work here, as
+    each projected key mixes all positions; zeroing first is the usual practice. A batch element with every key
+    padded projects to zero keys and values and outputs zeros.
     """
     shape = checked_shape(SPEC, q, k, v, causal, rank=rank)
     if E is None or F is None:
@@ -33,6 +39,10 @@ def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     for name, p in (("E", E), ("F", F)):
         if p.shape != (rank, shape.Nk):
             raise ValueError(f"{name} must have shape (rank, Nk) = ({rank}, {shape.Nk}), got {tuple(p.shape)}")
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
+        keep = ~key_padding_mask[:, None, :, None]
+        k, v = k * keep, v * keep
     kp, vp = E @ k, F @ v  # (B, H, rank, D)
     return torch.softmax((q * (1.0 / math.sqrt(shape.D))) @ kp.transpose(-2, -1), dim=-1) @ vp  # via (B, H, Nq, rank)
 
@@ -77,6 +87,7 @@ SPEC = MechanismSpec(
     state_keys=("E", "F"),
     effective=_effective,
     projected="rank",
+    padding=True,
     pull_back=_pull_back,
     accuracy_note="Linformer's projections E and F are random here, as at initialisation; the paper learns them. "
                   "These are the errors of an untrained Linformer.",

@@ -8,21 +8,26 @@ from .. import masks
 from ..spec import Generation, MechanismSpec, Param, Shape
 from ._banded import banded_attention, banded_flops, banded_memory
 from ._cache import KVCache, attend, kv_bytes
-from ._common import checked_shape
+from ._common import check_key_padding, checked_shape
 
 
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, block: int = 128,
-                    lookback: int = 1, lookahead: int = 1) -> torch.Tensor:
+                    lookback: int = 1, lookahead: int = 1,
+                    key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention where query i sees key j iff −lookback ≤ ⌊j/block⌋ − ⌊i/block⌋ ≤ lookahead
     (causal: lookahead is 0 and j ≤ i).
 
     q, k, v (B, H, n, D) → (B, H, n, D); any n (the last block may be partial). Computed block by block against a
     strided view of (lookback + 1 + lookahead)·block keys. O(n·block·d) time, O(n·d) memory.
+    `key_padding_mask` (B, n) boolean, True where the key is padding: those keys get no weight (a query whose
+    blocks hold only padding outputs zeros).
     """
     s = checked_shape(SPEC, q, k, v, causal, block=block, lookback=lookback, lookahead=lookahead)
     b, back, ahead = _reach(s, block, lookback, lookahead)
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
     return banded_attention(q, k, v, pattern=_pattern(causal, b, back, ahead), block=b, left=back * b,
-                            right=ahead * b)
+                            right=ahead * b, key_padding_mask=key_padding_mask)
 
 
 def _pattern(causal: bool, block: int = 128, lookback: int = 1, lookahead: int = 1) -> masks.Pattern:
@@ -99,6 +104,7 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=_pattern,
+    padding=True,
     regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
             "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
     generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),

@@ -8,7 +8,7 @@ import torch
 
 from ..spec import Generation, MechanismSpec, Param, Shape
 from ._cache import StateCache
-from ._common import checked_shape, row_normalized
+from ._common import check_key_padding, checked_shape, row_normalized
 from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory, work_dtype
 
 
@@ -50,16 +50,22 @@ def favor_features(x: torch.Tensor, projection: torch.Tensor, *, is_query: bool)
     return proj.sub_(shift).exp_()  # in place to spare memory
 
 
-def favor_key_features(x: torch.Tensor, projection: torch.Tensor,
-                       floor: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def favor_key_features(x: torch.Tensor, projection: torch.Tensor, floor: torch.Tensor | None = None,
+                       key_padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`favor_features` of keys x (B, H, N, D) → (B, H, N, m), and the stabilizer c they share, (B, H, 1, 1) float64:
     the largest exponent max_m w·x' − |x'|²/2 over these keys of a head, or `floor` where that is larger.
-    Generation passes the c of the keys so far as `floor`, so that a new key's features share their scale."""
+    Generation passes the c of the keys so far as `floor`, so that a new key's features share their scale.
+    `key_padding_mask` (B, N), True where the key is padding: its exponent is −inf, so it neither sets c (a large
+    padded key would otherwise push the real keys' features towards underflow) nor has features (exp(−inf) = 0)."""
     xs = x * x.shape[-1] ** -0.25
     proj = xs @ projection.T  # (B, H, N, m)
     top = proj.detach().amax(-1, keepdim=True)  # (B, H, N, 1): max_m w·x'
     per_key = top.double() - half_squared_norm(xs)  # each key's largest exponent, in float64
+    if key_padding_mask is not None:
+        per_key = per_key.masked_fill(key_padding_mask[:, None, :, None], float("-inf"))
     offset = per_key.detach().amax((-2, -1), keepdim=True)
+    if key_padding_mask is not None:  # every key padded: c = 0, any finite value would do
+        offset = offset.masked_fill(offset == float("-inf"), 0.0)
     if floor is not None:
         offset = torch.maximum(offset, floor)
     # exponent offset per key −|x'|²/2 + max_m w·x' − c ≤ 0, with the 1/√m folded in
@@ -73,18 +79,27 @@ def half_squared_norm(x: torch.Tensor) -> torch.Tensor:
     return (torch.linalg.vector_norm(x / top, dim=-1, keepdim=True).double() * top.double()).square() / 2
 
 
-def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, projection=None, seed: int = 0):
+def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, projection=None, seed: int = 0,
+                        key_padding_mask=None):
     """FAVOR+ estimate of softmax(QKᵀ/√D)V: linear attention with φ = `favor_features`.
 
     q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D). `projection` (features, D) comes from `init_state`;
     when absent it is drawn here from `seed`. Unbiased for the kernel, error ~ 1/√features. O(n·m·D) time,
     O(n·(m + D)) memory; causal by chunked prefix sums with the same bound. float16/bfloat16 inputs are mapped and
-    summed in float32 (features near exp(−30) vanish in float16), the result cast back.
+    summed in float32 (features near exp(−30) vanish in float16), the result cast back. `key_padding_mask` (B, Nk)
+    boolean, True where the key is padding: those rows of φ(K) are zero and left out of the shared stabilizer, so
+    they add nothing to the numerator or the normaliser, the same as leaving those keys out (exact masking); a
+    query that sees no unpadded key outputs zeros.
     """
     shape = checked_shape(SPEC, q, k, v, causal, features=features)
     w = _projection(shape, v, features, projection, seed)
-    return linear_attention_core(favor_features(q.to(w.dtype), w, is_query=True),
-                                 favor_features(k.to(w.dtype), w, is_query=False), v, causal)
+    if key_padding_mask is None:
+        return linear_attention_core(favor_features(q.to(w.dtype), w, is_query=True),
+                                     favor_features(k.to(w.dtype), w, is_query=False), v, causal)
+    check_key_padding(SPEC, key_padding_mask, q, k)
+    phi_q = favor_features(q.to(w.dtype), w, is_query=True)  # φ(Q) first, as without a mask
+    return linear_attention_core(phi_q, favor_key_features(k.to(w.dtype), w, key_padding_mask=key_padding_mask)[0],
+                                 v, causal)
 
 
 def _projection(shape: Shape, v: torch.Tensor, features: int, projection: torch.Tensor | None,
@@ -179,6 +194,7 @@ SPEC = MechanismSpec(
     init_state=init_state,
     state_keys=("projection",),
     effective=_effective,
+    padding=True,
     regime=("gentle", "gaussian", "FAVOR+ estimates exp(q·k/√D) with random features whose variance grows as "
             "exp(‖q‖² + ‖k‖²)/√D: with unit-variance inputs (‖q‖²/√D = 8 at head dimension 64) a few hundred "
             "features cannot tame it (Choromanski et al. 2020, arXiv 2009.14794, Lemma 2)."),

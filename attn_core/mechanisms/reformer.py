@@ -278,6 +278,9 @@ SPEC = MechanismSpec(
     state_keys=("rotations",),
     effective=_effective,
     shared_qk=True,
+    no_padding="its padding tokens are hashed and sorted with the real ones and take places in the chunks, so even "
+               "with them masked inside the chunks the real tokens see fewer keys than on the unpadded sequence, "
+               "and which ones depends on how much padding there is",
     regime=("gentle", "gaussian", "Reformer uses the normalised queries as keys and never reads k: with independent "
             "unit-variance q and k, softmax's weights follow q·k, which it cannot see, and its error stays near 80% "
             "even when one chunk holds every key; with gentle inputs every score is near 0 either way and what is "

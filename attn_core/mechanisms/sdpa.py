@@ -7,20 +7,36 @@ import torch.nn.functional as F
 from .. import masks
 from ..spec import Generation, MechanismSpec, Shape
 from ._cache import KVCache, kv_bytes
-from ._common import checked_shape
+from ._common import check_key_padding, checked_shape, first_key
 
 _BACKENDS = {0: "math", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overrideable"}
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> torch.Tensor:
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                   key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q Kᵀ/√D) V through torch.nn.functional.scaled_dot_product_attention.
 
     Shapes as softmax_attention. PyTorch picks the kernel (see `sdpa_backend`): flash on CPU and on recent GPUs,
     memory-efficient or cuDNN otherwise, the unfused math path as a fallback. Fused kernels never hold the n×n
     matrix: O(n²·d) time, O(n) memory; causal kernels skip the key tiles wholly above the diagonal.
+    `key_padding_mask` (B, Nk) boolean, True where the key is padding, becomes a boolean attn_mask (B, 1, 1, Nk)
+    (kernels that take no mask, such as CUDA flash, then give way to memory-efficient or math); causal with padding
+    needs the joint (B, 1, Nq, Nk) boolean mask, Nq·Nk bytes per batch element, as torch.nn.MultiheadAttention
+    builds. A query that sees no unpadded key outputs zeros, whatever the backend does with an empty row.
     """
     checked_shape(SPEC, q, k, v, causal)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if key_padding_mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    check_key_padding(SPEC, key_padding_mask, q, k)
+    Nq, Nk = q.shape[-2], k.shape[-2]
+    keep = ~key_padding_mask[:, None, None, :]
+    if causal:
+        keep = keep & torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril_()
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    # query i sees keys up to i (causal) or Nk − 1: none unpadded when the first unpadded key lies past that
+    last = torch.arange(Nq, device=q.device) if causal else torch.full((Nq,), Nk - 1, device=q.device)
+    dead = first_key(key_padding_mask)[:, None] > last  # (B, Nq)
+    return out.masked_fill(dead[:, None, :, None], 0.0)
 
 
 def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> str:
@@ -125,5 +141,6 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=lambda causal: masks.causal if causal else masks.full,
+    padding=True,
     generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),
 )

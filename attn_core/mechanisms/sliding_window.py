@@ -8,7 +8,7 @@ from .. import masks
 from ..spec import Generation, MechanismSpec, Param, Shape
 from ._banded import banded_attention, banded_flops, banded_memory
 from ._cache import KVCache, kv_bytes, kv_step
-from ._common import checked_shape
+from ._common import check_key_padding, checked_shape
 
 
 def tile(window: int, n: int) -> int:
@@ -17,16 +17,20 @@ def tile(window: int, n: int) -> int:
 
 
 def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                             window: int = 256) -> torch.Tensor:
+                             window: int = 256, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention where query i sees key j iff |i − j| ≤ window (causal: 0 ≤ i − j ≤ window).
 
     q, k, v (B, H, n, D) → (B, H, n, D); any n. Rows are processed in blocks of `tile(window)` queries, each against
     a strided view of window + block (+ window) keys, so no n×n tensor ever exists. O(n·w·d) time, O(n·d) memory.
+    `key_padding_mask` (B, n) boolean, True where the key is padding: those keys get no weight (a query whose
+    window holds only padding outputs zeros).
     """
     s = checked_shape(SPEC, q, k, v, causal, window=window)
     pattern = _pattern(causal, window)
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
     return banded_attention(q, k, v, pattern=pattern, block=tile(window, s.Nq), left=window,
-                            right=0 if causal else window)
+                            right=0 if causal else window, key_padding_mask=key_padding_mask)
 
 
 def _pattern(causal: bool, window: int) -> masks.Pattern:
@@ -80,6 +84,7 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=_pattern,
+    padding=True,
     regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
             "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
     generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes),

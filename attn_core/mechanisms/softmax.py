@@ -6,7 +6,7 @@ import torch
 from .. import masks
 from ..spec import Generation, MechanismSpec, Shape
 from ._cache import KVCache, kv_bytes, kv_step
-from ._common import checked_shape, scale
+from ._common import check_key_padding, checked_shape, scale
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None) -> torch.Tensor:
@@ -19,17 +19,25 @@ def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor |
 
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                      mask: torch.Tensor | None = None) -> torch.Tensor:
+                      mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q Kᵀ/√D [masked]) V.
 
     q (B, H, Nq, D), k and v (B, H, Nk, D) → (B, H, Nq, D). `mask` is boolean, broadcastable to (B, H, Nq, Nk),
     True where attention is allowed. Causal: query i sees key j iff j ≤ i. O(Nq·Nk·D) time, O(Nq·Nk) memory:
     the scores and the probabilities are both materialized. A fully masked row gives NaN, as in the textbook.
+    `key_padding_mask` (B, Nk) boolean, True where the key is padding: those keys are filled with −inf too, and then
+    a query that sees no key (its keys all padded or masked) outputs zeros instead of NaN.
     """
     checked_shape(SPEC, q, k, v, causal)
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"mask must be boolean (True = attend), got {mask.dtype}")
-    return torch.softmax(_scores(q, k, causal, mask), dim=-1) @ v
+    if key_padding_mask is None:
+        return torch.softmax(_scores(q, k, causal, mask), dim=-1) @ v
+    check_key_padding(SPEC, key_padding_mask, q, k)
+    keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
+    s = _scores(q, k, causal, keep if mask is None else mask & keep)
+    dead = s.amax(-1, keepdim=True) == float("-inf")  # rows with no key: uniform instead of NaN, then zeroed
+    return torch.softmax(s.masked_fill_(dead, 0.0), dim=-1).masked_fill(dead, 0.0) @ v
 
 
 def _flops(s: Shape) -> float:
@@ -73,5 +81,6 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=lambda causal: masks.causal if causal else masks.full,
+    padding=True,
     generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes),
 )

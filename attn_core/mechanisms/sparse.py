@@ -8,21 +8,25 @@ import torch.nn.functional as F
 
 from .. import masks
 from ..spec import Generation, MechanismSpec, Param, Shape
-from ._banded import chunk_blocks
+from ._banded import chunk_blocks, dead_below, padding_bias
 from ._cache import KVCache, Ring, attend, kv_bytes
-from ._common import checked_shape
+from ._common import check_key_padding, checked_shape
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                     stride: int = 128) -> torch.Tensor:
+                     stride: int = 128, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention under the 'fixed' pattern: query i sees key j iff ⌊i/s⌋ = ⌊j/s⌋ (its block of size s =
     stride) or j mod s = s − 1 (a summary key); causal also needs j ≤ i.
 
     q, k, v (B, H, n, D) → (B, H, n, D). Each block of queries is scored against its own block and the n/s summary
     keys (those of its own block counted once), one joint softmax over both. O(n·(s + n/s)·d) time (s ≈ √n gives
     O(n·√n)); chunks of query blocks bound the scores held at once, so memory is O(n·d + s·(s + n/s)).
+    `key_padding_mask` (B, n) boolean, True where the key is padding: a per-key bias, gathered as the keys are (own
+    blocks and summaries), is added to the scores; a query that sees no unpadded key outputs zeros.
     """
     checked_shape(SPEC, q, k, v, causal, stride=stride)
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
     B, H, n, D = q.shape
     s = min(stride, n)
     nb = math.ceil(n / s)
@@ -33,20 +37,34 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     m = ksum.shape[-2]
     out = q.new_empty(B, H, nb * s, D)
     step = chunk_blocks(B * H, s, s + m)
+    pad = psum = None
+    if key_padding_mask is not None:  # (B, 1, n, 1) → own blocks (B, 1, nb, 1, s) and summaries (B, 1, m)
+        pad = padding_bias(key_padding_mask, q.dtype)
+        psum = pad[:, :, s - 1::s, 0]
+        pad = (F.pad(pad, (0, 0, 0, pad_n)) if (pad_n := nb * s - n) else pad).view(B, 1, nb, 1, s)
     for a in range(0, nb, step):
         z = slice(a, min(nb, a + step))
         out[:, :, a * s:z.stop * s] = _chunk(qb[:, :, z], kb[:, :, z], vb[:, :, z], ksum, vsum,
-                                             _bias(z, s, m, n, causal, q))
+                                             _bias(z, s, m, n, causal, q), None if pad is None else pad[:, :, z], psum)
     return out[:, :, :n]
 
 
-def _chunk(qc, kc, vc, ksum, vsum, bias):
-    """One chunk of query blocks (B, H, c, s, D) against their own blocks and the summary keys → (B, H, c·s, D)."""
+def _chunk(qc, kc, vc, ksum, vsum, bias, pad=None, psum=None):
+    """One chunk of query blocks (B, H, c, s, D) against their own blocks and the summary keys → (B, H, c·s, D).
+    `pad` (B, 1, c, 1, s) and `psum` (B, 1, m): key-padding biases of the own blocks' keys and of the summaries."""
     c = qc.shape[2]
     keys = torch.cat([kc, ksum[:, :, None].expand(-1, -1, c, -1, -1)], dim=-2)  # (B, H, c, s + m, D)
     values = torch.cat([vc, vsum[:, :, None].expand(-1, -1, c, -1, -1)], dim=-2)
-    p = torch.softmax(((qc * qc.shape[-1] ** -0.5) @ keys.transpose(-1, -2)).add_(bias), dim=-1)
-    return (p @ values).flatten(2, 3)
+    if pad is None:  # no named scores: they die inside softmax, as the memory prediction assumes
+        p = torch.softmax(((qc * qc.shape[-1] ** -0.5) @ keys.transpose(-1, -2)).add_(bias), dim=-1)
+        return (p @ values).flatten(2, 3)
+    scores = ((qc * qc.shape[-1] ** -0.5) @ keys.transpose(-1, -2)).add_(bias)
+    summaries = psum[:, :, None, None].expand(-1, -1, c, 1, -1)  # (B, 1, c, 1, m)
+    scores.add_(torch.cat([pad, summaries], dim=-1))
+    dead = scores.amax(-1, keepdim=True) < dead_below(scores.dtype)
+    p = torch.softmax(scores, dim=-1)
+    del scores
+    return (p @ values).masked_fill_(dead, 0.0).flatten(2, 3)
 
 
 def _bias(blocks: slice, s: int, m: int, n: int, causal: bool, like: torch.Tensor) -> torch.Tensor:
@@ -135,6 +153,7 @@ SPEC = MechanismSpec(
     executed_flops=_executed_flops,
     memory_bytes=_memory,
     pattern=_pattern,
+    padding=True,
     regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
             "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
     generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),

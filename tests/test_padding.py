@@ -1,0 +1,219 @@
+"""Key-padding masks against independently written references: masked softmax with the pattern and the padding
+combined cell by cell, kernel attention with the padded keys' weights removed, Linformer on the unpadded keys."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import attn_core as ac
+from attn_core import MultiHeadAttention
+from attn_core.mechanisms import _banded
+from attn_core.mechanisms._common import validated
+from attn_core.mechanisms.performer import favor_key_features
+from tests.baselines import allowed, elu_plus_one, masked_softmax, positive_random_features
+from tests.test_mechanisms import REF_KIND, SMALL, qkv
+
+PADDED = [k for k, s in ac.MECHANISMS.items() if s.padding]
+EXACT = [k for k in PADDED if ac.MECHANISMS[k].exact]
+KERNEL = {"linear": lambda x, state: elu_plus_one(x),
+          "performer": lambda x, state: positive_random_features(x, state["projection"])}
+REFUSING = [k for k, s in ac.MECHANISMS.items() if not s.padding]
+
+
+def lengths_mask(lengths, nk: int) -> torch.Tensor:
+    return torch.arange(nk)[None, :] >= torch.tensor(lengths)[:, None]
+
+
+def scattered_mask(B: int, nk: int, seed: int = 3) -> torch.Tensor:
+    """Padding anywhere (not only at the end), every batch element keeping some keys."""
+    m = torch.rand(B, nk, generator=torch.Generator().manual_seed(seed)) < 0.4
+    m[:, nk // 2] = False
+    return m
+
+
+MASKS = {"lengths 37, 20": lambda: lengths_mask([37, 20], 37), "scattered": lambda: scattered_mask(2, 37),
+         "left-padded": lambda: lengths_mask([30, 12], 37).flip(-1)}
+
+
+def padded_softmax(q, k, v, pattern: np.ndarray, pad: torch.Tensor) -> torch.Tensor:
+    """masked_softmax under pattern AND not-padding; a query with no key left outputs zeros (the library's rule)."""
+    keep = pattern[None, None] & ~pad.numpy()[:, None, None, :]  # (B, 1, Nq, Nk)
+    out = masked_softmax(q, k, v, keep)
+    return torch.where(torch.as_tensor(keep.any(-1))[..., None], out, torch.zeros((), dtype=out.dtype))
+
+
+def test_every_padding_mechanism_is_tested_here():
+    assert set(PADDED) == set(EXACT) | set(KERNEL) | {"linformer"}, "add its reference to tests/test_padding.py"
+    assert not (set(PADDED) & set(REFUSING))
+
+
+@pytest.mark.parametrize("key", EXACT)
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_exact_mechanisms_equal_masked_softmax_with_padding(key, mask, causal):
+    q, k, v = qkv(37)
+    pad = MASKS[mask]()
+    params = SMALL.get(key, {})
+    expected = padded_softmax(q, k, v, allowed(REF_KIND[key], 37, 37, causal, **params), pad)
+    out = ac.attention(key, q, k, v, causal=causal, key_padding_mask=pad, **params)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("key", [k for k in EXACT if ac.MECHANISMS[k].supports_cross])
+def test_exact_cross_attention_with_padding(key):
+    q, k, v = qkv(20, 33)
+    pad = lengths_mask([33, 9], 33)
+    expected = padded_softmax(q, k, v, np.ones((20, 33), dtype=bool), pad)
+    torch.testing.assert_close(ac.attention(key, q, k, v, key_padding_mask=pad).double(), expected,
+                               atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("key", EXACT)
+def test_padded_keys_change_nothing(key):
+    """Whatever the padded keys and values hold, the output is the same."""
+    q, k, v = qkv(37)
+    pad = MASKS["scattered"]()
+    params = SMALL.get(key, {})
+    noise = torch.randn(k.shape, generator=torch.Generator().manual_seed(9)) * 50 * pad[:, None, :, None]
+    a = ac.attention(key, q, k, v, key_padding_mask=pad, **params)
+    b = ac.attention(key, q, k + noise, v + noise, key_padding_mask=pad, **params)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("key", EXACT)
+def test_gradients_finite_where_a_query_sees_no_key(key):
+    """Causal with left padding: the first queries see only padding; their output is zero, every gradient finite."""
+    q, k, v = qkv(37, B=2, H=2, D=8, dtype=torch.float64, grad=True)
+    pad = MASKS["left-padded"]()
+    params = SMALL.get(key, {})
+    out = ac.attention(key, q, k, v, causal=True, key_padding_mask=pad, **params)
+    first = int((~pad[1]).int().argmax())
+    assert first > 0 and out[1, :, :first].abs().max() == 0
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    expected = padded_softmax(q.detach(), k.detach(), v.detach(), allowed(REF_KIND[key], 37, 37, True, **params), pad)
+    torch.testing.assert_close(out.detach(), expected, atol=1e-9, rtol=1e-7)
+    assert all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+@pytest.mark.parametrize("key", sorted(KERNEL))
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("causal,nq", [(False, 37), (True, 37), (False, 20)])  # causal is self-attention only
+def test_kernelized_equal_kernel_attention_without_padded_keys(key, mask, causal, nq):
+    q, k, v = qkv(nq, 37)
+    pad = MASKS[mask]()
+    params = SMALL.get(key, {})
+    state = ac.make_state(key, ac.Shape(2, 3, nq, 37, 16), seed=1, **params)
+    out = ac.attention(key, q, k, v, causal=causal, key_padding_mask=pad, **params, **state)
+    # φ(Q)φ(K)ᵀ in float64 from the paper's feature map, the padded keys' columns removed, rows normalised
+    a = torch.einsum("bhim,bhjm->bhij", KERNEL[key](q, state), KERNEL[key](k, state))
+    a = a * (~pad)[:, None, None, :]
+    if causal:
+        a = a.tril()
+    den = a.sum(-1, keepdim=True)
+    expected = torch.where(den > 0, a / den, 0.0) @ v.double()
+    torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-4)
+
+
+def test_performer_stabilizer_is_taken_over_the_unpadded_keys():
+    """The shared stabilizer c of φ(K) is the largest exponent of the real keys only (the padded keys' rows are zero),
+    so padding, however large, cannot push the real keys' features towards underflow."""
+    q, k, v = qkv(37)
+    w = ac.make_state("performer", ac.Shape(2, 3, 37, 37, 16), seed=1, features=32)["projection"]
+    k[1, :, 25] = 2.0 * w[w.norm(dim=-1).argmax()]  # a padded key with x' = the longest w: exponent |w|²/2, the most
+    phi, c = favor_key_features(k, w, key_padding_mask=lengths_mask([37, 20], 37))
+    _, c_short = favor_key_features(k[1:, :, :20], w)
+    _, c_all = favor_key_features(k[1:], w)
+    assert not torch.equal(c_all, c_short)  # the padded key would have set it
+    torch.testing.assert_close(c[1:], c_short)
+    assert phi[1, :, 20:].abs().max() == 0 and phi[1, :, :20].min() > 0
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_linformer_equals_linformer_on_the_unpadded_keys(mask):
+    q, k, v = qkv(20, 37)
+    pad = MASKS[mask]()
+    state = ac.make_state("linformer", ac.Shape(2, 3, 20, 37, 16), seed=2, rank=8)
+    out = ac.attention("linformer", q, k, v, key_padding_mask=pad, rank=8, **state)
+    for b in range(2):
+        real = ~pad[b]
+        e, f = state["E"][:, real].double(), state["F"][:, real].double()
+        kp, vp = e @ k[b, :, real].double(), f @ v[b, :, real].double()
+        w = torch.exp(q[b].double() @ kp.transpose(-1, -2) / 4.0)
+        torch.testing.assert_close(out[b].double(), (w / w.sum(-1, keepdim=True)) @ vp, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("key", PADDED)
+def test_a_batch_element_all_padding_outputs_zeros(key):
+    q, k, v = qkv(37)
+    params = SMALL.get(key, {"rank": 8} if key == "linformer" else {})
+    pad = lengths_mask([37, 0], 37)
+    out = ac.attention(key, q, k, v, key_padding_mask=pad, **params)
+    assert out[1].abs().max() == 0 and bool(torch.isfinite(out).all()) and out[0].abs().max() > 0
+
+
+@pytest.mark.parametrize("key", REFUSING)
+def test_mechanisms_without_padding_refuse_with_a_sentence(key):
+    spec = ac.MECHANISMS[key]
+    q, k, v = qkv(37)
+    with pytest.raises(ValueError, match=f"{spec.label}".replace("(", r"\(").replace(")", r"\)")
+                       + " cannot take a key-padding mask: .+; choose one of"):
+        ac.attention(key, q, k, v, key_padding_mask=lengths_mask([37, 20], 37), **SMALL.get(key, {}))
+    layer = MultiHeadAttention(16, 2, key, **SMALL.get(key, {}))
+    with pytest.raises(ValueError, match="cannot take a key-padding mask"):
+        layer(torch.randn(2, 37, 16), key_padding_mask=lengths_mask([37, 20], 37))
+
+
+@pytest.mark.parametrize("key", PADDED)
+@pytest.mark.parametrize("bad,says", [
+    (lambda: lengths_mask([37, 20], 36), "must have shape"),
+    (lambda: lengths_mask([37, 20], 37)[None], "must have shape"),
+    (lambda: lengths_mask([37, 20], 37).to(torch.uint8), "must be boolean"),
+    (lambda: lengths_mask([37, 20], 37).float(), "must be boolean"),
+    (lambda: [[False] * 37] * 2, "must be a boolean tensor"),
+    (lambda: torch.zeros(2, 37, dtype=torch.bool, device="meta"), "is on meta but the keys are on cpu")])
+def test_bad_masks_are_refused_with_a_sentence(key, bad, says):
+    q, k, v = qkv(37)
+    params = SMALL.get(key, {"rank": 8} if key == "linformer" else {})
+    with pytest.raises(ValueError, match=says):
+        ac.attention(key, q, k, v, key_padding_mask=bad(), **params)
+    with pytest.raises(ValueError, match=says):  # the kernel called directly checks too
+        ac.MECHANISMS[key].fn(q, k, v, key_padding_mask=bad(), **params)
+
+
+def test_layer_with_padding_equals_the_layer_on_the_short_sequence():
+    for key in ("softmax", "sliding_window", "linear", "sparse"):
+        torch.manual_seed(0)
+        layer = MultiHeadAttention(16, 2, key, **SMALL.get(key, {}))
+        x = torch.randn(2, 37, 16)
+        out = layer(x, key_padding_mask=lengths_mask([37, 20], 37))
+        short = layer(x[1:, :20])
+        torch.testing.assert_close(out[1:, :20], short, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(out[:1], layer(x[:1]), atol=2e-5, rtol=1e-5)
+
+
+def test_no_mask_costs_nothing(monkeypatch):
+    """With key_padding_mask None nothing of the padding path runs: no check, no bias, no extra keyword."""
+    def boom(*a, **kw):
+        raise AssertionError("padding code ran without a mask")
+
+    modules = {sys.modules[s.fn.__module__] for s in ac.MECHANISMS.values()} | {sys.modules["attn_core.api"],
+                                                                               sys.modules["attn_core.layers"]}
+    for module in modules:
+        if hasattr(module, "check_key_padding"):
+            monkeypatch.setattr(module, "check_key_padding", boom)
+    monkeypatch.setattr(_banded, "padding_bias", boom)
+    q, k, v = qkv(37)
+    seen = []
+    for key, spec in ac.MECHANISMS.items():
+        params = SMALL.get(key, {"rank": 8} if key == "linformer" else {})
+        ac.attention(key, q, k, v, **params)
+        MultiHeadAttention(16, 2, key, **params)(torch.randn(2, 37, 16))
+        seen.append(key)
+    assert set(seen) == set(ac.MECHANISMS)
+    # the engine's timed calls (inside validated()) pass no mask and get the same result as before
+    with validated():
+        torch.testing.assert_close(ac.MECHANISMS["softmax"].fn(q, k, v), ac.attention("softmax", q, k, v))
