@@ -266,6 +266,5 @@ SPEC = MechanismSpec(
             "a few global and a few random blocks keep only part of it (the dropped mass)."),
     no_generation="Its random blocks are drawn from the whole sequence's blocks, so each new block changes "
                   "the draw of every block before it: there is no cache a step can extend.",
-    no_padding="its gathered key blocks take no padding yet; choose sliding_window or local for padded "
-               "batches",
+    no_padding="its gathered key blocks go through a fused kernel that takes no padding bias yet",
 )

@@ -145,6 +145,5 @@ SPEC = MechanismSpec(
     no_generation="Its global tokens attend to every position, later ones included, and a causal step would "
                   "need a ring of the window plus the global entries: this library has no such cache for it "
                   "yet.",
-    no_padding="its global rows and the window's blocks go through separate kernels that take no padding "
-               "yet; pad with a key no query attends to, or choose sliding_window",
+    no_padding="its global rows and its window's blocks go through fused kernels that take no padding bias yet",
 )
