@@ -119,7 +119,8 @@ def test_nystrom_gradients_match_the_reference_in_torch():
         for _ in range(6):
             az = a @ z
             z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
-        return torch.softmax(q @ kl.transpose(-2, -1) / d, -1) @ z @ (torch.softmax(ql @ k.transpose(-2, -1) / d, -1) @ v)
+        right = torch.softmax(ql @ k.transpose(-2, -1) / d, -1) @ v
+        return torch.softmax(q @ kl.transpose(-2, -1) / d, -1) @ z @ right
 
     got = torch.autograd.grad(ac.attention("nystrom", q, k, v, landmarks=8).pow(2).sum(), (q, k, v))
     want = torch.autograd.grad(plain(q, k, v).pow(2).sum(), (q, k, v))
@@ -141,11 +142,12 @@ def test_additive_equals_the_loop_reference(nq, nk, causal):
                                additive_reference(q, k, v, **state, causal=causal), atol=1e-12, rtol=1e-10)
 
 
-@pytest.mark.parametrize("chunk", [1, 8 * 11 * 4, 8 * 11 * 4 * 3 + 5])
+@pytest.mark.parametrize("chunk,rows", [(1, 1), (8 * 11 * 4 * 4, 4), (8 * 11 * 4 * 3 + 5, 3)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_additive_chunks_of_query_rows_change_nothing(monkeypatch, chunk, causal):
-    """Workspaces of one row, of 4 rows, and of 3 rows with a shorter last chunk (B·H·Nk·attn_dim = 8·11·4 per row)."""
+def test_additive_chunks_of_query_rows_change_nothing(monkeypatch, chunk, rows, causal):
+    """Chunks of one row, of 4 rows (4, 4, 3) and of 3 (3, 3, 3, 2): B·H·Nk·attn_dim = 8·11·4 elements per row."""
     monkeypatch.setattr(additive, "CHUNK_ELEMS", chunk)
+    assert additive.chunk_rows(8, 11, 11, 4) == rows
     q, k, v = qkv(11, B=2, H=4, D=5, dtype=torch.float64)
     state = _state(q, k, causal, attn_dim=4)
     torch.testing.assert_close(ac.attention("additive", q, k, v, causal=causal, attn_dim=4, **state),
@@ -199,7 +201,9 @@ def test_additive_flops_count_the_pair_work_by_hand():
 
 def test_additive_is_not_softmax_and_says_so():
     spec = ac.get("additive")
-    assert not spec.exact and spec.pattern is None
+    assert not spec.exact and spec.effective is not None
+    assert ac.effective.cells_computed("additive", 8, causal=True, attn_dim=4)["cells"] == 36  # scored one by one
+    assert not ac.effective.cells_computed("additive", 8, attn_dim=4)["implicit"]
     assert "not an approximation" in spec.accuracy_note and "not an approximation" in spec.regime[2]
     q, k, v = qkv(32)
     assert rel(ac.attention("additive", q, k, v, attn_dim=16), masked_softmax(q, k, v)) > 0.1

@@ -11,7 +11,8 @@ from typing import Iterable
 
 from ..spec import MechanismSpec
 
-ORDER = ("softmax", "sdpa", "local", "sparse", "sliding_window", "linformer", "performer", "linear", "nystrom", "additive")  # pages' order
+ORDER = ("softmax", "sdpa", "local", "sparse", "sliding_window", "linformer", "performer", "linear", "nystrom",
+         "additive")  # pages' order
 ENV = "ATTN_CORE_MECHANISMS"
 
 

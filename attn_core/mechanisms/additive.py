@@ -7,6 +7,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from .. import masks
 from ..spec import MechanismSpec, Param, Shape
 from ._common import checked_shape
 
@@ -15,8 +16,10 @@ CHUNK_ELEMS = 1 << 20
 
 
 def chunk_rows(heads: int, nq: int, nk: int, attn_dim: int) -> int:
-    """Query rows per chunk: as many as keep heads·rows·Nk·attn_dim ≤ CHUNK_ELEMS (at least one row)."""
-    return max(1, min(nq, CHUNK_ELEMS // (heads * nk * attn_dim)))
+    """Query rows per chunk: as many as keep the workspace heads·rows·Nk·attn_dim within the larger of CHUNK_ELEMS
+    and a quarter of the (heads, Nq, Nk) scores it fills (so the peak stays the textbook one, fewer chunks at large
+    n), at least one row."""
+    return max(1, min(nq, max(CHUNK_ELEMS // (heads * nk * attn_dim), nq // (4 * attn_dim))))
 
 
 def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, attn_dim: int = 64) -> dict:
@@ -51,10 +54,11 @@ class _AdditiveScores(torch.autograd.Function):
     e_ij = wᵀ tanh(x_i + y_j) up to the constant Σw, which softmax ignores (and so do its gradients).
 
     Takes pq = 2x (B, H, a, Nq) and pk = 2y (B, H, a, Nk), x = W_qᵀq and y = W_kᵀk. tanh(z) = 2σ(2z) − 1 is an
-    identity; it is used because the elementwise σ is the whole cost of the kernel and PyTorch's float32 tanh runs
-    about 10× slower than its sigmoid on a CPU (4.6 against 0.46 ns an element, one AVX-512 core). Query rows in
-    chunks of `chunk_rows`: one chunk's (B, H, a, rows, keys) tensor exists at a time, in the forward and again,
-    recomputed, in the backward, so neither keeps the (Nq, Nk, a) tensor (autograd would save every chunk's)."""
+    identity; it is used because the elementwise σ is the whole cost of the kernel and PyTorch's float32 tanh ran
+    10 to 50 times slower than its sigmoid on the CPU this was written on (4.6–22 against 0.42–0.46 ns an element,
+    one AVX-512 core, torch 2.13). Query rows in chunks of `chunk_rows`: one chunk's (B, H, a, rows, keys) tensor
+    exists at a time, in the forward and again, recomputed, in the backward, so neither keeps the (Nq, Nk, a)
+    tensor (autograd would save every chunk's)."""
 
     @staticmethod
     def forward(ctx, pq, pk, w, causal: bool):
@@ -109,9 +113,10 @@ def additive_attention(q, k, v, *, causal: bool = False, attn_dim: int = 64, W_q
 
     q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D); W_q, W_k (D, attn_dim) and w (attn_dim) from `init_state`,
     shared by batch and heads, drawn here from `seed` when absent. Causal: query i sees key j iff j ≤ i.
-    Materialized like textbook softmax: the (Nq, Nk) scores and their softmax exist; the (Nq, Nk, attn_dim) tanh
-    tensor does not, it is built in chunks of query rows of at most max(CHUNK_ELEMS, B·H·Nk·attn_dim) elements.
-    O(Nq·Nk·(attn_dim + D)) time, O(Nq·Nk) memory.
+    Materialized like textbook softmax: the (Nq, Nk) scores and their softmax exist; the (Nq, Nk, attn_dim) tensor
+    of hidden units does not: it is built in chunks of query rows (`chunk_rows`), at most max(CHUNK_ELEMS,
+    B·H·Nq·Nk/4, B·H·Nk·attn_dim) elements at a time, in the backward too. O(Nq·Nk·(attn_dim + D)) time,
+    O(Nq·Nk) memory.
     """
     shape = checked_shape(SPEC, q, k, v, causal, attn_dim=attn_dim)
     if W_q is None or W_k is None or w is None:
@@ -189,6 +194,7 @@ SPEC = MechanismSpec(
     memory_bytes=_memory,
     init_state=init_state,
     state_keys=("W_q", "W_k", "w"),
+    pattern=lambda causal, attn_dim=64: masks.causal if causal else masks.full,  # every pair scored, not softmax's
     effective=_effective,
     regime=("gentle", "peaky", "Additive attention is its own scoring function, not an approximation of softmax: "
             "with random, untrained W_q, W_k and w its scores do not follow q·k. Where softmax spreads its weight "

@@ -16,7 +16,8 @@ def segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
     """The m landmarks of x (B, H, N, D) → (B, H, m, D): means of m consecutive segments that cover the sequence.
 
     N = m·L + r: the first r segments hold L + 1 tokens, the other m − r hold L (NumPy's array_split), so every
-    landmark is the mean of real tokens and none of padding. Two reshaped views and a mean each; no copy of x.
+    landmark is the mean of real tokens and none of padding. Two reshaped views and a sum each; no copy of x. In
+    float16 a segment whose sum passes 65504 overflows (inputs near 100 in segments of 1000 tokens): more landmarks.
     """
     L, r = divmod(x.shape[-2], m)
     cut = r * (L + 1)
@@ -28,8 +29,9 @@ def segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
 
 def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
     """Moore–Penrose pseudo-inverse of each (m, m) matrix in a (…, m, m), by the iteration of Razavi et al. 2014
-    that Nyströmformer uses (Xiong et al. 2021, section 3): Z ← ¼ Z (13I − AZ (15I − AZ (7I − AZ))), from Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞),
-    the norms per matrix (‖A‖₁: largest column sum of |A|, ‖A‖∞: largest row sum). O(iterations · m³) time;
+    that Nyströmformer uses (Xiong et al. 2021, section 3): Z ← ¼ Z (13I − AZ (15I − AZ (7I − AZ))), from
+    Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞), the norms per matrix (‖A‖₁: largest column sum of |A|, ‖A‖∞: largest row sum; the
+    peer nystrom-attention takes both maxima over all heads at once). O(iterations · m³) time;
     five (…, m, m) tensors at once (A, Z, AZ and two factors), the cI − X steps in place. On a (numerically)
     singular A, steps past convergence multiply the rounding in its null space by 13/4 each: more is not better.
     """
@@ -153,8 +155,8 @@ SPEC = MechanismSpec(
     regime=("local", "gaussian", "A landmark is the mean of a segment of tokens: where nearby tokens are alike (slowly "
             "varying inputs) it stands for them and F·A⁺·B rebuilds softmax closely, the error falling as m grows; "
             "the means of unrelated tokens shrink towards zero and keep nothing of what sets each token apart, so "
-            "m landmarks cannot rebuild a softmax that differs from token to token (Xiong et al. 2021, arXiv "
-            "2102.03902, approximate a matrix they observe to be close to low rank)."),
+            "m landmarks cannot rebuild a softmax that differs from token to token: the Nyström method presumes a "
+            "softmax matrix close to rank m (Xiong et al. 2021, arXiv 2102.03902)."),
     accuracy_note="Nyströmformer's effective weights F·A⁺·B are not a distribution: the pseudo-inverse has negative "
                   "entries, and rows sum to 1 only as far as the iteration has converged. Its KL is undefined (NaN) "
                   "where a weight is negative; the output errors compare it with softmax.",
