@@ -207,3 +207,20 @@ def test_additive_is_not_softmax_and_says_so():
     assert "not an approximation" in spec.accuracy_note and "not an approximation" in spec.regime[2]
     q, k, v = qkv(32)
     assert rel(ac.attention("additive", q, k, v, attn_dim=16), masked_softmax(q, k, v)) > 0.1
+
+
+def test_the_patterns_page_tells_signed_weights_and_scored_pairs_apart():
+    """Nyström's weights are drawn as a linear map of v (its pseudo-inverse has negative entries), additive
+    attention's cells as scored one by one, both from their specs."""
+    from tests.apptest_helpers import chart_specs
+    from tests.test_pages_insight import errors, page
+
+    at = page("patterns", pat_mechanisms=["nystrom", "additive"])
+    assert errors(at) == []
+    charts = {spec["title"]["text"]: spec for spec in chart_specs(at)}
+    weights_title = charts["Nyströmformer"]["hconcat"][1]["title"]["text"]
+    assert weights_title == "Effective attention: a linear map of v, some weights negative"
+    assert charts["Additive (Bahdanau)"]["hconcat"][1]["title"]["text"] == "Effective attention (rows sum to 1)"
+    counted = charts["Additive (Bahdanau)"]["title"]["subtitle"][1]
+    assert counted.endswith("100.0% of the n² cells"), counted
+    assert "implicitly" in charts["Nyströmformer"]["title"]["subtitle"][1]
