@@ -125,18 +125,20 @@ class MechanismSpec:
     the cells the pattern keeps, the real (unpadded) positions; what theory curves plot.
     `executed_flops(shape, **params)`: the forward FLOPs the kernel actually computes, ≥ `flops`: tiles padded to
     whole blocks, masked halves computed and then discarded, the masked half of chunk-internal causal products.
-    Matmul-like work only (products of scores and values, matmul feature maps); elementwise ops are left out.
+    Matmul-like work only (products of scores and values, matmul feature maps); elementwise ops are left out, unless
+    they are the mechanism's work itself (additive attention's per-pair additions and tanh).
     None when the kernel computes exactly the useful work; read it through `executed(shape, **params)`.
     `memory_bytes(shape, **params)`: predicted peak bytes the forward call allocates above its inputs, the output
     included when it is alive at the peak; the figure a measured peak is compared against.
-    `pattern(causal, **params, **state)`: for exact mechanisms, the mask predicate the result must equal masked
-    softmax under; it also takes the mechanism's state tensors (`state_keys`) when it depends on them (BigBird's
-    random blocks), and effective.pattern_of hands them over.
+    `pattern(causal, **params, **state)`: the mask predicate of the cells the mechanism scores one by one; for exact
+    mechanisms, the mask the result must equal masked softmax under. It also takes the mechanism's state tensors
+    (`state_keys`) when it depends on them (BigBird's random blocks), and effective.pattern_of hands them over.
     `init_state(shape, device, dtype, *, seed, **params)`: random state built outside the kernel and passed in.
     `state_keys`: the keyword tensors the function takes besides its parameters: that state, or tensors a caller
     may give (Longformer's global_positions).
-    `effective(q, k, v, causal, state, **params) -> (weights, values)`: for a mechanism without a `pattern`, the
-    attention it applies written out densely, out = weights @ values (the Patterns and Accuracy pages draw it).
+    `effective(q, k, v, causal, state, **params) -> (weights, values)`: for a mechanism that is not masked softmax
+    under a `pattern`, the attention it applies written out densely, out = weights @ values (the Patterns and
+    Accuracy pages draw it; it takes precedence over the pattern's masked softmax).
     `projected`: the parameter counting the weights' columns when they are projected keys, not the n keys
     (Linformer's rank); `pull_back(weights, state)` then maps them back onto the n keys.
     `regime`: for the Accuracy page, the inputs (accuracy.INPUTS) where it works as designed, the inputs that show

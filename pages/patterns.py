@@ -75,8 +75,10 @@ for key in ["softmax"] + chosen:
     spec, p = MECHANISMS[key], params.get(key, {})
     maps = effective.attention_maps(key, q, k, v, tokens, causal=causal, seed=int(seed), pull_back=pull_back, **p)
     pulled = spec.projected is not None and pull_back
+    signed = bool((maps["weights"]["weight"] < 0).any())  # e.g. a pseudo-inverse inside (Nyströmformer)
     note = ("Effective attention pulled back through F (W·F): a linear map of v, not a distribution" if pulled else
             "Effective attention over projected keys: softmax(Q(EK)ᵀ/√d)" if maps["columns"] == effective.PROJECTED
+            else "Effective attention: a linear map of v, some weights negative" if signed
             else "Effective attention (rows sum to 1)")
     chart = insight_charts.pattern_chart(
         maps["cells"], maps["weights"], title=spec.label, subtitle=[spec.description, counted(key, int(count_n),

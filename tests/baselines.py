@@ -142,3 +142,57 @@ def lsh_attention(q: torch.Tensor, v: torch.Tensor, rotations: torch.Tensor, fac
             share /= share.sum(0)  # (rounds, n): each round's weight per query
             weights[b, h] = (share[:, :, None] * per_round).sum(0)
     return torch.from_numpy(weights @ vn), torch.from_numpy(weights)
+
+
+def nystrom_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, landmarks: int,
+                      iterations: int | None = 6) -> torch.Tensor:
+    """Nyströmformer written from the paper (Xiong et al. 2021, arXiv 2102.03902) in numpy float64, one head at a
+    time: landmarks are the means of np.array_split's segments; F = softmax(Q K̃ᵀ/√d), A = softmax(Q̃ K̃ᵀ/√d),
+    B = softmax(Q̃ Kᵀ/√d); out = F · A⁺ · (B V), with A⁺ from `iterations` steps of
+    Z ← ¼ Z (13I − AZ (15I − AZ (7I − AZ))), Z₀ = Aᵀ/(‖A‖₁‖A‖∞) (numpy's matrix norms), or np.linalg.pinv when
+    iterations is None."""
+
+    def softmax(x):
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def pinv(a):
+        if iterations is None:
+            return np.linalg.pinv(a)
+        eye = np.eye(len(a))
+        z = a.T / (np.linalg.norm(a, 1) * np.linalg.norm(a, np.inf))
+        for _ in range(iterations):
+            az = a @ z
+            z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+        return z
+
+    qn, kn, vn = (t.detach().double().numpy() for t in (q, k, v))
+    out = np.zeros(qn.shape)
+    root = np.sqrt(qn.shape[-1])
+    for b in range(qn.shape[0]):
+        for h in range(qn.shape[1]):
+            Q, K, V = qn[b, h], kn[b, h], vn[b, h]
+            Ql = np.stack([s.mean(axis=0) for s in np.array_split(Q, landmarks)])
+            Kl = np.stack([s.mean(axis=0) for s in np.array_split(K, landmarks)])
+            F, A, B = softmax(Q @ Kl.T / root), softmax(Ql @ Kl.T / root), softmax(Ql @ K.T / root)
+            out[b, h] = F @ pinv(A) @ (B @ V)
+    return torch.from_numpy(out)
+
+
+def additive_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W_q: torch.Tensor, W_k: torch.Tensor,
+                       w: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """Bahdanau et al. 2015 (arXiv 1409.0473) additive attention in plain loops, numpy float64:
+    e_ij = w · tanh(W_qᵀ q_i + W_kᵀ k_j) for every pair (j ≤ i when causal), a_ij = exp(e_ij) / Σ_j exp(e_ij),
+    out_i = Σ_j a_ij v_j. Small n only."""
+    qn, kn, vn = (t.detach().double().numpy() for t in (q, k, v))
+    Wq, Wk, wn = (t.detach().double().numpy() for t in (W_q, W_k, w))
+    B, H, nq, _ = qn.shape
+    out = np.zeros(qn.shape)
+    for b in range(B):
+        for h in range(H):
+            for i in range(nq):
+                keys = [j for j in range(kn.shape[2]) if j <= i or not causal]
+                e = np.array([wn @ np.tanh(Wq.T @ qn[b, h, i] + Wk.T @ kn[b, h, j]) for j in keys])
+                a = np.exp(e - e.max())
+                out[b, h, i] = (a / a.sum()) @ vn[b, h, keys]
+    return torch.from_numpy(out)

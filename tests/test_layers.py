@@ -48,7 +48,8 @@ def test_causal_sliding_window_layer_matches_reference():
 def test_every_mechanism_trains_inside_the_layer(key):
     torch.manual_seed(3)
     params = {"linformer": {"rank": 8}, "performer": {"features": 16}, "sliding_window": {"window": 4},
-              "local": {"block": 8}, "sparse": {"stride": 5}, "reformer": {"bucket_size": 8}}.get(key, {})
+              "local": {"block": 8}, "sparse": {"stride": 5}, "reformer": {"bucket_size": 8},
+              "nystrom": {"landmarks": 8}, "additive": {"attn_dim": 16}}.get(key, {})
     layer = ac.MultiHeadAttention(32, 4, key, **params)
     out = layer(torch.randn(2, 30, 32))
     out.square().mean().backward()

@@ -19,7 +19,8 @@ from tests.baselines import allowed, kernel_attention, masked_softmax, trace_pea
 SMALL = {"sliding_window": {"window": 5}, "local": {"block": 8, "lookback": 1, "lookahead": 2},
          "sparse": {"stride": 7}, "longformer": {"window": 4, "global_tokens": 3},
          "bigbird": {"block": 8, "window_blocks": 3, "global_blocks": 1, "random_blocks": 2},
-         "linformer": {"rank": 16}, "performer": {"features": 32}, "reformer": {"bucket_size": 8, "n_hashes": 2}}
+         "linformer": {"rank": 16}, "performer": {"features": 32}, "reformer": {"bucket_size": 8, "n_hashes": 2},
+         "nystrom": {"landmarks": 16}, "additive": {"attn_dim": 8}}
 EXACT = [k for k, s in ac.MECHANISMS.items() if s.exact]
 REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
             "sparse": "sparse", "longformer": "longformer", "bigbird": "bigbird"}
@@ -214,6 +215,8 @@ def test_half_precision_runs_and_stays_close_to_fp32(key, dtype, tol):
     ("linformer", {"rank": 65}, ["rank", "65", "64"]),
     ("performer", {"features": 0}, ["features", "0", "between 1"]),
     ("linformer", {"causal": True}, ["Linformer", "causal"]),
+    ("nystrom", {"causal": True, "landmarks": 8}, ["Nyströmformer cannot be causal"]),
+    ("additive", {"attn_dim": 0}, ["attn_dim", "0", "between 1"]),
     ("sliding_window", {"window": 2.5}, ["window", "integer"]),
     ("longformer", {"window": -1}, ["window", "-1", "between 0"]),
     ("longformer", {"global_tokens": 1.5}, ["global_tokens", "integer"]),
@@ -265,7 +268,7 @@ def test_unknown_mechanism_lists_the_known_ones():
 # the output outweighs the bounded per-chunk workspace), defaults, d = 64.
 BIG_O = {"softmax": (2, 2), "sdpa": (2, 1), "local": (1, 1), "sparse": (1.5, 1), "sliding_window": (1, 1),
          "longformer": (1, 1), "bigbird": (1, 1), "linformer": (1, 1), "performer": (1, 1), "linear": (1, 1),
-         "reformer": (1.1, 1)}
+         "reformer": (1.1, 1), "nystrom": (1, 1), "additive": (2, 2)}
 
 
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
@@ -317,11 +320,13 @@ def test_profiled_peak_sees_the_softmax_matrices():
 @pytest.mark.parametrize("key,params", [("sliding_window", {"window": 16}), ("local", {"block": 32}),
                                         ("sparse", {"stride": 181}), ("longformer", {"window": 16}),
                                         ("bigbird", {"block": 32}), ("linear", {}), ("performer", {"features": 64}),
-                                        ("reformer", {})])
+                                        ("reformer", {}), ("nystrom", {})])
 @pytest.mark.parametrize("causal", [False, True])
 def test_efficient_mechanisms_never_build_quadratic_or_n_m_d_tensors(key, params, causal):
     """n = 32768, B = H = 1, D = 32: an (n, n) fp32 tensor is 4 GiB and an (n, m, d) one 256 MiB; peak must
     stay near the output size (4 MiB)."""
+    if causal and not ac.get(key).supports_causal:
+        pytest.skip(f"{key} is not causal")
     n, d = 32768, 32
     q, k, v = qkv(n, B=1, H=1, D=d)
     state = ac.make_state(key, Shape(1, 1, n, n, d), **params)
@@ -351,15 +356,22 @@ def test_a_default_that_cannot_fit_the_shape_is_refused_before_running():
 def test_spec_memory_matches_an_independent_allocator_reading(key, causal, dtype):
     """memory_bytes against the allocator's own records (tests.baselines.trace_peak_bytes) within 2%, at a shape
     of no power of two: B=2, H=3, n=3000, D=40. sdpa's scratch (log-sum-exp, per-thread tiles, AMX repacking
-    where this CPU has it) must be in its spec."""
+    where this CPU has it) must be in its spec. Defaults, except where MEMORY_PARAMS says."""
     spec = ac.get(key)
     if causal and not spec.supports_causal:
         pytest.skip(f"{key} is not causal")
     shape = Shape(2, 3, 3000, 3000, 40, dtype=dtype, causal=causal)
+    params = MEMORY_PARAMS.get(key, {})
     q, k, v = qkv(3000, B=2, H=3, D=40, dtype=getattr(torch, dtype))
-    state = ac.make_state(key, shape, dtype=getattr(torch, dtype))
+    state = ac.make_state(key, shape, dtype=getattr(torch, dtype), **params)
     with torch.inference_mode():
-        call = lambda: spec.fn(q, k, v, causal=causal, **state)  # noqa: E731
+        call = lambda: spec.fn(q, k, v, causal=causal, **params, **state)  # noqa: E731
         call()  # first-call workspaces (thread pools, oneDNN) are not the mechanism's
         measured = trace_peak_bytes(call)
-    assert spec.memory_bytes(shape) == pytest.approx(measured, rel=0.02)
+    assert spec.memory_bytes(shape, **params) == pytest.approx(measured, rel=0.02)
+
+
+# Additive attention at its default attn_dim = 64 takes n²·64 = 3.5·10⁹ tanh a call at this shape (minutes on two
+# busy cores); at 8 its peak is the same two (n, n) matrices (tests/test_nystrom_additive.py checks the peak where
+# the tanh workspace sets it).
+MEMORY_PARAMS = {"additive": {"attn_dim": 8}}

@@ -52,7 +52,7 @@ def computed_cells(key: str, nq: int, nk: int, causal: bool = False, *, state: d
                    seed: int = 0, **params: Any) -> torch.Tensor:
     """(Nq, C) boolean: the cells the mechanism scores. Exact mechanisms: their pattern (with its state: `state`, or
     drawn from `seed`); a mechanism over projected keys (spec.projected): all Nq × C cells; one scoring through
-    features: every allowed (i, j), implicitly."""
+    features or landmarks: every allowed (i, j), implicitly."""
     spec = get(key)
     resolved = spec.resolved(params)
     if spec.pattern is not None:
@@ -67,8 +67,8 @@ def cells_computed(key: str, n: int, causal: bool = False, *, seed: int = 0, **p
     n×n matrix, but O(n²) time: about a second at n = 8192). A pattern with random state is counted for the state
     drawn from `seed`.
 
-    Returns {'cells', 'total' (= n²), 'fraction', 'implicit' (True when scored only through features, never
-    stored), 'sentence'}, e.g. "Sliding window, window=64, n=1024: 12.6% of the n² cells".
+    Returns {'cells', 'total' (= n²), 'fraction', 'implicit' (True when scored only through features or landmarks,
+    never stored), 'sentence'}, e.g. "Sliding window, window=64, n=1024: 12.6% of the n² cells".
     """
     spec = get(key)
     resolved = spec.resolved(params)
@@ -85,7 +85,7 @@ def cells_computed(key: str, n: int, causal: bool = False, *, seed: int = 0, **p
         columns = resolved[spec.projected]
         tail = f"{fraction:.1%} of the n² cells ({n}×{columns} scores against projected keys)"
     elif spec.pattern is None:
-        tail = f"{fraction:.1%} of the n² cells, implicitly through features (none stored)"
+        tail = f"{fraction:.1%} of the n² cells, implicitly through features or landmarks (none stored)"
     else:
         tail = f"{fraction:.1%} of the n² cells"
     return {"cells": round(fraction * n * n), "total": n * n, "fraction": fraction,
@@ -108,7 +108,7 @@ def effective_attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     spec.check(shape, resolved)
     if state is None:
         state = make_state(key, shape, q.device, q.dtype, seed=seed, **resolved)
-    if spec.pattern is not None:
+    if spec.pattern is not None and spec.effective is None:
         scores = (q * (1.0 / math.sqrt(shape.D))) @ k.transpose(-2, -1)
         allowed = masks.dense_mask(pattern_of(key, shape.Nq, shape.Nk, causal, state=state, **resolved), shape.Nq,
                                    shape.Nk, q.device)
