@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core.insight import accuracy
+from attn_core.insight import accuracy, effective
 from attn_core.mechanisms import additive, nystrom
 from attn_core.spec import Shape
 from tests.baselines import additive_reference, masked_softmax, nystrom_reference, trace_peak_bytes
@@ -202,8 +202,8 @@ def test_additive_flops_count_the_pair_work_by_hand():
 def test_additive_is_not_softmax_and_says_so():
     spec = ac.get("additive")
     assert not spec.exact and spec.effective is not None
-    assert ac.effective.cells_computed("additive", 8, causal=True, attn_dim=4)["cells"] == 36  # scored one by one
-    assert not ac.effective.cells_computed("additive", 8, attn_dim=4)["implicit"]
+    assert effective.cells_computed("additive", 8, causal=True, attn_dim=4)["cells"] == 36  # scored one by one
+    assert not effective.cells_computed("additive", 8, attn_dim=4)["implicit"]
     assert "not an approximation" in spec.accuracy_note and "not an approximation" in spec.regime[2]
     q, k, v = qkv(32)
     assert rel(ac.attention("additive", q, k, v, attn_dim=16), masked_softmax(q, k, v)) > 0.1

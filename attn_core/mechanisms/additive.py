@@ -194,7 +194,7 @@ SPEC = MechanismSpec(
     memory_bytes=_memory,
     init_state=init_state,
     state_keys=("W_q", "W_k", "w"),
-    pattern=lambda causal, attn_dim=64: masks.causal if causal else masks.full,  # every pair scored, not softmax's
+    pattern=lambda causal, attn_dim=64, **weights: masks.causal if causal else masks.full,  # every pair scored
     effective=_effective,
     regime=("gentle", "peaky", "Additive attention is its own scoring function, not an approximation of softmax: "
             "with random, untrained W_q, W_k and w its scores do not follow q·k. Where softmax spreads its weight "
