@@ -7,7 +7,7 @@ import torch
 
 import attn_core as ac
 from attn_core.mechanisms import _linear_core as core
-from attn_core.mechanisms import performer
+from attn_core.mechanisms import linear, performer
 from tests.baselines import elu_plus_one, kernel_attention, positive_random_features
 
 SMALL_CHUNKS = 4096  # bytes: chunks of MIN_ROWS = 64 rows at these shapes, so n = 300 runs in five of them
@@ -119,6 +119,13 @@ def test_chunked_half_precision_stays_near_float64(small_chunks, key, causal, dt
     out, w = call(key, q, k, v, causal)
     assert out.dtype == dtype
     assert (out.double() - explicit(key, q, k, v, causal, w)).abs().max().item() <= bound
+
+
+def test_linear_feature_map_has_the_derivative_of_elu_plus_one_at_zero_too():
+    x = torch.tensor([-30.0, -2.0, -0.0, 0.0, 1e-30, 0.5, 30.0], dtype=torch.float64, requires_grad=True)
+    got, = torch.autograd.grad(linear.feature_map(x).sum(), x)
+    want, = torch.autograd.grad(elu_plus_one(x).sum(), x)
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("causal", [False, True])

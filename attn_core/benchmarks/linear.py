@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
               "ours are timed alone, without ratios.")
     print(f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, {torch.get_num_threads()} threads, "
           f"{args.rounds} interleaved rounds; {'median wall' if args.clock == 'wall' else 'min CPU'} ms [min–max]")
+    print("Whole calls, feature maps included. peer: linear_attn (softmax features, no normalizer) and "
+          "causal_linear_attn (buckets of 64 see the buckets before them, not their own); ours: exact causal.")
     figures = measure(args, peer, clock, pick)
     if len(args.ns) > 1:
         print_slopes(figures, args.ns)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..spec import MechanismSpec, Shape
 from ._common import checked_shape, row_normalized
@@ -9,8 +10,10 @@ from ._linear_core import LOG2E, linear_attention_core, linear_core_flops, linea
 
 
 def feature_map(x: torch.Tensor) -> torch.Tensor:
-    """φ(x) = elu(x) + 1 > 0, elementwise: x + 1 for x > 0, eˣ (as 2^(x·log₂e)) otherwise. (…, D) → (…, D)."""
-    return x.clamp(min=0).add_(x.clamp(max=0).mul_(LOG2E).exp2_())
+    """φ(x) = elu(x) + 1 > 0, elementwise: x + 1 for x > 0, eˣ (as 2^(x·log₂e)) otherwise. (…, D) → (…, D).
+    The two parts are max(x, 0), by `threshold` (its gradient at 0 is 0; clamp's would be 1 and make φ'(0) = 2), and
+    exp(min(x, 0))."""
+    return F.threshold(x, 0.0, 0.0).add_(x.clamp(max=0).mul_(LOG2E).exp2_())
 
 
 def _key_map(x: torch.Tensor, floor: None) -> tuple[torch.Tensor, None]:
