@@ -133,3 +133,22 @@ def test_executed_flops_cover_the_useful_ones(causal):
     for n, m, d in [(1, 16, 16), (300, 64, 16), (3000, 256, 40), (8192, 64, 64)]:
         useful = core.linear_core_flops(8, n, n, m, d, causal)
         assert core.linear_core_flops(8, n, n, m, d, causal, executed=True) >= useful > 0
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_heads_split_from_the_model_dimension_are_not_copied_whole(small_chunks, key, causal):
+    """q, k, v as MultiHeadAttention makes them, (B, N, H, D) seen as (B, H, N, D): the same output as contiguous
+    input, and only chunks are copied (a whole copy of q, k or v would lift the peak by its size)."""
+    from tests.baselines import trace_peak_bytes
+
+    B, H, n, D = 2, 2, 300, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, n, H, D, generator=g).transpose(1, 2) for _ in range(3))
+    out, w = call(key, q, k, v, causal)
+    torch.testing.assert_close(out, call(key, *(x.contiguous() for x in (q, k, v)), causal)[0])
+    state = {"features": 64, "projection": w} if key == "performer" else {}
+    shape = ac.Shape.of(q, k, causal)
+    with torch.inference_mode():
+        peak = trace_peak_bytes(lambda: ac.get(key).fn(q, k, v, causal=causal, **state))
+    assert peak < ac.get(key).memory_bytes(shape, **({"features": 64} if w is not None else {})) + q.numel() * 4 / 2

@@ -58,17 +58,19 @@ def linear_attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     """
     B, H, nq, d = q.shape
     out = torch.empty(B, H, nq, d, dtype=v.dtype, device=v.device)
-    flat = [x.reshape(B * H, x.shape[2], d) for x in (q, k, v, out)]  # views: (B, H) merge for contiguous inputs
     rows = chunk_rows(B * H, max(nq, k.shape[2]), m, d, causal)
     if causal:
-        _causal(*flat, phi_q, phi_k, rows, causal_block(m, d))
+        _causal(q, k, v, out.view(B * H, nq, d), phi_q, phi_k, rows, causal_block(m, d))
     else:
-        _non_causal(*flat, phi_q, phi_k, rows)
+        _non_causal(q, k, v, out.view(B * H, nq, d), phi_q, phi_k, rows)
     return out
 
 
 def _rows(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    return x[:, start:stop].to(work_dtype(x.dtype))  # a view for float32/64, a float32 copy of the chunk for half
+    """Rows start:stop of x (B, H, N, D) as (B·H, rows, D) in the work dtype: a view of contiguous float32/64 input;
+    a copy of the chunk for half precision (float32) or for a layout that cannot merge B and H (e.g. heads split
+    from (B, N, H·D)), never of the whole input."""
+    return x[:, :, start:stop].to(work_dtype(x.dtype)).reshape(x.shape[0] * x.shape[1], -1, x.shape[-1])
 
 
 def _rescaled(state: torch.Tensor, top: torch.Tensor | None, new: torch.Tensor | None) -> torch.Tensor:
@@ -95,7 +97,7 @@ def _non_causal(q, k, v, out, phi_q: QueryMap, phi_k: KeyMap, rows: int) -> None
     here: MKL's sgemm runs D + 1 = 65 columns 20% slower than 64 and [V, 1] copies V (the whole call 8–15% slower at
     n = 8192); as a row times φ(Q_c)ᵀ it costs a tenth of the product (as the column φ(Q_c)·Σφ(k), 7× more)."""
     state = z = top = None
-    for s in range(0, k.shape[1], rows):
+    for s in range(0, k.shape[2], rows):
         fk, new = phi_k(_rows(k, s, s + rows), top)
         if state is None:
             bh, m = fk.shape[0], fk.shape[-1]
@@ -103,7 +105,7 @@ def _non_causal(q, k, v, out, phi_q: QueryMap, phi_k: KeyMap, rows: int) -> None
         state = _rescaled(state, top, new).baddbmm_(fk.transpose(-2, -1), _rows(v, s, s + rows))
         z, top = _rescaled(z, top, new).add_(fk.sum(-2, keepdim=True)), new
         del fk  # one chunk of features alive at a time, not this one beside the next
-    for s in range(0, q.shape[1], rows):
+    for s in range(0, q.shape[2], rows):
         fq = phi_q(_rows(q, s, s + rows))
         _write(out[:, s:s + rows], fq @ state, (z @ fq.transpose(-2, -1)).transpose(-2, -1))
         del fq
@@ -113,7 +115,7 @@ def _causal(q, k, v, out, phi_q: QueryMap, phi_k: KeyMap, rows: int, c: int) -> 
     """Chunk by chunk (`causal_chunks`), blocks of C positions inside: block b's rows get φ(Q_b)·(carried state +
     Σ_{b' < b} block states) + tril(φ(Q_b)φ(K_b)ᵀ)·[V_b, 1], the last column of each product the normalizer (the
     ones column appended to V spares a second prefix sum and its products); the chunk's total is carried on."""
-    bh, n, d = q.shape
+    bh, n, d = out.shape
     below = torch.ones(rows // c, rows // c, dtype=work_dtype(q.dtype), device=q.device).tril_(-1)
     state = top = None
     for s, e, size in causal_chunks(n, rows, c):
