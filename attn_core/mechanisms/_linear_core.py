@@ -1,6 +1,6 @@
-"""Kernelized attention φ(Q)·(φ(K)ᵀV), cache-blocked: φ applied chunk by chunk to rows that stay in cache, the
-causal form by a chunked prefix with numerator and normalizer in one product (shared by linear and Performer;
-Katharopoulos et al. 2020, arXiv 2006.16236, eq. 4–6)."""
+"""Kernelized attention φ(Q)·(φ(K)ᵀV), cache-blocked: φ applied chunk by chunk to rows that stay in cache, the sums
+over keys taken with a ones column appended to V (numerator and normalizer in one product), causal by a chunked
+prefix (shared by linear and Performer; Katharopoulos et al. 2020, arXiv 2006.16236, eq. 4–6)."""
 from __future__ import annotations
 
 import math
@@ -92,22 +92,23 @@ def _write(out: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
 
 
 def _non_causal(q, k, v, out, phi_q: QueryMap, phi_k: KeyMap, rows: int) -> None:
-    """Pass 1, key chunks: the state Σ_j φ(k_j)v_jᵀ (B·H, m, D) and the normalizer row Σ_j φ(k_j)ᵀ (B·H, 1, m).
-    Pass 2, query chunks: out = φ(Q_c)·state / (normalizer·φ(Q_c)ᵀ)ᵀ. The normalizer is not a ones column of V
-    here: MKL's sgemm runs D + 1 = 65 columns 20% slower than 64 and [V, 1] copies V (the whole call 8–15% slower at
-    n = 8192); as a row times φ(Q_c)ᵀ it costs a tenth of the product (as the column φ(Q_c)·Σφ(k), 7× more)."""
-    state = z = top = None
+    """Pass 1, key chunks: state = Σ_j [v_j, 1] φ(k_j)ᵀ (B·H, D + 1, m), its last row the normalizer Σ_j φ(k_j)ᵀ.
+    Pass 2, query chunks: out = φ(Q_c)·state[:D]ᵀ / (state[D]·φ(Q_c)ᵀ)ᵀ. The state is kept transposed and the
+    normalizer taken as a row: MKL's sgemm runs D + 1 = 65 output rows at the cost of 64 but 65 output columns 20%
+    slower, and the normalizer of a chunk as the column φ(Q_c)·Σφ(k) costs 7× the row's time."""
+    state = top = None
     for s in range(0, k.shape[2], rows):
         fk, new = phi_k(_rows(k, s, s + rows), top)
+        v1 = F.pad(_rows(v, s, s + rows), (0, 1), value=1.0)  # [V, 1]
         if state is None:
-            bh, m = fk.shape[0], fk.shape[-1]
-            state, z = fk.new_zeros(bh, m, v.shape[-1]), fk.new_zeros(bh, 1, m)
-        state = _rescaled(state, top, new).baddbmm_(fk.transpose(-2, -1), _rows(v, s, s + rows))
-        z, top = _rescaled(z, top, new).add_(fk.sum(-2, keepdim=True)), new
-        del fk  # one chunk of features alive at a time, not this one beside the next
+            state = fk.new_zeros(fk.shape[0], v1.shape[-1], fk.shape[-1])
+        state, top = _rescaled(state, top, new).baddbmm_(v1.transpose(-2, -1), fk), new
+        del fk, v1  # one chunk alive at a time, not this one beside the next
+    d = out.shape[-1]
+    kv, z = state[:, :d].transpose(-2, -1), state[:, d:]  # (B·H, m, D), (B·H, 1, m)
     for s in range(0, q.shape[2], rows):
         fq = phi_q(_rows(q, s, s + rows))
-        _write(out[:, s:s + rows], fq @ state, (z @ fq.transpose(-2, -1)).transpose(-2, -1))
+        _write(out[:, s:s + rows], fq @ kv, (z @ fq.transpose(-2, -1)).transpose(-2, -1))
         del fq
 
 
@@ -153,16 +154,17 @@ def causal_chunks(n: int, rows: int, c: int) -> list[tuple[int, int, int]]:
 def linear_core_flops(heads: int, nq: int, nk: int, m: int, d: int, causal: bool, *, executed: bool = False) -> float:
     """Matmul FLOPs of linear_attention_core with φ of width m. Useful work, both forms: the state φ(K)ᵀV
     (2·Nk·m·D), its product with φ(Q) (2·Nq·m·D), the normalizer φ(Q)·Σφ(K) (2·Nq·m); causal adds the in-block
-    products φ(Q_c)φ(K_c)ᵀ and their product with V_c, 2·(m + D) for each pair j ≤ i of a block. The non-causal
-    kernel computes just that; `executed` causal: products with [V, 1] (D + 1 columns: the ones column puts Σφ(K)
-    into each product), every block's full C×C products and each chunk's nb×nb sum of its block states."""
+    products φ(Q_c)φ(K_c)ᵀ and their product with V_c, 2·(m + D) for each pair j ≤ i of a block. `executed`: the
+    state's products with [V, 1] (D + 1 columns: the ones column puts Σφ(K) into them); causal also the products
+    with the state before each block over D + 1 columns, every block's full C×C products and each chunk's nb×nb sum
+    of its block states."""
+    if not causal:
+        return heads * 2.0 * (nk * m * (d + int(executed)) + nq * m * (d + 1))
     c = causal_block(m, d)
-    if causal and executed:
+    if executed:
         return heads * sum((e - s) * (4.0 * m * (d + 1) + 2.0 * b * (m + d + 1))
                            + 2.0 * ((e - s) // b) ** 2 * m * (d + 1)
                            for s, e, b in causal_chunks(nq, chunk_rows(heads, nq, m, d, True), c))
-    if not causal:
-        return heads * (2.0 * nk * m * d + 2.0 * nq * m * d + 2.0 * nq * m)
     full, rest = divmod(nq, c)
     cells = full * c * (c + 1) / 2 + rest * (rest + 1) / 2  # in-block pairs with j ≤ i
     return heads * (nq * (4.0 * m * d + 2.0 * m) + 2.0 * cells * (m + d))
@@ -180,10 +182,11 @@ def linear_core_memory(heads: int, nq: int, nk: int, m: int, d: int, elem: int, 
     out = heads * nq * d * elem
     if not causal:
         rows = chunk_rows(heads, max(nq, nk), m, d, False)
-        rk, rq, sums = min(rows, nk), min(rows, nq), m * d + m
-        second = min(rows, nk - rows)  # rows of the second chunk of keys, the first mapped beside the sums
+        rk, rq, sums = min(rows, nk), min(rows, nq), m * (d + 1)
+        second = min(rows, nk - rows)  # rows of the second chunk of keys, the first made beside the sums
         keys = max(rk * (key_map + cp), second * (key_map + cp) + sums,  # mapping keys
-                   rk * (m + cp) + sums)  # their features and v's rows into the sums
+                   rk * (m + cp + d + 1), second * (m + cp + d + 1) + sums,  # [V, 1] (from v's copy)
+                   rk * (m + d + 1) + sums)  # their product into the sums
         queries = sums + max(rq * (query_map + cp),  # mapping queries
                              rq * (m + d + 2),  # their features, the numerator, the normalizer row and its clamp
                              rq * (m + d + 1 + cp))  # half: the quotient in float32 before its cast into the output
