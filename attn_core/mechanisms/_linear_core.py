@@ -31,14 +31,14 @@ def causal_block(m: int, d: int) -> int:
 
 
 def chunk_rows(bh: int, n: int, m: int, d: int, causal: bool) -> int:
-    """Rows per chunk: the B·H heads' rows of φ (m wide) and of V or the output (D wide), float32, fill CHUNK_BYTES
-    (causal: half of it, its chunk also holds the (C, C) block products and the block states, m·(D + 1) per C
-    rows), rounded down to a power of two, at least MIN_ROWS and one causal block, at most n (causal: rounded up to
-    whole blocks). B·H = 8, D = 64: linear 512 rows (causal 256), Performer's m = 256 128 (causal 64).
-    2 MiB is the L2 of the two cores the benchmark runs on (1 MiB each, AMD EPYC; each thread maps half the heads);
-    measured at n = 8192 the time is flat within 5–10% from a quarter to twice that."""
+    """Rows per chunk: the B·H heads' rows of φ (m wide) and of V or the output (D wide), float32, fill CHUNK_BYTES,
+    rounded down to a power of two, at least MIN_ROWS and one causal block, at most n (causal: rounded up to whole
+    blocks). B·H = 8, D = 64: linear 512 rows, Performer's m = 256 128. 2 MiB is the L2 of the two cores the
+    benchmark runs on (1 MiB each, AMD EPYC; each thread maps half the heads); measured at n = 8192 the time is flat
+    within 5–10% from a quarter to four times that. The causal chunk holds as much again in block states and C×C
+    products; half the rows for it ran no faster on one thread and 5–10% slower on two (twice the ops)."""
     unit = causal_block(m, d) if causal else 1
-    rows = max(CHUNK_BYTES // (4 * bh * (m + d) * (2 if causal else 1)), MIN_ROWS, unit)
+    rows = max(CHUNK_BYTES // (4 * bh * (m + d)), MIN_ROWS, unit)
     return min(1 << (rows.bit_length() - 1), -(-n // unit) * unit)
 
 
