@@ -1,29 +1,21 @@
-"""Kernelized attention φ(Q)·(φ(K)ᵀV), non-causal and causal by chunked prefix sums (shared by linear and
-Performer; Katharopoulos et al. 2020, arXiv 2006.16236, eq. 4–6)."""
+"""Kernelized attention φ(Q)·(φ(K)ᵀV), cache-blocked: φ applied chunk by chunk to rows that stay in cache, the sums
+over keys taken with a ones column appended to V (numerator and normalizer in one product), causal by a chunked
+prefix (shared by linear and Performer; Katharopoulos et al. 2020, arXiv 2006.16236, eq. 4–6)."""
 from __future__ import annotations
 
 import math
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-
-def causal_chunk(m: int, d: int) -> int:
-    """Positions per chunk of the causal form. The chunk states hold (n/C)·m·d numbers and the masked in-chunk
-    products n·C, so C ≈ √(m·d) balances them (a power of two in [32, 256])."""
-    return 1 << max(5, min(8, round(math.log2(math.sqrt(m * d)))))
-
-
-def exclusive_prefix_sum(x: torch.Tensor) -> torch.Tensor:
-    """out[:, :, i] = Σ_{j < i} x[:, :, j] along dim 2. A loop of contiguous slab additions: torch.cumsum along a
-    middle dimension runs about 10× slower here on the CPU (132 ms against 13 ms for (1, 8, 256, 64, 64))."""
-    out = torch.zeros_like(x)
-    for i in range(1, x.shape[2]):
-        out[:, :, i] = out[:, :, i - 1] + x[:, :, i - 1]
-    return out
-
-
 HALF = (torch.float16, torch.bfloat16)
+LOG2E = 1 / math.log(2)  # exp(x) = 2^(x·log₂e): torch's exp2 runs 2.5× faster than its exp on the CPU
+CHUNK_BYTES = 2 << 20  # one chunk's rows of φ and V, all heads, float32 (see chunk_rows)
+MIN_ROWS = 64  # fewer rows per chunk and the per-op overhead (a few µs a call) outweighs what the cache saves
+
+QueryMap = Callable[[torch.Tensor], torch.Tensor]
+KeyMap = Callable[[torch.Tensor, Optional[torch.Tensor]], "tuple[torch.Tensor, Optional[torch.Tensor]]"]
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -31,74 +23,200 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in HALF else dtype
 
 
-def linear_attention_core(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+def causal_block(m: int, d: int) -> int:
+    """Positions per block of the causal form: √(m·d) as a power of two in [32, 64]. Per position the masked
+    in-block products cost 2·C·(m + D + 1), the block states m·(D + 1)/C numbers; past 64 the products cost more
+    than the states save (Performer, m = 256, D = 64: C = 128 ran 7% slower than 64 at n = 8192)."""
+    return 1 << max(5, min(6, round(math.log2(math.sqrt(m * d)))))
+
+
+def chunk_rows(bh: int, n: int, m: int, d: int, causal: bool) -> int:
+    """Rows per chunk: the B·H heads' rows of φ (m wide) and of V or the output (D wide), float32, fill CHUNK_BYTES,
+    rounded down to a power of two, at least MIN_ROWS and one causal block, at most n (causal: rounded up to whole
+    blocks). B·H = 8, D = 64: linear 512 rows, Performer's m = 256 128. 2 MiB is the L2 of the two cores the
+    benchmark runs on (1 MiB each, AMD EPYC; each thread maps half the heads); measured at n = 8192 the time is flat
+    within 5–10% from a quarter to four times that. The causal chunk holds as much again in block states and C×C
+    products; half the rows for it ran no faster on one thread and 5–10% slower on two (twice the ops)."""
+    unit = causal_block(m, d) if causal else 1
+    rows = max(CHUNK_BYTES // (4 * bh * (m + d)), MIN_ROWS, unit)
+    return min(1 << (rows.bit_length() - 1), -(-n // unit) * unit)
+
+
+def linear_attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, phi_q: QueryMap,
+                          phi_k: KeyMap, m: int) -> torch.Tensor:
     """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j), over all j (causal: j ≤ i).
 
-    phi_q (B, H, Nq, m), phi_k (B, H, Nk, m), v (B, H, Nk, D) → (B, H, Nq, D) in v's dtype. Non-causal: O(n·m·D)
-    time, O(m·D) state. Causal: the sequence in chunks of C; within a chunk the masked (C, C) products, across chunks
-    an exclusive prefix sum of per-chunk states, (n/C, m, D); never a per-position (n, m, D) tensor.
-    float16/bfloat16 run in float32 (`work_dtype`), cast back at the end: in half precision φ(q)·Σφ(k) overflows
-    (float16 passes 65504 once n·D nears 6·10⁴) and the causal prefix sums lose the early rows (float16 Performer:
-    max error 3.3 against float64, 4·10⁻⁶ in float32).
+    q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D) in v's dtype. φ of width m is applied here, to chunks of
+    `chunk_rows` rows: `phi_q(x)` maps query rows (…, D) → (…, m); `phi_k(x, floor)` maps key rows and returns the
+    exponent (log₂, one per head) their features are stabilised by, at least `floor`, or None: as that running
+    maximum grows, what was summed before is rescaled by 2^(old − new), so all keys end relative to one maximum, as
+    if taken over all keys at once. Non-causal (`_non_causal`): two passes, O(n·m·D) time, O(m·D) state. Causal
+    (`_causal`): chunk by chunk, blocks of C positions inside (`causal_block`); never an (n, m, D) tensor. Memory:
+    the output and one chunk's tensors. float16/bfloat16 rows are mapped and summed in float32 (`work_dtype`),
+    written back in their dtype: in half precision φ(q)·Σφ(k) overflows (float16 passes 65504 once n·D nears 6·10⁴)
+    and the causal sums lose the early rows (float16 Performer: max error 3.3 against float64, 4·10⁻⁶ in float32).
     """
-    out_dtype = v.dtype
-    work = work_dtype(out_dtype)
-    phi_q, phi_k, v = phi_q.to(work), phi_k.to(work), v.to(work)  # no copy unless half
-    if not causal:
-        kv = phi_k.transpose(-2, -1) @ v  # (B, H, m, D)
-        den = phi_q @ phi_k.sum(-2, keepdim=True).transpose(-2, -1)  # (B, H, Nq, 1)
-        return ((phi_q @ kv) / den.clamp_min(torch.finfo(den.dtype).tiny)).to(out_dtype)
-    B, H, n, m = phi_q.shape
-    C = min(causal_chunk(m, v.shape[-1]), n)
-    nc = -(-n // C)
-    if nc * C != n:  # zero rows of φ(K) add nothing to any sum; padded query rows are dropped
-        phi_q, phi_k, v = (F.pad(x, (0, 0, 0, nc * C - n)) for x in (phi_q, phi_k, v))
-    qc, kc, vc = phi_q.view(B, H, nc, C, m), phi_k.view(B, H, nc, C, m), v.view(B, H, nc, C, v.shape[-1])
-    kv = kc.transpose(-2, -1) @ vc  # (B, H, nc, m, D): each chunk's own Σ φ(k) vᵀ
-    state = exclusive_prefix_sum(kv)  # the chunks before this one
-    del kv
-    zstate = exclusive_prefix_sum(kc.sum(-2))  # (B, H, nc, m)
-    intra = (qc @ kc.transpose(-2, -1)).tril_()  # (B, H, nc, C, C), j ≤ i inside the chunk
-    den = intra.sum(-1, keepdim=True).add_(qc @ zstate.unsqueeze(-1))
-    num = intra @ vc
-    del intra
-    num = num.add_(qc @ state)
-    out = (num / den.clamp_min(torch.finfo(den.dtype).tiny)).view(B, H, nc * C, -1)[:, :, :n]
-    return out.to(out_dtype)
+    B, H, nq, d = *q.shape[:3], v.shape[-1]  # q may come mapped already (`mapped`): D from v
+    out = torch.empty(B, H, nq, d, dtype=v.dtype, device=v.device)
+    rows = chunk_rows(B * H, max(nq, k.shape[2]), m, d, causal)
+    if causal:
+        _causal(q, k, v, out.view(B * H, nq, d), phi_q, phi_k, rows, causal_block(m, d))
+    else:
+        _non_causal(q, k, v, out.view(B * H, nq, d), phi_q, phi_k, rows)
+    return out
+
+
+def _rows(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows start:stop of x (B, H, N, D) as (B·H, rows, D) in the work dtype: a view of contiguous float32/64 input;
+    a copy of the chunk for half precision (float32) or for a layout that cannot merge B and H (e.g. heads split
+    from (B, N, H·D)), never of the whole input."""
+    return x[:, :, start:stop].to(work_dtype(x.dtype)).reshape(x.shape[0] * x.shape[1], -1, x.shape[-1])
+
+
+def _rescaled(state: torch.Tensor, top: torch.Tensor | None, new: torch.Tensor | None) -> torch.Tensor:
+    """state · 2^(top − new), in place: sums over earlier keys re-expressed against the grown maximum `new`
+    (B·H, 1, 1); unchanged without a stabiliser."""
+    if top is None or new is None:
+        return state
+    return state.mul_((top - new).exp2().to(state.dtype).view(-1, *([1] * (state.dim() - 1))))
+
+
+def _write(out: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
+    """out = num / den, the normalizer clamped to the smallest normal number (features that underflow to 0 give 0,
+    not NaN). Straight into `out` (cast to its dtype) unless autograd records: out= has no gradient."""
+    den = den.clamp_min(torch.finfo(den.dtype).tiny)
+    if torch.is_grad_enabled() and (num.requires_grad or den.requires_grad):
+        out.copy_(num / den)
+    else:
+        torch.div(num, den, out=out)
+
+
+def _non_causal(q, k, v, out, phi_q: QueryMap, phi_k: KeyMap, rows: int) -> None:
+    """Pass 1, key chunks: state = Σ_j [v_j, 1] φ(k_j)ᵀ (B·H, D + 1, m), its last row the normalizer Σ_j φ(k_j)ᵀ.
+    Pass 2, query chunks: out = φ(Q_c)·state[:D]ᵀ / (state[D]·φ(Q_c)ᵀ)ᵀ. The state is kept transposed and the
+    normalizer taken as a row: MKL's sgemm runs D + 1 = 65 output rows at the cost of 64 but 65 output columns 20%
+    slower, and the normalizer of a chunk as the column φ(Q_c)·Σφ(k) costs 7× the row's time."""
+    state = top = None
+    for s in range(0, k.shape[2], rows):
+        fk, new = phi_k(_rows(k, s, s + rows), top)
+        v1 = F.pad(_rows(v, s, s + rows), (0, 1), value=1.0)  # [V, 1]
+        if state is None:
+            state = fk.new_zeros(fk.shape[0], v1.shape[-1], fk.shape[-1])
+        state, top = _rescaled(state, top, new).baddbmm_(v1.transpose(-2, -1), fk), new
+        del fk, v1  # one chunk alive at a time, not this one beside the next
+    d = out.shape[-1]
+    kv, z = state[:, :d].transpose(-2, -1), state[:, d:]  # (B·H, m, D), (B·H, 1, m)
+    for s in range(0, q.shape[2], rows):
+        fq = phi_q(_rows(q, s, s + rows))
+        _write(out[:, s:s + rows], fq @ kv, (z @ fq.transpose(-2, -1)).transpose(-2, -1))
+        del fq
+
+
+def _causal(q, k, v, out, phi_q: QueryMap, phi_k: KeyMap, rows: int, c: int) -> None:
+    """Chunk by chunk (`causal_chunks`), blocks of C positions inside: block b's rows get φ(Q_b)·(carried state +
+    Σ_{b' < b} block states) + tril(φ(Q_b)φ(K_b)ᵀ)·[V_b, 1], the last column of each product the normalizer (the
+    ones column appended to V spares a second prefix sum and its products); the chunk's total is carried on."""
+    bh, n, d = out.shape
+    below = torch.ones(rows // c, rows // c, dtype=work_dtype(q.dtype), device=q.device).tril_(-1)
+    state = top = None
+    for s, e, size in causal_chunks(n, rows, c):
+        nb = (e - s) // size
+        fk, new = phi_k(_rows(k, s, e), top)
+        fk, fq = fk.view(bh, nb, size, -1), phi_q(_rows(q, s, e)).view(bh, nb, size, -1)
+        v1 = F.pad(_rows(v, s, e), (0, 1), value=1.0).view(bh, nb, size, -1)  # [V, 1]
+        kv = (fk.transpose(-2, -1) @ v1).view(bh, nb, -1)  # (B·H, nb, m·(D + 1)): each block's own state
+        if state is None:
+            state = kv.new_zeros(bh, 1, kv.shape[-1])
+        before = torch.baddbmm(_rescaled(state, top, new), below[:nb, :nb].expand(bh, nb, nb), kv)
+        state, top = before[:, -1:] + kv[:, -1:], new
+        del kv
+        intra = (fq @ fk.transpose(-2, -1)).tril_()  # (B·H, nb, C, C): j ≤ i inside the block
+        num = intra @ v1
+        del intra, fk, v1
+        num = num.add_(fq @ before.view(bh, nb, fq.shape[-1], -1)).view(bh, e - s, -1)
+        del fq, before
+        _write(out[:, s:e], num[..., :d], num[..., d:])
+        del num
+
+
+def causal_chunks(n: int, rows: int, c: int) -> list[tuple[int, int, int]]:
+    """(start, stop, block) of the causal form's chunks: `rows` positions in blocks of c, the last chunk's whole
+    blocks, then its remainder as one block of its own (no padding)."""
+    chunks = []
+    for s in range(0, n, rows):
+        e = min(s + rows, n)
+        whole = s + (e - s) // c * c
+        chunks += [(s, whole, c)] if whole > s else []
+        chunks += [(whole, e, e - whole)] if e > whole else []
+    return chunks
 
 
 def linear_core_flops(heads: int, nq: int, nk: int, m: int, d: int, causal: bool, *, executed: bool = False) -> float:
-    """Matmul FLOPs of linear_attention_core with φ of width m. Both forms: the state φ(K)ᵀV (2·Nk·m·D), its product
-    with φ(Q) (2·Nq·m·D), the normalizer φ(Q)·Σφ(K) (2·Nq·m). Causal adds the in-chunk products φ(Q_c)φ(K_c)ᵀ and
-    their product with V_c, 2·(m + D) per cell: useful counts the cells j ≤ i of the real positions, `executed` every
-    chunk's full C×C block and all the work of the zero rows that pad n to whole chunks."""
+    """Matmul FLOPs of linear_attention_core with φ of width m. Useful work, both forms: the state φ(K)ᵀV
+    (2·Nk·m·D), its product with φ(Q) (2·Nq·m·D), the normalizer φ(Q)·Σφ(K) (2·Nq·m); causal adds the in-block
+    products φ(Q_c)φ(K_c)ᵀ and their product with V_c, 2·(m + D) for each pair j ≤ i of a block. `executed`: the
+    state's products with [V, 1] (D + 1 columns: the ones column puts Σφ(K) into them); causal also the products
+    with the state before each block over D + 1 columns, every block's full C×C products and each chunk's nb×nb sum
+    of its block states."""
     if not causal:
-        return heads * (2.0 * nk * m * d + 2.0 * nq * m * d + 2.0 * nq * m)
-    C = min(causal_chunk(m, d), nq)
+        return heads * 2.0 * (nk * m * (d + int(executed)) + nq * m * (d + 1))
+    c = causal_block(m, d)
     if executed:
-        return heads * -(-nq // C) * C * (4.0 * m * d + 2.0 * m + 2.0 * C * (m + d))
-    full, rest = divmod(nq, C)
-    cells = full * C * (C + 1) / 2 + rest * (rest + 1) / 2  # in-chunk pairs with j ≤ i
+        return heads * sum((e - s) * (4.0 * m * (d + 1) + 2.0 * b * (m + d + 1))
+                           + 2.0 * ((e - s) // b) ** 2 * m * (d + 1)
+                           for s, e, b in causal_chunks(nq, chunk_rows(heads, nq, m, d, True), c))
+    full, rest = divmod(nq, c)
+    cells = full * c * (c + 1) / 2 + rest * (rest + 1) / 2  # in-block pairs with j ≤ i
     return heads * (nq * (4.0 * m * d + 2.0 * m) + 2.0 * cells * (m + d))
 
 
-def linear_core_memory(heads: int, nq: int, m: int, d: int, elem: int, causal: bool, nk: int | None = None) -> float:
-    """Predicted peak bytes of linear_attention_core above its φ inputs (output included), from the order in
-    which it allocates: the largest set of tensors alive at once. Half precision (elem 2) takes float32 φ, works in
-    float32 on a float32 copy of v (Nk·D) and ends with the cast of the output (Nq·D·elem)."""
+def linear_core_memory(heads: int, nq: int, nk: int, m: int, d: int, elem: int, causal: bool, query_map: float,
+                       key_map: float) -> float:
+    """Predicted peak bytes of linear_attention_core above its inputs: the output plus the largest set of one chunk's
+    tensors alive at once, in the order the kernel makes them. `query_map`, `key_map`: numbers per row and head held
+    at the peak of mapping a chunk of query or key rows, the features included (elu + 1: 2·m). Half precision maps
+    a float32 copy of each chunk of q and k, multiplies one of v (D per row) and casts each quotient into the output.
+    Causal: the state (m·(D + 1)) is counted from the first chunk on and the nb×nb lower-triangular ones once."""
     w = max(elem, 4)  # bytes of the work dtype
-    copy = (nk or nq) * d if elem < w else 0  # in numbers of w bytes
-    cast = nq * d * elem / w if elem < w else 0
+    cp = d if elem < w else 0  # a chunk's float32 copy of q, k or v
+    out = heads * nq * d * elem
     if not causal:
-        return heads * (copy + m * d + m + 2 * nq + 2 * nq * d) * w
-    C = min(causal_chunk(m, d), nq)
-    n = -(-nq // C) * C
-    state, zs, intra, nd = (n // C) * m * d, (n // C) * m, n * C, n * d
-    alive = max(2 * state,  # the exclusive prefix sum beside the per-chunk states
-                state + zs + intra + n + nd,  # in-chunk products and their sums, the numerator
-                state + zs + n + 2 * nd,  # numerator and the contribution of earlier chunks
-                state + zs + 2 * n + 2 * nd,  # the division into the output
-                state + zs + n + 2 * nd + cast)  # its cast back to half precision
-    if n != nq:  # zero-padded copies of φ(Q), φ(K) and V replace the φ inputs (and the copy of v)
-        return heads * max(copy + n * (2 * m + d), (n - nq) * 2 * m + nd + alive) * w
-    return heads * (copy + alive) * w
+        rows = chunk_rows(heads, max(nq, nk), m, d, False)
+        rk, rq, sums = min(rows, nk), min(rows, nq), m * (d + 1)
+        second = min(rows, nk - rows)  # rows of the second chunk of keys, the first made beside the sums
+        keys = max(rk * (key_map + cp), second * (key_map + cp) + sums,  # mapping keys
+                   rk * (m + cp + d + 1), second * (m + cp + d + 1) + sums,  # [V, 1] (from v's copy)
+                   rk * (m + d + 1) + sums)  # their product into the sums
+        queries = sums + max(rq * (query_map + cp),  # mapping queries
+                             rq * (m + d + 2),  # their features, the numerator, the normalizer row and its clamp
+                             rq * (m + d + 1 + cp))  # half: the quotient in float32 before its cast into the output
+        return out + heads * max(keys, queries) * w
+    rows, c = chunk_rows(heads, nq, m, d, True), causal_block(m, d)
+    sc = m * (d + 1)  # the carried state
+    alive = 0.0
+    for r, b in {(e - s, size) for s, e, size in causal_chunks(nq, rows, c)}:
+        blocks = (r // b) * sc
+        alive = max(alive, sc + max(
+            r * (key_map + cp),  # mapping keys
+            r * (m + query_map + cp),  # mapping queries beside the keys' features
+            r * (2 * m + cp + d + 1),  # [V, 1] from v's copy
+            r * (2 * m + d + 1) + 2 * blocks + sc,  # block states, their prefix sums, the state carried on
+            r * (2 * m + 2 * (d + 1) + b) + blocks,  # in-block products and their product with [V, 1]
+            r * (m + 2 * (d + 1)) + blocks,  # the products with the state before each block
+            r * (d + 2 + cp)))  # numerator, clamped normalizer (half: and the float32 quotient)
+    return out + (heads * alive + (rows // c) ** 2) * w
+
+
+def mapped(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """The core for features already computed, φ(Q) (B, H, Nq, m) and φ(K) (B, H, Nk, m): what a key-padding mask
+    (zeroed rows of φ(K)) and a prompt's prefill (φ(K) kept for its state) need. Chunked as above, without the
+    cache saving of mapping each chunk where it is used."""
+    return linear_attention_core(phi_q, phi_k, v, causal, _same, _same_keys, phi_q.shape[-1])
+
+
+def _same(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _same_keys(x: torch.Tensor, floor: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+    return x, None  # already stabilised

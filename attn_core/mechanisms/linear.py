@@ -1,35 +1,43 @@
 """Linear attention with φ(x) = elu(x) + 1 (Katharopoulos et al. 2020, 'Transformers are RNNs', arXiv 2006.16236)."""
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from ..spec import Generation, MechanismSpec, Shape
 from ._cache import StateCache
 from ._common import check_key_padding, checked_shape, row_normalized
-from ._linear_core import linear_attention_core, linear_core_flops, linear_core_memory, work_dtype
+from ._linear_core import LOG2E, linear_attention_core, linear_core_flops, linear_core_memory, mapped, work_dtype
 
 
-def feature_map(x):
-    """φ(x) = elu(x) + 1 > 0, elementwise: (…, D) → (…, D)."""
-    return F.elu(x).add_(1)
+def feature_map(x: torch.Tensor) -> torch.Tensor:
+    """φ(x) = elu(x) + 1 > 0, elementwise: x + 1 for x > 0, eˣ (as 2^(x·log₂e)) otherwise. (…, D) → (…, D).
+    The two parts are max(x, 0), by `threshold` (its gradient at 0 is 0; clamp's would be 1 and make φ'(0) = 2), and
+    exp(min(x, 0))."""
+    return F.threshold(x, 0.0, 0.0).add_(x.clamp(max=0).mul_(LOG2E).exp2_())
+
+
+def _key_map(x: torch.Tensor, floor: None) -> tuple[torch.Tensor, None]:
+    return feature_map(x), None  # no stabiliser: elu + 1 of finite input is finite
 
 
 def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j), j over all keys (causal: j ≤ i).
 
     q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D). Not softmax: a different, cheaper similarity.
-    O(n·D²) time; O(n·D) memory (causal by chunked prefix sums). `key_padding_mask` (B, Nk) boolean, True where
-    the key is padding: those rows of φ(K) are zeroed, so they add nothing to the numerator or the normaliser, the
-    same as leaving those keys out (exact masking); a query that sees no unpadded key outputs zeros.
+    O(n·D²) time; O(n·D) memory, the output and a cache-sized chunk (causal by chunked prefix sums). φ is applied
+    chunk by chunk, in float32 for half inputs (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
+    `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zeroed, so they add
+    nothing to the numerator or the normaliser, the same as leaving those keys out (exact masking); a query that
+    sees no unpadded key outputs zeros.
     """
     checked_shape(SPEC, q, k, v, causal)
-    work = work_dtype(v.dtype)  # float32 for half inputs: φ(q)·Σφ(k) overflows float16 (NaN at inputs × 30)
     if key_padding_mask is None:
-        return linear_attention_core(feature_map(q.to(work)), feature_map(k.to(work)), v, causal)
+        return linear_attention_core(q, k, v, causal, feature_map, _key_map, q.shape[-1])
     check_key_padding(SPEC, key_padding_mask, q, k)
+    work = work_dtype(v.dtype)
     phi_q = feature_map(q.to(work))
-    return linear_attention_core(phi_q, feature_map(k.to(work)).masked_fill_(key_padding_mask[:, None, :, None], 0.0),
-                                 v, causal)
+    return mapped(phi_q, feature_map(k.to(work)).masked_fill_(key_padding_mask[:, None, :, None], 0.0), v, causal)
 
 
 def _effective(q, k, v, causal: bool, state: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,9 +54,8 @@ def _executed_flops(s: Shape) -> float:
 
 
 def _memory(s: Shape) -> float:
-    # φ(Q) and φ(K) (float32 for half inputs), then the core.
-    return (s.bh * (s.Nq + s.Nk) * s.D * max(s.elem, 4)
-            + linear_core_memory(s.bh, s.Nq, s.D, s.D, s.elem, s.causal, s.Nk))
+    # φ = elu + 1 of a chunk: two (rows, D) tensors at its peak, the features and the other of clamp(x, max=0)
+    return linear_core_memory(s.bh, s.Nq, s.Nk, s.D, s.D, s.elem, s.causal, 2 * s.D, 2 * s.D)
 
 
 def _remember(k, v, *, max_len: int | None = None) -> StateCache:

@@ -1,0 +1,136 @@
+"""`linear` and `performer` against linear-attention-transformer 0.19.1's core functions, interleaved in one process:
+
+    python -m attn_core.benchmarks.linear            # n = 4096…32768, causal and not, 5 rounds
+    python -m attn_core.benchmarks.linear --quick    # n = 4096 and 8192, 3 rounds
+
+B = 1, H = 8, D = 64, float32, forward, 2 torch threads, glibc's allocator fixed as the engine's worker fixes it
+(env.steady_allocator: blocks of 32 MiB or more come fresh on every call); q, k, v (and Performer's projection) are
+built outside the timed calls. Each round times every contestant once, in turn (A B A B …), so a busy moment of the
+machine falls on all of them; the figures are medians over the rounds, the spread their min–max. On a machine
+other programs share, `--threads 1 --clock process` counts this process's CPU time instead (min over the rounds):
+waiting for a descheduled thread then costs nothing, which a 2-thread wall clock there charges to every op.
+
+What is compared: the peer's `linear_attn(q, k, v)` (non-causal: softmax of q over features, of k over positions,
+q·D^-½, then (kᵀv) and q·(kᵀv); its softmax over positions normalizes, so it has no normalizer of its own) and
+`causal_linear_attn(q, k, v)` (softmax of q over features, exp(k), buckets of 64 positions, each bucket sees the
+summed kᵀv of the buckets before it only, not its own: fewer products than exact causal attention, which ours
+computes, the masked in-block products included). Both are the whole call, feature maps included, as ours: `linear`
+(φ = elu + 1, width D) and `performer` (FAVOR+, m random features: its projections cost 2·m·D per row on top; at
+m = 64 its features are as wide as the peer's).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from .. import MECHANISMS, make_state
+from ..engine import env
+from ..mechanisms._common import validated
+from ..spec import Shape
+
+OURS = (("linear", {}), ("performer", {"features": 64}), ("performer", {"features": 256}))
+TARGETS = {8192: 1.0, 32768: 0.8}  # ours/peer, the issue's targets for `linear` (and Performer's core)
+TARGET_SLOPE = 1.15
+
+
+def peer_functions():
+    """(linear_attn, causal_linear_attn) of linear-attention-transformer, or None when it is not installed."""
+    try:
+        from linear_attention_transformer.linear_attention_transformer import causal_linear_attn, linear_attn
+    except ImportError:
+        return None
+    return linear_attn, causal_linear_attn
+
+
+def contestants(n: int, causal: bool, heads: int, head_dim: int, peer) -> dict:
+    """name → thunk of one forward call, inputs and state built here, outside the calls."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, head_dim, generator=g) for _ in range(3))
+    calls = {}
+    for key, params in OURS:
+        spec = MECHANISMS[key]
+        state = make_state(key, Shape(1, heads, n, n, head_dim, "float32", causal), **params)
+        name = key + "".join(f" m={v}" for v in params.values())
+        calls[name] = (lambda spec=spec, kw={**params, **state}: spec.fn(q, k, v, causal=causal, **kw))
+    if peer is not None:
+        calls["peer"] = (lambda f=peer[causal]: f(q, k, v))
+    return calls
+
+
+def race(calls: dict, rounds: int, clock=time.perf_counter) -> dict[str, list[float]]:
+    """Seconds per call of each contestant, one call each per round, in turn; one untimed call each first."""
+    times = {name: [] for name in calls}
+    with torch.inference_mode(), validated():
+        for f in calls.values():
+            f()
+        for _ in range(rounds):
+            for name, f in calls.items():
+                start = clock()
+                f()
+                times[name].append(clock() - start)
+    return times
+
+
+def measure(args: argparse.Namespace, peer, clock, pick) -> dict[tuple[str, bool, int], float]:
+    """(contestant, causal, n) → its figure in seconds, printed point by point with the spread and ours/peer."""
+    figures = {}
+    for causal in (False, True):
+        for n in args.ns:
+            times = race(contestants(n, causal, args.heads, args.head_dim, peer), args.rounds, clock)
+            fig = {name: pick(t) for name, t in times.items()}
+            cells = [f"{name} {fig[name] * 1e3:8.1f} [{min(t) * 1e3:.1f}–{max(t) * 1e3:.1f}]"
+                     for name, t in times.items()]
+            print(f"{'causal' if causal else 'full  '} n={n:6d}  " + "  ".join(cells), flush=True)
+            if "peer" in fig:
+                target = f"  (target for linear ≤ {TARGETS[n]:.1f})" if n in TARGETS else ""
+                print(f"{'':14s}ours/peer: " + ", ".join(f"{name} {fig[name] / fig['peer']:.2f}×" for name in fig
+                                                        if name != "peer") + target, flush=True)
+            figures.update({(name, causal, n): f for name, f in fig.items()})
+    return figures
+
+
+def print_slopes(figures: dict[tuple[str, bool, int], float], ns: list[int]) -> None:
+    print(f"\nTime slopes, least squares of log t on log n over n = {ns[0]}…{ns[-1]} (target ≤ {TARGET_SLOPE}):")
+    for causal in (False, True):
+        for name in dict.fromkeys(name for name, c, _ in figures if c == causal):
+            slope = np.polyfit(np.log(ns), np.log([figures[name, causal, n] for n in ns]), 1)[0]
+            print(f"  {name:20s} {'causal' if causal else 'full  '} {slope:5.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", default="4096,8192,16384,32768", help="comma-separated sequence lengths")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--clock", choices=["wall", "process"], default="wall",
+                   help="wall: medians of elapsed time; process: minima of this process's CPU time (use --threads 1)")
+    p.add_argument("--quick", action="store_true", help="n = 4096 and 8192, 3 rounds")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.n, args.rounds = "4096,8192", 3
+    args.ns = [int(x) for x in args.n.split(",")]
+    torch.set_num_threads(args.threads)
+    env.steady_allocator()
+    clock, pick = (time.perf_counter, statistics.median) if args.clock == "wall" else (time.process_time, min)
+    peer = peer_functions()
+    if peer is None:
+        print("linear-attention-transformer is not installed (pip install linear-attention-transformer==0.19.1): "
+              "ours are timed alone, without ratios.")
+    print(f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, {torch.get_num_threads()} threads, "
+          f"{args.rounds} interleaved rounds; {'median wall' if args.clock == 'wall' else 'min CPU'} ms [min–max]")
+    print("Whole calls, feature maps included. peer: linear_attn (softmax features, no normalizer) and "
+          "causal_linear_attn (buckets of 64 see the buckets before them, not their own); ours: exact causal.")
+    figures = measure(args, peer, clock, pick)
+    if len(args.ns) > 1:
+        print_slopes(figures, args.ns)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""The cache-blocked kernel of linear attention and Performer across many chunks, against the explicit O(n²) forms of
+tests/baselines.py (float64, the features as the papers write them, no stabiliser)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attn_core as ac
+from attn_core.mechanisms import _linear_core as core
+from attn_core.mechanisms import linear, performer
+from tests.baselines import elu_plus_one, kernel_attention, positive_random_features
+
+SMALL_CHUNKS = 4096  # bytes: chunks of MIN_ROWS = 64 rows at these shapes, so n = 300 runs in five of them
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(core, "CHUNK_BYTES", SMALL_CHUNKS)
+
+
+def qkv(nq: int, nk: int | None = None, *, B: int = 1, H: int = 2, D: int = 16, dtype=torch.float32, seed: int = 0,
+        grad: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(B, H, nq, D), (B, H, nk or nq, D), (B, H, nk or nq, D)]
+    return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_(grad) for s in shapes]
+
+
+def explicit(key: str, q, k, v, causal: bool, projection=None) -> torch.Tensor:
+    if key == "performer":
+        return kernel_attention(positive_random_features(q, projection), positive_random_features(k, projection), v,
+                                causal)
+    return kernel_attention(elu_plus_one(q), elu_plus_one(k), v, causal)
+
+
+def call(key: str, q, k, v, causal: bool):
+    """The mechanism's output and its projection (Performer, 64 features; None for linear)."""
+    if key == "linear":
+        return ac.attention("linear", q, k, v, causal=causal), None
+    w = performer.orthogonal_features(64, q.shape[-1], seed=3, dtype=q.dtype)
+    return ac.attention("performer", q, k, v, causal=causal, features=64, projection=w), w
+
+
+def test_small_chunks_split_the_sequence(small_chunks):
+    """The tests below run in several chunks (and causal, a remainder block): else they would test nothing new."""
+    assert core.chunk_rows(2, 300, 16, 16, False) == 64 and core.chunk_rows(2, 300, 64, 16, True) == 64
+    chunks = core.causal_chunks(300, 64, 32)
+    assert chunks[0] == (0, 64, 32) and chunks[-2:] == [(256, 288, 32), (288, 300, 12)]
+    assert [s for s, _, _ in chunks[1:]] == [e for _, e, _ in chunks[:-1]]  # contiguous, from 0 to n
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_chunked_kernel_equals_the_explicit_form(small_chunks, key, causal):
+    q, k, v = qkv(300)
+    out, w = call(key, q, k, v, causal)
+    torch.testing.assert_close(out.double(), explicit(key, q, k, v, causal, w), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+def test_chunked_cross_attention_equals_the_explicit_form(small_chunks, key):
+    q, k, v = qkv(70, 300, B=2)
+    out, w = call(key, q, k, v, False)
+    torch.testing.assert_close(out.double(), explicit(key, q, k, v, False, w), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_performer_key_maximum_growing_chunk_by_chunk_is_rescaled_exactly(small_chunks, causal):
+    """Keys growing from short along the sequence: each chunk's largest exponent max_m w·k' − |k'|²/2 exceeds the ones
+    before, so the sums of earlier chunks are rescaled at every chunk; the result still equals the unstabilised
+    float64 form."""
+    q, k, v = qkv(300)
+    k = k * torch.linspace(0.01, 0.5, 300, dtype=k.dtype)[:, None]
+    w = performer.orthogonal_features(64, 16, seed=3)
+    tops = [performer.key_features(k[:, :, s:s + 64], performer.base2(w), None)[1] for s in range(0, 300, 64)]
+    assert all((b > a).all() for a, b in zip(tops, tops[1:]))
+    out = ac.attention("performer", q, k, v, causal=causal, features=64, projection=w)
+    torch.testing.assert_close(out.double(), explicit("performer", q, k, v, causal, w), atol=1e-5, rtol=1e-4)
+
+
+def test_performer_huge_keys_keep_only_the_shortest_key_in_the_last_chunk(small_chunks):
+    """k × 10³⁰, not causal, the shortest key at position 290 (the fifth chunk): the earlier chunks' sums are
+    rescaled by 2^(−10⁶⁰) = 0 and every query returns that key's value."""
+    q, k, v = qkv(300)
+    k[:, :, 290] *= 0.01
+    out = ac.attention("performer", q, k * 1e30, v, features=32)
+    torch.testing.assert_close(out, v[:, :, 290:291].expand_as(out), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_chunked_gradients_match_the_explicit_form(small_chunks, key, causal):
+    q, k, v = qkv(150, D=8, dtype=torch.float64, grad=True)
+    out, w = call(key, q, k, v, causal)
+    got = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
+    want = torch.autograd.grad(explicit(key, q, k, v, causal, w).pow(2).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+def test_float32_gradients_flow_through_the_chunks(small_chunks, key):
+    """float32 inputs take other paths than float64 (Performer's key norms); backward must not trip on a tensor
+    changed in place, and must agree with float64."""
+    q, k, v = qkv(150, D=8, grad=True)
+    out, w = call(key, q, k, v, True)
+    got = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
+    want = torch.autograd.grad(explicit(key, q, k, v, True, w).pow(2).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype,bound", [(torch.float16, 0.005), (torch.bfloat16, 0.02)])
+def test_chunked_half_precision_stays_near_float64(small_chunks, key, causal, dtype, bound):
+    """Each chunk mapped and summed in float32, written back in half precision: max abs error against the float64
+    explicit form of the same rounded inputs within the bounds of tests/test_hardening_library.py."""
+    q, k, v = qkv(300, dtype=dtype)
+    out, w = call(key, q, k, v, causal)
+    assert out.dtype == dtype
+    assert (out.double() - explicit(key, q, k, v, causal, w)).abs().max().item() <= bound
+
+
+def test_linear_feature_map_has_the_derivative_of_elu_plus_one_at_zero_too():
+    x = torch.tensor([-30.0, -2.0, -0.0, 0.0, 1e-30, 0.5, 30.0], dtype=torch.float64, requires_grad=True)
+    got, = torch.autograd.grad(linear.feature_map(x).sum(), x)
+    want, = torch.autograd.grad(elu_plus_one(x).sum(), x)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_executed_flops_cover_the_useful_ones(causal):
+    for n, m, d in [(1, 16, 16), (300, 64, 16), (3000, 256, 40), (8192, 64, 64)]:
+        useful = core.linear_core_flops(8, n, n, m, d, causal)
+        assert core.linear_core_flops(8, n, n, m, d, causal, executed=True) >= useful > 0
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_heads_split_from_the_model_dimension_are_not_copied_whole(small_chunks, key, causal):
+    """q, k, v as MultiHeadAttention makes them, (B, N, H, D) seen as (B, H, N, D): the same output as contiguous
+    input, and only chunks are copied (a whole copy of q, k or v would lift the peak by its size)."""
+    from tests.baselines import trace_peak_bytes
+
+    B, H, n, D = 2, 2, 300, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, n, H, D, generator=g).transpose(1, 2) for _ in range(3))
+    out, w = call(key, q, k, v, causal)
+    torch.testing.assert_close(out, call(key, *(x.contiguous() for x in (q, k, v)), causal)[0])
+    state = {"features": 64, "projection": w} if key == "performer" else {}
+    shape = ac.Shape.of(q, k, causal)
+    with torch.inference_mode():
+        peak = trace_peak_bytes(lambda: ac.get(key).fn(q, k, v, causal=causal, **state))
+    assert peak < ac.get(key).memory_bytes(shape, **({"features": 64} if w is not None else {})) + q.numel() * 4 / 2
