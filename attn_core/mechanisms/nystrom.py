@@ -81,7 +81,8 @@ def _landmark_values(q_l, k, v) -> torch.Tensor:
         s = q_l @ k[:, :, start:start + step].transpose(-2, -1)  # (B, H, m, chunk)
         top = s.detach().amax(-1, keepdim=True)  # a shift: the result does not depend on it, nor its gradient
         if start == 0:
-            high, acc, total = top, torch.zeros(B, H, m, v.shape[-1], dtype=work, device=v.device), 0
+            high = top
+            acc, total = (torch.zeros(B, H, m, size, dtype=work, device=v.device) for size in (v.shape[-1], 1))
         else:  # rescale what the earlier chunks summed to the new maximum
             new = torch.maximum(high, top)
             fix = (high - new).exp_()
@@ -89,7 +90,7 @@ def _landmark_values(q_l, k, v) -> torch.Tensor:
             acc, total = acc.mul_(fix), total.mul_(fix)
         e = (s - high).exp_()  # s itself is left alone for autograd
         del s
-        total = total + e.sum(-1, keepdim=True)  # in e's dtype: a float32 sum of half e copies it to float32 first
+        total += e.sum(-1, keepdim=True)  # summed in e's dtype: a float32 sum of half e copies it to float32 first
         acc += e @ v[:, :, start:start + step]
         del e
     return acc.div_(total)
@@ -113,7 +114,7 @@ def nystrom_attention(q, k, v, *, causal: bool = False, landmarks: int = 64, pin
 
     q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D); m ≤ Nq and m ≤ Nk. Evaluated right to left, the (m, Nk)
     and (Nq, m) softmaxes in chunks of keys and of query rows (`_landmark_values`, `_query_rows`), each chunk's
-    scores at most CHUNK_ELEMS: O(n·m·D + m³) time, O(n·D + m·D + CHUNK_ELEMS) memory, no n×n (nor n×m) tensor.
+    scores at most CHUNK_ELEMS: O(n·m·D + m³) time, O(n·D + m² + CHUNK_ELEMS) memory, no n×n (nor n×m) tensor.
     With m = n the landmarks are the tokens and the result is softmax attention, up to the pseudo-inverse's
     accuracy. Not causal: each landmark averages a whole segment, future tokens included. Half-precision inputs:
     the (m, m) kernel, its pseudo-inverse, the sums over keys and W in float32, the products over n in the input
@@ -191,7 +192,7 @@ SPEC = MechanismSpec(
     supports_causal=False,
     supports_cross=True,
     time_big_o="O(n·m·d)",
-    memory_big_o="O(n·m)",
+    memory_big_o="O(n·d + m²)",
     flops=_flops,
     memory_bytes=_memory,
     effective=_effective,
