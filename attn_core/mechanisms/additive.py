@@ -149,7 +149,8 @@ def _chunk_cells(s: Shape, rows: int) -> tuple[float, int]:
 
 def _work(s: Shape, attn_dim: int, scored: float) -> float:
     """The projections W_qᵀq and W_kᵀk (2·D·attn_dim per token); per scored pair attn_dim additions, attn_dim tanh
-    (one op each) and the dot product with w (2·attn_dim); P·V (2·D per cell of the (Nq, Nk) product)."""
+    (one op each; the kernel evaluates it as a sigmoid) and the dot product with w (2·attn_dim); P·V (2·D per cell
+    of the (Nq, Nk) product)."""
     return s.bh * (2.0 * (s.Nq + s.Nk) * s.D * attn_dim + 4.0 * attn_dim * scored)
 
 
@@ -166,8 +167,8 @@ def _executed_flops(s: Shape, attn_dim: int = 64) -> float:
 
 
 def _memory(s: Shape, attn_dim: int = 64) -> float:
-    """Scoring: the scores, W_qᵀq and W_kᵀk, the tanh workspace (rows·Nk·attn_dim, rows = `chunk_rows`) and one
-    chunk's scores; then the scores and their softmax, the textbook peak; then the softmax and the output."""
+    """Scoring: the scores, W_qᵀq and W_kᵀk, the hidden-unit workspace (rows·Nk·attn_dim, rows = `chunk_rows`) and
+    one chunk's scores; then the scores and their softmax, the textbook peak; then the softmax and the output."""
     a = attn_dim
     rows = chunk_rows(s.bh, s.Nq, s.Nk, a)
     scoring = s.Nq * s.Nk + (s.Nq + s.Nk) * a + rows * s.Nk * a + _chunk_cells(s, rows)[1]
