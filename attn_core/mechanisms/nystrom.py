@@ -10,6 +10,9 @@ from ..spec import MechanismSpec, Param, Shape
 from ._common import checked_shape, scale
 
 HALF = (torch.float16, torch.bfloat16)
+# Scores held at once per chunk of keys or of query rows, in elements over all batch·heads (4 MiB in float32: a
+# chunk stays in cache; whole (n, m) scores at n = 32768 ran at half the speed per element).
+CHUNK_ELEMS = 1 << 20
 
 
 def segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
@@ -31,25 +34,22 @@ def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
     """Moore–Penrose pseudo-inverse of each (m, m) matrix in a (…, m, m), by the iteration of Razavi et al. 2014
     that Nyströmformer uses (Xiong et al. 2021, section 3): Z ← ¼ Z (13I − AZ (15I − AZ (7I − AZ))), from
     Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞), the norms per matrix (‖A‖₁: largest column sum of |A|, ‖A‖∞: largest row sum; the
-    peer nystrom-attention takes both maxima over all heads at once). O(iterations · m³) time;
-    five (…, m, m) tensors at once (A, Z, AZ and two factors), the cI − X steps in place. On a (numerically)
-    singular A, steps past convergence multiply the rounding in its null space by 13/4 each: more is not better.
+    peer nystrom-attention takes both maxima over all heads at once). O(iterations · m³) time; five (…, m, m)
+    tensors at once (A, Z, AZ and two factors), each cI − X·Y one fused product. On a (numerically) singular A,
+    steps past convergence multiply the rounding in its null space by 13/4 each: more is not better.
     """
-    norms = a.abs().sum(-2).amax(-1) * a.abs().sum(-1).amax(-1)  # (…)
-    z = a.transpose(-2, -1) / norms[..., None, None]
+    shape, m = a.shape, a.shape[-1]
+    a = a.reshape(-1, m, m)
+    norms = a.abs().sum(-2).amax(-1) * a.abs().sum(-1).amax(-1)  # (batch,)
+    z = a.transpose(-2, -1) / norms[:, None, None]
+    i7, i15, i13 = (c * torch.eye(m, dtype=a.dtype, device=a.device) for c in (7, 15, 13))
     for _ in range(iterations):
-        az = a @ z
-        t = _identity_minus(az.clone(), 7)
-        t = _identity_minus(az @ t, 15)
-        t = _identity_minus(az @ t, 13)
-        z = (z @ t).mul_(0.25)
-    return z
-
-
-def _identity_minus(x: torch.Tensor, c: float) -> torch.Tensor:
-    """c·I − x, overwriting x (…, m, m)."""
-    x.neg_().diagonal(dim1=-2, dim2=-1).add_(c)
-    return x
+        az = torch.bmm(a, z)
+        t = torch.baddbmm(i15, az, i7 - az, alpha=-1)  # 15I − AZ(7I − AZ)
+        t = torch.baddbmm(i13, az, t, alpha=-1)
+        z = torch.baddbmm(z, z, t, beta=0, alpha=0.25)  # ¼ Z t (z as the ignored input: beta = 0)
+        del az, t  # before the next step makes its own
+    return z.view(shape)
 
 
 def _landmarks(q, k, landmarks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,28 +65,69 @@ def _landmark_pinv(q_l, k_l, pinv_iterations: int) -> torch.Tensor:
     return iterative_pinv(a, pinv_iterations)
 
 
+def _chunk(heads: int, landmarks: int) -> int:
+    """Tokens per chunk: as many as keep a chunk's scores, heads·chunk·landmarks, within CHUNK_ELEMS."""
+    return max(1, CHUNK_ELEMS // (heads * landmarks))
+
+
+def _landmark_values(q_l, k, v) -> torch.Tensor:
+    """softmax(Q̃ Kᵀ/√D) V (B, H, m, D) from the scaled landmarks, over chunks of keys with a running maximum (the
+    online softmax: earlier chunks' sums rescaled by exp(old max − new max)), so only a chunk's (m, chunk) scores
+    exist. Sums in float32 for half inputs."""
+    B, H, m, _ = q_l.shape
+    n, step = k.shape[-2], _chunk(B * H, m)
+    work = torch.float32 if v.dtype in HALF else v.dtype
+    for start in range(0, n, step):
+        s = q_l @ k[:, :, start:start + step].transpose(-2, -1)  # (B, H, m, chunk)
+        top = s.detach().amax(-1, keepdim=True)  # a shift: the result does not depend on it, nor its gradient
+        if start == 0:
+            high = top
+            acc, total = (torch.zeros(B, H, m, size, dtype=work, device=v.device) for size in (v.shape[-1], 1))
+        else:  # rescale what the earlier chunks summed to the new maximum
+            new = torch.maximum(high, top)
+            fix = (high - new).exp_()
+            high = new
+            acc, total = acc.mul_(fix), total.mul_(fix)
+        e = (s - high).exp_()  # s itself is left alone for autograd
+        del s
+        total += e.sum(-1, keepdim=True)  # summed in e's dtype: a float32 sum of half e copies it to float32 first
+        acc += e @ v[:, :, start:start + step]
+        del e
+    return acc.div_(total)
+
+
+def _query_rows(q, k_l, w) -> torch.Tensor:
+    """softmax(Q K̃ᵀ/√D) W (B, H, Nq, D) over chunks of query rows, so only a chunk's (chunk, m) scores exist."""
+    B, H, nq, _ = q.shape
+    out = q.new_empty(B, H, nq, w.shape[-1])
+    step = _chunk(B * H, k_l.shape[-2])
+    for start in range(0, nq, step):
+        p = torch.softmax(q[:, :, start:start + step] @ k_l.transpose(-2, -1), dim=-1)  # (B, H, chunk, m)
+        out[:, :, start:start + step] = p @ w
+        del p
+    return out
+
+
 def nystrom_attention(q, k, v, *, causal: bool = False, landmarks: int = 64, pinv_iterations: int = 6):
     """softmax(Q K̃ᵀ/√D) · pinv(softmax(Q̃ K̃ᵀ/√D)) · (softmax(Q̃ Kᵀ/√D) · V), Q̃ and K̃ the m = `landmarks` segment
     means of q and k (`segment_means`), pinv by `pinv_iterations` steps of `iterative_pinv`.
 
-    q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D); m ≤ Nq and m ≤ Nk. Evaluated right to left, so the largest
-    tensors are (m, Nk) and (Nq, m): O(n·m·D + m³) time, O(n·m) memory, no n×n tensor. With m = n the landmarks are
-    the tokens and the result is softmax attention, up to the pseudo-inverse's accuracy. Not causal: each landmark
-    averages a whole segment, future tokens included. Half-precision inputs: the (m, m) kernel, its pseudo-inverse
-    and their product with softmax(Q̃ Kᵀ/√D)·V in float32, the (n, m) products in the input dtype.
+    q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D); m ≤ Nq and m ≤ Nk. Evaluated right to left, the (m, Nk)
+    and (Nq, m) softmaxes in chunks of keys and of query rows (`_landmark_values`, `_query_rows`), each chunk's
+    scores at most CHUNK_ELEMS: O(n·m·D + m³) time, O(n·D + m² + CHUNK_ELEMS) memory, no n×n (nor n×m) tensor.
+    With m = n the landmarks are the tokens and the result is softmax attention, up to the pseudo-inverse's
+    accuracy. Not causal: each landmark averages a whole segment, future tokens included. Half-precision inputs:
+    the (m, m) kernel, its pseudo-inverse, the sums over keys and W in float32, the products over n in the input
+    dtype.
     """
     checked_shape(SPEC, q, k, v, causal, landmarks=landmarks, pinv_iterations=pinv_iterations)
     q_l, k_l = _landmarks(q, k, landmarks)
-    kernel = torch.softmax(q_l @ k.transpose(-2, -1), dim=-1)  # (B, H, m, Nk)
-    kv = kernel @ v  # (B, H, m, D)
-    del kernel
+    kv = _landmark_values(q_l, k, v)  # (B, H, m, D)
     z = _landmark_pinv(q_l, k_l, pinv_iterations)  # (B, H, m, m)
     del q_l
     w = (z @ kv.to(z.dtype)).to(q.dtype)  # (B, H, m, D)
     del z, kv
-    kernel = torch.softmax(q @ k_l.transpose(-2, -1), dim=-1)  # (B, H, Nq, m)
-    del k_l
-    return kernel @ w
+    return _query_rows(q, k_l, w)
 
 
 def _effective(q, k, v, causal: bool, state: dict, landmarks: int = 64, pinv_iterations: int = 6):
@@ -119,15 +160,18 @@ def _flops(s: Shape, landmarks: int = 64, pinv_iterations: int = 6) -> float:
 
 def _memory(s: Shape, landmarks: int = 64, pinv_iterations: int = 6) -> float:
     """Peak bytes above the inputs: the largest of the stages, in the order the kernel runs them (elements per head;
-    Q̃ and K̃, or later K̃ and W, are alive throughout)."""
+    Q̃ and K̃, later K̃ and W, alive throughout; c₁ keys and c₂ query rows a chunk)."""
     m, e, nq, nk, d = landmarks, s.elem, s.Nq, s.Nk, s.D
-    w = 4 if e < 4 else e  # the landmark kernel and its pseudo-inverse run in float32 for half inputs
+    w = 4 if e < 4 else e  # sums over keys, the landmark kernel and its pseudo-inverse in float32 for half inputs
+    c1, c2 = (min(_chunk(s.bh, m), n) for n in (nk, nq))
     copies = 2 * m * d * w if e < 4 else 0  # Q̃ and K̃ in float32
-    stages = (2 * m * nk * e,  # scores Q̃Kᵀ and their softmax
-              m * d * e + copies + 2 * m * m * w,  # softmax(Q̃Kᵀ)·V; the landmark scores and their softmax A
-              m * d * e + 5 * m * m * w,  # A, Z, AZ and two factors of one step of the pseudo-inverse
-              2 * m * nq * e,  # scores QK̃ᵀ and their softmax
-              m * nq * e + nq * d * e - m * d * e)  # that softmax and the output (K̃ freed)
+    stages = (m * d * w + 4 * m * w + max(2 * m * c1 * e, m * c1 * e + m * d * e),  # a chunk of keys: scores, their
+              # exponentials, then their product with V, beside the running sum, maximum and rescaling
+              m * d * w + copies + 2 * m * m * w,  # softmax(Q̃Kᵀ)·V; the landmark scores and their softmax A
+              m * d * w + 5 * m * m * w + 3 * m * m * w / s.bh,  # A, Z, AZ and two factors of one step of the
+              # pseudo-inverse, and 7I, 15I, 13I (one each, not per head)
+              nq * d * e + max(2 * c2 * m * e, c2 * m * e + c2 * d * e))  # the output; a chunk of rows: scores,
+    # softmax, then its product with W
     return s.bh * (2 * m * d * e + max(stages))
 
 
@@ -148,7 +192,7 @@ SPEC = MechanismSpec(
     supports_causal=False,
     supports_cross=True,
     time_big_o="O(n·m·d)",
-    memory_big_o="O(n·m)",
+    memory_big_o="O(n·d + m²)",
     flops=_flops,
     memory_bytes=_memory,
     effective=_effective,
