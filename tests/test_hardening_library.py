@@ -30,7 +30,7 @@ def message(call) -> str:
 def test_causal_that_is_not_a_bool_is_refused_by_every_mechanism(key, causal):
     """The string 'false' is truthy: before, it silently computed causal attention."""
     q, k, v = qkv()
-    params = {"linformer": {"rank": 16}, "performer": {"features": 16}}.get(key, {})
+    params = {"linformer": {"rank": 16}, "performer": {"features": 16}, "nystrom": {"landmarks": 8}}.get(key, {})
     for call in (lambda: ac.attention(key, q, k, v, causal=causal, **params),
                  lambda: ac.get(key).fn(q, k, v, causal=causal, **params)):
         text = message(call)
@@ -131,7 +131,7 @@ def test_the_finite_check_runs_at_the_entry_point_not_in_the_timed_function(key)
     host sync on a GPU) stays out of it, so spec.fn passes NaN through as before."""
     name = "q" if ac.get(key).shared_qk else "k"  # a mechanism whose keys are its queries never reads k
     q, k, v = spoiled(name, float("nan"), 1)
-    params = {"linformer": {"rank": 16}, "performer": {"features": 16}}.get(key, {})
+    params = {"linformer": {"rank": 16}, "performer": {"features": 16}, "nystrom": {"landmarks": 8}}.get(key, {})
     assert f"{name} holds 1 NaN" in message(lambda: ac.attention(key, q, k, v, **params))
     assert torch.isnan(ac.get(key).fn(q, k, v, **params)).any()
 
