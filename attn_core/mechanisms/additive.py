@@ -7,7 +7,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from attn_core import masks
+from .. import masks
 from ..spec import MechanismSpec, Param, Shape
 from ._common import checked_shape
 
