@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from attn_core import MECHANISMS
+from .. import MECHANISMS
 from ..engine import env, worker
 from ..engine.measure import (Case, Problem, Settings, call_of, format_bytes, make_inputs, make_state,
                               time_samples)

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from attn_core import MECHANISMS
+from .. import MECHANISMS
 from ..engine import env
 from ..engine.analysis import fit_slopes
 from ..engine.measure import Case, Problem, Settings, format_bytes, make_row, measure_case

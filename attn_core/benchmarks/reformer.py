@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from attn_core import MECHANISMS
+from .. import MECHANISMS
 from ..engine import env
 from ..engine.analysis import fit_slopes
 from ..engine.measure import Case, Settings, format_bytes, measure_case
