@@ -53,7 +53,7 @@ def contestants(n: int, causal: bool, heads: int, head_dim: int, peer) -> dict:
     calls = {}
     for key, params in OURS:
         spec = MECHANISMS[key]
-        state = make_state(key, Shape(1, heads, n, n, head_dim, "float32", causal), **params)
+        state = make_state(key, Shape(1, heads, n, n, head_dim, dtype="float32", causal=causal), **params)
         name = key + "".join(f" m={v}" for v in params.values())
         calls[name] = (lambda spec=spec, kw={**params, **state}: spec.fn(q, k, v, causal=causal, **kw))
     if peer is not None:

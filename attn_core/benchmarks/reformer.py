@@ -23,7 +23,7 @@ import torch
 from .. import MECHANISMS
 from ..engine import env
 from ..engine.analysis import fit_slopes
-from ..engine.measure import Case, Settings, format_bytes, measure_case
+from ..engine.measure import Case, Problem, Settings, format_bytes, measure_case
 from ..mechanisms._common import validated
 from ..engine.results import frame_from_rows
 from ..spec import Shape
@@ -32,14 +32,14 @@ TARGET_TIME_SLOPE, TARGET_RATIO = 1.25, 1.0
 
 
 def slopes(args: argparse.Namespace) -> None:
-    settings = Settings(warmup=1, min_repeats=args.repeats, min_time_s=0.0, budget_s=args.budget,
+    settings = Settings(warmup=1, min_repeats=args.repeats, min_time_s=0.0, point_budget_s=args.budget,
                         threads=args.threads)
     params = (("bucket_size", args.bucket_size), ("n_hashes", args.n_hashes))
     rows = []
     for causal in (False, True) if args.causal else (False,):
         for n in args.slope_n:
-            case = Case(mechanism="reformer", params=params, n=n, batch=1, heads=args.heads,
-                        d_model=args.heads * args.head_dim, dtype="float32", device="cpu", causal=causal)
+            problem = Problem(heads=args.heads, d_model=args.heads * args.head_dim, device="cpu", causal=causal)
+            case = Case(mechanism="reformer", params=params, n=n, problem=problem)
             row, _ = measure_case(MECHANISMS["reformer"], case, settings)
             rows.append(row)
             print(f"  {'causal' if causal else 'full  '} n={n:6d} {row['status']:8s} "
