@@ -105,8 +105,9 @@ if param:
     app.export_row(chart, frame, f"accuracy-{key}-{param}", "acc_dl_error")
 st.dataframe(readable(frame[["params", *accuracy.METRICS, "time_s", "predicted_bytes"]]), hide_index=True)
 st.caption("KL(softmax ‖ mechanism) is infinite when the mechanism gives zero weight to a key softmax weights "
-           "(sparse patterns): the dropped mass says how much. Linformer weighs projected keys, so it has neither. "
-           f"KL is computed for n ≤ {accuracy.KL_MAX_N}.")
+           "(sparse patterns): the dropped mass says how much. Weights over projected keys "
+           f"({', '.join(s.label for s in MECHANISMS.values() if s.projected)}) have neither, and weights that can be "
+           f"negative (a pseudo-inverse) have no KL. KL is computed for n ≤ {accuracy.KL_MAX_N}.")
 
 st.subheader("Speed vs accuracy, every mechanism")
 if st.toggle("Time every mechanism at these settings (a few seconds)", False, **app.keyed("acc_scatter")):
