@@ -22,12 +22,12 @@ import argparse
 import math
 import statistics
 import sys
-import time
 
 import numpy as np
 import torch
 
 from .. import MECHANISMS
+from . import interleaved
 from ..engine import env
 from ..engine.analysis import fit_slopes
 from ..engine.measure import Case, Problem, Settings, format_bytes, measure_case
@@ -109,19 +109,6 @@ def peer_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     module.to_out = torch.nn.Identity()
     x = torch.empty(B, n, H * D)  # its shape is all the forward reads of x
     return lambda: module(x)
-
-
-def interleaved(fns: dict, rounds: int) -> dict[str, list[float]]:
-    """Seconds per call of each thunk, one call of each per round, in turn (after one untimed call each)."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:

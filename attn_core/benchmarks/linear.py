@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from .. import MECHANISMS, make_state
+from . import interleaved
 from ..engine import env
-from ..mechanisms._common import validated
 from ..spec import Shape
 
 OURS = (("linear", {}), ("performer", {"features": 64}), ("performer", {"features": 256}))
@@ -61,26 +61,12 @@ def contestants(n: int, causal: bool, heads: int, head_dim: int, peer) -> dict:
     return calls
 
 
-def race(calls: dict, rounds: int, clock=time.perf_counter) -> dict[str, list[float]]:
-    """Seconds per call of each contestant, one call each per round, in turn; one untimed call each first."""
-    times = {name: [] for name in calls}
-    with torch.inference_mode(), validated():
-        for f in calls.values():
-            f()
-        for _ in range(rounds):
-            for name, f in calls.items():
-                start = clock()
-                f()
-                times[name].append(clock() - start)
-    return times
-
-
 def measure(args: argparse.Namespace, peer, clock, pick) -> dict[tuple[str, bool, int], float]:
     """(contestant, causal, n) → its figure in seconds, printed point by point with the spread and ours/peer."""
     figures = {}
     for causal in (False, True):
         for n in args.ns:
-            times = race(contestants(n, causal, args.heads, args.head_dim, peer), args.rounds, clock)
+            times = interleaved(contestants(n, causal, args.heads, args.head_dim, peer), args.rounds, clock)
             fig = {name: pick(t) for name, t in times.items()}
             cells = [f"{name} {fig[name] * 1e3:8.1f} [{min(t) * 1e3:.1f}–{max(t) * 1e3:.1f}]"
                      for name, t in times.items()]

@@ -15,16 +15,15 @@ import argparse
 import math
 import statistics
 import sys
-import time
 
 import numpy as np
 import torch
 
 from .. import MECHANISMS
+from . import interleaved
 from ..engine import env
 from ..engine.analysis import fit_slopes
 from ..engine.measure import Case, Problem, Settings, format_bytes, measure_case
-from ..mechanisms._common import validated
 from ..engine.results import frame_from_rows
 from ..spec import Shape
 
@@ -84,7 +83,8 @@ def peer_ratios(args: argparse.Namespace) -> None:
             def theirs():
                 peer(qk2, v2)
 
-            a, b = interleaved(ours, theirs, args.pairs)
+            times = interleaved({"ours": ours, "peer": theirs}, args.pairs)
+            a, b = times["ours"], times["peer"]
             ratios = sorted(x / y for x, y in zip(a, b))
             verdict = "meets" if statistics.median(ratios) <= TARGET_RATIO else "MISSES"
             print(f"  {'causal' if causal else 'full  '} n={n:6d}  ours {statistics.median(a) * 1e3:8.1f} ms "
@@ -92,19 +92,6 @@ def peer_ratios(args: argparse.Namespace) -> None:
                   f"(range {min(b) * 1e3:.0f}–{max(b) * 1e3:.0f})  ratio ours/peer median "
                   f"{statistics.median(ratios):.2f} (pairs {ratios[0]:.2f}–{ratios[-1]:.2f}), {verdict} ≤ "
                   f"{TARGET_RATIO}", flush=True)
-
-
-def interleaved(a, b, pairs: int) -> tuple[list[float], list[float]]:
-    """Seconds of `pairs` calls of each, A B A B …, after one warm-up call of each."""
-    out_a, out_b = [], []
-    with torch.inference_mode(), validated():
-        a(), b()
-        for _ in range(pairs):
-            for f, out in ((a, out_a), (b, out_b)):
-                start = time.perf_counter()
-                f()
-                out.append(time.perf_counter() - start)
-    return out_a, out_b
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from typing import Callable
 
 import numpy as np
 import torch
 
 from .. import MECHANISMS
+from . import CLOCKS, interleaved
 from ..engine import env
 from ..engine.measure import format_bytes
 from ..mechanisms._common import validated
@@ -49,24 +49,6 @@ def thunk(key: str, params: dict, n: int, args: argparse.Namespace) -> Callable[
     return call
 
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-
-
-def interleaved(calls: dict[str, Callable[[], object]], rounds: int, clock: str = "wall") -> dict[str, list[float]]:
-    """Seconds per call of each line, one call of every line per round, after one warm-up call each. `clock`
-    'cpu' reads this process's CPU seconds (all its threads), which waiting for a busy core does not inflate."""
-    now = CLOCKS[clock]
-    for call in calls.values():
-        call()
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            start = now()
-            call()
-            samples[name].append(now() - start)
-    return samples
-
-
 def spread(xs: list[float]) -> str:
     """Median [min–max] of a few samples."""
     return f"{np.median(xs):.3g} [{min(xs):.3g}–{max(xs):.3g}]"
@@ -81,7 +63,7 @@ def slopes(args: argparse.Namespace) -> None:
           f"({method}), beside the spec's prediction.")
     for n in ns:
         calls = {key: thunk(key, params, n, args) for key, params in LINES.items()}
-        samples = interleaved(calls, args.rounds, args.clock)
+        samples = interleaved(calls, args.rounds, CLOCKS[args.clock])
         for key, call in calls.items():
             env.release_cached_memory(args.device)
             peak = float(peak_of(call))
@@ -104,7 +86,7 @@ def versus_baseline(args: argparse.Namespace) -> None:
     n = args.compare_n
     calls = {key: thunk(key, params, n, args) for key, params in LINES.items()}
     calls[BASELINE] = thunk(BASELINE, {}, n, args)
-    samples = interleaved(calls, args.compare_rounds, args.clock)
+    samples = interleaved(calls, args.compare_rounds, CLOCKS[args.clock])
     base = samples[BASELINE]
     print(f"\nAt n = {n}, {args.compare_rounds} interleaved rounds: seconds per call, median [min–max]; "
           f"speed-up over {BASELINE} as the median [min–max] of each round's ratio (target ≥ {TARGET_SPEEDUP:g}×):")
