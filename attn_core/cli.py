@@ -40,6 +40,7 @@ examples:
   python -m attn_core sweep --mechanisms softmax,sliding_window --n 1024:16384 --out run.json
   python -m attn_core sweep --mechanisms sliding_window:window=128,sliding_window:window=512 --n 256,1024,4096
   python -m attn_core sweep --device cuda --dtype float16 --mode forward+backward --n 1024:32768:6 --out run.csv
+  python -m attn_core sweep --mode generate --mechanisms softmax,sliding_window,linear --n 1024:65536:7
   python -m attn_core show run.json
 """
 
@@ -126,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto (cuda, then mps, then cpu), cpu, cuda or mps; available here: "
                         + ", ".join(env.available_devices()))
     s.add_argument("--mode", default="forward", choices=MODES,
-                   help="forward (under inference mode) or forward+backward (gradients of q, k, v; FLOPs ×3)")
+                   help="forward (under inference mode), forward+backward (gradients of q, k, v; FLOPs ×3), or "
+                        "generate (one new token's step against the cache of n tokens: time per token, and the "
+                        "cache's bytes as memory; always causal)")
     s.add_argument("--causal", action="store_true", help="causal masking (mechanisms that cannot are refused)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     s.add_argument("--warmup", type=int, default=d["warmup"], help="untimed calls before timing (default %(default)s)")
@@ -178,8 +181,9 @@ def _row_line(row: dict) -> str:
     what = f"{row['mechanism']} n={row['n']}"
     if row["status"] != "ok":
         return f"{what}: {row['status']}: {row['reason']}"
-    line = (f"{what}: {row['time_median_s'] * 1e3:.3f} ms (IQR {row['time_iqr_s'] * 1e3:.3f}), "
-            f"peak {format_bytes(row['peak_bytes']) if row['peak_bytes'] == row['peak_bytes'] else 'n/a'}")
+    per, memory = (" a token", "cache") if row["mode"] == "generate" else ("", "peak")
+    line = (f"{what}: {row['time_median_s'] * 1e3:.3f} ms{per} (IQR {row['time_iqr_s'] * 1e3:.3f}), "
+            f"{memory} {format_bytes(row['peak_bytes']) if row['peak_bytes'] == row['peak_bytes'] else 'n/a'}")
     if row["disturbed"]:
         return line + f"  DISTURBED: other programs used {row['foreign_cpu']:.2f} cores while it was timed"
     return line + (f"  ({row['retaken']} samples retaken: other programs took CPU)" if row["retaken"] else "")

@@ -109,12 +109,25 @@ class Generation:
     `nbytes` when preallocated for exactly that context).
     `prefill(q, k, v, *, max_len=None, **params) -> (out, cache)`: the causal outputs of the prompt and its cache;
     None: the mechanism's own causal forward beside `remember`. Set it when one pass serves both (Performer's φ(K)).
+    `step_flops(shape, **params)`: FLOPs of one step after shape.Nk tokens; None: 2 per cached number, the cost of
+    a key-value cache (q·k over each cached key, p·v over each cached value: 4·L·d for L tokens). A fixed-size state
+    is read and updated in each step and gives its own.
+    `step_big_o`, `cache_big_o`: a step's time and the cache's size in the context length n, for charts.
     """
 
     remember: Callable[..., Any]
     step: Callable[..., tuple[torch.Tensor, Any]]
     cache_bytes: Callable[..., float]
     prefill: Callable[..., tuple[torch.Tensor, Any]] | None = None
+    step_flops: Callable[..., float] | None = None
+    step_big_o: str = "O(cache)"
+    cache_big_o: str = "O(cache)"
+
+    def flops(self, shape: Shape, **params: Any) -> float:
+        """FLOPs of one step after shape.Nk tokens: `step_flops`, or 2 per number the cache holds."""
+        if self.step_flops is not None:
+            return float(self.step_flops(shape, **params))
+        return 2.0 * self.cache_bytes(shape, **params) / shape.elem
 
 
 @dataclass(frozen=True)

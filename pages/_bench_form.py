@@ -17,7 +17,10 @@ DEVICES = env.available_devices()
 # The number widgets' ranges (low, high); the link check reads them too
 NUMBERS = {"bench_steps": (1, 16), "bench_d_model": (1, 16384), "bench_heads": (1, 256), "bench_batch": (1, 1024),
            "bench_speed": (0.5, 20.0)}
-MODES, AXES, BASELINES = ["forward", "forward+backward"], ["log-log", "linear"], ["softmax", "sdpa"]
+MODES, AXES, BASELINES = ["forward", "forward+backward", "generate"], ["log-log", "linear"], ["softmax", "sdpa"]
+MODE_HELP = ("forward+backward counts 3× the forward FLOPs. generate: one new token's step against the cache of n "
+             "tokens (time per token) and the bytes that cache holds, as a model generating text; always causal, "
+             "and only for mechanisms that can generate token by token")
 SHOWN_PRESETS = {**presets.PRESETS, presets.QUICK_DEMO.name: presets.QUICK_DEMO}
 CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
 keyed = functools.partial(app.keyed, link=True)  # every setting lives in the URL: a link reproduces a setup
@@ -95,9 +98,9 @@ def settings() -> tuple[SweepConfig, list[str]]:
         if S.get("bench_dtype", dtypes[0]) not in dtypes:
             S["bench_dtype"] = dtypes[0]  # the device changed under a dtype it lacks
         dtype = where.selectbox("dtype", dtypes, **keyed("bench_dtype"))
-        causal = where.toggle("Causal mask", p.causal, **keyed("bench_causal"))
-        mode = where.radio("Mode", MODES, **keyed("bench_mode"),
-                           help="forward+backward counts 3× the forward FLOPs")
+        mode = where.radio("Mode", MODES, **keyed("bench_mode"), help=MODE_HELP)
+        causal = where.toggle("Causal mask", p.causal, **keyed("bench_causal"), disabled=mode == "generate",
+                              help="generating is causal: a new token has no future" if mode == "generate" else None)
     config = d.replaced(mechanisms=mechanisms, ns=log_spaced(n_min, n_max, steps), batch=batch, heads=heads,
                         d_model=d_model, dtype=dtype, device=device, mode=mode, causal=causal)
     return config, config.problems()

@@ -68,7 +68,7 @@ picked = S.get("bench_preset")
 if picked or talk:
     st.markdown(f"**{picked}**: {form.SHOWN_PRESETS[picked].look_for}" if picked else
                 "**Presets**: one click sets everything and runs.")
-per_row = 2 if talk else len(presets.PRESETS)  # talk mode's large type: two to a row, no name cut short
+per_row = 2 if talk else 4  # talk mode's large type: two to a row, no name cut short
 slots = [column for _ in range(0, len(presets.PRESETS), per_row) for column in st.columns(per_row)]
 for column, (name, preset) in zip(slots, presets.PRESETS.items()):
     column.button(name, key=f"bench_preset_{name.lower().replace(' ', '_')}", on_click=apply_preset, args=(preset,),

@@ -1,4 +1,4 @@
-"""Home: what the dashboard shows, the device it measures on, and a one-click demo."""
+"""Home: what the dashboard shows, the device it measures on, and one-click demos (forward pass, generation)."""
 import pandas as pd
 import streamlit as st
 
@@ -29,5 +29,13 @@ st.caption(presets.QUICK_DEMO.look_for + " A few seconds on a laptop CPU.")
 if st.button("Run the quick demo", key="home_demo", type="primary", icon=":material/play_arrow:", disabled=busy,
              help="A sweep is running; stop it on the Benchmark page first." if busy else None):
     st.session_state["bench_start_preset"] = presets.QUICK_DEMO.name  # the Benchmark page sets its panel, queues it
+    st.switch_page("pages/benchmark.py")
+st.markdown("Generating text is the other half of the story: each new token reads everything its mechanism "
+            "remembers. The Benchmark page's generate mode times one token's step against the cache of n tokens and "
+            "weighs that cache.")
+KV = presets.PRESETS["Why the KV cache hurts"]
+if st.button("Show why the KV cache hurts", key="home_generate", icon=":material/play_arrow:", disabled=busy,
+             help=KV.look_for):
+    st.session_state["bench_start_preset"] = KV.name
     st.switch_page("pages/benchmark.py")
 st.page_link("pages/benchmark.py", label="Or choose your own settings on the Benchmark page", icon=":material/tune:")

@@ -451,3 +451,34 @@ def test_a_shown_runs_parameter_the_panel_cannot_hold_is_said_not_dropped():
     assert widget(at, "bench_p_sliding_window_window").value == MECHANISMS["sliding_window"].param("window").default
     said = [i.value for i in at.info if "Showing the saved run" in i.value]
     assert len(said) == 1 and "cannot hold: window 0" in said[0]
+
+
+def test_a_generate_sweep_draws_time_per_token_and_cache_memory_and_refuses_what_cannot_generate():
+    at = benchmark(**{**TINY, "bench_mode": "generate"})
+    assert widget(at, "bench_causal").disabled  # generating is causal whatever the toggle says
+    assert warnings(at) == []
+    widget(at, "bench_approx").set_value(["linear", "linformer"])
+    at.run()
+    assert any(w.startswith("Linformer cannot generate token by token.") for w in warnings(at))
+    assert at.button(key="bench_run").disabled
+    widget(at, "bench_approx").set_value(["linear"])
+    at.run()
+    at.button(key="bench_run").click().run()
+    run_to_end(at)
+    specs = chart_specs(at)
+    assert [s["title"]["text"] for s in specs] == ["Time per generated token vs context length",
+                                                   "Cache memory vs context length"]
+    frame = at.session_state["bench_job"].frame()
+    assert set(frame["mode"]) == {"generate"} and set(frame["status"]) == {"ok"}
+    assert (frame["peak_bytes"] == frame["predicted_bytes"]).all() and not at.exception
+
+
+def test_the_kv_cache_preset_sets_generate_mode_in_one_click():
+    at = benchmark()
+    at.button(key="bench_preset_why_the_kv_cache_hurts").click().run()
+    assert widget(at, "bench_mode").value == "generate"
+    assert widget(at, "bench_exact").value == ["softmax", "sdpa", "sliding_window"]
+    assert any("key-value cache" in m.value for m in at.markdown)
+    at.button(key="bench_stop").click().run()
+    run_to_end(at)
+    assert not at.exception

@@ -19,6 +19,8 @@ METRICS = {
     "time_median_s": ("time_ms", "ms", 1e-3, "Time per call"),
     "peak_bytes": ("memory_mib", "MiB", 2.0**20, "Peak memory above inputs"),
 }
+# ... and what they are called for a sweep generating token by token (mode "generate")
+GENERATE_NAMES = {"time_median_s": "Time per generated token", "peak_bytes": "Cache memory"}
 # analysis' curve kinds; a roofline's legend names the device's figure (analysis.roofline)
 CURVES = {"spec": "each mechanism's own cost (spec)", "n²": "O(n²)", "n": "O(n)",
           "roofline": "hardware limit (matmul, measured)"}
@@ -107,11 +109,29 @@ def _contention(disturbed: bool, cores: float, retaken: int) -> str:
     return f"clean: other programs used {cores:.1f} cores" if pd.notna(cores) else "not recorded"
 
 
-TOOLTIP = [
-    alt.Tooltip("series:N", title="Mechanism"),
-    alt.Tooltip("n:Q", title="Sequence length n", format=",d"),
-    alt.Tooltip("time:N", title="Time per call"),
-    alt.Tooltip("memory:N", title="Peak memory above inputs"),
+def generating(df: pd.DataFrame) -> bool:
+    """Whether a results frame measured generation steps (every row in mode "generate")."""
+    return bool(len(df)) and "mode" in df and bool(df["mode"].eq("generate").all())
+
+
+def metric_name(df: pd.DataFrame, metric: str) -> str:
+    """What a chart of `metric` calls its values: 'Time per call', or 'Time per generated token' when generating."""
+    return GENERATE_NAMES[metric] if generating(df) else METRICS[metric][3]
+
+
+def length_name(generate: bool) -> str:
+    return "Context length n" if generate else "Sequence length n"
+
+
+def tooltip(generate: bool) -> list[alt.Tooltip]:
+    """A point's tooltip, its names as the chart's."""
+    names = GENERATE_NAMES if generate else {m: v[3] for m, v in METRICS.items()}
+    return [alt.Tooltip("series:N", title="Mechanism"), alt.Tooltip("n:Q", title=length_name(generate), format=",d"),
+            alt.Tooltip("time:N", title=names["time_median_s"]), alt.Tooltip("memory:N", title=names["peak_bytes"]),
+            *TOOLTIP]
+
+
+TOOLTIP = [  # the rest of a point's tooltip
     alt.Tooltip("predicted:N", title="Predicted memory (spec)"),
     alt.Tooltip("memory_method:N", title="Memory measured by"),
     alt.Tooltip("throughput:N", title="Achieved"),
@@ -190,12 +210,13 @@ class ChartShape:
     ticks: tuple[int, ...]  # the measured lengths, as the x axis' ticks when they are few (else Vega's own)
     formulas: tuple[tuple[str, str], ...]  # line → its theory formula, written into the colour legend
     y_domain: tuple[float, ...] = ()  # set only when the values span no range (none, or all equal): Vega's own else
+    generate: bool = False  # generation steps: time per token against the context, the cache's memory
 
 
 def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, *, log: bool = True,
                 talk: bool = False, title: str | None = None, subtitle: str | list[str] | None = None,
                 width: int | str | None = None, height: int | str | None = None) -> ChartShape:
-    _, unit, _, name = METRICS[metric]
+    unit, name = METRICS[metric][1], metric_name(df, metric)
     every = pd.concat([frames[key] for key in ("points", "disturbed", "missing") if key in frames])
     scale = colour_scale(every.drop_duplicates("line")[["mechanism", "line"]].itertuples(index=False))
     theory = frames.get("theory")
@@ -211,7 +232,7 @@ def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, 
                       tuple(_y_title(df, metric, unit, name, log)), tuple(scale.domain), tuple(scale.range),
                       every["mask"].nunique() > 1, tuple(frames), kinds, labels,
                       tuple(sorted(set(df["n"].astype(int)))) if 1 < df["n"].nunique() <= 9 else (),
-                      formulas, _fixed_domain(frames, METRICS[metric][0], log))
+                      formulas, _fixed_domain(frames, METRICS[metric][0], log), generating(df))
 
 
 def _fixed_domain(frames: dict[str, pd.DataFrame], column: str, log: bool) -> tuple[float, ...]:
@@ -273,7 +294,7 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
     colour = alt.Color("line:N", scale=cscale, title="Mechanism (measured)" + (" — its cost" if shape.formulas
                                                                                else ""),
                        legend=alt.Legend(symbolOpacity=1, **named))
-    x = alt.X("n:Q", title="Sequence length n (tokens)" + (", log₂ scale" if shape.log else ""),
+    x = alt.X("n:Q", title=f"{length_name(shape.generate)} (tokens)" + (", log₂ scale" if shape.log else ""),
               scale=alt.Scale(type="log", base=2) if shape.log else alt.Scale(zero=False),
               axis=alt.Axis(format=",d", values=list(shape.ticks)) if shape.ticks and shape.log else
               alt.Axis(format=",d"))
@@ -283,7 +304,7 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
     y = alt.Y(f"{column}:Q", title=list(shape.y_title), scale=yscale)
     talk = shape.talk
     # the masks' points differ in shape too; the line style's legend names them
-    marker = {"shape": alt.Shape("mask:N", legend=None) if shape.masks else alt.value("circle"), "tooltip": TOOLTIP}
+    marker = {"shape": alt.Shape("mask:N", legend=None) if shape.masks else alt.value("circle"), "tooltip": tooltip(shape.generate)}
     layers = []
     if "lines" in shape.datasets:
         drawn = alt.Chart(alt.NamedData(name="lines")).encode(x=x, y=y, color=colour)
@@ -308,7 +329,7 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
             shape="cross", filled=True, size=220 if talk else 110).encode(
             x=x, y=alt.value({"expr": "height - 6"}), color=colour,
             tooltip=[alt.Tooltip("series:N", title="Mechanism"),
-                     alt.Tooltip("n:Q", title="Sequence length n", format=",d"),
+                     alt.Tooltip("n:Q", title=length_name(shape.generate), format=",d"),
                      alt.Tooltip("why:N", title="Not drawn"), alt.Tooltip("params:N", title="Parameters")]))
     if "theory" in shape.datasets:
         layers.extend(_theory_layers(shape, x, y, cscale, column))
@@ -465,6 +486,8 @@ def _y_title(df, metric, unit, name, log):
 
 
 def default_title(df: pd.DataFrame, metric: str) -> str:
+    if generating(df):
+        return f"{GENERATE_NAMES[metric]} vs context length"
     mode = df["mode"].iloc[0] if len(df) and "mode" in df else "forward"
     if metric == "peak_bytes":
         return f"Peak memory of one {mode} call vs sequence length"

@@ -88,10 +88,16 @@ def fit_slopes(df: pd.DataFrame, metric: str = "time_median_s", n_min: int | Non
 
 
 def _own_curve(spec: MechanismSpec, metric: str, row: pd.Series) -> tuple[str, Callable[[int], float]]:
-    """The spec's own cost as a function of n at this row's shape and parameters, with its big-O label."""
+    """The spec's own cost as a function of n at this row's shape and parameters, with its big-O label: the
+    forward call's FLOPs or peak memory, or, generating, a step's FLOPs or the cache's bytes after n tokens."""
     params = spec.resolved(json.loads(row["params"] or "{}"))
-    cost = spec.flops if metric == "time_median_s" else spec.memory_bytes
-    big_o = spec.time_big_o if metric == "time_median_s" else spec.memory_big_o
+    time = metric == "time_median_s"
+    if row["mode"] == "generate" and spec.generation is not None:
+        gen = spec.generation
+        cost, big_o = (gen.flops, gen.step_big_o) if time else (gen.cache_bytes, gen.cache_big_o)
+    else:
+        cost = spec.flops if time else spec.memory_bytes
+        big_o = spec.time_big_o if time else spec.memory_big_o
 
     def at(n: int) -> float:
         shape = Shape(int(row["batch"]), int(row["heads"]), n, n, int(row["head_dim"]), dtype=row["dtype"],

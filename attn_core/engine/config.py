@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from . import env
 from ..mechanisms import MECHANISMS
 from ..spec import MechanismSpec
-from .measure import Case, Problem, Settings
+from .measure import Case, Problem, Settings, generation_problem
 from .results import MAX_COUNT
 
 _PROBLEM = frozenset(f.name for f in dataclasses.fields(Problem))
@@ -41,6 +41,9 @@ class SweepConfig:
                 found.append(f"mechanism {key!r} is unknown; choose one of {', '.join(registry)}")
                 continue
             spec = registry[key]
+            if self.problem.mode == "generate" and (why := generation_problem(spec)):
+                found.append(why)
+                continue
             try:
                 spec.check(shape, params)
             except ValueError as e:

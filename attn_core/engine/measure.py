@@ -19,7 +19,7 @@ from ..mechanisms.sdpa import sdpa_backend
 from .results import COLUMNS, MAX_COUNT
 from ..spec import DTYPE_BYTES, MechanismSpec, Shape
 
-MODES = ("forward", "forward+backward")
+MODES = ("forward", "forward+backward", "generate")
 BACKWARD_FLOP_FACTOR = 3  # backward ≈ 2× forward (a product for each operand's gradient): 3× in all
 MIN_SAMPLE_S = 1e-3  # a sample times back-to-back calls adding up to ≥ 1 ms, so timer overhead stays small
 MAX_CALLS_PER_SAMPLE = 100
@@ -35,7 +35,9 @@ class Cancelled(Exception):
 @dataclass(frozen=True, kw_only=True)
 class Problem:
     """The attention problem every point of a sweep shares: inputs (batch, heads, n, d_model / heads) of `dtype` on
-    `device`, drawn from `seed`; the forward pass or forward and backward (`mode`); bidirectional or causal."""
+    `device`, drawn from `seed`; bidirectional or causal. `mode`: the forward pass, forward and backward, or
+    "generate": one new token's step against the cache of n tokens (generation.step; causal whatever `causal`
+    says)."""
 
     batch: int = 1
     heads: int = 8
@@ -50,9 +52,14 @@ class Problem:
     def head_dim(self) -> int:
         return self.d_model // self.heads
 
+    @property
+    def is_causal(self) -> bool:
+        """Whether each token sees only those before it: `causal`, or generating (a new token has no future)."""
+        return self.causal or self.mode == "generate"
+
     def shape(self, n: int) -> Shape:
-        """The Shape of one self-attention call over n tokens."""
-        return Shape(self.batch, self.heads, n, n, self.head_dim, dtype=self.dtype, causal=self.causal)
+        """The Shape of one self-attention call over n tokens (generating: the context of n tokens)."""
+        return Shape(self.batch, self.heads, n, n, self.head_dim, dtype=self.dtype, causal=self.is_causal)
 
     def problems(self) -> list[str]:
         """Every reason these inputs cannot be built, each a sentence saying what to change; [] when they can."""
@@ -166,10 +173,25 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def generation_problem(spec: MechanismSpec) -> str | None:
+    """Why mechanism `spec` cannot be measured generating (a sentence saying what to change), or None when it can."""
+    if spec.generation is not None:
+        return None
+    why = spec.no_generation or "Its spec gives no generation form."
+    return f"{spec.label} cannot generate token by token. {why} Leave it out, or choose the forward mode."
+
+
 def theory(spec: MechanismSpec, case: Case) -> tuple[float, float, float]:
     """(useful FLOPs of the measured call, executed FLOPs, the spec's predicted forward peak bytes); FLOPs ×3 for
-    forward+backward."""
+    forward+backward. Generating: a step's FLOPs (both) and the bytes of the cache of n tokens (NaN where the
+    mechanism cannot generate)."""
     params = spec.resolved(dict(case.params))
+    if case.problem.mode == "generate":
+        gen = spec.generation
+        if gen is None:
+            return math.nan, math.nan, math.nan
+        step = gen.flops(case.shape, **params)
+        return step, step, float(gen.cache_bytes(case.shape, **params))
     factor = BACKWARD_FLOP_FACTOR if case.problem.mode == "forward+backward" else 1
     return (factor * float(spec.flops(case.shape, **params)), factor * float(spec.executed(case.shape, **params)),
             float(spec.memory_bytes(case.shape, **params)))
@@ -178,8 +200,8 @@ def theory(spec: MechanismSpec, case: Case) -> tuple[float, float, float]:
 def required_bytes(spec: MechanismSpec, case: Case) -> float:
     """Bytes a point needs, for the guard: q, k, v plus the spec's forward peak. Forward+backward: autograd keeps the
     forward's intermediates, the backward builds their gradients (about as large again) and q, k, v's gradients
-    and the output's gradient, so 3 × the forward peak + 2 × the inputs. Mechanism state (projections) is small
-    and not counted."""
+    and the output's gradient, so 3 × the forward peak + 2 × the inputs. Generating: the prompt's q, k, v and the
+    cache built from them. Mechanism state (projections) is small and not counted."""
     forward = theory(spec, case)[2]
     inputs = case.shape.input_bytes
     if case.problem.mode == "forward+backward":
@@ -216,7 +238,7 @@ def make_row(spec: MechanismSpec, case: Case, status: str, reason: str = "", **m
     row = {"mechanism": case.mechanism, "label": spec.label, "exact": spec.exact,
            "params": json.dumps(spec.resolved(dict(case.params)), sort_keys=True), "n": case.n,
            "batch": p.batch, "heads": p.heads, "d_model": p.d_model, "head_dim": p.head_dim, "dtype": p.dtype,
-           "device": p.device, "mode": p.mode, "causal": p.causal,
+           "device": p.device, "mode": p.mode, "causal": p.is_causal,
            "status": status, "reason": reason, "time_median_s": nan, "time_iqr_s": nan, "time_samples": [],
            "repeats": 0, "peak_bytes": nan, "memory_method": "", "predicted_bytes": predicted,
            "theory_flops": flops, "executed_flops": executed, "gflops": nan, "device_gflops": nan,
@@ -397,6 +419,8 @@ def measure_case(spec: MechanismSpec, case: Case, settings: Settings, cancelled:
     separate runs, so profiling never inflates a time."""
     start = time.perf_counter()
     try:
+        if case.problem.mode == "generate" and (why := generation_problem(spec)):
+            return make_row(spec, case, "skipped", why), 0.0
         spec.check(case.shape, dict(case.params))
         reason = guard(spec, case, settings)
         if reason:
@@ -414,15 +438,42 @@ def measure_case(spec: MechanismSpec, case: Case, settings: Settings, cancelled:
         env.release_cached_memory(case.problem.device)
 
 
+def step_call(spec: MechanismSpec, case: Case, state: dict) -> tuple[Callable[[], Any], Any]:
+    """(the thunk that is timed when generating, the cache it steps): the cache of n seeded prompt tokens
+    (generation.remember: the prompt's own attention is not the point, and would cost O(n²) for softmax), with room
+    for one more; the thunk takes one seeded new token's step against it and rewinds it to n tokens, so every timed
+    step sees a context of exactly n (Cache.rewind: positions only)."""
+    p, gen = case.problem, spec.generation
+    _, k, v = make_inputs(case)
+    cache = gen.remember(k, v, max_len=case.n + 1, **spec.resolved(dict(case.params)), **state)
+    del k, v
+    g = torch.Generator().manual_seed((p.seed + 1) % (MAX_SEED + 1))
+    token = [torch.randn(p.batch, p.heads, 1, p.head_dim, generator=g).to(p.device, getattr(torch, p.dtype))
+             for _ in range(3)]
+    mark = cache.mark()
+
+    def one_step() -> torch.Tensor:
+        out, _ = gen.step(*token, cache)
+        cache.rewind(mark)
+        return out
+    return one_step, cache
+
+
 def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Callable[[], bool],
               turns: Turns) -> tuple[dict, float]:
-    q, k, v = make_inputs(case)
     state = make_state(spec, case)
-    checked_shape(spec, q, k, v, case.problem.causal, **dict(case.params))  # once, here: no timed call checks again
-    thunk = call_of(spec, case, q, k, v, state)
     peak, method, first_call_s = float("nan"), "", None
-    with torch.inference_mode(case.problem.mode == "forward"), validated():
-        if settings.measure_memory and case.problem.device == "cpu":
+    generating = case.problem.mode == "generate"
+    if not generating:
+        q, k, v = make_inputs(case)
+        checked_shape(spec, q, k, v, case.problem.causal, **dict(case.params))  # once: no timed call checks again
+        thunk = call_of(spec, case, q, k, v, state)
+    with torch.inference_mode(case.problem.mode != "forward+backward"), validated():
+        if generating:  # checked by spec.check in measure_case; the cache's tensors made in inference mode
+            thunk, cache = step_call(spec, case, state)
+            if settings.measure_memory:  # what the cache holds, read from its tensors: exact, no profiler needed
+                method, peak = "cache tensors held (exact)", float(cache.used_bytes)
+        if settings.measure_memory and case.problem.device == "cpu" and not generating:
             # On CPU the profiled call is the first warm-up: the allocator sees the same blocks in every call, and
             # a call of ≥ 50 ms needs no second warm-up (the profiler's own cost is then small beside it).
             began = time.perf_counter()
@@ -431,7 +482,7 @@ def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Ca
             first_call_s = took if took >= 0.05 else None
         timing = time_samples(thunk, case.problem.device, settings, cancelled, first_call_s=first_call_s,
                               turns=turns)
-        if settings.measure_memory and case.problem.device != "cpu":  # GPUs: after timing, past first-call workspaces
+        if settings.measure_memory and case.problem.device != "cpu" and not generating:  # GPUs: after timing
             if timing.spent_s - timing.waited_s <= settings.point_budget_s:
                 method, peak = _peak(thunk, case.problem.device, cancelled)
             else:
@@ -440,7 +491,8 @@ def _measured(spec: MechanismSpec, case: Case, settings: Settings, cancelled: Ca
     executed = theory(spec, case)[1]
     device_gflops = env.matmul_gflops(case.problem.device, case.problem.dtype)
     gflops = executed / median / 1e9
-    backend = sdpa_backend(q.detach(), k.detach(), v.detach(), causal=case.problem.causal) if spec.key == "sdpa" else ""
+    backend = (sdpa_backend(q.detach(), k.detach(), v.detach(), causal=case.problem.causal)
+               if spec.key == "sdpa" and not generating else "")
     seen = timing.contention
     return make_row(spec, case, "ok", time_median_s=median, time_iqr_s=iqr, time_samples=timing.samples,
                     repeats=len(timing.samples), peak_bytes=peak, memory_method=method, gflops=gflops,

@@ -56,6 +56,14 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            "Longformer's global tokens and BigBird's random blocks cost little on top of the window; the fused "
            "exact kernel still grows as n².",
            (_config(("sdpa", "sliding_window", "longformer", "bigbird"), 512, 8192, 5),)),
+    Preset("Why the KV cache hurts",
+           "Each new token reads the whole key-value cache: softmax's time per token and its cache grow as the "
+           "context n, a sliding window's stay flat once n passes the window.",
+           (_config(("softmax", "sdpa", "sliding_window"), 1024, 32768, 6, mode="generate"),)),
+    Preset("Constant-memory generation",
+           "Linear attention and Performer carry a fixed-size state, the same bytes at any context, while softmax's "
+           "key-value cache grows as n; past the marked crossover their tokens are cheaper too.",
+           (_config(("softmax", "linear", "performer"), 1024, 32768, 6, mode="generate"),), metric="peak_bytes"),
 )}
 QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short sequences.",
                     (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),))

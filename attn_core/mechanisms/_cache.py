@@ -95,6 +95,17 @@ class Cache:
         """The tensors it holds (a reference to the layer's own state, as Performer's projection, not included)."""
         raise NotImplementedError
 
+    def mark(self) -> tuple[int, ...]:
+        """Where the cache stands: the tokens it has seen (and, in a key-value cache, each ring's written count)."""
+        return (self.length,)
+
+    def rewind(self, mark: tuple[int, ...]) -> None:
+        """Back to `mark` (from `mark()`), for timing one step at a fixed context: the next step writes where the
+        last one did and reads as many tokens. Only positions move: what a step wrote into a ring's slot or folded
+        into a fixed-size state stays (the cost of the next step does not depend on it), so outputs after a rewind
+        are not those of the context at `mark`. A cache that grew meanwhile keeps its larger buffers."""
+        (self.length,) = mark
+
     @property
     def nbytes(self) -> int:
         return tensor_bytes(*self.tensors())
@@ -122,6 +133,14 @@ class KVCache(Cache):
         self.rings["tokens"].append(k, v)
         self.length += 1
         return self.rings["tokens"].view()
+
+    def mark(self) -> tuple[int, ...]:
+        return (self.length, *(r.length for r in self.rings.values()))
+
+    def rewind(self, mark: tuple[int, ...]) -> None:
+        self.length, *rings = mark
+        for ring, length in zip(self.rings.values(), rings, strict=True):
+            ring.length = length
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return tuple(t for r in self.rings.values() for t in r.tensors())

@@ -75,6 +75,11 @@ def _cache_bytes(s: Shape) -> float:
     return s.bh * (s.D * s.D + s.D) * max(s.elem, 4)  # in the work dtype: float32 for half inputs
 
 
+def _step_flops(s: Shape) -> float:
+    """Fold φ(k) vᵀ into the (D × D) state and read it with φ(q), numerator and normaliser: 4·D² + 3·D a head."""
+    return s.bh * (4.0 * s.D * s.D + 3.0 * s.D)
+
+
 SPEC = MechanismSpec(
     key="linear",
     label="Linear (elu+1)",
@@ -94,5 +99,6 @@ SPEC = MechanismSpec(
     padding=True,
     regime=("gentle", "peaky", "elu(x) + 1 is a smooth, positive kernel: it cannot put nearly all of a query's "
             "weight on a few keys, as softmax does when scores spread widely."),
-    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),
+    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_flops=_step_flops,
+                          step_big_o="O(d²)", cache_big_o="O(d²)"),
 )

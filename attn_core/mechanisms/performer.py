@@ -181,6 +181,12 @@ def _cache_bytes(s: Shape, features: int = 256) -> float:
     return s.bh * ((features * s.D + features) * max(s.elem, 4) + 8)
 
 
+def _step_flops(s: Shape, features: int = 256) -> float:
+    """Project q and k onto the m features (2·2·m·D), fold φ(k) vᵀ into the (m × D) state and read it with φ(q),
+    numerator and normaliser (4·m·D + 3·m): a head's step."""
+    return s.bh * (8.0 * features * s.D + 3.0 * features)
+
+
 def _effective(q, k, v, causal: bool, state: dict, features: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """φ(Q)φ(K)ᵀ with FAVOR+ features from state["projection"], row-normalized (causal: j ≤ i), applied to v."""
     phi_q = favor_features(q, state["projection"], is_query=True)
@@ -231,5 +237,6 @@ SPEC = MechanismSpec(
     regime=("gentle", "gaussian", "FAVOR+ estimates exp(q·k/√D) with random features whose variance grows as "
             "exp(‖q‖² + ‖k‖²)/√D: with unit-variance inputs (‖q‖²/√D = 8 at head dimension 64) a few hundred "
             "features cannot tame it (Choromanski et al. 2020, arXiv 2009.14794, Lemma 2)."),
-    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, prefill=_prefill),
+    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, prefill=_prefill,
+                          step_flops=_step_flops, step_big_o="O(m·d)", cache_big_o="O(m·d)"),
 )

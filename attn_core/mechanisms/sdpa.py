@@ -142,5 +142,6 @@ SPEC = MechanismSpec(
     memory_bytes=_memory,
     pattern=lambda causal: masks.causal if causal else masks.full,
     padding=True,
-    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),
+    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
+                          cache_big_o="O(n·d)"),
 )

@@ -82,5 +82,6 @@ SPEC = MechanismSpec(
     memory_bytes=_memory,
     pattern=lambda causal: masks.causal if causal else masks.full,
     padding=True,
-    generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes),
+    generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
+                          cache_big_o="O(n·d)"),
 )

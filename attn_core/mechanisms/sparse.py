@@ -156,5 +156,6 @@ SPEC = MechanismSpec(
     padding=True,
     regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
             "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
-    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes),
+    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes,
+                          step_big_o="O((s + n/s)·d)", cache_big_o="O((s + n/s)·d)"),
 )
