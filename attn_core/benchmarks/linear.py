@@ -1,4 +1,5 @@
-"""`linear` and `performer` against linear-attention-transformer 0.19.1's core functions, interleaved in one process:
+"""`linear` and `performer` against linear-attention-transformer 0.19.1's core functions, and `performer` against
+performer-pytorch 1.1.4's FastAttention (same m, same projection), interleaved in one process:
 
     python -m attn_core.benchmarks.linear            # n = 4096…32768, causal and not, 5 rounds
     python -m attn_core.benchmarks.linear --quick    # n = 4096 and 8192, 3 rounds
@@ -46,6 +47,22 @@ def peer_functions():
     return linear_attn, causal_linear_attn
 
 
+def performer_peer(features: int, causal: bool, projection: torch.Tensor):
+    """performer-pytorch 1.1.4's FastAttention with `features` random features, its projection set to ours (the same
+    features, so the same work), or None when it is not installed. Causal on a CPU it takes its own non-CUDA path
+    (chunked prefix sums of the (m × d) products)."""
+    try:
+        import contextlib
+        import io
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints that the CUDA causal kernel is missing
+            from performer_pytorch import FastAttention
+            attention = FastAttention(projection.shape[-1], nb_features=features, causal=causal)
+    except ImportError:
+        return None
+    attention.projection_matrix.copy_(projection.reshape(-1, projection.shape[-1])[:features])
+    return attention
+
+
 def contestants(n: int, causal: bool, heads: int, head_dim: int, peer) -> dict:
     """name → thunk of one forward call, inputs and state built here, outside the calls."""
     g = torch.Generator().manual_seed(0)
@@ -56,6 +73,8 @@ def contestants(n: int, causal: bool, heads: int, head_dim: int, peer) -> dict:
         state = make_state(key, Shape(1, heads, n, n, head_dim, dtype="float32", causal=causal), **params)
         name = key + "".join(f" m={v}" for v in params.values())
         calls[name] = (lambda spec=spec, kw={**params, **state}: spec.fn(q, k, v, causal=causal, **kw))
+        if key == "performer" and (fast := performer_peer(params["features"], causal, state["projection"])):
+            calls[f"performer-pytorch m={params['features']}"] = lambda fast=fast: fast(q, k, v)
     if peer is not None:
         calls["peer"] = (lambda f=peer[causal]: f(q, k, v))
     return calls
@@ -74,7 +93,14 @@ def measure(args: argparse.Namespace, peer, clock, pick) -> dict[tuple[str, bool
             if "peer" in fig:
                 target = f"  (target for linear ≤ {TARGETS[n]:.1f})" if n in TARGETS else ""
                 print(f"{'':14s}ours/peer: " + ", ".join(f"{name} {fig[name] / fig['peer']:.2f}×" for name in fig
-                                                        if name != "peer") + target, flush=True)
+                                                        if name != "peer" and "pytorch" not in name) + target,
+                      flush=True)
+            against = [(name, f"performer-pytorch m={name.split('m=')[1]}") for name in fig
+                       if name.startswith("performer m=")]
+            if any(peer in fig for _, peer in against):
+                print(f"{'':14s}ours/performer-pytorch (same m, same projection): "
+                      + ", ".join(f"{name} {fig[name] / fig[peer]:.2f}×" for name, peer in against if peer in fig),
+                      flush=True)
             figures.update({(name, causal, n): f for name, f in fig.items()})
     return figures
 
