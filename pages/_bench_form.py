@@ -76,8 +76,10 @@ def settings() -> tuple[SweepConfig, list[str]]:
         exact = what.multiselect("Exact mechanisms", [k for k, s in MECHANISMS.items() if s.exact],
                                  [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=app.label,
                                  **keyed("bench_exact"))
-        approx = what.multiselect("Approximate mechanisms", [k for k, s in MECHANISMS.items() if not s.exact],
+        approx = what.multiselect("Approximate or other scores", [k for k, s in MECHANISMS.items() if not s.exact],
                                   [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=app.label,
+                                  help="Not softmax attention under a mask: an estimate of it, or another score "
+                                       "altogether (additive attention); the Accuracy page says which",
                                   **keyed("bench_approx"))
         knobs = [p.name for key in exact + approx for p in MECHANISMS[key].params]
         names = ", ".join(dict.fromkeys(knobs))
