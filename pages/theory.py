@@ -24,6 +24,11 @@ def measured_gflops(device: str, dtype: str) -> float:
     return env.matmul_gflops(device, dtype)
 
 
+@st.cache_data(show_spinner="Measuring this device's memory bandwidth…")
+def measured_bandwidth(device: str) -> float:
+    return env.memory_bandwidth(device)
+
+
 st.title("Theory")
 st.caption("Costs from each mechanism's spec: nothing is run, so n can be a million tokens. Memory is the forward "
            "call's predicted peak above its inputs, plus the inputs.")
@@ -72,8 +77,8 @@ budgets = theory.budgets(env.device_info(device)["total_memory_bytes"], budget_g
 for reason in sorted(set(frame.loc[frame["status"] != "ok", "reason"])):
     st.warning(f"Not drawn where it applies: {reason}", icon=":material/info:")
 
-flops_tab, memory_tab, time_tab, fit_tab, big_o_tab = st.tabs(
-    ["FLOPs", "Memory", "Time (extrapolated)", "What fits", "Big-O"])
+flops_tab, memory_tab, time_tab, fit_tab, generation_tab, big_o_tab = st.tabs(
+    ["FLOPs", "Memory", "Time (extrapolated)", "What fits", "Generation: the cache", "Big-O"])
 with flops_tab:
     chart = insight_charts.theory_chart(frame, "flops")
     app.show_chart(chart)
@@ -96,5 +101,28 @@ with fit_tab:
     app.export_row(chart, table, "theory-fit", "th_dl_theory-fit")
     st.dataframe(table.pivot(index="label", columns="budget", values="largest_n")
                  .reindex(index=[app.label(k) for k in keys], columns=list(budgets)))
+with generation_tab:
+    st.caption("What a whole model's attention remembers while it generates, layer by layer: softmax's key-value "
+               "cache grows with the context; a window's and a fixed-size state's do not. Heads: the key-value heads.")
+    a, b, c, e = st.columns(4)
+    model = dict(layers=int(a.number_input("Layers", 1, 1024, 32, **app.keyed("th_layers"))),
+                 heads=int(b.number_input("Key-value heads", 1, 512, 32, **app.keyed("th_kv_heads"))),
+                 head_dim=int(c.number_input("Head dim", 1, 4096, 128, **app.keyed("th_head_dim"))),
+                 batch=int(batch), dtype=e.selectbox("Cache dtype", ["float16", "bfloat16", "float32"],
+                                                     **app.keyed("th_cache_dtype")))
+    for why in theory.cannot_generate(keys):
+        st.caption(f"Not drawn: {why}")
+    bandwidth = measured_bandwidth(device)
+    cache = theory.generation_costs(keys, theory.log_ns(n_min, n_max), params=params, bandwidth=bandwidth, **model)
+    chart = insight_charts.theory_chart(cache, "cache_bytes", budgets=budgets)
+    app.show_chart(chart)
+    app.export_row(chart, cache, "theory-cache", "th_dl_theory-cache")
+    st.markdown("**The longest context whose cache fits** (the weights and activations need room too)")
+    st.dataframe(theory.context_table(keys, budgets, params=params, **model), hide_index=True)
+    st.warning(f"Tokens per second below: {theory.DECODE_EXTRAPOLATION} ({bandwidth / 1e9:,.0f} GB/s, "
+               f"{env.device_info(device)['name']}).", icon=":material/warning:")
+    chart = insight_charts.theory_chart(cache, "tokens_per_s")
+    app.show_chart(chart)
+    app.export_row(chart, cache, "theory-tokens", "th_dl_theory-tokens")
 with big_o_tab:
     st.dataframe(theory.big_o_table(), hide_index=True)

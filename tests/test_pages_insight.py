@@ -162,10 +162,24 @@ def test_patterns_page_refuses_invalid_settings(state, sentence):
 def test_theory_page_runs_with_defaults():
     at = page("theory")
     assert errors(at) == []
-    assert len(charts(at)) == 4  # FLOPs, memory, time, what fits
+    assert len(charts(at)) == 6  # FLOPs, memory, time, what fits; the model's cache, its tokens per second
     assert any("An extrapolation, not a measurement" in w.value for w in at.warning)
+    assert any("each generated token reads the whole cache once" in w.value for w in at.warning)
     big_o = at.dataframe[-1].value
     assert big_o["mechanism"].tolist() == list(MECHANISMS)
+
+
+def test_theory_page_shows_a_whole_models_cache_and_what_fits():
+    at = page("theory", th_mechanisms=["softmax", "sliding_window", "linear", "linformer"], th_budget=2.0)
+    assert errors(at) == []
+    assert any(c.value.startswith("Not drawn: Linformer: Its projections") for c in at.caption)
+    fits = at.dataframe[1].value.set_index("mechanism")
+    # 32 layers × 32 heads × 128 dims × 2 (K and V) × 2 bytes = 512 KiB a token: 2 GiB hold 4,096 tokens
+    assert fits.loc["Softmax (materialized)", "custom"] == "4,096 tokens"
+    assert fits.loc["Linear (elu+1)", "custom"] == "any length"
+    assert "Linformer" not in " ".join(fits.index)
+    cache = [c for c in charts(at) if "Cache of the whole model" in json.dumps(c)]
+    assert len(cache) == 1 and "Context length n" in json.dumps(cache[0])
 
 
 @pytest.mark.parametrize("state,sentence", [

@@ -84,3 +84,51 @@ def test_big_o_table_covers_the_registry():
     row = table.set_index("mechanism").loc["softmax"]
     assert (row["time"], row["memory"]) == (ac.get("softmax").time_big_o, ac.get("softmax").memory_big_o)
     assert "arXiv" in row["paper"]
+
+
+# ---- generation: a whole model's cache ----
+
+MODEL = dict(layers=32, heads=32, head_dim=128, batch=1, dtype="float16")  # a 7B-class model's attention
+
+
+def test_a_whole_models_key_value_cache_by_hand():
+    # K and V: 2 × 32 layers × 32 heads × 4096 tokens × 128 dims × 2 bytes = 2 GiB
+    assert theory.model_cache_bytes("softmax", 4096, **MODEL) == 2 * 32 * 32 * 4096 * 128 * 2 == 2 * theory.GIB
+    assert theory.model_cache_bytes("softmax", 4096, **{**MODEL, "batch": 4}) == 8 * theory.GIB
+    window = theory.model_cache_bytes("sliding_window", 1 << 20, **MODEL, params={"window": 1024})
+    assert window == 2 * 32 * 32 * 1025 * 128 * 2  # the last w + 1 tokens, whatever the context
+    assert theory.model_cache_bytes("linear", 1 << 20, **MODEL) == theory.model_cache_bytes("linear", 16, **MODEL)
+
+
+def test_the_longest_context_is_the_edge_of_the_budget():
+    n = theory.longest_context("softmax", 24 * theory.GIB, **MODEL)
+    assert n == 49152  # 512 KiB a token
+    assert theory.model_cache_bytes("softmax", n, **MODEL) <= 24 * theory.GIB
+    assert theory.model_cache_bytes("softmax", n + 1, **MODEL) > 24 * theory.GIB
+    assert theory.longest_context("linear", 24 * theory.GIB, **MODEL) is None  # a fixed state fits at any length
+    assert theory.longest_context("softmax", 1000.0, **MODEL) == 0
+
+
+def test_generation_costs_predict_tokens_per_second_from_the_bandwidth():
+    frame = theory.generation_costs(["softmax", "linear", "linformer"], [1024, 1 << 20], bandwidth=1e12, **MODEL)
+    assert set(frame["mechanism"]) == {"softmax", "linear"}  # Linformer cannot generate: no row
+    soft = frame[frame["mechanism"] == "softmax"].set_index("n")
+    assert soft.loc[1 << 20, "time_per_token_s"] == pytest.approx(soft.loc[1 << 20, "cache_bytes"] / 1e12)
+    assert soft.loc[1024, "tokens_per_s"] == pytest.approx(1024 * soft.loc[1 << 20, "tokens_per_s"])
+    assert theory.generation_costs(["softmax"], [1024], **MODEL)["tokens_per_s"].isna().all()
+    assert theory.cannot_generate(["softmax", "linformer"])[0].startswith("Linformer: Its projections")
+
+
+@pytest.mark.parametrize("change, sentence", [({"heads": 0}, "heads must be a whole number of at least 1"),
+                                              ({"layers": 1.5}, "layers must be a whole number of at least 1")])
+def test_a_model_it_cannot_size_is_refused_with_a_sentence(change, sentence):
+    with pytest.raises(ValueError, match=sentence):
+        theory.model_cache_bytes("softmax", 1024, **{**MODEL, **change})
+    with pytest.raises(ValueError, match="Reformer .*cannot generate token by token"):
+        theory.model_cache_bytes("reformer", 1024, **MODEL)
+
+
+def test_the_measured_memory_bandwidth_is_a_positive_rate():
+    from attn_core.engine import env
+    rate = env.memory_bandwidth("cpu")
+    assert math.isfinite(rate) and rate > 0 and env.memory_bandwidth("cpu") == rate  # cached

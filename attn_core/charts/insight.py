@@ -14,7 +14,7 @@ from ..insight.accuracy import METRIC_LABELS
 from .style import REFERENCE_GREY, colour_scale, styled
 from ..insight.effective import matrix_frame
 from ..insight.published import PUBLISHED
-from ..insight.theory import EXTRAPOLATION
+from ..insight.theory import DECODE_EXTRAPOLATION, EXTRAPOLATION
 
 MIB = float(1 << 20)
 LOG2_X = alt.Scale(type="log", base=2)
@@ -200,20 +200,27 @@ def n_axis(ns: pd.Series) -> alt.Axis:
     return alt.Axis(values=[2 ** e for e in range(low, high + 1, step)], labelExpr=expr)
 
 
+GENERATION_METRICS = ("cache_bytes", "tokens_per_s")  # theory.generation_costs: per context length n
+
+
 def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
                  budgets: dict[str, float] | None = None) -> alt.TopLevelMixin:
-    """A theory column (flops, total_bytes, memory_bytes, predicted_time_s) vs n, log-log, from theory.costs.
+    """A theory column (flops, total_bytes, memory_bytes, predicted_time_s) vs n, log-log, from theory.costs; or a
+    generation column (cache_bytes, tokens_per_s) vs the context length, from theory.generation_costs.
 
     budgets (name → bytes), for a memory metric: horizontal rules, so the chart shows where each mechanism stops
     fitting. Invalid points (status ≠ 'ok') are left out and named in the subtitle.
     """
     names = {"flops": "FLOPs (theory, from the specs)", "memory_bytes": "Predicted peak above inputs (GiB)",
              "total_bytes": "Inputs + predicted peak (GiB)",
-             "predicted_time_s": "Predicted time (s), extrapolated"}
+             "predicted_time_s": "Predicted time (s), extrapolated",
+             "cache_bytes": "Cache of the whole model (GiB)",
+             "tokens_per_s": "Predicted tokens per second, extrapolated"}
     scale = 2.0 ** 30 if metric.endswith("bytes") else 1.0
     data = frame[frame["status"] == "ok"].assign(y=lambda f: f[metric] / scale)
     kept = _finite(data, "y")
-    x = alt.X("n:Q", title="Sequence length n (tokens, log₂ scale; K = 1024)", scale=LOG2_X, axis=n_axis(kept["n"]))
+    length = "Context length" if metric in GENERATION_METRICS else "Sequence length"
+    x = alt.X("n:Q", title=f"{length} n (tokens, log₂ scale; K = 1024)", scale=LOG2_X, axis=n_axis(kept["n"]))
     y = alt.Y("y:Q", title=names[metric], scale=alt.Scale(type="log"),
               axis=alt.Axis(format="~s" if metric == "flops" else ",~g"))  # FLOPs as 1G, 1T, 1P
     base = alt.Chart(kept).encode(x=x, y=y, color=_colour(frame))
@@ -229,10 +236,13 @@ def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
     subtitle = [f"not applicable at some n: {', '.join(invalid)}"] if invalid else []
     if metric == "predicted_time_s":
         subtitle.insert(0, EXTRAPOLATION)
+    if metric == "tokens_per_s":
+        subtitle[0:0] = DECODE_EXTRAPOLATION.split("; ")  # two lines
     if budgets and metric.endswith("bytes"):
         subtitle.append("dashed: memory budgets, in GiB (a '24 GB' GPU holds 24 GiB)")
     return _finish(alt.layer(*layers).properties(width=600, height=380, title=alt.TitleParams(
-        names[metric].split(" (")[0] + " vs sequence length", subtitle=subtitle, anchor="start")))
+        names[metric].split(" (")[0].removesuffix(", extrapolated") + f" vs {length.lower()}", subtitle=subtitle,
+        anchor="start")))
 
 
 def fit_chart(table: pd.DataFrame) -> alt.TopLevelMixin:

@@ -366,6 +366,27 @@ def matmul_gflops(device: str, dtype: str = "float32", *, refresh: bool = False)
     return _MATMUL_CACHE[key][0]
 
 
+_BANDWIDTH_CACHE: dict[tuple[str, int], float] = {}
+BANDWIDTH_BYTES = 256 << 20  # the buffer copied: far past any CPU's last-level cache, so the copy streams memory
+
+
+def memory_bandwidth(device: str, *, refresh: bool = False) -> float:
+    """This device's memory bandwidth in bytes per second: a copy of a 256 MiB buffer reads it and writes it
+    (2 × 256 MiB moved), the best of 5 timed copies after one untimed (a copy can only be slowed down by other
+    work). Cached per process and (device, thread count); `refresh` measures again. About 0.1 s on a laptop."""
+    key = (device, torch.get_num_threads())
+    if refresh or key not in _BANDWIDTH_CACHE:
+        timed = device_timer(device)
+        src = torch.ones(BANDWIDTH_BYTES // 4, device=device)
+        dst = torch.empty_like(src)
+        timed(lambda: dst.copy_(src), 1)  # first touch: the pages of dst are mapped here, not timed
+        best = min(timed(lambda: dst.copy_(src), 1) for _ in range(5))
+        _BANDWIDTH_CACHE[key] = 2 * BANDWIDTH_BYTES / best
+        del src, dst
+        release_cached_memory(device)
+    return _BANDWIDTH_CACHE[key]
+
+
 def matmul_disturbed(device: str, dtype: str = "float32") -> bool:
     """Whether the cached matmul figure was taken while other programs took CPU from every sample of it."""
     return _MATMUL_CACHE.get((device, dtype_name(dtype), torch.get_num_threads()), (0.0, False))[1]

@@ -121,3 +121,102 @@ def big_o_table() -> pd.DataFrame:
                           "memory": s.memory_big_o, "causal": s.supports_causal, "cross-attention": s.supports_cross,
                           "parameters": ", ".join(f"{p.name} (default {p.default})" for p in s.params) or "none",
                           "paper": s.paper} for s in MECHANISMS.values()])
+
+
+# Generation at the scale of a whole model: what each layer's attention remembers, times the layers.
+DECODE_EXTRAPOLATION = ("an extrapolation, not a measurement: each generated token reads the whole cache once, at the "
+                        "device's measured memory bandwidth; the model's weights, its other layers and the compute "
+                        "are not counted, so real decoding is slower")
+
+
+def model_problems(*, layers: int, heads: int, head_dim: int, batch: int) -> list[str]:
+    """Sizes a model's cache cannot be computed for, each a sentence saying what to change; [] when all can."""
+    sizes = {"layers": layers, "heads": heads, "head_dim": head_dim, "batch": batch}
+    return [f"{name} must be a whole number of at least 1, got {value!r}" for name, value in sizes.items()
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1)]
+
+
+def model_cache_bytes(key: str, n: int, *, layers: int, heads: int, head_dim: int, batch: int = 1,
+                      dtype: str = "float16", params: Mapping[str, Any] | None = None) -> float:
+    """Bytes a whole model's attention remembers after a context of n tokens: layers × the mechanism's cache of one
+    layer (generation.cache_bytes: softmax's keys and values, 2·batch·heads·n·head_dim elements; a window's last
+    w + 1 tokens; linear attention's (d × d) state). ValueError with the sentence for a mechanism that cannot
+    generate or settings it cannot take."""
+    problems = model_problems(layers=layers, heads=heads, head_dim=head_dim, batch=batch)
+    if problems:
+        raise ValueError(problems[0])
+    spec = get(key)
+    if spec.generation is None:
+        raise ValueError(f"{spec.label} cannot generate token by token. {spec.no_generation}")
+    shape = Shape(batch, heads, n, n, head_dim, dtype=dtype, causal=True)
+    resolved = spec.resolved(params or {})
+    spec.check(shape, resolved)
+    return layers * float(spec.generation.cache_bytes(shape, **resolved))
+
+
+def cannot_generate(keys: Iterable[str]) -> list[str]:
+    """For each of `keys` that has no generation form, the sentence saying why ('Linformer: Its projections …')."""
+    return [f"{get(key).label}: {get(key).no_generation}" for key in keys if get(key).generation is None]
+
+
+def generation_costs(keys: Iterable[str], ns: Iterable[int], *, layers: int, heads: int, head_dim: int,
+                     batch: int = 1, dtype: str = "float16", params: Mapping[str, Mapping[str, Any]] | None = None,
+                     bandwidth: float | None = None) -> pd.DataFrame:
+    """One row per (mechanism, n) for the mechanisms that can generate: cache_bytes (model_cache_bytes) and, with a
+    `bandwidth` in bytes/s, time_per_token_s = cache_bytes / bandwidth and tokens_per_s = batch / that (memory-bound
+    decoding: DECODE_EXTRAPOLATION), NaN without. status 'ok' or 'invalid' (a setting the mechanism cannot take at
+    that n, with its sentence in `reason`)."""
+    rows = []
+    for key in keys:
+        spec = get(key)
+        if spec.generation is None:
+            continue
+        for n in ns:
+            row = {"mechanism": key, "label": spec.label, "n": int(n), "status": "ok", "reason": ""}
+            try:
+                nbytes = model_cache_bytes(key, int(n), layers=layers, heads=heads, head_dim=head_dim, batch=batch,
+                                           dtype=dtype, params=(params or {}).get(key))
+            except ValueError as e:
+                rows.append({**row, "status": "invalid", "reason": str(e), "cache_bytes": math.nan,
+                             "time_per_token_s": math.nan, "tokens_per_s": math.nan})
+                continue
+            step = nbytes / bandwidth if bandwidth else math.nan
+            rows.append({**row, "cache_bytes": nbytes, "time_per_token_s": step,
+                         "tokens_per_s": batch / step if bandwidth else math.nan})
+    return pd.DataFrame(rows, columns=["mechanism", "label", "n", "status", "reason", "cache_bytes",
+                                       "time_per_token_s", "tokens_per_s"])
+
+
+def longest_context(key: str, budget_bytes: float, *, n_max: int = 1 << 30, **model: Any) -> int | None:
+    """The longest context n ≤ n_max whose cache (model_cache_bytes) fits in `budget_bytes`: 0 if not even one
+    token's does, None if it fits at n_max (a cache of fixed size fits at any length). Bisection: a cache never
+    shrinks as n grows."""
+    def fits(n: int) -> bool:
+        try:
+            return model_cache_bytes(key, n, **model) <= budget_bytes
+        except ValueError:  # a parameter tied to n (a window larger than the context) only allows longer n
+            return False
+
+    if fits(n_max):
+        return None
+    low = next((n for n in (1, *(p.default for p in get(key).params if p.tokens)) if fits(n)), 0)
+    if not low:
+        return 0
+    high = n_max
+    while high - low > 1:  # invariant: fits(low), not fits(high)
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def context_table(keys: Iterable[str], named_budgets: Mapping[str, float], *,
+                  params: Mapping[str, Mapping[str, Any]] | None = None, **model: Any) -> pd.DataFrame:
+    """One row per mechanism that can generate, one column per budget: the longest context whose cache fits
+    (longest_context), written out: '49,152 tokens', 'any length' for a cache of fixed size, 'none' when not even
+    one token's fits. `params`: each mechanism's parameters, by key."""
+    def said(n: int | None) -> str:
+        return "any length" if n is None else "none" if n == 0 else f"{n:,} tokens"
+    return pd.DataFrame([{"mechanism": get(key).label,
+                          **{name: said(longest_context(key, b, params=(params or {}).get(key), **model))
+                             for name, b in named_budgets.items()}}
+                         for key in keys if get(key).generation is not None])
