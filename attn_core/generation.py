@@ -84,7 +84,8 @@ def _checked(key: str, q, k, v, max_len, params: dict) -> tuple[MechanismSpec, G
                                 or max_len < n):
         raise ValueError(f"max_len = {max_len!r} cannot hold the prompt of {n} tokens; pass an integer ≥ {n}, or "
                          f"None to let the cache grow")
-    state = {name: params[name] for name in (*spec.state_keys, "seed") if name in params and spec.init_state}
+    given = (*spec.state_keys, "seed") if spec.init_state else spec.state_keys  # a seed draws the random state
+    state = {name: params[name] for name in given if name in params}
     return spec, gen, {**spec.resolved(params), **state}
 
 

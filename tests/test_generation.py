@@ -71,6 +71,7 @@ BASELINES = {  # key → out of (q, k, v, params, state) written independently o
     "sliding_window": lambda q, k, v, p, s: masked_softmax(q, k, v, allowed("sliding_window", N, N, True, **p)),
     "local": lambda q, k, v, p, s: masked_softmax(q, k, v, allowed("local", N, N, True, **p)),
     "sparse": lambda q, k, v, p, s: masked_softmax(q, k, v, allowed("sparse", N, N, True, **p)),
+    "longformer": lambda q, k, v, p, s: masked_softmax(q, k, v, allowed("longformer", N, N, True, **p)),
     "linear": lambda q, k, v, p, s: kernel_attention(elu_plus_one(q), elu_plus_one(k), v, True),
     "performer": lambda q, k, v, p, s: kernel_attention(positive_random_features(q, s["projection"]),
                                                          positive_random_features(k, s["projection"]), v, True),
@@ -86,8 +87,26 @@ def test_generation_equals_an_independent_baseline(key, params):
 
 
 def test_every_built_in_mechanism_that_can_generate_is_covered_by_a_baseline():
-    assert set(GENERATES) >= set(BASELINES) and {"softmax", "sdpa", "sliding_window", "local", "linear",
-                                                 "performer"} <= set(GENERATES)
+    assert set(GENERATES) == set(BASELINES) and {"softmax", "sdpa", "sliding_window", "local", "linear",
+                                                 "performer", "longformer"} <= set(GENERATES)
+
+
+@pytest.mark.parametrize("positions", [[3, 0, 9], [2, 5, 6]])  # a global token far behind the window, or inside it
+def test_longformer_generates_with_global_positions_the_prompt_holds(positions):
+    q, k, v = qkv(seed=2)
+    params = {"window": 2, "global_tokens": 3, "global_positions": torch.tensor(positions)}
+    got, cache, _ = generate("longformer", q, k, v, 10, **params)
+    p = {"window": 2, "global_tokens": 3, "global_positions": positions}
+    torch.testing.assert_close(got.double(), masked_softmax(q, k, v, allowed("longformer", N, N, True, **p)),
+                               atol=2e-5, rtol=1e-5)
+    assert cache.used_bytes == gen.cache_bytes("longformer", Shape(B, H, N, N, D), window=2, global_tokens=3)
+
+
+def test_longformer_refuses_global_positions_past_the_prompt():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="global tokens past the prompt would each need every key before them"):
+        gen.remember("longformer", k[:, :, :2], v[:, :, :2], window=1, global_tokens=3,
+                     global_positions=torch.tensor([0, 1]))
 
 
 def test_a_performer_key_that_raises_the_stabilizer_by_e140_rescales_the_state():

@@ -7,8 +7,9 @@ import math
 import torch
 
 from .. import masks
-from ..spec import MechanismSpec, Param, Shape
+from ..spec import Generation, MechanismSpec, Param, Shape
 from ._banded import Extra, banded_attention, banded_flops, banded_memory, dense_rows, dense_rows_memory
+from ._cache import KVCache, Ring, attend, kv_bytes
 from ._common import checked_shape, trusted
 from .sliding_window import tile
 
@@ -118,6 +119,50 @@ def _memory(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
     return max(band, s.bh * n * s.D * s.elem + dense_rows_memory(s.B, s.H, n, s.D, s.dtype, G, s.causal))
 
 
+def _remember(k, v, *, max_len: int | None = None, window: int = 256, global_tokens: int = 2,
+              global_positions: torch.Tensor | None = None) -> KVCache:
+    """Two rings: the last window + 1 tokens (`tokens`, as sliding_window's) and the global tokens' keys and values
+    (`globals`, in position order). The first g positions by default: those the prompt holds now, the rest joining
+    as they are generated; given `global_positions` must all lie in the prompt, since a global token's step would
+    need every key before it. O((w + g)·d) memory at any context."""
+    n, g = k.shape[2], global_tokens
+    cache = KVCache("longformer", {"window": window, "global_tokens": g}, k, v, max_len=max_len, limit=window + 1)
+    if global_positions is None:
+        held, cache.global_positions = torch.arange(min(g, n), device=k.device), None
+    else:
+        held = _positions(n, g, global_positions, k.device)
+        if g > n:
+            raise ValueError(f"global_positions are given for a prompt of {n} tokens but global_tokens = {g}: the "
+                             f"global tokens past the prompt would each need every key before them, which this "
+                             f"cache does not keep; prefill a prompt that holds all {g} global positions")
+        held = held.sort().values
+        cache.global_positions = held.tolist()
+    cache.rings["globals"] = Ring(k.index_select(2, held), v.index_select(2, held), limit=max(g, 1),
+                                  reserve=min(g, max_len or 0))
+    return cache
+
+
+def _step(q, k, v, cache: KVCache):
+    """The new token at position p (causal). Not global: its window, the last w + 1 tokens with itself, and the
+    global keys before p − w (those inside the window counted once): O((w + g)·d). Global (p among the first g):
+    every key before it, all of them global. One joint softmax."""
+    w, g, p = cache.params["window"], cache.params["global_tokens"], cache.length
+    keys, values = cache.append(k, v)
+    glob = cache.rings["globals"]
+    if cache.global_positions is None and p < g:  # a global token: it sees every position up to its own
+        glob.append(k, v)
+        return attend(q, glob.view()), cache
+    before = (min(g, max(p - w, 0)) if cache.global_positions is None else
+              sum(1 for x in cache.global_positions if x < p - w))
+    gk, gv = glob.view()
+    pairs = ((keys, values),) + (((gk[:, :, :before], gv[:, :, :before]),) if before else ())
+    return attend(q, *pairs), cache
+
+
+def _cache_bytes(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
+    return kv_bytes(s, min(s.Nk, window + 1) + min(s.Nk, global_tokens))
+
+
 SPEC = MechanismSpec(
     key="longformer",
     label="Longformer (window + global)",
@@ -142,8 +187,7 @@ SPEC = MechanismSpec(
     state_keys=("global_positions",),
     regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence; the window "
             "and a few global tokens keep only a sliver of it (the dropped mass)."),
-    no_generation="Its global tokens attend to every position, later ones included, and a causal step would "
-                  "need a ring of the window plus the global entries: this library has no such cache for it "
-                  "yet.",
+    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O((w + g)·d)",
+                          cache_big_o="O((w + g)·d)"),
     no_padding="its global rows and its window's blocks go through fused kernels that take no padding bias yet",
 )
