@@ -180,10 +180,10 @@ def nystrom_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, landmar
 
 
 def additive_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W_q: torch.Tensor, W_k: torch.Tensor,
-                       w: torch.Tensor, causal: bool = False) -> torch.Tensor:
+                       w: torch.Tensor, causal: bool = False, padding: torch.Tensor | None = None) -> torch.Tensor:
     """Bahdanau et al. 2015 (arXiv 1409.0473) additive attention in plain loops, numpy float64:
-    e_ij = w · tanh(W_qᵀ q_i + W_kᵀ k_j) for every pair (j ≤ i when causal), a_ij = exp(e_ij) / Σ_j exp(e_ij),
-    out_i = Σ_j a_ij v_j. Small n only."""
+    e_ij = w · tanh(W_qᵀ q_i + W_kᵀ k_j) for every pair (j ≤ i when causal; j not padding, `padding` (B, Nk) True
+    where it is), a_ij = exp(e_ij) / Σ_j exp(e_ij), out_i = Σ_j a_ij v_j (0 with no key). Small n only."""
     qn, kn, vn = (t.detach().double().numpy() for t in (q, k, v))
     Wq, Wk, wn = (t.detach().double().numpy() for t in (W_q, W_k, w))
     B, H, nq, _ = qn.shape
@@ -191,7 +191,10 @@ def additive_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W_q: t
     for b in range(B):
         for h in range(H):
             for i in range(nq):
-                keys = [j for j in range(kn.shape[2]) if j <= i or not causal]
+                keys = [j for j in range(kn.shape[2]) if (j <= i or not causal)
+                        and (padding is None or not bool(padding[b, j]))]
+                if not keys:
+                    continue
                 e = np.array([wn @ np.tanh(Wq.T @ qn[b, h, i] + Wk.T @ kn[b, h, j]) for j in keys])
                 a = np.exp(e - e.max())
                 out[b, h, i] = (a / a.sum()) @ vn[b, h, keys]

@@ -14,7 +14,7 @@ from attn_core import MultiHeadAttention
 from attn_core.mechanisms import _banded
 from attn_core.mechanisms._common import validated
 from attn_core.mechanisms.performer import favor_key_features
-from tests.baselines import allowed, elu_plus_one, masked_softmax, positive_random_features
+from tests.baselines import additive_reference, allowed, elu_plus_one, masked_softmax, positive_random_features
 from tests.test_mechanisms import REF_KIND, SMALL, qkv
 
 PADDED = [k for k, s in ac.MECHANISMS.items() if s.padding]
@@ -46,8 +46,16 @@ def padded_softmax(q, k, v, pattern: np.ndarray, pad: torch.Tensor) -> torch.Ten
     return torch.where(torch.as_tensor(keep.any(-1))[..., None], out, torch.zeros((), dtype=out.dtype))
 
 
+def exact_params(key: str, causal: bool = False, n: int = 37) -> dict:
+    """The small parameters and, for a pattern drawn at random (BigBird's blocks), its seeded state."""
+    params = SMALL.get(key, {})
+    if ac.MECHANISMS[key].init_state is None:
+        return params
+    return {**params, **ac.make_state(key, ac.Shape(2, 3, n, n, 16, causal=causal), seed=4, **params)}
+
+
 def test_every_padding_mechanism_is_tested_here():
-    assert set(PADDED) == set(EXACT) | set(KERNEL) | {"linformer"}, "add its reference to tests/test_padding.py"
+    assert set(PADDED) == set(EXACT) | set(KERNEL) | {"linformer", "additive"}, "add its reference here"
     assert not (set(PADDED) & set(REFUSING))
 
 
@@ -57,7 +65,7 @@ def test_every_padding_mechanism_is_tested_here():
 def test_exact_mechanisms_equal_masked_softmax_with_padding(key, mask, causal):
     q, k, v = qkv(37)
     pad = MASKS[mask]()
-    params = SMALL.get(key, {})
+    params = exact_params(key, causal)
     expected = padded_softmax(q, k, v, allowed(REF_KIND[key], 37, 37, causal, **params), pad)
     out = ac.attention(key, q, k, v, causal=causal, key_padding_mask=pad, **params)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -78,7 +86,7 @@ def test_padded_keys_change_nothing(key):
     """Whatever the padded keys and values hold, the output is the same."""
     q, k, v = qkv(37)
     pad = MASKS["scattered"]()
-    params = SMALL.get(key, {})
+    params = exact_params(key)
     noise = torch.randn(k.shape, generator=torch.Generator().manual_seed(9)) * 50 * pad[:, None, :, None]
     a = ac.attention(key, q, k, v, key_padding_mask=pad, **params)
     b = ac.attention(key, q, k + noise, v + noise, key_padding_mask=pad, **params)
@@ -90,7 +98,7 @@ def test_gradients_finite_where_a_query_sees_no_key(key):
     """Causal with left padding: the first queries see only padding; their output is zero, every gradient finite."""
     q, k, v = qkv(37, B=2, H=2, D=8, dtype=torch.float64, grad=True)
     pad = MASKS["left-padded"]()
-    params = SMALL.get(key, {})
+    params = exact_params(key, True)
     out = ac.attention(key, q, k, v, causal=True, key_padding_mask=pad, **params)
     first = int((~pad[1]).int().argmax())
     assert first > 0 and out[1, :, :first].abs().max() == 0
@@ -117,6 +125,17 @@ def test_kernelized_equal_kernel_attention_without_padded_keys(key, mask, causal
     den = a.sum(-1, keepdim=True)
     expected = torch.where(den > 0, a / den, 0.0) @ v.double()
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("causal,nq", [(False, 37), (True, 37), (False, 20)])
+def test_additive_equals_the_loop_reference_without_the_padded_keys(mask, causal, nq):
+    q, k, v = qkv(nq, 37, H=2, D=8)
+    pad = MASKS[mask]()
+    state = ac.make_state("additive", ac.Shape(2, 2, nq, 37, 8), seed=1, attn_dim=8)
+    out = ac.attention("additive", q, k, v, causal=causal, key_padding_mask=pad, attn_dim=8, **state)
+    expected = additive_reference(q, k, v, **state, causal=causal, padding=pad)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_performer_stabilizer_is_taken_over_the_unpadded_keys():

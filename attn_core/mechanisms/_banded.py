@@ -80,6 +80,13 @@ def dead_below(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min / 8
 
 
+def softmax_seen(scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """softmax(scores) @ values, its biases already in the scores; a row whose best score lies below `dead_below`
+    (it sees no unpadded key) outputs zeros."""
+    dead = scores.amax(-1, keepdim=True) < dead_below(scores.dtype)
+    return (torch.softmax(scores, dim=-1) @ values).masked_fill_(dead, 0.0)
+
+
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, pattern: Pattern, block: int,
                      left: int, right: int, extra: Extra | None = None,
                      key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -90,9 +97,10 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     every block (the pattern is invariant under shifts by `block`), so one (block, S) mask serves all; keys
     outside [0, n) are masked per block. Chunks of query blocks bound the workspace to about CHUNK_ELEMS scores.
     O(n·S·D) time, O(n·D) memory. `extra` adds g keys every block is scored against too, in the same softmax
-    (`_merged`): O(n·(S + g)·D) time. `key_padding_mask` (B, n) boolean, True where the key is padding (not with
-    `extra`): a per-key bias (`padding_bias`), cut into windows as the keys are, is added to each block's scores; a
-    query that sees no unpadded key outputs zeros. No n×n tensor either way.
+    (`_merged`): O(n·(S + g)·D) time. `key_padding_mask` (B, n) boolean, True where the key is padding: a per-key
+    bias (`padding_bias`), cut into windows as the keys are (and taken at the extra keys' positions), is added to
+    each block's scores, which are then held per chunk (the fused kernel takes no per-batch bias here); a query that
+    sees no unpadded key outputs zeros. No n×n tensor either way.
     """
     B, H, n, D = q.shape
     span = left + block + right
@@ -127,17 +135,29 @@ def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bi
     if ks < 0 or ke > n:  # edge chunk: mask the zero-padded keys
         pos = ks + block * torch.arange(c, device=q.device)[:, None, None] + torch.arange(span, device=q.device)
         bias = inner_bias.masked_fill((pos < 0) | (pos >= n), torch.finfo(q.dtype).min / 2)  # (c, block, S)
-    if extra is not None:
+    if extra is not None and pad is None:
         return _merged(qc, kw, vw, bias, qs, pattern, extra)
     if pad is None:  # no named scores: they die inside softmax, as the memory prediction assumes
         p = torch.softmax((qc.view(B, H, c, block, D) @ kw).add_(bias), dim=-1)  # (B, H, c, block, S)
         return (p @ vw.transpose(-1, -2)).view(B, H, c * block, D)
     s = (qc.view(B, H, c, block, D) @ kw).add_(bias)
     s.add_(_key_slab(pad, ks, ke).unfold(2, span, block))  # (B, 1, c, 1, S): the padding of each block's keys
-    dead = s.amax(-1, keepdim=True) < dead_below(s.dtype)
-    p = torch.softmax(s, dim=-1)
-    del s
-    return (p @ vw.transpose(-1, -2)).masked_fill_(dead, 0.0).view(B, H, c * block, D)
+    if extra is None:
+        return softmax_seen(s, vw.transpose(-1, -2)).view(B, H, c * block, D)
+    side = _extra_bias(qs, c * block, pattern, extra, qc.dtype).view(c, block, -1)  # (c, block, g)
+    t = (qc @ extra.k.transpose(-2, -1)).view(B, H, c, block, -1).add_(side)
+    t.add_(pad[:, :, extra.positions].view(B, 1, 1, 1, -1))  # the extra keys' padding
+    values = torch.cat([vw.transpose(-1, -2), extra.v[:, :, None].expand(B, H, c, -1, D)], dim=-2)
+    return softmax_seen(torch.cat([s, t], dim=-1), values).view(B, H, c * block, D)
+
+
+def _extra_bias(qs: int, rows: int, pattern: Pattern, extra: Extra, dtype: torch.dtype) -> torch.Tensor:
+    """(rows, g) additive bias of query rows [qs, qs + rows) against the extra keys: 0 where the extra pattern
+    allows a key the band does not hold already, the floor elsewhere."""
+    i = torch.arange(qs, qs + rows, device=extra.positions.device)[:, None]
+    p = extra.positions[None, :]
+    keep = extra.pattern(i, p) & ~pattern(i, p)
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, floor(dtype))
 
 
 def _merged(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Tensor, qs: int, pattern: Pattern,
@@ -149,10 +169,7 @@ def _merged(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Te
     → (B, H, c·block, D)."""
     B, H, c, D, S = kw.shape
     block = qc.shape[-2] // c
-    i = torch.arange(qs, qs + c * block, device=qc.device)[:, None]
-    p = extra.positions[None, :]
-    keep = extra.pattern(i, p) & ~pattern(i, p)  # (c·block, g)
-    side = torch.zeros(keep.shape, dtype=qc.dtype, device=qc.device).masked_fill_(~keep, floor(qc.dtype))
+    side = _extra_bias(qs, c * block, pattern, extra, qc.dtype)  # (c·block, g)
     bias = torch.cat([bias.expand(c, block, S), side.view(c, block, -1)], dim=-1)  # (c, block, S + g)
     keys, values = (torch.cat([w.transpose(-1, -2), x[:, :, None].expand(B, H, c, -1, D)], dim=-2)
                     .view(B * H, c, -1, D) for w, x in ((kw, extra.k), (vw, extra.v)))  # (B·H, c, S + g, D)
@@ -161,21 +178,29 @@ def _merged(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Te
 
 
 def dense_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, positions: torch.Tensor,
-               causal: bool) -> None:
+               causal: bool, key_padding_mask: torch.Tensor | None = None) -> None:
     """Rows `positions` of `out` (B, H, n, D) replaced by softmax attention over all n keys (causal: j ≤ i): the
     global tokens' rows, through PyTorch's fused kernel (`F.scaled_dot_product_attention`, no (rows, n) scores
     held). Causal, in slabs of rows whose (rows, n) additive mask holds about CHUNK_ELEMS entries.
-    O(g·n·D) time, O(n·D) memory beyond the output."""
+    `key_padding_mask` (B, n), True where the key is padding: left out by a per-key bias, a slab's (rows, n)
+    scores then held (a row that sees no unpadded key outputs zeros). O(g·n·D) time, O(n·D) memory beyond the
+    output."""
     B, H, n, D = q.shape
-    rows = dense_slab(n, len(positions), causal)
+    rows = dense_slab(n, len(positions), causal or key_padding_mask is not None)
+    pad = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype).transpose(-2, -1)
     for first in range(0, len(positions), rows):
         p = positions[first:first + rows]
         mask = None
         if causal:  # j = i stays: no row is empty
             future = torch.arange(n, device=q.device) > p[:, None]
             mask = torch.zeros(future.shape, dtype=q.dtype, device=q.device).masked_fill_(future, floor(q.dtype))
-        out.index_copy_(2, p, F.scaled_dot_product_attention(q.index_select(2, p), k, v,
-                                                             attn_mask=None if mask is None else mask[None, None]))
+        if pad is None:
+            seen = F.scaled_dot_product_attention(q.index_select(2, p), k, v,
+                                                  attn_mask=None if mask is None else mask[None, None])
+        else:  # (B, 1, 1, n) padding beside the (rows, n) mask
+            scores = (q.index_select(2, p) * (1.0 / math.sqrt(D))) @ k.transpose(-2, -1)
+            seen = softmax_seen(scores.add_(pad if mask is None else pad + mask), v)
+        out.index_copy_(2, p, seen)
 
 
 def dense_slab(n: int, count: int, causal: bool) -> int:

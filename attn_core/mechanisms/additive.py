@@ -9,7 +9,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import masks
 from ..spec import MechanismSpec, Param, Shape
-from ._common import checked_shape
+from ._common import check_key_padding, checked_shape
 
 # The workspace held at once, in elements over all batch·heads: one chunk of query rows against every key.
 CHUNK_ELEMS = 1 << 20
@@ -106,7 +106,7 @@ def _projections(q, k, W_q, W_k) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def additive_attention(q, k, v, *, causal: bool = False, attn_dim: int = 64, W_q=None, W_k=None, w=None,
-                       seed: int = 0):
+                       seed: int = 0, key_padding_mask: torch.Tensor | None = None):
     """softmax_j(wᵀ tanh(W_qᵀ q_i + W_kᵀ k_j)) V: Bahdanau's alignment model (arXiv 1409.0473, eq. 6 and appendix
     A.1.2) with q_i in place of the decoder state and k_j of the annotation; no 1/√D scaling (tanh bounds the score
     by ‖w‖₁).
@@ -116,7 +116,8 @@ def additive_attention(q, k, v, *, causal: bool = False, attn_dim: int = 64, W_q
     Materialized like textbook softmax: the (Nq, Nk) scores and their softmax exist; the (Nq, Nk, attn_dim) tensor
     of hidden units does not: it is built in chunks of query rows (`chunk_rows`), at most
     max(CHUNK_ELEMS, B·H·Nk·attn_dim) elements at a time, in the backward too. O(Nq·Nk·(attn_dim + D)) time,
-    O(Nq·Nk) memory.
+    O(Nq·Nk) memory. `key_padding_mask` (B, Nk) boolean, True where the key is padding: those scores are −∞, and a
+    query that sees no unpadded key outputs zeros.
     """
     shape = checked_shape(SPEC, q, k, v, causal, attn_dim=attn_dim)
     if W_q is None or W_k is None or w is None:
@@ -126,6 +127,11 @@ def additive_attention(q, k, v, *, causal: bool = False, attn_dim: int = 64, W_q
         if t.shape != want:
             raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
     scores = _AdditiveScores.apply(*_projections(q, k, W_q, W_k), w, causal)
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        dead = scores.amax(-1, keepdim=True) == float("-inf")  # no key left: uniform instead of NaN, then zeroed
+        return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0) @ v
     weights = torch.softmax(scores, dim=-1)
     del scores
     return weights @ v
@@ -206,5 +212,5 @@ SPEC = MechanismSpec(
                   "and q·k/√d, not an approximation error.",
     no_generation="It could keep a cache of W_k k for every key, as softmax keeps its keys, but this library has no "
                   "such cache for it yet.",
-    no_padding="its chunked tanh scores take no padding bias yet",
+    padding=True,
 )

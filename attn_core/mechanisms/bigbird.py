@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from .. import masks
 from ..spec import MechanismSpec, Param, Shape
-from ._banded import chunk_blocks, dense_rows, dense_rows_memory, floor
-from ._common import checked_shape, trusted
+from ._banded import chunk_blocks, dense_rows, dense_rows_memory, floor, padding_bias, softmax_seen
+from ._common import check_key_padding, checked_shape, trusted
 from .sdpa import SPEC as SDPA
 
 
@@ -80,7 +80,7 @@ def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0,
 
 def bigbird_attention(q, k, v, *, causal: bool = False, block: int = 64, window_blocks: int = 3,
                       global_blocks: int = 2, random_blocks: int = 3, random_table: torch.Tensor | None = None,
-                      seed: int = 0):
+                      seed: int = 0, key_padding_mask: torch.Tensor | None = None):
     """Exact attention where query block ⌊i/b⌋ = β sees key block γ iff γ is in its window
     (−⌊w/2⌋ ≤ γ − β ≤ ⌊(w − 1)/2⌋), or β or γ is one of the first g (global) blocks, or γ is in row β of
     `random_table`; causal: and j ≤ i. b = block, w = window_blocks, g = global_blocks.
@@ -90,7 +90,9 @@ def bigbird_attention(q, k, v, *, causal: bool = False, block: int = 64, window_
     (window, global, random: K blocks) whole, by index, and attends to them in one masked softmax, all query
     blocks of a chunk of bounded size in one call of PyTorch's fused kernel (`F.scaled_dot_product_attention`:
     the (b, K·b) scores are never held); the global blocks' rows attend densely (`dense_rows`). No n×n tensor:
-    O(n·K·b·D) time, O(n·D) memory.
+    O(n·K·b·D) time, O(n·D) memory. `key_padding_mask` (B, n) boolean, True where the key is padding: those keys
+    are left out of every row (a chunk's scores then held: the fused kernel takes no per-batch bias there); a query
+    that sees no unpadded key outputs zeros.
     """
     params = {"block": block, "window_blocks": window_blocks, "global_blocks": global_blocks,
               "random_blocks": random_blocks}
@@ -103,10 +105,12 @@ def bigbird_attention(q, k, v, *, causal: bool = False, block: int = 64, window_
         got = tuple(random_table.shape) if isinstance(random_table, torch.Tensor) else type(random_table).__name__
         raise ValueError(f"random_table must be an integer tensor of shape ({L.nb}, {L.r}) for these settings at "
                          f"n = {s.Nq}, got {got}; draw it with attn_core.make_state('bigbird', shape, ...)")
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
     out = q.new_empty(q.shape)
     if L.g < L.nb:
-        _block_rows(q, k, v, out, _key_blocks(L, random_table.to(q.device)), L, causal)
-    dense_rows(q, k, v, out, torch.arange(min(L.g * L.b, s.Nq), device=q.device), causal)
+        _block_rows(q, k, v, out, _key_blocks(L, random_table.to(q.device)), L, causal, key_padding_mask)
+    dense_rows(q, k, v, out, torch.arange(min(L.g * L.b, s.Nq), device=q.device), causal, key_padding_mask)
     return out
 
 
@@ -120,7 +124,8 @@ def _key_blocks(L: Layout, table: torch.Tensor) -> torch.Tensor:
     return torch.cat([window, glob, table[L.g:].long()], dim=1)
 
 
-def _block_rows(q, k, v, out: torch.Tensor, key_blocks: torch.Tensor, L: Layout, causal: bool) -> None:
+def _block_rows(q, k, v, out: torch.Tensor, key_blocks: torch.Tensor, L: Layout, causal: bool,
+                key_padding_mask: torch.Tensor | None = None) -> None:
     """Rows of the non-global query blocks, in chunks of c blocks (c·b·K·b scores per head ≤ CHUNK_ELEMS over all
     heads): each chunk's keys and values gathered, (B·H, c, K·b, D), and attended to in one fused call."""
     B, H, n, D = q.shape
@@ -128,15 +133,19 @@ def _block_rows(q, k, v, out: torch.Tensor, key_blocks: torch.Tensor, L: Layout,
     step = chunk_blocks(B * H, L.b, span)
     pad = L.nb * L.b - n  # keys and values as whole blocks (B, H, nb, b, D), zero-padded when n % b ≠ 0
     kb, vb = ((F.pad(x, (0, 0, 0, pad)) if pad else x).view(B, H, L.nb, L.b, D) for x in (k, v))
+    bias = None if key_padding_mask is None else padding_bias(F.pad(key_padding_mask, (0, pad), value=True),
+                                                              q.dtype)[:, 0, :, 0]  # (B, nb·b)
     for first in range(L.g, L.nb, step):
         c = min(step, L.nb - first)
         qs, qe = first * L.b, min(n, (first + c) * L.b)
-        out[:, :, qs:qe] = _chunk(q, kb, vb, key_blocks[first - L.g:first - L.g + c], qs, causal)[:, :, :qe - qs]
+        out[:, :, qs:qe] = _chunk(q, kb, vb, key_blocks[first - L.g:first - L.g + c], qs, causal,
+                                  bias)[:, :, :qe - qs]
 
 
-def _chunk(q, kb, vb, blocks: torch.Tensor, qs: int, causal: bool) -> torch.Tensor:
+def _chunk(q, kb, vb, blocks: torch.Tensor, qs: int, causal: bool, padded: torch.Tensor | None = None) -> torch.Tensor:
     """c query blocks from row qs against their key blocks (c, K), gathered whole from the blocked keys and values
-    kb, vb (B, H, nb, b, D), masked where a slot holds no key, a key lies past n or (causal) after the query:
+    kb, vb (B, H, nb, b, D), masked where a slot holds no key, a key lies past n or (causal) after the query;
+    `padded`: the keys' padding bias (B, nb·b), added to the gathered keys' scores, which are then held:
     → (B, H, c·b, D); temporaries die on return."""
     B, H, n, D = q.shape
     c, b = blocks.shape[0], kb.shape[3]
@@ -149,7 +158,11 @@ def _chunk(q, kb, vb, blocks: torch.Tensor, qs: int, causal: bool) -> torch.Tens
     index = blocks.clamp_min(0).flatten()  # a slot without a key reads block 0, masked
     qc = F.pad(q[:, :, qs:min(n, qs + c * b)], (0, 0, 0, max(0, qs + c * b - n))).reshape(B * H, c, b, D)
     keys, values = (x.index_select(2, index).view(B * H, c, -1, D) for x in (kb, vb))  # (B·H, c, K·b, D)
-    return F.scaled_dot_product_attention(qc, keys, values, attn_mask=bias[None]).view(B, H, c * b, D)
+    if padded is None:
+        return F.scaled_dot_product_attention(qc, keys, values, attn_mask=bias[None]).view(B, H, c * b, D)
+    scores = (qc * D ** -0.5 @ keys.transpose(-2, -1)).view(B, H, c, b, -1).add_(bias)
+    scores.add_(padded[:, tokens].view(B, 1, c, 1, -1))  # the gathered keys' padding
+    return softmax_seen(scores, values.view(B, H, c, -1, D)).view(B, H, c * b, D)
 
 
 def _pattern(causal: bool, block: int = 64, window_blocks: int = 3, global_blocks: int = 2, random_blocks: int = 3,
@@ -266,5 +279,5 @@ SPEC = MechanismSpec(
             "a few global and a few random blocks keep only part of it (the dropped mass)."),
     no_generation="Its random blocks are drawn from the whole sequence's blocks, so each new block changes "
                   "the draw of every block before it: there is no cache a step can extend.",
-    no_padding="its gathered key blocks go through a fused kernel that takes no padding bias yet",
+    padding=True,
 )

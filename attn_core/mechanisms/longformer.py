@@ -10,12 +10,12 @@ from .. import masks
 from ..spec import Generation, MechanismSpec, Param, Shape
 from ._banded import Extra, banded_attention, banded_flops, banded_memory, dense_rows, dense_rows_memory
 from ._cache import KVCache, Ring, attend, kv_bytes
-from ._common import checked_shape, trusted
+from ._common import check_key_padding, checked_shape, trusted
 from .sliding_window import tile
 
 
 def longformer_attention(q, k, v, *, causal: bool = False, window: int = 256, global_tokens: int = 2,
-                         global_positions: torch.Tensor | None = None):
+                         global_positions: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None):
     """Exact attention where query i sees key j iff |i − j| ≤ window, or i or j is a global position (causal:
     and j ≤ i, so a global token sees only the past and a query sees a global key only at j ≤ i).
 
@@ -24,24 +24,30 @@ def longformer_attention(q, k, v, *, causal: bool = False, window: int = 256, gl
     `sliding_window`) and the g global keys in one masked softmax, a global key inside the band counted once, fused
     by PyTorch's kernel; then the g global rows attend densely to all n keys, written over theirs (`dense_rows`).
     No n×n tensor: O(n·(w + g)·D) time, O(n·D) memory (the band in chunks, the global rows in slabs).
+    `key_padding_mask` (B, n) boolean, True where the key is padding: those keys are left out of every row, band
+    and global alike (scores then held per chunk); a query that sees no unpadded key outputs zeros.
     """
     s = checked_shape(SPEC, q, k, v, causal, window=window, global_tokens=global_tokens)
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
     n = s.Nq
     positions = _positions(n, global_tokens, global_positions, q.device)
     pattern = _pattern(causal, window, global_tokens, positions)
     # every token global: dense attention alone
-    out = q.new_empty(q.shape) if len(positions) == n else _band_rows(q, k, v, causal, window, positions, pattern)
-    dense_rows(q, k, v, out, positions, causal)
+    out = (q.new_empty(q.shape) if len(positions) == n else
+           _band_rows(q, k, v, causal, window, positions, pattern, key_padding_mask))
+    dense_rows(q, k, v, out, positions, causal, key_padding_mask)
     return out
 
 
-def _band_rows(q, k, v, causal: bool, window: int, positions: torch.Tensor, pattern: masks.Pattern) -> torch.Tensor:
+def _band_rows(q, k, v, causal: bool, window: int, positions: torch.Tensor, pattern: masks.Pattern,
+               key_padding_mask: torch.Tensor | None) -> torch.Tensor:
     """Every row against its band and the global keys (the global rows too, replaced afterwards); the global keys'
     copies die on return, before the global rows are made."""
     extra = (Extra(k.index_select(2, positions), v.index_select(2, positions), positions, pattern)
              if len(positions) else None)
     return banded_attention(q, k, v, pattern=_band(causal, window), block=tile(window, q.shape[-2]), left=window,
-                            right=0 if causal else window, extra=extra)
+                            right=0 if causal else window, extra=extra, key_padding_mask=key_padding_mask)
 
 
 def _positions(n: int, global_tokens: int, given: torch.Tensor | None, device) -> torch.Tensor:
@@ -189,5 +195,5 @@ SPEC = MechanismSpec(
             "and a few global tokens keep only a sliver of it (the dropped mass)."),
     generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O((w + g)·d)",
                           cache_big_o="O((w + g)·d)"),
-    no_padding="its global rows and its window's blocks go through fused kernels that take no padding bias yet",
+    padding=True,
 )
