@@ -14,7 +14,8 @@ from attn_core import MultiHeadAttention
 from attn_core.mechanisms import _banded
 from attn_core.mechanisms._common import validated
 from attn_core.mechanisms.performer import favor_key_features
-from tests.baselines import additive_reference, allowed, elu_plus_one, masked_softmax, positive_random_features
+from tests.baselines import (additive_reference, allowed, elu_plus_one, masked_softmax, nystrom_reference,
+                             positive_random_features)
 from tests.test_mechanisms import REF_KIND, SMALL, qkv
 
 PADDED = [k for k, s in ac.MECHANISMS.items() if s.padding]
@@ -55,7 +56,7 @@ def exact_params(key: str, causal: bool = False, n: int = 37) -> dict:
 
 
 def test_every_padding_mechanism_is_tested_here():
-    assert set(PADDED) == set(EXACT) | set(KERNEL) | {"linformer", "additive"}, "add its reference here"
+    assert set(PADDED) == set(EXACT) | set(KERNEL) | {"linformer", "additive", "nystrom"}, "add its reference here"
     assert not (set(PADDED) & set(REFUSING))
 
 
@@ -136,6 +137,25 @@ def test_additive_equals_the_loop_reference_without_the_padded_keys(mask, causal
     out = ac.attention("additive", q, k, v, causal=causal, key_padding_mask=pad, attn_dim=8, **state)
     expected = additive_reference(q, k, v, **state, causal=causal, padding=pad)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("nq", [37, 20])  # self-attention: the queries' landmarks skip the padded positions too
+def test_nystrom_equals_nystrom_on_the_real_keys_alone(mask, nq):
+    q, k, v = qkv(nq, 37, dtype=torch.float64)
+    pad = MASKS[mask]()
+    out = ac.attention("nystrom", q, k, v, key_padding_mask=pad, landmarks=8)
+    for b in range(2):
+        real = ~pad[b]
+        rows = real if nq == 37 else slice(None)
+        expected = nystrom_reference(q[b:b + 1, :, rows], k[b:b + 1, :, real], v[b:b + 1, :, real], 8)
+        torch.testing.assert_close(out[b:b + 1, :, rows], expected, atol=1e-9, rtol=1e-7)
+
+
+def test_nystrom_needs_as_many_real_keys_as_landmarks():
+    q, k, v = qkv(37)
+    with pytest.raises(ValueError, match="batch element 1 has 12 real keys, fewer than the 16 landmarks"):
+        ac.attention("nystrom", q, k, v, key_padding_mask=lengths_mask([37, 12], 37), landmarks=16)
 
 
 def test_performer_stabilizer_is_taken_over_the_unpadded_keys():

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from ..spec import MechanismSpec, Param, Shape
-from ._common import checked_shape, scale
+from ._banded import padding_bias
+from ._common import check_key_padding, checked_shape, scale, trusted
 
 HALF = (torch.float16, torch.bfloat16)
 # Scores held at once per chunk of keys or of query rows, in elements over all batch·heads (4 MiB in float32: a
@@ -28,6 +29,24 @@ def segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
     head = x[:, :, :cut].unflatten(2, (r, L + 1)).sum(-2).div_(L + 1)  # (B, H, r, D)
     tail = x[:, :, cut:].unflatten(2, (m - r, L)).sum(-2).div_(L)  # (B, H, m − r, D)
     return torch.cat([head, tail], dim=2)
+
+
+def real_segment_means(x: torch.Tensor, keep: torch.Tensor, m: int) -> torch.Tensor:
+    """The m landmarks of each batch element's real tokens: x (B, H, N, D), keep (B, N) True where a token is real
+    → (B, H, m, D), the means of m consecutive segments of the real tokens in order, split as `segment_means` splits
+    a whole sequence (the first L mod m segments one token longer), as if the padding were not there. Each element
+    needs L ≥ m real tokens. Each token summed into its segment (index_add_): O(N·D), one (B, H, m + 1, D) sum."""
+    L = keep.sum(-1, keepdim=True)  # (B, 1)
+    size, rem = L // m, L % m
+    rank = keep.cumsum(-1) - 1  # each real token's place among its element's real tokens
+    big = rem * (size + 1)  # tokens in the longer segments
+    seg = torch.where(rank < big, rank // (size + 1), rem + (rank - big) // size.clamp_min(1))
+    seg = torch.where(keep, seg, m)  # padding: a segment of its own, dropped
+    sums = x.new_zeros(x.shape[0], x.shape[1], m + 1, x.shape[-1])
+    for b in range(x.shape[0]):
+        sums[b].index_add_(1, seg[b], x[b])
+    counts = torch.where(torch.arange(m, device=x.device) < rem, size + 1, size)  # (B, m)
+    return sums[:, :, :m].div_(counts[:, None, :, None].clamp_min(1).to(x.dtype))
 
 
 def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
@@ -52,10 +71,16 @@ def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
     return z.view(shape)
 
 
-def _landmarks(q, k, landmarks: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The landmarks scaled by 1/√D, Q̃/√D and K̃/√D (B, H, m, D), so that every score below is one product."""
+def _landmarks(q, k, landmarks: int, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The landmarks scaled by 1/√D, Q̃/√D and K̃/√D (B, H, m, D), so that every score below is one product.
+    `keep` (B, Nk), True where a key is real: K̃ of the real keys (`real_segment_means`), and Q̃ of the real
+    positions too when the queries are those same tokens (Nq = Nk, self-attention)."""
     s = scale(q.shape[-1])
-    return segment_means(q, landmarks).mul_(s), segment_means(k, landmarks).mul_(s)
+    if keep is None:
+        return segment_means(q, landmarks).mul_(s), segment_means(k, landmarks).mul_(s)
+    q_l = (real_segment_means(q, keep, landmarks) if q.shape[-2] == k.shape[-2] else
+           segment_means(q, landmarks))
+    return q_l.mul_(s), real_segment_means(k, keep, landmarks).mul_(s)
 
 
 def _landmark_pinv(q_l, k_l, pinv_iterations: int) -> torch.Tensor:
@@ -70,15 +95,18 @@ def _chunk(heads: int, landmarks: int) -> int:
     return max(1, CHUNK_ELEMS // (heads * landmarks))
 
 
-def _landmark_values(q_l, k, v) -> torch.Tensor:
+def _landmark_values(q_l, k, v, pad: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q̃ Kᵀ/√D) V (B, H, m, D) from the scaled landmarks, over chunks of keys with a running maximum (the
     online softmax: earlier chunks' sums rescaled by exp(old max − new max)), so only a chunk's (m, chunk) scores
-    exist. Sums in float32 for half inputs."""
+    exist. Sums in float32 for half inputs. `pad` (B, 1, 1, Nk): a key bias, far below any score where the key is
+    padding (finite: a chunk of padding alone gives exp(bias − max) = 0, never NaN)."""
     B, H, m, _ = q_l.shape
     n, step = k.shape[-2], _chunk(B * H, m)
     work = torch.float32 if v.dtype in HALF else v.dtype
     for start in range(0, n, step):
         s = q_l @ k[:, :, start:start + step].transpose(-2, -1)  # (B, H, m, chunk)
+        if pad is not None:
+            s = s.add_(pad[..., start:start + step])
         top = s.detach().amax(-1, keepdim=True)  # a shift: the result does not depend on it, nor its gradient
         if start == 0:
             high = top
@@ -108,7 +136,8 @@ def _query_rows(q, k_l, w) -> torch.Tensor:
     return out
 
 
-def nystrom_attention(q, k, v, *, causal: bool = False, landmarks: int = 64, pinv_iterations: int = 6):
+def nystrom_attention(q, k, v, *, causal: bool = False, landmarks: int = 64, pinv_iterations: int = 6,
+                      key_padding_mask: torch.Tensor | None = None):
     """softmax(Q K̃ᵀ/√D) · pinv(softmax(Q̃ K̃ᵀ/√D)) · (softmax(Q̃ Kᵀ/√D) · V), Q̃ and K̃ the m = `landmarks` segment
     means of q and k (`segment_means`), pinv by `pinv_iterations` steps of `iterative_pinv`.
 
@@ -118,16 +147,33 @@ def nystrom_attention(q, k, v, *, causal: bool = False, landmarks: int = 64, pin
     With m = n the landmarks are the tokens and the result is softmax attention, up to the pseudo-inverse's
     accuracy. Not causal: each landmark averages a whole segment, future tokens included. Half-precision inputs:
     the (m, m) kernel, its pseudo-inverse, the sums over keys and W in float32, the products over n in the input
-    dtype.
+    dtype. `key_padding_mask` (B, Nk) boolean, True where the key is padding: Nyström over each element's real keys,
+    as if the padding were not there: K̃ the segment means of its real keys (and Q̃ of its real positions in
+    self-attention, Nq = Nk), padded keys left out of softmax(Q̃ Kᵀ); every element needs at least m real keys, and
+    one with none outputs zeros.
     """
     checked_shape(SPEC, q, k, v, causal, landmarks=landmarks, pinv_iterations=pinv_iterations)
-    q_l, k_l = _landmarks(q, k, landmarks)
-    kv = _landmark_values(q_l, k, v)  # (B, H, m, D)
+    keep = pad = empty = None
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
+        keep = ~key_padding_mask
+        empty = ~keep.any(-1)  # no real key: computed as unpadded, then zeroed
+        keep = keep | empty[:, None]
+        short = keep.sum(-1) < landmarks
+        if not trusted() and bool(short.any()):
+            b = int(short.nonzero()[0, 0])
+            raise ValueError(f"batch element {b} has {int(keep[b].sum())} real keys, fewer than the {landmarks} "
+                             f"landmarks, which each average a segment of them; choose landmarks ≤ "
+                             f"{int(keep.sum(-1).min())}")
+        pad = padding_bias(~keep, q.dtype).transpose(-2, -1)  # (B, 1, 1, Nk)
+    q_l, k_l = _landmarks(q, k, landmarks, keep)
+    kv = _landmark_values(q_l, k, v, pad)  # (B, H, m, D)
     z = _landmark_pinv(q_l, k_l, pinv_iterations)  # (B, H, m, m)
     del q_l
     w = (z @ kv.to(z.dtype)).to(q.dtype)  # (B, H, m, D)
     del z, kv
-    return _query_rows(q, k_l, w)
+    out = _query_rows(q, k_l, w)
+    return out if empty is None else out.masked_fill_(empty[:, None, None, None], 0.0)
 
 
 def _effective(q, k, v, causal: bool, state: dict, landmarks: int = 64, pinv_iterations: int = 6):
@@ -206,6 +252,5 @@ SPEC = MechanismSpec(
                   "where a weight is negative; the output errors compare it with softmax.",
     no_generation="Its landmarks are means over segments of the whole sequence, later tokens included, so it has "
                   "no causal form, and a new token would move every landmark.",
-    no_padding="its landmarks are segment means over the whole sequence; a padded key would need segments of the "
-               "real keys alone, which this kernel does not build yet",
+    padding=True,
 )
