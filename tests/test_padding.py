@@ -13,7 +13,7 @@ import attn_core as ac
 from attn_core import MultiHeadAttention
 from attn_core.mechanisms import _banded
 from attn_core.mechanisms._common import validated
-from attn_core.mechanisms.performer import favor_key_features
+from attn_core.mechanisms.performer import base2, key_features
 from tests.baselines import (additive_reference, allowed, elu_plus_one, masked_softmax, nystrom_reference,
                              positive_random_features)
 from tests.test_mechanisms import REF_KIND, SMALL, qkv
@@ -164,9 +164,9 @@ def test_performer_stabilizer_is_taken_over_the_unpadded_keys():
     q, k, v = qkv(37)
     w = ac.make_state("performer", ac.Shape(2, 3, 37, 37, 16), seed=1, features=32)["projection"]
     k[1, :, 25] = 2.0 * w[w.norm(dim=-1).argmax()]  # a padded key with x' = the longest w: exponent |w|²/2, the most
-    phi, c = favor_key_features(k, w, key_padding_mask=lengths_mask([37, 20], 37))
-    _, c_short = favor_key_features(k[1:, :, :20], w)
-    _, c_all = favor_key_features(k[1:], w)
+    phi, c = key_features(k, base2(w), key_padding_mask=lengths_mask([37, 20], 37))
+    _, c_short = key_features(k[1:, :, :20], base2(w))
+    _, c_all = key_features(k[1:], base2(w))
     assert not torch.equal(c_all, c_short)  # the padded key would have set it
     torch.testing.assert_close(c[1:], c_short)
     assert phi[1, :, 20:].abs().max() == 0 and phi[1, :, :20].min() > 0

@@ -153,8 +153,8 @@ class KVCache(Cache):
 class StateCache(Cache):
     """Fixed-size state of kernelized attention after the tokens so far: `kv` = Σ φ(k_j) v_jᵀ (B, H, m, D) and
     `z` = Σ φ(k_j) (B, H, 1, m), in the work dtype (float32 for half inputs); for Performer also `offset`, the
-    stabilizer its key features share (B, H, 1, 1) float64, and `projection`, the layer's random features (a
-    reference to its state, not counted in `nbytes`)."""
+    stabilizer its key features share (B, H, 1, 1) float64, a base-2 exponent, and `projection`, the layer's random
+    features scaled for base 2 (not counted in `nbytes`)."""
 
     def __init__(self, key: str, params: Mapping[str, Any], k: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
                  *, offset: torch.Tensor | None = None, projection: torch.Tensor | None = None):

@@ -36,41 +36,14 @@ def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0,
 
 
 def favor_features(x: torch.Tensor, projection: torch.Tensor, *, is_query: bool) -> torch.Tensor:
-    """Positive random features of exp(q·k/√D): φ(x) = exp(w·x' − |x'|²/2 − c)/√m with x' = x/D^¼.
+    """Positive random features of exp(q·k/√D): φ(x) = exp(w·x' − |x'|²/2 − c)/√m with x' = x/D^¼, w the rows of
+    `projection` (m, D). x (B, H, N, D) → (B, H, N, m).
 
-    x (B, H, N, D), projection (m, D) → (B, H, N, m). The stabilizer c is each query's own maximum, or one maximum
-    over all keys of a head (`favor_key_features`); both cancel in the normalization (the max-subtraction trick).
-    For a query, |x'|²/2 is part of its own c and is never formed; for keys it is taken in float64 from x'/max|x'|,
-    so finite inputs as large as 10³⁰ (|x'|² = 10⁶⁰) give finite features, not inf − inf = NaN.
-    """
-    if not is_query:
-        return favor_key_features(x, projection)[0]
-    proj = (x * x.shape[-1] ** -0.25) @ projection.T  # (B, H, N, m)
-    shift = proj.detach().amax(-1, keepdim=True) + 0.5 * math.log(projection.shape[0])  # the 1/√m in the exponent
-    return proj.sub_(shift).exp_()  # in place to spare memory
-
-
-def favor_key_features(x: torch.Tensor, projection: torch.Tensor, floor: torch.Tensor | None = None,
-                       key_padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`favor_features` of keys x (B, H, N, D) → (B, H, N, m), and the stabilizer c they share, (B, H, 1, 1) float64:
-    the largest exponent max_m w·x' − |x'|²/2 over these keys of a head, or `floor` where that is larger.
-    Generation passes the c of the keys so far as `floor`, so that a new key's features share their scale.
-    `key_padding_mask` (B, N), True where the key is padding: its exponent is −inf, so it neither sets c (a large
-    padded key would otherwise push the real keys' features towards underflow) nor has features (exp(−inf) = 0)."""
-    xs = x * x.shape[-1] ** -0.25
-    proj = xs @ projection.T  # (B, H, N, m)
-    top = proj.detach().amax(-1, keepdim=True)  # (B, H, N, 1): max_m w·x'
-    per_key = top.double() - half_squared_norm(xs)  # each key's largest exponent, in float64
-    if key_padding_mask is not None:
-        per_key = per_key.masked_fill(key_padding_mask[:, None, :, None], float("-inf"))
-    offset = per_key.detach().amax((-2, -1), keepdim=True)
-    if key_padding_mask is not None:  # every key padded: c = 0, any finite value would do
-        offset = offset.masked_fill(offset == float("-inf"), 0.0)
-    if floor is not None:
-        offset = torch.maximum(offset, floor)
-    # exponent offset per key −|x'|²/2 + max_m w·x' − c ≤ 0, with the 1/√m folded in
-    shift = top + 0.5 * math.log(projection.shape[0]) - (per_key - offset).to(proj.dtype)
-    return proj.sub_(shift).exp_(), offset  # −inf shifts give 0, never NaN
+    The stabilizer c is each query's own largest exponent, or one over all keys of a head; both cancel in the
+    normalization (the max-subtraction trick). Computed as `query_features` and `key_features` compute it inside
+    the kernel, in base 2 on the `base2` projection: one implementation."""
+    w = base2(projection)
+    return query_features(x, w) if is_query else key_features(x, w)[0]
 
 
 def base2(projection: torch.Tensor) -> torch.Tensor:
@@ -81,21 +54,29 @@ def base2(projection: torch.Tensor) -> torch.Tensor:
 
 def query_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """FAVOR+ features of query rows x (…, D) with `base2` projection w (m, D), each stabilised by its own largest
-    exponent: (…, m)."""
+    exponent: (…, m). |x'|²/2 is part of that stabilizer and never formed."""
     proj = x @ w.T  # (…, m): base-2 exponents
     shift = proj.detach().amax(-1, keepdim=True) + 0.5 * math.log2(w.shape[0])  # the 1/√m folded in
     return proj.sub_(shift).exp2_()  # in place to spare memory
 
 
-def key_features(x: torch.Tensor, w: torch.Tensor, floor: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """FAVOR+ features of key rows x (…, N, D) with `base2` projection w (m, D), all of a head relative to one
-    maximum of the exponent max_m w·x' − |x'|²/2 (log₂) over its N keys, at least `floor`: (features (…, N, m), that
-    maximum (…, 1, 1) in float64). A caller that maps a head's keys chunk by chunk passes the maximum so far as
-    `floor` and rescales what it summed before by 2^(floor − new maximum)."""
+def key_features(x: torch.Tensor, w: torch.Tensor, floor: torch.Tensor | None = None,
+                 key_padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FAVOR+ features of key rows x (B, H, N, D) with `base2` projection w (m, D), all of a head relative to one
+    stabilizer c, the largest exponent max_m w·x' − |x'|²/2 (log₂) over its N keys, at least `floor`: (features
+    (B, H, N, m), c (B, H, 1, 1) in float64). |x'|²/2 is taken in float64 (`half_squared_norm`), so finite inputs
+    as large as 10³⁰ give finite features, not inf − inf = NaN. A caller that maps a head's keys chunk by chunk, or
+    generates token by token, passes the c so far as `floor` and rescales what it summed before by 2^(floor − c).
+    `key_padding_mask` (B, N), True where the key is padding: its exponent is −inf, so it neither sets c (a large
+    padded key would push the real keys' features towards underflow) nor has features (2^−inf = 0)."""
     proj = x @ w.T  # (…, N, m)
     top = proj.detach().amax(-1, keepdim=True)  # (…, N, 1): max_m w·x'
     per_key = top.double() - half_squared_norm(x) * (x.shape[-1] ** -0.5 * LOG2E)  # float64, |x'|² = |x|²/√D
+    if key_padding_mask is not None:
+        per_key = per_key.masked_fill(key_padding_mask[:, None, :, None], float("-inf"))
     peak = per_key.detach().amax((-2, -1), keepdim=True)
+    if key_padding_mask is not None:  # every key padded: c = 0, any finite value would do
+        peak = peak.masked_fill(peak == float("-inf"), 0.0)
     if floor is not None:
         peak = torch.maximum(peak, floor)
     # per-key exponent offset −|x'|²/2 + max_m w·x' − c ≤ 0, in float64; −inf shifts give 0, never NaN
@@ -132,8 +113,9 @@ def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, p
         return linear_attention_core(q, k, v, causal, lambda x: query_features(x, b),
                                      lambda x, floor: key_features(x, b, floor), features)
     check_key_padding(SPEC, key_padding_mask, q, k)
-    phi_q = favor_features(q.to(w.dtype), w, is_query=True)  # φ(Q) first, as without a mask
-    return mapped(phi_q, favor_key_features(k.to(w.dtype), w, key_padding_mask=key_padding_mask)[0], v, causal)
+    b = base2(w)
+    phi_q = query_features(q.to(w.dtype), b)  # φ(Q) first, as without a mask
+    return mapped(phi_q, key_features(k.to(w.dtype), b, key_padding_mask=key_padding_mask)[0], v, causal)
 
 
 def _projection(shape: Shape, v: torch.Tensor, features: int, projection: torch.Tensor | None,
@@ -148,32 +130,32 @@ def _projection(shape: Shape, v: torch.Tensor, features: int, projection: torch.
 
 def _remember(k, v, *, max_len: int | None = None, features: int = 256, projection=None,
               seed: int = 0) -> StateCache:
-    """The state Σ φ(k_j) v_jᵀ (m × D), Σ φ(k_j) (m) and the stabilizer c the features share: O(m·D) whatever
-    the context; the cache keeps a reference to the projection it was built with."""
-    w = _projection(Shape.of(k, k, True), v, features, projection, seed)
-    phi_k, offset = favor_key_features(k.to(w.dtype), w)
+    """The state Σ φ(k_j) v_jᵀ (m × D), Σ φ(k_j) (m) and the stabilizer c the features share (log₂): O(m·D)
+    whatever the context; the cache keeps the projection it was built with, in its `base2` form."""
+    w = base2(_projection(Shape.of(k, k, True), v, features, projection, seed))
+    phi_k, offset = key_features(k.to(w.dtype), w)
     return StateCache("performer", {"features": features}, k, phi_k, v, offset=offset, projection=w)
 
 
 def _prefill(q, k, v, *, max_len: int | None = None, features: int = 256, projection=None, seed: int = 0):
     """The causal forward of the prompt and its state from one φ(K)."""
-    w = _projection(Shape.of(q, k, True), v, features, projection, seed)
-    phi_k, offset = favor_key_features(k.to(w.dtype), w)
-    out = mapped(favor_features(q.to(w.dtype), w, is_query=True), phi_k, v, True)
+    w = base2(_projection(Shape.of(q, k, True), v, features, projection, seed))
+    phi_k, offset = key_features(k.to(w.dtype), w)
+    out = mapped(query_features(q.to(w.dtype), w), phi_k, v, True)
     return out, StateCache("performer", {"features": features}, k, phi_k, v, offset=offset, projection=w)
 
 
 def _step(q, k, v, cache: StateCache):
     """Fold the new token into the state, then read it: O(m·D) whatever the context. A key whose exponent passes
-    the stabilizer raises it, and the state is rescaled by exp(c_old − c_new) ≤ 1 (as online softmax does)."""
-    w = cache.projection
-    phi_k, offset = favor_key_features(k.to(w.dtype), w, floor=cache.offset)
-    factor = torch.exp(cache.offset - offset).to(w.dtype)  # (B, H, 1, 1), 1 where c did not move
+    the stabilizer raises it, and the state is rescaled by 2^(c_old − c_new) ≤ 1 (as online softmax does)."""
+    w = cache.projection  # base 2
+    phi_k, offset = key_features(k.to(w.dtype), w, floor=cache.offset)
+    factor = torch.exp2(cache.offset - offset).to(w.dtype)  # (B, H, 1, 1), 1 where c did not move
     cache.kv.mul_(factor)
     cache.z.mul_(factor)
     cache.offset.copy_(offset)
     cache.add(phi_k, v)
-    return cache.read(favor_features(q.to(w.dtype), w, is_query=True)), cache
+    return cache.read(query_features(q.to(w.dtype), w)), cache
 
 
 def _cache_bytes(s: Shape, features: int = 256) -> float:
