@@ -87,7 +87,8 @@ def settings() -> tuple[SweepConfig, list[str]]:
                           else "No parameters to set", help=names or None, icon=":material/settings:",
                           width="stretch", disabled=not knobs, key="bench_params"):
             mechanisms = tuple((key, mechanism_params(key)) for key in exact + approx)
-        n_min, n_max = sizes.select_slider("Sequence lengths n", NS, (d.ns[0], d.ns[-1]), format_func="{:,}".format,
+        lengths = "Context lengths n" if S.get("bench_mode") == "generate" else "Sequence lengths n"
+        n_min, n_max = sizes.select_slider(lengths, NS, (d.ns[0], d.ns[-1]), format_func="{:,}".format,
                                            **keyed("bench_n"))
         steps = sizes.number_input("Steps, log-spaced", *NUMBERS["bench_steps"], len(d.ns), **keyed("bench_steps"))
         p = d.problem

@@ -456,6 +456,7 @@ def test_a_shown_runs_parameter_the_panel_cannot_hold_is_said_not_dropped():
 def test_a_generate_sweep_draws_time_per_token_and_cache_memory_and_refuses_what_cannot_generate():
     at = benchmark(**{**TINY, "bench_mode": "generate"})
     assert widget(at, "bench_causal").disabled  # generating is causal whatever the toggle says
+    assert widget(at, "bench_n").label == "Context lengths n"
     assert warnings(at) == []
     widget(at, "bench_approx").set_value(["linear", "linformer"])
     at.run()
