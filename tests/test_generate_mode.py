@@ -146,3 +146,11 @@ def test_the_generation_presets_run_generate_sweeps_that_validate(name):
         assert config.problem.mode == "generate" and config.problems() == []
         assert all(ac.MECHANISMS[k].generation is not None for k, _ in config.mechanisms)
         assert config.ns[-1] >= 32768
+
+
+def test_the_memory_guard_skips_a_cache_that_would_not_fit():
+    tight = Settings(warmup=1, min_repeats=3, min_time_s=0.0, memory_limit_bytes=1 << 20)
+    row, _ = measure_case(ac.MECHANISMS["softmax"], generate_case("softmax", 8192), tight)
+    assert row["status"] == "skipped" and "under the memory limit set for this sweep" in row["reason"]
+    row, _ = measure_case(ac.MECHANISMS["linear"], generate_case("linear", 1024), tight)
+    assert row["status"] == "ok"  # the prompt of 1024 tokens (q, k, v: 384 KiB) and a 2 KiB state fit in 1 MiB
