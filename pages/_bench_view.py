@@ -102,6 +102,8 @@ def results_view(job) -> None:
                  format_func=CURVES.get, **keyed("bench_curves"))
     baseline.segmented_control("Crossover n* against", BASELINES, default="softmax", required=True,
                                format_func=app.label, **keyed("bench_baseline"))
+    if explained := analysis.mode_note(df):
+        st.caption(explained)
     busy = analysis.contention_summary(df)
     if busy:
         (st.warning if df["disturbed"].any() else st.caption)(busy)

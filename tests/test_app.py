@@ -471,6 +471,7 @@ def test_a_generate_sweep_draws_time_per_token_and_cache_memory_and_refuses_what
                                                    "Cache memory vs context length"]
     frame = at.session_state["bench_job"].frame()
     assert set(frame["mode"]) == {"generate"} and set(frame["status"]) == {"ok"}
+    assert any(c.value.startswith("Generating: each point times one new token's step") for c in at.caption)
     assert (frame["peak_bytes"] == frame["predicted_bytes"]).all() and not at.exception
 
 

@@ -109,14 +109,9 @@ def _contention(disturbed: bool, cores: float, retaken: int) -> str:
     return f"clean: other programs used {cores:.1f} cores" if pd.notna(cores) else "not recorded"
 
 
-def generating(df: pd.DataFrame) -> bool:
-    """Whether a results frame measured generation steps (every row in mode "generate")."""
-    return bool(len(df)) and "mode" in df and bool(df["mode"].eq("generate").all())
-
-
 def metric_name(df: pd.DataFrame, metric: str) -> str:
     """What a chart of `metric` calls its values: 'Time per call', or 'Time per generated token' when generating."""
-    return GENERATE_NAMES[metric] if generating(df) else METRICS[metric][3]
+    return GENERATE_NAMES[metric] if analysis.generating(df) else METRICS[metric][3]
 
 
 def length_name(generate: bool) -> str:
@@ -232,7 +227,7 @@ def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, 
                       tuple(_y_title(df, metric, unit, name, log)), tuple(scale.domain), tuple(scale.range),
                       every["mask"].nunique() > 1, tuple(frames), kinds, labels,
                       tuple(sorted(set(df["n"].astype(int)))) if 1 < df["n"].nunique() <= 9 else (),
-                      formulas, _fixed_domain(frames, METRICS[metric][0], log), generating(df))
+                      formulas, _fixed_domain(frames, METRICS[metric][0], log), analysis.generating(df))
 
 
 def _fixed_domain(frames: dict[str, pd.DataFrame], column: str, log: bool) -> tuple[float, ...]:
@@ -486,7 +481,7 @@ def _y_title(df, metric, unit, name, log):
 
 
 def default_title(df: pd.DataFrame, metric: str) -> str:
-    if generating(df):
+    if analysis.generating(df):
         return f"{GENERATE_NAMES[metric]} vs context length"
     mode = df["mode"].iloc[0] if len(df) and "mode" in df else "forward"
     if metric == "peak_bytes":

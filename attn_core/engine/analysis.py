@@ -340,3 +340,19 @@ def summary_notes(df: pd.DataFrame) -> list[str]:
             notes.append(f"No speed-up vs {label}: every timed point of it was disturbed." if measured else
                          f"No comparison with {label}: this sweep did not measure it.")
     return notes
+
+
+GENERATE_NOTE = ("Generating: each point times one new token's step against the cache of n tokens (the cache is "
+                 "rewound after each timed step, so every one sees exactly n), and its memory is the bytes the cache "
+                 "holds, read from its tensors. A key-value cache is read whole for every token, so its step grows "
+                 "with n; a bounded ring or a fixed-size state does not.")
+
+
+def generating(df: pd.DataFrame) -> bool:
+    """Whether a results frame measured generation steps (every row in mode "generate")."""
+    return bool(len(df)) and "mode" in df and bool(df["mode"].eq("generate").all())
+
+
+def mode_note(df: pd.DataFrame) -> str:
+    """What a run's points measure when that is not one forward call: the sentence for generate mode, else ''."""
+    return GENERATE_NOTE if generating(df) else ""
