@@ -224,7 +224,7 @@ def test_bad_masks_are_refused_with_a_sentence(key, bad, says):
 
 
 def test_layer_with_padding_equals_the_layer_on_the_short_sequence():
-    for key in ("softmax", "sliding_window", "linear", "sparse"):
+    for key in ("softmax", "sliding_window", "linear", "sparse", "longformer", "bigbird", "nystrom", "additive"):
         torch.manual_seed(0)
         layer = MultiHeadAttention(16, 2, key, **SMALL.get(key, {}))
         x = torch.randn(2, 37, 16)
