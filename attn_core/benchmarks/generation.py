@@ -1,6 +1,7 @@
 """What each mechanism costs per generated token: the time of one step against a cache of n tokens, the bytes the
 cache holds, and the log-log slope of the step time against n (softmax and sdpa ≈ 1 at large n: a step reads the
-whole key-value cache; a sliding window and the fixed-size states of linear attention and Performer ≈ 0).
+whole key-value cache; a sliding window, Longformer's window and global tokens, and the fixed-size states of linear
+attention and Performer ≈ 0).
 
     python -m attn_core.benchmarks.generation           # B=1, H=8, D=64, fp32, 2 threads, n = 1k … 64k, 50 steps
     python -m attn_core.benchmarks.generation --quick   # n = 1k … 8k, 20 steps
@@ -27,7 +28,8 @@ from ..mechanisms._common import validated
 from ..engine.measure import format_bytes, wait_for_quiet
 from ..spec import Shape
 
-LINES = {"softmax": {}, "sdpa": {}, "sliding_window": {"window": 256}, "linear": {}, "performer": {"features": 256}}
+LINES = {"softmax": {}, "sdpa": {}, "sliding_window": {"window": 256}, "longformer": {"window": 256, "global_tokens": 2},
+         "linear": {}, "performer": {"features": 256}}
 
 
 def tokens(n: int, args, device: str, seed: int) -> list[torch.Tensor]:
@@ -140,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {key:15s} time {slope([r[1] for r in big], [r[2] for r in big]):5.2f} "
               f"[{', '.join(f'{s:.2f}' for s in local)}]  fastest {fastest:5.2f}  cache {memory:5.2f}")
     print("\nExpected: softmax and sdpa ≈ 1 (a step reads all n cached keys and values), sliding_window ≈ 0 "
-          "(w + 1 of them), linear and performer ≈ 0 (an m × D state). Timings on a shared machine are noisy.")
+          "(w + 1 of them), longformer ≈ 0 (w + 1 and the g global ones), linear and performer ≈ 0 (an m × D "
+          "state). Timings on a shared machine are noisy.")
     return 0
 
 
