@@ -98,7 +98,7 @@ def test_the_cli_measures_generation_and_says_a_token_and_cache(tmp_path):
                                  *TINY[:-1], "--out", str(out))
     assert code == 0, err
     assert "softmax n=128:" in err and "ms a token" in err and "cache 16.0 KiB" in err
-    assert "memory: cache tensors held (exact)" in stdout
+    assert "memory: cache tensors held (exact)" in stdout and "Generating: each point times one new token" in stdout
     saved = json.loads(out.read_text())
     assert saved["config"]["mode"] == "generate" and {r["causal"] for r in saved["rows"]} == {True}
     code, _, err = run_main("sweep", "--mode", "generate", "--mechanisms", "nystrom", "--n", "64", *TINY)
