@@ -5,15 +5,11 @@ import app
 from attn_core import MECHANISMS, untrusted
 from attn_core.charts import insight as insight_charts
 from attn_core.insight import published
-from attn_core.engine import results
+from attn_core.engine import analysis, results
 
 app.ensure_routed()  # a deep link as a server's first request: let the router run first
 
 METRICS = {"time_median_s": "Time", "peak_bytes": "Peak memory"}
-
-
-
-
 
 
 def load(files) -> dict:
@@ -55,7 +51,10 @@ st.subheader("Relative to a baseline, with published figures")
 left, mid, right = st.columns(3)
 baseline = left.selectbox("Baseline", ["softmax", "sdpa"], format_func=lambda k: MECHANISMS[k].label,
                           **app.keyed("cmp_baseline"))
-overlay = mid.toggle(f"Overlay {published.PUBLISHED}", True, **app.keyed("cmp_published"))
+forward = not analysis.generating(frame)  # the published figures are of forward passes
+overlay = mid.toggle(f"Overlay {published.PUBLISHED}", forward, **app.keyed("cmp_published"), disabled=not forward,
+                     help=None if forward else "The published figures are of forward passes; these runs generate "
+                     "token by token.") and forward
 matching = right.toggle("Only published methods matching the mechanisms shown", True, **app.keyed("cmp_matching"))
 relative = published.relative_to_baseline(frame, metric, baseline)
 if relative.empty:

@@ -39,7 +39,7 @@ def records(spec: dict, column: str) -> list[dict]:
 
 
 def run_bytes(device: str, factor: float, ns=(256, 512, 1024), keys=("softmax", "sdpa", "linformer"),
-              fmt: str = "json") -> bytes:
+              fmt: str = "json", mode: str = "forward") -> bytes:
     """A small saved run: time ∝ n² (softmax, sdpa) or n (linformer), scaled by `factor`, from `device`."""
     rows = []
     for key in keys:
@@ -48,7 +48,7 @@ def run_bytes(device: str, factor: float, ns=(256, 512, 1024), keys=("softmax", 
             t = factor * (1e-9 * n * n if spec.exact else 1e-6 * n)
             rows.append(dict(mechanism=key, label=spec.label, exact=spec.exact, params=json.dumps(spec.defaults),
                              n=n, batch=1, heads=4, d_model=256, head_dim=64, dtype="float32", device="cpu",
-                             mode="forward", causal=False, status="ok", reason="", time_median_s=t,
+                             mode=mode, causal=False, status="ok", reason="", time_median_s=t,
                              time_iqr_s=t / 10, time_samples=[t, t], repeats=2, peak_bytes=float(n * 1000),
                              memory_method="test", predicted_bytes=float(n * 1000), theory_flops=1.0, gflops=1.0,
                              device_gflops=1.0, pct_of_device=1.0, sdpa_backend="math", threads=2.0))
@@ -229,6 +229,17 @@ def test_compare_page_overlays_runs_from_two_machines_with_a_ratio():
     assert "published, different hardware" not in json.dumps(charts(at)[1])
     at.selectbox(key="cmp_b").set_value("laptop.json").run()
     assert "Run A and run B are the same; choose two different runs." in errors(at)
+
+
+def test_compare_page_names_generate_runs_and_shows_no_forward_pass_figures_beside_them():
+    runs = [(f"{name}.json", run_bytes(name, f, keys=("softmax", "sdpa", "linear"), mode="generate"),
+             "application/json") for name, f in (("laptop", 1.0), ("server", 0.5))]
+    at = upload(page("compare"), *runs)
+    assert errors(at) == []
+    overlay, relative, _ = charts(at)
+    assert "Time per generated token vs context length, 2 runs" in json.dumps(overlay["title"])
+    assert at.toggle(key="cmp_published").disabled and not at.toggle(key="cmp_published").value
+    assert "published, different hardware" not in json.dumps(relative)
 
 
 def test_compare_page_rejects_malformed_foreign_and_oversized_files(monkeypatch):

@@ -10,6 +10,7 @@ import pandas as pd
 import torch
 
 from . import export
+from ..engine.analysis import generating
 from ..insight.accuracy import METRIC_LABELS
 from .style import REFERENCE_GREY, colour_scale, styled
 from ..insight.effective import matrix_frame
@@ -270,6 +271,7 @@ def fit_chart(table: pd.DataFrame) -> alt.TopLevelMixin:
 
 RUN_METRICS = {"time_median_s": ("time_ms", 1e-3, "Time per call (ms, median)"),
                "peak_bytes": ("memory_mib", MIB, "Peak memory above inputs (MiB)")}
+GENERATE_TITLES = {"time_median_s": "Time per generated token (ms, median)", "peak_bytes": "Cache memory (MiB)"}
 RELATIVE_TITLES = {"time_median_s": "Speed-up vs {baseline} (×, higher is faster)",
                    "peak_bytes": "Memory ÷ {baseline}'s (lower is leaner)"}
 
@@ -291,10 +293,13 @@ def _measured(frame: pd.DataFrame, y: str, y_title: str, extra_ns: pd.Series | N
 def runs_chart(frame: pd.DataFrame, metric: str = "time_median_s") -> alt.TopLevelMixin:
     """Several runs overlaid (reference.runs_frame): metric vs n, colour = mechanism, shape = run · machine."""
     column, divisor, y_title = RUN_METRICS[metric]
+    length = "sequence length"
+    if generating(frame):  # runs of generate mode: a token's step against a context, the cache's bytes
+        y_title, length = GENERATE_TITLES[metric], "context length"
     data = frame.assign(**{column: frame[metric] / divisor,
                            "series": frame["source"].astype(str) + " · " + frame["label"].astype(str)})
     return _finish(alt.layer(*_measured(data, column, y_title)).properties(width=620, height=400, title=alt.TitleParams(
-        f"{y_title.split(' (')[0]} vs sequence length, {data['source'].nunique()} runs", anchor="start",
+        f"{y_title.split(' (')[0]} vs {length}, {data['source'].nunique()} runs", anchor="start",
         subtitle="colour: mechanism · shape: run and machine")))
 
 
