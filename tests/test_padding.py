@@ -152,10 +152,19 @@ def test_nystrom_equals_nystrom_on_the_real_keys_alone(mask, nq):
         torch.testing.assert_close(out[b:b + 1, :, rows], expected, atol=1e-9, rtol=1e-7)
 
 
-def test_nystrom_needs_as_many_real_keys_as_landmarks():
-    q, k, v = qkv(37)
-    with pytest.raises(ValueError, match="batch element 1 has 12 real keys, fewer than the 16 landmarks"):
-        ac.attention("nystrom", q, k, v, key_padding_mask=lengths_mask([37, 12], 37), landmarks=16)
+@pytest.mark.parametrize("length", [12, 5, 1])
+@pytest.mark.parametrize("nq", [37, 20])
+def test_nystrom_of_a_sequence_shorter_than_its_landmarks_leaves_the_empty_ones_out(length, nq):
+    """L < m real tokens: L landmarks of one token each and m − L of none; without those, Nyström with L landmarks
+    (in self-attention also L query landmarks; across, all m query landmarks are real)."""
+    q, k, v = qkv(nq, 37, dtype=torch.float64)
+    pad = lengths_mask([37, length], 37)
+    out = ac.attention("nystrom", q, k, v, key_padding_mask=pad, landmarks=16)
+    assert bool(torch.isfinite(out).all())
+    if nq == 37:
+        expected = nystrom_reference(q[1:, :, :length], k[1:, :, :length], v[1:, :, :length], length)
+        torch.testing.assert_close(out[1:, :, :length], expected, atol=1e-9, rtol=1e-7)
+    torch.testing.assert_close(out[:1], nystrom_reference(q[:1], k[:1], v[:1], 16), atol=1e-9, rtol=1e-7)
 
 
 def test_performer_stabilizer_is_taken_over_the_unpadded_keys():

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from ..spec import MechanismSpec, Param, Shape
-from ._banded import padding_bias
-from ._common import check_key_padding, checked_shape, scale, trusted
+from ._banded import floor, padding_bias
+from ._common import check_key_padding, checked_shape, scale
 
 HALF = (torch.float16, torch.bfloat16)
 # Scores held at once per chunk of keys or of query rows, in elements over all batch·heads (4 MiB in float32: a
@@ -34,8 +34,9 @@ def segment_means(x: torch.Tensor, m: int) -> torch.Tensor:
 def real_segment_means(x: torch.Tensor, keep: torch.Tensor, m: int) -> torch.Tensor:
     """The m landmarks of each batch element's real tokens: x (B, H, N, D), keep (B, N) True where a token is real
     → (B, H, m, D), the means of m consecutive segments of the real tokens in order, split as `segment_means` splits
-    a whole sequence (the first L mod m segments one token longer), as if the padding were not there. Each element
-    needs L ≥ m real tokens. Each token summed into its segment (index_add_): O(N·D), one (B, H, m + 1, D) sum."""
+    a whole sequence (the first L mod m segments one token longer), as if the padding were not there; with L < m
+    the last m − L segments hold none (their means 0). Each token summed into its segment (index_add_): O(N·D), one
+    (B, H, m + 1, D) sum."""
     L = keep.sum(-1, keepdim=True)  # (B, 1)
     size, rem = L // m, L % m
     rank = keep.cumsum(-1) - 1  # each real token's place among its element's real tokens
@@ -83,10 +84,20 @@ def _landmarks(q, k, landmarks: int, keep: torch.Tensor | None = None) -> tuple[
     return q_l.mul_(s), real_segment_means(k, keep, landmarks).mul_(s)
 
 
-def _landmark_pinv(q_l, k_l, pinv_iterations: int) -> torch.Tensor:
-    """pinv(softmax(Q̃K̃ᵀ/√D)) (B, H, m, m) from the scaled landmarks; in float32 for half-precision inputs."""
+def _landmark_pinv(q_l, k_l, pinv_iterations: int, hollow: torch.Tensor | None = None,
+                   hollow_q: torch.Tensor | None = None) -> torch.Tensor:
+    """pinv(softmax(Q̃K̃ᵀ/√D)) (B, H, m, m) from the scaled landmarks; in float32 for half-precision inputs.
+    `hollow`, `hollow_q` (B, m): key and query landmarks that average no token (a sequence shorter than m): their
+    columns and rows of the kernel are 0, so the pseudo-inverse's rows and columns for them are 0 too, and the
+    result is Nyström with the landmarks that exist."""
     work = torch.float32 if q_l.dtype in HALF else q_l.dtype
-    a = torch.softmax((q_l.to(work) @ k_l.to(work).transpose(-2, -1)).mul_(1 / scale(q_l.shape[-1])), dim=-1)
+    s = (q_l.to(work) @ k_l.to(work).transpose(-2, -1)).mul_(1 / scale(q_l.shape[-1]))
+    if hollow is None:
+        return iterative_pinv(torch.softmax(s, dim=-1), pinv_iterations)
+    a = torch.softmax(s.masked_fill_(hollow[:, None, None, :], floor(work)), dim=-1)
+    a = a.masked_fill_(hollow[:, None, None, :], 0.0)
+    if hollow_q is not None:
+        a = a.masked_fill_(hollow_q[:, None, :, None], 0.0)
     return iterative_pinv(a, pinv_iterations)
 
 
@@ -124,13 +135,16 @@ def _landmark_values(q_l, k, v, pad: torch.Tensor | None = None) -> torch.Tensor
     return acc.div_(total)
 
 
-def _query_rows(q, k_l, w) -> torch.Tensor:
-    """softmax(Q K̃ᵀ/√D) W (B, H, Nq, D) over chunks of query rows, so only a chunk's (chunk, m) scores exist."""
+def _query_rows(q, k_l, w, hollow: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(Q K̃ᵀ/√D) W (B, H, Nq, D) over chunks of query rows, so only a chunk's (chunk, m) scores exist;
+    `hollow` (B, 1, 1, m): a bias that gives key landmarks averaging no token no weight."""
     B, H, nq, _ = q.shape
     out = q.new_empty(B, H, nq, w.shape[-1])
     step = _chunk(B * H, k_l.shape[-2])
     for start in range(0, nq, step):
-        p = torch.softmax(q[:, :, start:start + step] @ k_l.transpose(-2, -1), dim=-1)  # (B, H, chunk, m)
+        s = q[:, :, start:start + step] @ k_l.transpose(-2, -1)  # (B, H, chunk, m)
+        p = torch.softmax(s if hollow is None else s.add_(hollow), dim=-1)
+        del s
         out[:, :, start:start + step] = p @ w
         del p
     return out
@@ -149,30 +163,28 @@ def nystrom_attention(q, k, v, *, causal: bool = False, landmarks: int = 64, pin
     the (m, m) kernel, its pseudo-inverse, the sums over keys and W in float32, the products over n in the input
     dtype. `key_padding_mask` (B, Nk) boolean, True where the key is padding: Nyström over each element's real keys,
     as if the padding were not there: K̃ the segment means of its real keys (and Q̃ of its real positions in
-    self-attention, Nq = Nk), padded keys left out of softmax(Q̃ Kᵀ); every element needs at least m real keys, and
-    one with none outputs zeros.
+    self-attention, Nq = Nk), padded keys left out of softmax(Q̃ Kᵀ); a sequence of L < m real tokens has m − L
+    landmarks that average none, left out (Nyström with L landmarks: softmax over its tokens); one with none
+    outputs zeros.
     """
     checked_shape(SPEC, q, k, v, causal, landmarks=landmarks, pinv_iterations=pinv_iterations)
-    keep = pad = empty = None
+    keep = pad = empty = hollow = hollow_q = None
     if key_padding_mask is not None:
         check_key_padding(SPEC, key_padding_mask, q, k)
         keep = ~key_padding_mask
         empty = ~keep.any(-1)  # no real key: computed as unpadded, then zeroed
         keep = keep | empty[:, None]
-        short = keep.sum(-1) < landmarks
-        if not trusted() and bool(short.any()):
-            b = int(short.nonzero()[0, 0])
-            raise ValueError(f"batch element {b} has {int(keep[b].sum())} real keys, fewer than the {landmarks} "
-                             f"landmarks, which each average a segment of them; choose landmarks ≤ "
-                             f"{int(keep.sum(-1).min())}")
         pad = padding_bias(~keep, q.dtype).transpose(-2, -1)  # (B, 1, 1, Nk)
+        if bool((keep.sum(-1) < landmarks).any()):  # a sequence of L < m real tokens: m − L landmarks hold none
+            hollow = torch.arange(landmarks, device=q.device) >= keep.sum(-1, keepdim=True)  # (B, m)
+            hollow_q = hollow if q.shape[-2] == k.shape[-2] else None
     q_l, k_l = _landmarks(q, k, landmarks, keep)
     kv = _landmark_values(q_l, k, v, pad)  # (B, H, m, D)
-    z = _landmark_pinv(q_l, k_l, pinv_iterations)  # (B, H, m, m)
+    z = _landmark_pinv(q_l, k_l, pinv_iterations, hollow, hollow_q)  # (B, H, m, m)
     del q_l
     w = (z @ kv.to(z.dtype)).to(q.dtype)  # (B, H, m, D)
     del z, kv
-    out = _query_rows(q, k_l, w)
+    out = _query_rows(q, k_l, w, None if hollow is None else padding_bias(hollow, q.dtype).transpose(-2, -1))
     return out if empty is None else out.masked_fill_(empty[:, None, None, None], 0.0)
 
 
