@@ -134,7 +134,7 @@ def _remember(k, v, *, max_len: int | None = None, window: int = 256, global_tok
     n, g = k.shape[2], global_tokens
     cache = KVCache("longformer", {"window": window, "global_tokens": g}, k, v, max_len=max_len, limit=window + 1)
     if global_positions is None:
-        held, cache.global_positions = torch.arange(min(g, n), device=k.device), None
+        held = torch.arange(min(g, n), device=k.device)
     else:
         held = _positions(n, g, global_positions, k.device)
         if g > n:
@@ -142,7 +142,7 @@ def _remember(k, v, *, max_len: int | None = None, window: int = 256, global_tok
                              f"global tokens past the prompt would each need every key before them, which this "
                              f"cache does not keep; prefill a prompt that holds all {g} global positions")
         held = held.sort().values
-        cache.global_positions = held.tolist()
+        cache.params["global_positions"] = tuple(held.tolist())
     cache.rings["globals"] = Ring(k.index_select(2, held), v.index_select(2, held), limit=max(g, 1),
                                   reserve=min(g, max_len or 0))
     return cache
@@ -155,11 +155,11 @@ def _step(q, k, v, cache: KVCache):
     w, g, p = cache.params["window"], cache.params["global_tokens"], cache.length
     keys, values = cache.append(k, v)
     glob = cache.rings["globals"]
-    if cache.global_positions is None and p < g:  # a global token: it sees every position up to its own
+    given = cache.params.get("global_positions")  # sorted; None: the first g
+    if given is None and p < g:  # a global token: it sees every position up to its own
         glob.append(k, v)
         return attend(q, glob.view()), cache
-    before = (min(g, max(p - w, 0)) if cache.global_positions is None else
-              sum(1 for x in cache.global_positions if x < p - w))
+    before = min(g, max(p - w, 0)) if given is None else sum(1 for x in given if x < p - w)
     gk, gv = glob.view()
     pairs = ((keys, values),) + (((gk[:, :, :before], gv[:, :, :before]),) if before else ())
     return attend(q, *pairs), cache
