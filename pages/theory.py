@@ -25,8 +25,8 @@ def measured_gflops(device: str, dtype: str) -> float:
 
 
 @st.cache_data(show_spinner="Measuring this device's memory bandwidth…")
-def measured_bandwidth(device: str) -> float:
-    return env.memory_bandwidth(device)
+def measured_bandwidth(device: str) -> tuple[float, bool]:
+    return env.memory_bandwidth(device), env.bandwidth_disturbed(device)
 
 
 st.title("Theory")
@@ -112,15 +112,18 @@ with generation_tab:
                                                      **app.keyed("th_cache_dtype")))
     for why in theory.cannot_generate(keys):
         st.caption(f"Not drawn: {why}")
-    bandwidth = measured_bandwidth(device)
+    bandwidth, busy = measured_bandwidth(device)
     cache = theory.generation_costs(keys, theory.log_ns(n_min, n_max), params=params, bandwidth=bandwidth, **model)
     chart = insight_charts.theory_chart(cache, "cache_bytes", budgets=budgets)
     app.show_chart(chart)
     app.export_row(chart, cache, "theory-cache", "th_dl_theory-cache")
     st.markdown("**The longest context whose cache fits** (the weights and activations need room too)")
     st.dataframe(theory.context_table(keys, budgets, params=params, **model), hide_index=True)
+    busy = (" Other programs took CPU from every copy it was measured with: the figure is likely low, and so is the "
+            "prediction." if busy else "")
     st.warning(f"Tokens per second below: {theory.DECODE_EXTRAPOLATION} ({bandwidth / 1e9:,.0f} GB/s, "
-               f"{env.device_info(device)['name']}).", icon=":material/warning:")
+               f"{env.device_info(device)['name']}: the best of 5 copies of a 256 MiB buffer).{busy}",
+               icon=":material/warning:")
     chart = insight_charts.theory_chart(cache, "tokens_per_s")
     app.show_chart(chart)
     app.export_row(chart, cache, "theory-tokens", "th_dl_theory-tokens")

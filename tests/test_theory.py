@@ -132,3 +132,11 @@ def test_the_measured_memory_bandwidth_is_a_positive_rate():
     from attn_core.engine import env
     rate = env.memory_bandwidth("cpu")
     assert math.isfinite(rate) and rate > 0 and env.memory_bandwidth("cpu") == rate  # cached
+
+
+def test_a_bandwidth_taken_while_other_programs_took_the_cpu_is_flagged(monkeypatch):
+    from attn_core.engine import env
+    assert env.measure_bandwidth("cpu")[0] > 0
+    monkeypatch.setattr(env.Contention, "disturbed", lambda self, threads: True)
+    rate, disturbed = env.measure_bandwidth("cpu")
+    assert disturbed and math.isfinite(rate) and rate > 0

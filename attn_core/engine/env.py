@@ -366,25 +366,44 @@ def matmul_gflops(device: str, dtype: str = "float32", *, refresh: bool = False)
     return _MATMUL_CACHE[key][0]
 
 
-_BANDWIDTH_CACHE: dict[tuple[str, int], float] = {}
+_BANDWIDTH_CACHE: dict[tuple[str, int], tuple[float, bool]] = {}
 BANDWIDTH_BYTES = 256 << 20  # the buffer copied: far past any CPU's last-level cache, so the copy streams memory
 
 
 def memory_bandwidth(device: str, *, refresh: bool = False) -> float:
-    """This device's memory bandwidth in bytes per second: a copy of a 256 MiB buffer reads it and writes it
-    (2 × 256 MiB moved), the best of 5 timed copies after one untimed (a copy can only be slowed down by other
-    work). Cached per process and (device, thread count); `refresh` measures again. About 0.1 s on a laptop."""
+    """This device's memory bandwidth in bytes per second (`measure_bandwidth`), cached per process and (device,
+    thread count); `refresh` measures again."""
     key = (device, torch.get_num_threads())
     if refresh or key not in _BANDWIDTH_CACHE:
-        timed = device_timer(device)
-        src = torch.ones(BANDWIDTH_BYTES // 4, device=device)
-        dst = torch.empty_like(src)
-        timed(lambda: dst.copy_(src), 1)  # first touch: the pages of dst are mapped here, not timed
-        best = min(timed(lambda: dst.copy_(src), 1) for _ in range(5))
-        _BANDWIDTH_CACHE[key] = 2 * BANDWIDTH_BYTES / best
-        del src, dst
-        release_cached_memory(device)
-    return _BANDWIDTH_CACHE[key]
+        _BANDWIDTH_CACHE[key] = measure_bandwidth(device)
+    return _BANDWIDTH_CACHE[key][0]
+
+
+def bandwidth_disturbed(device: str) -> bool:
+    """Whether the cached bandwidth figure was taken while other programs took CPU from every copy of it."""
+    return _BANDWIDTH_CACHE.get((device, torch.get_num_threads()), (0.0, False))[1]
+
+
+def measure_bandwidth(device: str) -> tuple[float, bool]:
+    """(bytes per second, disturbed): a copy of a 256 MiB buffer reads it and writes it (2 × 256 MiB moved); the
+    best of 5 timed copies after one untimed (which maps the pages), taken among the copies no other program took
+    CPU from (all of them, and disturbed = True, when none was clean: other work can only slow a copy down).
+    About 0.3 s on a laptop CPU."""
+    timed, threads, probe = device_timer(device), torch.get_num_threads(), ContentionProbe()
+    src = torch.ones(BANDWIDTH_BYTES // 4, device=device)
+    copy = torch.empty_like(src).copy_
+    timed(lambda: copy(src), 1)
+    clean: list[float] = []
+    every: list[float] = []
+    while len(every) < 5 or (not clean and len(every) < 10):
+        mark = probe.mark()
+        every.append(timed(lambda: copy(src), 1))
+        if not probe.since(mark).disturbed(threads):
+            clean.append(every[-1])
+    probe.close()
+    src = copy = None  # both buffers freed before the cache is emptied
+    release_cached_memory(device)
+    return 2 * BANDWIDTH_BYTES / min(clean or every), not clean
 
 
 def matmul_disturbed(device: str, dtype: str = "float32") -> bool:

@@ -7,6 +7,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from .. import generation
 from ..api import get
 from ..mechanisms import MECHANISMS
 from ..spec import Shape
@@ -146,12 +147,11 @@ def model_cache_bytes(key: str, n: int, *, layers: int, heads: int, head_dim: in
     if problems:
         raise ValueError(problems[0])
     spec = get(key)
-    if spec.generation is None:
-        raise ValueError(f"{spec.label} cannot generate token by token. {spec.no_generation}")
     shape = Shape(batch, heads, n, n, head_dim, dtype=dtype, causal=True)
     resolved = spec.resolved(params or {})
+    one_layer = generation.cache_bytes(key, shape, **resolved)  # refuses a mechanism without a form, with its reason
     spec.check(shape, resolved)
-    return layers * float(spec.generation.cache_bytes(shape, **resolved))
+    return layers * float(one_layer)
 
 
 def cannot_generate(keys: Iterable[str]) -> list[str]:

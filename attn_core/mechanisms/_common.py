@@ -116,6 +116,14 @@ def first_key(key_padding_mask: torch.Tensor) -> torch.Tensor:
     return where.amin(-1)
 
 
+def softmax_or_zeros(scores: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(scores) @ v for scores with −inf where a key is masked or padded: a row with no key left is filled
+    with 0 before the softmax (uniform, not NaN, so its gradients stay finite) and outputs zeros. Fills `scores` in
+    place."""
+    dead = scores.amax(-1, keepdim=True) == float("-inf")
+    return torch.softmax(scores.masked_fill_(dead, 0.0), dim=-1).masked_fill(dead, 0.0) @ v
+
+
 def scale(d: int) -> float:
     """1/√d, the scaling of 'Attention Is All You Need'."""
     return 1.0 / math.sqrt(d)

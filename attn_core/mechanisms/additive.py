@@ -9,7 +9,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import masks
 from ..spec import MechanismSpec, Param, Shape
-from ._common import check_key_padding, checked_shape
+from ._common import check_key_padding, checked_shape, softmax_or_zeros
 
 # The workspace held at once, in elements over all batch·heads: one chunk of query rows against every key.
 CHUNK_ELEMS = 1 << 20
@@ -129,9 +129,7 @@ def additive_attention(q, k, v, *, causal: bool = False, attn_dim: int = 64, W_q
     scores = _AdditiveScores.apply(*_projections(q, k, W_q, W_k), w, causal)
     if key_padding_mask is not None:
         check_key_padding(SPEC, key_padding_mask, q, k)
-        scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-        dead = scores.amax(-1, keepdim=True) == float("-inf")  # no key left: uniform instead of NaN, then zeroed
-        return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0) @ v
+        return softmax_or_zeros(scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf")), v)
     weights = torch.softmax(scores, dim=-1)
     del scores
     return weights @ v

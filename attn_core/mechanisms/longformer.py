@@ -2,6 +2,7 @@
 (Beltagy, Peters and Cohan 2020, 'Longformer: The Long-Document Transformer', arXiv 2004.05150)."""
 from __future__ import annotations
 
+import bisect
 import math
 
 import torch
@@ -159,7 +160,7 @@ def _step(q, k, v, cache: KVCache):
     if given is None and p < g:  # a global token: it sees every position up to its own
         glob.append(k, v)
         return attend(q, glob.view()), cache
-    before = min(g, max(p - w, 0)) if given is None else sum(1 for x in given if x < p - w)
+    before = min(g, max(p - w, 0)) if given is None else bisect.bisect_left(given, p - w)
     gk, gv = glob.view()
     pairs = ((keys, values),) + (((gk[:, :, :before], gv[:, :, :before]),) if before else ())
     return attend(q, *pairs), cache

@@ -6,7 +6,7 @@ import torch
 from .. import masks
 from ..spec import Generation, MechanismSpec, Shape
 from ._cache import KVCache, kv_bytes, kv_step
-from ._common import check_key_padding, checked_shape, scale
+from ._common import check_key_padding, checked_shape, scale, softmax_or_zeros
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None) -> torch.Tensor:
@@ -35,9 +35,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
         return torch.softmax(_scores(q, k, causal, mask), dim=-1) @ v
     check_key_padding(SPEC, key_padding_mask, q, k)
     keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
-    s = _scores(q, k, causal, keep if mask is None else mask & keep)
-    dead = s.amax(-1, keepdim=True) == float("-inf")  # rows with no key: uniform instead of NaN, then zeroed
-    return torch.softmax(s.masked_fill_(dead, 0.0), dim=-1).masked_fill(dead, 0.0) @ v
+    return softmax_or_zeros(_scores(q, k, causal, keep if mask is None else mask & keep), v)
 
 
 def _flops(s: Shape) -> float:
