@@ -9,7 +9,7 @@ import pytest
 
 import attn_core as ac
 from attn_core.engine import analysis
-from attn_core.engine.analysis import crossovers, fit_slopes, series_name, summary, theory_curves
+from attn_core.engine.analysis import crossovers, fit_slopes, loglog_slope, series_name, summary, theory_curves
 from attn_core.engine.results import frame_from_rows
 
 NS = (256, 512, 1024, 2048, 4096)
@@ -42,6 +42,20 @@ def test_slope_recovers_a_known_exponent_with_its_n_range():
         (256, 4096, 5)
     upper = fit_slopes(df, "time_median_s", n_min=1024).set_index("mechanism")
     assert (upper.loc["softmax", "n_min"], upper.loc["softmax", "points"]) == (1024, 3)
+
+
+def test_loglog_slope_against_known_exponents_and_a_hand_computed_fit():
+    ns = [256, 512, 1024, 4096]
+    assert loglog_slope(ns, [3 * n ** 1.5 for n in ns]) == pytest.approx(1.5, abs=1e-12)
+    assert loglog_slope(ns, [7.0] * len(ns)) == pytest.approx(0.0, abs=1e-12)
+    assert math.isnan(loglog_slope([1024, 1024, 1024], [1.0, 2.0, 3.0]))
+    assert math.isnan(loglog_slope([], []))
+    # Uneven points: the slope is cov(log n, log y) / var(log n), written out here rather than through a fit.
+    ys = [0.011, 0.019, 0.047, 0.160]
+    xs, ls = [math.log(n) for n in ns], [math.log(y) for y in ys]
+    mx, my = sum(xs) / len(xs), sum(ls) / len(ls)
+    by_hand = sum((x - mx) * (y - my) for x, y in zip(xs, ls)) / sum((x - mx) ** 2 for x in xs)
+    assert loglog_slope(ns, ys) == pytest.approx(by_hand, rel=1e-12)
 
 
 def test_slope_ignores_non_ok_points_and_needs_three():

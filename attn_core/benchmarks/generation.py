@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..engine import env
+from ..engine.analysis import loglog_slope
 from .. import generation as gen
 from ..api import make_state
 from ..mechanisms import MECHANISMS
@@ -74,11 +75,6 @@ def time_steps(key: str, params: dict, n: int, args, device: str) -> tuple[list[
             if len(clean) == args.steps:
                 break
     return clean, held, set_aside
-
-
-def slope(ns: list[int], ts: list[float]) -> float:
-    """Least-squares slope of log t against log n."""
-    return float(np.polyfit(np.log(ns), np.log(ts), 1)[0]) if len(ns) >= 2 else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         mine = [r for r in rows if r[0] == key]
         big = [r for r in mine if r[1] >= args.slope_from]
-        local = [slope([a[1], b[1]], [a[2], b[2]]) for a, b in zip(mine, mine[1:])]
-        memory = slope([r[1] for r in big], [r[5] for r in big])
-        fastest = slope([r[1] for r in big], [r[6] for r in big])
-        print(f"  {key:15s} time {slope([r[1] for r in big], [r[2] for r in big]):5.2f} "
+        local = [loglog_slope([a[1], b[1]], [a[2], b[2]]) for a, b in zip(mine, mine[1:])]
+        memory = loglog_slope([r[1] for r in big], [r[5] for r in big])
+        fastest = loglog_slope([r[1] for r in big], [r[6] for r in big])
+        print(f"  {key:15s} time {loglog_slope([r[1] for r in big], [r[2] for r in big]):5.2f} "
               f"[{', '.join(f'{s:.2f}' for s in local)}]  fastest {fastest:5.2f}  cache {memory:5.2f}")
     print("\nExpected: softmax and sdpa ≈ 1 (a step reads all n cached keys and values), sliding_window ≈ 0 "
           "(w + 1 of them), longformer ≈ 0 (w + 1 and the g global ones), linear and performer ≈ 0 (an m × D "

@@ -23,13 +23,12 @@ import math
 import statistics
 import sys
 
-import numpy as np
 import torch
 
 from .. import MECHANISMS
 from . import interleaved
 from ..engine import env
-from ..engine.analysis import fit_slopes
+from ..engine.analysis import fit_slopes, loglog_slope
 from ..engine.measure import Case, Problem, Settings, format_bytes, measure_case
 from ..mechanisms._common import validated
 from ..engine.results import frame_from_rows
@@ -65,7 +64,7 @@ def slopes(df, n_min: int | None = None) -> tuple[float, float, str]:
     m = float(fit_slopes(df, "peak_bytes", n_min)["slope"].iloc[0])
     kept = df[df.n >= (n_min or 0)]
     fastest = [min(samples) for samples in kept.time_samples]
-    low = float(np.polyfit(np.log(kept.n.astype(float)), np.log(fastest), 1)[0])
+    low = loglog_slope(kept.n, fastest)
     if math.isnan(t):
         return low, m, " (time: the fastest sample of each point; too few undisturbed medians on this busy machine)"
     return t, m, f" (fastest samples: {low:.2f})"

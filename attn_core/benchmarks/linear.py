@@ -25,12 +25,12 @@ import argparse
 import statistics
 import time
 
-import numpy as np
 import torch
 
 from .. import MECHANISMS, make_state
 from . import interleaved
 from ..engine import env
+from ..engine.analysis import loglog_slope
 from ..spec import Shape
 
 OURS = (("linear", {}), ("performer", {"features": 64}), ("performer", {"features": 256}))
@@ -109,7 +109,7 @@ def print_slopes(figures: dict[tuple[str, bool, int], float], ns: list[int]) -> 
     print(f"\nTime slopes, least squares of log t on log n over n = {ns[0]}…{ns[-1]} (target ≤ {TARGET_SLOPE}):")
     for causal in (False, True):
         for name in dict.fromkeys(name for name, c, _ in figures if c == causal):
-            slope = np.polyfit(np.log(ns), np.log([figures[name, causal, n] for n in ns]), 1)[0]
+            slope = loglog_slope(ns, [figures[name, causal, n] for n in ns])
             print(f"  {name:20s} {'causal' if causal else 'full  '} {slope:5.2f}")
 
 

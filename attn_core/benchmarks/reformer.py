@@ -16,13 +16,12 @@ import math
 import statistics
 import sys
 
-import numpy as np
 import torch
 
 from .. import MECHANISMS
 from . import interleaved
 from ..engine import env
-from ..engine.analysis import fit_slopes
+from ..engine.analysis import fit_slopes, loglog_slope
 from ..engine.measure import Case, Problem, Settings, format_bytes, measure_case
 from ..engine.results import frame_from_rows
 from ..spec import Shape
@@ -51,7 +50,7 @@ def slopes(args: argparse.Namespace) -> None:
         t, m = fit_slopes(part, "time_median_s").iloc[0], fit_slopes(part, "peak_bytes").iloc[0]
         label = f"slopes{' (causal)' if causal else ''}, n {part.n.min()}–{part.n.max()}"
         if math.isnan(t.slope):  # every point disturbed by other processes: the slope of them all, said so
-            t_slope = float(np.polyfit(np.log(part.n), np.log(part.time_median_s), 1)[0])
+            t_slope = loglog_slope(part.n, part.time_median_s)
             note = f"all {len(part)} points disturbed by other processes: fitted anyway, read with care"
         else:
             t_slope, note = t.slope, f"{t.disturbed} disturbed points left out"

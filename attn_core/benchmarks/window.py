@@ -20,6 +20,7 @@ import torch
 from .. import MECHANISMS
 from . import CLOCKS, interleaved
 from ..engine import env
+from ..engine.analysis import loglog_slope
 from ..engine.measure import format_bytes
 from ..mechanisms._common import validated
 from ..spec import Shape
@@ -73,11 +74,9 @@ def slopes(args: argparse.Namespace) -> None:
             peaks[key].append(peak)
             print(f"  {key:10s} n={n:6d}  {spread([s * 1e3 for s in samples[key]]):>28s} ms   "
                   f"peak {format_bytes(peak):>10s} (spec {format_bytes(predicted)})", flush=True)
-    logs = np.log(ns)
     print(f"\nLog-log slopes, n = {ns[0]}…{ns[-1]} (target ≤ {TARGET_SLOPE} each):")
     for key in LINES:
-        t = np.polyfit(logs, np.log(times[key]), 1)[0]
-        m = np.polyfit(logs, np.log(peaks[key]), 1)[0]
+        t, m = loglog_slope(ns, times[key]), loglog_slope(ns, peaks[key])
         verdict = "meets target" if t <= TARGET_SLOPE and m <= TARGET_SLOPE else "MISSES target"
         print(f"  {key:10s} time {t:5.2f}   memory {m:5.2f}   {verdict}")
 

@@ -66,6 +66,15 @@ def _groups(df: pd.DataFrame):
         yield mechanism, params, series_name(mechanism, g["label"].iloc[0], params), g.sort_values("n")
 
 
+def loglog_slope(n, y) -> float:
+    """The exponent b of y ∝ n^b: the least-squares slope of log y against log n (NaN with fewer than 2 distinct n).
+    The one place such a slope is computed: fit_slopes and the benchmark scripts use it."""
+    n, y = np.asarray(n, float), np.asarray(y, float)
+    if len(set(n.tolist())) < 2:
+        return math.nan
+    return float(np.polyfit(np.log(n), np.log(y), 1)[0])
+
+
 def fit_slopes(df: pd.DataFrame, metric: str = "time_median_s", n_min: int | None = None) -> pd.DataFrame:
     """Per series, the slope of log(metric) against log(n) by least squares over the clean points with n ≥ n_min:
     DataFrame[mechanism, metric, slope, n_min, n_max, points, disturbed, why, params, series]. slope is NaN, and
@@ -77,7 +86,7 @@ def fit_slopes(df: pd.DataFrame, metric: str = "time_median_s", n_min: int | Non
         clean = ok.loc[_undisturbed(ok, metric)]
         n, y = clean["n"].to_numpy(float), clean[metric].to_numpy(float)
         enough = len(set(n)) >= MIN_FIT_POINTS
-        slope = float(np.polyfit(np.log(n), np.log(y), 1)[0]) if enough else math.nan
+        slope = loglog_slope(n, y) if enough else math.nan
         rows.append({"mechanism": mechanism, "metric": metric, "slope": slope,
                      "n_min": int(n.min()) if len(n) else 0, "n_max": int(n.max()) if len(n) else 0,
                      "points": len(n), "disturbed": len(ok) - len(clean),
