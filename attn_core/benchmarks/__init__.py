@@ -1,4 +1,6 @@
-"""Benchmark scripts: they print their figures; performance is never asserted in tests."""
+"""Benchmark scripts: they print their figures; performance is never asserted in tests. What they share lives here:
+interleaved timing through the engine's timer and statistics, ratios of calls timed side by side, and the lines
+that open and close every printout."""
 from __future__ import annotations
 
 import time
@@ -6,24 +8,77 @@ from typing import Callable
 
 import torch
 
+from ..engine import env
+from ..engine.measure import median_iqr
 from ..mechanisms._common import validated
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's CPU seconds, all threads
+Timer = Callable[[Callable[[], object], int], float]  # (thunk, calls) → seconds for that many back-to-back calls
+CLOCKS = ("wall", "cpu")
 
 
-def interleaved(calls: dict[str, Callable[[], object]], rounds: int,
-                clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    """Seconds per call of each contestant, one call of each per round in turn (A B A B …: a drift of the machine
-    hits all alike), after one untimed call each; forward only, our kernels trusting their checked arguments, as the
-    engine times them. `clock`: wall time, or CPU time (CLOCKS['cpu']), which waiting for a busy core does not
-    inflate."""
-    times: dict[str, list[float]] = {name: [] for name in calls}
+def cpu_seconds(thunk: Callable[[], object], calls: int) -> float:
+    """This process's CPU seconds (all threads) over `calls` runs: waiting for a busy core does not inflate it."""
+    start = time.process_time()
+    for _ in range(calls):
+        thunk()
+    return time.process_time() - start
+
+
+def timer(device: str, clock: str = "wall") -> Timer:
+    """The engine's timer (env.device_timer: wall seconds, the device synchronized), or CPU seconds (clock='cpu')."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock {clock!r} is unknown; choose {' or '.join(CLOCKS)}")
+    return env.device_timer(device) if clock == "wall" else cpu_seconds
+
+
+def alternate(measures: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Each measure once per round, in turn (A B A B …), so that a drift of the machine hits all alike."""
+    figures: dict[str, list[float]] = {name: [] for name in measures}
+    for _ in range(rounds):
+        for name, measure in measures.items():
+            figures[name].append(measure())
+    return figures
+
+
+def interleaved(calls: dict[str, Callable[[], object]], rounds: int, device: str = "cpu",
+                clock: str = "wall") -> dict[str, list[float]]:
+    """Seconds per call of each contestant, one call of each per round in turn (see `alternate`), after one untimed
+    call each; forward only, our kernels trusting their checked arguments, as the engine times them (`timer`)."""
+    timed = timer(device, clock)
     with torch.inference_mode(), validated():
         for call in calls.values():
             call()
-        for _ in range(rounds):
-            for name, call in calls.items():
-                start = clock()
-                call()
-                times[name].append(clock() - start)
-    return times
+        return alternate({name: (lambda call=call: timed(call, 1)) for name, call in calls.items()}, rounds)
+
+
+def median(samples: list[float]) -> float:
+    return median_iqr(samples)[0]
+
+
+def spread(samples: list[float], scale: float = 1.0, fmt: str = ".2f") -> str:
+    """'median (IQR i, min–max)' of the samples times `scale`: the engine's median and IQR, and the range."""
+    med, iqr = median_iqr(samples)
+    return (f"{med * scale:{fmt}} (IQR {iqr * scale:{fmt}}, {min(samples) * scale:{fmt}}–"
+            f"{max(samples) * scale:{fmt}})")
+
+
+def ratios(a: list[float], b: list[float]) -> list[float]:
+    """a / b round by round: the two calls of a round ran side by side, so a busy moment weighs on both."""
+    return [x / y for x, y in zip(a, b)]
+
+
+def ratio_verdict(rounds: list[float], target: float, at_most: bool = True) -> str:
+    """'0.83 (IQR …, …–…)×, meets ≤ 1': the per-round ratios' median and spread, judged against a target."""
+    good = median(rounds) <= target if at_most else median(rounds) >= target
+    return f"{spread(rounds)}×, {'meets' if good else 'MISSES'} {'≤' if at_most else '≥'} {target:g}"
+
+
+def start(device: str, what: str) -> None:
+    """The printout's first line: the device, threads, torch, the load average now (other programs inflate
+    timings, so it is printed again at the end), and what is measured."""
+    print(f"{env.device_name(device)}, {torch.get_num_threads()} threads, torch {torch.__version__}, load average "
+          f"at the start {env.load_average()}; {what}", flush=True)
+
+
+def end() -> None:
+    print(f"\nload average at the end {env.load_average()}")

@@ -14,11 +14,10 @@ import argparse
 import math
 from typing import Callable
 
-import numpy as np
 import torch
 
 from .. import MECHANISMS
-from . import CLOCKS, interleaved
+from . import CLOCKS, end, interleaved, median, ratio_verdict, ratios, spread, start
 from ..engine import env
 from ..engine.analysis import loglog_slope
 from ..engine.measure import format_bytes
@@ -33,7 +32,7 @@ TARGET_SLOPE, TARGET_SPEEDUP = 1.15, 8.0
 
 def thunk(key: str, params: dict, n: int, args: argparse.Namespace) -> Callable[[], object]:
     """One forward call of `key` on seeded inputs (B, H, n, D), its random state drawn outside, arguments checked
-    once here and trusted inside the call (as the engine does)."""
+    once here and trusted inside the call (as the engine does). The timer synchronizes the device."""
     spec = MECHANISMS[key]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, generator=g).to(args.device) for _ in range(3))
@@ -43,16 +42,9 @@ def thunk(key: str, params: dict, n: int, args: argparse.Namespace) -> Callable[
 
     def call():
         with torch.inference_mode(), validated():
-            out = spec.fn(q, k, v, causal=args.causal, **params, **state)
-        env.synchronize(args.device)
-        return out
+            return spec.fn(q, k, v, causal=args.causal, **params, **state)
 
     return call
-
-
-def spread(xs: list[float]) -> str:
-    """Median [min–max] of a few samples."""
-    return f"{np.median(xs):.3g} [{min(xs):.3g}–{max(xs):.3g}]"
 
 
 def slopes(args: argparse.Namespace) -> None:
@@ -60,19 +52,19 @@ def slopes(args: argparse.Namespace) -> None:
     method, peak_of = env.peak_memory_probe(args.device)
     times: dict[str, list[float]] = {key: [] for key in LINES}
     peaks: dict[str, list[float]] = {key: [] for key in LINES}
-    print(f"Time ({args.clock} clock): median [min–max] of {args.rounds} interleaved calls; memory: peak bytes above the inputs "
-          f"({method}), beside the spec's prediction.")
+    print(f"Time ({args.clock} clock): median (IQR, min–max) of {args.rounds} interleaved calls; memory: peak bytes "
+          f"above the inputs ({method}), beside the spec's prediction.")
     for n in ns:
         calls = {key: thunk(key, params, n, args) for key, params in LINES.items()}
-        samples = interleaved(calls, args.rounds, CLOCKS[args.clock])
+        samples = interleaved(calls, args.rounds, args.device, args.clock)
         for key, call in calls.items():
             env.release_cached_memory(args.device)
             peak = float(peak_of(call))
             predicted = MECHANISMS[key].memory_bytes(
                 Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=args.causal), **LINES[key])
-            times[key].append(float(np.median(samples[key])))
+            times[key].append(median(samples[key]))
             peaks[key].append(peak)
-            print(f"  {key:10s} n={n:6d}  {spread([s * 1e3 for s in samples[key]]):>28s} ms   "
+            print(f"  {key:10s} n={n:6d}  {spread(samples[key], 1e3, '.3g'):>34s} ms   "
                   f"peak {format_bytes(peak):>10s} (spec {format_bytes(predicted)})", flush=True)
     print(f"\nLog-log slopes, n = {ns[0]}…{ns[-1]} (target ≤ {TARGET_SLOPE} each):")
     for key in LINES:
@@ -85,15 +77,14 @@ def versus_baseline(args: argparse.Namespace) -> None:
     n = args.compare_n
     calls = {key: thunk(key, params, n, args) for key, params in LINES.items()}
     calls[BASELINE] = thunk(BASELINE, {}, n, args)
-    samples = interleaved(calls, args.compare_rounds, CLOCKS[args.clock])
+    samples = interleaved(calls, args.compare_rounds, args.device, args.clock)
     base = samples[BASELINE]
-    print(f"\nAt n = {n}, {args.compare_rounds} interleaved rounds: seconds per call, median [min–max]; "
-          f"speed-up over {BASELINE} as the median [min–max] of each round's ratio (target ≥ {TARGET_SPEEDUP:g}×):")
-    print(f"  {BASELINE:10s} {spread(base):>28s} s")
+    print(f"\nAt n = {n}, {args.compare_rounds} interleaved rounds: seconds per call, median (IQR, min–max); "
+          f"speed-up over {BASELINE} as the median (IQR, min–max) of each round's ratio:")
+    print(f"  {BASELINE:10s} {spread(base, fmt='.3g'):>34s} s")
     for key in LINES:
-        ratios = [b / s for b, s in zip(base, samples[key])]
-        verdict = "meets target" if np.median(ratios) >= TARGET_SPEEDUP else "MISSES target"
-        print(f"  {key:10s} {spread(samples[key]):>28s} s   {spread(ratios):>22s}×   {verdict}")
+        print(f"  {key:10s} {spread(samples[key], fmt='.3g'):>34s} s   "
+              f"{ratio_verdict(ratios(base, samples[key]), TARGET_SPEEDUP, at_most=False)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--causal", action="store_true")
     p.add_argument("--rounds", type=int, default=5, help="interleaved calls per line and n for the slopes")
     p.add_argument("--compare-rounds", type=int, default=3, help="interleaved rounds of the sdpa comparison")
-    p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+    p.add_argument("--clock", choices=CLOCKS, default="wall",
                    help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
     p.add_argument("--quick", action="store_true", help="n = 1024…4096, the comparison at 4096")
     args = p.parse_args(argv)
@@ -118,14 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     args.device = env.resolve_device(args.device)
     torch.set_num_threads(args.threads)
     env.steady_allocator()  # as in the engine's worker: chunk buffers below 32 MiB reused, not faulted in anew
-    stamp = env.environment(args.device, "float32", args.threads)
-    print(f"{stamp['device_name']}, {args.threads} threads, torch {stamp['torch']}, load average "
-          f"{stamp['load_average']} (timings are inflated on a busy machine); B={args.batch}, H={args.heads}, "
-          f"D={args.head_dim}, fp32, forward{', causal' if args.causal else ''}.")
+    start(args.device, f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward"
+                       f"{', causal' if args.causal else ''}.")
     for key, params in LINES.items():
         print(f"  {key}: {', '.join(f'{k}={v}' for k, v in params.items())}")
     slopes(args)
     versus_baseline(args)
+    end()
     return 0
 
 
