@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 
 import torch
 
 from .. import MECHANISMS
-from . import interleaved
-from ..engine import env
+from . import end, interleaved, ratio_verdict, ratios, spread, start
 from ..engine.analysis import fit_slopes, loglog_slope
 from ..engine.measure import Case, Problem, Settings, format_bytes, measure_case
 from ..mechanisms._common import validated
@@ -110,11 +108,6 @@ def peer_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return lambda: module(x)
 
 
-def quartiles(xs: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(xs, n=4)
-    return q[0], statistics.median(xs), q[2]
-
-
 def against_peer(args) -> None:
     print(f"\n2. nystrom against nystrom-attention 0.0.14's core (m = {LANDMARKS}, {STEPS} steps), interleaved, "
           f"{args.rounds} rounds")
@@ -134,12 +127,9 @@ def against_peer(args) -> None:
         with torch.inference_mode():
             gap = (ours().transpose(1, 2).reshape(B, n, H * D) - peer()).norm() / peer().norm()
             times = interleaved({"ours": ours, "peer": peer}, args.rounds)
-        ratios = [a / b for a, b in zip(times["ours"], times["peer"])]
-        (o1, o, o3), (p1, p, p3), (r1, r, r3) = quartiles(times["ours"]), quartiles(times["peer"]), quartiles(ratios)
-        verdict = "meets" if r <= TARGET_RATIO else "MISSES"
-        print(f"   n = {n:6d}  ours {o * 1e3:8.2f} ms (IQR {(o3 - o1) * 1e3:6.2f})  peer {p * 1e3:8.2f} ms "
-              f"(IQR {(p3 - p1) * 1e3:6.2f})  ours/peer: median of rounds {r:.2f} (quartiles {r1:.2f}–{r3:.2f}; "
-              f"target ≤ {TARGET_RATIO}: {verdict})  outputs differ by {gap:.1e} (relative)")
+        print(f"   n = {n:6d}  ours {spread(times['ours'], 1e3)} ms  peer {spread(times['peer'], 1e3)} ms  "
+              f"ours/peer, median of rounds: {ratio_verdict(ratios(times['ours'], times['peer']), TARGET_RATIO)}  "
+              f"outputs differ by {gap:.1e} (relative)")
     print("   The outputs differ because the peer starts the pseudo-inverse from Aᵀ divided by the largest column "
           "and row sums over all heads at once, ours (as the paper) per head's matrix.")
 
@@ -176,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     settings = Settings(warmup=1, min_repeats=args.repeats, min_time_s=args.min_time, point_budget_s=120.0,
                         threads=args.threads)
-    print(f"Device: {env.device_name('cpu')}, {torch.get_num_threads()} threads; B={B}, H={H}, D={D}, fp32, forward. "
-          "Timings on a shared machine are noisy: read the IQRs and the disturbed marks.")
+    start("cpu", f"B={B}, H={H}, D={D}, fp32, forward. Timings on a shared machine are noisy: read the IQRs and "
+                 "the disturbed marks.")
     parts = set(args.parts.split(","))
     if "1" in parts:
         nystrom_scaling(args, settings)
@@ -185,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         against_peer(args)
     if "3" in parts:
         additive_scaling(args, settings)
+    end()
     return 0
 
 

@@ -22,13 +22,11 @@ m = 64 its features are as wide as the peer's).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from .. import MECHANISMS, make_state
-from . import interleaved
+from . import end, interleaved, median, spread, start
 from ..engine import env
 from ..engine.analysis import loglog_slope
 from ..spec import Shape
@@ -80,15 +78,17 @@ def contestants(n: int, causal: bool, heads: int, head_dim: int, peer) -> dict:
     return calls
 
 
-def measure(args: argparse.Namespace, peer, clock, pick) -> dict[tuple[str, bool, int], float]:
-    """(contestant, causal, n) → its figure in seconds, printed point by point with the spread and ours/peer."""
+def measure(args: argparse.Namespace, peer) -> dict[tuple[str, bool, int], float]:
+    """(contestant, causal, n) → its figure in seconds (median of the rounds' wall times, or the least CPU time),
+    printed point by point with the spread and ours/peer."""
+    clock, pick = ("wall", median) if args.clock == "wall" else ("cpu", min)
     figures = {}
     for causal in (False, True):
         for n in args.ns:
-            times = interleaved(contestants(n, causal, args.heads, args.head_dim, peer), args.rounds, clock)
+            times = interleaved(contestants(n, causal, args.heads, args.head_dim, peer), args.rounds, clock=clock)
             fig = {name: pick(t) for name, t in times.items()}
-            cells = [f"{name} {fig[name] * 1e3:8.1f} [{min(t) * 1e3:.1f}–{max(t) * 1e3:.1f}]"
-                     for name, t in times.items()]
+            least = {name: f"min {fig[name] * 1e3:.1f}, " if pick is min else "" for name in fig}
+            cells = [f"{name} {least[name]}{spread(t, 1e3, '.1f')}" for name, t in times.items()]
             print(f"{'causal' if causal else 'full  '} n={n:6d}  " + "  ".join(cells), flush=True)
             if "peer" in fig:
                 target = f"  (target for linear ≤ {TARGETS[n]:.1f})" if n in TARGETS else ""
@@ -129,18 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     args.ns = [int(x) for x in args.n.split(",")]
     torch.set_num_threads(args.threads)
     env.steady_allocator()
-    clock, pick = (time.perf_counter, statistics.median) if args.clock == "wall" else (time.process_time, min)
     peer = peer_functions()
     if peer is None:
         print("linear-attention-transformer is not installed (pip install linear-attention-transformer==0.19.1): "
               "ours are timed alone, without ratios.")
-    print(f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, {torch.get_num_threads()} threads, "
-          f"{args.rounds} interleaved rounds; {'median wall' if args.clock == 'wall' else 'min CPU'} ms [min–max]")
+    start("cpu", f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, {args.rounds} interleaved rounds; "
+                 f"{'wall' if args.clock == 'wall' else 'CPU'} ms: {'' if args.clock == 'wall' else 'min, '}median (IQR, min–max)")
     print("Whole calls, feature maps included. peer: linear_attn (softmax features, no normalizer) and "
           "causal_linear_attn (buckets of 64 see the buckets before them, not their own); ours: exact causal.")
-    figures = measure(args, peer, clock, pick)
+    figures = measure(args, peer)
     if len(args.ns) > 1:
         print_slopes(figures, args.ns)
+    end()
     return 0
 
 

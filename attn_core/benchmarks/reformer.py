@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import sys
 
 import torch
 
 from .. import MECHANISMS
-from . import interleaved
-from ..engine import env
+from . import end, interleaved, ratio_verdict, ratios, spread, start
 from ..engine.analysis import fit_slopes, loglog_slope
 from ..engine.measure import Case, Problem, Settings, format_bytes, measure_case
 from ..engine.results import frame_from_rows
@@ -84,13 +81,9 @@ def peer_ratios(args: argparse.Namespace) -> None:
 
             times = interleaved({"ours": ours, "peer": theirs}, args.pairs)
             a, b = times["ours"], times["peer"]
-            ratios = sorted(x / y for x, y in zip(a, b))
-            verdict = "meets" if statistics.median(ratios) <= TARGET_RATIO else "MISSES"
-            print(f"  {'causal' if causal else 'full  '} n={n:6d}  ours {statistics.median(a) * 1e3:8.1f} ms "
-                  f"(range {min(a) * 1e3:.0f}–{max(a) * 1e3:.0f})  peer {statistics.median(b) * 1e3:8.1f} ms "
-                  f"(range {min(b) * 1e3:.0f}–{max(b) * 1e3:.0f})  ratio ours/peer median "
-                  f"{statistics.median(ratios):.2f} (pairs {ratios[0]:.2f}–{ratios[-1]:.2f}), {verdict} ≤ "
-                  f"{TARGET_RATIO}", flush=True)
+            print(f"  {'causal' if causal else 'full  '} n={n:6d}  ours {spread(a, 1e3, '.1f')} ms  peer "
+                  f"{spread(b, 1e3, '.1f')} ms  ratio ours/peer, median of pairs: "
+                  f"{ratio_verdict(ratios(a, b), TARGET_RATIO)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,15 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-peer", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"{env.device_name('cpu')}, {torch.get_num_threads()} threads, load average {env.load_average()}; "
-          f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, bucket_size={args.bucket_size}, "
-          f"n_hashes={args.n_hashes}", file=sys.stderr)
+    start("cpu", f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, bucket_size={args.bucket_size}, "
+                 f"n_hashes={args.n_hashes}")
     if not args.skip_slopes:
         print("Time (median of the engine's samples) and peak memory (profiler) over n:")
         slopes(args)
     if not args.skip_peer:
         print("\nSide by side with reformer-pytorch's LSHAttention, interleaved:")
         peer_ratios(args)
+    end()
     return 0
 
 
