@@ -11,13 +11,12 @@
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import time
 
 import torch
 
 from .. import MECHANISMS
+from . import alternate, end, median, start
 from ..engine import env, worker
 from ..engine.measure import (Case, Problem, Settings, call_of, format_bytes, make_inputs, make_state,
                               time_samples)
@@ -53,12 +52,12 @@ def check_memory(ns: tuple[int, ...]) -> bool:
 
 def timed_sweep(config: SweepConfig) -> tuple[float, "object"]:
     """(wall seconds from start to the last row, frame) of one sweep on the warm worker."""
-    start = time.perf_counter()
+    began = time.perf_counter()
     run = SweepRun.start(config)
     run.wait()
     if run.error:
         raise RuntimeError(run.error)
-    return time.perf_counter() - start, run.frame()
+    return time.perf_counter() - began, run.frame()
 
 
 def repeatability(a, b, title: str) -> bool:
@@ -97,21 +96,12 @@ def check_default_and_repeatability() -> dict[str, bool]:
             "repeatability (standard timing)": long}
 
 
-def bare_loop(thunk, calls: int) -> float:
-    """The simplest honest timing: one warm call, then `calls` calls between two clock reads; seconds per call."""
-    thunk()
-    start = time.perf_counter()
-    for _ in range(calls):
-        thunk()
-    return (time.perf_counter() - start) / calls
-
-
 def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> bool:
     """Engine (time_samples: per-sample synchronisation, clock reads, contention counters, cancel and budget checks) against a bare loop
     of the same thunk, interleaved round by round so drift of the machine hits both alike. Competing programs only
     add time, so the ratio of the fastest rounds is printed beside the ratio of the medians; the target is judged
     on the medians."""
-    settings = Settings(warmup=1, min_repeats=5, min_time_s=0.0)
+    settings, timed = Settings(warmup=1, min_repeats=5, min_time_s=0.0), env.device_timer("cpu")
     print(f"\n3. Harness overhead vs a bare timed loop (same process, same thunk, interleaved {rounds} rounds; "
           f"target ≤ {OVERHEAD_LIMIT:.0%})")
     good = True
@@ -119,13 +109,21 @@ def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> bool:
         case = Case(mechanism=key, params=(), n=n, problem=Problem(batch=1, heads=8, d_model=512, device="cpu"))
         spec = MECHANISMS[key]
         thunk = call_of(spec, case, *make_inputs(case), make_state(spec, case))
-        engine_t, bare_t = [], []
+        calls = {"samples": 0}  # the bare loop makes as many calls as the engine's round just timed
+
+        def engine_round() -> float:
+            samples = time_samples(thunk, "cpu", settings).samples
+            calls["samples"] = len(samples)
+            return median(samples)
+
+        def bare_round() -> float:  # the simplest honest timing: one warm call, then the calls between two clock reads
+            thunk()
+            return timed(thunk, calls["samples"]) / calls["samples"]
+
         with torch.inference_mode():
-            for _ in range(rounds):
-                samples = time_samples(thunk, "cpu", settings).samples
-                engine_t.append(statistics.median(samples))
-                bare_t.append(bare_loop(thunk, len(samples)))
-        e, b = statistics.median(engine_t), statistics.median(bare_t)
+            figures = alternate({"engine": engine_round, "bare": bare_round}, rounds)
+        engine_t, bare_t = figures["engine"], figures["bare"]
+        e, b = median(engine_t), median(bare_t)
         good &= e / b - 1 <= OVERHEAD_LIMIT
         print(f"   {key:<16}{n:>6}  engine {e * 1e3:9.3f} ms  bare {b * 1e3:9.3f} ms  overhead {e / b - 1:+6.1%}"
               f"   (fastest rounds: {min(engine_t) * 1e3:.3f} vs {min(bare_t) * 1e3:.3f} ms, "
@@ -137,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="n = 1024 … 4096 for memory, one overhead case")
     args = parser.parse_args(argv)
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    print(f"{env.cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}; load average "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (other work on the machine distorts timings)")
+    start("cpu", "other work on the machine distorts timings")
     worker.prestart()
     ns = (1024, 2048, 4096) if args.quick else (1024, 2048, 4096, 8192)
     results = {"memory": check_memory(ns)}
@@ -147,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [("softmax", 1024)] if args.quick else [("softmax", 1024), ("sdpa", 1024), ("sliding_window", 2048),
                                                    ("linear", 4096)]
     results["overhead"] = check_overhead(cases)
-    print(f"\nload average at the end {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "")
+    end()
     print(", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in results.items()))
     worker.shutdown()
     return 0

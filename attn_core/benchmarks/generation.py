@@ -17,16 +17,16 @@ import argparse
 import math
 import sys
 
-import numpy as np
 import torch
 
+from . import end, spread, start
 from ..engine import env
 from ..engine.analysis import loglog_slope
 from .. import generation as gen
 from ..api import make_state
 from ..mechanisms import MECHANISMS
 from ..mechanisms._common import validated
-from ..engine.measure import format_bytes, wait_for_quiet
+from ..engine.measure import format_bytes, median_iqr, wait_for_quiet
 from ..spec import Shape
 
 LINES = {"softmax": {}, "sdpa": {}, "sliding_window": {"window": 256}, "longformer": {"window": 256, "global_tokens": 2},
@@ -105,41 +105,40 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k for k in keys if gen.can_generate(k)[0]]
     ns = [2**e for e in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
 
-    print(f"Device: {env.device_name(device)}, {torch.get_num_threads()} threads, B=1, H={args.heads}, "
-          f"D={args.head_dim}, fp32; {args.steps} timed steps per point after {args.warmup}; "
-          f"load average {env.load_average()}")
+    start(device, f"B=1, H={args.heads}, D={args.head_dim}, fp32; {args.steps} timed steps per point after "
+                  f"{args.warmup}")
     rows = []
     for n in ns:  # every mechanism at one n before the next n: a slow spell of the machine hits them all alike
         for key in keys:
             params = {**MECHANISMS[key].defaults, **LINES.get(key, {})}
             samples, held, set_aside = time_steps(key, params, n, args, device)
-            q1, med, q3 = np.percentile(samples, [25, 50, 75])
-            rows.append((key, n, med, q1, q3, held, min(samples), set_aside))
-            print(f"  {key:15s} n={n:6d}  {med * 1e6:9.1f} µs  (IQR {q1 * 1e6:.1f}–{q3 * 1e6:.1f})  "
+            rows.append((key, n, *median_iqr(samples), held, min(samples), set_aside))
+            print(f"  {key:15s} n={n:6d}  {spread(samples, 1e6, '.1f')} µs  "
                   f"cache {format_bytes(held)}  {set_aside} disturbed steps set aside", file=sys.stderr, flush=True)
             env.release_cached_memory(device)
 
-    print(f"\nPer-token step time, median µs (interquartile range; * where more than half the steps were "
-          f"disturbed and set aside), and the cache's bytes; load average now {env.load_average()}:")
+    print("\nPer-token step time, median µs (interquartile range; * where more than half the steps were "
+          "disturbed and set aside), and the cache's bytes:")
     print(f"  {'mechanism':15s} " + " ".join(f"{n:>18d}" for n in ns))
     for key in keys:
         mine = [r for r in rows if r[0] == key]
-        cells = (f"{r[2] * 1e6:8.1f} ({(r[4] - r[3]) * 1e6:6.1f}){'*' if 2 * r[7] > args.steps else ' '}" for r in mine)
+        cells = (f"{r[2] * 1e6:8.1f} ({r[3] * 1e6:6.1f}){'*' if 2 * r[6] > args.steps else ' '}" for r in mine)
         print(f"  {key:15s} " + " ".join(cells))
-        print(f"  {'':15s} " + " ".join(f"{format_bytes(r[5]):>18s}" for r in mine))
+        print(f"  {'':15s} " + " ".join(f"{format_bytes(r[4]):>18s}" for r in mine))
     print(f"\nLog-log slope of the median step time against n (fit over n ≥ {args.slope_from}; in brackets, "
           f"between successive n), of the fastest step (contention only ever adds time), and of the cache's bytes:")
     for key in keys:
         mine = [r for r in rows if r[0] == key]
         big = [r for r in mine if r[1] >= args.slope_from]
         local = [loglog_slope([a[1], b[1]], [a[2], b[2]]) for a, b in zip(mine, mine[1:])]
-        memory = loglog_slope([r[1] for r in big], [r[5] for r in big])
-        fastest = loglog_slope([r[1] for r in big], [r[6] for r in big])
+        memory = loglog_slope([r[1] for r in big], [r[4] for r in big])
+        fastest = loglog_slope([r[1] for r in big], [r[5] for r in big])
         print(f"  {key:15s} time {loglog_slope([r[1] for r in big], [r[2] for r in big]):5.2f} "
               f"[{', '.join(f'{s:.2f}' for s in local)}]  fastest {fastest:5.2f}  cache {memory:5.2f}")
     print("\nExpected: softmax and sdpa ≈ 1 (a step reads all n cached keys and values), sliding_window ≈ 0 "
           "(w + 1 of them), longformer ≈ 0 (w + 1 and the g global ones), linear and performer ≈ 0 (an m × D "
           "state). Timings on a shared machine are noisy.")
+    end()
     return 0
 
 
