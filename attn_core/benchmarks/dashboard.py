@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from . import end, start
 from ..engine import presets, results
 from ..engine.config import DEFAULT_SWEEP, SweepConfig
 
@@ -272,8 +273,8 @@ def save(runs: dict[str, pd.DataFrame], folder: str | None) -> None:
 
 
 def main() -> None:
-    print(f"Dashboard against the command line, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the "
-          "start; Chromium shows the page throughout. Ratios are medians of the same point, max(a/b, b/a).")
+    start("cpu", f"the dashboard against the command line, {os.cpu_count()} CPUs; Chromium shows the page "
+                 "throughout. Ratios are medians of the same point, max(a/b, b/a).")
     quick = presets.QUICK_DEMO.for_device("cpu")[0]
     figures, runs = {}, {}
     with browser_page() as page:
@@ -313,7 +314,7 @@ def main() -> None:
     print("A process spinning on one core from halfway through a default sweep in the dashboard:")
     print("  " + disturbed_share(runs["dash busy"], int(busy["points before the busy process"])))
     say("its points against the clean dashboard run", compare(runs["dash busy"], runs["dash default 2"], 5e-4))
-    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+    end()
     save(runs, os.environ.get("ATTN_BENCH_OUT"))
 
 

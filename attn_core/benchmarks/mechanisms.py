@@ -13,6 +13,7 @@ import sys
 import torch
 
 from .. import MECHANISMS
+from . import end, start
 from ..engine import env
 from ..engine.analysis import fit_slopes
 from ..engine.measure import Case, Problem, Settings, format_bytes, make_row, measure_case
@@ -118,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.n_min, args.n_max, args.slope_from, args.compare_n = 512, 4096, 1024, 4096
     torch.set_num_threads(args.threads)
+    start("cpu", f"B=1, H={args.heads}, D={args.head_dim}, fp32, forward, through the measurement engine")
     df = measure(args)
     if args.csv:
         df.to_csv(args.csv, index=False)
     report(df, args)
+    end()
     return 0
 
 
