@@ -3,6 +3,7 @@ interleaved timing through the engine's timer and statistics, ratios of calls ti
 that open and close every printout."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -49,6 +50,11 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int, device: str
         for call in calls.values():
             call()
         return alternate({name: (lambda call=call: timed(call, 1)) for name, call in calls.items()}, rounds)
+
+
+def powers(low: int, high: int) -> list[int]:
+    """The powers of two from low to high (each rounded down to one): the sequence lengths of a scaling run."""
+    return [2**e for e in range(int(math.log2(low)), int(math.log2(high)) + 1)]
 
 
 def median(samples: list[float]) -> float:

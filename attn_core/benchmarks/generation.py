@@ -14,12 +14,11 @@ inside `validated()`, so no timed step pays for argument checks. Each sample is 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 import torch
 
-from . import end, spread, start
+from . import end, powers, spread, start
 from ..engine import env
 from ..engine.analysis import loglog_slope
 from .. import generation as gen
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         if not able:
             print(f"{key} is left out: {why}", file=sys.stderr)
     keys = [k for k in keys if gen.can_generate(k)[0]]
-    ns = [2**e for e in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
+    ns = powers(args.n_min, args.n_max)
 
     start(device, f"B=1, H={args.heads}, D={args.head_dim}, fp32; {args.steps} timed steps per point after "
                   f"{args.warmup}")

@@ -25,7 +25,7 @@ import sys
 import torch
 
 from .. import MECHANISMS
-from . import end, interleaved, ratio_verdict, ratios, spread, start
+from . import end, interleaved, powers, ratio_verdict, ratios, spread, start
 from ..engine.analysis import fit_slopes, loglog_slope
 from ..engine.measure import Case, Problem, Settings, format_bytes, measure_case
 from ..mechanisms._common import validated
@@ -34,10 +34,6 @@ from ..engine.results import frame_from_rows
 B, H, D = 1, 8, 64
 LANDMARKS, STEPS, ATTN_DIM = 64, 6, 64
 TARGET_SLOPE, TARGET_RATIO = 1.15, 1.0
-
-
-def powers(low: int, high: int) -> list[int]:
-    return [2**e for e in range(int(math.log2(low)), int(math.log2(high)) + 1)]
 
 
 def sweep(key: str, params: dict, ns: list[int], settings: Settings):

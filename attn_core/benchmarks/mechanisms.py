@@ -13,7 +13,7 @@ import sys
 import torch
 
 from .. import MECHANISMS
-from . import end, start
+from . import end, powers, start
 from ..engine import env
 from ..engine.analysis import fit_slopes
 from ..engine.measure import Case, Problem, Settings, format_bytes, make_row, measure_case
@@ -37,7 +37,7 @@ def lines(args: argparse.Namespace) -> list[tuple[str, dict, bool]]:
 def measure(args: argparse.Namespace):
     settings = Settings(warmup=1, min_repeats=args.repeats, min_time_s=args.min_time, point_budget_s=args.budget,
                         threads=args.threads)
-    ns = [2**e for e in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
+    ns = powers(args.n_min, args.n_max)
     rows = []
     for key, params, causal in lines(args):
         slow = False

@@ -11,13 +11,12 @@ of 64 and a window of 9 blocks (its own and 4 = 256 tokens each side), 2 global 
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Callable
 
 import torch
 
 from .. import MECHANISMS
-from . import CLOCKS, end, interleaved, median, ratio_verdict, ratios, spread, start
+from . import CLOCKS, end, interleaved, powers, median, ratio_verdict, ratios, spread, start
 from ..engine import env
 from ..engine.analysis import loglog_slope
 from ..engine.measure import format_bytes
@@ -48,7 +47,7 @@ def thunk(key: str, params: dict, n: int, args: argparse.Namespace) -> Callable[
 
 
 def slopes(args: argparse.Namespace) -> None:
-    ns = [2 ** e for e in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
+    ns = powers(args.n_min, args.n_max)
     method, peak_of = env.peak_memory_probe(args.device)
     times: dict[str, list[float]] = {key: [] for key in LINES}
     peaks: dict[str, list[float]] = {key: [] for key in LINES}
