@@ -15,10 +15,12 @@ from .engine.analysis import crossovers, fit_slopes, summary, theory_curves
 from .engine.env import available_devices, device_info, environment, matmul_gflops, resolve_device, supported_dtypes
 from .engine.results import Run, RunFileError, load_run, save_run, to_csv_bytes, to_json_bytes
 from .engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
-from .engine.measure import Problem, Settings
-from .engine.sweep import SweepRun, run_sweep
+from .engine.job import Job, Progress, run_sweep
+from .engine.measurement import Measurement
+from .engine.problem import Problem, Settings
 
-__all__ += ["DEFAULT_SWEEP", "Problem", "Run", "RunFileError", "SweepConfig", "SweepRun", "available_devices", "crossovers",
+__all__ += ["DEFAULT_SWEEP", "Job", "Measurement", "Problem", "Progress", "Run", "RunFileError", "SweepConfig",
+            "available_devices", "crossovers",
             "device_info", "environment", "fit_slopes", "load_run", "log_spaced", "matmul_gflops", "resolve_device",
             "run_sweep", "save_run", "Settings", "summary", "supported_dtypes", "theory_curves", "to_csv_bytes", "to_json_bytes",
             "worker"]

@@ -14,13 +14,14 @@ from typing import Sequence, TextIO
 
 from .engine import analysis, env
 from .mechanisms import MECHANISMS
-from .engine.measure import MODES, format_bytes, resolve_mechanisms
+from .engine.measure import format_bytes, resolve_mechanisms
 from .engine.results import Run, RunFileError, load_run, save_run
 from .spec import DTYPE_BYTES
 from .engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
+from .engine.job import Job, Progress
 from .engine.lock import LOCK_WAIT_S
-from .engine.measure import Problem, Settings
-from .engine.sweep import SweepRun
+from .engine.measurement import Measurement
+from .engine.problem import MODES, Problem, Settings
 
 EXIT_OK, EXIT_POINTS, EXIT_USAGE, EXIT_BUSY, EXIT_UNSAVED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 MAX_SIZE = 2**60  # 1 EiB: the largest --memory-limit
@@ -169,15 +170,16 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
     return SweepConfig(mechanisms=args.mechanisms, ns=tuple(args.n), problem=problem, settings=settings)
 
 
-def _bar(progress: dict, width: int = 24) -> str:
-    done, total = progress["done"], max(progress["total"], 1)
+def _bar(progress: Progress, width: int = 24) -> str:
+    done, total = progress.done, max(progress.total, 1)
     filled = round(width * done / total)
-    eta = progress["eta_s"]
+    eta = progress.eta_s
     eta_text = f"ETA {eta:4.0f} s" if eta is not None else "ETA    ? s"
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{progress['total']}  {eta_text}  {progress['current']}"
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{progress.total}  {eta_text}  {progress.current}"
 
 
-def _row_line(row: dict) -> str:
+def _row_line(point: Measurement) -> str:
+    row = point.to_row()
     what = f"{row['mechanism']} n={row['n']}"
     if row["status"] != "ok":
         return f"{what}: {row['status']}: {row['reason']}"
@@ -189,27 +191,20 @@ def _row_line(row: dict) -> str:
     return line + (f"  ({row['retaken']} samples retaken: other programs took CPU)" if row["retaken"] else "")
 
 
-def follow(run: SweepRun, stream: TextIO, quiet: bool = False) -> None:
-    """Progress on `stream` until the run ends: a redrawn bar on a terminal, one line per point otherwise."""
+def follow(job: Job, stream: TextIO, quiet: bool = False) -> None:
+    """Progress on `stream` until the job ends: a redrawn bar on a terminal, one line per point otherwise."""
     tty = stream.isatty()
-    while not run.wait(0.1 if tty else 0.05):
-        rows = run.poll()
-        if quiet:
-            continue
-        if tty:
-            stream.write("\r\033[K" + _bar(run.progress())[:150])
-        else:
-            for row in rows:
-                stream.write(_row_line(row) + "\n")
-        stream.flush()
-    rows = run.poll()
-    if not quiet:
-        if tty:
-            stream.write("\r\033[K" + _bar(run.progress())[:150] + "\n")
-        else:
-            for row in rows:
-                stream.write(_row_line(row) + "\n")
-        stream.flush()
+    while True:
+        finished = job.wait(0.1 if tty else 0.05)
+        points = job.poll()
+        if not quiet:
+            if tty:
+                stream.write("\r\033[K" + _bar(job.progress)[:150] + ("\n" if finished else ""))
+            else:
+                stream.writelines(_row_line(point) + "\n" for point in points)
+            stream.flush()
+        if finished:
+            return
 
 
 def format_summary(frame) -> str:
@@ -309,20 +304,21 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if problems:
         err.write("".join(f"error: {p}\n" for p in problems))
         return EXIT_USAGE
-    run = SweepRun.start(config, extra_mechanisms=extra, lock_wait_s=args.wait)
+    job = Job.measure(", ".join(key for key, _ in config.mechanisms), (config,), extra_mechanisms=extra,
+                      lock_wait_s=args.wait)
     interrupted = False
     try:
-        follow(run, err, args.quiet)
+        follow(job, err, args.quiet)
     except KeyboardInterrupt:
         interrupted = True
         err.write("\ncancelling…\n")
-        run.cancel()
-        run.wait()
-    if run.error:
-        err.write(f"error: {run.error}\n")
+        job.cancel()
+        job.wait()
+    if job.error:
+        err.write(f"error: {job.error}\n")
         return EXIT_BUSY
-    result = run.result()
-    err.write(f"{len(result.frame)} points in {run.progress()['elapsed_s']:.1f} s\n")
+    result = job.result()
+    err.write(f"{len(result.frame)} points in {job.progress.elapsed_s:.1f} s\n")
     saved = save_or_fall_back(result, args.out, err) if args.out else True
     out.write(format_summary(result.frame) + "\n")
     if note := analysis.matmul_note(result.env):

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from attn_core.engine import sweep as sweep_module
+from attn_core.engine import job as sweep_module
 from attn_core.spec import MechanismSpec, Shape
 
 REF = "tests.fake_mechanisms:FAKES"

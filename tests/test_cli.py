@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from attn_core import cli
-from attn_core.engine import sweep as sweep_module
+from attn_core.engine import job as sweep_module
 from attn_core.engine.results import load_run
 from tests.fake_mechanisms import REF, private_sweep_lock  # noqa: F401 (an autouse fixture)
 

@@ -2,6 +2,7 @@
 cache's bytes from its tensors; the sweep, the CLI, the charts and the presets carry the mode through."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -13,7 +14,9 @@ from attn_core import generation as gen
 from attn_core.charts import scaling
 from attn_core.engine import analysis, presets
 from attn_core.engine.config import SweepConfig
-from attn_core.engine.measure import Case, Problem, Settings, make_row, measure_case, theory
+from attn_core.engine import measure
+from attn_core.engine.measurement import Summary, theory_of, unmeasured
+from attn_core.engine.problem import Problem, Settings
 from attn_core.spec import Shape
 from tests.test_cli import TINY, run_main
 from tests.fake_mechanisms import private_sweep_lock  # noqa: F401 (an autouse fixture)
@@ -22,9 +25,13 @@ QUICK = Settings(warmup=1, min_repeats=3, min_time_s=0.0, point_budget_s=30.0)
 GENERATES = [key for key, spec in ac.MECHANISMS.items() if spec.generation is not None]
 
 
-def generate_case(key: str, n: int, params: tuple = (), **problem) -> Case:
-    return Case(mechanism=key, params=params, n=n,
-                problem=Problem(batch=1, heads=2, d_model=32, mode="generate", **problem))
+def generate_case(key: str, n: int, params: tuple = (), **problem) -> Problem:
+    return Problem(mechanism=key, params=params, n=n, batch=1, heads=2, d_model=32, mode="generate", **problem)
+
+
+def measure_case(spec, problem, settings):
+    point, elapsed = measure.measure(spec, problem, settings)
+    return point.to_row(), elapsed
 
 
 @pytest.mark.parametrize("key", GENERATES)
@@ -89,7 +96,8 @@ def test_a_mechanism_that_cannot_generate_is_refused_before_anything_runs():
     assert problems[0].endswith("Leave it out, or choose the forward mode.")
     row, _ = measure_case(ac.MECHANISMS["reformer"], generate_case("reformer", 64), QUICK)
     assert row["status"] == "skipped" and "cannot generate" in row["reason"]
-    assert all(v != v for v in theory(ac.MECHANISMS["reformer"], generate_case("reformer", 64)))  # NaN
+    t = theory_of(ac.MECHANISMS["reformer"], generate_case("reformer", 64))
+    assert all(v != v for v in (t.flops, t.executed_flops, t.predicted_bytes))  # NaN
 
 
 def test_the_cli_measures_generation_and_says_a_token_and_cache(tmp_path):
@@ -109,9 +117,9 @@ def frame(rows: list[tuple[str, int, float, float]]) -> pd.DataFrame:
     """A generate-mode results frame of (mechanism, n, seconds, cache bytes) rows."""
     out = []
     for key, n, t, nbytes in rows:
-        case = generate_case(key, n)
-        out.append(make_row(ac.MECHANISMS[key], case, "ok", time_median_s=t, time_iqr_s=0.0, time_samples=[t],
-                            repeats=1, peak_bytes=nbytes, memory_method="cache tensors held (exact)"))
+        point = unmeasured(ac.MECHANISMS[key], generate_case(key, n), "ok")
+        out.append(dataclasses.replace(point, samples=(t,), summary=Summary(t, 0.0, 1), peak_bytes=nbytes,
+                                       memory_method="cache tensors held (exact)").to_row())
     return pd.DataFrame(out)
 
 

@@ -12,18 +12,26 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core.engine import env, measure
-from attn_core.engine.measure import (Cancelled, Case, Problem, Settings, format_bytes, guard, is_oom, measure_case,
-                                     median_iqr, required_bytes, resolve_mechanisms, time_samples)
-from attn_core.engine.results import COLUMNS
+from attn_core.engine import env, measure, timing as loop
+from attn_core.engine.measure import format_bytes, guard, is_oom, required_bytes, resolve_mechanisms
+from attn_core.engine.measurement import COLUMNS, median_iqr
+from attn_core.engine.problem import Problem, Settings
+from attn_core.engine.timing import Cancelled, time_samples
 from tests.fake_mechanisms import FAKES, REF
 
 QUICK = Settings(warmup=1, min_repeats=3, min_time_s=0.0, point_budget_s=30.0)
 
 
-def case(mechanism="softmax", n=64, mode="forward", params=(), heads=2, d_model=16, **kw) -> Case:
-    return Case(mechanism=mechanism, params=params, n=n,
-                problem=Problem(batch=1, heads=heads, d_model=d_model, device="cpu", mode=mode, **kw))
+def case(mechanism="softmax", n=64, mode="forward", params=(), heads=2, d_model=16, **kw) -> Problem:
+    return Problem(mechanism=mechanism, params=params, n=n, batch=1, heads=heads, d_model=d_model, device="cpu",
+                   mode=mode, **kw)
+
+
+def measure_case(spec, problem, settings):
+    """One point measured here, as its saved row (Measurement.to_row), and the seconds it took."""
+    point, elapsed = measure.measure(spec, problem, settings)
+    assert point.problem == problem  # the same problem comes back on its measurement
+    return point.to_row(), elapsed
 
 
 def test_median_and_iqr_are_derived_from_the_samples():
@@ -62,7 +70,7 @@ def test_time_samples_stops_at_the_budget_with_at_least_one_sample():
 
 
 def test_a_disturbed_sample_is_set_aside_and_taken_again(monkeypatch):
-    monkeypatch.setattr(measure, "wait_for_quiet", lambda *args: None)
+    monkeypatch.setattr(loop, "wait_for_quiet", lambda *args: None)
     probe = FakeProbe([False, True, True, False, False])
     timing = time_samples(lambda: None, "cpu", Settings(warmup=1, min_repeats=3, min_time_s=0.0), probe=probe)
     assert timing.retaken == 2 and len(timing.samples) == 3 and not timing.disturbed
@@ -70,11 +78,11 @@ def test_a_disturbed_sample_is_set_aside_and_taken_again(monkeypatch):
 
 
 def test_a_point_that_stays_disturbed_is_kept_and_flagged(monkeypatch):
-    monkeypatch.setattr(measure, "wait_for_quiet", lambda *args: None)
+    monkeypatch.setattr(loop, "wait_for_quiet", lambda *args: None)
     probe = FakeProbe([True] * 100)
     timing = time_samples(lambda: None, "cpu", Settings(warmup=1, min_repeats=3, min_time_s=0.0), probe=probe)
-    assert timing.disturbed and timing.retaken == measure.MAX_RETAKES  # bounded: the point still ends
-    assert len(timing.samples) == measure.MAX_RETAKES + 3  # every sample, the disturbed ones included
+    assert timing.disturbed and timing.retaken == loop.MAX_RETAKES  # bounded: the point still ends
+    assert len(timing.samples) == loop.MAX_RETAKES + 3  # every sample, the disturbed ones included
     assert timing.contention.foreign_cores == pytest.approx(1.5)
 
 
@@ -247,10 +255,10 @@ def test_cpu_peak_counts_buffers_an_op_allocates_and_frees_itself():
 def test_no_timed_sample_starts_while_the_page_holds_the_worker(monkeypatch):
     """The hold (a page drawing) lifts 0.15 s in: every call after the warm-up comes after it, each sample is
     released when it ends, and the wait does not eat the point's budget (its samples are still taken)."""
-    monkeypatch.setattr(measure, "wait_for_quiet", lambda *args: None)
+    monkeypatch.setattr(loop, "wait_for_quiet", lambda *args: None)
     lifted = time.perf_counter() + 0.15
     calls, claims, releases = [], [], []
-    turns = measure.Turns(lambda: claims.append(1) or time.perf_counter() >= lifted, lambda: releases.append(1))
+    turns = loop.Turns(lambda: claims.append(1) or time.perf_counter() >= lifted, lambda: releases.append(1))
     timing = time_samples(lambda: calls.append(time.perf_counter()), "cpu",
                           Settings(warmup=1, min_repeats=3, min_time_s=0.0, point_budget_s=0.1), turns=turns)
     assert calls[0] < lifted <= min(calls[1:])  # the warm-up ran under the hold, no timed call did
@@ -258,10 +266,10 @@ def test_no_timed_sample_starts_while_the_page_holds_the_worker(monkeypatch):
 
 
 def test_a_hold_is_bounded_so_a_page_that_never_lets_go_cannot_stall_a_sweep(monkeypatch):
-    monkeypatch.setattr(measure, "HOLD_MAX_S", 0.05)
+    monkeypatch.setattr(loop, "HOLD_MAX_S", 0.05)
     probe = env.ContentionProbe()
     began = time.perf_counter()
-    assert measure.take_turn(probe, 1, False, measure.Turns(lambda: False), lambda: False) >= 0.05
+    assert loop.take_turn(probe, 1, False, loop.Turns(lambda: False), lambda: False) >= 0.05
     assert time.perf_counter() - began < 1.0
 
 

@@ -14,11 +14,15 @@ import types
 import pytest
 
 import attn_core as ac
-from attn_core.engine import lock as lock_module, sweep as sweep_module
+from attn_core.engine import job as sweep_module, lock as lock_module
 from attn_core.engine import worker
-from attn_core.engine.results import COLUMNS
 from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced, plan
-from attn_core.engine.sweep import SweepRun, run_sweep
+from attn_core.engine.job import Job, run_sweep
+from attn_core.engine.measurement import COLUMNS
+
+
+def start(config: SweepConfig, **kw) -> Job:
+    return Job.measure("test", (config,), **kw)
 from tests.fake_mechanisms import REF, private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 TINY = dict(heads=2, d_model=16, warmup=1, min_repeats=2, min_time_s=0.0, point_budget_s=30.0)
@@ -74,23 +78,23 @@ def test_log_spaced_and_the_default_dashboard_sweep():
 
 
 def test_plan_runs_n_ascending_with_every_mechanism_at_each_n():
-    cases = plan(config(["softmax", "linear"], ns=(64, 16)))
-    assert [(c.mechanism, c.n) for c in cases] == [("softmax", 16), ("linear", 16), ("softmax", 64), ("linear", 64)]
+    problems = plan(config(["softmax", "linear"], ns=(64, 16)))
+    assert [(p.mechanism, p.n) for p in problems] == [("softmax", 16), ("linear", 16), ("softmax", 64), ("linear", 64)]
 
 
 # ---- running ----
 
 def test_rows_stream_with_progress_and_the_worker_persists():
     seen = []
-    df = run_sweep(config(["softmax", "sdpa"], ns=(16, 32)), on_row=seen.append)
+    df = run_sweep(config(["softmax", "sdpa"], ns=(16, 32)), on_point=seen.append)
     assert list(df.columns) == list(COLUMNS) and len(seen) == 4
     assert set(df["status"]) == {"ok"} and all(len(s) >= 2 for s in df["time_samples"])
     pid = worker.get_worker().process.pid
-    run = SweepRun.start(config(["softmax"]))
+    run = start(config(["softmax"]))
     run.wait(60)
     assert run.done and run.error is None and worker.get_worker().process.pid == pid  # same worker
-    p = run.progress()
-    assert (p["done"], p["total"], p["current"], p["eta_s"]) == (1, 1, "finished", 0.0)
+    p = run.progress
+    assert (p.done, p.total, p.current, p.eta_s) == (1, 1, "finished", 0.0)
     assert run.poll() and not run.poll()  # rows are handed out once
     assert run.result().env["device"] == "cpu"
 
@@ -151,8 +155,8 @@ def test_the_worker_never_runs_the_hosts_main_script(tmp_path, monkeypatch):
 def test_cancel_between_samples_keeps_finished_rows():
     c = config(["softmax", "slow", "linear"], ns=(16, 32), min_time_s=600.0, measure_memory=False,
                point_budget_s=600.0)
-    run = SweepRun.start(c, extra_mechanisms=(REF,))
-    wait_until(lambda: run.progress()["current"].startswith("slow"))
+    run = start(c, extra_mechanisms=(REF,))
+    wait_until(lambda: run.progress.current.startswith("slow"))
     pid = worker.get_worker().process.pid
     run.cancel()
     assert run.wait(30)
@@ -164,8 +168,8 @@ def test_cancel_between_samples_keeps_finished_rows():
 
 
 def test_cancel_during_a_call_that_does_not_return_kills_the_worker():
-    run = SweepRun.start(config(["hangs", "softmax"]), extra_mechanisms=(REF,))
-    wait_until(lambda: run.progress()["current"].startswith("hangs"))
+    run = start(config(["hangs", "softmax"]), extra_mechanisms=(REF,))
+    wait_until(lambda: run.progress.current.startswith("hangs"))
     run.cancel()
     assert run.wait(30)
     assert statuses(run.frame()) == [("hangs", 32, "cancelled"), ("softmax", 32, "cancelled")]
@@ -175,7 +179,7 @@ def test_cancel_during_a_call_that_does_not_return_kills_the_worker():
 
 def test_a_second_sweep_waits_for_the_lock_then_is_told():
     with sweep_module.sweep_lock():
-        run = SweepRun.start(config(["softmax"]), lock_wait_s=0.5)
+        run = start(config(["softmax"]), lock_wait_s=0.5)
         assert run.wait(30)
         assert "another sweep is running on this machine" in run.error and "pid" in run.error
         assert run.frame()["status"].tolist() == ["cancelled"]
@@ -186,8 +190,8 @@ def test_a_second_sweep_waits_for_the_lock_then_is_told():
 def test_a_waiting_sweep_starts_when_the_lock_is_released():
     held = sweep_module.sweep_lock()
     held.__enter__()
-    run = SweepRun.start(config(["softmax"]), lock_wait_s=60)
-    wait_until(lambda: run.progress()["current"].startswith("waiting for another sweep"))
+    run = start(config(["softmax"]), lock_wait_s=60)
+    wait_until(lambda: run.progress.current.startswith("waiting for another sweep"))
     threading.Timer(0.2, held.__exit__, (None, None, None)).start()
     assert run.wait(60) and run.error is None
     assert run.frame()["status"].tolist() == ["ok"]
@@ -202,7 +206,7 @@ def test_a_link_planted_at_the_lock_path_is_refused_and_its_target_untouched(tmp
         with lock_module.sweep_lock(path=str(link)):
             pass
     monkeypatch.setattr(sweep_module, "sweep_lock", functools.partial(lock_module.sweep_lock, path=str(link)))
-    run = SweepRun.start(config(["softmax"]))
+    run = start(config(["softmax"]))
     assert run.wait(30) and "is a symbolic link" in run.error and run.frame()["status"].tolist() == ["cancelled"]
     assert target.read_text() == "keep me"
 
@@ -231,13 +235,13 @@ def test_a_lock_folder_of_another_user_is_refused(tmp_path):
 
 def test_invalid_config_is_refused_before_starting():
     with pytest.raises(ValueError, match="divisible"):
-        SweepRun.start(config(["softmax"], d_model=10, heads=3))
+        start(config(["softmax"], d_model=10, heads=3))
 
 
 def test_eta_is_estimated_once_a_point_is_timed():
-    run = SweepRun.start(config(["softmax", "slow"], ns=(16, 64), measure_memory=False), extra_mechanisms=(REF,))
-    wait_until(lambda: run.progress()["done"] >= 1)
-    eta = run.progress()["eta_s"]  # from the seconds per FLOP of the finished point (0.0 if already done)
+    run = start(config(["softmax", "slow"], ns=(16, 64), measure_memory=False), extra_mechanisms=(REF,))
+    wait_until(lambda: run.progress.done >= 1)
+    eta = run.progress.eta_s  # from the seconds per FLOP of the finished point (0.0 if already done)
     run.wait(60)
     assert eta is not None and eta >= 0 and math.isfinite(eta)
 
@@ -245,26 +249,28 @@ def test_eta_is_estimated_once_a_point_is_timed():
 def test_eta_comes_from_executed_flops_and_the_device_speed_not_from_fixed_costs():
     """The first points are the cheapest: an ETA that scaled their wall time (overheads included) by the FLOP ratio
     said 'about 5055 s left' for a 36 s sweep. Now: calls × executed FLOPs ÷ achieved speed."""
-    from attn_core.engine.measure import theory
+    from attn_core.engine.job import _point_seconds
+    from attn_core.engine.measurement import Summary, theory_of
 
-    run = SweepRun(config(["softmax"], ns=(256, 1024, 4096), measure_memory=False, min_repeats=3,
-                          min_time_s=0.0, warmup=1))
+    c = config(["softmax"], ns=(256, 1024, 4096), measure_memory=False, min_repeats=3, min_time_s=0.0, warmup=1)
+    run = Job("eta", (c,))  # not started
     assert run._eta(0) is None  # nothing known yet: no device figure, no point
     run.env = {"device_gflops": 100.0}
     spec = run.registry["softmax"]
-    executed = [theory(spec, c)[1] for c in run.cases]
-    expected = sum(run._point_seconds(f / 25e9) for f in executed)  # a quarter of the matmul figure before any point
+    executed = [theory_of(spec, p).executed_flops for p in run.problems]
+    seconds = functools.partial(_point_seconds, c.settings)
+    expected = sum(seconds(f / 25e9) for f in executed)  # a quarter of the matmul figure before any point
     assert run._eta(0) == pytest.approx(expected)
-    first = run.cases[0]
-    row = {**run._row(first, "ok", ""), "gflops": 50.0, "time_median_s": executed[0] / 50e9}
-    run._add(row, (first.mechanism, first.params), elapsed_s=5.0)  # 5 s of fixed costs around a tiny point
-    overhead = 5.0 - run._point_seconds(executed[0] / 50e9)
-    assert run._eta(1) == pytest.approx(sum(run._point_seconds(f / 50e9) + overhead for f in executed[1:]))
+    first = run._unmeasured(run.problems[0], "ok", "")
+    point = dataclasses.replace(first, summary=Summary(median_s=executed[0] / 50e9, gflops=50.0))
+    run._add(point, elapsed_s=5.0)  # 5 s of fixed costs around a tiny point
+    overhead = 5.0 - seconds(executed[0] / 50e9)
+    assert run._eta(1) == pytest.approx(sum(seconds(f / 50e9) + overhead for f in executed[1:]))
 
 
 def test_a_sweeps_measurement_settings_are_carried_by_name_not_by_position():
     """Distinct values in every field: a swapped pair (two Optional[int] side by side) would show here."""
-    from attn_core.engine.measure import Settings
+    from attn_core.engine.problem import Settings
 
     c = DEFAULT_SWEEP.replaced(warmup=2, min_repeats=7, min_time_s=0.3, point_budget_s=11.0,
                             measure_memory=False, memory_margin=0.4, memory_limit_bytes=1 << 20, threads=3)

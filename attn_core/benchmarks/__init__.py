@@ -10,7 +10,10 @@ from typing import Callable
 import torch
 
 from ..engine import env
-from ..engine.measure import median_iqr
+from ..engine import measure
+from ..engine.measurement import median_iqr
+from ..engine.problem import Problem, Settings
+from ..mechanisms import MECHANISMS
 from ..mechanisms._common import validated
 
 Timer = Callable[[Callable[[], object], int], float]  # (thunk, calls) → seconds for that many back-to-back calls
@@ -88,3 +91,9 @@ def start(device: str, what: str) -> None:
 
 def end() -> None:
     print(f"\nload average at the end {env.load_average()}")
+
+
+def point(problem: Problem, settings: Settings) -> tuple[dict, float]:
+    """One point measured in this process by the engine, as its saved row, and the seconds it took."""
+    measured, took = measure.measure(MECHANISMS[problem.mechanism], problem, settings)
+    return measured.to_row(), took

@@ -18,10 +18,11 @@ import torch
 from .. import MECHANISMS
 from . import alternate, end, median, start
 from ..engine import env, worker
-from ..engine.measure import (Case, Problem, Settings, call_of, format_bytes, make_inputs, make_state,
-                              time_samples)
+from ..engine.measure import call_of, format_bytes, make_state
 from ..engine.config import DEFAULT_SWEEP, SweepConfig
-from ..engine.sweep import SweepRun, run_sweep
+from ..engine.job import Job, run_sweep
+from ..engine.problem import Problem, Settings
+from ..engine.timing import time_samples
 
 MEMORY_MECHANISMS = ("softmax", "sdpa", "sliding_window")
 MEMORY_TOLERANCE, REPEAT_TOLERANCE, REPEAT_MIN_S, OVERHEAD_LIMIT, DEFAULT_LIMIT_S = 0.05, 0.10, 0.010, 0.05, 15.0
@@ -53,7 +54,7 @@ def check_memory(ns: tuple[int, ...]) -> bool:
 def timed_sweep(config: SweepConfig) -> tuple[float, "object"]:
     """(wall seconds from start to the last row, frame) of one sweep on the warm worker."""
     began = time.perf_counter()
-    run = SweepRun.start(config)
+    run = Job.measure("timed sweep", (config,))
     run.wait()
     if run.error:
         raise RuntimeError(run.error)
@@ -106,9 +107,9 @@ def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> bool:
           f"target ≤ {OVERHEAD_LIMIT:.0%})")
     good = True
     for key, n in cases:
-        case = Case(mechanism=key, params=(), n=n, problem=Problem(batch=1, heads=8, d_model=512, device="cpu"))
+        problem = Problem(mechanism=key, n=n, batch=1, heads=8, d_model=512, device="cpu")
         spec = MECHANISMS[key]
-        thunk = call_of(spec, case, *make_inputs(case), make_state(spec, case))
+        thunk = call_of(spec, problem, *problem.inputs(), make_state(spec, problem))
         calls = {"samples": 0}  # the bare loop makes as many calls as the engine's round just timed
 
         def engine_round() -> float:

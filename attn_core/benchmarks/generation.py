@@ -25,7 +25,9 @@ from .. import generation as gen
 from ..api import make_state
 from ..mechanisms import MECHANISMS
 from ..mechanisms._common import validated
-from ..engine.measure import format_bytes, median_iqr, wait_for_quiet
+from ..engine.measure import format_bytes
+from ..engine.measurement import median_iqr
+from ..engine.timing import wait_for_quiet
 from ..spec import Shape
 
 LINES = {"softmax": {}, "sdpa": {}, "sliding_window": {"window": 256}, "longformer": {"window": 256, "global_tokens": 2},

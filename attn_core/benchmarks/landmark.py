@@ -25,9 +25,10 @@ import sys
 import torch
 
 from .. import MECHANISMS
-from . import end, interleaved, powers, ratio_verdict, ratios, spread, start
+from . import end, interleaved, point, powers, ratio_verdict, ratios, spread, start
 from ..engine.analysis import fit_slopes, loglog_slope
-from ..engine.measure import Case, Problem, Settings, format_bytes, measure_case
+from ..engine.measure import format_bytes
+from ..engine.problem import Problem, Settings
 from ..mechanisms._common import validated
 from ..engine.results import frame_from_rows
 
@@ -40,9 +41,8 @@ def sweep(key: str, params: dict, ns: list[int], settings: Settings):
     """Engine rows (time median and IQR, peak bytes) of `key` at each n, printed as they come."""
     rows = []
     for n in ns:
-        case = Case(mechanism=key, params=tuple(sorted(params.items())), n=n,
-                    problem=Problem(batch=B, heads=H, d_model=H * D, device="cpu"))
-        row, _ = measure_case(MECHANISMS[key], case, settings)
+        row, _ = point(Problem(mechanism=key, params=tuple(sorted(params.items())), n=n, batch=B, heads=H,
+                               d_model=H * D, device="cpu"), settings)
         rows.append(row)
         print(f"  {key:9s} n={n:6d} {row['status']:8s} {row['time_median_s'] * 1e3:10.2f} ms "
               f"(IQR {row['time_iqr_s'] * 1e3:.2f})  peak {format_bytes(row['peak_bytes'])}"

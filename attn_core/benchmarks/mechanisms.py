@@ -13,10 +13,12 @@ import sys
 import torch
 
 from .. import MECHANISMS
-from . import end, powers, start
+from . import end, point, powers, start
 from ..engine import env
 from ..engine.analysis import fit_slopes
-from ..engine.measure import Case, Problem, Settings, format_bytes, make_row, measure_case
+from ..engine.measure import format_bytes
+from ..engine.measurement import unmeasured
+from ..engine.problem import Problem, Settings
 from ..engine.results import frame_from_rows
 
 EFFICIENT = {"local": {}, "sliding_window": {"window": 256}, "linformer": {"rank": 256},
@@ -42,13 +44,13 @@ def measure(args: argparse.Namespace):
     for key, params, causal in lines(args):
         slow = False
         for n in ns:
-            problem = Problem(heads=args.heads, d_model=args.heads * args.head_dim, device="cpu", causal=causal)
-            case = Case(mechanism=key, params=tuple(sorted(params.items())), n=n, problem=problem)
+            problem = Problem(mechanism=key, params=tuple(sorted(params.items())), n=n, heads=args.heads,
+                              d_model=args.heads * args.head_dim, device="cpu", causal=causal)
             if slow:  # the previous n of this line already took longer than the budget
-                row = make_row(MECHANISMS[key], case, "skipped",
-                               f"a smaller n of this line took longer than the {args.budget:g} s budget")
+                row = unmeasured(MECHANISMS[key], problem, "skipped",
+                                 f"a smaller n of this line took longer than the {args.budget:g} s budget").to_row()
             else:
-                row, took = measure_case(MECHANISMS[key], case, settings)
+                row, took = point(problem, settings)
                 slow = took > args.budget
             rows.append(row)
             peak = "—" if math.isnan(row["peak_bytes"]) else format_bytes(row["peak_bytes"])

@@ -17,9 +17,10 @@ import math
 import torch
 
 from .. import MECHANISMS
-from . import end, interleaved, ratio_verdict, ratios, spread, start
+from . import end, interleaved, point, ratio_verdict, ratios, spread, start
 from ..engine.analysis import fit_slopes, loglog_slope
-from ..engine.measure import Case, Problem, Settings, format_bytes, measure_case
+from ..engine.measure import format_bytes
+from ..engine.problem import Problem, Settings
 from ..engine.results import frame_from_rows
 from ..spec import Shape
 
@@ -33,9 +34,8 @@ def slopes(args: argparse.Namespace) -> None:
     rows = []
     for causal in (False, True) if args.causal else (False,):
         for n in args.slope_n:
-            problem = Problem(heads=args.heads, d_model=args.heads * args.head_dim, device="cpu", causal=causal)
-            case = Case(mechanism="reformer", params=params, n=n, problem=problem)
-            row, _ = measure_case(MECHANISMS["reformer"], case, settings)
+            row, _ = point(Problem(mechanism="reformer", params=params, n=n, heads=args.heads,
+                                   d_model=args.heads * args.head_dim, device="cpu", causal=causal), settings)
             rows.append(row)
             print(f"  {'causal' if causal else 'full  '} n={n:6d} {row['status']:8s} "
                   f"{row['time_median_s'] * 1e3:9.1f} ms (IQR {row['time_iqr_s'] * 1e3:.1f})  "

@@ -1,5 +1,6 @@
-"""A sweep as data: the mechanisms with their parameters, the lengths, the problem and the measurement settings, each
-a value held once; its validation before anything runs, the default sweep, and the plan of its points."""
+"""A sweep as data: the mechanisms with their parameters, the lengths, the problem every point shares and the
+measurement settings, each a value held once; its validation before anything runs, the default sweep, and its plan:
+one Problem per point."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,17 +11,18 @@ from typing import Any, Mapping
 from . import env
 from ..mechanisms import MECHANISMS
 from ..spec import MechanismSpec
-from .measure import Case, Problem, Settings, generation_problem
-from .results import MAX_COUNT
+from .problem import FIELDS, MAX_COUNT, Problem, Settings
 
-_PROBLEM = frozenset(f.name for f in dataclasses.fields(Problem))
+# The problem's fields a sweep's points share, flat in a run file's config; mechanism, params and n are the points'.
+_SHARED = FIELDS - {"mechanism", "params", "n", "n_kv"}
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(Settings))
 
 
 @dataclass(frozen=True, kw_only=True)
 class SweepConfig:
-    """Each (mechanism key, its parameters) measured at each n of `ns`, on one `problem`, with one set of `settings`
-    (how each point is timed and guarded: measure.Settings)."""
+    """Each (mechanism key, its parameters) measured at each n of `ns`, on `problem` (the fields every point shares;
+    its own mechanism and n are replaced by each point's), with one set of `settings` (how each point is timed and
+    guarded)."""
 
     mechanisms: tuple[tuple[str, dict], ...]
     ns: tuple[int, ...]
@@ -28,27 +30,22 @@ class SweepConfig:
     settings: Settings = Settings()
 
     def problems(self, registry: Mapping[str, MechanismSpec] | None = None) -> list[str]:
-        """Every reason this sweep cannot run, each a sentence saying what to change; [] when it can."""
+        """Every reason this sweep cannot run, each a sentence saying what to change; [] when it can: the problem of
+        each mechanism at the shortest n (Problem.problems, the one place a problem is validated) and the settings."""
         registry = MECHANISMS if registry is None else registry
-        found = self._length_problems() + self.problem.problems() + self.settings.problems()
+        lengths = self._length_problems()
+        shortest = min(self.ns) if not lengths else 1
+        found = lengths + dataclasses.replace(self.problem, n=shortest).problems() + self.settings.problems()
         if not self.mechanisms:
             found.append("no mechanism is selected; choose at least one")
-        if found or not self.ns:
-            return found
-        shape = self.problem.shape(min(self.ns))
+        if found:
+            return list(dict.fromkeys(found))
         for key, params in self.mechanisms:
             if key not in registry:
                 found.append(f"mechanism {key!r} is unknown; choose one of {', '.join(registry)}")
                 continue
-            spec = registry[key]
-            if self.problem.mode == "generate" and (why := generation_problem(spec)):
-                found.append(why)
-                continue
-            try:
-                spec.check(shape, params)
-            except ValueError as e:
-                text = str(e).replace("the sequence length", "the shortest sequence length")
-                found.append(text if text.startswith(spec.label) else f"{spec.label}: {text}")
+            found += [text.replace("the sequence length", "the shortest sequence length")
+                      for text in self.problem.at(key, params, shortest).spec_problems(registry[key])]
         return list(dict.fromkeys(found))
 
     def _length_problems(self) -> list[str]:
@@ -61,24 +58,26 @@ class SweepConfig:
     def replaced(self, **changes: Any) -> "SweepConfig":
         """A copy with some fields changed, each named as in a run file (`device`, `warmup`, `ns`, ...): a name goes
         to the value that holds it; TypeError for a name no part has."""
-        unknown = set(changes) - _PROBLEM - _SETTINGS - {"mechanisms", "ns"}
+        unknown = set(changes) - _SHARED - _SETTINGS - {"mechanisms", "ns"}
         if unknown:
             raise TypeError(f"a sweep has no setting {', '.join(sorted(unknown))}")
         return dataclasses.replace(
             self, **{k: v for k, v in changes.items() if k in ("mechanisms", "ns")},
-            problem=dataclasses.replace(self.problem, **{k: v for k, v in changes.items() if k in _PROBLEM}),
+            problem=dataclasses.replace(self.problem, **{k: v for k, v in changes.items() if k in _SHARED}),
             settings=dataclasses.replace(self.settings, **{k: v for k, v in changes.items() if k in _SETTINGS}))
 
     def to_dict(self) -> dict:
         """Plain JSON-ready data, flat as run files hold it: mechanisms as [[key, params], ...], ns as a list, then
-        the problem's and the settings' fields."""
+        the shared problem's and the settings' fields."""
+        shared = {k: v for k, v in dataclasses.asdict(self.problem).items() if k in _SHARED}
         return {"mechanisms": [[key, dict(params)] for key, params in self.mechanisms], "ns": list(self.ns),
-                **dataclasses.asdict(self.problem), **dataclasses.asdict(self.settings)}
+                **shared, **dataclasses.asdict(self.settings)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SweepConfig":
-        """Inverse of to_dict; ValueError naming any unknown or malformed setting."""
-        names = _PROBLEM | _SETTINGS | {"mechanisms", "ns"}
+        """Inverse of to_dict (a file saved before key/value heads and padding were settings reads as without
+        them); ValueError naming any unknown or malformed setting."""
+        names = _SHARED | _SETTINGS | {"mechanisms", "ns"}
         unknown = set(d) - names
         if unknown:
             raise ValueError(f"unknown sweep settings {', '.join(sorted(unknown))}; known: {', '.join(sorted(names))}")
@@ -87,7 +86,7 @@ class SweepConfig:
             ns = tuple(int(n) for n in d["ns"])
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"a sweep needs 'mechanisms' as [[key, params], ...] and 'ns' as numbers ({e})") from None
-        return cls(mechanisms=mechanisms, ns=ns, problem=Problem(**{k: v for k, v in d.items() if k in _PROBLEM}),
+        return cls(mechanisms=mechanisms, ns=ns, problem=Problem(**{k: v for k, v in d.items() if k in _SHARED}),
                    settings=Settings(**{k: v for k, v in d.items() if k in _SETTINGS}))
 
 
@@ -115,9 +114,8 @@ DEFAULT_SWEEP = SweepConfig(
 cores)."""
 
 
-def plan(config: SweepConfig) -> list[Case]:
-    """The points in the order they run: n ascending, the mechanisms in their order at each n (so a chart fills
-    from the left and a time budget can skip the larger n of one mechanism)."""
+def plan(config: SweepConfig) -> list[Problem]:
+    """The points in the order they run, each a whole Problem: n ascending, the mechanisms in their order at each n
+    (so a chart fills from the left and a time budget can skip the larger n of one mechanism)."""
     problem = dataclasses.replace(config.problem, device=env.resolve_device(config.problem.device))
-    return [Case(mechanism=key, params=tuple(sorted(params.items())), n=n, problem=problem)
-            for n in sorted(set(config.ns)) for key, params in config.mechanisms]
+    return [problem.at(key, params, n) for n in sorted(set(config.ns)) for key, params in config.mechanisms]

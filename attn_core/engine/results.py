@@ -12,29 +12,16 @@ from typing import Any
 
 import pandas as pd
 
+from .measurement import COLUMNS, KINDS, STATUSES
+from .problem import MAX_COUNT
+
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 lacks the contention and executed-FLOP columns: they are filled in
 FORMAT = "attention-lab-run"
 MAX_FILE_BYTES = 32 * 1024 * 1024  # ~100k points; larger files are refused before parsing
-MAX_COUNT = 2**40  # n, batch, heads, d_model, head_dim, repeats, retaken: far above any run, far below int64
 
-COLUMNS = (
-    "mechanism", "label", "exact", "params", "n", "batch", "heads", "d_model", "head_dim", "dtype", "device", "mode",
-    "causal", "status", "reason", "time_median_s", "time_iqr_s", "time_samples", "repeats", "peak_bytes",
-    "memory_method", "predicted_bytes", "theory_flops", "executed_flops", "gflops", "device_gflops", "pct_of_device",
-    "sdpa_backend", "threads", "foreign_cpu", "load_average", "disturbed", "retaken",
-)
-# theory_flops: the pattern's useful FLOPs; executed_flops: what the kernel computes (padding, masked halves), the
-# figure gflops and pct_of_device use. foreign_cpu: cores other processes used during the kept timed samples;
-# disturbed: the point stayed contended after its bounded retakes (retaken: samples taken again for contention).
 ADDED_IN_2 = {"executed_flops": None, "foreign_cpu": None, "load_average": None, "disturbed": False, "retaken": 0}
-STATUSES = ("ok", "skipped", "oom", "failed", "cancelled")
-TEXT = ("mechanism", "label", "params", "dtype", "device", "mode", "status", "reason", "memory_method",
-        "sdpa_backend")
-BOOL = ("exact", "causal", "disturbed")
-INT = ("n", "batch", "heads", "d_model", "head_dim", "repeats", "retaken")
-FLOAT = ("time_median_s", "time_iqr_s", "peak_bytes", "predicted_bytes", "theory_flops", "executed_flops", "gflops",
-         "device_gflops", "pct_of_device", "threads", "foreign_cpu", "load_average")  # threads is float so an unknown count can be NaN
+TEXT, BOOL, INT, FLOAT = (KINDS[kind] for kind in ("text", "bool", "int", "float"))
 
 
 class RunFileError(ValueError):

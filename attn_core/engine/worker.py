@@ -26,9 +26,10 @@ class WorkerError(RuntimeError):
 
 @dataclass
 class Outcome:
-    """What came back for one point: the worker's row, or why there is none ('died', 'timeout', 'cancelled')."""
+    """What came back for one point: the worker's Measurement, or why there is none ('died', 'timeout',
+    'cancelled', 'error')."""
 
-    row: dict | None
+    point: Any
     elapsed_s: float
     failure: str = ""
     detail: str = ""
@@ -106,17 +107,17 @@ class Worker:
                               + (f": {reply[1]}" if reply else ""))
         return reply[1]
 
-    def measure(self, case: Any, settings: Any, extra: tuple[str, ...], *, limit_s: float,
+    def measure(self, problem: Any, settings: Any, extra: tuple[str, ...], *, limit_s: float,
                 cancelled: Callable[[], bool]) -> Outcome:
-        """Measure one point. A worker that dies, runs past `limit_s`, or ignores a cancel for CANCEL_GRACE_S is
+        """Measure one Problem; the same object comes back on its Measurement. A worker that dies, runs past `limit_s`, or ignores a cancel for CANCEL_GRACE_S is
         killed, and the Outcome says so (the caller starts a new worker)."""
         self.cancel_event.clear()
-        self._conn.send(("measure", case, settings, extra))
+        self._conn.send(("measure", problem, settings, extra))
         start, cancel_at = time.monotonic(), None
         while True:
             if self._conn.poll(0.05):
                 reply = self._recv_or_none()
-                if reply is not None and reply[0] == "row":
+                if reply is not None and reply[0] == "point":
                     return Outcome(reply[1], reply[2])
                 if reply is not None:  # the worker answered with an error and lives on
                     return Outcome(None, time.monotonic() - start, "error", reply[1])
@@ -207,7 +208,7 @@ def hold(on: bool) -> None:
 def _turns(held_until: Any, in_sample: Any) -> Any:
     """The worker's side of hold: a sample claims its turn by marking itself in flight, then backs off if a page
     holds the machine (marking first, checking second: a page that holds just then waits for this sample)."""
-    from .measure import Turns
+    from .timing import Turns
 
     def claim() -> bool:
         in_sample.value = 1
@@ -268,12 +269,12 @@ def _serve(conn: Any, cancel_event: Any, held_until: Any, in_sample: Any) -> Non
                                         "device_gflops": gflops,
                                         "device_gflops_disturbed": env.matmul_disturbed(device, dtype)})
             elif kind == "measure":
-                _, case, settings, extra = message
+                _, problem, settings, extra = message
                 torch.set_num_threads(settings.threads or default_threads)
-                spec = measure.resolve_mechanisms(extra)[case.mechanism]
-                row, elapsed = measure.measure_case(spec, case, settings, cancel_event.is_set,
-                                                    _turns(held_until, in_sample))
-                reply = ("row", row, elapsed)
+                spec = measure.resolve_mechanisms(extra)[problem.mechanism]
+                point, elapsed = measure.measure(spec, problem, settings, cancel_event.is_set,
+                                                 _turns(held_until, in_sample))
+                reply = ("point", point, elapsed)
             else:
                 reply = ("error", f"unknown request {kind!r}")
         except Exception as e:  # a bad request must not end the worker

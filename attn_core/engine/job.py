@@ -1,0 +1,360 @@
+"""A Job: what the dashboard, the CLI and the tests run and watch, from asking to its last point. It measures one or
+more sweeps one after another in the worker process (a background thread drives them, holding the machine's sweep
+lock), or plays a saved run back point by point; on a Stage it first waits its turn. Everyone reads it the same way:
+`poll()`, `progress`, `cancel()`, `done`, `error`, `frame()`, `result()`."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import env
+from .config import SweepConfig, plan
+from .lock import LOCK_WAIT_S, SweepBusyError, SweepLockError, sweep_lock
+from .measure import resolve_mechanisms
+from .measurement import Measurement, theory_of, unmeasured
+from .problem import Problem
+from .results import SCHEMA_VERSION, Run, frame_from_rows
+from .timing import MIN_SAMPLE_S
+from .worker import WorkerError, get_worker, prestart
+
+# A point normally ends by itself within about 2 × point_budget_s (a warm-up call and one sample past the budget);
+# one still running at HARD_LIMIT_FACTOR × budget + HARD_LIMIT_GRACE_S is stopped by killing the worker.
+HARD_LIMIT_FACTOR, HARD_LIMIT_GRACE_S = 3.0, 10.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a job is: points `done` of `total`, seconds left (None until a point has been timed), what runs now,
+    and the seconds since it started."""
+
+    done: int
+    total: int
+    eta_s: float | None
+    current: str
+    elapsed_s: float = 0.0
+
+
+class Job:
+    """One job. Build it with `Job.measure(name, sweeps)` (validated; started at once, or queued on `stage`) or
+    `Job.replay(run)`. `poll()` returns the points that arrived since the previous poll (and moves a queue on);
+    `cancel()` stops it within about a second keeping finished points (a queued job is withdrawn); `done` turns true
+    at the end, and `error` holds a sentence when it could not run at all."""
+
+    def __init__(self, name: str, sweeps: Sequence[SweepConfig] = (), *, extra_mechanisms: tuple[str, ...] = (),
+                 lock_wait_s: float | None = None, replay: Run | None = None, points_per_s: float = 3.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.name = name
+        self.sweeps = tuple(s.replaced(device=env.resolve_device(s.problem.device)) for s in sweeps)
+        self.extra_mechanisms = tuple(extra_mechanisms)
+        self.registry = resolve_mechanisms(self.extra_mechanisms)
+        self._plan = [(p, s.settings) for s in self.sweeps for p in plan(s)]  # every point, with its settings
+        self.problems = [p for p, _ in self._plan]
+        self.lock_wait_s = LOCK_WAIT_S if lock_wait_s is None else lock_wait_s
+        self.error: str | None = None
+        self.env: dict = {}
+        self.stage = None  # the Stage it waits on, when queued (Stage.submit sets it)
+        self.watchers: set[str] = set()  # sessions showing it (Stage)
+        self.started = self.withdrawn = False
+        self._points: list[Measurement] = []
+        self._polled = 0
+        self._guard = threading.Lock()
+        self._cancel = threading.Event()
+        self._finished = threading.Event()
+        self._current = "starting"
+        self._speeds: dict[tuple, float] = {}  # series → achieved GFLOP/s (executed FLOPs) at its last point
+        self._overhead, self._timed = 0.0, 0  # seconds a point costs beyond its calls (inputs, transfers): mean
+        self._clock = clock
+        self._began: float | None = None
+        self._ended: float | None = None
+        self._threads = float("nan")
+        self._replay = replay
+        self.points_per_s = points_per_s
+        if replay is not None:
+            self._source = [Measurement.from_row(r) for r in replay.frame.to_dict("records")]
+
+    # -- building --
+    @classmethod
+    def measure(cls, name: str, sweeps: Sequence[SweepConfig], *, stage=None, watcher: str = "",
+                extra_mechanisms: tuple[str, ...] = (), lock_wait_s: float | None = None) -> "Job":
+        """Validate the sweeps (ValueError listing their problems, each a sentence) and start measuring them one
+        after another, or queue them on `stage` (for `watcher`, a session) to start when the machine is free. If
+        another sweep holds the machine's lock, the job waits up to `lock_wait_s` (default LOCK_WAIT_S) showing
+        'waiting for another sweep…', then ends with `error` saying that one is running."""
+        registry = resolve_mechanisms(tuple(extra_mechanisms))
+        found = [p for s in sweeps for p in s.problems(registry)] if sweeps else ["no sweep is given"]
+        if found:
+            found = list(dict.fromkeys(found))
+            raise ValueError(" ".join(p[0].upper() + p[1:] + ("" if p.endswith(".") else ".") for p in found))
+        job = cls(name, sweeps, extra_mechanisms=extra_mechanisms, lock_wait_s=lock_wait_s)
+        if stage is None:
+            job.start()
+        else:
+            stage.submit(job, watcher)
+        return job
+
+    @classmethod
+    def replay(cls, run: Run, points_per_s: float = 3.0, *, shown: bool = False,
+               clock: Callable[[], float] = time.monotonic) -> "Job":
+        """A saved run played back at `points_per_s` as if it were measured now (`shown`: all of it at once)."""
+        job = cls("replay", replay=run, points_per_s=points_per_s, clock=clock)
+        job.start()
+        if shown:
+            job._take(len(job._source))
+        return job
+
+    def start(self) -> None:
+        """Begin now (a Stage calls it when the job's turn comes)."""
+        if self.started:
+            return
+        self.started, self._began = True, self._clock()
+        if self._replay is None:
+            threading.Thread(target=self._drive, name="attn_core-sweep", daemon=True).start()
+
+    # -- what a caller reads --
+    @property
+    def replaying(self) -> bool:
+        return self._replay is not None
+
+    @property
+    def queued(self) -> bool:
+        return not self.started and not self.withdrawn
+
+    @property
+    def total(self) -> int:
+        return len(self._source) if self.replaying else len(self.problems)
+
+    @property
+    def done(self) -> bool:
+        if self.withdrawn:
+            return True
+        if self.replaying:
+            return self._cancel.is_set() or len(self._points) >= self.total
+        return self._finished.is_set()
+
+    @property
+    def due(self) -> int:
+        """A replay: how many points its pace has reached by now (taken by the next poll)."""
+        if not self.replaying or self._cancel.is_set() or self._began is None:
+            return len(self._points)
+        return min(self.total, 1 + int((self._clock() - self._began) * self.points_per_s))
+
+    @property
+    def measurements(self) -> list[Measurement]:
+        with self._guard:
+            return list(self._points)
+
+    def poll(self) -> list[Measurement]:
+        """The points that arrived since the previous poll (non-blocking); a replay takes the points now due, and a
+        queued job moves its stage on."""
+        if self.stage is not None:
+            self.stage.check()
+        if self.replaying:
+            self._take(self.due)
+        with self._guard:
+            new, self._polled = self._points[self._polled:], len(self._points)
+            return new
+
+    def frame(self) -> pd.DataFrame:
+        return frame_from_rows([m.to_row() for m in self.measurements])
+
+    def result(self) -> Run:
+        """The points so far as a Run: the environment stamp of its measuring (with the SDPA backends used) and its
+        config (a list of them for several sweeps); a replay keeps its file's."""
+        frame = self.frame()
+        if self.replaying:
+            return Run(frame, self._replay.env, self._replay.config, SCHEMA_VERSION)
+        backends = sorted({b for b in frame["sdpa_backend"] if b})
+        stamp = {**self.env, "sdpa_backend": ", ".join(backends)} if self.env else {}
+        config = (self.sweeps[0].to_dict() if len(self.sweeps) == 1 else
+                  {"sweeps": [s.to_dict() for s in self.sweeps]})
+        return Run(frame, stamp, config, SCHEMA_VERSION)
+
+    @property
+    def progress(self) -> Progress:
+        with self._guard:
+            done = len(self._points)
+            current = self._current
+        elapsed = ((self._ended or self._clock()) - self._began) if self._began is not None else 0.0
+        if self.queued or self.withdrawn:
+            return Progress(0, self.total, None, self._queue_line(), 0.0)
+        if self.replaying:
+            last = self._points[-1].problem if done else None
+            now = (f"replaying {self._points[-1].theory.label} at n = {last.n:,}" if last is not None else
+                   "nothing to replay" if not self.total else "replaying")
+            return Progress(done, self.total, (self.total - done) / self.points_per_s, now, elapsed)
+        if self.done:
+            return Progress(done, self.total, 0.0, "finished", elapsed)
+        return Progress(done, self.total, self._eta(done), current, elapsed)
+
+    def cancel(self) -> None:
+        """Stop soon (within about a second; a kernel that does not return by then is stopped by killing the
+        worker); a queued job is withdrawn. Finished points are kept; the rest are marked 'cancelled'."""
+        if self.stage is not None and self.queued:
+            self.stage.withdraw(self)
+            return
+        self._cancel.set()
+        if not self.done:
+            self._set_current("cancelling")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the job has finished (True) or the timeout passed (False)."""
+        if self.replaying:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not self.done and (deadline is None or time.monotonic() < deadline):
+                self.poll()
+                time.sleep(0.01)
+            return self.done
+        return self._finished.wait(timeout)
+
+    def _queue_line(self) -> str:
+        if self.withdrawn:
+            return "withdrawn"
+        place = self.stage.place(self) if self.stage is not None else 0
+        running = self.stage.running() if self.stage is not None else None
+        after = f" after “{running.name}”" if running is not None else ""
+        return f"queued, next{after}" if place == 1 else f"queued, {ordinal(place)} in line{after}"
+
+    # -- the driver --
+    def _take(self, upto: int) -> None:
+        with self._guard:
+            self._points.extend(self._source[len(self._points):upto])
+
+    def _eta(self, done: int) -> float | None:
+        """Seconds left, from the specs' executed FLOPs and this device's speed: each remaining point is its
+        calls (warm-up, the memory run, the samples) at executed FLOPs ÷ its series' achieved GFLOP/s at its last
+        point (a series not measured yet: the median of all measured points, or a quarter of the device's matmul
+        figure before any), capped at the point budget, plus the per-point overhead seen so far."""
+        with self._guard:
+            measured, overhead = dict(self._speeds), self._overhead
+        device = self.env.get("device_gflops")
+        if not measured and not device:
+            return None
+        typical = float(np.median(list(measured.values()))) if measured else 0.25 * device
+        remaining = 0.0
+        for problem, settings in self._plan[done:]:
+            executed = theory_of(self.registry[problem.mechanism], problem).executed_flops
+            call_s = executed / 1e9 / measured.get(_series(problem), typical)
+            remaining += _point_seconds(settings, call_s) + overhead
+        return remaining
+
+    def _add(self, point: Measurement, elapsed_s: float = 0.0) -> None:
+        """Points arrive in the plan's order, so the next one's settings are the plan's."""
+        with self._guard:
+            settings = self._plan[len(self._points)][1] if not self.replaying else None
+            self._points.append(point)
+            if settings is not None and point.ok and point.summary.gflops > 0:
+                self._speeds[_series(point.problem)] = point.summary.gflops
+                left = max(elapsed_s - _point_seconds(settings, point.summary.median_s), 0.0)
+                self._timed += 1
+                self._overhead += (left - self._overhead) / self._timed  # running mean over the timed points
+
+    def _set_current(self, text: str) -> None:
+        with self._guard:
+            self._current = text
+
+    def _unmeasured(self, problem: Problem, status: str, reason: str) -> Measurement:
+        return unmeasured(self.registry[problem.mechanism], problem, status, reason, threads=self._threads)
+
+    def _drive(self) -> None:
+        status = "cancelled"  # of the points never measured; 'failed' when the worker or the engine broke
+        try:
+            with sweep_lock(self.lock_wait_s, self._cancel.is_set,
+                            lambda holder: self._set_current(f"waiting for another sweep to finish ({holder})")):
+                for sweep in self.sweeps:
+                    if self._cancel.is_set():
+                        break
+                    self._measure_sweep(sweep)
+        except (SweepBusyError, SweepLockError) as e:
+            self.error = None if self._cancel.is_set() else str(e)
+        except WorkerError as e:
+            self.error = None if self._cancel.is_set() else str(e)
+            status = "failed"
+        except Exception as e:  # the job must end with a reason, never hang a page
+            self.error, status = f"the sweep stopped: {type(e).__name__}: {e}", "failed"
+        finally:
+            why = "not measured: " + self.error if self.error else "cancelled before it was measured"
+            for problem in self.problems[len(self.measurements):]:
+                self._add(self._unmeasured(problem, status if self.error else "cancelled", why))
+            self._ended = self._clock()
+            self._finished.set()
+
+    def _ready_worker(self, threads: int | None):
+        self._set_current("starting the measurement worker")
+        worker = get_worker()
+        info = worker.wait_ready(cancelled=self._cancel.is_set)
+        self._threads = float(threads or info["threads"])
+        return worker
+
+    def _measure_sweep(self, sweep: SweepConfig) -> None:
+        settings = sweep.settings
+        worker = self._ready_worker(settings.threads)
+        stamp = worker.environment(sweep.problem.device, sweep.problem.dtype, settings.threads)
+        self.env = self.env or stamp  # the first sweep's stamp stands for the job
+        budget = settings.point_budget_s
+        limit = HARD_LIMIT_FACTOR * budget + HARD_LIMIT_GRACE_S
+        over_budget: dict[tuple, str] = {}
+        for problem in plan(sweep):
+            if self._cancel.is_set():
+                return
+            series = _series(problem)
+            if series in over_budget:
+                self._add(self._unmeasured(problem, "skipped", over_budget[series]))
+                continue
+            self._set_current(problem.describe())
+            outcome = worker.measure(problem, settings, self.extra_mechanisms, limit_s=limit,
+                                     cancelled=self._cancel.is_set)
+            point = outcome.point or self._unmeasured(
+                problem, "cancelled" if outcome.failure == "cancelled" else "failed", outcome.detail)
+            if outcome.elapsed_s > budget:
+                over_budget[series] = (f"at n = {problem.n} this mechanism took {outcome.elapsed_s:.1f} s, "
+                                       f"over the per-point budget of {budget:g} s; raise the budget to measure "
+                                       "larger n")
+            self._add(point, outcome.elapsed_s)
+            if outcome.failure in ("died", "timeout", "cancelled"):
+                if self._cancel.is_set():
+                    prestart()  # a fresh worker for the next sweep, warming up in the background
+                    return
+                worker = self._ready_worker(settings.threads)
+
+
+def _point_seconds(c, call_s: float) -> float:
+    """A point's expected seconds under settings `c` at `call_s` a call: warm-up and memory calls, then the samples,
+    capped at the point budget."""
+    timed = max(c.min_repeats * max(call_s, MIN_SAMPLE_S), c.min_time_s)
+    return min((c.warmup + c.measure_memory) * call_s + timed, c.point_budget_s)
+
+
+def _series(problem: Problem) -> tuple:
+    return problem.mechanism, problem.params
+
+
+def ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def run_sweep(config: SweepConfig, on_point: Callable[[Measurement], None] | None = None,
+              cancel: Callable[[], bool] | threading.Event | None = None, *,
+              extra_mechanisms: tuple[str, ...] = (), lock_wait_s: float | None = None) -> pd.DataFrame:
+    """Run a sweep to the end in the worker and return its tidy frame; `on_point(measurement)` is called in this
+    thread as each point arrives; `cancel()` (or a set Event) stops it. Raises ValueError for an invalid config and
+    RuntimeError with the reason when the sweep could not run (e.g. another sweep holds the machine)."""
+    is_cancelled = cancel.is_set if isinstance(cancel, threading.Event) else cancel or (lambda: False)
+    job = Job.measure(", ".join(key for key, _ in config.mechanisms), (config,), extra_mechanisms=extra_mechanisms,
+                      lock_wait_s=lock_wait_s)
+    while True:
+        finished = job.wait(0.05)
+        for point in job.poll():
+            if on_point:
+                on_point(point)
+        if finished:
+            break
+        if is_cancelled():
+            job.cancel()
+    if job.error:
+        raise RuntimeError(job.error)
+    return job.frame()

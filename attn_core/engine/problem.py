@@ -1,0 +1,230 @@
+"""One measurement's problem, and how it is measured: the frozen `Problem` that travels from a widget, a link, the CLI
+or a run file to the worker and comes back on its Measurement, and the `Settings` of the timing and the guard. Every
+invalid state of either is refused here, with a sentence saying what to change."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from . import env
+from ..spec import DTYPE_BYTES, MechanismSpec, Shape
+
+MODES = ("forward", "forward+backward", "generate")
+MAX_COUNT = 2**40  # n, batch, heads, d_model, repeats: far above any run, far below int64
+MAX_THREADS = 4 * (os.cpu_count() or 1)  # far more torch threads than cores only thrash; 10,000 crash the worker
+MAX_SEED = 2**63 - 1  # torch's generator takes a 64-bit seed
+
+
+@dataclass(frozen=True, kw_only=True)
+class Problem:
+    """One attention call to measure: `mechanism` with its `params` (as given; the spec fills in defaults) over
+    q (batch, heads, n, head_dim) and k, v (batch, kv_heads, n_kv, head_dim) of `dtype` on `device`, drawn from
+    `seed`. `kv_heads` None: one key/value head per query head; fewer: shared by groups of query heads. `n_kv` None:
+    self-attention (n keys). `padding`: the last `padding` keys of every sequence are padding (key_padding_mask).
+    `mode`: the forward pass, forward and backward, or "generate": one new token's step against the cache of n
+    tokens (causal whatever `causal` says)."""
+
+    mechanism: str = "softmax"
+    params: tuple[tuple[str, Any], ...] = ()
+    batch: int = 1
+    heads: int = 8
+    kv_heads: int | None = None
+    n: int = 1024
+    n_kv: int | None = None
+    d_model: int = 512
+    dtype: str = "float32"
+    device: str = "cpu"
+    mode: str = "forward"
+    causal: bool = False
+    padding: int = 0
+    seed: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+    @property
+    def keys(self) -> int:
+        """The key length: n_kv, or n in self-attention."""
+        return self.n if self.n_kv is None else self.n_kv
+
+    @property
+    def key_heads(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def is_causal(self) -> bool:
+        """Whether each token sees only those before it: `causal`, or generating (a new token has no future)."""
+        return self.causal or self.mode == "generate"
+
+    @property
+    def shape(self) -> Shape:
+        """The sizes the spec's cost model reads (generating: the context of n tokens)."""
+        return Shape(self.batch, self.heads, self.n, self.keys, self.head_dim, dtype=self.dtype, causal=self.is_causal)
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def at(self, mechanism: str, params: Mapping[str, Any], n: int) -> "Problem":
+        """This problem for another mechanism and length (a sweep's point)."""
+        return dataclasses.replace(self, mechanism=mechanism, params=tuple(sorted(params.items())), n=n)
+
+    def describe(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in self.params)
+        return f"{self.mechanism}{extra} at n = {self.n}"
+
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Seeded q (B, H, n, D), k and v (B, H_kv, n_kv, D) on the problem's device and dtype."""
+        g = torch.Generator().manual_seed(self.seed)
+        sizes = ((self.heads, self.n), (self.key_heads, self.keys), (self.key_heads, self.keys))
+        return tuple(torch.randn(self.batch, h, n, self.head_dim, generator=g).to(self.device, getattr(torch, self.dtype))
+                     for h, n in sizes)
+
+    def key_padding_mask(self) -> torch.Tensor | None:
+        """(B, n_kv) bool, True on the last `padding` keys of every sequence; None without padding."""
+        if not self.padding:
+            return None
+        return (torch.arange(self.keys, device=self.device) >= self.keys - self.padding).expand(self.batch, -1)
+
+    # -- validation: the one place --
+    def problems(self, spec: MechanismSpec | None = None) -> list[str]:
+        """Every reason this problem cannot be measured, each a sentence saying what to change; [] when it can.
+        `spec`: the mechanism's, to check it supports the problem (its parameters, causal, cross, padding, shared
+        key/value heads, generation); None checks the inputs alone."""
+        found = [f"{name} must be a positive integer below 2**40, got {getattr(self, name)!r}"
+                 for name in ("batch", "heads", "d_model") if not _is_count(getattr(self, name))]
+        if not found and self.d_model % self.heads:
+            found.append(f"d_model {self.d_model} is not divisible by {self.heads} heads; choose a multiple of "
+                         f"{self.heads}")
+        if self.mode not in MODES:
+            found.append(f"mode {self.mode!r} is unknown; choose {' or '.join(MODES)}")
+        found += self._size_problems()
+        try:
+            device = env.resolve_device(self.device)
+        except ValueError as e:
+            return found + [str(e)]
+        if self.dtype not in DTYPE_BYTES or self.dtype not in env.supported_dtypes(device):
+            choices = ", ".join(env.supported_dtypes(device))
+            found.append(f"dtype {self.dtype!r} is not supported on {device}; choose {choices}")
+        if not (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED):
+            found.append(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
+        if found or spec is None:
+            return found
+        return self.spec_problems(spec)
+
+    def _size_problems(self) -> list[str]:
+        found = []
+        if not _is_count(self.n) or (self.n_kv is not None and not _is_count(self.n_kv)):
+            found.append(f"sequence lengths must be positive integers below 2**40, got {self.n!r}"
+                         + (f" and {self.n_kv!r}" if self.n_kv is not None else ""))
+        if self.kv_heads is not None and not (_is_count(self.kv_heads) and _is_count(self.heads)
+                                              and self.heads % self.kv_heads == 0):
+            found.append(f"key/value heads must divide the {self.heads} query heads, got {self.kv_heads!r}; choose "
+                         f"a divisor of {self.heads}")
+        if not (_is_int(self.padding) and 0 <= self.padding < (self.keys if _is_count(self.keys) else 1)):
+            found.append(f"padding must be a whole number of keys from 0 to n − 1, got {self.padding!r}")
+        return found
+
+    def spec_problems(self, spec: MechanismSpec) -> list[str]:
+        """What `spec` cannot do of this problem, each a sentence starting with its label."""
+        if self.mode == "generate" and (why := generation_problem(spec)):
+            return [why]
+        found = []
+        if self.key_heads != self.heads and not spec.supports.shared_kv:
+            why = spec.supports.no_shared_kv or "It takes one key/value head per query head."
+            found.append(f"{spec.label} cannot share key/value heads between query heads. {why} Set key/value "
+                         "heads equal to heads, or choose another mechanism.")
+        if self.padding and not spec.supports.padding:
+            why = spec.supports.no_padding or "It takes no key padding mask."
+            found.append(f"{spec.label} cannot take padding. {why} Set padding to 0, or choose another mechanism.")
+        if self.padding and self.mode == "generate":
+            found.append("generating measures a context without padding; set padding to 0")
+        try:
+            spec.check(self.shape, self.kwargs)
+        except ValueError as e:
+            text = str(e)
+            found.append(text if text.startswith(spec.label) else f"{spec.label}: {text}")
+        return found
+
+    # -- as plain data (run files, links) --
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "params": dict(self.params)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Problem":
+        """Inverse of to_dict; ValueError naming unknown fields."""
+        unknown = set(d) - FIELDS
+        if unknown:
+            raise ValueError(f"a problem has no setting {', '.join(sorted(unknown))}")
+        params = d.get("params", {})
+        return cls(**{**d, "params": tuple(sorted(dict(params).items()))})
+
+
+FIELDS = frozenset(f.name for f in dataclasses.fields(Problem))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """How a point is measured. Timing: `warmup` untimed calls, then samples until `min_repeats` and `min_time_s` are
+    both reached; a point that takes longer than `point_budget_s` ends its mechanism's sweep (larger n are skipped).
+    Memory: a separate profiled call (`measure_memory`); a point whose predicted need × (1 + `memory_margin`)
+    exceeds the free memory (capped at `memory_limit_bytes` when set) is skipped. `threads`: torch CPU threads
+    (None: torch's default)."""
+
+    warmup: int = 1
+    min_repeats: int = 5
+    min_time_s: float = 0.2
+    point_budget_s: float = 30.0
+    measure_memory: bool = True
+    memory_margin: float = 0.2
+    memory_limit_bytes: int | None = None
+    threads: int | None = None
+
+    def problems(self) -> list[str]:
+        """Every setting that cannot be used, each a sentence saying what to change; [] when all can."""
+        rules = (
+            (_is_int(self.warmup) and self.warmup >= 1,
+             f"warmup must be at least 1 (the first call is cold), got {self.warmup!r}"),
+            (_is_int(self.min_repeats) and self.min_repeats >= 1,
+             f"min_repeats must be at least 1, got {self.min_repeats!r}"),
+            (_is_number(self.min_time_s) and self.min_time_s >= 0,
+             f"min_time_s must be 0 or more seconds, got {self.min_time_s!r}"),
+            (_is_number(self.point_budget_s) and self.point_budget_s > 0,
+             f"point_budget_s must be a positive number of seconds, got {self.point_budget_s!r}"),
+            (_is_number(self.memory_margin) and 0 <= self.memory_margin <= 10,
+             f"memory_margin must be between 0 and 10 (a fraction: 0.2 = 20%), got {self.memory_margin!r}"),
+            (self.threads is None or (_is_int(self.threads) and 1 <= self.threads <= MAX_THREADS),
+             f"threads must be from 1 to {MAX_THREADS} (4 × this machine's {os.cpu_count() or 1} cores) or empty "
+             f"for torch's default, got {self.threads!r}"),
+            (self.memory_limit_bytes is None or (_is_int(self.memory_limit_bytes)
+                                                 and 0 < self.memory_limit_bytes < 2**63),
+             f"memory_limit_bytes must be a positive integer below 2**63 or empty, got {self.memory_limit_bytes!r}"),
+        )
+        return [message for ok, message in rules if not ok]
+
+
+def generation_problem(spec: MechanismSpec) -> str | None:
+    """Why mechanism `spec` cannot be measured generating (a sentence saying what to change), or None when it can."""
+    if spec.supports.generation is not None:
+        return None
+    why = spec.supports.no_generation or "Its spec gives no generation form."
+    return f"{spec.label} cannot generate token by token. {why} Leave it out, or choose the forward mode."
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_count(x: Any) -> bool:
+    return _is_int(x) and 1 <= x < MAX_COUNT
+
+
+def _is_number(x: Any) -> bool:
+    """A finite int or float (not a bool): infinity or NaN as a time or margin would never end or never compare."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -1,0 +1,93 @@
+"""One problem, one measurement, one job: the Problem validated in one place, the Measurement's row written and read
+in one place, and one Job that measures several sweeps by itself."""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+
+import attn_core as ac
+from attn_core.engine import measure
+from attn_core.engine.config import SweepConfig
+from attn_core.engine.job import Job
+from attn_core.engine.measurement import COLUMNS, Measurement
+from attn_core.engine.problem import Problem, Settings
+from attn_core.engine.results import frame_from_rows
+from tests.fake_mechanisms import private_sweep_lock  # noqa: F401 (an autouse fixture)
+
+QUICK = Settings(warmup=1, min_repeats=2, min_time_s=0.0)
+TINY = dict(batch=2, heads=2, d_model=16, n=32)
+
+
+def test_a_problems_invalid_states_are_sentences_saying_what_to_change():
+    assert Problem(**TINY).problems(ac.get("softmax")) == []
+    assert Problem(**TINY, kv_heads=3).problems() == [
+        "key/value heads must divide the 2 query heads, got 3; choose a divisor of 2"]
+    assert Problem(**TINY, padding=32).problems() == [
+        "padding must be a whole number of keys from 0 to n − 1, got 32"]
+    assert Problem(**{**TINY, "n": 0}).problems()[0].startswith("sequence lengths must be positive integers")
+    (shared,) = Problem(**TINY, kv_heads=1).problems(ac.get("softmax"))
+    assert shared.startswith("Softmax") and "cannot share key/value heads" in shared and "equal to heads" in shared
+    (padded,) = Problem(**TINY, padding=4).problems(ac.get("reformer"))
+    assert "cannot take padding" in padded and "Set padding to 0" in padded
+
+
+def test_a_padded_problem_reaches_the_kernel_with_its_mask():
+    problem = Problem(**TINY, mechanism="softmax", padding=5)
+    mask = problem.key_padding_mask()
+    assert mask.shape == (2, 32) and mask[:, -5:].all() and not mask[:, :-5].any()
+    q, k, v = problem.inputs()
+    out = measure.call_of(ac.get("softmax"), problem, q, k, v, {})()
+    scores = (q @ k.transpose(-1, -2)) / 8**0.5  # written out: the last five keys get no weight
+    expected = torch.softmax(scores.masked_fill(mask[:, None, None, :], float("-inf")), -1) @ v
+    torch.testing.assert_close(out, expected)
+    point, _ = measure.measure(ac.get("softmax"), problem, QUICK)
+    assert point.ok and point.problem == problem
+
+
+def test_a_measurement_round_trips_through_its_row():
+    point, _ = measure.measure(ac.get("sliding_window"), Problem(**TINY, mechanism="sliding_window",
+                                                                 params=(("window", 8),), causal=True), QUICK)
+    row = point.to_row()
+    assert list(row) == list(COLUMNS)
+    typed = frame_from_rows([row]).to_dict("records")[0]
+    back = Measurement.from_row(typed)
+    assert back.to_row() == typed
+    assert back.problem.mechanism == "sliding_window" and back.problem.params == (("window", 8),)
+    assert back.problem.is_causal and back.summary == point.summary and back.conditions == point.conditions
+
+
+def test_a_job_measures_its_sweeps_one_after_another_with_nobody_polling():
+    """A preset of two sweeps (both masks): the job moves from the first to the second by itself."""
+    base = SweepConfig(mechanisms=(("softmax", {}),), ns=(16, 32)).replaced(heads=2, d_model=16, min_repeats=2,
+                                                                             min_time_s=0.0)
+    job = Job.measure("both masks", (base, base.replaced(causal=True)))
+    assert job.progress.total == 4
+    assert job.wait(120) and job.error is None
+    frame = job.frame()
+    assert list(zip(frame["n"], frame["causal"])) == [(16, False), (32, False), (16, True), (32, True)]
+    assert set(frame["status"]) == {"ok"} and len(job.poll()) == 4 and job.poll() == []
+    assert job.result().config == {"sweeps": [base.to_dict(), base.replaced(causal=True).to_dict()]}
+
+
+def test_a_replay_is_the_same_job_fed_from_a_file():
+    rows = [dataclasses.replace(measure.measure(ac.get("softmax"), Problem(**TINY), QUICK)[0]).to_row()]
+    run = ac.Run(frame_from_rows(rows * 3), {"device": "cpu"}, {"ns": [32]})
+    clock = [0.0]
+    job = Job.replay(run, points_per_s=2.0, clock=lambda: clock[0])
+    assert len(job.poll()) == 1 and not job.done and job.progress.eta_s == 1.0
+    clock[0] = 1.0
+    assert len(job.poll()) == 2 and job.done
+    pd.testing.assert_frame_equal(job.frame(), run.frame)
+    assert job.result().env == {"device": "cpu"}
+
+
+def test_old_run_configs_without_the_new_problem_fields_still_read():
+    old = {"mechanisms": [["softmax", {}]], "ns": [256], "batch": 1, "heads": 8, "d_model": 512, "dtype": "float32",
+           "device": "cpu", "mode": "forward", "causal": False, "seed": 0, **dataclasses.asdict(Settings())}
+    config = SweepConfig.from_dict(old)
+    assert config.problem.kv_heads is None and config.problem.padding == 0 and config.problems() == []
+    with pytest.raises(ValueError, match="unknown sweep settings"):
+        SweepConfig.from_dict({**old, "n": 4})  # a point's own field is not a sweep's
