@@ -175,9 +175,9 @@ def format_bytes(n: float) -> str:
 
 def generation_problem(spec: MechanismSpec) -> str | None:
     """Why mechanism `spec` cannot be measured generating (a sentence saying what to change), or None when it can."""
-    if spec.generation is not None:
+    if spec.supports.generation is not None:
         return None
-    why = spec.no_generation or "Its spec gives no generation form."
+    why = spec.supports.no_generation or "Its spec gives no generation form."
     return f"{spec.label} cannot generate token by token. {why} Leave it out, or choose the forward mode."
 
 
@@ -187,14 +187,15 @@ def theory(spec: MechanismSpec, case: Case) -> tuple[float, float, float]:
     mechanism cannot generate)."""
     params = spec.resolved(dict(case.params))
     if case.problem.mode == "generate":
-        gen = spec.generation
+        gen = spec.supports.generation
         if gen is None:
             return math.nan, math.nan, math.nan
         step = gen.flops(case.shape, **params)
         return step, step, float(gen.cache_bytes(case.shape, **params))
     factor = BACKWARD_FLOP_FACTOR if case.problem.mode == "forward+backward" else 1
-    return (factor * float(spec.flops(case.shape, **params)), factor * float(spec.executed(case.shape, **params)),
-            float(spec.memory_bytes(case.shape, **params)))
+    return (factor * float(spec.cost.flops(case.shape, **params)),
+            factor * float(spec.cost.executed(case.shape, **params)),
+            float(spec.cost.memory_bytes(case.shape, **params)))
 
 
 def required_bytes(spec: MechanismSpec, case: Case) -> float:
@@ -266,10 +267,10 @@ def make_inputs(case: Case) -> tuple[torch.Tensor, ...]:
 
 def make_state(spec: MechanismSpec, case: Case) -> dict:
     """The mechanism's seeded random state, built outside the timed region (attn_core.make_state, by spec)."""
-    if spec.init_state is None:
+    if spec.state.init is None:
         return {}
     p = case.problem
-    return spec.init_state(case.shape, p.device, getattr(torch, p.dtype), seed=p.seed,
+    return spec.state.init(case.shape, p.device, getattr(torch, p.dtype), seed=p.seed,
                            **spec.resolved(dict(case.params)))
 
 
@@ -443,7 +444,7 @@ def step_call(spec: MechanismSpec, case: Case, state: dict) -> tuple[Callable[[]
     (generation.remember: the prompt's own attention is not the point, and would cost O(n²) for softmax), with room
     for one more; the thunk takes one seeded new token's step against it and rewinds it to n tokens, so every timed
     step sees a context of exactly n (Cache.rewind: positions only)."""
-    p, gen = case.problem, spec.generation
+    p, gen = case.problem, spec.supports.generation
     _, k, v = make_inputs(case)
     cache = gen.remember(k, v, max_len=case.n + 1, **spec.resolved(dict(case.params)), **state)
     del k, v
