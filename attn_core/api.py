@@ -24,9 +24,9 @@ def make_state(key: str, shape: Shape, device=None, dtype=torch.float32, *, seed
     checked against the spec (range, and e.g. Linformer's rank ≤ Nk) before anything is allocated."""
     spec = get(key)
     spec.check_params(params, shape, extra=("seed",))
-    if spec.init_state is None:
+    if spec.state.init is None:
         return {}
-    return spec.init_state(shape, device, dtype, seed=seed, **spec.resolved(params))
+    return spec.state.init(shape, device, dtype, seed=seed, **spec.resolved(params))
 
 
 def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -42,7 +42,7 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     spec = get(key)
     # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
     takes_mask = "mask" in inspect.signature(spec.fn).parameters
-    spec.check_params(params, extra=(*spec.state_keys, "seed", *(("mask",) if takes_mask else ())))
+    spec.check_params(params, extra=(*spec.state.keys, "seed", *(("mask",) if takes_mask else ())))
     check_qkv(q, k, v)
     check_finite(q=q, k=k, v=v)
     if key_padding_mask is None:

@@ -19,7 +19,7 @@ __all__ = ["Cache", "KVCache", "Ring", "StateCache", "cache_bytes", "can_generat
 def can_generate(key: str) -> tuple[bool, str]:
     """(True, '') when mechanism `key` generates token by token, else (False, the sentence that says why not)."""
     spec = get(key)
-    return spec.generation is not None, "" if spec.generation else _reason(spec)
+    return spec.supports.generation is not None, "" if spec.supports.generation else _reason(spec)
 
 
 def prefill(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, max_len: int | None = None,
@@ -33,15 +33,17 @@ def prefill(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, max_
     """
     spec, gen, kw = _checked(key, q, k, v, max_len, params)
     if gen.prefill is not None:
-        return gen.prefill(q, k, v, max_len=max_len, **kw)
-    return spec.fn(q, k, v, causal=True, **kw), gen.remember(k, v, max_len=max_len, **kw)
+        out, cache = gen.prefill(q, k, v, max_len=max_len, **kw)
+    else:
+        out, cache = spec.fn(q, k, v, causal=True, **kw), gen.remember(k, v, max_len=max_len, **kw)
+    return out, _owned(cache, spec)
 
 
 def remember(key: str, k: torch.Tensor, v: torch.Tensor, *, max_len: int | None = None, **params: Any) -> Cache:
     """The cache of a prompt's keys and values (B, H, n, D) without its outputs: what `prefill` returns beside them,
     at O(n) cost where the prompt's own attention may be quadratic (for timing steps at long contexts)."""
-    _, gen, kw = _checked(key, k, k, v, max_len, params)
-    return gen.remember(k, v, max_len=max_len, **kw)
+    spec, gen, kw = _checked(key, k, k, v, max_len, params)
+    return _owned(gen.remember(k, v, max_len=max_len, **kw), spec)
 
 
 def step(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Cache) -> tuple[torch.Tensor, Cache]:
@@ -58,18 +60,25 @@ def step(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Cac
 def cache_bytes(key: str, shape: Shape, **params: Any) -> float:
     """Bytes the cache of mechanism `key` holds in use after a context of shape.Nk tokens (its `used_bytes`)."""
     spec = get(key)
-    spec.check_params(params, extra=(*spec.state_keys, "seed"))
+    spec.check_params(params, extra=(*spec.state.keys, "seed"))
     return _generation(spec).cache_bytes(shape, **spec.resolved(params))
 
 
+def _owned(cache: Cache, spec: MechanismSpec) -> Cache:
+    """The cache a mechanism built, marked with the registry's key for it (mechanisms never name themselves), so
+    that `step` can tell it from another mechanism's."""
+    cache.key = spec.key
+    return cache
+
+
 def _reason(spec: MechanismSpec) -> str:
-    return spec.no_generation or "its spec gives no generation form"
+    return spec.supports.no_generation or "its spec gives no generation form"
 
 
 def _generation(spec: MechanismSpec) -> Generation:
-    if spec.generation is None:
+    if spec.supports.generation is None:
         raise ValueError(f"{spec.label} cannot generate token by token: {_reason(spec)}")
-    return spec.generation
+    return spec.supports.generation
 
 
 def _checked(key: str, q, k, v, max_len, params: dict) -> tuple[MechanismSpec, Generation, dict]:
@@ -84,7 +93,7 @@ def _checked(key: str, q, k, v, max_len, params: dict) -> tuple[MechanismSpec, G
                                 or max_len < n):
         raise ValueError(f"max_len = {max_len!r} cannot hold the prompt of {n} tokens; pass an integer ≥ {n}, or "
                          f"None to let the cache grow")
-    given = (*spec.state_keys, "seed") if spec.init_state else spec.state_keys  # a seed draws the random state
+    given = (*spec.state.keys, "seed") if spec.state.init else spec.state.keys  # a seed draws the random state
     state = {name: params[name] for name in given if name in params}
     return spec, gen, {**spec.resolved(params), **state}
 

@@ -13,7 +13,7 @@ from .spec import Shape, dtype_name
 
 class MultiHeadAttention(nn.Module):
     """Q, K, V and output projections around any mechanism: (B, Nq, d_model), context (B, Nk, d_model) → (B, Nq, d_model).
-    A mechanism whose keys are its queries (spec.shared_qk, Reformer) has no K projection.
+    A mechanism whose keys are its queries (spec.supports.shared_qk, Reformer) has no K projection.
 
     Random mechanism state (Performer features, Linformer projections) is drawn from `seed` and kept in a plain
     dict (not parameters or buffers: it is not trained or saved), drawn again when the context length, head size,
@@ -34,9 +34,11 @@ class MultiHeadAttention(nn.Module):
         self.spec.check_params(params)
         self.d_model, self.heads, self.causal, self.seed = d_model, heads, bool(causal), seed
         self.params = self.spec.resolved(params)
-        # a mechanism that uses the queries as keys (spec.shared_qk) gets no key projection, which it would not train
+        # a mechanism that uses the queries as keys (supports.shared_qk) gets no key projection, which it would not
+        # train
+        shared_qk = self.spec.supports.shared_qk
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
-            None if role == "k" and self.spec.shared_qk else nn.Linear(d_model, d_model, bias=bias) for role in "qkvo")
+            None if role == "k" and shared_qk else nn.Linear(d_model, d_model, bias=bias) for role in "qkvo")
         self._state: dict[str, torch.Tensor] = {}
         self._drawn_for: tuple = ()
 
@@ -45,7 +47,7 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, N, self.heads, self.d_model // self.heads).transpose(1, 2)  # (B, H, N, D)
 
     def _mechanism_state(self, shape: Shape, ref: torch.Tensor) -> dict[str, torch.Tensor]:
-        if self.spec.init_state is None:
+        if self.spec.state.init is None:
             return {}
         drawn_for = (shape.Nk, shape.D, ref.device, ref.dtype)  # what any mechanism's state may depend on
         if not self._state or self._drawn_for != drawn_for:
@@ -72,7 +74,7 @@ class MultiHeadAttention(nn.Module):
                 key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, Nq, d_model), context (B, Nk, d_model) or None (self-attention) → (B, Nq, d_model).
         `key_padding_mask`: boolean (B, Nk), True where a context token is padding (torch.nn.MultiheadAttention's
-        convention); see attn_core.attention. Refused with a sentence by a mechanism without spec.padding."""
+        convention); see attn_core.attention. Refused with a sentence by a mechanism without spec.supports.padding."""
         context = x if context is None else context
         for name, t in (("x", x), ("context", context)):
             self._check_input(name, t)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -131,8 +131,8 @@ class Generation:
 
 
 @dataclass(frozen=True)
-class MechanismSpec:
-    """Declarative description of one attention mechanism.
+class Cost:
+    """What one forward call costs, in theory: the single source for theory curves, the roofline and the memory guard.
 
     `flops(shape, **params)`: forward floating-point operations (multiply-adds count 2) of the pattern's useful work:
     the cells the pattern keeps, the real (unpadded) positions; what theory curves plot.
@@ -143,12 +143,67 @@ class MechanismSpec:
     None when the kernel computes exactly the useful work; read it through `executed(shape, **params)`.
     `memory_bytes(shape, **params)`: predicted peak bytes the forward call allocates above its inputs, the output
     included when it is alive at the peak; the figure a measured peak is compared against.
+    `time_big_o`, `memory_big_o`: the same in the sequence length n and the parameters, for tables and charts.
+    """
+
+    flops: Callable[..., float]
+    memory_bytes: Callable[..., float]
+    time_big_o: str
+    memory_big_o: str
+    executed_flops: Callable[..., float] | None = None
+
+    def executed(self, shape: Shape, **params: Any) -> float:
+        """Forward FLOPs the kernel computes for `shape`: `executed_flops`, or `flops` where they are the same."""
+        return (self.executed_flops or self.flops)(shape, **params)
+
+
+@dataclass(frozen=True)
+class State:
+    """Tensors a mechanism takes besides q, k, v and its parameters.
+
+    `init(shape, device, dtype, *, seed, **params)`: random state built outside the kernel and passed in (Performer's
+    projection, Linformer's E and F); None: the mechanism draws nothing.
+    `keys`: the keyword tensors the function takes besides its parameters: that state, or tensors a caller may give
+    (Longformer's global_positions).
+    """
+
+    init: Callable[..., dict] | None = None
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Supports:
+    """What a mechanism can be asked to do; each "no_" sentence says why not where the capability is False.
+
+    `causal`: query i sees only keys j ≤ i. `cross`: Nq ≠ Nk (cross-attention).
+    `padding`: the function takes `key_padding_mask=`, a boolean (B, Nk) tensor, True where a key is padding (the
+    convention of torch.nn.MultiheadAttention): padded keys get no weight, as if the sequence ended before them, and a
+    query that sees no unpadded key outputs zeros. None (the default) costs nothing.
+    `generation`: how it generates token by token (a `Generation`); None: it cannot.
+    `shared_qk`: the keys are the queries themselves (Reformer's shared query-key space): the function never reads
+    k, and a MultiHeadAttention gives it no key projection.
+    `shared_kv`: the function takes k and v with fewer heads than q, each shared by a group of query heads
+    (grouped-query attention, Ainslie et al. 2023, arXiv 2305.13245).
+    """
+
+    causal: bool
+    cross: bool
+    padding: bool = False
+    no_padding: str = ""
+    generation: Generation | None = None
+    no_generation: str = ""
+    shared_qk: bool = False
+    shared_kv: bool = False
+    no_shared_kv: str = ""
+
+
+@dataclass(frozen=True)
+class Insight:
+    """What the Patterns and Accuracy pages draw of a mechanism.
+
     `pattern(causal, **params, **state)`: the mask predicate of the cells the mechanism scores one by one; for exact
     mechanisms, the mask the result must equal masked softmax under. It also takes the mechanism's state tensors
-    (`state_keys`) when it depends on them (BigBird's random blocks), and effective.pattern_of hands them over.
-    `init_state(shape, device, dtype, *, seed, **params)`: random state built outside the kernel and passed in.
-    `state_keys`: the keyword tensors the function takes besides its parameters: that state, or tensors a caller
-    may give (Longformer's global_positions).
+    (`State.keys`) when it depends on them (BigBird's random blocks), and effective.pattern_of hands them over.
     `effective(q, k, v, causal, state, **params) -> (weights, values)`: for a mechanism that is not masked softmax
     under a `pattern`, the attention it applies written out densely, out = weights @ values (the Patterns and
     Accuracy pages draw it; it takes precedence over the pattern's masked softmax).
@@ -156,49 +211,41 @@ class MechanismSpec:
     (Linformer's rank); `pull_back(weights, state)` then maps them back onto the n keys.
     `regime`: for the Accuracy page, the inputs (accuracy.INPUTS) where it works as designed, the inputs that show
     its limit, and why; `accuracy_note`: a sentence shown beside its errors.
-    `shared_qk`: the keys are the queries themselves (Reformer's shared query-key space): the function never reads
-    k, and a MultiHeadAttention gives it no key projection.
-    `padding`: the function takes `key_padding_mask=`, a boolean (B, Nk) tensor, True where a key is padding (the
-    convention of torch.nn.MultiheadAttention): padded keys get no weight, as if the sequence ended before them, and a
-    query that sees no unpadded key outputs zeros. None (the default) costs nothing. `no_padding`: where it is False,
-    the sentence saying why the mechanism cannot take one.
     """
 
-    key: str
-    label: str
-    fn: Callable[..., torch.Tensor]
-    description: str
-    paper: str
-    params: tuple[Param, ...]
-    exact: bool
-    supports_causal: bool
-    supports_cross: bool
-    time_big_o: str
-    memory_big_o: str
-    flops: Callable[..., float]
-    memory_bytes: Callable[..., float]
     pattern: Callable[..., Any] | None = None
-    init_state: Callable[..., dict] | None = None
-    state_keys: tuple[str, ...] = field(default=())
-    executed_flops: Callable[..., float] | None = None
     effective: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     projected: str | None = None
     pull_back: Callable[[torch.Tensor, dict], torch.Tensor] | None = None
     regime: tuple[str, str, str] | None = None
     accuracy_note: str = ""
-    generation: Generation | None = None
-    no_generation: str = ""
-    shared_qk: bool = False
-    padding: bool = False
-    no_padding: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MechanismSpec:
+    """Declarative description of one attention mechanism: who it is (label, function, paper, exact or not), its
+    knobs (`params`, `state`), what it costs (`cost`), what it supports (`supports`) and what the insight pages draw
+    (`insight`). A new capability is one field in one group.
+
+    `key`: the name the catalogue registers it under, stamped there (mechanisms.__init__); a mechanism's own file
+    leaves it empty, so that a copy of the file registered under another name is that other mechanism throughout.
+    """
+
+    key: str = ""
+    label: str
+    fn: Callable[..., torch.Tensor]
+    description: str
+    paper: str
+    exact: bool
+    params: tuple[Param, ...]
+    cost: Cost
+    supports: Supports
+    state: State = State()
+    insight: Insight = Insight()
 
     @property
     def defaults(self) -> dict[str, int | float]:
         return {p.name: p.default for p in self.params}
-
-    def executed(self, shape: Shape, **params: Any) -> float:
-        """Forward FLOPs the kernel computes for `shape`: `executed_flops`, or `flops` where they are the same."""
-        return (self.executed_flops or self.flops)(shape, **params)
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -209,13 +256,13 @@ class MechanismSpec:
     def check(self, shape: Shape, params: Mapping[str, Any]) -> None:
         """Raise ValueError with a sentence saying what to change when these settings cannot run."""
         self.check_causal(shape.causal)
-        if shape.Nq != shape.Nk and not self.supports_cross:
+        if shape.Nq != shape.Nk and not self.supports.cross:
             raise ValueError(
                 f"{self.label} supports self-attention only (Nq = Nk), got Nq = {shape.Nq}, Nk = {shape.Nk}"
             )
         if shape.causal and shape.Nq != shape.Nk:
             raise ValueError(f"causal attention needs Nq = Nk, got Nq = {shape.Nq}, Nk = {shape.Nk}")
-        self.check_params(params, shape, extra=(*self.state_keys, "seed"))
+        self.check_params(params, shape, extra=(*self.state.keys, "seed"))
 
     def check_causal(self, causal: bool) -> None:
         """ValueError unless `causal` is a real bool (numpy's too) that this mechanism supports: a string such as
@@ -223,7 +270,7 @@ class MechanismSpec:
         if not isinstance(causal, (bool, np.bool_)):
             raise ValueError(f"causal must be True or False, got {causal!r} ({type(causal).__name__}); "
                              f"pass a bool, e.g. causal=False")
-        if causal and not self.supports_causal:
+        if causal and not self.supports.causal:
             raise ValueError(f"{self.label} cannot be causal; untick causal or choose another mechanism")
 
     def check_params(self, params: Mapping[str, Any], shape: Shape | None = None, *, extra=()) -> None:

@@ -63,7 +63,7 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
                                   if param else "", disabled=param is None, **app.keyed(f"acc_values_{key}_{param}"))
     d_model = mid.number_input("d_model", 1, 4096, 256, **app.keyed("acc_d_model"))
     heads = mid.number_input("Heads", 1, 64, 4, **app.keyed("acc_heads"))
-    easy, hard, why_hard = MECHANISMS[key].regime or ("gaussian", None, "")
+    easy, hard, why_hard = MECHANISMS[key].insight.regime or ("gaussian", None, "")
     inputs = right.selectbox("Inputs", accuracy.INPUTS, accuracy.INPUTS.index(easy), **app.keyed(f"acc_inputs_{key}"),
                              help="Each mechanism opens on inputs where it works as designed; the button beside "
                                   "shows its hard case.")
@@ -91,8 +91,8 @@ if found:
     st.stop()
 
 frame = sweep(key, param, values, settings)
-if MECHANISMS[key].accuracy_note:
-    st.info(MECHANISMS[key].accuracy_note)
+if MECHANISMS[key].insight.accuracy_note:
+    st.info(MECHANISMS[key].insight.accuracy_note)
 if hard and inputs == hard:
     st.info(f"The hard case for {app.label(key)}: {why_hard}", icon=":material/warning:")
 elif hard and inputs == easy:
@@ -106,8 +106,8 @@ if param:
 st.dataframe(readable(frame[["params", *accuracy.METRICS, "time_s", "predicted_bytes"]]), hide_index=True)
 st.caption("KL(softmax ‖ mechanism) is infinite when the mechanism gives zero weight to a key softmax weights "
            "(sparse patterns): the dropped mass says how much. Weights over projected keys "
-           f"({', '.join(s.label for s in MECHANISMS.values() if s.projected)}) have neither, and weights that can be "
-           f"negative (a pseudo-inverse) have no KL. KL is computed for n ≤ {accuracy.KL_MAX_N}.")
+           f"({', '.join(s.label for s in MECHANISMS.values() if s.insight.projected)}) have neither, and weights that "
+           f"can be negative (a pseudo-inverse) have no KL. KL is computed for n ≤ {accuracy.KL_MAX_N}.")
 
 st.subheader("Speed vs accuracy, every mechanism")
 if st.toggle("Time every mechanism at these settings (a few seconds)", False, **app.keyed("acc_scatter")):

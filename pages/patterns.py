@@ -74,7 +74,7 @@ st.info(f"Inputs are not a trained model: q, k and v are random {inputs} embeddi
 for key in ["softmax"] + chosen:
     spec, p = MECHANISMS[key], params.get(key, {})
     maps = effective.attention_maps(key, q, k, v, tokens, causal=causal, seed=int(seed), pull_back=pull_back, **p)
-    pulled = spec.projected is not None and pull_back
+    pulled = spec.insight.projected is not None and pull_back
     signed = bool((maps["weights"]["weight"] < 0).any())  # e.g. a pseudo-inverse inside (Nyströmformer)
     note = ("Effective attention pulled back through F (W·F): a linear map of v, not a distribution" if pulled else
             "Effective attention over projected keys: softmax(Q(EK)ᵀ/√d)" if maps["columns"] == effective.PROJECTED
@@ -83,7 +83,7 @@ for key in ["softmax"] + chosen:
     chart = insight_charts.pattern_chart(
         maps["cells"], maps["weights"], title=spec.label, subtitle=[spec.description, counted(key, int(count_n),
                                                                                                causal, p, int(seed))],
-        x_title=maps["columns"], cells_x_title=effective.PROJECTED if spec.projected else effective.KEYS,
+        x_title=maps["columns"], cells_x_title=effective.PROJECTED if spec.insight.projected else effective.KEYS,
         weights_title=note)
     app.show_chart(chart, width="content")
     app.export_row(chart, maps["weights"], f"pattern-{key}", f"pat_dl_{key}")

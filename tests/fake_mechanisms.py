@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attn_core.engine import job as sweep_module
-from attn_core.spec import MechanismSpec, Shape
+from attn_core.spec import Cost, MechanismSpec, Shape, Supports
 
 REF = "tests.fake_mechanisms:FAKES"
 
@@ -54,8 +54,8 @@ def _memory(s: Shape) -> float:
 
 def _spec(key: str, fn) -> MechanismSpec:
     return MechanismSpec(key=key, label=f"Fake ({key})", fn=fn, description="misbehaves for the tests", paper="none",
-                         params=(), exact=False, supports_causal=True, supports_cross=True, time_big_o="O(n²·d)",
-                         memory_big_o="O(n·d)", flops=_flops, memory_bytes=_memory)
+                         params=(), exact=False, supports=Supports(causal=True, cross=True),
+                         cost=Cost(flops=_flops, memory_bytes=_memory, time_big_o="O(n²·d)", memory_big_o="O(n·d)"))
 
 
 FAKES = {s.key: s for s in (_spec("raises", raises), _spec("fake_oom", fake_oom), _spec("exits", exits),

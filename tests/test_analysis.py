@@ -88,7 +88,7 @@ def test_own_curve_follows_the_spec_cost_over_n():
     spec = ac.get("sliding_window")
 
     def cost(n):
-        return spec.memory_bytes(ac.Shape(1, 8, n, n, 64), **spec.defaults)
+        return spec.cost.memory_bytes(ac.Shape(1, 8, n, n, 64), **spec.defaults)
 
     df = frame({"sliding_window": lambda n: 1e-9}, )
     df["peak_bytes"] = [7.0 * cost(n) for n in df["n"]]

@@ -8,6 +8,7 @@ import torch
 import attn_core as ac
 from attn_core.insight import effective as ef
 from tests.baselines import allowed
+from tests.copies import with_copies
 
 SMALL = {"sliding_window": {"window": 3}, "local": {"block": 4, "lookback": 1, "lookahead": 1},
          "sparse": {"stride": 4}, "longformer": {"window": 2, "global_tokens": 2},
@@ -19,8 +20,9 @@ SMALL = {"sliding_window": {"window": 3}, "local": {"block": 4, "lookback": 1, "
 SIGNED = {"nystrom": 0.1}
 REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
             "sparse": "sparse", "longformer": "longformer", "bigbird": "bigbird"}
+SMALL, SIGNED, REF_KIND = (with_copies(t) for t in (SMALL, SIGNED, REF_KIND))  # a copy is tested as its original
 CASES = [(key, causal) for key, spec in ac.MECHANISMS.items() for causal in (False, True)
-         if spec.supports_causal or not causal]
+         if spec.supports.causal or not causal]
 
 
 def qkv(nq: int, nk: int | None = None, *, seed: int = 0):
@@ -43,7 +45,7 @@ def test_effective_matrix_times_values_is_the_mechanism_output(key, causal):
     assert (eff.weights >= 0).all()
 
 
-@pytest.mark.parametrize("key", [k for k, s in ac.MECHANISMS.items() if s.supports_cross])
+@pytest.mark.parametrize("key", [k for k, s in ac.MECHANISMS.items() if s.supports.cross])
 def test_cross_attention_effective_matrix(key):
     q, k, v = qkv(5, 11, seed=1)
     params = SMALL.get(key, {})

@@ -22,7 +22,7 @@ from tests.test_cli import TINY, run_main
 from tests.fake_mechanisms import private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 QUICK = Settings(warmup=1, min_repeats=3, min_time_s=0.0, point_budget_s=30.0)
-GENERATES = [key for key, spec in ac.MECHANISMS.items() if spec.generation is not None]
+GENERATES = [key for key, spec in ac.MECHANISMS.items() if spec.supports.generation is not None]
 
 
 def generate_case(key: str, n: int, params: tuple = (), **problem) -> Problem:
@@ -44,7 +44,7 @@ def test_a_generate_point_times_a_step_and_reads_the_cache_bytes(key):
     shape = Shape(1, 2, 300, 300, 16, causal=True)
     assert row["peak_bytes"] == row["predicted_bytes"] == gen.cache_bytes(key, shape)
     assert row["memory_method"] == "cache tensors held (exact)"
-    assert row["theory_flops"] == ac.MECHANISMS[key].generation.flops(shape, **ac.MECHANISMS[key].defaults)
+    assert row["theory_flops"] == ac.MECHANISMS[key].supports.generation.flops(shape, **ac.MECHANISMS[key].defaults)
 
 
 def test_a_key_value_cache_doubles_with_the_context_and_a_fixed_state_does_not():
@@ -63,7 +63,7 @@ def test_a_step_costs_two_flops_per_cached_number_unless_its_spec_says_otherwise
 
 
 def gen_flops(key, shape):
-    return ac.MECHANISMS[key].generation.flops(shape, **ac.MECHANISMS[key].defaults)
+    return ac.MECHANISMS[key].supports.generation.flops(shape, **ac.MECHANISMS[key].defaults)
 
 
 def test_rewinding_puts_every_step_at_the_same_context():
@@ -152,7 +152,7 @@ def test_the_generation_presets_run_generate_sweeps_that_validate(name):
     preset = presets.PRESETS[name]
     for config in preset.for_device("cpu"):
         assert config.problem.mode == "generate" and config.problems() == []
-        assert all(ac.MECHANISMS[k].generation is not None for k, _ in config.mechanisms)
+        assert all(ac.MECHANISMS[k].supports.generation is not None for k, _ in config.mechanisms)
         assert config.ns[-1] >= 32768
 
 

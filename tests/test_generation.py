@@ -12,9 +12,10 @@ from attn_core import generation as gen
 from attn_core.spec import Shape
 from tests.baselines import (allowed, elu_plus_one, kernel_attention, masked_softmax, positive_random_features,
                              trace_peak_bytes)
+from tests.copies import with_copies
 
-GENERATES = [key for key, spec in ac.MECHANISMS.items() if spec.generation is not None]
-CANNOT = [key for key, spec in ac.MECHANISMS.items() if spec.generation is None]
+GENERATES = [key for key, spec in ac.MECHANISMS.items() if spec.supports.generation is not None]
+CANNOT = [key for key, spec in ac.MECHANISMS.items() if spec.supports.generation is None]
 B, H, N, D = 2, 3, 23, 8  # N prime: no block, window or stride divides it
 
 
@@ -67,7 +68,7 @@ def test_prefill_then_steps_equal_the_causal_forward_pass(key, params, n0, max_l
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-BASELINES = {  # key → out of (q, k, v, params, state) written independently of attn_core
+BASELINES = with_copies({  # key → out of (q, k, v, params, state) written independently of attn_core
     "softmax": lambda q, k, v, p, s: masked_softmax(q, k, v, allowed("full", N, N, True)),
     "sdpa": lambda q, k, v, p, s: masked_softmax(q, k, v, allowed("full", N, N, True)),
     "sliding_window": lambda q, k, v, p, s: masked_softmax(q, k, v, allowed("sliding_window", N, N, True, **p)),
@@ -77,7 +78,7 @@ BASELINES = {  # key → out of (q, k, v, params, state) written independently o
     "linear": lambda q, k, v, p, s: kernel_attention(elu_plus_one(q), elu_plus_one(k), v, True),
     "performer": lambda q, k, v, p, s: kernel_attention(positive_random_features(q, s["projection"]),
                                                          positive_random_features(k, s["projection"]), v, True),
-}
+})
 
 
 @pytest.mark.parametrize("key,params", [c for c in cases() if c.values[0] in BASELINES])
@@ -215,7 +216,7 @@ def test_the_state_of_half_precision_tokens_is_summed_in_float32():
 
 @pytest.mark.parametrize("key", CANNOT)
 def test_a_mechanism_without_a_generation_form_says_why(key):
-    reason = ac.MECHANISMS[key].no_generation
+    reason = ac.MECHANISMS[key].supports.no_generation
     assert len(reason.split()) >= 8 and reason[0].isupper() and reason.endswith("."), reason
     assert gen.can_generate(key) == (False, reason)
     q, k, v = qkv()
@@ -224,7 +225,7 @@ def test_a_mechanism_without_a_generation_form_says_why(key):
 
 
 def test_linformer_cannot_generate():
-    assert "linformer" in CANNOT and "causal" in ac.MECHANISMS["linformer"].no_generation
+    assert "linformer" in CANNOT and "causal" in ac.MECHANISMS["linformer"].supports.no_generation
 
 
 @pytest.fixture

@@ -10,6 +10,10 @@ import attn_core as ac
 from attn_core.mechanisms import linformer, performer
 from attn_core.spec import Shape
 from tests.baselines import elu_plus_one, kernel_attention, positive_random_features
+from tests.copies import with_copies
+
+# settings that fit n = 32 (a copy of a mechanism, tests/copies.py, takes its original's)
+SMALL = with_copies({"linformer": {"rank": 16}, "performer": {"features": 16}, "nystrom": {"landmarks": 8}})
 
 
 def qkv(n: int = 32, *, B: int = 1, H: int = 2, D: int = 16, dtype=torch.float32, seed: int = 0):
@@ -30,7 +34,7 @@ def message(call) -> str:
 def test_causal_that_is_not_a_bool_is_refused_by_every_mechanism(key, causal):
     """The string 'false' is truthy: before, it silently computed causal attention."""
     q, k, v = qkv()
-    params = {"linformer": {"rank": 16}, "performer": {"features": 16}, "nystrom": {"landmarks": 8}}.get(key, {})
+    params = SMALL.get(key, {})
     for call in (lambda: ac.attention(key, q, k, v, causal=causal, **params),
                  lambda: ac.get(key).fn(q, k, v, causal=causal, **params)):
         text = message(call)
@@ -129,9 +133,9 @@ def test_nan_or_inf_in_the_input_is_refused_naming_the_tensor(call, words):
 def test_the_finite_check_runs_at_the_entry_point_not_in_the_timed_function(key):
     """attn_core.engine.measure times spec.fn; the check (1.7–1.8% of a sliding-window call at n = 4096 on the CPU, and a
     host sync on a GPU) stays out of it, so spec.fn passes NaN through as before."""
-    name = "q" if ac.get(key).shared_qk else "k"  # a mechanism whose keys are its queries never reads k
+    name = "q" if ac.get(key).supports.shared_qk else "k"  # a mechanism whose keys are its queries never reads k
     q, k, v = spoiled(name, float("nan"), 1)
-    params = {"linformer": {"rank": 16}, "performer": {"features": 16}, "nystrom": {"landmarks": 8}}.get(key, {})
+    params = SMALL.get(key, {})
     assert f"{name} holds 1 NaN" in message(lambda: ac.attention(key, q, k, v, **params))
     assert torch.isnan(ac.get(key).fn(q, k, v, **params)).any()
 

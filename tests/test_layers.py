@@ -6,6 +6,7 @@ import torch
 
 import attn_core as ac
 from tests.baselines import allowed, masked_softmax
+from tests.copies import with_copies
 
 
 def layer_reference(layer: ac.MultiHeadAttention, x: torch.Tensor, ctx: torch.Tensor, mask=None) -> torch.Tensor:
@@ -47,9 +48,9 @@ def test_causal_sliding_window_layer_matches_reference():
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
 def test_every_mechanism_trains_inside_the_layer(key):
     torch.manual_seed(3)
-    params = {"linformer": {"rank": 8}, "performer": {"features": 16}, "sliding_window": {"window": 4},
-              "local": {"block": 8}, "sparse": {"stride": 5}, "reformer": {"bucket_size": 8},
-              "nystrom": {"landmarks": 8}, "additive": {"attn_dim": 16}}.get(key, {})
+    params = with_copies({"linformer": {"rank": 8}, "performer": {"features": 16}, "sliding_window": {"window": 4},
+                          "local": {"block": 8}, "sparse": {"stride": 5}, "reformer": {"bucket_size": 8},
+                          "nystrom": {"landmarks": 8}, "additive": {"attn_dim": 16}}).get(key, {})
     layer = ac.MultiHeadAttention(32, 4, key, **params)
     out = layer(torch.randn(2, 30, 32))
     out.square().mean().backward()

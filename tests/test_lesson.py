@@ -119,7 +119,7 @@ def test_the_cost_table_counts_cells_and_bytes():
     for n in (6, 1024, 32768, 1048576):
         row = lesson.cost(n, setup)
         assert row["cells"] == 8 * n * n and row["bytes"] == 4 * 8 * n * n
-        assert row["peak_bytes"] == MECHANISMS["softmax"].memory_bytes(Shape(1, 8, n, n, 64))
+        assert row["peak_bytes"] == MECHANISMS["softmax"].cost.memory_bytes(Shape(1, 8, n, n, 64))
     assert lesson.cost(1048576, setup)["bytes"] == 32 * 2**40  # 32 TiB of scores for a million tokens
 
 

@@ -168,7 +168,7 @@ def test_bigbird_draws_its_table_from_the_seed_and_refuses_a_wrong_one():
     with pytest.raises(ValueError, match=r"random_table must be an integer tensor of shape \(13, 3\)"):
         ac.attention("bigbird", q, k, v, block=16, random_table=state["random_table"][:, :2])
     with pytest.raises(ValueError, match="random_table"):
-        ac.get("bigbird").pattern(False, **BIGBIRD)  # no table: no pattern to give
+        ac.get("bigbird").insight.pattern(False, **BIGBIRD)  # no table: no pattern to give
 
 
 def test_the_patterns_page_draws_bigbirds_blocks_for_its_seed():
@@ -241,8 +241,8 @@ def test_useful_flops_count_the_patterns_cells(key, n, causal, params):
     block = params.get("block", 1)
     seeds = range(200) if key == "bigbird" and not causal and n % min(block, n) else range(1)
     cells = np.mean([counted(key, n, causal, params, s) for s in seeds])
-    assert spec.flops(shape, **params) == pytest.approx(4 * 6 * 8 * cells, rel=0.03 if len(seeds) > 1 else 1e-12)
-    assert spec.executed(shape, **params) >= spec.flops(shape, **params) * (1 - 1e-12)
+    assert spec.cost.flops(shape, **params) == pytest.approx(4 * 6 * 8 * cells, rel=0.03 if len(seeds) > 1 else 1e-12)
+    assert spec.cost.executed(shape, **params) >= spec.cost.flops(shape, **params) * (1 - 1e-12)
 
 
 @pytest.mark.parametrize("key,params", [("longformer", {"global_tokens": 300}), ("longformer", {"window": 16,
@@ -260,7 +260,7 @@ def test_spec_memory_matches_a_traced_peak_off_the_defaults(key, params, causal)
         call = lambda: spec.fn(q, k, v, causal=causal, **params, **state)  # noqa: E731
         call()
         measured = trace_peak_bytes(call)
-    assert spec.memory_bytes(shape, **params) == pytest.approx(measured, rel=0.02)
+    assert spec.cost.memory_bytes(shape, **params) == pytest.approx(measured, rel=0.02)
 
 
 @pytest.mark.parametrize("key,params", [("longformer", LONGFORMER), ("bigbird", BIGBIRD)])
@@ -275,7 +275,7 @@ def test_no_n_by_n_tensor_at_a_larger_n(key, params, causal):
     with torch.inference_mode():
         peak = trace_peak_bytes(lambda: ac.get(key).fn(q, k, v, causal=causal, **params, **state))
     assert n * d * 4 <= peak < 48 << 20, peak
-    assert ac.get(key).memory_bytes(shape, **params) == pytest.approx(peak, rel=0.02)
+    assert ac.get(key).cost.memory_bytes(shape, **params) == pytest.approx(peak, rel=0.02)
 
 
 @pytest.mark.parametrize("key,params", [("longformer", {"window": 4, "global_tokens": 2}),

@@ -125,7 +125,7 @@ def test_ok_row_has_every_column_raw_samples_and_theory():
     assert row["status"] == "ok" and row["reason"] == "" and set(row) == set(COLUMNS)
     assert row["repeats"] == len(row["time_samples"]) >= 3
     assert row["time_median_s"] == pytest.approx(median_iqr(row["time_samples"])[0])
-    spec_flops, executed = ac.get("softmax").flops(case().shape), ac.get("softmax").executed(case().shape)
+    spec_flops, executed = ac.get("softmax").cost.flops(case().shape), ac.get("softmax").cost.executed(case().shape)
     assert row["theory_flops"] == spec_flops and row["executed_flops"] == executed
     assert row["gflops"] == pytest.approx(executed / row["time_median_s"] / 1e9)  # the device does what it executes
     assert row["foreign_cpu"] >= 0 and row["retaken"] >= 0 and row["disturbed"] in (True, False)
@@ -188,13 +188,13 @@ def test_guard_skips_a_point_that_does_not_fit_a_small_memory_limit():
                      "limit set for this sweep"
     row, _ = measure_case(ac.get("softmax"), big, settings)
     assert row["status"] == "skipped" and row["reason"] == reason and math.isnan(row["time_median_s"])
-    assert row["predicted_bytes"] == ac.get("softmax").memory_bytes(big.shape)  # theory stays on skipped rows
+    assert row["predicted_bytes"] == ac.get("softmax").cost.memory_bytes(big.shape)  # theory stays on skipped rows
     assert guard(ac.get("softmax"), case(n=16), settings) is None
 
 
 def test_guard_counts_backward_as_three_forward_peaks_and_the_gradients():
     spec, c = ac.get("softmax"), case(n=256, mode="forward+backward")
-    forward = spec.memory_bytes(c.shape)
+    forward = spec.cost.memory_bytes(c.shape)
     assert required_bytes(spec, c) == c.shape.input_bytes * 3 + 3 * forward
 
 

@@ -15,6 +15,7 @@ from attn_core.mechanisms.linear import feature_map
 from attn_core.mechanisms.performer import favor_features, orthogonal_features
 from attn_core.spec import Shape
 from tests.baselines import allowed, kernel_attention, masked_softmax, trace_peak_bytes
+from tests.copies import with_copies
 
 SMALL = {"sliding_window": {"window": 5}, "local": {"block": 8, "lookback": 1, "lookahead": 2},
          "sparse": {"stride": 7}, "longformer": {"window": 4, "global_tokens": 3},
@@ -24,6 +25,7 @@ SMALL = {"sliding_window": {"window": 5}, "local": {"block": 8, "lookback": 1, "
 EXACT = [k for k, s in ac.MECHANISMS.items() if s.exact]
 REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
             "sparse": "sparse", "longformer": "longformer", "bigbird": "bigbird"}
+SMALL, REF_KIND = with_copies(SMALL), with_copies(REF_KIND)  # a registered copy is tested as its original
 
 
 def qkv(n: int, nk: int | None = None, *, B: int = 2, H: int = 3, D: int = 16, dtype=torch.float32, seed: int = 0,
@@ -60,7 +62,7 @@ def test_banded_edge_parameters(key, params):
                                    atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("key", [k for k in EXACT if ac.MECHANISMS[k].supports_cross])
+@pytest.mark.parametrize("key", [k for k in EXACT if ac.MECHANISMS[k].supports.cross])
 def test_exact_cross_attention(key):
     q, k, v = qkv(20, 33)
     torch.testing.assert_close(ac.attention(key, q, k, v).double(), masked_softmax(q, k, v), atol=2e-5, rtol=1e-5)
@@ -248,7 +250,7 @@ def test_mismatched_inputs_are_refused(make, words):
         assert all(w in str(err.value) for w in words), (key, str(err.value))
 
 
-@pytest.mark.parametrize("key", [k for k, s in ac.MECHANISMS.items() if not s.supports_cross])
+@pytest.mark.parametrize("key", [k for k, s in ac.MECHANISMS.items() if not s.supports.cross])
 def test_cross_attention_refused_where_unsupported(key):
     with pytest.raises(ValueError, match="self-attention only"):
         ac.attention(key, *qkv(16, 24))
@@ -266,29 +268,30 @@ def test_unknown_mechanism_lists_the_known_ones():
 
 # Expected growth in n of the theoretical time (n from 4096 to 32768) and memory (n from 32768 to 262144, where
 # the output outweighs the bounded per-chunk workspace), defaults, d = 64.
-BIG_O = {"softmax": (2, 2), "sdpa": (2, 1), "local": (1, 1), "sparse": (1.5, 1), "sliding_window": (1, 1),
-         "longformer": (1, 1), "bigbird": (1, 1), "linformer": (1, 1), "performer": (1, 1), "linear": (1, 1),
-         "reformer": (1.1, 1), "nystrom": (1, 1), "additive": (2, 2)}
+BIG_O = with_copies({"softmax": (2, 2), "sdpa": (2, 1), "local": (1, 1), "sparse": (1.5, 1),
+                     "sliding_window": (1, 1), "longformer": (1, 1), "bigbird": (1, 1), "linformer": (1, 1),
+                     "performer": (1, 1), "linear": (1, 1), "reformer": (1.1, 1), "nystrom": (1, 1),
+                     "additive": (2, 2)})
 
 
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
 @pytest.mark.parametrize("causal", [False, True])
 def test_spec_costs_are_positive_and_grow_as_stated(key, causal):
     spec = ac.MECHANISMS[key]
-    if causal and not spec.supports_causal:
+    if causal and not spec.supports.causal:
         return
     for p in spec.params:
         assert p.low <= p.default <= p.high
         p.check(p.default)
     shape = lambda n: Shape(1, 8, n, n, 64, dtype="float32", causal=causal)  # noqa: E731
-    flops = [spec.flops(shape(n), **spec.defaults) for n in (4096, 32768)]
-    mem = [spec.memory_bytes(shape(n), **spec.defaults) for n in (32768, 262144)]
+    flops = [spec.cost.flops(shape(n), **spec.defaults) for n in (4096, 32768)]
+    mem = [spec.cost.memory_bytes(shape(n), **spec.defaults) for n in (32768, 262144)]
     assert min(flops + mem) > 0
     t_slope, m_slope = (math.log(b / a) / math.log(8) for a, b in (flops, mem))
     want_t, want_m = BIG_O[key]
     assert abs(t_slope - want_t) < 0.35, t_slope
     assert abs(m_slope - want_m) < 0.15, m_slope
-    assert spec.description and spec.paper and spec.time_big_o.startswith("O(")
+    assert spec.description and spec.paper and spec.cost.time_big_o.startswith("O(")
     if spec.exact:  # a query sees itself; a pattern with random state gets it drawn
         assert effective.pattern_of(key, 64, 64, causal, **spec.defaults)(torch.tensor(5), torch.tensor(5))
 
@@ -325,7 +328,7 @@ def test_profiled_peak_sees_the_softmax_matrices():
 def test_efficient_mechanisms_never_build_quadratic_or_n_m_d_tensors(key, params, causal):
     """n = 32768, B = H = 1, D = 32: an (n, n) fp32 tensor is 4 GiB and an (n, m, d) one 256 MiB; peak must
     stay near the output size (4 MiB)."""
-    if causal and not ac.get(key).supports_causal:
+    if causal and not ac.get(key).supports.causal:
         pytest.skip(f"{key} is not causal")
     n, d = 32768, 32
     q, k, v = qkv(n, B=1, H=1, D=d)
@@ -358,7 +361,7 @@ def test_spec_memory_matches_an_independent_allocator_reading(key, causal, dtype
     of no power of two: B=2, H=3, n=3000, D=40. sdpa's scratch (log-sum-exp, per-thread tiles, AMX repacking
     where this CPU has it) must be in its spec. Defaults, except where MEMORY_PARAMS says."""
     spec = ac.get(key)
-    if causal and not spec.supports_causal:
+    if causal and not spec.supports.causal:
         pytest.skip(f"{key} is not causal")
     shape = Shape(2, 3, 3000, 3000, 40, dtype=dtype, causal=causal)
     params = MEMORY_PARAMS.get(key, {})
@@ -368,7 +371,7 @@ def test_spec_memory_matches_an_independent_allocator_reading(key, causal, dtype
         call = lambda: spec.fn(q, k, v, causal=causal, **params, **state)  # noqa: E731
         call()  # first-call workspaces (thread pools, oneDNN) are not the mechanism's
         measured = trace_peak_bytes(call)
-    assert spec.memory_bytes(shape, **params) == pytest.approx(measured, rel=0.02)
+    assert spec.cost.memory_bytes(shape, **params) == pytest.approx(measured, rel=0.02)
 
 
 # Additive attention at its default attn_dim = 64 takes n²·64 = 3.5·10⁹ tanh a call at this shape (minutes on two

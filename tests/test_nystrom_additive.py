@@ -211,24 +211,24 @@ def test_additive_never_holds_the_pair_by_hidden_unit_tensor():
     with torch.inference_mode():
         peak = trace_peak_bytes(lambda: ac.attention("additive", q, k, v, attn_dim=a, **state))
     assert peak < 2 * n * n * 4 + additive.CHUNK_ELEMS * 4 + 2 * n * a * 4 + n * n * 4 // 8, peak
-    assert peak == pytest.approx(ac.get("additive").memory_bytes(Shape(1, 1, n, n, 16), attn_dim=a), rel=1e-4)
+    assert peak == pytest.approx(ac.get("additive").cost.memory_bytes(Shape(1, 1, n, n, 16), attn_dim=a), rel=1e-4)
 
 
 def test_additive_flops_count_the_pair_work_by_hand():
     """n = 4, D = 2, attn_dim = 3, one head: projections 2·(4 + 4)·2·3 = 96; 16 pairs × (3 adds + 3 tanh + 6 for
     the dot product) = 192; P·V 16 × 2·2 = 64. Causal keeps 10 pairs: 96 + 120 + 40."""
-    assert ac.get("additive").flops(Shape(1, 1, 4, 4, 2), attn_dim=3) == 96 + 192 + 64
-    assert ac.get("additive").flops(Shape(1, 1, 4, 4, 2, causal=True), attn_dim=3) == 96 + 120 + 40
+    assert ac.get("additive").cost.flops(Shape(1, 1, 4, 4, 2), attn_dim=3) == 96 + 192 + 64
+    assert ac.get("additive").cost.flops(Shape(1, 1, 4, 4, 2, causal=True), attn_dim=3) == 96 + 120 + 40
     # Executed, causal, one chunk of all 4 rows: all 16 pairs scored, P·V over all 16 cells.
-    assert ac.get("additive").executed(Shape(1, 1, 4, 4, 2, causal=True), attn_dim=3) == 96 + 192 + 64
+    assert ac.get("additive").cost.executed(Shape(1, 1, 4, 4, 2, causal=True), attn_dim=3) == 96 + 192 + 64
 
 
 def test_additive_is_not_softmax_and_says_so():
     spec = ac.get("additive")
-    assert not spec.exact and spec.effective is not None
+    assert not spec.exact and spec.insight.effective is not None
     assert effective.cells_computed("additive", 8, causal=True, attn_dim=4)["cells"] == 36  # scored one by one
     assert not effective.cells_computed("additive", 8, attn_dim=4)["implicit"]
-    assert "not an approximation" in spec.accuracy_note and "not an approximation" in spec.regime[2]
+    assert "not an approximation" in spec.insight.accuracy_note and "not an approximation" in spec.insight.regime[2]
     q, k, v = qkv(32)
     assert rel(ac.attention("additive", q, k, v, attn_dim=16), masked_softmax(q, k, v)) > 0.1
 

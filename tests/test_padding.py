@@ -16,13 +16,14 @@ from attn_core.mechanisms._common import validated
 from attn_core.mechanisms.performer import base2, key_features
 from tests.baselines import (additive_reference, allowed, elu_plus_one, masked_softmax, nystrom_reference,
                              positive_random_features)
+from tests.copies import with_copies
 from tests.test_mechanisms import REF_KIND, SMALL, qkv
 
-PADDED = [k for k, s in ac.MECHANISMS.items() if s.padding]
+PADDED = [k for k, s in ac.MECHANISMS.items() if s.supports.padding]
 EXACT = [k for k in PADDED if ac.MECHANISMS[k].exact]
-KERNEL = {"linear": lambda x, state: elu_plus_one(x),
-          "performer": lambda x, state: positive_random_features(x, state["projection"])}
-REFUSING = [k for k, s in ac.MECHANISMS.items() if not s.padding]
+KERNEL = with_copies({"linear": lambda x, state: elu_plus_one(x),
+                      "performer": lambda x, state: positive_random_features(x, state["projection"])})
+REFUSING = [k for k, s in ac.MECHANISMS.items() if not s.supports.padding]
 
 
 def lengths_mask(lengths, nk: int) -> torch.Tensor:
@@ -50,7 +51,7 @@ def padded_softmax(q, k, v, pattern: np.ndarray, pad: torch.Tensor) -> torch.Ten
 def exact_params(key: str, causal: bool = False, n: int = 37) -> dict:
     """The small parameters and, for a pattern drawn at random (BigBird's blocks), its seeded state."""
     params = SMALL.get(key, {})
-    if ac.MECHANISMS[key].init_state is None:
+    if ac.MECHANISMS[key].state.init is None:
         return params
     return {**params, **ac.make_state(key, ac.Shape(2, 3, n, n, 16, causal=causal), seed=4, **params)}
 
@@ -73,7 +74,7 @@ def test_exact_mechanisms_equal_masked_softmax_with_padding(key, mask, causal):
     torch.testing.assert_close(out.double(), expected, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("key", [k for k in EXACT if ac.MECHANISMS[k].supports_cross])
+@pytest.mark.parametrize("key", [k for k in EXACT if ac.MECHANISMS[k].supports.cross])
 def test_exact_cross_attention_with_padding(key):
     q, k, v = qkv(20, 33)
     pad = lengths_mask([33, 9], 33)

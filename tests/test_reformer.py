@@ -74,7 +74,7 @@ def test_keys_are_the_queries_and_k_is_not_read():
     st = state(q, bucket_size=8)
     a = ac.attention("reformer", q, k, v, bucket_size=8, **st)
     torch.testing.assert_close(a, ac.attention("reformer", q, torch.zeros_like(k), v, bucket_size=8, **st))
-    assert SPEC.shared_qk and ac.MultiHeadAttention(16, 2, "reformer").k_proj is None
+    assert SPEC.supports.shared_qk and ac.MultiHeadAttention(16, 2, "reformer").k_proj is None
 
 
 def clustered(n: int, D: int, clusters: int, seed: int):
@@ -185,19 +185,19 @@ def test_no_quadratic_tensor_at_16k_tokens(causal):
     st = ac.make_state("reformer", shape)
     with torch.inference_mode():
         peak = trace_peak_bytes(lambda: SPEC.fn(q, k, v, causal=causal, **st))
-    assert peak == pytest.approx(SPEC.memory_bytes(shape), rel=0.02)
+    assert peak == pytest.approx(SPEC.cost.memory_bytes(shape), rel=0.02)
     assert peak < 0.1 * n * n * 4, peak
 
 
 def test_flops_by_hand_and_its_own_theory_curve_is_n_log_n():
     """n = 8, D = 1, bucket_size 8, one round: 2 buckets (one rotation column: x·[R; −R] is 2 products of 2 FLOPs
     each per token, 32), the sort 8·log₂ 8 = 24, one chunk of 8 × 8 cells at 4·D each (256; causal: half)."""
-    assert SPEC.flops(Shape(1, 1, 8, 8, 1), bucket_size=8, n_hashes=1) == 32 + 24 + 256
-    assert SPEC.flops(Shape(1, 1, 8, 8, 1, causal=True), bucket_size=8, n_hashes=1) == 32 + 24 + 128
+    assert SPEC.cost.flops(Shape(1, 1, 8, 8, 1), bucket_size=8, n_hashes=1) == 32 + 24 + 256
+    assert SPEC.cost.flops(Shape(1, 1, 8, 8, 1, causal=True), bucket_size=8, n_hashes=1) == 32 + 24 + 128
     from tests.test_analysis import frame
 
     def flops(n):
-        return SPEC.flops(Shape(1, 8, n, n, 64), **SPEC.defaults)
+        return SPEC.cost.flops(Shape(1, 8, n, n, 64), **SPEC.defaults)
 
     curves = theory_curves(frame({"reformer": lambda n: 3e-11 * flops(n)}), "time_median_s")
     own = curves[curves["kind"] == "spec"]

@@ -82,7 +82,7 @@ def test_big_o_table_covers_the_registry():
     table = theory.big_o_table()
     assert table["mechanism"].tolist() == list(ac.MECHANISMS)
     row = table.set_index("mechanism").loc["softmax"]
-    assert (row["time"], row["memory"]) == (ac.get("softmax").time_big_o, ac.get("softmax").memory_big_o)
+    assert (row["time"], row["memory"]) == (ac.get("softmax").cost.time_big_o, ac.get("softmax").cost.memory_big_o)
     assert "arXiv" in row["paper"]
 
 

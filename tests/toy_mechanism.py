@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from attn_core.spec import MechanismSpec, Param, Shape
+from attn_core.spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
 
 REF = "tests.toy_mechanism:TOY"
 
@@ -43,8 +43,15 @@ def _memory(s: Shape, features: int = 16) -> float:
 
 
 TOY = MechanismSpec(
-    key="toy", label="Toy (ReLU features)", fn=toy_attention, description="A test mechanism from outside the catalogue.",
-    paper="none", params=(Param("features", 16, 1, 4096, "Random ReLU features.", log=True, small=lambda n: 8),),
-    exact=False, supports_causal=True, supports_cross=True, time_big_o="O(n²·m)", memory_big_o="O(n²)",
-    flops=_flops, memory_bytes=_memory, init_state=init_state, state_keys=("w",), effective=_effective,
-    regime=("gentle", "peaky", "ReLU features are a crude kernel."))
+    key="toy",
+    label="Toy (ReLU features)",
+    fn=toy_attention,
+    description="A test mechanism from outside the catalogue.",
+    paper="none",
+    params=(Param("features", 16, 1, 4096, "Random ReLU features.", log=True, small=lambda n: 8),),
+    exact=False,
+    state=State(init=init_state, keys=("w",)),
+    cost=Cost(flops=_flops, memory_bytes=_memory, time_big_o="O(n²·m)", memory_big_o="O(n²)"),
+    supports=Supports(causal=True, cross=True),
+    insight=Insight(effective=_effective, regime=("gentle", "peaky", "ReLU features are a crude kernel.")),
+)

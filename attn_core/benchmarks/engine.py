@@ -29,7 +29,7 @@ MEMORY_TOLERANCE, REPEAT_TOLERANCE, REPEAT_MIN_S, OVERHEAD_LIMIT, DEFAULT_LIMIT_
 
 
 def check_memory(ns: tuple[int, ...]) -> bool:
-    """Peak bytes above the inputs (torch.profiler, CPU allocator) against spec.memory_bytes."""
+    """Peak bytes above the inputs (torch.profiler, CPU allocator) against spec.cost.memory_bytes."""
     config = SweepConfig(mechanisms=tuple((m, {}) for m in MEMORY_MECHANISMS), ns=ns,
                          problem=Problem(heads=8, d_model=512),
                          settings=Settings(warmup=1, min_repeats=1, min_time_s=0.0, point_budget_s=120.0))

@@ -32,7 +32,7 @@ def lines(args: argparse.Namespace) -> list[tuple[str, dict, bool]]:
     out = []
     for key, spec in MECHANISMS.items():
         params = {**spec.defaults, **EFFICIENT.get(key, {})}
-        out += [(key, params, causal) for causal in (False, True) if not causal or spec.supports_causal]
+        out += [(key, params, causal) for causal in (False, True) if not causal or spec.supports.causal]
     return [line for line in out if not args.mechanisms or line[0] in args.mechanisms.split(",")]
 
 

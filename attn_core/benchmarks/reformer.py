@@ -69,7 +69,7 @@ def peer_ratios(args: argparse.Namespace) -> None:
         for n in args.peer_n:
             g = torch.Generator().manual_seed(n)
             q, v = (torch.randn(1, args.heads, n, args.head_dim, generator=g) for _ in range(2))
-            state = MECHANISMS["reformer"].init_state(Shape.of(q, q, causal), seed=0, bucket_size=args.bucket_size,
+            state = MECHANISMS["reformer"].state.init(Shape.of(q, q, causal), seed=0, bucket_size=args.bucket_size,
                                                       n_hashes=args.n_hashes)
             qk2, v2 = q.view(args.heads, n, args.head_dim), v.view(args.heads, n, args.head_dim)
 

@@ -37,7 +37,7 @@ def thunk(key: str, params: dict, n: int, args: argparse.Namespace) -> Callable[
     q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, generator=g).to(args.device) for _ in range(3))
     shape = Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=args.causal)
     spec.check(shape, params)
-    state = {} if spec.init_state is None else spec.init_state(shape, args.device, torch.float32, seed=0, **params)
+    state = {} if spec.state.init is None else spec.state.init(shape, args.device, torch.float32, seed=0, **params)
 
     def call():
         with torch.inference_mode(), validated():
@@ -59,7 +59,7 @@ def slopes(args: argparse.Namespace) -> None:
         for key, call in calls.items():
             env.release_cached_memory(args.device)
             peak = float(peak_of(call))
-            predicted = MECHANISMS[key].memory_bytes(
+            predicted = MECHANISMS[key].cost.memory_bytes(
                 Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=args.causal), **LINES[key])
             times[key].append(median(samples[key]))
             peaks[key].append(peak)

@@ -101,12 +101,12 @@ def _own_curve(spec: MechanismSpec, metric: str, row: pd.Series) -> tuple[str, C
     forward call's FLOPs or peak memory, or, generating, a step's FLOPs or the cache's bytes after n tokens."""
     params = spec.resolved(json.loads(row["params"] or "{}"))
     time = metric == "time_median_s"
-    if row["mode"] == "generate" and spec.generation is not None:
-        gen = spec.generation
+    if row["mode"] == "generate" and spec.supports.generation is not None:
+        gen = spec.supports.generation
         cost, big_o = (gen.flops, gen.step_big_o) if time else (gen.cache_bytes, gen.cache_big_o)
     else:
-        cost = spec.flops if time else spec.memory_bytes
-        big_o = spec.time_big_o if time else spec.memory_big_o
+        cost = spec.cost.flops if time else spec.cost.memory_bytes
+        big_o = spec.cost.time_big_o if time else spec.cost.memory_big_o
 
     def at(n: int) -> float:
         shape = Shape(int(row["batch"]), int(row["heads"]), n, n, int(row["head_dim"]), dtype=row["dtype"],

@@ -75,9 +75,9 @@ def is_oom(error: BaseException) -> bool:
 
 def make_state(spec: MechanismSpec, problem: Problem) -> dict:
     """The mechanism's seeded random state, built outside the timed region (attn_core.make_state, by spec)."""
-    if spec.state.init_state is None:
+    if spec.state.init is None:
         return {}
-    return spec.state.init_state(problem.shape, problem.device, getattr(torch, problem.dtype), seed=problem.seed,
+    return spec.state.init(problem.shape, problem.device, getattr(torch, problem.dtype), seed=problem.seed,
                                  **spec.resolved(problem.kwargs))
 
 

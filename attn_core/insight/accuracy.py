@@ -187,7 +187,7 @@ def evaluate(key: str, params: dict[str, Any] | None = None, *, n: int = 512, d_
             "inputs": inputs, "seed": seed, "causal": causal, "dtype": dtype,
             "rel_fro": relative_frobenius(out, exact), "max_abs": max_abs_error(out, exact),
             "cosine": mean_cosine(out, exact), **weights,
-            "time_s": seconds, "predicted_bytes": float(spec.memory_bytes(shape, **resolved))}
+            "time_s": seconds, "predicted_bytes": float(spec.cost.memory_bytes(shape, **resolved))}
 
 
 def _params_text(params: dict[str, Any]) -> str:

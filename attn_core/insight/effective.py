@@ -45,20 +45,21 @@ def pattern_of(key: str, nq: int, nk: int, causal: bool = False, *, state: dict[
     resolved = spec.resolved(params)
     if state is None:
         state = make_state(key, Shape(1, 1, nq, nk, 1, causal=causal), seed=seed, **resolved)
-    return spec.pattern(causal, **resolved, **{name: t for name, t in state.items() if name in spec.state_keys})
+    return spec.insight.pattern(causal, **resolved,
+                                **{name: t for name, t in state.items() if name in spec.state.keys})
 
 
 def computed_cells(key: str, nq: int, nk: int, causal: bool = False, *, state: dict[str, torch.Tensor] | None = None,
                    seed: int = 0, **params: Any) -> torch.Tensor:
     """(Nq, C) boolean: the cells the mechanism scores. Exact mechanisms: their pattern (with its state: `state`, or
-    drawn from `seed`); a mechanism over projected keys (spec.projected): all Nq × C cells; one scoring through
+    drawn from `seed`); a mechanism over projected keys (spec.insight.projected): all Nq × C cells; one scoring through
     features or landmarks: every allowed (i, j), implicitly."""
     spec = get(key)
     resolved = spec.resolved(params)
-    if spec.pattern is not None:
+    if spec.insight.pattern is not None:
         return masks.dense_mask(pattern_of(key, nq, nk, causal, state=state, seed=seed, **resolved), nq, nk)
-    if spec.projected is not None:
-        return torch.ones(nq, resolved[spec.projected], dtype=torch.bool)
+    if spec.insight.projected is not None:
+        return torch.ones(nq, resolved[spec.insight.projected], dtype=torch.bool)
     return masks.dense_mask(masks.causal if causal else masks.full, nq, nk)
 
 
@@ -73,23 +74,24 @@ def cells_computed(key: str, n: int, causal: bool = False, *, seed: int = 0, **p
     spec = get(key)
     resolved = spec.resolved(params)
     spec.check(Shape(1, 1, n, n, 1, causal=causal), resolved)
-    if spec.pattern is not None:
+    if spec.insight.pattern is not None:
         fraction = masks.density(pattern_of(key, n, n, causal, seed=seed, **resolved), n, n)
-    elif spec.projected is not None:
-        fraction = resolved[spec.projected] / n
+    elif spec.insight.projected is not None:
+        fraction = resolved[spec.insight.projected] / n
     else:
         fraction = masks.density(masks.causal, n, n) if causal else 1.0
     settings = ", ".join(f"{k}={v}" for k, v in resolved.items())
     head = f"{spec.label}{', ' + settings if settings else ''}, n={n}"
-    if spec.projected is not None:
-        columns = resolved[spec.projected]
+    if spec.insight.projected is not None:
+        columns = resolved[spec.insight.projected]
         tail = f"{fraction:.1%} of the n² cells ({n}×{columns} scores against projected keys)"
-    elif spec.pattern is None:
+    elif spec.insight.pattern is None:
         tail = f"{fraction:.1%} of the n² cells, implicitly through features or landmarks (none stored)"
     else:
         tail = f"{fraction:.1%} of the n² cells"
     return {"cells": round(fraction * n * n), "total": n * n, "fraction": fraction,
-            "implicit": spec.pattern is None and spec.projected is None, "sentence": f"{head}: {tail}"}
+            "implicit": spec.insight.pattern is None and spec.insight.projected is None,
+            "sentence": f"{head}: {tail}"}
 
 
 def effective_attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -108,16 +110,16 @@ def effective_attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     spec.check(shape, resolved)
     if state is None:
         state = make_state(key, shape, q.device, q.dtype, seed=seed, **resolved)
-    if spec.pattern is not None and spec.effective is None:
+    if spec.insight.pattern is not None and spec.insight.effective is None:
         scores = (q * (1.0 / math.sqrt(shape.D))) @ k.transpose(-2, -1)
         allowed = masks.dense_mask(pattern_of(key, shape.Nq, shape.Nk, causal, state=state, **resolved), shape.Nq,
                                    shape.Nk, q.device)
         return Effective(torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1), v, KEYS)
-    if spec.effective is None:
+    if spec.insight.effective is None:
         raise ValueError(f"{spec.label} has neither a pattern nor an effective form in its spec; give it one")
-    weights, values = spec.effective(q, k, v, causal, state, **resolved)
-    if spec.projected is not None:
-        return Effective(weights, values, PROJECTED, spec.pull_back)
+    weights, values = spec.insight.effective(q, k, v, causal, state, **resolved)
+    if spec.insight.projected is not None:
+        return Effective(weights, values, PROJECTED, spec.insight.pull_back)
     return Effective(weights, values, KEYS)
 
 

@@ -181,7 +181,7 @@ def cost(n: int, setup: Setup, dtype: str = "float32") -> dict[str, float]:
     cells = float(setup.heads) * n * n
     shape = Shape(1, setup.heads, n, n, setup.d_k, dtype=dtype, causal=setup.causal)
     return {"n": n, "cells": cells, "bytes": cells * DTYPE_BYTES[dtype],
-            "peak_bytes": float(MECHANISMS["softmax"].memory_bytes(shape))}
+            "peak_bytes": float(MECHANISMS["softmax"].cost.memory_bytes(shape))}
 
 
 @dataclass(frozen=True)

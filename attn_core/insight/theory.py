@@ -53,8 +53,8 @@ def costs(keys: Iterable[str], ns: Iterable[int], *, d_model: int = 512, heads: 
                              "memory_bytes": math.nan, "input_bytes": math.nan, "total_bytes": math.nan,
                              "predicted_time_s": math.nan})
                 continue
-            flops = spec.flops(shape, **resolved) * MODES[mode]
-            memory = float(spec.memory_bytes(shape, **resolved))
+            flops = spec.cost.flops(shape, **resolved) * MODES[mode]
+            memory = float(spec.cost.memory_bytes(shape, **resolved))
             rows.append({**row, "flops": flops, "memory_bytes": memory, "input_bytes": float(shape.input_bytes),
                          "total_bytes": memory + shape.input_bytes,
                          "predicted_time_s": flops / (gflops * 1e9) if gflops else math.nan})
@@ -94,9 +94,9 @@ def largest_n(key: str, budget_bytes: float, *, d_model: int = 512, heads: int =
             spec.check(shape, resolved)
         except ValueError:
             return False
-        return spec.memory_bytes(shape, **resolved) + shape.input_bytes <= budget_bytes
+        return spec.cost.memory_bytes(shape, **resolved) + shape.input_bytes <= budget_bytes
 
-    low = next((n for n in (1, resolved.get(spec.projected, 1)) if fits(n)), 0)  # n ≥ projected keys (rank)
+    low = next((n for n in (1, resolved.get(spec.insight.projected, 1)) if fits(n)), 0)  # n ≥ projected keys (rank)
     if not low:
         return 0
     high = n_max
@@ -118,8 +118,9 @@ def fit_table(keys: Iterable[str], named_budgets: Mapping[str, float], **setting
 
 def big_o_table() -> pd.DataFrame:
     """Every mechanism's declared complexity and support, from its spec."""
-    return pd.DataFrame([{"mechanism": s.key, "label": s.label, "exact": s.exact, "time": s.time_big_o,
-                          "memory": s.memory_big_o, "causal": s.supports_causal, "cross-attention": s.supports_cross,
+    return pd.DataFrame([{"mechanism": s.key, "label": s.label, "exact": s.exact, "time": s.cost.time_big_o,
+                          "memory": s.cost.memory_big_o, "causal": s.supports.causal,
+                          "cross-attention": s.supports.cross,
                           "parameters": ", ".join(f"{p.name} (default {p.default})" for p in s.params) or "none",
                           "paper": s.paper} for s in MECHANISMS.values()])
 
@@ -156,7 +157,8 @@ def model_cache_bytes(key: str, n: int, *, layers: int, heads: int, head_dim: in
 
 def cannot_generate(keys: Iterable[str]) -> list[str]:
     """For each of `keys` that has no generation form, the sentence saying why ('Linformer: Its projections …')."""
-    return [f"{get(key).label}: {get(key).no_generation}" for key in keys if get(key).generation is None]
+    return [f"{get(key).label}: {get(key).supports.no_generation}" for key in keys
+            if get(key).supports.generation is None]
 
 
 def generation_costs(keys: Iterable[str], ns: Iterable[int], *, layers: int, heads: int, head_dim: int,
@@ -169,7 +171,7 @@ def generation_costs(keys: Iterable[str], ns: Iterable[int], *, layers: int, hea
     rows = []
     for key in keys:
         spec = get(key)
-        if spec.generation is None:
+        if spec.supports.generation is None:
             continue
         for n in ns:
             row = {"mechanism": key, "label": spec.label, "n": int(n), "status": "ok", "reason": ""}
@@ -219,4 +221,4 @@ def context_table(keys: Iterable[str], named_budgets: Mapping[str, float], *,
     return pd.DataFrame([{"mechanism": get(key).label,
                           **{name: said(longest_context(key, b, params=(params or {}).get(key), **model))
                              for name, b in named_budgets.items()}}
-                         for key in keys if get(key).generation is not None])
+                         for key in keys if get(key).supports.generation is not None])

@@ -1,10 +1,15 @@
 """The catalogue. Adding a mechanism: a file in this folder ending with its `SPEC`, and its name in ORDER.
 
+The catalogue is the single source of a mechanism's key: each file's SPEC is stamped with the name it is registered
+under (a file names itself nowhere), so a copy of a file registered under another name is that other mechanism.
+
 Mechanisms of your own join it without a file here: `ATTN_CORE_MECHANISMS="mypkg.attn:SPECS"` (comma-separated
 'module:attribute' references to a MechanismSpec, or a dict or list of them) adds them in every process, the
-dashboard's measuring worker included; `python -m attn_core sweep --extra-mechanisms` adds them to one sweep."""
+dashboard's measuring worker included; `python -m attn_core sweep --extra-mechanisms` adds them to one sweep. A dict's
+keys are the registry keys; a bare spec or a list keeps each spec's own `key`."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from typing import Iterable
@@ -26,11 +31,30 @@ def load(refs: Iterable[str]) -> dict[str, MechanismSpec]:
             value = getattr(importlib.import_module(module), attribute)
         except (ImportError, AttributeError, ValueError) as e:
             raise ValueError(f"extra mechanism {ref!r} cannot be imported ({e}); give it as module:attribute") from None
-        specs = value.values() if isinstance(value, dict) else [value] if isinstance(value, MechanismSpec) else value
-        if not isinstance(specs, Iterable) or not all(isinstance(s, MechanismSpec) for s in specs):
-            raise ValueError(f"extra mechanism {ref!r} is not a MechanismSpec (nor a dict or list of them)")
-        found.update({s.key: s for s in specs})
+        found.update({key: registered(spec, key) for key, spec in _named(ref, value)})
     return found
+
+
+def _named(ref: str, value: object) -> list[tuple[str, MechanismSpec]]:
+    """(registry key, spec) pairs of what `ref` names: a dict's keys, or each spec's own key."""
+    if isinstance(value, dict):
+        named = list(value.items())
+    elif isinstance(value, MechanismSpec):
+        named = [(value.key, value)]
+    else:
+        named = [(getattr(s, "key", None), s) for s in value] if isinstance(value, Iterable) else [(None, value)]
+    if not all(isinstance(s, MechanismSpec) for _, s in named):
+        raise ValueError(f"extra mechanism {ref!r} is not a MechanismSpec (nor a dict or list of them)")
+    for key, spec in named:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"extra mechanism {ref!r} holds a spec without a key ({spec.label}); give it key=..., "
+                             f"or name it in a dict {{key: spec}}")
+    return named
+
+
+def registered(spec: MechanismSpec, key: str) -> MechanismSpec:
+    """`spec` under the registry key `key`: the one place a mechanism's key is written."""
+    return spec if spec.key == key else dataclasses.replace(spec, key=key)
 
 
 def refs(text: str) -> tuple[str, ...]:
@@ -38,5 +62,5 @@ def refs(text: str) -> tuple[str, ...]:
 
 
 MECHANISMS: dict[str, MechanismSpec] = {
-    spec.key: spec for spec in (importlib.import_module(f".{name}", __name__).SPEC for name in ORDER)}
+    name: registered(importlib.import_module(f".{name}", __name__).SPEC, name) for name in ORDER}
 MECHANISMS.update(load(refs(os.environ.get(ENV, ""))))

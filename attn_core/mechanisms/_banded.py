@@ -48,7 +48,7 @@ def banded_memory(heads: int, n: int, d: int, elem: int, *, block: int, left: in
         return held + 2 * heads * rows * span * elem
     c, keys = rows // block, span + extra
     masks = rows * (8 + extra * (elem + 1) + keys * elem)  # query positions, the extra keys' mask and bias, bias
-    fused = SDPA.memory_bytes(Shape(heads, c, block, keys, d, dtype=dtype))
+    fused = SDPA.cost.memory_bytes(Shape(heads, c, block, keys, d, dtype=dtype))
     return held + 2 * heads * extra * d * elem + masks + 2 * heads * c * keys * d * elem + fused
 
 
@@ -221,4 +221,4 @@ def dense_rows_memory(batch: int, heads: int, n: int, d: int, dtype: str, count:
     rows = dense_slab(n, count, causal)
     shape = Shape(batch, heads, rows, n, d, dtype=dtype)
     mask = rows * n * (1 + shape.elem) if causal else 0
-    return 8 * count + shape.bh * rows * d * shape.elem + SDPA.memory_bytes(shape) + mask
+    return 8 * count + shape.bh * rows * d * shape.elem + SDPA.cost.memory_bytes(shape) + mask

@@ -79,14 +79,16 @@ class Ring:
 
 
 class Cache:
-    """What a mechanism remembers of the tokens so far: its `key` and `params`, the batch, heads and head dimension
+    """What a mechanism remembers of the tokens so far: its `params`, the batch, heads and head dimension
     (`batch_heads_dim`), dtype and device of the tokens it takes, and `length`, the tokens it has seen.
-    `nbytes`: the bytes of the tensors it holds; `used_bytes`: of the entries holding tokens (fewer while a
-    preallocated or doubled buffer has room left)."""
+    `key`: the registry key of the mechanism it belongs to, written by generation.prefill and remember (a mechanism
+    never names itself; None until then). `nbytes`: the bytes of the tensors it holds; `used_bytes`: of the entries
+    holding tokens (fewer while a preallocated or doubled buffer has room left)."""
 
-    def __init__(self, key: str, params: Mapping[str, Any], like: torch.Tensor):
+    def __init__(self, params: Mapping[str, Any], like: torch.Tensor):
         B, H, n, D = like.shape
-        self.key, self.params = key, dict(params)
+        self.key: str | None = None
+        self.params = dict(params)
         self.batch_heads_dim = (B, H, D)
         self.dtype, self.device = like.dtype, like.device
         self.length = n
@@ -123,9 +125,9 @@ class KVCache(Cache):
     """Key-value cache: `rings['tokens']`, the tokens a step may read (all of them, or the last `limit`); a
     mechanism may add rings of its own (the sparse pattern's summary keys)."""
 
-    def __init__(self, key: str, params: Mapping[str, Any], k: torch.Tensor, v: torch.Tensor, *,
-                 max_len: int | None = None, limit: int | None = None):
-        super().__init__(key, params, k)
+    def __init__(self, params: Mapping[str, Any], k: torch.Tensor, v: torch.Tensor, *, max_len: int | None = None,
+                 limit: int | None = None):
+        super().__init__(params, k)
         self.rings = {"tokens": Ring(k, v, limit=limit, reserve=max_len or 0)}
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,9 +158,9 @@ class StateCache(Cache):
     stabilizer its key features share (B, H, 1, 1) float64, a base-2 exponent, and `projection`, the layer's random
     features scaled for base 2 (not counted in `nbytes`)."""
 
-    def __init__(self, key: str, params: Mapping[str, Any], k: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor,
-                 *, offset: torch.Tensor | None = None, projection: torch.Tensor | None = None):
-        super().__init__(key, params, k)
+    def __init__(self, params: Mapping[str, Any], k: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
+                 offset: torch.Tensor | None = None, projection: torch.Tensor | None = None):
+        super().__init__(params, k)
         self.kv = phi_k.transpose(-2, -1) @ v.to(phi_k.dtype)  # (B, H, m, D)
         self.z = phi_k.sum(-2, keepdim=True)  # (B, H, 1, m)
         self.offset, self.projection = offset, projection

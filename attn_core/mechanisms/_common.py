@@ -89,12 +89,13 @@ def check_key_padding(spec: MechanismSpec, mask: Any, q: torch.Tensor, k: torch.
     when a mask is given, so the default None costs nothing."""
     if _VALIDATED.get():
         return
-    if not spec.padding:
+    if not spec.supports.padding:
         from . import MECHANISMS  # the catalogue imports this module
 
-        takers = ", ".join(key for key, s in MECHANISMS.items() if s.padding)
-        raise ValueError(f"{spec.label} cannot take a key-padding mask: {spec.no_padding or 'it has no masked form'}; "
-                         f"choose one of {takers}, or run each sequence at its own length")
+        takers = ", ".join(key for key, s in MECHANISMS.items() if s.supports.padding)
+        why = spec.supports.no_padding or "it has no masked form"
+        raise ValueError(f"{spec.label} cannot take a key-padding mask: {why}; choose one of {takers}, or run each "
+                         f"sequence at its own length")
     B, Nk = k.shape[0], k.shape[-2]
     if not isinstance(mask, torch.Tensor):
         raise ValueError(f"key_padding_mask must be a boolean tensor of shape (batch, keys) = ({B}, {Nk}), got "

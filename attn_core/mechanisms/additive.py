@@ -8,7 +8,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .. import masks
-from ..spec import MechanismSpec, Param, Shape
+from ..spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._common import check_key_padding, checked_shape, softmax_or_zeros
 
 # The workspace held at once, in elements over all batch·heads: one chunk of query rows against every key.
@@ -180,7 +180,6 @@ def _memory(s: Shape, attn_dim: int = 64) -> float:
 
 
 SPEC = MechanismSpec(
-    key="additive",
     label="Additive (Bahdanau)",
     fn=additive_attention,
     description="Scores each (query, key) pair with a small network, wᵀ tanh(W_q q + W_k k), instead of q·k: "
@@ -190,25 +189,25 @@ SPEC = MechanismSpec(
     params=(Param("attn_dim", 64, 1, 1024, "Width of the scoring network's hidden layer (tanh units per pair).",
                   log=True, small=lambda n: 16),),
     exact=False,
-    supports_causal=True,
-    supports_cross=True,
-    time_big_o="O(n²·(a + d))",
-    memory_big_o="O(n²)",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    init_state=init_state,
-    state_keys=("W_q", "W_k", "w"),
-    pattern=lambda causal, attn_dim=64, **weights: masks.causal if causal else masks.full,  # every pair scored
-    effective=_effective,
-    regime=("gentle", "peaky", "Additive attention is its own scoring function, not an approximation of softmax: "
-            "with random, untrained W_q, W_k and w its scores do not follow q·k. Where softmax spreads its weight "
-            "evenly (gentle inputs) both average the values alike; where q·k singles out a few keys (peaky inputs) "
-            "the additive scores cannot know which."),
-    accuracy_note="Additive attention is not an approximation of softmax: these errors are the distance between two "
-                  "scoring functions, wᵀ tanh(W_q q + W_k k) with random, untrained weights (the paper learns them) "
-                  "and q·k/√d, not an approximation error.",
-    no_generation="It could keep a cache of W_k k for every key, as softmax keeps its keys, but this library has no "
-                  "such cache for it yet.",
-    padding=True,
+    state=State(init=init_state, keys=("W_q", "W_k", "w")),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n²·(a + d))",
+              memory_big_o="O(n²)"),
+    supports=Supports(
+        causal=True,
+        cross=True,
+        padding=True,
+        no_generation="It could keep a cache of W_k k for every key, as softmax keeps its keys, but this library has "
+                      "no such cache for it yet.",
+    ),
+    insight=Insight(
+        pattern=lambda causal, attn_dim=64, **weights: masks.causal if causal else masks.full,  # every pair scored
+        effective=_effective,
+        regime=("gentle", "peaky", "Additive attention is its own scoring function, not an approximation of softmax: "
+                "with random, untrained W_q, W_k and w its scores do not follow q·k. Where softmax spreads its weight "
+                "evenly (gentle inputs) both average the values alike; where q·k singles out a few keys (peaky inputs) "
+                "the additive scores cannot know which."),
+        accuracy_note="Additive attention is not an approximation of softmax: these errors are the distance between "
+                      "two scoring functions, wᵀ tanh(W_q q + W_k k) with random, untrained weights (the paper learns "
+                      "them) and q·k/√d, not an approximation error.",
+    ),
 )

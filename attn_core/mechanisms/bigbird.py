@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks
-from ..spec import MechanismSpec, Param, Shape
+from ..spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._banded import chunk_blocks, dense_rows, dense_rows_memory, floor, padding_bias, softmax_seen
 from ._common import check_key_padding, checked_shape, trusted
 from .sdpa import SPEC as SDPA
@@ -104,7 +104,7 @@ def bigbird_attention(q, k, v, *, causal: bool = False, block: int = 64, window_
                             or tuple(random_table.shape) != (L.nb, L.r)):
         got = tuple(random_table.shape) if isinstance(random_table, torch.Tensor) else type(random_table).__name__
         raise ValueError(f"random_table must be an integer tensor of shape ({L.nb}, {L.r}) for these settings at "
-                         f"n = {s.Nq}, got {got}; draw it with attn_core.make_state('bigbird', shape, ...)")
+                         f"n = {s.Nq}, got {got}; draw it with attn_core.make_state(key, shape, ...)")
     if key_padding_mask is not None:
         check_key_padding(SPEC, key_padding_mask, q, k)
     out = q.new_empty(q.shape)
@@ -174,7 +174,7 @@ def _pattern(causal: bool, block: int = 64, window_blocks: int = 3, global_block
         both = both | masks.random_blocks(block, random_table)
     elif random_blocks:
         raise ValueError("BigBird's pattern depends on its random blocks: pass random_table, drawn with "
-                         "attn_core.make_state('bigbird', shape, seed=...)")
+                         "attn_core.make_state(key, shape, seed=...)")
     return both & masks.causal if causal else both
 
 
@@ -244,13 +244,12 @@ def _memory(s: Shape, block: int = 64, window_blocks: int = 3, global_blocks: in
     positions = 8 * (c * span + c * L.b + c * L.keys)  # key tokens, query positions, block indices
     queries = s.bh * c * L.b * s.D * s.elem
     gathered = 2 * s.bh * c * span * s.D * s.elem
-    fused = SDPA.memory_bytes(Shape(s.bh, c, L.b, span, s.D, dtype=s.dtype))
+    fused = SDPA.cost.memory_bytes(Shape(s.bh, c, L.b, span, s.D, dtype=s.dtype))
     chunk = blocked + table + positions + mask * (1 + s.elem) + queries + gathered + fused
     return out + max(chunk, dense)
 
 
 SPEC = MechanismSpec(
-    key="bigbird",
     label="BigBird (block sparse)",
     fn=bigbird_attention,
     description="Blocks of tokens see a window of neighbouring blocks, a few global blocks and a few random "
@@ -265,19 +264,19 @@ SPEC = MechanismSpec(
             Param("random_blocks", 3, 0, 1 << 10, "Random key blocks per query block, drawn (seeded) among those "
                   "the window and global blocks miss; causal: from the past.", small=lambda n: 1)),
     exact=True,
-    supports_causal=True,
-    supports_cross=False,
-    time_big_o="O(n·(w + g + r)·b·d)",
-    memory_big_o="O(n·d)",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    pattern=_pattern,
-    init_state=init_state,
-    state_keys=("random_table",),
-    regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence; a window, "
-            "a few global and a few random blocks keep only part of it (the dropped mass)."),
-    no_generation="Its random blocks are drawn from the whole sequence's blocks, so each new block changes "
-                  "the draw of every block before it: there is no cache a step can extend.",
-    padding=True,
+    state=State(init=init_state, keys=("random_table",)),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·(w + g + r)·b·d)",
+              memory_big_o="O(n·d)"),
+    supports=Supports(
+        causal=True,
+        cross=False,
+        padding=True,
+        no_generation="Its random blocks are drawn from the whole sequence's blocks, so each new block changes "
+                      "the draw of every block before it: there is no cache a step can extend.",
+    ),
+    insight=Insight(
+        pattern=_pattern,
+        regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence; a window, "
+                "a few global and a few random blocks keep only part of it (the dropped mass)."),
+    ),
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..spec import Generation, MechanismSpec, Shape
+from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import StateCache
 from ._common import check_key_padding, checked_shape, row_normalized
 from ._linear_core import LOG2E, linear_attention_core, linear_core_flops, linear_core_memory, mapped, work_dtype
@@ -61,7 +61,7 @@ def _memory(s: Shape) -> float:
 def _remember(k, v, *, max_len: int | None = None) -> StateCache:
     """The RNN state of Katharopoulos et al. (eq. 8–9): Σ φ(k_j) v_jᵀ (D × D) and Σ φ(k_j) (D), whatever the
     context; `max_len` changes nothing."""
-    return StateCache("linear", {}, k, feature_map(k.to(work_dtype(v.dtype))), v)
+    return StateCache({}, k, feature_map(k.to(work_dtype(v.dtype))), v)
 
 
 def _step(q, k, v, cache: StateCache):
@@ -81,24 +81,24 @@ def _step_flops(s: Shape) -> float:
 
 
 SPEC = MechanismSpec(
-    key="linear",
     label="Linear (elu+1)",
     fn=linear_attention,
     description="Replaces exp(q·k) by φ(q)·φ(k) with φ = elu+1, so (φ(K)ᵀV) is computed once: linear in n.",
     paper="Katharopoulos et al. 2020, 'Transformers are RNNs', arXiv 2006.16236",
     params=(),
     exact=False,
-    supports_causal=True,
-    supports_cross=True,
-    time_big_o="O(n·d²)",
-    memory_big_o="O(n·d)",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    effective=_effective,
-    padding=True,
-    regime=("gentle", "peaky", "elu(x) + 1 is a smooth, positive kernel: it cannot put nearly all of a query's "
-            "weight on a few keys, as softmax does when scores spread widely."),
-    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_flops=_step_flops,
-                          step_big_o="O(d²)", cache_big_o="O(d²)"),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·d²)",
+              memory_big_o="O(n·d)"),
+    supports=Supports(
+        causal=True,
+        cross=True,
+        padding=True,
+        generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_flops=_step_flops,
+                              step_big_o="O(d²)", cache_big_o="O(d²)"),
+    ),
+    insight=Insight(
+        effective=_effective,
+        regime=("gentle", "peaky", "elu(x) + 1 is a smooth, positive kernel: it cannot put nearly all of a query's "
+                "weight on a few keys, as softmax does when scores spread widely."),
+    ),
 )

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ..spec import MechanismSpec, Param, Shape
+from ..spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._common import check_key_padding, checked_shape, scale
 
 
@@ -69,7 +69,6 @@ def _memory(s: Shape, rank: int = 256) -> float:
 
 
 SPEC = MechanismSpec(
-    key="linformer",
     label="Linformer",
     fn=linformer_attention,
     description="Projects the n keys and values down to rank k rows, so attention is n×k instead of n×n.",
@@ -77,21 +76,21 @@ SPEC = MechanismSpec(
     params=(Param("rank", 256, 1, 1 << 16, "Projected length k of keys and values (≤ n).", log=True, at_most="Nk",
                   small=lambda n: max(1, n // 4), tokens=True),),
     exact=False,
-    supports_causal=False,
-    supports_cross=True,
-    time_big_o="O(n·k·d)",
-    memory_big_o="O(n·k)",
-    flops=_flops,
-    memory_bytes=_memory,
-    init_state=init_state,
-    state_keys=("E", "F"),
-    effective=_effective,
-    projected="rank",
-    padding=True,
-    pull_back=_pull_back,
-    accuracy_note="Linformer's projections E and F are random here, as at initialisation; the paper learns them. "
-                  "These are the errors of an untrained Linformer.",
-    no_generation="Its projections E and F mix every position of the sequence, later ones included, into each "
-                  "projected key and value, so it has no causal form: no token's output can be computed before the "
-                  "whole sequence is known, and generating one token at a time is impossible.",
+    state=State(init=init_state, keys=("E", "F")),
+    cost=Cost(flops=_flops, memory_bytes=_memory, time_big_o="O(n·k·d)", memory_big_o="O(n·k)"),
+    supports=Supports(
+        causal=False,
+        cross=True,
+        padding=True,
+        no_generation="Its projections E and F mix every position of the sequence, later ones included, into each "
+                      "projected key and value, so it has no causal form: no token's output can be computed before the "
+                      "whole sequence is known, and generating one token at a time is impossible.",
+    ),
+    insight=Insight(
+        effective=_effective,
+        projected="rank",
+        pull_back=_pull_back,
+        accuracy_note="Linformer's projections E and F are random here, as at initialisation; the paper learns them. "
+                      "These are the errors of an untrained Linformer.",
+    ),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import masks
-from ..spec import Generation, MechanismSpec, Param, Shape
+from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
 from ._banded import banded_attention, banded_flops, banded_memory
 from ._cache import KVCache, attend, kv_bytes
 from ._common import check_key_padding, checked_shape
@@ -64,7 +64,7 @@ def _remember(k, v, *, max_len: int | None = None, block: int = 128, lookback: i
               lookahead: int = 1) -> KVCache:
     """A ring of (lookback + 1)·block tokens: the current block and the `lookback` before it. Slots follow
     positions modulo a whole number of blocks, so each block fills its own run of `block` slots."""
-    return KVCache("local", {"block": block, "lookback": lookback, "lookahead": lookahead}, k, v, max_len=max_len,
+    return KVCache({"block": block, "lookback": lookback, "lookahead": lookahead}, k, v, max_len=max_len,
                    limit=(lookback + 1) * block)
 
 
@@ -85,7 +85,6 @@ def _cache_bytes(s: Shape, block: int = 128, lookback: int = 1, lookahead: int =
 
 
 SPEC = MechanismSpec(
-    key="local",
     label="Block-local",
     fn=local_attention,
     description="The sequence is cut into blocks; each query attends to its own block and a few neighbouring ones.",
@@ -96,17 +95,18 @@ SPEC = MechanismSpec(
         Param("lookahead", 1, 0, 64, "Next blocks each query also sees (0 when causal)."),
     ),
     exact=True,
-    supports_causal=True,
-    supports_cross=False,
-    time_big_o="O(n·b·d)",
-    memory_big_o="O(n·d)",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    pattern=_pattern,
-    padding=True,
-    regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
-            "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
-    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(b·d)",
-                          cache_big_o="O(b·d)"),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·b·d)",
+              memory_big_o="O(n·d)"),
+    supports=Supports(
+        causal=True,
+        cross=False,
+        padding=True,
+        generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(b·d)",
+                              cache_big_o="O(b·d)"),
+    ),
+    insight=Insight(
+        pattern=_pattern,
+        regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
+                "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
+    ),
 )

@@ -8,7 +8,7 @@ import math
 import torch
 
 from .. import masks
-from ..spec import Generation, MechanismSpec, Param, Shape
+from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._banded import Extra, banded_attention, banded_flops, banded_memory, dense_rows, dense_rows_memory
 from ._cache import KVCache, Ring, attend, kv_bytes
 from ._common import check_key_padding, checked_shape, trusted
@@ -133,7 +133,7 @@ def _remember(k, v, *, max_len: int | None = None, window: int = 256, global_tok
     as they are generated; given `global_positions` must all lie in the prompt, since a global token's step would
     need every key before it. O((w + g)·d) memory at any context."""
     n, g = k.shape[2], global_tokens
-    cache = KVCache("longformer", {"window": window, "global_tokens": g}, k, v, max_len=max_len, limit=window + 1)
+    cache = KVCache({"window": window, "global_tokens": g}, k, v, max_len=max_len, limit=window + 1)
     if global_positions is None:
         held = torch.arange(min(g, n), device=k.device)
     else:
@@ -171,7 +171,6 @@ def _cache_bytes(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
 
 
 SPEC = MechanismSpec(
-    key="longformer",
     label="Longformer (window + global)",
     fn=longformer_attention,
     description="A sliding window of ±w neighbours plus g global tokens that attend to, and are attended by, "
@@ -183,18 +182,19 @@ SPEC = MechanismSpec(
                   "global_positions) see every key and are seen by every query.", log=True,
                   small=lambda n: 1 if n < 16 else 2, tokens=True)),
     exact=True,
-    supports_causal=True,
-    supports_cross=False,
-    time_big_o="O(n·(w + g)·d)",
-    memory_big_o="O(n·d)",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    pattern=_pattern,
-    state_keys=("global_positions",),
-    regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence; the window "
-            "and a few global tokens keep only a sliver of it (the dropped mass)."),
-    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O((w + g)·d)",
-                          cache_big_o="O((w + g)·d)"),
-    padding=True,
+    state=State(keys=("global_positions",)),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·(w + g)·d)",
+              memory_big_o="O(n·d)"),
+    supports=Supports(
+        causal=True,
+        cross=False,
+        padding=True,
+        generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O((w + g)·d)",
+                              cache_big_o="O((w + g)·d)"),
+    ),
+    insight=Insight(
+        pattern=_pattern,
+        regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence; the window "
+                "and a few global tokens keep only a sliver of it (the dropped mass)."),
+    ),
 )

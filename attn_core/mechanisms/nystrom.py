@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..spec import MechanismSpec, Param, Shape
+from ..spec import Cost, Insight, MechanismSpec, Param, Shape, Supports
 from ._banded import floor, padding_bias
 from ._common import check_key_padding, checked_shape, scale
 
@@ -234,7 +234,6 @@ def _memory(s: Shape, landmarks: int = 64, pinv_iterations: int = 6) -> float:
 
 
 SPEC = MechanismSpec(
-    key="nystrom",
     label="Nyströmformer",
     fn=nystrom_attention,
     description="Rebuilds the n×n softmax matrix from m landmark (segment-mean) queries and keys and the "
@@ -247,22 +246,23 @@ SPEC = MechanismSpec(
             Param("pinv_iterations", 6, 1, 100, "Steps of the iterative pseudo-inverse of the m×m landmark kernel (the "
                   "paper uses 6); past convergence, a nearly singular kernel makes more steps worse.")),
     exact=False,
-    supports_causal=False,
-    supports_cross=True,
-    time_big_o="O(n·m·d)",
-    memory_big_o="O(n·d + m²)",
-    flops=_flops,
-    memory_bytes=_memory,
-    effective=_effective,
-    regime=("local", "gaussian", "A landmark is the mean of a segment of tokens: where nearby tokens are alike (slowly "
-            "varying inputs) it stands for them and F·A⁺·B rebuilds softmax closely, the error falling as m grows; "
-            "the means of unrelated tokens shrink towards zero and keep nothing of what sets each token apart, so "
-            "m landmarks cannot rebuild a softmax that differs from token to token: the Nyström method presumes a "
-            "softmax matrix close to rank m (Xiong et al. 2021, arXiv 2102.03902)."),
-    accuracy_note="Nyströmformer's effective weights F·A⁺·B are not a distribution: the pseudo-inverse has negative "
-                  "entries, and rows sum to 1 only as far as the iteration has converged. Its KL is undefined (NaN) "
-                  "where a weight is negative; the output errors compare it with softmax.",
-    no_generation="Its landmarks are means over segments of the whole sequence, later tokens included, so it has "
-                  "no causal form, and a new token would move every landmark.",
-    padding=True,
+    cost=Cost(flops=_flops, memory_bytes=_memory, time_big_o="O(n·m·d)", memory_big_o="O(n·d + m²)"),
+    supports=Supports(
+        causal=False,
+        cross=True,
+        padding=True,
+        no_generation="Its landmarks are means over segments of the whole sequence, later tokens included, so it has "
+                      "no causal form, and a new token would move every landmark.",
+    ),
+    insight=Insight(
+        effective=_effective,
+        regime=("local", "gaussian", "A landmark is the mean of a segment of tokens: where nearby tokens are alike "
+                "(slowly varying inputs) it stands for them and F·A⁺·B rebuilds softmax closely, the error falling as "
+                "m grows; the means of unrelated tokens shrink towards zero and keep nothing of what sets each token "
+                "apart, so m landmarks cannot rebuild a softmax that differs from token to token: the Nyström method "
+                "presumes a softmax matrix close to rank m (Xiong et al. 2021, arXiv 2102.03902)."),
+        accuracy_note="Nyströmformer's effective weights F·A⁺·B are not a distribution: the pseudo-inverse has "
+                      "negative entries, and rows sum to 1 only as far as the iteration has converged. Its KL is "
+                      "undefined (NaN) where a weight is negative; the output errors compare it with softmax.",
+    ),
 )

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..spec import Generation, MechanismSpec, Param, Shape
+from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import StateCache
 from ._common import check_key_padding, checked_shape, row_normalized
 from ._linear_core import LOG2E, linear_attention_core, linear_core_flops, linear_core_memory, mapped, work_dtype
@@ -134,7 +134,7 @@ def _remember(k, v, *, max_len: int | None = None, features: int = 256, projecti
     whatever the context; the cache keeps the projection it was built with, in its `base2` form."""
     w = base2(_projection(Shape.of(k, k, True), v, features, projection, seed))
     phi_k, offset = key_features(k.to(w.dtype), w)
-    return StateCache("performer", {"features": features}, k, phi_k, v, offset=offset, projection=w)
+    return StateCache({"features": features}, k, phi_k, v, offset=offset, projection=w)
 
 
 def _prefill(q, k, v, *, max_len: int | None = None, features: int = 256, projection=None, seed: int = 0):
@@ -142,7 +142,7 @@ def _prefill(q, k, v, *, max_len: int | None = None, features: int = 256, projec
     w = base2(_projection(Shape.of(q, k, True), v, features, projection, seed))
     phi_k, offset = key_features(k.to(w.dtype), w)
     out = mapped(query_features(q.to(w.dtype), w), phi_k, v, True)
-    return out, StateCache("performer", {"features": features}, k, phi_k, v, offset=offset, projection=w)
+    return out, StateCache({"features": features}, k, phi_k, v, offset=offset, projection=w)
 
 
 def _step(q, k, v, cache: StateCache):
@@ -198,27 +198,26 @@ def _memory(s: Shape, features: int = 256) -> float:
 
 
 SPEC = MechanismSpec(
-    key="performer",
     label="Performer (FAVOR+)",
     fn=performer_attention,
     description="Estimates softmax attention with m positive orthogonal random features: linear in n, approximate.",
     paper="Choromanski et al. 2020, 'Rethinking Attention with Performers', arXiv 2009.14794",
     params=(Param("features", 256, 1, 16384, "Random features m: more is closer to softmax and slower.", log=True),),
     exact=False,
-    supports_causal=True,
-    supports_cross=True,
-    time_big_o="O(n·m·d)",
-    memory_big_o="O(n·d)",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    init_state=init_state,
-    state_keys=("projection",),
-    effective=_effective,
-    padding=True,
-    regime=("gentle", "gaussian", "FAVOR+ estimates exp(q·k/√D) with random features whose variance grows as "
-            "exp(‖q‖² + ‖k‖²)/√D: with unit-variance inputs (‖q‖²/√D = 8 at head dimension 64) a few hundred "
-            "features cannot tame it (Choromanski et al. 2020, arXiv 2009.14794, Lemma 2)."),
-    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, prefill=_prefill,
-                          step_flops=_step_flops, step_big_o="O(m·d)", cache_big_o="O(m·d)"),
+    state=State(init=init_state, keys=("projection",)),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·m·d)",
+              memory_big_o="O(n·d)"),
+    supports=Supports(
+        causal=True,
+        cross=True,
+        padding=True,
+        generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, prefill=_prefill,
+                              step_flops=_step_flops, step_big_o="O(m·d)", cache_big_o="O(m·d)"),
+    ),
+    insight=Insight(
+        effective=_effective,
+        regime=("gentle", "gaussian", "FAVOR+ estimates exp(q·k/√D) with random features whose variance grows as "
+                "exp(‖q‖² + ‖k‖²)/√D: with unit-variance inputs (‖q‖²/√D = 8 at head dimension 64) a few hundred "
+                "features cannot tame it (Choromanski et al. 2020, arXiv 2009.14794, Lemma 2)."),
+    ),
 )

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..spec import MechanismSpec, Param, Shape
+from ..spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._common import checked_shape
 from ._linear_core import work_dtype
 
@@ -256,7 +256,6 @@ def _memory(s: Shape, bucket_size: int = 64, n_hashes: int = 4) -> float:
 
 
 SPEC = MechanismSpec(
-    key="reformer",
     label="Reformer (LSH)",
     fn=reformer_attention,
     description="Hashes shared query-key vectors into buckets by random rotations, sorts them and attends within "
@@ -267,27 +266,27 @@ SPEC = MechanismSpec(
             Param("n_hashes", 4, 1, 32, "Hashing rounds r: each finds more neighbours and costs as much again.",
                   log=True, small=lambda n: 2)),
     exact=False,
-    supports_causal=True,
-    supports_cross=False,
-    time_big_o="O(n·log n)",
-    memory_big_o="O(n·r·(c + d))",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    init_state=init_state,
-    state_keys=("rotations",),
-    effective=_effective,
-    shared_qk=True,
-    no_padding="its padding tokens are hashed and sorted with the real ones and take places in the chunks, so even "
-               "with them masked inside the chunks the real tokens see fewer keys than on the unpadded sequence, "
-               "and which ones depends on how much padding there is",
-    regime=("gentle", "gaussian", "Reformer uses the normalised queries as keys and never reads k: with independent "
-            "unit-variance q and k, softmax's weights follow q·k, which it cannot see, and its error stays near 80% "
-            "even when one chunk holds every key; with gentle inputs every score is near 0 either way and what is "
-            "left is the keys the hashes miss, fewer as rounds and buckets grow."),
-    accuracy_note="Reformer shares queries and keys (k is ignored; the keys are the queries normalised, a trained "
-                  "Reformer learns one projection for both) and masks each token's own key: its errors against "
-                  "softmax with the given k include that substitution, not only the keys its hashes miss.",
-    no_generation="Its chunks are cut from the whole sequence sorted by bucket, so one new token shifts the chunk of "
-                  "every token sorted after it: there is no cache a step can extend without sorting again.",
+    state=State(init=init_state, keys=("rotations",)),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·log n)",
+              memory_big_o="O(n·r·(c + d))"),
+    supports=Supports(
+        causal=True,
+        cross=False,
+        no_padding="its padding tokens are hashed and sorted with the real ones and take places in the chunks, so even "
+                   "with them masked inside the chunks the real tokens see fewer keys than on the unpadded sequence, "
+                   "and which ones depends on how much padding there is",
+        no_generation="Its chunks are cut from the whole sequence sorted by bucket, so one new token shifts the chunk "
+                      "of every token sorted after it: there is no cache a step can extend without sorting again.",
+        shared_qk=True,
+    ),
+    insight=Insight(
+        effective=_effective,
+        regime=("gentle", "gaussian", "Reformer uses the normalised queries as keys and never reads k: with "
+                "independent unit-variance q and k, softmax's weights follow q·k, which it cannot see, and its error "
+                "stays near 80% even when one chunk holds every key; with gentle inputs every score is near 0 either "
+                "way and what is left is the keys the hashes miss, fewer as rounds and buckets grow."),
+        accuracy_note="Reformer shares queries and keys (k is ignored; the keys are the queries normalised, a trained "
+                      "Reformer learns one projection for both) and masks each token's own key: its errors against "
+                      "softmax with the given k include that substitution, not only the keys its hashes miss.",
+    ),
 )

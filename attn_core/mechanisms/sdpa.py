@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks
-from ..spec import Generation, MechanismSpec, Shape
+from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, kv_bytes
 from ._common import check_key_padding, checked_shape, first_key
 
@@ -110,7 +110,7 @@ def _memory(s: Shape) -> float:
 
 def _remember(k, v, *, max_len: int | None = None) -> KVCache:
     """Key-value cache of every token, as softmax's."""
-    return KVCache("sdpa", {}, k, v, max_len=max_len)
+    return KVCache({}, k, v, max_len=max_len)
 
 
 def _step(q, k, v, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
@@ -126,22 +126,20 @@ def _cache_bytes(s: Shape) -> float:
 
 
 SPEC = MechanismSpec(
-    key="sdpa",
     label="Softmax (fused SDPA)",
     fn=sdpa_attention,
     description="Exact softmax attention in one fused kernel that tiles the computation and never stores n×n.",
     paper="PyTorch scaled_dot_product_attention; FlashAttention, Dao et al. 2022, arXiv 2205.14135",
     params=(),
     exact=True,
-    supports_causal=True,
-    supports_cross=True,
-    time_big_o="O(n²·d)",
-    memory_big_o="O(n·d)",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    pattern=lambda causal: masks.causal if causal else masks.full,
-    padding=True,
-    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
-                          cache_big_o="O(n·d)"),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n²·d)",
+              memory_big_o="O(n·d)"),
+    supports=Supports(
+        causal=True,
+        cross=True,
+        padding=True,
+        generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
+                              cache_big_o="O(n·d)"),
+    ),
+    insight=Insight(pattern=lambda causal: masks.causal if causal else masks.full),
 )

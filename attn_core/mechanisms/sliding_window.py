@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import masks
-from ..spec import Generation, MechanismSpec, Param, Shape
+from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
 from ._banded import banded_attention, banded_flops, banded_memory
 from ._cache import KVCache, kv_bytes, kv_step
 from ._common import check_key_padding, checked_shape
@@ -60,7 +60,7 @@ def _memory(s: Shape, window: int = 256) -> float:
 def _remember(k, v, *, max_len: int | None = None, window: int = 256) -> KVCache:
     """A ring of the last window + 1 tokens (the window a new token sees, and the token itself, written before it
     is read): a step is O(w·d) time, the cache O(w·d) memory at any context."""
-    return KVCache("sliding_window", {"window": window}, k, v, max_len=max_len, limit=window + 1)
+    return KVCache({"window": window}, k, v, max_len=max_len, limit=window + 1)
 
 
 def _cache_bytes(s: Shape, window: int = 256) -> float:
@@ -68,7 +68,6 @@ def _cache_bytes(s: Shape, window: int = 256) -> float:
 
 
 SPEC = MechanismSpec(
-    key="sliding_window",
     label="Sliding window",
     fn=sliding_window_attention,
     description="Each token attends to its neighbours within ±window positions: exact inside the band, blind outside.",
@@ -76,17 +75,18 @@ SPEC = MechanismSpec(
     params=(Param("window", 256, 1, 1 << 20, "Keys on each side a query sees (|i − j| ≤ window).", log=True,
                   small=lambda n: max(1, n // 8), tokens=True),),
     exact=True,
-    supports_causal=True,
-    supports_cross=False,
-    time_big_o="O(n·w·d)",
-    memory_big_o="O(n·d)",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    pattern=_pattern,
-    padding=True,
-    regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
-            "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
-    generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(w·d)",
-                          cache_big_o="O(w·d)"),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·w·d)",
+              memory_big_o="O(n·d)"),
+    supports=Supports(
+        causal=True,
+        cross=False,
+        padding=True,
+        generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(w·d)",
+                              cache_big_o="O(w·d)"),
+    ),
+    insight=Insight(
+        pattern=_pattern,
+        regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
+                "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
+    ),
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import masks
-from ..spec import Generation, MechanismSpec, Shape
+from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, kv_bytes, kv_step
 from ._common import check_key_padding, checked_shape, scale, softmax_or_zeros
 
@@ -55,7 +55,7 @@ def _memory(s: Shape) -> float:
 
 def _remember(k, v, *, max_len: int | None = None) -> KVCache:
     """Key-value cache of every token: a step reads all of it, O(n·d) time and memory at context n."""
-    return KVCache("softmax", {}, k, v, max_len=max_len)
+    return KVCache({}, k, v, max_len=max_len)
 
 
 def _cache_bytes(s: Shape) -> float:
@@ -64,22 +64,20 @@ def _cache_bytes(s: Shape) -> float:
 
 
 SPEC = MechanismSpec(
-    key="softmax",
     label="Softmax (materialized)",
     fn=softmax_attention,
     description="The textbook version: builds the full n×n score matrix, then softmax, then times V.",
     paper="Vaswani et al. 2017, 'Attention Is All You Need', arXiv 1706.03762",
     params=(),
     exact=True,
-    supports_causal=True,
-    supports_cross=True,
-    time_big_o="O(n²·d)",
-    memory_big_o="O(n²)",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    pattern=lambda causal: masks.causal if causal else masks.full,
-    padding=True,
-    generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
-                          cache_big_o="O(n·d)"),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n²·d)",
+              memory_big_o="O(n²)"),
+    supports=Supports(
+        causal=True,
+        cross=True,
+        padding=True,
+        generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
+                              cache_big_o="O(n·d)"),
+    ),
+    insight=Insight(pattern=lambda causal: masks.causal if causal else masks.full),
 )

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks
-from ..spec import Generation, MechanismSpec, Param, Shape
+from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
 from ._banded import chunk_blocks, dead_below, padding_bias
 from ._cache import KVCache, Ring, attend, kv_bytes
 from ._common import check_key_padding, checked_shape
@@ -113,7 +113,7 @@ def _memory(s: Shape, stride: int = 128) -> float:
 def _remember(k, v, *, max_len: int | None = None, stride: int = 128) -> KVCache:
     """Two rings: the current block (`stride` tokens, slot = position mod stride) and the summary keys so far, the
     last token of each finished block (growing by one every `stride` tokens). O(s + n/s) memory at context n."""
-    cache = KVCache("sparse", {"stride": stride}, k, v, max_len=max_len, limit=stride)
+    cache = KVCache({"stride": stride}, k, v, max_len=max_len, limit=stride)
     cache.rings["summaries"] = Ring(k[:, :, stride - 1::stride], v[:, :, stride - 1::stride],
                                     reserve=(max_len or 0) // stride)
     return cache
@@ -137,7 +137,6 @@ def _cache_bytes(s: Shape, stride: int = 128) -> float:
 
 
 SPEC = MechanismSpec(
-    key="sparse",
     label="Sparse (fixed strided)",
     fn=sparse_attention,
     description="Each token sees its own block plus one 'summary' token from every block: O(n·√n) at stride √n.",
@@ -145,17 +144,18 @@ SPEC = MechanismSpec(
     params=(Param("stride", 128, 1, 1 << 16, "Block size; every stride-th key is a summary all queries see.",
                   log=True, small=lambda n: max(1, round(math.sqrt(n))), tokens=True),),
     exact=True,
-    supports_causal=True,
-    supports_cross=False,
-    time_big_o="O(n·(s + n/s)·d)",
-    memory_big_o="O(n·d + s·(s + n/s))",
-    flops=_flops,
-    executed_flops=_executed_flops,
-    memory_bytes=_memory,
-    pattern=_pattern,
-    padding=True,
-    regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
-            "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
-    generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes,
-                          step_big_o="O((s + n/s)·d)", cache_big_o="O((s + n/s)·d)"),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·(s + n/s)·d)",
+              memory_big_o="O(n·d + s·(s + n/s))"),
+    supports=Supports(
+        causal=True,
+        cross=False,
+        padding=True,
+        generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes,
+                              step_big_o="O((s + n/s)·d)", cache_big_o="O((s + n/s)·d)"),
+    ),
+    insight=Insight(
+        pattern=_pattern,
+        regime=("local", "gaussian", "With unrelated tokens softmax spreads weight over the whole sequence, and a "
+                "fixed pattern drops all of it that falls outside the pattern (the dropped mass)."),
+    ),
 )
