@@ -21,6 +21,7 @@ import pandas as pd
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from ..engine import presets, results
+from ..files import write_atomic
 from ..engine.config import DEFAULT_SWEEP, SweepConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,7 +269,7 @@ def save(runs: dict[str, pd.DataFrame], folder: str | None) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         for name, frame in runs.items():
-            frame.to_csv(Path(folder) / f"{name.replace(' ', '_')}.csv", index=False)
+            write_atomic(Path(folder) / f"{name.replace(' ', '_')}.csv", frame.to_csv(index=False).encode("utf-8"))
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from ..engine import env
 from ..engine.analysis import fit_slopes
 from ..engine.measure import Case, Problem, Settings, format_bytes, make_row, measure_case
 from ..engine.results import frame_from_rows
+from ..files import write_atomic
 
 EFFICIENT = {"local": {}, "sliding_window": {"window": 256}, "linformer": {"rank": 256},
              "performer": {"features": 256}, "linear": {}}
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     df = measure(args)
     if args.csv:
-        df.to_csv(args.csv, index=False)
+        write_atomic(args.csv, df.to_csv(index=False).encode("utf-8"))
     report(df, args)
     return 0
 

@@ -117,13 +117,14 @@ def to_csv_bytes(run: Run) -> bytes:
 
 
 def save_run(run: Run, path: str | os.PathLike) -> None:
-    """Write a run as JSON (.json) or CSV (.csv), chosen by the file's extension."""
+    """Write a run as JSON (.json) or CSV (.csv), chosen by the file's extension; atomically (`write_atomic`): a
+    save that fails leaves the file there before untouched."""
     suffix = os.path.splitext(os.fspath(path))[1].lower()
     if suffix not in (".json", ".csv"):
         raise ValueError(f"cannot save to {os.fspath(path)!r}: name the file .json or .csv")
-    data = to_json_bytes(run) if suffix == ".json" else to_csv_bytes(run)
-    with open(path, "wb") as f:
-        f.write(data)
+    from ..files import write_atomic
+
+    write_atomic(path, to_json_bytes(run) if suffix == ".json" else to_csv_bytes(run))  # whole, or the old file kept
 
 
 def load_run(source: str | os.PathLike | bytes, name: str | None = None) -> Run:
