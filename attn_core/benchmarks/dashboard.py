@@ -21,8 +21,9 @@ import pandas as pd
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from ..engine import presets, results
-from ..files import write_atomic
 from ..engine.config import DEFAULT_SWEEP, SweepConfig
+from ..files import write_atomic
+from ..untrusted import csv_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -269,7 +270,7 @@ def save(runs: dict[str, pd.DataFrame], folder: str | None) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         for name, frame in runs.items():
-            write_atomic(Path(folder) / f"{name.replace(' ', '_')}.csv", frame.to_csv(index=False).encode("utf-8"))
+            write_atomic(Path(folder) / f"{name.replace(' ', '_')}.csv", csv_bytes(frame))
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from ..engine.analysis import fit_slopes
 from ..engine.measure import Case, Problem, Settings, format_bytes, make_row, measure_case
 from ..engine.results import frame_from_rows
 from ..files import write_atomic
+from ..untrusted import csv_bytes
 
 EFFICIENT = {"local": {}, "sliding_window": {"window": 256}, "linformer": {"rank": 256},
              "performer": {"features": 256}, "linear": {}}
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     df = measure(args)
     if args.csv:
-        write_atomic(args.csv, df.to_csv(index=False).encode("utf-8"))
+        write_atomic(args.csv, csv_bytes(df))
     report(df, args)
     return 0
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pandas as pd
 
+from ..untrusted import csv_cell, csv_json, csv_text
+
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 lacks the contention and executed-FLOP columns: they are filled in
 FORMAT = "attention-lab-run"
@@ -103,16 +105,18 @@ def to_json_bytes(run: Run) -> bytes:
 
 def to_csv_bytes(run: Run) -> bytes:
     """The run as CSV: '# attention-lab-run', '# schema_version: 1', '# env: {json}', '# config: {json}' lines,
-    then a header and one line per point; params and time_samples cells hold JSON."""
+    then a header and one line per point; params and time_samples cells hold JSON. No cell can run as a
+    spreadsheet formula: text cells starting with =, +, -, @, tab or CR get a leading ' (`csv_cell`, taken off again
+    by load_run), and those characters inside the comment lines' JSON strings are \\u escapes (`csv_json`)."""
     out = io.StringIO()
     out.write(f"# {FORMAT}\n# schema_version: {SCHEMA_VERSION}\n")
-    out.write(f"# env: {json.dumps(run.env, allow_nan=False, default=_jsonable)}\n")
-    out.write(f"# config: {json.dumps(run.config, allow_nan=False, default=_jsonable)}\n")
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    out.write(f"# env: {csv_json(json.dumps(run.env, allow_nan=False, default=_jsonable))}\n")
+    out.write(f"# config: {csv_json(json.dumps(run.config, allow_nan=False, default=_jsonable))}\n")
+    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180's line end: a CR inside a cell is quoted too, so it
+    writer.writerow(COLUMNS)  # cannot end the row (and start the next with a formula) in a spreadsheet
     for rec in _records(run.frame):
         rec["time_samples"] = json.dumps(rec["time_samples"])
-        writer.writerow(["" if rec[c] is None else rec[c] for c in COLUMNS])
+        writer.writerow(["" if rec[c] is None else csv_cell(rec[c]) for c in COLUMNS])
     return out.getvalue().encode("utf-8")
 
 
@@ -223,7 +227,7 @@ def _comment_json(line: str, key: str, label: str) -> dict:
 
 
 def _parse_csv(text: str, label: str) -> Run:
-    lines = text.splitlines()
+    lines = text.splitlines(keepends=True)  # kept: a quoted line break inside a cell reaches the reader as written
     if not lines or lines[0].strip() != f"# {FORMAT}":
         _check_header(None, None, label)
     meta, body_start = {}, 1
@@ -236,7 +240,7 @@ def _parse_csv(text: str, label: str) -> Run:
     _check_header(FORMAT, version, label)
     env = _comment_json(meta["env"], "env", label) if "env" in meta else {}
     config = _comment_json(meta["config"], "config", label) if "config" in meta else {}
-    reader = csv.DictReader(io.StringIO("\n".join(lines[body_start:])))
+    reader = csv.DictReader(io.StringIO("".join(lines[body_start:]), newline=""))
     rows = _upgraded([dict(r) for r in reader], version)
     if reader.fieldnames is None:
         raise RunFileError(f"{label} is malformed: the header line of the table is missing")
@@ -245,6 +249,8 @@ def _parse_csv(text: str, label: str) -> Run:
         if None in r:
             raise RunFileError(f"{label} is malformed: a line has more cells than the header")
         r["time_samples"] = json.loads(r["time_samples"] or "[]")
+        for c in TEXT:  # the ' that to_csv_bytes put before a formula-like text
+            r[c] = csv_text(r[c]) if isinstance(r[c], str) else r[c]
         for c in FLOAT:
             r[c] = r[c] if r[c] not in ("", None) else None
     return Run(_validated(rows, label), env, config, SCHEMA_VERSION)
