@@ -81,6 +81,9 @@ class MultiHeadAttention(nn.Module):
         `key_padding_mask`: boolean (B, Nk), True where a context token is padding (torch.nn.MultiheadAttention's
         convention); see attn_core.attention. Refused with a sentence by a mechanism without spec.padding."""
         context = x if context is None else context
+        if self.q_proj.weight.is_meta:
+            raise ValueError("this layer's weights are on the meta device, which holds shapes but no values; give "
+                             "them values first, e.g. layer.to_empty(device='cpu') and then layer.load_state_dict(...)")
         for name, t in (("x", x), ("context", context)):
             self._check_input(name, t)
         if x.dim() != 3 or context.dim() != 3 or x.shape[-1] != self.d_model or context.shape[-1] != self.d_model:

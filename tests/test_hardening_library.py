@@ -75,6 +75,31 @@ def test_layer_input_of_the_wrong_kind_is_refused(call, words):
     assert all(w in text for w in words), text
 
 
+META = torch.ones(1, 2, 4, 8, device="meta")
+NO_TOKENS = ["holds no tokens", "pass at least one sequence of at least one token"]
+ON_META = ["on the meta device", "holds shapes but no values", ".to('cpu')"]
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: LAYER(torch.ones(0, 4, 16)), ["x has shape (0, 4, 16)", *NO_TOKENS]),
+    (lambda: LAYER(torch.ones(2, 0, 16)), ["x has shape (2, 0, 16)", *NO_TOKENS]),
+    (lambda: LAYER(torch.ones(2, 3, 16), torch.ones(2, 0, 16)), ["context has shape (2, 0, 16)", *NO_TOKENS]),
+    (lambda: LAYER(torch.ones(2, 3, 16, device="meta")), ["x is on the meta device", *ON_META]),
+    (lambda: LAYER(torch.ones(2, 3, 16), torch.ones(2, 3, 16, device="meta")), ["context is on the meta", *ON_META]),
+    (lambda: ac.MultiHeadAttention(16, 2).to("meta")(torch.ones(2, 3, 16, device="meta")),
+     ["this layer's weights are on the meta device", "layer.to_empty(device='cpu')"]),
+    (lambda: ac.attention("softmax", META, META, META), ["q is on the meta device", *ON_META]),
+    (lambda: ac.attention("linear", META, META, META, causal=True), ["q is on the meta device", *ON_META]),
+    (lambda: ac.attention("softmax", *[torch.ones(0, 2, 4, 8)] * 3), ["empty input", "at least 1", NO_TOKENS[1]]),
+    (lambda: ac.attention("softmax", *[torch.ones(1, 2, 0, 8)] * 3), ["empty input", "at least 1", NO_TOKENS[1]]),
+    (lambda: ac.generation.prefill("softmax", META, META, META), ["q is on the meta device", *ON_META]),
+])
+def test_empty_and_meta_inputs_are_refused_first_with_a_sentence(call, words):
+    """Before: torch's aminmax error on an empty dimension, or .item() on a meta tensor."""
+    text = message(call)
+    assert all(w in text for w in words), text
+
+
 # --- make_state and init_state check their parameters before allocating ---------------------------------------------
 
 SHAPE = Shape(1, 2, 64, 64, 16)
