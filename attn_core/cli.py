@@ -250,6 +250,8 @@ def out_problem(path: str) -> str | None:
     appending (nothing in it changes) and removed again if the probe created it."""
     if not path.lower().endswith((".json", ".csv")):
         return f"--out {path!r}: name the file .json or .csv"
+    if os.path.islink(path):  # writing through it would create or replace a file the link, not the user, names
+        return f"--out {path!r} is a symbolic link (to {os.readlink(path)!r}); name the file itself, or remove the link"
     if os.path.isdir(path):
         return f"--out {path!r} is a folder; name a file in it, e.g. {os.path.join(path, 'run.json')!r}"
     folder = os.path.dirname(os.path.abspath(path))
@@ -262,7 +264,8 @@ def out_problem(path: str) -> str | None:
         return f"--out {path!r}: the folder {folder!r} does not exist; create it or choose another folder"
     existed = os.path.lexists(path)
     try:  # O_NONBLOCK: a FIFO with no reader fails at once instead of hanging the probe
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0), 0o666))
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+                         | getattr(os, "O_NOFOLLOW", 0), 0o666))
     except OSError as e:
         return f"--out {path!r} cannot be written ({e.strerror or e}); choose a file in a folder you can write to"
     if not existed:

@@ -8,7 +8,7 @@ from torch import nn
 
 from .api import get, make_state
 from .mechanisms._common import check_finite, check_key_padding
-from .spec import Shape, dtype_name
+from .spec import MechanismSpec, Shape, dtype_name
 
 
 class MultiHeadAttention(nn.Module):
@@ -17,7 +17,8 @@ class MultiHeadAttention(nn.Module):
 
     Random mechanism state (Performer features, Linformer projections) is drawn from `seed` and kept in a plain
     dict (not parameters or buffers: it is not trained or saved), drawn again when the context length, head size,
-    device or dtype changes; `redraw(seed)` draws it anew.
+    device or dtype changes; `redraw(seed)` draws it anew. The layer holds its mechanism's key and finds the spec in
+    the catalogue, so it pickles and torch.save's like any module.
     """
 
     def __init__(self, d_model: int, heads: int, mechanism: str = "softmax", causal: bool = False, *,
@@ -29,18 +30,24 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by {heads} heads; choose a multiple of {heads}")
-        self.spec = get(mechanism)
-        self.spec.check_causal(causal)
-        self.spec.check_params(params)
+        spec = get(mechanism)
+        spec.check_causal(causal)
+        spec.check_params(params)
+        self.mechanism = spec.key  # the key, not the spec: its cost functions are lambdas, which pickle cannot save
         self.d_model, self.heads, self.causal, self.seed = d_model, heads, bool(causal), seed
-        self.params = self.spec.resolved(params)
+        self.params = spec.resolved(params)
         # a mechanism that uses the queries as keys (supports.shared_qk) gets no key projection, which it would not
         # train
-        shared_qk = self.spec.supports.shared_qk
+        shared_qk = spec.supports.shared_qk
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
             None if role == "k" and shared_qk else nn.Linear(d_model, d_model, bias=bias) for role in "qkvo")
         self._state: dict[str, torch.Tensor] = {}
         self._drawn_for: tuple = ()
+
+    @property
+    def spec(self) -> MechanismSpec:
+        """The mechanism's spec, looked up in the catalogue by key."""
+        return get(self.mechanism)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         B, N, _ = x.shape
@@ -76,6 +83,9 @@ class MultiHeadAttention(nn.Module):
         `key_padding_mask`: boolean (B, Nk), True where a context token is padding (torch.nn.MultiheadAttention's
         convention); see attn_core.attention. Refused with a sentence by a mechanism without spec.supports.padding."""
         context = x if context is None else context
+        if self.q_proj.weight.is_meta:
+            raise ValueError("this layer's weights are on the meta device, which holds shapes but no values; give "
+                             "them values first, e.g. layer.to_empty(device='cpu') and then layer.load_state_dict(...)")
         for name, t in (("x", x), ("context", context)):
             self._check_input(name, t)
         if x.dim() != 3 or context.dim() != 3 or x.shape[-1] != self.d_model or context.shape[-1] != self.d_model:

@@ -3,11 +3,18 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Every ASCII punctuation character: Markdown (and Streamlit's :color[…] and $…$) can escape each with a backslash.
 _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 SHOWN_CHARS = 40  # of a value quoted back from a link
+# A spreadsheet opening a CSV takes a cell that starts with one of these as a formula (OWASP, "CSV Injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_FORMULA_CHAR = re.compile(r"[=+\-@]")
 
 
 def literal(text: object) -> str:
@@ -71,3 +78,29 @@ def link_values(query: Mapping[str, list[str]], numbers: Mapping[str, tuple[floa
     for key in choices.keys() & query.keys():
         kept[key], notes[key] = link_choice(key, [plain(key, v) for v in query[key]], *choices[key])
     return kept, [notes[key] for key in sorted(notes) if notes[key]]
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell that a spreadsheet shows as typed, never runs: text that starts with =, +, -, @, tab or carriage
+    return (after any leading ') gets a ' in front, as OWASP advises; numbers and other text are returned as they
+    are (a number -1.5 stays a number). `csv_text` takes the ' off again."""
+    if isinstance(value, str) and value.lstrip("'").startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
+def csv_text(cell: str) -> str:
+    """A text cell as it was before `csv_cell`: the ' it added, and only that one, removed."""
+    return cell[1:] if cell.startswith("'") and cell.lstrip("'").startswith(FORMULA_START) else cell
+
+
+def csv_json(text: str) -> str:
+    """JSON text that a spreadsheet splitting it at commas cannot turn into a formula: =, +, - and @ inside its
+    strings written as \\u00XX escapes (tab and carriage return are escaped by JSON already). json.loads reads the
+    same value back."""
+    return _JSON_STRING.sub(lambda m: _FORMULA_CHAR.sub(lambda c: f"\\u{ord(c.group()):04x}", m.group()), text)
+
+
+def csv_bytes(frame: pd.DataFrame) -> bytes:
+    """A frame as UTF-8 CSV, its text cells and column names through `csv_cell` (numbers untouched)."""
+    return frame.rename(columns=csv_cell).map(csv_cell).to_csv(index=False).encode("utf-8")

@@ -115,3 +115,22 @@ def test_show_says_what_the_page_says_of_a_busy_stopped_run(tmp_path):
     assert "Stopped after 6 of 8 points" in stdout
     assert "No comparison with Softmax (fused SDPA): this sweep did not measure it." in stdout
     assert "matmul figure was measured while other programs were busy" in stdout
+
+
+@pytest.mark.parametrize("points_to", ["missing.json", "kept.json"])
+def test_an_out_that_is_a_symbolic_link_is_refused_and_nothing_is_created(tmp_path, points_to):
+    """Before: a dangling link's target was created (empty) by the probe, even though the sweep was refused."""
+    (tmp_path / "kept.json").write_text("earlier run")
+    link = tmp_path / "run.json"
+    link.symlink_to(tmp_path / points_to)
+    code, _, err = run_main("sweep", "--mechanisms", "softmax", "--n", "16", *TINY, "--out", str(link))
+    assert code == 2 and err.startswith(f"error: --out {str(link)!r} is a symbolic link") and "points in" not in err
+    assert "name the file itself, or remove the link" in err
+    assert sorted(os.listdir(tmp_path)) == ["kept.json", "run.json"] and link.is_symlink()
+    assert (tmp_path / "kept.json").read_text() == "earlier run"
+
+
+def test_a_sweep_refused_for_another_reason_creates_no_out_file(tmp_path):
+    out = tmp_path / "run.json"
+    code, _, err = run_main("sweep", "--mechanisms", "linformer", "--causal", "--n", "16", *TINY, "--out", str(out))
+    assert code == 2 and "Linformer cannot be causal" in err and os.listdir(tmp_path) == []

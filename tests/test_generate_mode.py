@@ -162,3 +162,20 @@ def test_the_memory_guard_skips_a_cache_that_would_not_fit():
     assert row["status"] == "skipped" and "under the memory limit set for this sweep" in row["reason"]
     row, _ = measure_case(ac.MECHANISMS["linear"], generate_case("linear", 1024), tight)
     assert row["status"] == "ok"  # the prompt of 1024 tokens (q, k, v: 384 KiB) and a 2 KiB state fit in 1 MiB
+
+
+@pytest.mark.parametrize("key,params", [("softmax", {}), ("sparse", {"stride": 8}), ("linear", {})])
+def test_rewind_refuses_a_mark_that_is_not_behind_it_with_a_sentence(key, params):
+    """Before: any mark was taken, and a cache of −4 tokens followed."""
+    g = torch.Generator().manual_seed(2)
+    k, v = (torch.randn(1, 2, 40, 8, generator=g) for _ in range(2))
+    cache = gen.remember(key, k, v, max_len=44, **params)
+    now = cache.mark()
+    bad = [tuple(-4 for _ in now), tuple(m + 1 for m in now), (40,) * (len(now) + 1), [40] * len(now),
+           (40.0,) * len(now), (True,) * len(now), None]
+    for mark in bad:
+        with pytest.raises(ValueError, match="rewind") as err:
+            cache.rewind(mark)
+        assert str(now) in str(err.value) and cache.mark() == now
+    cache.rewind(tuple(m - 1 for m in now))  # back is fine
+    assert cache.mark() == tuple(m - 1 for m in now)

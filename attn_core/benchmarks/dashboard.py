@@ -23,6 +23,8 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from . import end, start
 from ..engine import presets, results
 from ..engine.config import DEFAULT_SWEEP, SweepConfig
+from ..files import write_atomic
+from ..untrusted import csv_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -269,7 +271,7 @@ def save(runs: dict[str, pd.DataFrame], folder: str | None) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         for name, frame in runs.items():
-            frame.to_csv(Path(folder) / f"{name.replace(' ', '_')}.csv", index=False)
+            write_atomic(Path(folder) / f"{name.replace(' ', '_')}.csv", csv_bytes(frame))
 
 
 def main() -> None:

@@ -20,6 +20,8 @@ from ..engine.measure import format_bytes
 from ..engine.measurement import unmeasured
 from ..engine.problem import Problem, Settings
 from ..engine.results import frame_from_rows
+from ..files import write_atomic
+from ..untrusted import csv_bytes
 
 EFFICIENT = {"local": {}, "sliding_window": {"window": 256}, "linformer": {"rank": 256},
              "performer": {"features": 256}, "linear": {}}
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     start("cpu", f"B=1, H={args.heads}, D={args.head_dim}, fp32, forward, through the measurement engine")
     df = measure(args)
     if args.csv:
-        df.to_csv(args.csv, index=False)
+        write_atomic(args.csv, csv_bytes(df))
     report(df, args)
     end()
     return 0

@@ -16,6 +16,7 @@ from .style import REFERENCE_GREY, colour_scale, styled
 from ..insight.effective import matrix_frame
 from ..insight.published import PUBLISHED
 from ..insight.theory import DECODE_EXTRAPOLATION, EXTRAPOLATION
+from ..untrusted import csv_bytes
 
 MIB = float(1 << 20)
 LOG2_X = alt.Scale(type="log", base=2)
@@ -376,8 +377,4 @@ def downloads(chart: alt.TopLevelMixin, frame: pd.DataFrame, stem: str) -> list[
     for PNG, SVG and the chart's data as CSV. Functions, so nothing is rendered until a button is pressed."""
     return [("PNG", partial(export.chart_png, chart), f"{stem}.png", "image/png"),
             ("SVG", partial(export.chart_svg, chart), f"{stem}.svg", "image/svg+xml"),
-            ("CSV", partial(_csv_bytes, frame), f"{stem}.csv", "text/csv")]
-
-
-def _csv_bytes(frame: pd.DataFrame) -> bytes:
-    return frame.to_csv(index=False).encode("utf-8")
+            ("CSV", partial(csv_bytes, frame), f"{stem}.csv", "text/csv")]

@@ -14,6 +14,7 @@ import pandas as pd
 
 from .measurement import COLUMNS, KINDS, STATUSES
 from .problem import MAX_COUNT
+from ..untrusted import csv_cell, csv_json, csv_text
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 lacks the contention and executed-FLOP columns: they are filled in
@@ -90,27 +91,30 @@ def to_json_bytes(run: Run) -> bytes:
 
 def to_csv_bytes(run: Run) -> bytes:
     """The run as CSV: '# attention-lab-run', '# schema_version: 1', '# env: {json}', '# config: {json}' lines,
-    then a header and one line per point; params and time_samples cells hold JSON."""
+    then a header and one line per point; params and time_samples cells hold JSON. No cell can run as a
+    spreadsheet formula: text cells starting with =, +, -, @, tab or CR get a leading ' (`csv_cell`, taken off again
+    by load_run), and those characters inside the comment lines' JSON strings are \\u escapes (`csv_json`)."""
     out = io.StringIO()
     out.write(f"# {FORMAT}\n# schema_version: {SCHEMA_VERSION}\n")
-    out.write(f"# env: {json.dumps(run.env, allow_nan=False, default=_jsonable)}\n")
-    out.write(f"# config: {json.dumps(run.config, allow_nan=False, default=_jsonable)}\n")
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    out.write(f"# env: {csv_json(json.dumps(run.env, allow_nan=False, default=_jsonable))}\n")
+    out.write(f"# config: {csv_json(json.dumps(run.config, allow_nan=False, default=_jsonable))}\n")
+    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180's line end: a CR inside a cell is quoted too, so it
+    writer.writerow(COLUMNS)  # cannot end the row (and start the next with a formula) in a spreadsheet
     for rec in _records(run.frame):
         rec["time_samples"] = json.dumps(rec["time_samples"])
-        writer.writerow(["" if rec[c] is None else rec[c] for c in COLUMNS])
+        writer.writerow(["" if rec[c] is None else csv_cell(rec[c]) for c in COLUMNS])
     return out.getvalue().encode("utf-8")
 
 
 def save_run(run: Run, path: str | os.PathLike) -> None:
-    """Write a run as JSON (.json) or CSV (.csv), chosen by the file's extension."""
+    """Write a run as JSON (.json) or CSV (.csv), chosen by the file's extension; atomically (`write_atomic`): a
+    save that fails leaves the file there before untouched."""
     suffix = os.path.splitext(os.fspath(path))[1].lower()
     if suffix not in (".json", ".csv"):
         raise ValueError(f"cannot save to {os.fspath(path)!r}: name the file .json or .csv")
-    data = to_json_bytes(run) if suffix == ".json" else to_csv_bytes(run)
-    with open(path, "wb") as f:
-        f.write(data)
+    from ..files import write_atomic
+
+    write_atomic(path, to_json_bytes(run) if suffix == ".json" else to_csv_bytes(run))  # whole, or the old file kept
 
 
 def load_run(source: str | os.PathLike | bytes, name: str | None = None) -> Run:
@@ -209,7 +213,7 @@ def _comment_json(line: str, key: str, label: str) -> dict:
 
 
 def _parse_csv(text: str, label: str) -> Run:
-    lines = text.splitlines()
+    lines = text.splitlines(keepends=True)  # kept: a quoted line break inside a cell reaches the reader as written
     if not lines or lines[0].strip() != f"# {FORMAT}":
         _check_header(None, None, label)
     meta, body_start = {}, 1
@@ -222,7 +226,7 @@ def _parse_csv(text: str, label: str) -> Run:
     _check_header(FORMAT, version, label)
     env = _comment_json(meta["env"], "env", label) if "env" in meta else {}
     config = _comment_json(meta["config"], "config", label) if "config" in meta else {}
-    reader = csv.DictReader(io.StringIO("\n".join(lines[body_start:])))
+    reader = csv.DictReader(io.StringIO("".join(lines[body_start:]), newline=""))
     rows = _upgraded([dict(r) for r in reader], version)
     if reader.fieldnames is None:
         raise RunFileError(f"{label} is malformed: the header line of the table is missing")
@@ -231,6 +235,8 @@ def _parse_csv(text: str, label: str) -> Run:
         if None in r:
             raise RunFileError(f"{label} is malformed: a line has more cells than the header")
         r["time_samples"] = json.loads(r["time_samples"] or "[]")
+        for c in TEXT:  # the ' that to_csv_bytes put before a formula-like text
+            r[c] = csv_text(r[c]) if isinstance(r[c], str) else r[c]
         for c in FLOAT:
             r[c] = r[c] if r[c] not in ("", None) else None
     return Run(_validated(rows, label), env, config, SCHEMA_VERSION)

@@ -3,12 +3,13 @@ fixed number of entries) and the fixed-size state of kernelized attention (Katha
 2006.16236, section 3.4: linear attention as an RNN)."""
 from __future__ import annotations
 
+import numbers
 from typing import Any, Mapping
 
 import torch
 
 from ..spec import Shape
-from ._common import scale
+from ._common import scale, trusted
 
 
 def kv_bytes(s: Shape, tokens: float) -> float:
@@ -105,8 +106,23 @@ class Cache:
         """Back to `mark` (from `mark()`), for timing one step at a fixed context: the next step writes where the
         last one did and reads as many tokens. Only positions move: what a step wrote into a ring's slot or folded
         into a fixed-size state stays (the cost of the next step does not depend on it), so outputs after a rewind
-        are not those of the context at `mark`. A cache that grew meanwhile keeps its larger buffers."""
-        (self.length,) = mark
+        are not those of the context at `mark`. A cache that grew meanwhile keeps its larger buffers. ValueError
+        with a sentence for a mark that is not one of this cache's or lies past where it stands (checked except
+        inside `_common.validated()`, where a timed step does not pay for it)."""
+        (self.length,) = self._checked(mark)
+
+    def _checked(self, mark: Any) -> tuple[int, ...]:
+        if trusted():
+            return mark
+        now = self.mark()
+        if (not isinstance(mark, tuple) or len(mark) != len(now)
+                or not all(isinstance(m, numbers.Integral) and not isinstance(m, bool) for m in mark)):
+            raise ValueError(f"rewind takes what this cache's mark() returned, a tuple of {len(now)} whole numbers "
+                             f"such as {now}; got {mark!r}")
+        if not all(0 <= m <= n for m, n in zip(mark, now)):
+            raise ValueError(f"cannot rewind to {mark}: this cache stands at {now}, and rewind only goes back, to a "
+                             f"mark between 0 and there; take the mark with mark() before the steps to undo")
+        return tuple(int(m) for m in mark)
 
     @property
     def nbytes(self) -> int:
@@ -140,7 +156,7 @@ class KVCache(Cache):
         return (self.length, *(r.length for r in self.rings.values()))
 
     def rewind(self, mark: tuple[int, ...]) -> None:
-        self.length, *rings = mark
+        self.length, *rings = self._checked(mark)
         for ring, length in zip(self.rings.values(), rings, strict=True):
             ring.length = length
 

@@ -32,14 +32,17 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch, heads and head_dim"
         )
     if min(q.shape) < 1 or k.shape[-2] < 1:
-        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; batch, heads, sequence lengths and "
+                         f"head_dim must each be at least 1: pass at least one sequence of at least one token")
 
 
 def check_finite(**tensors: torch.Tensor) -> None:
     """ValueError naming a tensor that holds NaN or ±inf, with counts. One min/max reduction per tensor (NaN
     propagates through both) and one host sync: 1.7–1.8% of a sliding-window call at n = 4096, B = 1, H = 8, D = 64
     on the CPU (isfinite(t).all() on each: 20–25%). Run by the public entry points only (attn_core.attention,
-    MultiHeadAttention.forward), not inside the mechanism functions the benchmark times."""
+    MultiHeadAttention.forward), not inside the mechanism functions the benchmark times. First, a tensor with no
+    values to check (on the meta device, or empty) is refused with a sentence (`check_has_values`)."""
+    check_has_values(**tensors)
     extremes = torch.stack([m for t in tensors.values() for m in torch.aminmax(t.detach())])
     if bool(torch.isfinite(extremes).all()):
         return
@@ -48,6 +51,18 @@ def check_finite(**tensors: torch.Tensor) -> None:
         if nan or inf:
             raise ValueError(f"{name} holds {nan} NaN and {inf} infinite values; attention of NaN or inf is NaN: "
                              f"clean the input (e.g. torch.nan_to_num) before calling")
+
+
+def check_has_values(**tensors: torch.Tensor) -> None:
+    """ValueError naming a tensor on the meta device (shapes without values: nothing to attend over or to check)
+    or one with no elements (a batch of 0, or a sequence of 0 tokens), saying what to pass instead."""
+    for name, t in tensors.items():
+        if t.is_meta:
+            raise ValueError(f"{name} is on the meta device, which holds shapes but no values; build it on a real "
+                             f"device (e.g. torch.randn(..., device='cpu')) or move it with {name}.to('cpu')")
+        if t.numel() == 0:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, which holds no tokens (a batch of 0, or a sequence "
+                             f"of 0 tokens); pass at least one sequence of at least one token")
 
 
 _VALIDATED: contextvars.ContextVar[bool] = contextvars.ContextVar("attn_core_validated", default=False)

@@ -82,13 +82,16 @@ def _rescaled(state: torch.Tensor, top: torch.Tensor | None, new: torch.Tensor |
 
 
 def _write(out: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
-    """out = num / den, the normalizer clamped to the smallest normal number (features that underflow to 0 give 0,
-    not NaN). Straight into `out` (cast to its dtype) unless autograd records: out= has no gradient."""
-    den = den.clamp_min(torch.finfo(den.dtype).tiny)
+    """out = num / den, and 0 where the normalizer is below the smallest normal number (a query that sees no key,
+    or features that underflow). The division runs on a safe normalizer (1 there) and the quotient is then
+    replaced: a clamped normalizer's gradient is 0/0 there, NaN in q, k and v. Straight into `out` (cast to its
+    dtype) unless autograd records: out= has no gradient."""
+    unseen = den < torch.finfo(den.dtype).tiny  # (B·H, rows, 1); NaN is not below it, so NaN stays NaN
+    safe = torch.where(unseen, torch.ones((), dtype=den.dtype, device=den.device), den)
     if torch.is_grad_enabled() and (num.requires_grad or den.requires_grad):
-        out.copy_(num / den)
+        out.copy_(torch.where(unseen, torch.zeros((), dtype=num.dtype, device=num.device), num / safe))
     else:
-        torch.div(num, den, out=out)
+        torch.div(num, safe, out=out).masked_fill_(unseen, 0.0)
 
 
 def _non_causal(q, k, v, out, phi_q: QueryMap, phi_k: KeyMap, rows: int) -> None:

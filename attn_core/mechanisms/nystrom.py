@@ -95,7 +95,7 @@ def _landmark_pinv(q_l, k_l, pinv_iterations: int, hollow: torch.Tensor | None =
     if hollow is None:
         return iterative_pinv(torch.softmax(s, dim=-1), pinv_iterations)
     a = torch.softmax(s.masked_fill_(hollow[:, None, None, :], floor(work)), dim=-1)
-    a = a.masked_fill_(hollow[:, None, None, :], 0.0)
+    a = a.masked_fill(hollow[:, None, None, :], 0.0)  # not in place: softmax's backward reads its output
     if hollow_q is not None:
         a = a.masked_fill_(hollow_q[:, None, :, None], 0.0)
     return iterative_pinv(a, pinv_iterations)

@@ -112,7 +112,7 @@ def reformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cau
         raise ValueError(f"rotations must have shape (D, n_hashes, Σ factor/2) = {want} for n = {shape.Nk} and "
                          f"bucket_size = {bucket_size}, got {tuple(rotations.shape)}; build them with init_state")
     B, H, n, D = q.shape
-    x = q.reshape(B * H, n, D).to(work)
+    x = q.reshape(B * H, n, D).to(work).contiguous()  # rows viewed flat below: a copy only of a strided layout
     c = min(bucket_size, n)
     flat = sorted_slots(x, rotations.to(work), bucket_size, c)
     out = _chunked_attention(x, v.reshape(B * H, n, D).to(work), flat, n_hashes, c, causal)
