@@ -14,7 +14,7 @@ import pytest
 from attn_core import cli
 from attn_core.engine import results
 from attn_core.engine.results import Run, RunFileError, frame_from_rows, load_run, to_json_bytes
-from attn_core.engine.measure import MAX_THREADS
+from attn_core.engine.problem import MAX_THREADS
 from tests.fake_mechanisms import private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 INF, NAN = float("inf"), float("nan")

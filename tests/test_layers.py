@@ -68,7 +68,7 @@ def test_every_layer_saves_and_loads_like_any_module(key):
     """torch.save / torch.load and pickle give a layer with the same output (its random state drawn again from the
     same seed)."""
     torch.manual_seed(4)
-    layer = ac.MultiHeadAttention(32, 4, key, causal=ac.MECHANISMS[key].supports_causal, seed=7,
+    layer = ac.MultiHeadAttention(32, 4, key, causal=ac.MECHANISMS[key].supports.causal, seed=7,
                                   **LAYER_PARAMS.get(key, {}))
     x = torch.randn(2, 30, 32)
     expected = layer(x)

@@ -339,7 +339,7 @@ def nystrom_real(q, k, v, pad: torch.Tensor, landmarks: int) -> torch.Tensor:
 def test_gradients_equal_the_masked_reference(key, case):
     """Finite, and equal to the reference's, in q, k and v, real tokens included, where some queries see no key."""
     causal, make_pad = GRAD_CASES[case]
-    if causal and not ac.MECHANISMS[key].supports_causal:
+    if causal and not ac.MECHANISMS[key].supports.causal:
         pytest.skip(f"{key} cannot be causal")
     small = key in ("nystrom", "additive")  # numpy references, differentiated numerically
     n, H, D = (13, 1, 4) if small else (37, 2, 8)
