@@ -6,10 +6,11 @@ import math
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
-import app
 from attn_core import MECHANISMS, untrusted
 from attn_core.engine import env, presets
 from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
+from pages import _shared as shared
+from pages._shared import label
 
 S = st.session_state
 NS = [2**k for k in range(4, 18)]
@@ -23,7 +24,7 @@ MODE_HELP = ("forward+backward counts 3× the forward FLOPs. generate: one new t
              "and only for mechanisms that can generate token by token")
 SHOWN_PRESETS = {**presets.PRESETS, presets.QUICK_DEMO.name: presets.QUICK_DEMO}
 CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
-keyed = functools.partial(app.keyed, link=True)  # every setting lives in the URL: a link reproduces a setup
+keyed = functools.partial(shared.keyed, link=True)  # every setting lives in the URL: a link reproduces a setup
 
 
 def talk() -> bool:
@@ -74,10 +75,10 @@ def settings() -> tuple[SweepConfig, list[str]]:
         # talk mode's large type: two columns to a row
         what, sizes, shape, where = st.columns(2) + st.columns(2) if talk() else st.columns([3, 2, 2, 2])
         exact = what.multiselect("Exact mechanisms", [k for k, s in MECHANISMS.items() if s.exact],
-                                 [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=app.label,
+                                 [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=label,
                                  **keyed("bench_exact"))
         approx = what.multiselect("Approximate or other scores", [k for k, s in MECHANISMS.items() if not s.exact],
-                                  [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=app.label,
+                                  [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=label,
                                   help="Not softmax attention under a mask: an estimate of it, or another score "
                                        "altogether (additive attention); the Accuracy page says which",
                                   **keyed("bench_approx"))
@@ -123,12 +124,12 @@ def link_choices() -> dict[str, tuple[list[str], bool]]:
     """What a link may say for each choice setting (the text its widget shows, Streamlit's form in a URL) and
     whether it takes several values at once."""
     dtypes = list(dict.fromkeys(t for device in DEVICES for t in env.supported_dtypes(device)))
-    return {"bench_exact": ([app.label(k) for k, s in MECHANISMS.items() if s.exact], True),
-            "bench_approx": ([app.label(k) for k, s in MECHANISMS.items() if not s.exact], True),
+    return {"bench_exact": ([label(k) for k, s in MECHANISMS.items() if s.exact], True),
+            "bench_approx": ([label(k) for k, s in MECHANISMS.items() if not s.exact], True),
             "bench_n": ([f"{n:,}" for n in NS], False), "bench_device": (DEVICES, False),
             "bench_dtype": (dtypes, False), "bench_causal": (["true", "false"], False), "bench_mode": (MODES, False),
             "bench_axes": (AXES, False), "bench_curves": (list(CURVES.values()), True),
-            "bench_baseline": ([app.label(k) for k in BASELINES], False)}
+            "bench_baseline": ([label(k) for k in BASELINES], False)}
 
 
 def link_notes() -> list[str]:

@@ -5,12 +5,12 @@ import time
 
 import streamlit as st
 
-import app
 from attn_core import untrusted
 from attn_core.charts import export, scaling
 from attn_core.engine import analysis, jobs, presets, results, worker
 from attn_core.engine.pacing import Pacing
 from pages._bench_form import AXES, BASELINES, CURVES, NUMBERS, keyed, show_settings, talk
+from pages._shared import label
 
 S = st.session_state
 # No animation while points are timed: a browser easing a progress bar draws for the whole transition.
@@ -101,7 +101,7 @@ def results_view(job) -> None:
     curves.pills("Theory curves (dashed)", list(CURVES), default=["spec"], selection_mode="multi",
                  format_func=CURVES.get, **keyed("bench_curves"))
     baseline.segmented_control("Crossover n* against", BASELINES, default="softmax", required=True,
-                               format_func=app.label, **keyed("bench_baseline"))
+                               format_func=label, **keyed("bench_baseline"))
     if explained := analysis.mode_note(df):
         st.caption(explained)
     busy = analysis.contention_summary(df)

@@ -3,13 +3,13 @@ import functools
 
 import streamlit as st
 
-import app
 from attn_core import untrusted
 from attn_core.engine import env, jobs, presets, stage
 from attn_core.engine.config import SweepConfig
 from pages import _bench_form as form, _bench_view as view
+from pages._shared import ensure_routed, label, session_id, submit, sweeps
 
-app.ensure_routed()
+ensure_routed()
 S = st.session_state
 
 
@@ -20,7 +20,7 @@ def apply_preset(preset: presets.Preset) -> None:
     form.show_settings(configs[0])
     S.update({"bench_axes": "log-log" if preset.log else "linear", "bench_focus": preset.metric,
               "bench_preset": preset.name, "bench_source": None})
-    S["bench_job"] = app.submit(preset.name, functools.partial(jobs.SweepSequence, configs), points(configs))
+    S["bench_job"] = submit(preset.name, functools.partial(jobs.SweepSequence, configs), points(configs))
 
 
 def points(configs) -> int:
@@ -29,7 +29,7 @@ def points(configs) -> int:
 
 def start(config: SweepConfig) -> None:
     S.update({"bench_preset": None, "bench_focus": "time_median_s", "bench_source": None})
-    S["bench_job"] = app.submit(", ".join(app.label(k) for k, _ in config.mechanisms),
+    S["bench_job"] = submit(", ".join(label(k) for k, _ in config.mechanisms),
                                 functools.partial(jobs.SweepSequence, (config,)), points((config,)))
 
 
@@ -39,10 +39,10 @@ def stop() -> None:
 
 def adopt() -> None:
     """A session showing nothing (a reload, a second tab) finds the sweep the server is measuring and watches it."""
-    desk = app.sweeps()
+    desk = sweeps()
     entry = desk.running()
     if S.get("bench_job") is None and entry is not None:
-        desk.watch(app.session_id(), entry)
+        desk.watch(session_id(), entry)
         S["bench_job"] = stage.Ticket(desk, entry, entry.job.progress()["total"], own=False)
         if getattr(entry.job, "configs", None):
             form.show_settings(entry.job.configs[0])

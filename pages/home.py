@@ -2,10 +2,10 @@
 import pandas as pd
 import streamlit as st
 
-import app
 from attn_core.engine import env, presets
+from pages._shared import ensure_routed
 
-app.ensure_routed()
+ensure_routed()
 st.title("Attention Lab")
 st.markdown(
     "Attention Lab measures, live on this machine, how the time and memory of each attention mechanism grow with "

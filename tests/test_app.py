@@ -36,11 +36,11 @@ def private_sweep_lock(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def fresh_stage():
     """Each test's sessions get a server stage of their own; a sweep a test leaves running is stopped after it."""
-    import app
+    from pages._shared import sweeps
 
-    app.sweeps.clear()
+    sweeps.clear()
     yield
-    desk = app.sweeps()
+    desk = sweeps()
     for entry in [desk.running(), *desk.queue]:
         if entry is not None:
             desk.cancel(entry)
@@ -48,7 +48,7 @@ def fresh_stage():
     while desk.running() is not None and time.monotonic() < deadline:
         desk.check()
         time.sleep(0.05)
-    app.sweeps.clear()
+    sweeps.clear()
 
 
 class Routed(PagesManager):
