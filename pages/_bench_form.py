@@ -1,5 +1,6 @@
-"""The Benchmark page's settings: the panel a SweepConfig is read from and written to, and the URL that carries it
-(every setting lives in the link, so a link reproduces a setup; values a widget cannot take are refused first)."""
+"""The Benchmark page's settings: the panel a SweepConfig is read from and written to, the URL that carries it (every
+setting lives in the link, so a link reproduces a setup; values a widget cannot take are refused first), and what a
+click asks for (a sweep, a preset, a saved run), the panel set to match."""
 import functools
 import math
 
@@ -10,7 +11,7 @@ from attn_core import MECHANISMS, untrusted
 from attn_core.engine import env, presets
 from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 from pages import _shared as shared
-from pages._shared import label
+from pages._shared import bench_state, label
 
 S = st.session_state
 NS = [2**k for k in range(4, 18)]
@@ -29,6 +30,55 @@ keyed = functools.partial(shared.keyed, link=True)  # every setting lives in the
 
 def talk() -> bool:
     return bool(S.get("talk"))
+
+
+def start(config: SweepConfig) -> None:
+    state = bench_state()
+    state.preset, state.focus, state.source = None, "time_median_s", None
+    state.job = shared.submit(", ".join(label(k) for k, _ in config.mechanisms), (config,))
+
+
+def stop() -> None:
+    bench_state().job.cancel()
+
+
+def apply_preset(preset: presets.Preset) -> None:
+    """Set every control from the preset's first sweep, then queue its sweeps."""
+    device = S.get("bench_device") or env.resolve_device("auto")
+    configs = preset.for_device(device, S.get("bench_dtype"))
+    show_settings(configs[0])
+    S["bench_axes"] = "log-log" if preset.log else "linear"
+    state = bench_state()
+    state.preset, state.focus, state.source = preset.name, preset.metric, None
+    state.job = shared.submit(preset.name, configs)
+
+
+def adopt() -> None:
+    """A session showing nothing (a reload, a second tab) finds the sweep the server is measuring and watches it."""
+    state = bench_state()
+    if state.job is not None or (ticket := shared.adopt_running()) is None:
+        return
+    state.job = ticket
+    if getattr(ticket.job, "configs", None):
+        show_settings(ticket.job.configs[0])
+    state.source = (f"“{untrusted.literal(ticket.entry.name)}” was started before this page opened (a reload or "
+                    "another tab): it is shown here, and Stop stops it for every page showing it.")
+
+
+def load_saved() -> None:
+    """A saved run asked for by Show it or Replay: the panel set to the settings it was measured with, and a line
+    saying the charts show that file, what the panel cannot hold, and what Run would do."""
+    state = bench_state()
+    (run, name, show), state.loaded = state.loaded, None
+    config, left = presets.config_of(run.frame) if len(run.frame) else (None, [])
+    left = (show_settings(config) if config else []) + left
+    state.preset, state.focus = None, "time_median_s"
+    state.job = shared.replay(run, S.get("bench_speed", 3.0), at_once=show)
+    where = " · ".join(str(run.env[k]) for k in ("device_name", "timestamp") if run.env.get(k))
+    state.source = (f"Showing the saved run {untrusted.literal(name)}" + (f" ({untrusted.literal(where)})"
+                    if where else "") + ". The settings above are the ones it was measured with" +
+                    (f", except what the panel cannot hold: {untrusted.literal('; '.join(left))}" if left else "")
+                    + ". Run measures them again on this machine.")
 
 
 def show_settings(config: SweepConfig) -> list[str]:
@@ -143,10 +193,12 @@ def link_notes() -> list[str]:
     query = {key: st.query_params.get_all(key) for key in st.query_params.keys()}
     kept, said = untrusted.link_values(query, numbers, link_choices(), plain)
     fix = [key for key in kept if kept[key] != query[key]]
+    state = bench_state()
     if [key for key in fix if rewritten(key, kept[key])]:  # all of them, before the rerun
-        S["bench_link_notes"] = said
+        state.link_notes = said
         st.rerun()
-    return S.pop("bench_link_notes", []) or said
+    noted, state.link_notes = state.link_notes, []
+    return noted or said
 
 
 def plain(key: str, value: str) -> str:
@@ -170,10 +222,6 @@ def rewritten(key: str, values: list[str]) -> bool:
             del st.query_params[key]
     except StreamlitAPIException:
         if not values:
-            from streamlit.runtime.state.session_state_proxy import get_session_state  # no public route to it
-
-            with get_session_state().query_params() as params:
-                params._initial_query_params.pop(key, None)
-                params.remove_param(key)
+            shared.drop_bound_param(key)
         return False
     return True

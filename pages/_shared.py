@@ -1,10 +1,19 @@
-"""What the pages share: widget keys and labels, charts shown and exported, the router's guard, and the server's
-sweeps (the one place the dashboard calls the engine's sweep API)."""
+"""What the pages share: widget keys and labels, charts shown and exported, the router's guard, the Benchmark page's
+state (other pages read it and ask it for a preset), and the server's sweeps (the engine's sweep API is called here)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
 import streamlit as st
 
 from attn_core import MECHANISMS
-from attn_core.charts import insight as insight_charts, style
-from attn_core.engine import stage, worker
+from attn_core.charts import insight as insight_charts, scaling, style
+from attn_core.engine import jobs, stage, worker
+from attn_core.engine.config import SweepConfig
+from attn_core.engine.pacing import Pacing
+from attn_core.engine.results import Run
 
 
 def keyed(key: str, *, link: bool = False) -> dict:
@@ -51,6 +60,17 @@ def ensure_routed() -> None:
             st.rerun()
 
 
+def drop_bound_param(key: str) -> None:
+    """Take `key` out of the URL and out of Streamlit's own copy of it, from which a widget bound to the URL is seeded
+    (as Streamlit does with a value it cannot parse). No public API: st.query_params refuses to delete a parameter
+    bound to a widget."""
+    from streamlit.runtime.state.session_state_proxy import get_session_state
+
+    with get_session_state().query_params() as params:
+        params._initial_query_params.pop(key, None)
+        params.remove_param(key)
+
+
 def session_id() -> str:
     """This browser session's id as the server knows it. No public API: st.context has no session id (1.67)."""
     from streamlit.runtime.scriptrunner import get_script_run_ctx
@@ -67,6 +87,49 @@ def session_alive(session: str) -> bool:
     return not runtime.exists() or runtime.get_instance().is_active_session(session)
 
 
+@dataclass
+class BenchState:
+    """The Benchmark page's state that no widget holds; its widgets keep their own keys (tests drive them by key, and
+    links carry them)."""
+
+    job: Any = None  # the job shown, a stage.Ticket or a jobs.Replay: its progress ticks, Stop stops it
+    preset: str | None = None  # the preset that set the panel: its "what to look for" line is shown
+    focus: str = "time_median_s"  # the metric charted first
+    source: str | None = None  # where the job shown comes from, when not from this page's Run (a file, another tab)
+    start_preset: str | None = None  # asked for by another page (Home, Learn): the panel set to it, its sweeps queued
+    loaded: tuple[Run, str, bool] | None = None  # a saved run asked for (run, file name, shown at once), set up next
+    link_notes: list[str] = field(default_factory=list)  # the link's refused values, said after the rerun
+    pacing: Pacing = field(default_factory=Pacing)  # when the live charts redraw
+    live_specs: dict[str, scaling.LiveSpec] = field(
+        default_factory=lambda: {m: scaling.LiveSpec() for m in scaling.METRICS})  # each chart's spec, points swapped
+    summary: tuple[Any, Any] = (None, None)  # (job, its summary table): made once per finished job
+    drawing: bool = False  # a full run is drawing: the progress ticker inside it leaves the worker's hold alone
+
+    @property
+    def running(self) -> bool:
+        return self.job is not None and not self.job.done
+
+    @property
+    def busy(self) -> bool:
+        """This session's own job runs: no second Run, preset or replay meanwhile."""
+        return self.running and getattr(self.job, "own", True)
+
+
+def bench_state() -> BenchState:
+    """The session's one BenchState."""
+    if "bench" not in st.session_state:
+        st.session_state["bench"] = BenchState()
+    return st.session_state["bench"]
+
+
+def open_benchmark(preset: str) -> None:
+    """Switch to the Benchmark page, which sets its panel to `preset` and queues its sweeps."""
+    bench_state().start_preset = preset
+    st.switch_page("pages/benchmark.py")
+
+
+# The engine's sweep API (stage, jobs, worker): the dashboard calls it here, and holds the worker in _bench_view.
+
 @st.cache_resource(show_spinner=False)
 def prestart_worker() -> bool:
     """Start the measuring process once per server: it imports torch now, so a first point comes fast later."""
@@ -80,7 +143,28 @@ def sweeps() -> stage.Stage:
     return stage.Stage(session_alive)
 
 
-def submit(name: str, make, total: int) -> stage.Ticket:
-    """Queue a sweep on the server's stage for this session; the ticket answers like the job."""
+def submit(name: str, configs: tuple[SweepConfig, ...]) -> stage.Ticket:
+    """Queue sweeps, run one after another as one job, on the server's stage for this session; the ticket answers
+    like the job."""
     desk = sweeps()
-    return stage.Ticket(desk, desk.submit(session_id(), name, make), total)
+    total = sum(len(c.mechanisms) * len(c.ns) for c in configs)
+    return stage.Ticket(desk, desk.submit(session_id(), name, functools.partial(jobs.SweepSequence, configs)), total)
+
+
+def adopt_running() -> stage.Ticket | None:
+    """The sweep the server is measuring, watched by this session from now on (a reload, a second tab); None when
+    none is."""
+    desk = sweeps()
+    entry = desk.running()
+    if entry is None:
+        return None
+    desk.watch(session_id(), entry)
+    return stage.Ticket(desk, entry, entry.job.progress()["total"], own=False)
+
+
+def replay(run: Run, points_per_s: float, *, at_once: bool) -> jobs.Replay:
+    """A saved run played back point by point, or (`at_once`) shown whole."""
+    job = jobs.Replay(run, points_per_s)
+    if at_once:
+        job.shown = len(run.frame)
+    return job

@@ -5,17 +5,13 @@ import streamlit as st
 from attn_core.charts import insight as insight_charts
 from attn_core.insight import lesson
 from attn_core import untrusted
-from pages._shared import ensure_routed, export_row, keyed, show_chart
+from pages._shared import ensure_routed, export_row, keyed, open_benchmark, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first
 S = st.session_state
 SENTENCE, SOURCE = "the cat sat on the mat", "le chat était assis"
 D_KS = [1, 2, 4, 8, 16, 64, 128, 512]
 WALL = "The quadratic wall"  # the Benchmark preset that measures the cost live
-
-
-def measure_the_wall() -> None:
-    S["bench_start_preset"] = WALL
 
 
 def size(nbytes: float) -> str:
@@ -85,5 +81,5 @@ st.table(table.set_index("n (tokens)"))
 st.caption("Time grows as O(n²·d) and memory as O(n²): doubling the sentence quadruples the score matrix. The "
            "Benchmark page measures it on this machine, and the efficient mechanisms that avoid it.")
 if st.button(f"Measure it live: “{WALL}” on the Benchmark page", key="learn_wall", type="primary",
-             icon=":material/speed:", on_click=measure_the_wall):
-    st.switch_page("pages/benchmark.py")
+             icon=":material/speed:"):
+    open_benchmark(WALL)
