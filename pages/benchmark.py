@@ -37,7 +37,10 @@ run_col.button("Run", key="bench_run", type="primary", icon=":material/play_arro
                args=(config,), disabled=bool(problems) or busy, width="stretch")
 stop_col.button("Stop", key="bench_stop", icon=":material/stop:", on_click=form.stop, disabled=not running,
                 width="stretch")
-view.live(job) if running else view.results_view(job)
+if running:  # a bare `a if c else b` line would be written on the page by Streamlit's magic: a stray "None"
+    view.live(job)
+else:
+    view.results_view(job)
 if job is not None and job.done and not job.frame().empty:
     view.export_panel(job)
 view.replay_panel(busy)
