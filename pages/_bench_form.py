@@ -1,15 +1,17 @@
-"""The Benchmark page's settings: the panel a SweepConfig is read from and written to, and the URL that carries it
-(every setting lives in the link, so a link reproduces a setup; values a widget cannot take are refused first)."""
+"""The Benchmark page's settings: the panel a SweepConfig is read from and written to, the URL that carries it (every
+setting lives in the link, so a link reproduces a setup; values a widget cannot take are refused first), and what a
+click asks for (a sweep, a preset, a saved run), the panel set to match."""
 import functools
 import math
 
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
-import app
 from attn_core import MECHANISMS, untrusted
 from attn_core.engine import env, presets
 from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
+from pages import _shared as shared
+from pages._shared import bench_state, label
 
 S = st.session_state
 NS = [2**k for k in range(4, 18)]
@@ -23,11 +25,60 @@ MODE_HELP = ("forward+backward counts 3× the forward FLOPs. generate: one new t
              "and only for mechanisms that can generate token by token")
 SHOWN_PRESETS = {**presets.PRESETS, presets.QUICK_DEMO.name: presets.QUICK_DEMO}
 CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
-keyed = functools.partial(app.keyed, link=True)  # every setting lives in the URL: a link reproduces a setup
+keyed = functools.partial(shared.keyed, link=True)  # every setting lives in the URL: a link reproduces a setup
 
 
 def talk() -> bool:
     return bool(S.get("talk"))
+
+
+def start(config: SweepConfig) -> None:
+    state = bench_state()
+    state.preset, state.focus, state.source = None, "time_median_s", None
+    state.job, state.own = shared.submit(", ".join(label(k) for k, _ in config.mechanisms), (config,)), True
+
+
+def stop() -> None:
+    bench_state().job.cancel()
+
+
+def apply_preset(preset: presets.Preset) -> None:
+    """Set every control from the preset's first sweep, then queue its sweeps."""
+    device = S.get("bench_device") or env.resolve_device("auto")
+    configs = preset.for_device(device, S.get("bench_dtype"))
+    show_settings(configs[0])
+    S["bench_axes"] = "log-log" if preset.log else "linear"
+    state = bench_state()
+    state.preset, state.focus, state.source = preset.name, preset.metric, None
+    state.job, state.own = shared.submit(preset.name, configs), True
+
+
+def adopt() -> None:
+    """A session showing nothing (a reload, a second tab) finds the sweep the server is measuring and watches it."""
+    state = bench_state()
+    if state.job is not None or (job := shared.adopt_running()) is None:
+        return
+    state.job, state.own = job, False
+    if job.sweeps:
+        show_settings(job.sweeps[0])
+    state.source = (f"“{untrusted.literal(job.name)}” was started before this page opened (a reload or "
+                    "another tab): it is shown here, and Stop stops it for every page showing it.")
+
+
+def load_saved() -> None:
+    """A saved run asked for by Show it or Replay: the panel set to the settings it was measured with, and a line
+    saying the charts show that file, what the panel cannot hold, and what Run would do."""
+    state = bench_state()
+    (run, name, show), state.loaded = state.loaded, None
+    config, left = presets.config_of(run.frame) if len(run.frame) else (None, [])
+    left = (show_settings(config) if config else []) + left
+    state.preset, state.focus = None, "time_median_s"
+    state.job, state.own = shared.replay(run, S.get("bench_speed", 3.0), at_once=show), True
+    where = " · ".join(str(run.env[k]) for k in ("device_name", "timestamp") if run.env.get(k))
+    state.source = (f"Showing the saved run {untrusted.literal(name)}" + (f" ({untrusted.literal(where)})"
+                    if where else "") + ". The settings above are the ones it was measured with" +
+                    (f", except what the panel cannot hold: {untrusted.literal('; '.join(left))}" if left else "")
+                    + ". Run measures them again on this machine.")
 
 
 def show_settings(config: SweepConfig) -> list[str]:
@@ -74,10 +125,10 @@ def settings() -> tuple[SweepConfig, list[str]]:
         # talk mode's large type: two columns to a row
         what, sizes, shape, where = st.columns(2) + st.columns(2) if talk() else st.columns([3, 2, 2, 2])
         exact = what.multiselect("Exact mechanisms", [k for k, s in MECHANISMS.items() if s.exact],
-                                 [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=app.label,
+                                 [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=label,
                                  **keyed("bench_exact"))
         approx = what.multiselect("Approximate or other scores", [k for k, s in MECHANISMS.items() if not s.exact],
-                                  [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=app.label,
+                                  [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=label,
                                   help="Not softmax attention under a mask: an estimate of it, or another score "
                                        "altogether (additive attention); the Accuracy page says which",
                                   **keyed("bench_approx"))
@@ -123,12 +174,12 @@ def link_choices() -> dict[str, tuple[list[str], bool]]:
     """What a link may say for each choice setting (the text its widget shows, Streamlit's form in a URL) and
     whether it takes several values at once."""
     dtypes = list(dict.fromkeys(t for device in DEVICES for t in env.supported_dtypes(device)))
-    return {"bench_exact": ([app.label(k) for k, s in MECHANISMS.items() if s.exact], True),
-            "bench_approx": ([app.label(k) for k, s in MECHANISMS.items() if not s.exact], True),
+    return {"bench_exact": ([label(k) for k, s in MECHANISMS.items() if s.exact], True),
+            "bench_approx": ([label(k) for k, s in MECHANISMS.items() if not s.exact], True),
             "bench_n": ([f"{n:,}" for n in NS], False), "bench_device": (DEVICES, False),
             "bench_dtype": (dtypes, False), "bench_causal": (["true", "false"], False), "bench_mode": (MODES, False),
             "bench_axes": (AXES, False), "bench_curves": (list(CURVES.values()), True),
-            "bench_baseline": ([app.label(k) for k in BASELINES], False)}
+            "bench_baseline": ([label(k) for k in BASELINES], False)}
 
 
 def link_notes() -> list[str]:
@@ -142,10 +193,12 @@ def link_notes() -> list[str]:
     query = {key: st.query_params.get_all(key) for key in st.query_params.keys()}
     kept, said = untrusted.link_values(query, numbers, link_choices(), plain)
     fix = [key for key in kept if kept[key] != query[key]]
+    state = bench_state()
     if [key for key in fix if rewritten(key, kept[key])]:  # all of them, before the rerun
-        S["bench_link_notes"] = said
+        state.link_notes = said
         st.rerun()
-    return S.pop("bench_link_notes", []) or said
+    noted, state.link_notes = state.link_notes, []
+    return noted or said
 
 
 def plain(key: str, value: str) -> str:
@@ -169,10 +222,6 @@ def rewritten(key: str, values: list[str]) -> bool:
             del st.query_params[key]
     except StreamlitAPIException:
         if not values:
-            from streamlit.runtime.state.session_state_proxy import get_session_state  # no public route to it
-
-            with get_session_state().query_params() as params:
-                params._initial_query_params.pop(key, None)
-                params.remove_param(key)
+            shared.drop_bound_param(key)
         return False
     return True

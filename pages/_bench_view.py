@@ -5,12 +5,11 @@ import time
 
 import streamlit as st
 
-import app
 from attn_core import untrusted
 from attn_core.charts import export, scaling
-from attn_core.engine import analysis, jobs, presets, results, worker
-from attn_core.engine.pacing import Pacing
-from pages._bench_form import AXES, BASELINES, CURVES, NUMBERS, keyed, show_settings, talk
+from attn_core.engine import analysis, results, worker
+from pages._bench_form import AXES, BASELINES, CURVES, NUMBERS, keyed, talk
+from pages._shared import bench_state, label
 
 S = st.session_state
 # No animation while points are timed: a browser easing a progress bar draws for the whole transition.
@@ -31,24 +30,21 @@ def style() -> None:
     st.html(STILL_CSS + f"<style>{CHART_CSS.replace('HEIGHT', CHART_HEIGHT[talk()])}</style>")
 
 
-def pacing() -> Pacing:
-    return S.setdefault("bench_pacing", Pacing())
-
-
 def live(job) -> None:
     """Draw a running job: the worker is held while this run draws (no timed sample competes with it), the progress
     ticks in a fragment between full runs, and the next full run is paced (engine.pacing)."""
     worker.hold(True)  # measure.take_turn waits for the hold, 3 s at most
-    S["bench_drawing"] = True
-    clock = pacing()
-    replay = isinstance(job, jobs.Replay)
+    state = bench_state()
+    state.drawing = True
+    clock = state.pacing
+    replay = job.replaying
     if replay:
         job.poll()  # the points due now, drawn by this run
-    clock.begin(id(job), job.progress()["done"], time.monotonic())
+    clock.begin(id(job), job.progress.done, time.monotonic())
     st.fragment(ticker, run_every=clock.tick_every(job.points_per_s if replay else None))()
     results_view(job)
     clock.end(time.monotonic())
-    S["bench_drawing"] = False
+    state.drawing = False
     worker.hold(False)  # the charts are sent; the worker waits for the browser to draw them (a quiet moment)
 
 
@@ -57,23 +53,24 @@ def ticker() -> None:
     bar. When points have arrived it asks for a full run, which draws them, when the pacing allows. Every tick and
     full run holds the worker: no timed sample starts until it is over and the browser has drawn what it was sent
     (worker.hold)."""
-    inside = S.get("bench_drawing")  # run inside a full run, which holds the worker from its start to its end
+    state = bench_state()
+    inside = state.drawing  # run inside a full run, which holds the worker from its start to its end
     if not inside:
         worker.hold(True)
-    job = S["bench_job"]
-    replay = isinstance(job, jobs.Replay)
+    job = state.job
+    replay = job.replaying
     if replay:  # points are taken only by the full run that draws them: the count is what the charts show
-        if not inside and job.due > job.shown:
+        if not inside and job.due > job.progress.done:
             st.rerun()
     else:
         job.poll()
     if job.done:
         st.rerun()  # Run comes back, the table and the exports appear
-    p = job.progress()
-    eta = f" · about {p['eta_s']:.0f} s left" if p["eta_s"] is not None else ""
-    st.progress(min(p["done"] / max(p["total"], 1), 1.0),
-                text=f"{p['done']} of {p['total']} points · now {untrusted.literal(p['current'])}{eta}")
-    if not replay and pacing().wants_redraw(id(job), p["done"], time.monotonic()):
+    p = job.progress
+    eta = f" · about {p.eta_s:.0f} s left" if p.eta_s is not None else ""
+    st.progress(min(p.done / max(p.total, 1), 1.0),
+                text=f"{p.done} of {p.total} points · now {untrusted.literal(p.current)}{eta}")
+    if not replay and state.pacing.wants_redraw(id(job), p.done, time.monotonic()):
         st.rerun()
     if not inside:
         worker.hold(False)
@@ -84,8 +81,8 @@ def results_view(job) -> None:
     if job is None:
         st.info("Choose settings and press Run, or pick a preset: points appear on the charts as they are measured.")
         return
-    if S.get("bench_source"):
-        st.info(S["bench_source"], icon=":material/folder_open:")
+    if source := bench_state().source:
+        st.info(source, icon=":material/folder_open:")
     if job.error:
         st.error(f"The sweep stopped: {untrusted.literal(job.error)}")
     df = job.frame()
@@ -101,7 +98,7 @@ def results_view(job) -> None:
     curves.pills("Theory curves (dashed)", list(CURVES), default=["spec"], selection_mode="multi",
                  format_func=CURVES.get, **keyed("bench_curves"))
     baseline.segmented_control("Crossover n* against", BASELINES, default="softmax", required=True,
-                               format_func=app.label, **keyed("bench_baseline"))
+                               format_func=label, **keyed("bench_baseline"))
     if explained := analysis.mode_note(df):
         st.caption(explained)
     busy = analysis.contention_summary(df)
@@ -145,20 +142,21 @@ def chart_options(metric: str) -> dict:
 
 def metrics() -> list[str]:
     """The chart metrics, the one the preset focuses on first."""
-    first = S.get("bench_focus", "time_median_s")
+    first = bench_state().focus
     return sorted(scaling.METRICS, key=lambda metric: metric != first)
 
 
 def live_spec(metric: str) -> scaling.LiveSpec:
     """The session's spec of one chart: rebuilt only when its shape changes, new points swapped in otherwise."""
-    return S.setdefault("bench_live_specs", {m: scaling.LiveSpec() for m in scaling.METRICS})[metric]
+    return bench_state().live_specs[metric]
 
 
 def summary(job):
     """The summary table of a finished job, made once (from all its rows: it may have finished a moment ago)."""
-    if S.get("bench_summary", (None,))[0] is not job:
-        S["bench_summary"] = (job, scaling.summary_table(job.frame()))
-    return S["bench_summary"][1]
+    state = bench_state()
+    if state.summary[0] is not job:
+        state.summary = (job, scaling.summary_table(job.frame()))
+    return state.summary[1]
 
 
 def export_panel(job) -> None:
@@ -205,22 +203,6 @@ def replay_panel(busy: bool) -> None:
         except results.RunFileError as e:
             st.error(untrusted.literal(e))
             return
-        S["bench_loaded"] = (run, upload.name, show)  # the panel is drawn: the next run sets it (load_saved)
+        bench_state().loaded = (run, upload.name, show)  # the panel is drawn: the next run sets it (load_saved)
         st.rerun()
 
-
-def load_saved() -> None:
-    """A saved run asked for by Show it or Replay: the panel set to the settings it was measured with, and a line
-    saying the charts show that file, what the panel cannot hold, and what Run would do."""
-    run, name, show = S.pop("bench_loaded")
-    config, left = presets.config_of(run.frame) if len(run.frame) else (None, [])
-    left = (show_settings(config) if config else []) + left
-    S.update({"bench_preset": None, "bench_focus": "time_median_s"})
-    S["bench_job"] = jobs.Replay(run, S.get("bench_speed", 3.0))
-    if show:
-        S["bench_job"].shown = len(run.frame)
-    where = " · ".join(str(run.env[k]) for k in ("device_name", "timestamp") if run.env.get(k))
-    S["bench_source"] = (f"Showing the saved run {untrusted.literal(name)}" + (f" ({untrusted.literal(where)})"
-                         if where else "") + ". The settings above are the ones it was measured with" +
-                         (f", except what the panel cannot hold: {untrusted.literal('; '.join(left))}" if left else "")
-                         + ". Run measures them again on this machine.")

@@ -1,21 +1,17 @@
 """Accuracy: what an approximate or sparse mechanism gives up against exact softmax on the same inputs."""
 import streamlit as st
 
-import app
 from attn_core import MECHANISMS
 from attn_core.insight import accuracy
 from attn_core.charts import insight as insight_charts
+from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
-app.ensure_routed()  # a deep link as a server's first request: let the router run first
+ensure_routed()  # a deep link as a server's first request: let the router run first
 
 S = st.session_state
 COLUMNS = {"params": "parameters", "label": "mechanism", "time_s": "time (ms)",
            "predicted_bytes": "predicted memory (MiB)", "pareto": "on the Pareto front"}
 NS = [32, 64, 128, 256, 512, 1024, 2048]
-
-
-
-
 
 
 def readable(table):
@@ -48,23 +44,21 @@ def scatter(settings, keys: tuple[str, ...]):
     return accuracy.speed_accuracy(accuracy.default_configs(settings["n"], keys), **settings)
 
 
-
-
 st.title("Accuracy")
 st.caption("Each mechanism's output against exact softmax attention computed in float64 on the same seeded inputs.")
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
     left, mid, right = st.columns(3)
-    key = left.selectbox("Mechanism", list(MECHANISMS), list(MECHANISMS).index("performer"), format_func=app.label,
-                         **app.keyed("acc_mechanism"))
+    key = left.selectbox("Mechanism", list(MECHANISMS), list(MECHANISMS).index("performer"), format_func=label,
+                         **keyed("acc_mechanism"))
     params = [p.name for p in MECHANISMS[key].params]
-    param = left.selectbox("Parameter to sweep", params, **app.keyed(f"acc_param_{key}")) if params else None
-    n = mid.select_slider("Sequence length n", NS, 256, **app.keyed("acc_n"))
+    param = left.selectbox("Parameter to sweep", params, **keyed(f"acc_param_{key}")) if params else None
+    n = mid.select_slider("Sequence length n", NS, 256, **keyed("acc_n"))
     values_text = left.text_input("Values to try", ", ".join(map(str, accuracy.sweep_values(key, param, n)))
-                                  if param else "", disabled=param is None, **app.keyed(f"acc_values_{key}_{param}"))
-    d_model = mid.number_input("d_model", 1, 4096, 256, **app.keyed("acc_d_model"))
-    heads = mid.number_input("Heads", 1, 64, 4, **app.keyed("acc_heads"))
+                                  if param else "", disabled=param is None, **keyed(f"acc_values_{key}_{param}"))
+    d_model = mid.number_input("d_model", 1, 4096, 256, **keyed("acc_d_model"))
+    heads = mid.number_input("Heads", 1, 64, 4, **keyed("acc_heads"))
     easy, hard, why_hard = MECHANISMS[key].insight.regime or ("gaussian", None, "")
-    inputs = right.selectbox("Inputs", accuracy.INPUTS, accuracy.INPUTS.index(easy), **app.keyed(f"acc_inputs_{key}"),
+    inputs = right.selectbox("Inputs", accuracy.INPUTS, accuracy.INPUTS.index(easy), **keyed(f"acc_inputs_{key}"),
                              help="Each mechanism opens on inputs where it works as designed; the button beside "
                                   "shows its hard case.")
     right.caption(accuracy.INPUT_HELP[inputs])
@@ -73,9 +67,9 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
         right.button(f"Show the {'working' if inputs == hard else 'hard'} case ({flip} inputs)",
                      key="acc_flip", on_click=S.__setitem__, args=(f"acc_inputs_{key}", flip),
                      icon=":material/swap_horiz:")
-    seed = right.number_input("Seed", 0, 2**31 - 1, 0, **app.keyed("acc_seed"))
-    causal = right.toggle("Causal mask", **app.keyed("acc_causal"))
-    dtype = right.selectbox("dtype of the mechanism", ["float32", "float64"], **app.keyed("acc_dtype"))
+    seed = right.number_input("Seed", 0, 2**31 - 1, 0, **keyed("acc_seed"))
+    causal = right.toggle("Causal mask", **keyed("acc_causal"))
+    dtype = right.selectbox("dtype of the mechanism", ["float32", "float64"], **keyed("acc_dtype"))
 
 settings = dict(n=n, d_model=int(d_model), heads=int(heads), inputs=inputs, seed=int(seed), causal=causal,
                 dtype=dtype)
@@ -94,15 +88,15 @@ frame = sweep(key, param, values, settings)
 if MECHANISMS[key].insight.accuracy_note:
     st.info(MECHANISMS[key].insight.accuracy_note)
 if hard and inputs == hard:
-    st.info(f"The hard case for {app.label(key)}: {why_hard}", icon=":material/warning:")
+    st.info(f"The hard case for {label(key)}: {why_hard}", icon=":material/warning:")
 elif hard and inputs == easy:
-    st.caption(f"{app.label(key)} in its working regime ({easy} inputs); the button under Inputs shows where it fails.")
+    st.caption(f"{label(key)} in its working regime ({easy} inputs); the button under Inputs shows where it fails.")
 metric = st.segmented_control("Error shown", list(accuracy.METRICS), default="rel_fro", required=True,
-                              format_func=accuracy.METRIC_LABELS.get, **app.keyed("acc_metric"))
+                              format_func=accuracy.METRIC_LABELS.get, **keyed("acc_metric"))
 if param:
     chart = insight_charts.error_chart(frame, metric)
-    app.show_chart(chart)
-    app.export_row(chart, frame, f"accuracy-{key}-{param}", "acc_dl_error")
+    show_chart(chart)
+    export_row(chart, frame, f"accuracy-{key}-{param}", "acc_dl_error")
 st.dataframe(readable(frame[["params", *accuracy.METRICS, "time_s", "predicted_bytes"]]), hide_index=True)
 st.caption("KL(softmax ‖ mechanism) is infinite when the mechanism gives zero weight to a key softmax weights "
            "(sparse patterns): the dropped mass says how much. Weights over projected keys "
@@ -110,11 +104,11 @@ st.caption("KL(softmax ‖ mechanism) is infinite when the mechanism gives zero 
            f"can be negative (a pseudo-inverse) have no KL. KL is computed for n ≤ {accuracy.KL_MAX_N}.")
 
 st.subheader("Speed vs accuracy, every mechanism")
-if st.toggle("Time every mechanism at these settings (a few seconds)", False, **app.keyed("acc_scatter")):
+if st.toggle("Time every mechanism at these settings (a few seconds)", False, **keyed("acc_scatter")):
     table = scatter(settings, tuple(MECHANISMS))
     chart = insight_charts.speed_accuracy_chart(table)
-    app.show_chart(chart)
-    app.export_row(chart, table, "speed-accuracy", "acc_dl_scatter")
+    show_chart(chart)
+    export_row(chart, table, "speed-accuracy", "acc_dl_scatter")
     st.caption("Time: median of a few in-process calls on this machine, state built outside; memory: the spec's "
                "prediction. Errors below 100 × machine epsilon count as exact for the Pareto front.")
     st.dataframe(readable(table[["label", "params", "rel_fro", "time_s", "predicted_bytes", "pareto"]]),

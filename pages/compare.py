@@ -1,13 +1,13 @@
 """Compare runs: saved runs from several machines on one chart, a ratio between two, published figures beside."""
 import streamlit as st
 
-import app
 from attn_core import MECHANISMS, untrusted
 from attn_core.charts import insight as insight_charts
 from attn_core.insight import published
 from attn_core.engine import analysis, results
+from pages._shared import ensure_routed, export_row, keyed, show_chart
 
-app.ensure_routed()  # a deep link as a server's first request: let the router run first
+ensure_routed()  # a deep link as a server's first request: let the router run first
 
 METRICS = {"time_median_s": "Time", "peak_bytes": "Peak memory"}
 
@@ -42,20 +42,20 @@ if not runs:
 
 frame = published.runs_frame(runs)
 metric = st.segmented_control("Metric", list(METRICS), default="time_median_s", required=True,
-                              format_func=METRICS.get, **app.keyed("cmp_metric"))
+                              format_func=METRICS.get, **keyed("cmp_metric"))
 chart = insight_charts.runs_chart(frame, metric)
-app.show_chart(chart)
-app.export_row(chart, frame.drop(columns="time_samples"), "runs-overlay", "cmp_dl_runs-overlay")
+show_chart(chart)
+export_row(chart, frame.drop(columns="time_samples"), "runs-overlay", "cmp_dl_runs-overlay")
 
 st.subheader("Relative to a baseline, with published figures")
 left, mid, right = st.columns(3)
 baseline = left.selectbox("Baseline", ["softmax", "sdpa"], format_func=lambda k: MECHANISMS[k].label,
-                          **app.keyed("cmp_baseline"))
+                          **keyed("cmp_baseline"))
 forward = not analysis.generating(frame)  # the published figures are of forward passes
-overlay = mid.toggle(f"Overlay {published.PUBLISHED}", forward, **app.keyed("cmp_published"), disabled=not forward,
+overlay = mid.toggle(f"Overlay {published.PUBLISHED}", forward, **keyed("cmp_published"), disabled=not forward,
                      help=None if forward else "The published figures are of forward passes; these runs generate "
                      "token by token.") and forward
-matching = right.toggle("Only published methods matching the mechanisms shown", True, **app.keyed("cmp_matching"))
+matching = right.toggle("Only published methods matching the mechanisms shown", True, **keyed("cmp_matching"))
 relative = published.relative_to_baseline(frame, metric, baseline)
 if relative.empty:
     st.warning(f"No run measured {MECHANISMS[baseline].label} at the same n and settings as the others; choose "
@@ -66,8 +66,8 @@ else:
         ref = ref[ref["mechanism"].isin(set(frame["mechanism"]))]
     chart = insight_charts.relative_chart(relative, metric, baseline_label=MECHANISMS[baseline].label,
                                           reference=ref)
-    app.show_chart(chart)
-    app.export_row(chart, relative, "runs-relative", "cmp_dl_runs-relative")
+    show_chart(chart)
+    export_row(chart, relative, "runs-relative", "cmp_dl_runs-relative")
     if overlay:
         st.caption("Published figures, measured on other hardware with other models and settings: "
                    + " · ".join(published.citations()))
@@ -78,8 +78,8 @@ if len(runs) < 2:
     st.stop()
 names = list(runs)
 left, right = st.columns(2)
-a = left.selectbox("Run A", names, 0, **app.keyed("cmp_a"))
-b = right.selectbox("Run B", names, 1, **app.keyed("cmp_b"))
+a = left.selectbox("Run A", names, 0, **keyed("cmp_a"))
+b = right.selectbox("Run B", names, 1, **keyed("cmp_b"))
 if a == b:
     st.error("Run A and run B are the same; choose two different runs.", icon=":material/edit:")
     st.stop()
@@ -89,5 +89,5 @@ if ratios.empty:
                "dtype, mode, mask and sizes).")
     st.stop()
 chart = insight_charts.ratio_chart(ratios, a, b, metric)
-app.show_chart(chart)
-app.export_row(chart, ratios, "runs-ratio", "cmp_dl_runs-ratio")
+show_chart(chart)
+export_row(chart, ratios, "runs-ratio", "cmp_dl_runs-ratio")

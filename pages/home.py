@@ -2,10 +2,10 @@
 import pandas as pd
 import streamlit as st
 
-import app
 from attn_core.engine import env, presets
+from pages._shared import bench_state, ensure_routed, open_benchmark
 
-app.ensure_routed()
+ensure_routed()
 st.title("Attention Lab")
 st.markdown(
     "Attention Lab measures, live on this machine, how the time and memory of each attention mechanism grow with "
@@ -23,19 +23,16 @@ for device in env.available_devices():
                  "dtypes": ", ".join(info["dtypes"])})
 st.dataframe(pd.DataFrame(rows), hide_index=True)
 
-job = st.session_state.get("bench_job")
-busy = job is not None and not job.done
+busy = bench_state().running
 st.caption(presets.QUICK_DEMO.look_for + " A few seconds on a laptop CPU.")
 if st.button("Run the quick demo", key="home_demo", type="primary", icon=":material/play_arrow:", disabled=busy,
              help="A sweep is running; stop it on the Benchmark page first." if busy else None):
-    st.session_state["bench_start_preset"] = presets.QUICK_DEMO.name  # the Benchmark page sets its panel, queues it
-    st.switch_page("pages/benchmark.py")
+    open_benchmark(presets.QUICK_DEMO.name)  # the Benchmark page sets its panel, queues it
 st.markdown("Generating text is the other half of the story: each new token reads everything its mechanism "
             "remembers. The Benchmark page's generate mode times one token's step against the cache of n tokens and "
             "weighs that cache.")
 KV = presets.PRESETS["Why the KV cache hurts"]
 if st.button("Show why the KV cache hurts", key="home_generate", icon=":material/play_arrow:", disabled=busy,
              help=KV.look_for):
-    st.session_state["bench_start_preset"] = KV.name
-    st.switch_page("pages/benchmark.py")
+    open_benchmark(KV.name)
 st.page_link("pages/benchmark.py", label="Or choose your own settings on the Benchmark page", icon=":material/tune:")

@@ -2,24 +2,16 @@
 import pandas as pd
 import streamlit as st
 
-import app
 from attn_core.charts import insight as insight_charts
 from attn_core.insight import lesson
 from attn_core import untrusted
+from pages._shared import ensure_routed, export_row, keyed, open_benchmark, show_chart
 
-app.ensure_routed()  # a deep link as a server's first request: let the router run first
+ensure_routed()  # a deep link as a server's first request: let the router run first
 S = st.session_state
 SENTENCE, SOURCE = "the cat sat on the mat", "le chat était assis"
 D_KS = [1, 2, 4, 8, 16, 64, 128, 512]
 WALL = "The quadratic wall"  # the Benchmark preset that measures the cost live
-
-
-
-
-
-
-def measure_the_wall() -> None:
-    S["bench_start_preset"] = WALL
 
 
 def size(nbytes: float) -> str:
@@ -35,21 +27,21 @@ st.caption("A short sentence through one attention layer with small seeded weigh
            "softmax kernel the Benchmark page measures. Change a setting and every step follows.")
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
     left, mid, right = st.columns(3)
-    sentence = left.text_input(f"Sentence (up to {lesson.MAX_WORDS} words)", SENTENCE, **app.keyed("learn_sentence"))
+    sentence = left.text_input(f"Sentence (up to {lesson.MAX_WORDS} words)", SENTENCE, **keyed("learn_sentence"))
     cross = left.toggle("Cross-attention", help="Keys and values from a second sentence, as a translation model's "
-                        "decoder attends to its encoder.", **app.keyed("learn_cross"))
-    source = left.text_input("Source sentence", SOURCE, disabled=not cross, **app.keyed("learn_source"))
-    d_k = mid.select_slider("d_k", D_KS, 4, help="The size of each head's queries and keys.", **app.keyed("learn_d_k"))
-    scaled = mid.toggle("Divide the scores by √d_k", True, **app.keyed("learn_scaled"))
-    heads = mid.number_input("Heads", 1, 4, 1, **app.keyed("learn_heads"))
+                        "decoder attends to its encoder.", **keyed("learn_cross"))
+    source = left.text_input("Source sentence", SOURCE, disabled=not cross, **keyed("learn_source"))
+    d_k = mid.select_slider("d_k", D_KS, 4, help="The size of each head's queries and keys.", **keyed("learn_d_k"))
+    scaled = mid.toggle("Divide the scores by √d_k", True, **keyed("learn_scaled"))
+    heads = mid.number_input("Heads", 1, 4, 1, **keyed("learn_heads"))
     score = right.radio("Scores", lesson.SCORES, format_func={"dot-product": "scaled dot-product Q Kᵀ",
                                                                "additive": "additive (Bahdanau)"}.get,
-                        horizontal=True, **app.keyed("learn_score"))
+                        horizontal=True, **keyed("learn_score"))
     causal = right.toggle("Causal mask", help="A word sees only itself and the words before it, as when a model "
-                          "writes text one word at a time.", **app.keyed("learn_causal"))
+                          "writes text one word at a time.", **keyed("learn_causal"))
     pad = right.number_input("Padding tokens", 0, 4, 0, help="Appended to the keys and masked out, as when "
-                             "sentences of different lengths share a batch.", **app.keyed("learn_pad"))
-    seed = right.number_input("Seed", 0, 2**31 - 1, 0, **app.keyed("learn_seed"))
+                             "sentences of different lengths share a batch.", **keyed("learn_pad"))
+    seed = right.number_input("Seed", 0, 2**31 - 1, 0, **keyed("learn_seed"))
 
 setup = lesson.Setup(d_k=d_k, heads=int(heads), scaled=scaled, causal=causal, pad=int(pad), score=score,
                      seed=int(seed))
@@ -74,9 +66,9 @@ for number, step in enumerate(lesson.steps(walk), start=1):
     per_head = (1100 // step.matrix.shape[0] - 140) // len(step.columns)  # heads side by side within ~1,100 px
     cell = max(20, min(big, per_head))
     chart = insight_charts.step_chart(step, cell=cell, numbers=cell >= big * 0.85)
-    app.show_chart(chart, width="content")
+    show_chart(chart, width="content")
     stem = f"learn-{number}-{step.key}"
-    app.export_row(chart, insight_charts.step_frame(step), stem, f"learn_dl_{stem}", folded=True)
+    export_row(chart, insight_charts.step_frame(step), stem, f"learn_dl_{stem}", folded=True)
 
 st.subheader("What it costs")
 n = len(walk.queries)
@@ -89,5 +81,5 @@ st.table(table.set_index("n (tokens)"))
 st.caption("Time grows as O(n²·d) and memory as O(n²): doubling the sentence quadruples the score matrix. The "
            "Benchmark page measures it on this machine, and the efficient mechanisms that avoid it.")
 if st.button(f"Measure it live: “{WALL}” on the Benchmark page", key="learn_wall", type="primary",
-             icon=":material/speed:", on_click=measure_the_wall):
-    st.switch_page("pages/benchmark.py")
+             icon=":material/speed:"):
+    open_benchmark(WALL)

@@ -1,12 +1,12 @@
 """Patterns: which (query, key) cells each mechanism computes, and the attention matrix it effectively applies."""
 import streamlit as st
 
-import app
 from attn_core import MECHANISMS
 from attn_core.insight import accuracy, effective
 from attn_core.charts import insight as insight_charts
+from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
-app.ensure_routed()  # a deep link as a server's first request: let the router run first
+ensure_routed()  # a deep link as a server's first request: let the router run first
 
 SENTENCE = "the cat sat on the mat because it was tired and warm"
 COUNT_MAX = 8192
@@ -20,28 +20,22 @@ def counted(key: str, n: int, causal: bool, params: dict, seed: int) -> str:
         return f"{MECHANISMS[key].label}: {e}"
 
 
-
-
-
-
-
-
 st.title("Patterns")
 st.caption("Which (query, key) cells each mechanism computes, and the attention matrix it effectively applies, "
            "beside exact softmax.")
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
     left, mid, right = st.columns(3)
-    text = left.text_input("Sentence (its words label the positions)", SENTENCE, **app.keyed("pat_sentence"))
+    text = left.text_input("Sentence (its words label the positions)", SENTENCE, **keyed("pat_sentence"))
     chosen = left.multiselect("Mechanisms (exact softmax is always shown first)",
                               [k for k in MECHANISMS if k != "softmax"], ["sliding_window", "performer", "linformer"],
-                              format_func=app.label, **app.keyed("pat_mechanisms"))
-    heads = mid.number_input("Heads (one panel each)", 1, 4, 2, **app.keyed("pat_heads"))
-    head_dim = mid.number_input("Head dimension", 2, 128, 16, **app.keyed("pat_head_dim"))
-    inputs = mid.selectbox("Embeddings", accuracy.INPUTS, **app.keyed("pat_inputs"))
-    seed = right.number_input("Seed", 0, 2**31 - 1, 0, **app.keyed("pat_seed"))
-    causal = right.toggle("Causal mask", **app.keyed("pat_causal"))
-    pull_back = right.toggle("Linformer: pull its weights back to the n keys (W·F)", **app.keyed("pat_pull_back"))
-    count_n = right.number_input("Count computed cells at n =", 2, COUNT_MAX, 1024, **app.keyed("pat_count_n"),
+                              format_func=label, **keyed("pat_mechanisms"))
+    heads = mid.number_input("Heads (one panel each)", 1, 4, 2, **keyed("pat_heads"))
+    head_dim = mid.number_input("Head dimension", 2, 128, 16, **keyed("pat_head_dim"))
+    inputs = mid.selectbox("Embeddings", accuracy.INPUTS, **keyed("pat_inputs"))
+    seed = right.number_input("Seed", 0, 2**31 - 1, 0, **keyed("pat_seed"))
+    causal = right.toggle("Causal mask", **keyed("pat_causal"))
+    pull_back = right.toggle("Linformer: pull its weights back to the n keys (W·F)", **keyed("pat_pull_back"))
+    count_n = right.number_input("Count computed cells at n =", 2, COUNT_MAX, 1024, **keyed("pat_count_n"),
                                  help=f"Counted cell by cell, up to n = {COUNT_MAX:,}; the Theory page goes further.")
 
 try:
@@ -59,7 +53,7 @@ if chosen:
             for column, p in zip(st.columns(max(3, len(spec.params))), spec.params):
                 params.setdefault(key, {})[p.name] = column.number_input(
                     f"{spec.label}: {p.name}", p.low, p.high, small[p.name], help=p.help,
-                    **app.keyed(f"pat_{key}_{p.name}"))
+                    **keyed(f"pat_{key}_{p.name}"))
 problems = [s for key in ["softmax"] + chosen for s in accuracy.problems(
     key, n=n, d_model=int(heads * head_dim), heads=int(heads), causal=causal, **params.get(key, {}))]
 if problems:
@@ -85,5 +79,5 @@ for key in ["softmax"] + chosen:
                                                                                                causal, p, int(seed))],
         x_title=maps["columns"], cells_x_title=effective.PROJECTED if spec.insight.projected else effective.KEYS,
         weights_title=note)
-    app.show_chart(chart, width="content")
-    app.export_row(chart, maps["weights"], f"pattern-{key}", f"pat_dl_{key}")
+    show_chart(chart, width="content")
+    export_row(chart, maps["weights"], f"pattern-{key}", f"pat_dl_{key}")

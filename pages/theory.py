@@ -1,22 +1,16 @@
 """Theory: FLOPs, memory and what fits, from the specs alone, up to a million tokens; time as an extrapolation."""
 import streamlit as st
 
-import app
 from attn_core import MECHANISMS
 from attn_core.engine import env
 from attn_core.charts import insight as insight_charts
 from attn_core.insight import theory
+from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
-app.ensure_routed()  # a deep link as a server's first request: let the router run first
+ensure_routed()  # a deep link as a server's first request: let the router run first
 
 NS = [2**k for k in range(7, 21)]
 GIB = theory.GIB
-
-
-
-
-
-
 
 
 @st.cache_data(show_spinner="Measuring this device's matmul throughput…")
@@ -35,28 +29,28 @@ st.caption("Costs from each mechanism's spec: nothing is run, so n can be a mill
 device = env.resolve_device("auto")
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
     left, mid, right = st.columns(3)
-    keys = left.multiselect("Mechanisms", list(MECHANISMS), list(MECHANISMS), format_func=app.label,
-                            **app.keyed("th_mechanisms"))
+    keys = left.multiselect("Mechanisms", list(MECHANISMS), list(MECHANISMS), format_func=label,
+                            **keyed("th_mechanisms"))
     n_min, n_max = left.select_slider("Sequence lengths n", NS, (1024, 1 << 20), format_func="{:,}".format,
-                                      **app.keyed("th_n"))
-    d_model = mid.number_input("d_model", 1, 65536, 1024, step=64, **app.keyed("th_d_model"))
-    heads = mid.number_input("Heads", 1, 512, 16, **app.keyed("th_heads"))
-    batch = mid.number_input("Batch", 1, 4096, 1, **app.keyed("th_batch"))
-    dtype = right.selectbox("dtype", ["float32", "bfloat16", "float16", "float64"], **app.keyed("th_dtype"))
-    causal = right.toggle("Causal mask", **app.keyed("th_causal"))
-    mode = right.radio("FLOPs of", list(theory.MODES), horizontal=True, **app.keyed("th_mode"),
+                                      **keyed("th_n"))
+    d_model = mid.number_input("d_model", 1, 65536, 1024, step=64, **keyed("th_d_model"))
+    heads = mid.number_input("Heads", 1, 512, 16, **keyed("th_heads"))
+    batch = mid.number_input("Batch", 1, 4096, 1, **keyed("th_batch"))
+    dtype = right.selectbox("dtype", ["float32", "bfloat16", "float16", "float64"], **keyed("th_dtype"))
+    causal = right.toggle("Causal mask", **keyed("th_causal"))
+    mode = right.radio("FLOPs of", list(theory.MODES), horizontal=True, **keyed("th_mode"),
                        help="Forward + backward counts 3× the forward FLOPs; memory stays the forward call's.")
-    budget_gib = right.number_input("Custom memory budget (GiB, 0 = none)", 0.0, 1e6, 0.0, **app.keyed("th_budget"))
+    budget_gib = right.number_input("Custom memory budget (GiB, 0 = none)", 0.0, 1e6, 0.0, **keyed("th_budget"))
     source = right.radio("Throughput for predicted time", ["this device (measured)", "a figure I type"],
-                         **app.keyed("th_source"))
-    typed = right.number_input("Matmul throughput (GFLOP/s)", 0.0, 1e7, 1000.0, **app.keyed("th_gflops"),
+                         **keyed("th_source"))
+    typed = right.number_input("Matmul throughput (GFLOP/s)", 0.0, 1e7, 1000.0, **keyed("th_gflops"),
                                disabled=source != "a figure I type")
 params = {}
 with st.expander("Mechanism parameters", icon=":material/settings:"):
     for key in keys:
         for column, p in zip(st.columns(4), MECHANISMS[key].params):
             params.setdefault(key, {})[p.name] = column.number_input(
-                f"{app.label(key)}: {p.name}", p.low, p.high, p.default, help=p.help, **app.keyed(f"th_{key}_{p.name}"))
+                f"{label(key)}: {p.name}", p.low, p.high, p.default, help=p.help, **keyed(f"th_{key}_{p.name}"))
 
 problems = []
 if not keys:
@@ -81,42 +75,42 @@ flops_tab, memory_tab, time_tab, fit_tab, generation_tab, big_o_tab = st.tabs(
     ["FLOPs", "Memory", "Time (extrapolated)", "What fits", "Generation: the cache", "Big-O"])
 with flops_tab:
     chart = insight_charts.theory_chart(frame, "flops")
-    app.show_chart(chart)
-    app.export_row(chart, frame, "theory-flops", "th_dl_theory-flops")
+    show_chart(chart)
+    export_row(chart, frame, "theory-flops", "th_dl_theory-flops")
 with memory_tab:
     chart = insight_charts.theory_chart(frame, "total_bytes", budgets=budgets)
-    app.show_chart(chart)
-    app.export_row(chart, frame, "theory-memory", "th_dl_theory-memory")
+    show_chart(chart)
+    export_row(chart, frame, "theory-memory", "th_dl_theory-memory")
 with time_tab:
     where = f"{env.device_info(device)['name']} ({device}, {dtype})" if source.startswith("this") else "typed"
     st.warning(f"An extrapolation, not a measurement: FLOPs ÷ {gflops:,.0f} GFLOP/s ({where} matmul throughput). "
                "Real kernels reach a fraction of it, less for small or irregular work.", icon=":material/warning:")
     chart = insight_charts.theory_chart(frame, "predicted_time_s")
-    app.show_chart(chart)
-    app.export_row(chart, frame, "theory-time", "th_dl_theory-time")
+    show_chart(chart)
+    export_row(chart, frame, "theory-time", "th_dl_theory-time")
 with fit_tab:
     table = theory.fit_table(keys, budgets, params=params, **settings)
     chart = insight_charts.fit_chart(table)
-    app.show_chart(chart)
-    app.export_row(chart, table, "theory-fit", "th_dl_theory-fit")
+    show_chart(chart)
+    export_row(chart, table, "theory-fit", "th_dl_theory-fit")
     st.dataframe(table.pivot(index="label", columns="budget", values="largest_n")
-                 .reindex(index=[app.label(k) for k in keys], columns=list(budgets)))
+                 .reindex(index=[label(k) for k in keys], columns=list(budgets)))
 with generation_tab:
     st.caption("What a whole model's attention remembers while it generates, layer by layer: softmax's key-value "
                "cache grows with the context; a window's and a fixed-size state's do not. Heads: the key-value heads.")
     a, b, c, e = st.columns(4)
-    model = dict(layers=int(a.number_input("Layers", 1, 1024, 32, **app.keyed("th_layers"))),
-                 heads=int(b.number_input("Key-value heads", 1, 512, 32, **app.keyed("th_kv_heads"))),
-                 head_dim=int(c.number_input("Head dim", 1, 4096, 128, **app.keyed("th_head_dim"))),
+    model = dict(layers=int(a.number_input("Layers", 1, 1024, 32, **keyed("th_layers"))),
+                 heads=int(b.number_input("Key-value heads", 1, 512, 32, **keyed("th_kv_heads"))),
+                 head_dim=int(c.number_input("Head dim", 1, 4096, 128, **keyed("th_head_dim"))),
                  batch=int(batch), dtype=e.selectbox("Cache dtype", ["float16", "bfloat16", "float32"],
-                                                     **app.keyed("th_cache_dtype")))
+                                                     **keyed("th_cache_dtype")))
     for why in theory.cannot_generate(keys):
         st.caption(f"Not drawn: {why}")
     bandwidth, busy = measured_bandwidth(device)
     cache = theory.generation_costs(keys, theory.log_ns(n_min, n_max), params=params, bandwidth=bandwidth, **model)
     chart = insight_charts.theory_chart(cache, "cache_bytes", budgets=budgets)
-    app.show_chart(chart)
-    app.export_row(chart, cache, "theory-cache", "th_dl_theory-cache")
+    show_chart(chart)
+    export_row(chart, cache, "theory-cache", "th_dl_theory-cache")
     st.markdown("**The longest context whose cache fits** (the weights and activations need room too)")
     st.dataframe(theory.context_table(keys, budgets, params=params, **model), hide_index=True)
     busy = (" Other programs took CPU from every copy it was measured with: the figure is likely low, and so is the "
@@ -125,7 +119,7 @@ with generation_tab:
                f"{env.device_info(device)['name']}: the best of 5 copies of a 256 MiB buffer).{busy}",
                icon=":material/warning:")
     chart = insight_charts.theory_chart(cache, "tokens_per_s")
-    app.show_chart(chart)
-    app.export_row(chart, cache, "theory-tokens", "th_dl_theory-tokens")
+    show_chart(chart)
+    export_row(chart, cache, "theory-tokens", "th_dl_theory-tokens")
 with big_o_tab:
     st.dataframe(theory.big_o_table(), hide_index=True)

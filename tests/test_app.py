@@ -13,9 +13,9 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest, app_test
 
 from attn_core import cli, MECHANISMS
-from attn_core.engine import presets, results, sweep
+from attn_core.engine import job as sweep, presets, results
 from tests.apptest_helpers import chart_specs
-from attn_core.engine.jobs import Replay, SweepSequence
+from attn_core.engine.job import Job
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = {"pages/home.py": "Attention Lab", "pages/learn.py": "Learn", "pages/benchmark.py": "Benchmark",
@@ -36,11 +36,11 @@ def private_sweep_lock(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def fresh_stage():
     """Each test's sessions get a server stage of their own; a sweep a test leaves running is stopped after it."""
-    import app
+    from pages._shared import sweeps
 
-    app.sweeps.clear()
+    sweeps.clear()
     yield
-    desk = app.sweeps()
+    desk = sweeps()
     for entry in [desk.running(), *desk.queue]:
         if entry is not None:
             desk.cancel(entry)
@@ -48,7 +48,7 @@ def fresh_stage():
     while desk.running() is not None and time.monotonic() < deadline:
         desk.check()
         time.sleep(0.05)
-    app.sweeps.clear()
+    sweeps.clear()
 
 
 class Routed(PagesManager):
@@ -89,7 +89,7 @@ def widget(at: AppTest, key: str):
 def run_to_end(at: AppTest, deadline_s: float = 120) -> AppTest:
     """Rerun the page, as its fragment's timer would, until the job is done (a hang fails, it is not a timing)."""
     end = time.monotonic() + deadline_s
-    while not at.session_state["bench_job"].done:
+    while not at.session_state["bench"].job.done:
         assert time.monotonic() < end, "the sweep did not finish"
         time.sleep(0.1)
         at.run()
@@ -121,8 +121,8 @@ def test_home_shows_the_device_and_the_quick_demo_lands_on_the_benchmark():
     assert at.dataframe[0].value["device"].iloc[0] == "cpu"
     at.button(key="home_demo").click().run()
     assert [t.value for t in at.title] == ["Benchmark"]
-    job = at.session_state["bench_job"].job
-    assert isinstance(job, SweepSequence) and job.configs[0].mechanisms == (("softmax", {}), ("linear", {}))
+    job = at.session_state["bench"].job
+    assert isinstance(job, Job) and job.sweeps[0].mechanisms == (("softmax", {}), ("linear", {}))
     assert widget(at, "bench_exact").value == ["softmax"] and widget(at, "bench_approx").value == ["linear"]
     assert widget(at, "bench_d_model").value == 256 and widget(at, "bench_n").value == (128, 2048)
     at.button(key="bench_stop").click().run()
@@ -183,13 +183,13 @@ def test_export_titles_are_editable(swept):
 
 
 def test_a_finished_sweep_survives_slider_moves_and_page_switches(swept):
-    job = swept.session_state["bench_job"]
+    job = swept.session_state["bench"].job
     swept.segmented_control(key="bench_axes").set_value("linear").run()
     spec = chart_specs(swept)[0]
     assert spec["layer"][0]["encoding"]["y"]["scale"].get("type") != "log"
     swept.switch_page("pages/home.py").run()
     swept.switch_page("pages/benchmark.py").run()
-    assert swept.session_state["bench_job"] is job and len(chart_specs(swept)) == 2
+    assert swept.session_state["bench"].job is job and len(chart_specs(swept)) == 2
     assert swept.select_slider(key="bench_n").value == (64, 128)
     assert not swept.exception
 
@@ -221,9 +221,9 @@ def test_reruns_while_a_sweep_runs_neither_crash_nor_corrupt_it():
     at.button(key="bench_run").click().run()
     for heads in (4, 2, 4, 2):  # widget changes and reruns while points arrive
         at.number_input(key="bench_heads").set_value(heads).run()
-        assert at.button(key="bench_run").disabled or at.session_state["bench_job"].done
+        assert at.button(key="bench_run").disabled or at.session_state["bench"].job.done
     run_to_end(at)
-    frame = at.session_state["bench_job"].frame()
+    frame = at.session_state["bench"].job.frame()
     assert len(frame) == 6 and not frame.duplicated(["mechanism", "n"]).any()
     assert set(frame["heads"]) == {2} and (frame["status"] == "ok").all()
     assert not at.exception
@@ -234,7 +234,7 @@ def test_stop_cancels_and_keeps_the_finished_points():
     at.button(key="bench_run").click().run()
     at.button(key="bench_stop").click().run()
     run_to_end(at)
-    statuses = list(at.session_state["bench_job"].frame()["status"])
+    statuses = list(at.session_state["bench"].job.frame()["status"])
     assert "cancelled" in statuses and len(statuses) == 7
     done = 7 - statuses.count("cancelled")
     assert f"Stopped after {done} of 7 points; the table covers the measured ones." in [i.value for i in at.info]
@@ -255,7 +255,7 @@ def test_a_preset_sets_every_control_in_one_click():
 
 def replaying(swept: AppTest, speed: float) -> AppTest:
     """A fresh Benchmark page replaying the swept run at `speed` points per second."""
-    saved = results.to_json_bytes(swept.session_state["bench_job"].result())
+    saved = results.to_json_bytes(swept.session_state["bench"].job.result())
     at = benchmark()
     at.file_uploader(key="bench_upload").upload("run.json", saved, "application/json")
     at.run()
@@ -265,8 +265,8 @@ def replaying(swept: AppTest, speed: float) -> AppTest:
 
 def test_a_saved_run_replays_point_by_point(swept):
     at = replaying(swept, 20.0)
-    job = at.session_state["bench_job"]
-    assert isinstance(job, Replay) and job.shown < 4
+    job = at.session_state["bench"].job
+    assert job.replaying and job.progress.done < 4
     run_to_end(at)
     assert len(job.frame()) == 4 and len(chart_specs(at)) == 2 and not at.exception
 
@@ -280,7 +280,7 @@ def test_a_run_saved_by_the_command_line_is_shown_at_once(tmp_path):
     at.file_uploader(key="bench_upload").upload(path.name, path.read_bytes(), "text/csv")
     at.run()
     at.button(key="bench_show").click().run()
-    assert isinstance(at.session_state["bench_job"], Replay) and at.session_state["bench_job"].done
+    assert at.session_state["bench"].job.replaying and at.session_state["bench"].job.done
     assert len(chart_specs(at)) == 2 and list(at.dataframe[0].value["points measured"]) == [2, 2]
     for spec in chart_specs(at):  # a reason for a point not measured never reaches an axis title
         assert not any("not measured" in t for layer in spec["layer"] for t in
@@ -294,7 +294,7 @@ def test_a_file_that_is_not_a_run_is_refused_with_a_sentence():
     at.run()
     at.button(key="bench_show").click().run()
     assert any("not an Attention Lab run" in e.value for e in at.error)
-    assert "bench_job" not in at.session_state and not at.exception
+    assert at.session_state["bench"].job is None and not at.exception
 
 
 def test_talk_mode_folds_the_settings_away_and_enlarges_the_charts(swept):
@@ -309,13 +309,13 @@ def test_talk_mode_folds_the_settings_away_and_enlarges_the_charts(swept):
 
 def test_a_sequence_runs_its_sweeps_one_after_another_as_one_run():
     tiny = presets._config(("softmax", "linear"), 64, 128, 2, d_model=64, heads=2)
-    both = SweepSequence(tuple(tiny.replaced(device="cpu", causal=c) for c in (False, True)))
+    both = Job.measure("both masks", tuple(tiny.replaced(device="cpu", causal=c) for c in (False, True)))
     end = time.monotonic() + 120
     while not both.done:
         assert time.monotonic() < end, "the sweeps did not finish"
         both.poll()
         time.sleep(0.05)
-    assert both.progress()["done"] == both.progress()["total"] == 8
+    assert both.progress.done == both.progress.total == 8
     frame = both.frame()
     assert list(frame["causal"]) == [False] * 4 + [True] * 4 and (frame["status"] == "ok").all()
     assert [c["causal"] for c in both.result().config["sweeps"]] == [False, True]
@@ -331,11 +331,12 @@ def test_replay_reveals_points_at_its_pace_and_stops_on_cancel():
                  load_average=0.0, disturbed=False, retaken=0) for n in (8, 16, 32, 64)]
     saved.frame = results.frame_from_rows(rows)
     now = [0.0]
-    replay = Replay(saved, points_per_s=2.0, clock=lambda: now[0])
-    assert [r["n"] for r in replay.poll()] == [8]
+    replay = Job.replay(saved, points_per_s=2.0, clock=lambda: now[0])
+    assert [m.problem.n for m in replay.poll()] == [8]
     now[0] = 1.0
-    assert [r["n"] for r in replay.poll()] == [16, 32] and not replay.done
-    assert replay.progress() == {"done": 3, "total": 4, "eta_s": 0.5, "current": "replaying Softmax at n = 32"}
+    assert [m.problem.n for m in replay.poll()] == [16, 32] and not replay.done
+    p = replay.progress
+    assert (p.done, p.total, p.eta_s, p.current) == (3, 4, 0.5, "replaying Softmax at n = 32")
     replay.cancel()
     now[0] = 9.0
     assert replay.poll() == [] and replay.done and len(replay.frame()) == 3
@@ -370,7 +371,7 @@ def test_a_full_run_during_a_sweep_holds_the_worker_and_lets_go_at_its_end(monke
     calls = []
     monkeypatch.setattr(worker, "hold", calls.append)
     at.button(key="bench_run").click().run()
-    if at.session_state["bench_job"].done:
+    if at.session_state["bench"].job.done:
         pytest.skip("the sweep ended within one script run")
     assert calls == [True, False]  # held from the start of the run to its end (the tick inside it lets go of nothing)
     calls.clear()
@@ -406,7 +407,7 @@ def test_a_shown_run_sets_the_settings_panel_to_it_and_says_so(tmp_path):
 
 def test_a_replay_counts_only_the_points_its_charts_show(swept):
     at = replaying(swept, 2.0)
-    job, seen = at.session_state["bench_job"], []
+    job, seen = at.session_state["bench"].job, []
     while not job.done:
         counted = int(next(p for p in at.get("progress")).proto.text.split(" of ")[0])
         seen.append((counted, drawn_points(at)))
@@ -420,16 +421,16 @@ def test_a_second_session_finds_the_running_sweep_and_its_own_run_queues_behind_
     first.button(key="bench_run").click().run()
     second = AppTest.from_file(APP, default_timeout=60).run()  # a reload or another tab
     second.switch_page("pages/benchmark.py").run()
-    shared = second.session_state["bench_job"]
-    assert shared.entry is first.session_state["bench_job"].entry
+    shared = second.session_state["bench"].job
+    assert shared is first.session_state["bench"].job
     assert any("started before this page opened" in i.value for i in second.info)
     assert widget(second, "bench_steps").value == 4 and widget(second, "bench_d_model").value == 64
     assert not second.button(key="bench_stop").disabled and not second.button(key="bench_run").disabled
     second.button(key="bench_run").click().run()
-    queued = second.session_state["bench_job"]
-    assert queued.own and queued.entry is not shared.entry
-    if not first.session_state["bench_job"].done:  # the tiny sweep may have ended already
-        assert queued.queued and "queued, next after" in queued.progress()["current"]
+    queued = second.session_state["bench"].job
+    assert second.session_state["bench"].own and queued is not shared
+    if not first.session_state["bench"].job.done:  # the tiny sweep may have ended already
+        assert queued.queued and "queued, next after" in queued.progress.current
     run_to_end(first)
     run_to_end(second)
     assert not queued.queued and len(queued.frame()) > 0 and not second.exception
@@ -469,7 +470,7 @@ def test_a_generate_sweep_draws_time_per_token_and_cache_memory_and_refuses_what
     specs = chart_specs(at)
     assert [s["title"]["text"] for s in specs] == ["Time per generated token vs context length",
                                                    "Cache memory vs context length"]
-    frame = at.session_state["bench_job"].frame()
+    frame = at.session_state["bench"].job.frame()
     assert set(frame["mode"]) == {"generate"} and set(frame["status"]) == {"ok"}
     assert any(c.value.startswith("Generating: each point times one new token's step") for c in at.caption)
     assert (frame["peak_bytes"] == frame["predicted_bytes"]).all() and not at.exception

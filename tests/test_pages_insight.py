@@ -454,7 +454,7 @@ def test_learn_page_leads_to_the_quadratic_wall_measured_live():
     at.switch_page("pages/learn.py").run()
     at.button(key="learn_wall").click().run()
     assert [t.value for t in at.title] == ["Benchmark"] and not at.exception
-    job = at.session_state["bench_job"]
-    assert at.session_state["bench_preset"] == "The quadratic wall"
-    assert [k for k, _ in job.entry.job.configs[0].mechanisms] == ["softmax", "sliding_window", "linear"]
+    job = at.session_state["bench"].job
+    assert at.session_state["bench"].preset == "The quadratic wall"
+    assert [k for k, _ in job.sweeps[0].mechanisms] == ["softmax", "sliding_window", "linear"]
     job.cancel()

@@ -40,7 +40,7 @@ def test_the_benchmark_page_measures_it(toy):
     assert not at.exception
     at.button(key="bench_run").click().run()
     run_to_end(at)
-    job = at.session_state["bench_job"]
+    job = at.session_state["bench"].job
     frame = job.frame()
     assert job.error is None, job.error
     assert set(frame["mechanism"]) == {"softmax", "toy"} and (frame["status"] == "ok").all(), frame["reason"]
