@@ -261,9 +261,9 @@ LAYOUTS = {  # (B, H, N, D) tensors as other code hands them over: views, never 
     "expanded heads (stride 0)": lambda r: r(B_, 1, N_, D_).expand(B_, H_, N_, D_),
     "expanded sequence (stride 0)": lambda r: r(B_, H_, 1, D_).expand(B_, H_, N_, D_),
 }
-SMALL_PARAMS = {"linformer": {"rank": 8}, "performer": {"features": 32}, "nystrom": {"landmarks": 8},
-                "reformer": {"bucket_size": 8, "n_hashes": 2}, "additive": {"attn_dim": 8},
-                "bigbird": {"block": 8, "window_blocks": 3, "global_blocks": 1, "random_blocks": 1}}
+SMALL_PARAMS = with_copies({"linformer": {"rank": 8}, "performer": {"features": 32}, "nystrom": {"landmarks": 8},
+                            "reformer": {"bucket_size": 8, "n_hashes": 2}, "additive": {"attn_dim": 8},
+                            "bigbird": {"block": 8, "window_blocks": 3, "global_blocks": 1, "random_blocks": 1}})
 
 
 def strided(layout: str, seed: int = 0) -> list[torch.Tensor]:

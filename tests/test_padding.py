@@ -16,7 +16,7 @@ from attn_core.mechanisms._common import validated
 from attn_core.mechanisms.performer import base2, key_features
 from tests.baselines import (additive_reference, allowed, elu_plus_one, masked_softmax, nystrom_reference,
                              positive_random_features)
-from tests.copies import with_copies
+from tests.copies import original, with_copies
 from tests.test_mechanisms import REF_KIND, SMALL, qkv
 
 PADDED = [k for k, s in ac.MECHANISMS.items() if s.supports.padding]
@@ -341,29 +341,30 @@ def test_gradients_equal_the_masked_reference(key, case):
     causal, make_pad = GRAD_CASES[case]
     if causal and not ac.MECHANISMS[key].supports.causal:
         pytest.skip(f"{key} cannot be causal")
-    small = key in ("nystrom", "additive")  # numpy references, differentiated numerically
+    kind = original(key)  # a registered copy is tested as the mechanism it copies
+    small = kind in ("nystrom", "additive")  # numpy references, differentiated numerically
     n, H, D = (13, 1, 4) if small else (37, 2, 8)
     q, k, v = qkv(n, B=2, H=H, D=D, dtype=torch.float64, grad=True)
     pad = make_pad(n)
     w = torch.randn(2, H, n, D, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     params = {"nystrom": {"landmarks": 4}, "additive": {"attn_dim": 4}, "linformer": {"rank": 8}}.get(
-        key, exact_params(key, causal) if key in EXACT else SMALL.get(key, {}))
+        kind, exact_params(key, causal) if key in EXACT else SMALL.get(key, {}))
     state = {} if key in EXACT else ac.make_state(key, ac.Shape(2, H, n, n, D, causal=causal), dtype=torch.float64,
                                                   seed=1, **params)
     out = ac.attention(key, q, k, v, causal=causal, key_padding_mask=pad, **params, **state)
-    if key == "nystrom":  # self-attention: the padded positions' rows are outside Nyström on the real tokens
+    if kind == "nystrom":  # self-attention: the padded positions' rows are outside Nyström on the real tokens
         w = w * (~pad)[:, None, :, None]
     got = torch.autograd.grad((out * w).sum(), (q, k, v))
     assert all(bool(torch.isfinite(g).all()) for g in got)
-    if key == "nystrom":
+    if kind == "nystrom":
         want = numeric_grads(lambda *t: nystrom_real(*t, pad, 4), [t.detach() for t in (q, k, v)], w)
-    elif key == "additive":
+    elif kind == "additive":
         want = numeric_grads(lambda *t: additive_reference(*t, **state, causal=causal, padding=pad),
                              [t.detach() for t in (q, k, v)], w)
     else:
         if key in EXACT:
             expected = seen_softmax(q, k, v, allowed(REF_KIND[key], n, n, causal, **params), pad)
-        elif key == "linformer":
+        elif kind == "linformer":
             expected = linformer_reference(q, k, v, pad, state)
         else:
             expected = kernel_reference(key, q, k, v, pad, causal, state)
