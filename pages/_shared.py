@@ -146,8 +146,13 @@ def sweeps() -> stage.Stage:
 
 
 def submit(name: str, configs: tuple[SweepConfig, ...]) -> Job:
-    """Sweeps run one after another as one job, queued on the server's stage for this session."""
-    return Job.measure(name, configs, stage=sweeps(), watcher=session_id())
+    """Sweeps run one after another as one job, queued on the server's stage for this session. Sweeps that cannot
+    run (a preset on a device without its dtype) give a job that ended at once with the sentences as its error, which
+    the page shows where a sweep's error goes."""
+    try:
+        return Job.measure(name, configs, stage=sweeps(), watcher=session_id())
+    except ValueError as e:
+        return Job.refused(name, str(e))
 
 
 def adopt_running() -> Job | None:

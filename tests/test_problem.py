@@ -91,3 +91,11 @@ def test_old_run_configs_without_the_new_problem_fields_still_read():
     assert config.problem.kv_heads is None and config.problem.padding == 0 and config.problems() == []
     with pytest.raises(ValueError, match="unknown sweep settings"):
         SweepConfig.from_dict({**old, "n": 4})  # a point's own field is not a sweep's
+
+
+def test_sweeps_that_cannot_run_give_a_job_that_ended_with_the_sentences():
+    bad = SweepConfig(mechanisms=(("linformer", {}),), ns=(64,)).replaced(causal=True)
+    with pytest.raises(ValueError, match="Linformer cannot be causal"):
+        Job.measure("bad", (bad,))
+    refused = Job.refused("bad", "Linformer cannot be causal.")
+    assert refused.done and refused.error == "Linformer cannot be causal." and refused.frame().empty

@@ -98,6 +98,13 @@ class Job:
         return job
 
     @classmethod
+    def refused(cls, name: str, why: str) -> "Job":
+        """A job that could not run: done at once, `why` its error."""
+        job = cls(name)
+        job.error, job.withdrawn = why, True
+        return job
+
+    @classmethod
     def replay(cls, run: Run, points_per_s: float = 3.0, *, shown: bool = False,
                clock: Callable[[], float] = time.monotonic) -> "Job":
         """A saved run played back at `points_per_s` as if it were measured now (`shown`: all of it at once)."""
