@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from .measurement import COLUMNS, KINDS, STATUSES
+from ..mechanisms import MECHANISMS
 from .problem import MAX_COUNT
 from ..untrusted import csv_cell, csv_json, csv_text
 
@@ -263,6 +264,8 @@ def _validated(rows: list[dict], label: str) -> pd.DataFrame:
             except ValueError as e:
                 raise RunFileError(f"{label} is malformed: row {i}, {column} = {_shown(r[column])} is not allowed; "
                                    f"{column} must be {e}") from None
+        if why := _params_problem(r["mechanism"], cells["params"]):
+            raise RunFileError(f"{label} is malformed: row {i}, params of {r['mechanism']}: {why}")
         clean.append(cells)
     return frame_from_rows(clean)
 
@@ -296,6 +299,20 @@ def _cell(column: str, value: Any) -> Any:
     if not isinstance(params, dict):
         raise ValueError('JSON text of an object, e.g. {"window": 64}')
     return value
+
+
+def _params_problem(mechanism: Any, text: str) -> str | None:
+    """Why a row's params (JSON text of an object) cannot be its mechanism's: a name it has not, a value out of its
+    range or of the wrong kind (spec.check_params); None when they can, or the mechanism is not in the catalogue
+    (a user's own mechanism: its params are kept as they are)."""
+    spec = MECHANISMS.get(mechanism) if isinstance(mechanism, str) else None
+    if spec is None:
+        return None
+    try:
+        spec.check_params(json.loads(text or "{}"))
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _measure(value: Any, allowed: str, empty: bool = True) -> float:
