@@ -315,3 +315,21 @@ def test_params_that_fit_and_params_of_a_mechanism_not_in_the_catalogue_load():
     assert load_run(windowed('{"window": 64}')).frame["params"].tolist() == ["{}", '{"window": 64}']
     mine = load_run(windowed('{"anything": "goes"}', mechanism="my_own")).frame
     assert mine["params"].tolist()[1] == '{"anything": "goes"}'
+
+
+# ---- round two, 8. a loaded row's text has a length limit ----
+
+def test_long_text_in_a_loaded_row_is_clipped_and_long_params_are_refused():
+    """Before, a 100,000-character label made the SVG export take 72 s and the PNG 106 MB."""
+    doc = valid_doc()
+    doc["rows"][1].update(label="L" * 100_000, reason="R" * 100_000, memory_method="M" * 100_000,
+                          device="D" * 100_000, sdpa_backend="S" * 100_000)
+    for fmt, data in (("json", json.dumps(doc)), ("csv", csv_text(doc))):
+        row = load_run(data.encode(), name=f"run.{fmt}").frame.iloc[1]
+        assert row["label"] == "L" * 199 + "…" and row["reason"] == "R" * 499 + "…"
+        assert row["memory_method"] == "M" * 199 + "…"
+        assert row["device"] == "D" * 99 + "…" and row["sdpa_backend"] == "S" * 99 + "…"
+    assert load_run(json.dumps(valid_doc()).encode()).frame["label"].tolist() == ["Softmax", "Softmax"]  # as written
+    params = json.dumps({"p": "x" * 2000})
+    with pytest.raises(RunFileError, match=r"row 2, params = .* must be JSON text of an object of at most 1,000 "):
+        load_run(windowed(params, mechanism="my_own"))
