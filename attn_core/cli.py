@@ -8,8 +8,10 @@ import dataclasses
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 from typing import Sequence, TextIO
 
 from .engine import analysis, env
@@ -23,8 +25,10 @@ from .engine.lock import LOCK_WAIT_S
 from .engine.measurement import Measurement
 from .engine.problem import MODES, Problem, Settings
 
-EXIT_OK, EXIT_POINTS, EXIT_USAGE, EXIT_BUSY, EXIT_UNSAVED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_OK, EXIT_POINTS, EXIT_USAGE, EXIT_BUSY, EXIT_UNSAVED, EXIT_SIGNALLED = 0, 1, 2, 3, 4, 128  # 128 + signal
 MAX_SIZE = 2**60  # 1 EiB: the largest --memory-limit
+# Ctrl-C, `timeout` or a container stop, a closed terminal: each cancels the sweep and saves what it measured.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 EPILOG = """\
 exit codes:
@@ -35,7 +39,9 @@ exit codes:
        (the message says what to remove), or the worker could not start
   4    the sweep finished but --out could not be written; the run was saved to a file in the temp folder instead
        (the message says where)
-  130  interrupted (Ctrl-C): the sweep was cancelled; the points finished so far are still saved to --out
+  130  interrupted (Ctrl-C, SIGINT): the sweep was cancelled; the points finished so far are still saved to --out
+  143  terminated (SIGTERM: `timeout`, `kill`, a container stop), and 129 hung up (SIGHUP: the terminal closed):
+       the same as 130; in general 128 + the signal's number
 
 examples:
   python -m attn_core sweep --mechanisms softmax,sliding_window --n 1024:16384 --out run.json
@@ -296,6 +302,53 @@ def save_or_fall_back(run: Run, path: str, err: TextIO) -> bool:
     return False
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop signal arrived (`signum`): a KeyboardInterrupt, so the Ctrl-C path of cancelling and saving runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """While inside `with`, STOP_SIGNALS are caught: each is noted in `received`, and the first raises Interrupted
+    in the main thread while `armed` (the sweep is being followed). Once disarmed, a signal only counts: the cancel
+    and the save run to their end. The previous handlers come back after. Outside the main thread, where Python
+    cannot set handlers, only Ctrl-C's own KeyboardInterrupt remains."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.armed = True
+        self._previous: dict = {}
+
+    def _handle(self, signum: int, frame) -> None:
+        self.received.append(signum)
+        if self.armed and len(self.received) == 1:
+            raise Interrupted(signum)
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, old in self._previous.items():
+            signal.signal(signum, old)
+
+
+class _Lenient:
+    """A stream whose writes may fail silently: after a hangup the terminal is gone, and writing to it must not stop
+    the save."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.write(text)
+            self.stream.flush()
+
+
 def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     problems = [p for p in (out_problem(args.out) if args.out else None, _wait_problem(args.wait)) if p]
     extra = tuple(r.strip() for r in args.extra_mechanisms.split(",") if r.strip())
@@ -307,30 +360,40 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if problems:
         err.write("".join(f"error: {p}\n" for p in problems))
         return EXIT_USAGE
+    err.write(f"measuring {_count(config.points, 'point')}: {_count(len(config.mechanisms), 'mechanism')} × "
+              f"{_count(len(set(config.ns)), 'length')}\n")
     job = Job.measure(", ".join(key for key, _ in config.mechanisms), (config,), extra_mechanisms=extra,
                       lock_wait_s=args.wait)
-    interrupted = False
-    try:
-        follow(job, err, args.quiet)
-    except KeyboardInterrupt:
-        interrupted = True
-        err.write("\ncancelling…\n")
-        job.cancel()
-        job.wait()
-    if job.error:
-        err.write(f"error: {job.error}\n")
-        return EXIT_BUSY
-    result = job.result()
-    err.write(f"{len(result.frame)} points in {job.progress.elapsed_s:.1f} s\n")
-    saved = save_or_fall_back(result, args.out, err) if args.out else True
-    out.write(format_summary(result.frame) + "\n")
-    if note := analysis.matmul_note(result.env):
-        out.write(note + "\n")
-    if interrupted:
-        return EXIT_INTERRUPTED
+    with StopSignals() as stops:
+        try:
+            follow(job, err, args.quiet)
+        except KeyboardInterrupt as e:  # Ctrl-C, or Interrupted by another stop signal
+            stops.received[:1] = [getattr(e, "signum", signal.SIGINT)]
+            out, err = _Lenient(out), _Lenient(err)
+            err.write(f"\n{signal.Signals(stops.received[0]).name}: cancelling; the points finished so far are "
+                      "kept…\n")
+            job.cancel()
+            job.wait()
+        finally:
+            stops.armed = False
+        if job.error:
+            err.write(f"error: {job.error}\n")
+            return EXIT_BUSY
+        result = job.result()
+        err.write(f"{len(result.frame)} points in {job.progress.elapsed_s:.1f} s\n")
+        saved = save_or_fall_back(result, args.out, err) if args.out else True
+        out.write(format_summary(result.frame) + "\n")
+        if note := analysis.matmul_note(result.env):
+            out.write(note + "\n")
+    if stops.received:
+        return EXIT_SIGNALLED + stops.received[0]  # 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP
     if not saved:
         return EXIT_UNSAVED
     return EXIT_POINTS if result.frame["status"].isin(["failed", "oom"]).any() else EXIT_OK
+
+
+def _count(k: int, thing: str) -> str:
+    return f"{k:,} {thing}{'' if k == 1 else 's'}"
 
 
 def _wait_problem(wait_s: float) -> str | None:

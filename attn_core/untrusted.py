@@ -17,6 +17,12 @@ _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _FORMULA_CHAR = re.compile(r"[=+\-@]")
 
 
+def clipped(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, the last one "…" where it was cut: a 100,000-character label from a
+    file would otherwise make every chart and export that shows it slow and huge."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def literal(text: object) -> str:
     """`text` escaped so that Streamlit's Markdown (st.error, st.info, st.caption, st.progress…) shows it as typed:
     `![x](http://host/a.png)` stays those characters, never an image the browser fetches, a link or a heading."""

@@ -165,9 +165,9 @@ def export_panel(job) -> None:
         shown = {metric: scaling.figure(record.frame, metric, **chart_options(metric)) for metric in metrics()}
         cols = st.columns(len(shown) + 1)
         for metric, column in zip(shown, cols):
-            column.text_input(f"Title of the {scaling.METRICS[metric][3].lower()} chart",
+            column.text_input(f"Title of the {scaling.METRICS[metric][3].lower()} chart", max_chars=200,
                               placeholder=scaling.default_title(record.frame, metric), **keyed(f"bench_title_{metric}"))
-        cols[-1].text_input("Subtitle of both", placeholder=scaling.default_subtitle(record.frame),
+        cols[-1].text_input("Subtitle of both", max_chars=300, placeholder=scaling.default_subtitle(record.frame),
                             **keyed("bench_subtitle"))
         for metric, chart in shown.items():
             name = "time" if metric == "time_median_s" else "memory"

@@ -54,7 +54,8 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
     param = left.selectbox("Parameter to sweep", params, **keyed(f"acc_param_{key}")) if params else None
     n = mid.select_slider("Sequence length n", NS, 256, **keyed("acc_n"))
     values_text = left.text_input("Values to try", ", ".join(map(str, accuracy.sweep_values(key, param, n)))
-                                  if param else "", disabled=param is None, **keyed(f"acc_values_{key}_{param}"))
+                                  if param else "", max_chars=500, disabled=param is None,
+                                  **keyed(f"acc_values_{key}_{param}"))
     d_model = mid.number_input("d_model", 1, 4096, 256, **keyed("acc_d_model"))
     heads = mid.number_input("Heads", 1, 64, 4, **keyed("acc_heads"))
     easy, hard, why_hard = MECHANISMS[key].insight.regime or ("gaussian", None, "")

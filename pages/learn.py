@@ -27,10 +27,11 @@ st.caption("A short sentence through one attention layer with small seeded weigh
            "softmax kernel the Benchmark page measures. Change a setting and every step follows.")
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
     left, mid, right = st.columns(3)
-    sentence = left.text_input(f"Sentence (up to {lesson.MAX_WORDS} words)", SENTENCE, **keyed("learn_sentence"))
+    sentence = left.text_input(f"Sentence (up to {lesson.MAX_WORDS} words)", SENTENCE, max_chars=200,
+                               **keyed("learn_sentence"))
     cross = left.toggle("Cross-attention", help="Keys and values from a second sentence, as a translation model's "
                         "decoder attends to its encoder.", **keyed("learn_cross"))
-    source = left.text_input("Source sentence", SOURCE, disabled=not cross, **keyed("learn_source"))
+    source = left.text_input("Source sentence", SOURCE, max_chars=200, disabled=not cross, **keyed("learn_source"))
     d_k = mid.select_slider("d_k", D_KS, 4, help="The size of each head's queries and keys.", **keyed("learn_d_k"))
     scaled = mid.toggle("Divide the scores by √d_k", True, **keyed("learn_scaled"))
     heads = mid.number_input("Heads", 1, 4, 1, **keyed("learn_heads"))

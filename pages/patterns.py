@@ -25,7 +25,8 @@ st.caption("Which (query, key) cells each mechanism computes, and the attention 
            "beside exact softmax.")
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
     left, mid, right = st.columns(3)
-    text = left.text_input("Sentence (its words label the positions)", SENTENCE, **keyed("pat_sentence"))
+    text = left.text_input("Sentence (its words label the positions)", SENTENCE, max_chars=200,
+                           **keyed("pat_sentence"))
     chosen = left.multiselect("Mechanisms (exact softmax is always shown first)",
                               [k for k in MECHANISMS if k != "softmax"], ["sliding_window", "performer", "linformer"],
                               format_func=label, **keyed("pat_mechanisms"))

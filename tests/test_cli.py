@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,55 @@ def test_a_sweep_refused_for_another_reason_creates_no_out_file(tmp_path):
     out = tmp_path / "run.json"
     code, _, err = run_main("sweep", "--mechanisms", "linformer", "--causal", "--n", "16", *TINY, "--out", str(out))
     assert code == 2 and "Linformer cannot be causal" in err and os.listdir(tmp_path) == []
+
+
+def _wait_for_line(stream, prefix: str, deadline_s: float) -> list[str]:
+    """The lines of `stream` up to the first starting with `prefix`, read in a thread (a pipe read blocks);
+    AssertionError with what was read if none comes within `deadline_s`."""
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
+    seen, deadline = [], time.monotonic() + deadline_s
+    while not any(line.startswith(prefix) for line in seen):
+        try:
+            seen.append(lines.get(timeout=max(deadline - time.monotonic(), 0.01)))
+        except queue.Empty:
+            raise AssertionError(f"no line starting {prefix!r} within {deadline_s} s: {''.join(seen)}") from None
+    return seen
+
+
+@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_stop_signal_cancels_the_sweep_and_saves_the_points_finished(tmp_path, name, code):
+    """Before, only Ctrl-C saved the partial run: `timeout`, a closed terminal or a container stop left nothing.
+    The second point hangs until the signal; the first has finished by then."""
+    out = tmp_path / "run.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attn_core", "sweep", "--mechanisms", "softmax,hangs", "--n", "16,32",
+         *TINY[:-1], "--extra-mechanisms", REF, "--wait", "0", "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)})  # TMPDIR: a private sweep lock
+    try:
+        _wait_for_line(proc.stderr, "softmax n=16: ", deadline_s=20)
+        proc.send_signal(getattr(signal, name))
+        assert proc.wait(timeout=20) == code
+    finally:
+        proc.kill()
+        proc.wait()
+    run = load_run(out)
+    assert run.frame["status"].tolist() == ["ok", "cancelled", "cancelled", "cancelled"]
+    assert run.frame["mechanism"].tolist() == ["softmax", "hangs", "softmax", "hangs"]
+
+
+def test_the_point_count_is_said_before_measuring_and_a_sweep_of_thousands_is_refused(tmp_path):
+    """Before, `--n` with 10,000 values started a sweep of 20,000 points without a word."""
+    code, _, err = run_main("sweep", "--mechanisms", "softmax,linear", "--n", "16,32", *TINY)
+    assert code == 0 and err.startswith("measuring 4 points: 2 mechanisms × 2 lengths\n")
+    many = ",".join(str(n) for n in range(16, 10_016))
+    out = tmp_path / "run.json"
+    code, _, err = run_main("sweep", "--mechanisms", "softmax,linear", "--n", many, *TINY, "--out", str(out))
+    assert code == 2 and err == ("error: the sweep has 10,000 lengths × 2 mechanisms = 20,000 points, more than the "
+                                 "1,000 a sweep may have; give fewer lengths (at most 500 with 2 mechanisms, e.g. "
+                                 "256:65536:9) or fewer mechanisms\n")
+    assert not out.exists()

@@ -279,3 +279,57 @@ def test_a_save_that_works_says_where(tmp_path):
     assert cli.save_or_fall_back(run, str(tmp_path / "run.csv"), err)
     assert err.getvalue() == f"saved to {tmp_path / 'run.csv'}\n" and len(load_run(tmp_path / "run.csv").frame) == 1
 
+
+
+# ---- round two, 5. a row's params are its mechanism's ----
+
+def windowed(params: str, mechanism: str = "sliding_window") -> bytes:
+    """The valid run with its second row a sliding window (or `mechanism`) holding `params`."""
+    doc = valid_doc()
+    doc["rows"][1].update(mechanism=mechanism, label="Sliding window", params=params)
+    return json.dumps(doc).encode()
+
+
+PARAMS_CASES = [  # (params of row 2, words the sentence must hold)
+    ('{"window": "xxxx"}', ["window = 'xxxx' is not allowed", "choose an integer between 1 and 1048576"]),
+    ('{"window": 64.5}', ["window = 64.5 is not allowed", "an integer"]),
+    ('{"window": 0}', ["window = 0 is not allowed", "between 1 and"]),
+    ('{"window": null}', ["window = None is not allowed", "an integer"]),
+    ('{"window": 64, "colour": 1}', ["Sliding window has no parameter colour; its parameters are window"]),
+]
+
+
+@pytest.mark.parametrize("params, words", PARAMS_CASES)
+def test_params_a_mechanism_does_not_take_are_refused_when_loading(params, words):
+    """Before, {"window": "xxxx"} loaded and the Benchmark page's replay (replay_panel: load_run, then st.error for a
+    RunFileError) showed a traceback; the sentence is now the RunFileError the page shows."""
+    with pytest.raises(RunFileError) as refused:
+        load_run(windowed(params), name="run.json")
+    message = str(refused.value)
+    assert message.startswith("run.json is malformed: row 2, params of sliding_window: ")
+    for w in words:
+        assert w in message
+
+
+def test_params_that_fit_and_params_of_a_mechanism_not_in_the_catalogue_load():
+    assert load_run(windowed('{"window": 64}')).frame["params"].tolist() == ["{}", '{"window": 64}']
+    mine = load_run(windowed('{"anything": "goes"}', mechanism="my_own")).frame
+    assert mine["params"].tolist()[1] == '{"anything": "goes"}'
+
+
+# ---- round two, 8. a loaded row's text has a length limit ----
+
+def test_long_text_in_a_loaded_row_is_clipped_and_long_params_are_refused():
+    """Before, a 100,000-character label made the SVG export take 72 s and the PNG 106 MB."""
+    doc = valid_doc()
+    doc["rows"][1].update(label="L" * 100_000, reason="R" * 100_000, memory_method="M" * 100_000,
+                          device="D" * 100_000, sdpa_backend="S" * 100_000)
+    for fmt, data in (("json", json.dumps(doc)), ("csv", csv_text(doc))):
+        row = load_run(data.encode(), name=f"run.{fmt}").frame.iloc[1]
+        assert row["label"] == "L" * 199 + "…" and row["reason"] == "R" * 499 + "…"
+        assert row["memory_method"] == "M" * 199 + "…"
+        assert row["device"] == "D" * 99 + "…" and row["sdpa_backend"] == "S" * 99 + "…"
+    assert load_run(json.dumps(valid_doc()).encode()).frame["label"].tolist() == ["Softmax", "Softmax"]  # as written
+    params = json.dumps({"p": "x" * 2000})
+    with pytest.raises(RunFileError, match=r"row 2, params = .* must be JSON text of an object of at most 1,000 "):
+        load_run(windowed(params, mechanism="my_own"))

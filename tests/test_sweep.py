@@ -61,6 +61,17 @@ def test_problems_are_sentences_saying_what_to_change():
                                             "no mechanism is selected; choose at least one"]
 
 
+def test_a_config_of_more_than_max_points_is_refused_and_bad_lengths_are_quoted_short():
+    from attn_core.engine.config import MAX_POINTS
+
+    assert config(["softmax", "linear"], ns=tuple(range(1, MAX_POINTS // 2 + 1))).problems() == []
+    (too_many,) = config(["softmax", "linear"], ns=tuple(range(1, MAX_POINTS // 2 + 2))).problems()
+    assert too_many.startswith("the sweep has 501 lengths × 2 mechanisms = 1,002 points, more than the 1,000")
+    assert config(["softmax"], ns=(16, 16, 32)).points == 2  # a repeated length is measured once
+    (bad,) = config(["softmax"], ns=(16, *range(-100, 0))).problems()
+    assert bad == "sequence lengths must be positive integers below 2**40, got -100, -99, -98, -97, -96 and 95 more"
+
+
 def test_config_round_trips_through_a_dict_and_refuses_unknown_settings():
     c = config([("sliding_window", {"window": 8}), "softmax"], ns=(16, 64), causal=True, memory_limit_bytes=1 << 30)
     assert SweepConfig.from_dict(c.to_dict()) == c

@@ -16,6 +16,7 @@ from .problem import FIELDS, MAX_COUNT, Problem, Settings
 # The problem's fields a sweep's points share, flat in a run file's config; mechanism, params and n are the points'.
 _SHARED = FIELDS - {"mechanism", "params", "n", "n_kv"}
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(Settings))
+MAX_POINTS = 1000  # mechanisms × lengths: a sweep of more is a typo (`--n` with thousands of values), not a plan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +39,8 @@ class SweepConfig:
         found = lengths + dataclasses.replace(self.problem, n=shortest).problems() + self.settings.problems()
         if not self.mechanisms:
             found.append("no mechanism is selected; choose at least one")
+        if not lengths and self.points > MAX_POINTS:
+            found.append(self._too_many())
         if found:
             return list(dict.fromkeys(found))
         for key, params in self.mechanisms:
@@ -48,11 +51,26 @@ class SweepConfig:
                       for text in self.problem.at(key, params, shortest).spec_problems(registry[key])]
         return list(dict.fromkeys(found))
 
+    @property
+    def points(self) -> int:
+        """How many points the sweep measures: each mechanism at each distinct length."""
+        return len(set(self.ns)) * len(self.mechanisms)
+
+    def _too_many(self) -> str:
+        lengths, mechanisms = len(set(self.ns)), len(self.mechanisms)
+        most = MAX_POINTS // mechanisms
+        fewer = (f"give fewer lengths (at most {most:,} with {mechanisms:,} mechanisms, e.g. 256:65536:9) or fewer "
+                 "mechanisms" if most else f"choose at most {MAX_POINTS:,} mechanisms")
+        return (f"the sweep has {lengths:,} lengths × {mechanisms:,} mechanisms = {self.points:,} points, more than "
+                f"the {MAX_POINTS:,} a sweep may have; {fewer}")
+
     def _length_problems(self) -> list[str]:
         if not self.ns:
             return ["no sequence length is given; give at least one n"]
-        if not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n < MAX_COUNT for n in self.ns):
-            return [f"sequence lengths must be positive integers below 2**40, got {', '.join(map(str, self.ns))}"]
+        bad = [n for n in self.ns if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n < MAX_COUNT)]
+        if bad:
+            shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5:,} more" if len(bad) > 5 else "")
+            return [f"sequence lengths must be positive integers below 2**40, got {shown}"]
         return []
 
     def replaced(self, **changes: Any) -> "SweepConfig":

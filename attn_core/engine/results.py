@@ -13,8 +13,9 @@ from typing import Any
 import pandas as pd
 
 from .measurement import COLUMNS, KINDS, STATUSES
+from ..mechanisms import MECHANISMS
 from .problem import MAX_COUNT
-from ..untrusted import csv_cell, csv_json, csv_text
+from ..untrusted import clipped, csv_cell, csv_json, csv_text
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # version 1 lacks the contention and executed-FLOP columns: they are filled in
@@ -23,6 +24,10 @@ MAX_FILE_BYTES = 32 * 1024 * 1024  # ~100k points; larger files are refused befo
 
 ADDED_IN_2 = {"executed_flops": None, "foreign_cpu": None, "load_average": None, "disturbed": False, "retaken": 0}
 TEXT, BOOL, INT, FLOAT = (KINDS[kind] for kind in ("text", "bool", "int", "float"))
+# The most characters a loaded row's text keeps (longer is cut, ending "…"); params are JSON, so longer is refused.
+TEXT_CHARS = {"label": 200, "reason": 500, "memory_method": 200}
+NAME_CHARS = 100  # the other text columns: mechanism, dtype, device, mode, sdpa_backend (status is one of STATUSES)
+PARAMS_CHARS = 1000
 
 
 class RunFileError(ValueError):
@@ -263,7 +268,9 @@ def _validated(rows: list[dict], label: str) -> pd.DataFrame:
             except ValueError as e:
                 raise RunFileError(f"{label} is malformed: row {i}, {column} = {_shown(r[column])} is not allowed; "
                                    f"{column} must be {e}") from None
-        clean.append(cells)
+        if why := _params_problem(r["mechanism"], cells["params"]):
+            raise RunFileError(f"{label} is malformed: row {i}, params of {r['mechanism']}: {why}")
+        clean.append({**cells, **{column: _text(column, r[column]) for column in TEXT if column != "params"}})
     return frame_from_rows(clean)
 
 
@@ -293,9 +300,30 @@ def _cell(column: str, value: Any) -> Any:
         params = json.loads(value or "{}") if isinstance(value, str) else None
     except json.JSONDecodeError:
         params = None
-    if not isinstance(params, dict):
-        raise ValueError('JSON text of an object, e.g. {"window": 64}')
+    if not isinstance(params, dict) or len(value) > PARAMS_CHARS:
+        raise ValueError(f'JSON text of an object of at most {PARAMS_CHARS:,} characters, e.g. {{"window": 64}}')
     return value
+
+
+def _text(column: str, value: Any) -> str:
+    """A text cell as text ('' for null or NaN) of at most its column's characters (TEXT_CHARS, NAME_CHARS)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return clipped(str(value), TEXT_CHARS.get(column, NAME_CHARS))
+
+
+def _params_problem(mechanism: Any, text: str) -> str | None:
+    """Why a row's params (JSON text of an object) cannot be its mechanism's: a name it has not, a value out of its
+    range or of the wrong kind (spec.check_params); None when they can, or the mechanism is not in the catalogue
+    (a user's own mechanism: its params are kept as they are)."""
+    spec = MECHANISMS.get(mechanism) if isinstance(mechanism, str) else None
+    if spec is None:
+        return None
+    try:
+        spec.check_params(json.loads(text or "{}"))
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _measure(value: Any, allowed: str, empty: bool = True) -> float:

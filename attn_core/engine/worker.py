@@ -248,7 +248,11 @@ def _serve(conn: Any, cancel_event: Any, held_until: Any, in_sample: Any) -> Non
 
     from . import env, measure
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle: it cancels the sweep
+    # Ctrl-C and a closed terminal reach the whole process group: they are the caller's to handle (it cancels the
+    # sweep and saves). SIGTERM still ends the worker: multiprocessing stops its children with it.
+    for name in ("SIGINT", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     default_threads = torch.get_num_threads()
     _warm_up()
     conn.send(("ready", {"pid": os.getpid(), "threads": default_threads}))
