@@ -60,6 +60,54 @@ def test_largest_n_is_the_edge_of_the_budget():
     assert theory.largest_n("linformer", 80 * theory.GIB, causal=True, **settings) == 0  # never valid
 
 
+MIB = 1 << 20
+FIT = dict(B=1, H=8, D=64)  # largest_n's default settings: d_model 512 over 8 heads, float32
+
+
+def spec_fits(key: str, n: int, budget: float) -> bool:
+    """The reference, from the spec alone: its check passes at n and its predicted peak plus q, k, v (3·B·H·n·D
+    numbers of 4 bytes) is within the budget."""
+    spec = ac.get(key)
+    shape = ac.Shape(FIT["B"], FIT["H"], n, n, FIT["D"])
+    defaults = {p.name: p.default for p in spec.params}
+    try:
+        spec.check(shape, defaults)
+    except ValueError:
+        return False
+    return spec.cost.memory_bytes(shape, **defaults) + 3 * FIT["B"] * FIT["H"] * n * FIT["D"] * 4 <= budget
+
+
+@pytest.mark.parametrize("key", list(ac.MECHANISMS))
+def test_largest_n_is_a_scan_of_every_length_on_a_small_budget(key):
+    # Past budget / (q, k, v bytes a token) the inputs alone do not fit: every shorter n is scanned.
+    budget = 64 * MIB
+    bound = budget // (3 * FIT["H"] * FIT["D"] * 4)
+    fitting = [n for n in range(1, bound + 1) if spec_fits(key, n, budget)]
+    assert fitting, key
+    assert theory.largest_n(key, budget) == max(fitting)
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 16 << 30, 80 << 30], ids=["1GiB", "16GiB", "80GiB"])
+@pytest.mark.parametrize("key", list(ac.MECHANISMS))
+def test_largest_n_is_the_edge_of_the_spec_for_every_mechanism(key, budget):
+    n = theory.largest_n(key, budget)
+    assert n > 0 and spec_fits(key, n, budget) and not spec_fits(key, n + 1, budget)
+    # Nothing longer fits either, in a window above it and at each doubling up to the inputs' own bound.
+    bound = budget // (3 * FIT["H"] * FIT["D"] * 4)
+    longer = [*range(n + 1, n + 4097), *(n << k for k in range(1, 12) if n << k <= bound)]
+    assert not any(spec_fits(key, m, budget) for m in longer)
+
+
+def test_nystrom_fits_where_its_landmarks_do():
+    # 64 landmarks need n ≥ 64: the search starts there, not at n = 1, which the spec refuses.
+    assert not spec_fits("nystrom", 1, 16 << 30) and spec_fits("nystrom", 4096, 16 << 30)
+    assert theory.largest_n("nystrom", 16 << 30) > 4096
+    # 1,000 landmarks: the shortest n is 1,000, found by doubling and halving back, not by a list of guesses.
+    n = theory.largest_n("nystrom", 1 << 30, params={"landmarks": 1000})
+    assert n >= 1000 and theory.largest_n("nystrom", 1 << 30, params={"landmarks": 1000}, n_max=1000) == 1000
+    assert theory.largest_n("nystrom", 1 << 16) == 0  # at its shortest n, 64, its inputs alone are 384 KiB
+
+
 def test_fit_table_and_budgets():
     named = theory.budgets(this_device_bytes=16 * theory.GIB, custom_bytes=1e9)
     assert list(named) == ["this device", "24 GB GPU", "80 GB GPU", "custom"]

@@ -3,7 +3,7 @@ device's matmul throughput. Nothing here runs a mechanism, so n may be a million
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
@@ -81,31 +81,60 @@ def budgets(this_device_bytes: float | None = None, custom_bytes: float | None =
 def largest_n(key: str, budget_bytes: float, *, d_model: int = 512, heads: int = 8, batch: int = 1,
               dtype: str = "float32", causal: bool = False, params: Mapping[str, Any] | None = None,
               n_max: int = 1 << 24) -> int:
-    """The largest n ≤ n_max whose inputs plus predicted peak fit in `budget_bytes` (0 if none does).
-
-    Bisection: memory grows with n for every spec. A parameter tied to n (Linformer's rank) only allows n ≥ rank.
-    """
+    """The largest n ≤ n_max whose inputs plus predicted peak fit in `budget_bytes` (0 if none does), searched
+    from the shortest n these settings can run at (`largest_within`: Nyström's 64 landmarks need n ≥ 64)."""
     spec = get(key)
     resolved = spec.resolved(params or {})
 
-    def fits(n: int) -> bool:
+    def total(n: int) -> float | None:
         shape = shape_for(n, d_model=d_model, heads=heads, batch=batch, dtype=dtype, causal=causal)
         try:
             spec.check(shape, resolved)
         except ValueError:
-            return False
-        return spec.cost.memory_bytes(shape, **resolved) + shape.input_bytes <= budget_bytes
+            return None
+        return spec.cost.memory_bytes(shape, **resolved) + shape.input_bytes
 
-    low = next((n for n in (1, resolved.get(spec.insight.projected, 1)) if fits(n)), 0)  # n ≥ projected keys (rank)
-    if not low:
-        return 0
-    high = n_max
-    if fits(high):
-        return high
-    while high - low > 1:  # invariant: fits(low), not fits(high)
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
-    return low
+    return largest_within(total, budget_bytes, n_max)
+
+
+def largest_within(size: Callable[[int], float | None], budget_bytes: float, n_max: int) -> int:
+    """The largest n ≤ n_max with size(n) ≤ budget_bytes, 0 if none; size(n) is None where the settings cannot run
+    at n. First the shortest n they run at (`first_true`), assuming that what runs at n runs at every longer n (a
+    parameter tied to n is a lower bound on it, Param.at_most). Then, for each power of two s, the last multiple of
+    s from there that fits, by bisection, assuming that size never falls from one multiple of s to the next; the
+    largest of these. Size can fall as n grows, so one bisection over every n would miss lengths: a blocked kernel
+    pads a length that is not a whole number of blocks, and copies (sparse's stride 128 fits n = 4992 in 64 MiB,
+    no n from 2935 to 4991 does); along the multiples of a power-of-two block there is no padding. O(log² n_max)
+    calls."""
+    def fits(n: int) -> bool:
+        found = size(n)
+        return found is not None and found <= budget_bytes
+
+    low = first_true(lambda n: size(n) is not None, 1, n_max)
+    best, step = 0, 1
+    while low is not None and step <= n_max:
+        first, last = -(-low // step), n_max // step  # the multiples of step from low to n_max
+        if first <= last and fits(first * step):
+            beyond = first_true(lambda j: not fits(j * step), first + 1, last)
+            best = max(best, step * (last if beyond is None else beyond - 1))
+        step *= 2
+    return best
+
+
+def first_true(test: Callable[[int], bool], low: int, high: int) -> int | None:
+    """The smallest n in [low, high] with test(n), for a test that stays true once true; None if test(high) fails.
+    Doubles the step from `low` until a true, then bisects back: O(log(answer − low)) calls."""
+    if low > high:
+        return None
+    step, last_false, n = 1, low - 1, low
+    while not test(n):
+        if n >= high:
+            return None
+        last_false, n, step = n, min(n + step, high), 2 * step
+    while n - last_false > 1:  # invariant: test(n), not test(last_false) (or last_false below low)
+        mid = (last_false + n) // 2
+        last_false, n = (last_false, mid) if test(mid) else (mid, n)
+    return n
 
 
 def fit_table(keys: Iterable[str], named_budgets: Mapping[str, float], **settings: Any) -> pd.DataFrame:
@@ -190,25 +219,18 @@ def generation_costs(keys: Iterable[str], ns: Iterable[int], *, layers: int, hea
 
 
 def longest_context(key: str, budget_bytes: float, *, n_max: int = 1 << 30, **model: Any) -> int | None:
-    """The longest context n ≤ n_max whose cache (model_cache_bytes) fits in `budget_bytes`: 0 if not even one
-    token's does, None if it fits at n_max (a cache of fixed size fits at any length). Bisection: a cache never
-    shrinks as n grows."""
-    def fits(n: int) -> bool:
+    """The longest context n ≤ n_max whose cache (model_cache_bytes) fits in `budget_bytes`: 0 if no context's
+    does, None if it fits at n_max (a cache of fixed size fits at any length). Searched as `largest_within`: from the
+    shortest context the settings run at (a parameter tied to n only allows longer ones), a cache never shrinking
+    as n grows."""
+    def cache(n: int) -> float | None:
         try:
-            return model_cache_bytes(key, n, **model) <= budget_bytes
-        except ValueError:  # a parameter tied to n (a window larger than the context) only allows longer n
-            return False
+            return model_cache_bytes(key, n, **model)
+        except ValueError:  # settings this context cannot take, or a mechanism that cannot generate
+            return None
 
-    if fits(n_max):
-        return None
-    low = next((n for n in (1, *(p.default for p in get(key).params if p.tokens)) if fits(n)), 0)
-    if not low:
-        return 0
-    high = n_max
-    while high - low > 1:  # invariant: fits(low), not fits(high)
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
-    return low
+    found = largest_within(cache, budget_bytes, n_max)
+    return None if found == n_max else found
 
 
 def context_table(keys: Iterable[str], named_budgets: Mapping[str, float], *,
