@@ -1,6 +1,7 @@
 """Scaling charts, checked through chart.to_dict(): layers, encodings, units and what non-ok points say."""
 import html
 import json
+import math
 import re
 
 import numpy as np
@@ -8,7 +9,8 @@ import pandas as pd
 import pytest
 
 from attn_core import MECHANISMS
-from attn_core.charts import export, scaling
+from attn_core.charts import export, insight, scaling, style
+from attn_core.engine.presets import QUICK_DEMO
 from attn_core.engine.results import frame_from_rows
 
 
@@ -314,3 +316,87 @@ def test_summary_table_names_its_flops_and_says_why_an_exponent_is_missing():
     assert set(table["note"]) == {"time and memory k: needs 3 clean points, has 2"}
     assert "% of device matmul (executed FLOPs)" in table and "GFLOP/s at largest n (useful FLOPs)" in table
     assert "note" not in scaling.summary_table(results_frame(skip_last=False))
+
+
+def colours_of(spec: dict) -> dict[str, str]:
+    """A scaling chart's line → colour."""
+    scale = spec["layer"][0]["encoding"]["color"]["scale"]
+    return dict(zip(scale["domain"], scale["range"]))
+
+
+def cie_lab(hex_colour: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of an sRGB colour, for CIE76 ΔE: the Euclidean distance of two."""
+    rgb = [int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    xyz = (0.4124564 * r + 0.3575761 * g + 0.1804375 * b) / 0.95047, 0.2126729 * r + 0.7151522 * g + 0.0721750 * b, \
+        (0.0193339 * r + 0.1191920 * g + 0.9503041 * b) / 1.08883
+    x, y, z = [t ** (1 / 3) if t > (6 / 29) ** 3 else t / (3 * (6 / 29) ** 2) + 4 / 29 for t in xyz]
+    return 116 * y - 16, 500 * (x - y), 200 * (y - z)
+
+
+def test_the_palette_is_twelve_colours_each_far_from_the_others():
+    assert len(style.PALETTE) >= 12 and len(set(style.PALETTE)) == len(style.PALETTE)
+    palette = style.PALETTE
+    distances = [math.dist(cie_lab(a), cie_lab(b)) for i, a in enumerate(palette) for b in palette[i + 1:]]
+    assert min(distances) > 20  # CIE76: 2.3 is just noticeable; the old Softmax and Linear oranges were 14 apart
+
+
+@pytest.mark.parametrize("k", range(1, 13))
+def test_up_to_twelve_mechanisms_get_distinct_palette_colours(k):
+    keys = [*MECHANISMS][:13]
+    keys = [keys[0], keys[-1], *keys[1:-1]][:k]  # softmax and the 13th, whose home colours are the same
+    colours = colours_of(scaling.scaling_chart(results_frame(tuple(keys)), "time_median_s").to_dict())
+    assert len(colours) == k and len(set(colours.values())) == k and set(colours.values()) <= set(style.PALETTE)
+
+
+@pytest.mark.parametrize("k", range(1, 13))
+def test_up_to_twelve_settings_of_one_mechanism_get_distinct_palette_colours(k):
+    one = results_frame(("sliding_window",))
+    df = pd.concat([one.assign(params=json.dumps({"window": w})) for w in range(1, k + 1)], ignore_index=True)
+    colours = colours_of(scaling.scaling_chart(df, "time_median_s").to_dict())
+    assert len(colours) == k and len(set(colours.values())) == k and set(colours.values()) <= set(style.PALETTE)
+
+
+def test_the_quick_demo_draws_softmax_and_linear_in_far_apart_colours():
+    keys = tuple(key for key, _ in QUICK_DEMO.configs[0].mechanisms)
+    assert keys == ("softmax", "linear")
+    colours = colours_of(scaling.scaling_chart(results_frame(keys), "time_median_s").to_dict())
+    softmax, linear = colours[MECHANISMS["softmax"].label], colours[MECHANISMS["linear"].label]
+    assert softmax != linear and {softmax, linear} <= set(style.PALETTE)
+    assert math.dist(cie_lab(softmax), cie_lab(linear)) > 50
+
+
+def test_insight_charts_give_mechanisms_outside_the_catalogue_distinct_colours_not_grey():
+    frame = pd.DataFrame({"mechanism": ["softmax", "mine", "theirs", "additive"],
+                          "label": ["Softmax", "Mine", "Theirs", "Additive"]})
+    scale = insight.mechanism_colours(frame).to_dict()
+    assert len(set(scale["range"])) == 4 and set(scale["range"]) <= set(style.PALETTE)
+
+
+def test_causal_and_bidirectional_lines_of_one_mechanism_share_a_colour_and_differ_in_dash():
+    df = pd.concat([results_frame(causal=False), results_frame(causal=True)], ignore_index=True)
+    spec = scaling.scaling_chart(df, "time_median_s").to_dict()
+    assert len(colours_of(spec)) == 2  # one colour per mechanism: the mask is not told by hue
+    line = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "line")
+    dash = line["encoding"]["strokeDash"]
+    assert dash["field"] == "mask" and line["encoding"]["color"]["field"] == "line"
+    dashes = dict(zip(dash["scale"]["domain"], dash["scale"]["range"]))
+    assert dashes["causal"] != dashes["bidirectional"]
+
+
+def test_the_longest_bar_leaves_room_for_its_label_inside_the_plot():
+    table = pd.DataFrame({"label": ["Softmax", "Linear"], "mechanism": ["softmax", "linear"],
+                          "budget": ["24 GB GPU"] * 2, "largest_n": [90_000, 9_000_000]})
+    spec = insight.fit_chart(table).to_dict()
+    layers = spec["spec"]["layer"]
+    low, high = layers[0]["encoding"]["x"]["scale"]["domain"]
+    assert math.log(9_000_000 / low) / math.log(high / low) <= 0.7 + 1e-9  # 30 % of 460 px: "9,000,000" fits
+    (text,) = [layer for layer in layers if layer["mark"]["type"] == "text"]
+    assert text["mark"]["align"] == "left" and text["mark"]["dx"] > 0
+
+
+def test_no_text_mark_of_a_scaling_chart_sits_at_a_data_x():
+    """n* and the formulas are named in legends, so no label can run off the plot's edge at the largest n."""
+    df = results_frame(ns=(64, 128, 256, 512), skip_last=False)
+    spec = scaling.figure(df, "time_median_s", curves=("spec", "n²", "n")).to_dict()
+    assert layer_data(spec, "rule") and layer_data(spec, "text") == []

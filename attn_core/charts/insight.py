@@ -31,9 +31,10 @@ REFERENCE_DASHES = [[2, 3], [8, 3], [8, 3, 2, 3], [14, 4], [1, 2], [4, 4, 1, 4]]
 
 
 def mechanism_colours(frame: pd.DataFrame) -> alt.Scale:
-    """Colour by mechanism label, each mechanism in its catalogue colour (the Benchmark page's), others grey."""
+    """Colour by mechanism label, each mechanism in its home colour (the Benchmark page's), one distinct colour per
+    label (style.colour_scale); grey is left to published figures."""
     pairs = frame.drop_duplicates("mechanism")[["mechanism", "label"]].astype(str).itertuples(index=False)
-    return colour_scale(pairs, unknown=REFERENCE_GREY)
+    return colour_scale(pairs)
 
 
 def _colour(frame: pd.DataFrame, title: str = "Mechanism") -> alt.Color:
@@ -247,15 +248,23 @@ def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
         anchor="start")))
 
 
+def bar_domain(longest: float, low: float, room: float = 0.7) -> tuple[float, float]:
+    """A log axis from `low` on which the longest bar ends within `room` of the width (at the decade above it, or
+    earlier): the label written past a bar's end stays inside the plot."""
+    return low, max(10.0 ** math.ceil(math.log10(longest)), low * (longest / low) ** (1 / room))
+
+
 def fit_chart(table: pd.DataFrame) -> alt.TopLevelMixin:
     """Largest n that fits each budget (theory.fit_table), one bar per mechanism, one panel per budget."""
     data = table[table["largest_n"] > 0]
     low = 10.0 ** math.floor(math.log10(data["largest_n"].min() / 3)) if len(data) else 1.0
     data = data.assign(start=low)  # bars on a log axis start above 0: a decade below the shortest
+    domain = list(bar_domain(float(data["largest_n"].max()), low)) if len(data) else [low, 10 * low]
     base = alt.Chart(data).encode(
         y=alt.Y("label:N", title=None, sort=list(dict.fromkeys(table["label"]))),
-        x=alt.X("largest_n:Q", title="Largest n that fits (log scale)", scale=alt.Scale(type="log", domainMin=low),
-                axis=alt.Axis(format="~s")),
+        x=alt.X("largest_n:Q", title="Largest n that fits (log scale)", axis=alt.Axis(format="~s", values=[
+            10.0 ** e for e in range(round(math.log10(low)), math.floor(math.log10(domain[1])) + 1)]),  # decades
+                scale=alt.Scale(type="log", domain=domain, nice=False)),
         color=alt.Color("label:N", scale=mechanism_colours(table), legend=None))
     bars = base.mark_bar().encode(x2="start:Q", tooltip=[alt.Tooltip("label:N", title="Mechanism"),
                                            alt.Tooltip("budget:N"), alt.Tooltip("largest_n:Q", format=",")])

@@ -436,7 +436,6 @@ def _crossover_frame(crossovers, pts, metric):
     found["n"] = found["n_star"]
     found[column] = [_value_at(pts[pts["drawn"] & (pts["series"] == s)], column, n)
                      for s, n in zip(found["series"], found["n_star"])]
-    found["text"] = [f"n* ≈ {n:,.0f}" for n in found["n_star"]]
     found["line_text"] = [f"{s} overtakes {labels.get(b, b)} at n* ≈ {n:,.0f}"
                           for s, b, n in zip(found["series"], found["baseline"], found["n_star"])]
     return found.sort_values("n_star").reset_index(drop=True)

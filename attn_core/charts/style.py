@@ -1,4 +1,5 @@
-"""The house look every chart shares: one colour per mechanism, installed fonts, and talk mode's large type."""
+"""The house look every chart shares: one colour per series from one colour-blind-safe palette, installed fonts, and
+talk mode's large type."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -7,30 +8,41 @@ import altair as alt
 
 from ..mechanisms import MECHANISMS
 
-# One colour per mechanism in every chart, by its place in the catalogue: Okabe–Ito plus brown for the first eight,
-# then eight more distinct ones (room for 16); a second setting of one mechanism takes a spare.
-COLOURS = ["#D55E00", "#0072B2", "#009E73", "#CC79A7", "#56B4E9", "#8C564B", "#E69F00", "#000000",
-           "#6A3D9A", "#B15928", "#1B9E77", "#E7298A", "#66A61E", "#A6761D", "#1F78B4", "#FB9A99"]
-SPARE_COLOURS = ["#7F7F7F", "#BCBD22", "#17BECF", "#9467BD", "#E377C2", "#AEC7E8"]
-REFERENCE_GREY = "#6E6E6E"  # figures measured elsewhere, and mechanisms outside the catalogue
+# One categorical palette for every chart, safe for colour-blind readers and visible as a thin line on white: five
+# of Okabe & Ito's (Okabe & Ito 2008, "Color Universal Design") and seven of Paul Tol's "muted" scheme (Paul Tol's
+# notes "Colour schemes", 2021): of their fourteen not too pale for a line (no yellow, sand, pale cyan), the twelve
+# whose closest pair is farthest apart, ΔE2000 ≥ 15 (CIE76 ≥ 25) in normal vision. Entry i is the home colour of the
+# catalogue's i-th mechanism, ordered so that the mechanisms a preset shows together differ by ΔE2000 ≥ 21 also in
+# simulated protan, deutan and tritan vision (Machado et al. 2009); Softmax and Linear: Okabe & Ito's orange and sky
+# blue. In order: orange, indigo, olive, blue, black, vermillion, teal, purple, wine, sky blue, green, rose.
+PALETTE = ["#E69F00", "#332288", "#999933", "#0072B2", "#000000", "#D55E00",
+           "#44AA99", "#AA4499", "#882255", "#56B4E9", "#117733", "#CC6677"]
+REFERENCE_GREY = "#6E6E6E"  # published figures, measured elsewhere (no palette entry is grey)
 FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif"
 TALK_MIN_PX = 18  # the smallest chart text in talk mode
 
 
-def colour_scale(lines: Iterable[tuple[str, str]], unknown: str | None = None) -> alt.Scale:
-    """A colour for each (mechanism, line) pair: a mechanism's first line takes its catalogue colour (the same on
-    every page), a second setting of it a spare colour; a mechanism outside the catalogue takes `unknown`, or a
-    spare colour when None."""
+def colour_scale(lines: Iterable[tuple[str, str]]) -> alt.Scale:
+    """A colour for each (mechanism, line) pair, all different in a chart of up to len(PALETTE) lines: a mechanism's
+    first line takes its home colour (PALETTE at its place in the catalogue, so the same on every page) unless an
+    earlier mechanism took it; the rest (a second setting, a mechanism outside the catalogue or whose home was
+    taken) take the first palette colour still free, in the catalogue's order. Past len(PALETTE) lines they repeat."""
     order = list(MECHANISMS)
-    ranked = sorted(lines, key=lambda ml: order.index(ml[0]) if ml[0] in order else len(order))
-    domain, colours, used, spare = [], [], set(), iter(SPARE_COLOURS * 4)
-    for mechanism, line in ranked:
-        first = mechanism in order and mechanism not in used
-        used.add(mechanism)
-        domain.append(line)
-        colours.append(COLOURS[order.index(mechanism) % len(COLOURS)] if first
-                       else unknown if unknown and mechanism not in order else next(spare))
-    return alt.Scale(domain=domain, range=colours)
+    ranked = sorted(dict.fromkeys(lines), key=lambda ml: order.index(ml[0]) if ml[0] in order else len(order))
+    colour: dict[str, str] = {}
+    homed: set[str] = set()
+    for mechanism, line in ranked:  # first pass: each mechanism's first line, in its home colour if still free
+        if mechanism in order and mechanism not in homed:
+            homed.add(mechanism)
+            home = PALETTE[order.index(mechanism) % len(PALETTE)]
+            if home not in colour.values():
+                colour[line] = home
+    for i, (_, line) in enumerate(ranked):  # second pass: the rest, each in the first colour still free
+        if line not in colour:
+            free = [c for c in PALETTE if c not in colour.values()]
+            colour[line] = free[0] if free else PALETTE[i % len(PALETTE)]
+    domain = list(dict.fromkeys(line for _, line in ranked))
+    return alt.Scale(domain=domain, range=[colour[line] for line in domain])
 
 
 def house_config(talk: bool = False) -> alt.Config:
