@@ -39,8 +39,8 @@ def alternate(measures: dict[str, Callable[[], float]], rounds: int) -> dict[str
     """Each measure once per round, in turn (A B A B …), so that a drift of the machine hits all alike."""
     figures: dict[str, list[float]] = {name: [] for name in measures}
     for _ in range(rounds):
-        for name, measure in measures.items():
-            figures[name].append(measure())
+        for name, take in measures.items():
+            figures[name].append(take())
     return figures
 
 

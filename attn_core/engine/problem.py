@@ -152,19 +152,6 @@ class Problem:
             found.append(text if text.startswith(spec.label) else f"{spec.label}: {text}")
         return found
 
-    # -- as plain data (run files, links) --
-    def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "params": dict(self.params)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "Problem":
-        """Inverse of to_dict; ValueError naming unknown fields."""
-        unknown = set(d) - FIELDS
-        if unknown:
-            raise ValueError(f"a problem has no setting {', '.join(sorted(unknown))}")
-        params = d.get("params", {})
-        return cls(**{**d, "params": tuple(sorted(dict(params).items()))})
-
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(Problem))
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..files import write_atomic
 from .measurement import COLUMNS, KINDS, STATUSES
 from ..mechanisms import MECHANISMS
 from .problem import MAX_COUNT
@@ -117,8 +118,6 @@ def save_run(run: Run, path: str | os.PathLike) -> None:
     suffix = os.path.splitext(os.fspath(path))[1].lower()
     if suffix not in (".json", ".csv"):
         raise ValueError(f"cannot save to {os.fspath(path)!r}: name the file .json or .csv")
-    from ..files import write_atomic
-
     write_atomic(path, to_json_bytes(run) if suffix == ".json" else to_csv_bytes(run))  # whole, or the old file kept
 
 
