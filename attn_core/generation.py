@@ -24,7 +24,8 @@ def can_generate(key: str) -> tuple[bool, str]:
 
 def prefill(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, max_len: int | None = None,
             **params: Any) -> tuple[torch.Tensor, Cache]:
-    """The causal outputs of a prompt q, k, v (B, H, n, D) → (B, H, n, D), and the cache the next token needs.
+    """The causal outputs of a prompt q (B, H, n, D), k and v (B, Hk, n, D) → (B, H, n, D), and the cache the next
+    token needs (Hk key/value heads, for a mechanism with spec.supports.shared_kv: a cache Hk/H of multi-head's).
 
     `max_len`: the longest context expected (≥ n), so that the cache is allocated once; without it, a key-value
     cache starts at n tokens and doubles when full. `params`: the mechanism's parameters and random state, as for
@@ -47,7 +48,8 @@ def remember(key: str, k: torch.Tensor, v: torch.Tensor, *, max_len: int | None 
 
 
 def step(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Cache) -> tuple[torch.Tensor, Cache]:
-    """One new token's q, k, v (B, H, 1, D) → its output (B, H, 1, D) and the cache, written in place: it sees
+    """One new token's q (B, H, 1, D), k and v (B, Hk, 1, D) → its output (B, H, 1, D) and the cache, written in
+    place: it sees
     every token so far that its mechanism's causal pattern lets it see. The arguments are checked against the cache
     (mechanism, batch, heads, head dimension, dtype, device) except inside `_common.validated()`, where a timed loop
     does not pay for it."""
@@ -104,11 +106,14 @@ def _check_step(key: str, q, k, v, cache) -> None:
     if cache.key != key:
         raise ValueError(f"this cache belongs to {cache.key!r}; step it with {cache.key!r}, or prefill a cache "
                          f"for {key!r}")
-    B, H, D = cache.batch_heads_dim
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if isinstance(t, torch.Tensor) and tuple(t.shape) != (B, H, 1, D):
-            raise ValueError(f"{name} must have shape {(B, H, 1, D)}, one new token for this cache of batch {B}, "
-                             f"{H} heads, head dimension {D}; got {tuple(t.shape)}")
+    B, Hk, D = cache.batch_heads_dim
+    for name, t in (("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and tuple(t.shape) != (B, Hk, 1, D):
+            raise ValueError(f"{name} must have shape {(B, Hk, 1, D)}, one new token for this cache of batch {B}, "
+                             f"{Hk} key/value heads, head dimension {D}; got {tuple(t.shape)}")
+    if isinstance(q, torch.Tensor) and (q.dim() != 4 or q.shape[0] != B or q.shape[2:] != (1, D) or q.shape[1] % Hk):
+        raise ValueError(f"q must have shape ({B}, heads, 1, {D}), one new token for this cache of batch {B}, head "
+                         f"dimension {D}, with heads a multiple of its {Hk} key/value heads; got {tuple(q.shape)}")
     check_qkv(q, k, v)
     if q.dtype != cache.dtype or q.device != cache.device:
         raise ValueError(f"the new token is {q.dtype} on {q.device} but the cache holds {cache.dtype} on "

@@ -7,13 +7,16 @@ import torch
 from torch import nn
 
 from .api import get, make_state
-from .mechanisms._common import check_finite, check_key_padding
+from .mechanisms._common import check_finite, check_key_padding, divisors
 from .spec import MechanismSpec, Shape, dtype_name
 
 
 class MultiHeadAttention(nn.Module):
     """Q, K, V and output projections around any mechanism: (B, Nq, d_model), context (B, Nk, d_model) → (B, Nq, d_model).
-    A mechanism whose keys are its queries (spec.supports.shared_qk, Reformer) has no K projection.
+    A mechanism whose keys are its queries (spec.supports.shared_qk, Reformer) has no K projection. `kv_heads`: key
+    and value heads, each shared by heads/kv_heads query heads (grouped-query attention; 1: multi-query attention;
+    None: heads, multi-head attention), for a mechanism with spec.supports.shared_kv: the K and V projections and
+    the cache shrink by kv_heads/heads.
 
     Random mechanism state (Performer features, Linformer projections) is drawn from `seed` and kept in a plain
     dict (not parameters or buffers: it is not trained or saved), drawn again when the context length, head size,
@@ -22,25 +25,37 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, heads: int, mechanism: str = "softmax", causal: bool = False, *,
-                 seed: int = 0, bias: bool = True, **params: Any):
+                 kv_heads: int | None = None, seed: int = 0, bias: bool = True, **params: Any):
         super().__init__()
-        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
-            raise ValueError(f"heads must be a positive integer, got {heads!r}")
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"d_model must be a positive integer, got {d_model!r}")
+        for name, value in (("heads", heads), ("d_model", d_model), ("kv_heads", kv_heads)):
+            if (value is not None or name != "kv_heads") and (isinstance(value, bool) or not isinstance(value, int)
+                                                              or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by {heads} heads; choose a multiple of {heads}")
+        kv_heads = heads if kv_heads is None else kv_heads
+        if heads % kv_heads:
+            raise ValueError(f"kv_heads = {kv_heads} does not divide the {heads} query heads; choose "
+                             f"{divisors(heads)}")
         spec = get(mechanism)
         spec.check_causal(causal)
         spec.check_params(params)
+        if kv_heads != heads and not spec.supports.shared_kv:
+            why = spec.supports.no_shared_kv or "It takes one key/value head per query head."
+            raise ValueError(f"{spec.label} cannot share key/value heads between query heads. {why} Leave kv_heads "
+                             f"out, or choose a mechanism that shares them")
+        if spec.supports.shared_qk and kv_heads != heads:
+            raise ValueError(f"{spec.label} uses the queries as keys, so its keys have the {heads} query heads; leave "
+                             f"kv_heads out, or choose another mechanism")
         self.mechanism = spec.key  # the key, not the spec: its cost functions are lambdas, which pickle cannot save
-        self.d_model, self.heads, self.causal, self.seed = d_model, heads, bool(causal), seed
+        self.d_model, self.heads, self.kv_heads, self.causal, self.seed = d_model, heads, kv_heads, bool(causal), seed
         self.params = spec.resolved(params)
         # a mechanism that uses the queries as keys (supports.shared_qk) gets no key projection, which it would not
-        # train
-        shared_qk = spec.supports.shared_qk
+        # train; shared key/value heads make the key and value projections kv_heads/heads as wide
+        shared_qk, width = spec.supports.shared_qk, kv_heads * (d_model // heads)
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
-            None if role == "k" and shared_qk else nn.Linear(d_model, d_model, bias=bias) for role in "qkvo")
+            None if role == "k" and shared_qk else nn.Linear(d_model, width if role in "kv" else d_model, bias=bias)
+            for role in "qkvo")
         self._state: dict[str, torch.Tensor] = {}
         self._drawn_for: tuple = ()
 
@@ -50,8 +65,9 @@ class MultiHeadAttention(nn.Module):
         return get(self.mechanism)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, _ = x.shape
-        return x.view(B, N, self.heads, self.d_model // self.heads).transpose(1, 2)  # (B, H, N, D)
+        B, N, width = x.shape
+        head_dim = self.d_model // self.heads
+        return x.view(B, N, width // head_dim, head_dim).transpose(1, 2)  # (B, H or kv_heads, N, D)
 
     def _mechanism_state(self, shape: Shape, ref: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.spec.state.init is None:
@@ -95,7 +111,7 @@ class MultiHeadAttention(nn.Module):
         q, v = self._split(self.q_proj(x)), self._split(self.v_proj(context))
         k = q if self.k_proj is None else self._split(self.k_proj(context))
         shape = Shape(q.shape[0], self.heads, q.shape[2], k.shape[2], q.shape[3], dtype=dtype_name(q.dtype),
-                      causal=self.causal)
+                      causal=self.causal, Hk=k.shape[1])
         padding = {}
         if key_padding_mask is not None:
             check_key_padding(self.spec, key_padding_mask, q, v)

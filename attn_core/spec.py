@@ -22,7 +22,9 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 
 @dataclass(frozen=True)
 class Shape:
-    """Problem size of one attention call: q (B, H, Nq, D), k and v (B, H, Nk, D)."""
+    """Problem size of one attention call: q (B, H, Nq, D), k and v (B, Hk, Nk, D). `Hk`: key/value heads, each
+    shared by H / Hk consecutive query heads (grouped-query attention; 1: multi-query); None (or H): one per query
+    head, multi-head attention as written in 2017."""
 
     B: int
     H: int
@@ -32,6 +34,11 @@ class Shape:
     _: KW_ONLY  # the five sizes in the tensors' order; what they hold and the mask by name
     dtype: str = "float32"
     causal: bool = False
+    Hk: int | None = None
+
+    def __post_init__(self):
+        if self.Hk == self.H:  # one spelling of multi-head attention, so equal shapes compare equal
+            object.__setattr__(self, "Hk", None)
 
     @property
     def elem(self) -> int:
@@ -43,8 +50,23 @@ class Shape:
         return self.B * self.H
 
     @property
+    def key_heads(self) -> int:
+        """Key/value heads: Hk, or H when each query head has its own."""
+        return self.H if self.Hk is None else self.Hk
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head: 1 in multi-head attention, H in multi-query attention."""
+        return self.H // self.key_heads
+
+    @property
+    def bk(self) -> int:
+        """B·Hk: the number of distinct key/value sequences (the keys' side of the cost: caches, key projections)."""
+        return self.B * self.key_heads
+
+    @property
     def input_bytes(self) -> int:
-        return self.bh * (self.Nq + 2 * self.Nk) * self.D * self.elem
+        return (self.bh * self.Nq + 2 * self.bk * self.Nk) * self.D * self.elem
 
     @property
     def output_bytes(self) -> int:
@@ -53,7 +75,7 @@ class Shape:
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> "Shape":
         B, H, Nq, D = q.shape
-        return cls(B, H, Nq, k.shape[-2], D, dtype=dtype_name(q.dtype), causal=causal)
+        return cls(B, H, Nq, k.shape[-2], D, dtype=dtype_name(q.dtype), causal=causal, Hk=k.shape[1])
 
 
 @dataclass(frozen=True)
@@ -182,8 +204,10 @@ class Supports:
     `generation`: how it generates token by token (a `Generation`); None: it cannot.
     `shared_qk`: the keys are the queries themselves (Reformer's shared query-key space): the function never reads
     k, and a MultiHeadAttention gives it no key projection.
-    `shared_kv`: the function takes k and v with fewer heads than q, each shared by a group of query heads
-    (grouped-query attention, Ainslie et al. 2023, arXiv 2305.13245).
+    `shared_kv`: the function takes k and v with Hk heads dividing q's H, query head i reading key/value head
+    ⌊i·Hk/H⌋ (grouped-query attention, Ainslie et al. 2023, arXiv 2305.13245; Hk = 1: multi-query attention, Shazeer
+    2019, arXiv 1911.02150). `repeats_kv`: it does so by repeating each shared head for its query heads (the memory
+    of multi-head attention); False: it reads the shared heads in place. `no_shared_kv`: why it cannot, when not.
     """
 
     causal: bool
@@ -194,6 +218,7 @@ class Supports:
     no_generation: str = ""
     shared_qk: bool = False
     shared_kv: bool = False
+    repeats_kv: bool = False
     no_shared_kv: str = ""
 
 
@@ -256,6 +281,7 @@ class MechanismSpec:
     def check(self, shape: Shape, params: Mapping[str, Any]) -> None:
         """Raise ValueError with a sentence saying what to change when these settings cannot run."""
         self.check_causal(shape.causal)
+        self.check_shared_kv(shape)
         if shape.Nq != shape.Nk and not self.supports.cross:
             raise ValueError(
                 f"{self.label} supports self-attention only (Nq = Nk), got Nq = {shape.Nq}, Nk = {shape.Nk}"
@@ -272,6 +298,15 @@ class MechanismSpec:
                              f"pass a bool, e.g. causal=False")
         if causal and not self.supports.causal:
             raise ValueError(f"{self.label} cannot be causal; untick causal or choose another mechanism")
+
+    def check_shared_kv(self, shape: Shape) -> None:
+        """ValueError with a sentence when k and v have fewer heads than q and this mechanism cannot share them."""
+        if shape.key_heads == shape.H or self.supports.shared_kv:
+            return
+        why = self.supports.no_shared_kv or "It takes one key/value head per query head."
+        raise ValueError(f"{self.label} cannot share key/value heads between query heads. {why} Give k and v as many "
+                         f"heads as q ({shape.H}; k.repeat_interleave({shape.group}, dim=1) repeats each), or choose "
+                         f"a mechanism that shares them")
 
     def check_params(self, params: Mapping[str, Any], shape: Shape | None = None, *, extra=()) -> None:
         """Unknown names (beyond the parameters and `extra`) and out-of-range values, defaults included: a default

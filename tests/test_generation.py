@@ -235,7 +235,7 @@ def softmax_cache():
 
 
 @pytest.mark.parametrize("shape,match", [
-    ((B, H, 2, D), r"q must have shape \(2, 3, 1, 8\), one new token"),
+    ((B, H, 2, D), r"q must have shape \(2, heads, 1, 8\), one new token"),
     ((B, H, 1, D + 1), r"head dimension 8"),
     ((B + 1, H, 1, D), r"batch 2"),
     ((H, 1, D), r"q must have shape"),

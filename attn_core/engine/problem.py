@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from . import env
+from ..mechanisms._common import divisors
 from ..spec import DTYPE_BYTES, MechanismSpec, Shape
 
 MODES = ("forward", "forward+backward", "generate")
@@ -65,7 +66,8 @@ class Problem:
     @property
     def shape(self) -> Shape:
         """The sizes the spec's cost model reads (generating: the context of n tokens)."""
-        return Shape(self.batch, self.heads, self.n, self.keys, self.head_dim, dtype=self.dtype, causal=self.is_causal)
+        return Shape(self.batch, self.heads, self.n, self.keys, self.head_dim, dtype=self.dtype, causal=self.is_causal,
+                     Hk=self.kv_heads)
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -125,8 +127,8 @@ class Problem:
                          + (f" and {self.n_kv!r}" if self.n_kv is not None else ""))
         if self.kv_heads is not None and not (_is_count(self.kv_heads) and _is_count(self.heads)
                                               and self.heads % self.kv_heads == 0):
-            found.append(f"key/value heads must divide the {self.heads} query heads, got {self.kv_heads!r}; choose "
-                         f"a divisor of {self.heads}")
+            choices = f"; choose {divisors(self.heads)}" if _is_count(self.heads) else ""
+            found.append(f"key/value heads must divide the {self.heads} query heads, got {self.kv_heads!r}{choices}")
         if not (_is_int(self.padding) and 0 <= self.padding < (self.keys if _is_count(self.keys) else 1)):
             found.append(f"padding must be a whole number of keys from 0 to n − 1, got {self.padding!r}")
         return found
@@ -146,7 +148,9 @@ class Problem:
         if self.padding and self.mode == "generate":
             found.append("generating measures a context without padding; set padding to 0")
         try:
-            spec.check(self.shape, self.kwargs)
+            # the shared heads refused above, in the words of a problem, not again in those of a call
+            spec.check(self.shape if spec.supports.shared_kv else dataclasses.replace(self.shape, Hk=None),
+                       self.kwargs)
         except ValueError as e:
             text = str(e)
             found.append(text if text.startswith(spec.label) else f"{spec.label}: {text}")

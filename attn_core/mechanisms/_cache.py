@@ -9,12 +9,13 @@ from typing import Any, Mapping
 import torch
 
 from ..spec import Shape
-from ._common import scale, trusted
+from ._common import fold, scale, trusted, unfold
 
 
 def kv_bytes(s: Shape, tokens: float) -> float:
-    """Bytes of the keys and values of `tokens` tokens: 2·B·H·tokens·D elements."""
-    return 2.0 * s.bh * tokens * s.D * s.elem
+    """Bytes of the keys and values of `tokens` tokens: 2·B·Hk·tokens·D elements (Hk key/value heads: the cache of
+    grouped-query attention is Hk/H of multi-head attention's)."""
+    return 2.0 * s.bk * tokens * s.D * s.elem
 
 
 def tensor_bytes(*tensors: torch.Tensor) -> int:
@@ -80,7 +81,7 @@ class Ring:
 
 
 class Cache:
-    """What a mechanism remembers of the tokens so far: its `params`, the batch, heads and head dimension
+    """What a mechanism remembers of the tokens so far: its `params`, the batch, key/value heads and head dimension
     (`batch_heads_dim`), dtype and device of the tokens it takes, and `length`, the tokens it has seen.
     `key`: the registry key of the mechanism it belongs to, written by generation.prefill and remember (a mechanism
     never names itself; None until then). `nbytes`: the bytes of the tensors it holds; `used_bytes`: of the entries
@@ -133,7 +134,7 @@ class Cache:
         return self.nbytes
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.key!r}, {self.params}, B, H, D = {self.batch_heads_dim}, "
+        return (f"{type(self).__name__}({self.key!r}, {self.params}, B, Hk, D = {self.batch_heads_dim}, "
                 f"length={self.length}, nbytes={self.nbytes})")
 
 
@@ -169,9 +170,9 @@ class KVCache(Cache):
 
 
 class StateCache(Cache):
-    """Fixed-size state of kernelized attention after the tokens so far: `kv` = Σ φ(k_j) v_jᵀ (B, H, m, D) and
-    `z` = Σ φ(k_j) (B, H, 1, m), in the work dtype (float32 for half inputs); for Performer also `offset`, the
-    stabilizer its key features share (B, H, 1, 1) float64, a base-2 exponent, and `projection`, the layer's random
+    """Fixed-size state of kernelized attention after the tokens so far: `kv` = Σ φ(k_j) v_jᵀ (B, Hk, m, D) and
+    `z` = Σ φ(k_j) (B, Hk, 1, m), one per key/value head, in the work dtype (float32 for half inputs); for Performer
+    also `offset`, the stabilizer its key features share (B, Hk, 1, 1) float64, a base-2 exponent, and `projection`, the layer's random
     features scaled for base 2 (not counted in `nbytes`)."""
 
     def __init__(self, params: Mapping[str, Any], k: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
@@ -188,9 +189,11 @@ class StateCache(Cache):
         self.length += 1
 
     def read(self, phi_q: torch.Tensor) -> torch.Tensor:
-        """φ(q)ᵀ kv / φ(q)ᵀ z for one query's features (B, H, 1, m) → (B, H, 1, D), tokens' dtype: O(m·D)."""
+        """φ(q)ᵀ kv / φ(q)ᵀ z for one query's features (B, H, 1, m) → (B, H, 1, D), tokens' dtype: O(m·D) a head;
+        the query heads sharing a key/value head read its state together."""
+        heads, phi_q = phi_q.shape[1], fold(phi_q, self.kv.shape[1])  # (B, Hk, H/Hk, m): a group reads one state
         den = (phi_q * self.z).sum(-1, keepdim=True)
-        return ((phi_q @ self.kv) / den.clamp_min(torch.finfo(den.dtype).tiny)).to(self.dtype)
+        return unfold((phi_q @ self.kv) / den.clamp_min(torch.finfo(den.dtype).tiny), heads).to(self.dtype)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.kv, self.z) + (() if self.offset is None else (self.offset,))
@@ -198,10 +201,11 @@ class StateCache(Cache):
 
 def attend(q: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor], hide: slice | None = None) -> torch.Tensor:
     """softmax(q Kᵀ/√D) V of new queries q (B, H, 1, D) over cached keys and values, one joint softmax over all
-    `pairs` ((B, H, L_i, D) each) with the score columns in `hide` left out. O(Σ L_i · D); no mask tensor."""
-    qs = q * scale(q.shape[-1])
+    `pairs` ((B, Hk, L_i, D) each, Hk dividing H: each cached head read once for the query heads sharing it) with the
+    score columns in `hide` left out. O(H · Σ L_i · D) FLOPs, O(Hk · Σ L_i · D) bytes read; no mask tensor."""
+    qs = fold(q * scale(q.shape[-1]), pairs[0][0].shape[1])  # (B, Hk, H/Hk, D): a group's queries read its keys once
     parts = [qs @ k.transpose(-2, -1) for k, _ in pairs]
-    scores = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (B, H, 1, Σ L_i)
+    scores = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (B, Hk, H/Hk, Σ L_i)
     if hide is not None:
         scores[..., hide] = float("-inf")
     p = torch.softmax(scores, dim=-1)
@@ -209,7 +213,7 @@ def attend(q: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor], hide: sli
     for k, v in pairs:
         part = p[..., start:start + k.shape[-2]] @ v
         out, start = part if out is None else out.add_(part), start + k.shape[-2]
-    return out
+    return unfold(out, q.shape[1])
 
 
 def kv_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, KVCache]:

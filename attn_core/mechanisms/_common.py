@@ -14,7 +14,8 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q (B, H, Nq, D), k and v (B, H, Nk, D), one device, one floating dtype; ValueError otherwise."""
+    """q (B, H, Nq, D), k and v (B, Hk, Nk, D) with Hk dividing H (grouped-query attention), one device, one
+    floating dtype; ValueError otherwise."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -27,13 +28,24 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
         raise ValueError(
-            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch, heads and head_dim"
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch and head_dim"
         )
+    heads, key_heads = q.shape[1], k.shape[1]
+    if key_heads < 1 or heads % key_heads:
+        raise ValueError(f"k and v have {key_heads} heads, which does not divide q's {heads}; each key/value head "
+                         f"serves a group of query heads, so give k and v {divisors(heads)} heads ({heads}: one per "
+                         f"query head, 1: one for all)")
     if min(q.shape) < 1 or k.shape[-2] < 1:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; batch, heads, sequence lengths and "
                          f"head_dim must each be at least 1: pass at least one sequence of at least one token")
+
+
+def divisors(n: int) -> str:
+    """'1, 2, 4 or 8': the key/value head counts that n query heads can share."""
+    found = [str(g) for g in range(1, n + 1) if n % g == 0]
+    return found[0] if len(found) == 1 else f"{', '.join(found[:-1])} or {found[-1]}"
 
 
 def check_finite(**tensors: torch.Tensor) -> None:
@@ -133,11 +145,17 @@ def first_key(key_padding_mask: torch.Tensor) -> torch.Tensor:
 
 
 def softmax_or_zeros(scores: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(scores) @ v for scores with −inf where a key is masked or padded: a row with no key left is filled
-    with 0 before the softmax (uniform, not NaN, so its gradients stay finite) and outputs zeros. Fills `scores` in
-    place."""
+    """softmax(scores) @ v for scores (B, H, Nq, Nk) with −inf where a key is masked or padded, and v (B, Hk, Nk, D)
+    (`grouped_matmul`): a row with no key left is filled with 0 before the softmax (uniform, not NaN, so its
+    gradients stay finite) and outputs zeros. Fills `scores` in place."""
     dead = scores.amax(-1, keepdim=True) == float("-inf")
-    return torch.softmax(scores.masked_fill_(dead, 0.0), dim=-1).masked_fill(dead, 0.0) @ v
+    return grouped_matmul(torch.softmax(scores.masked_fill_(dead, 0.0), dim=-1).masked_fill(dead, 0.0), v)
+
+
+def grouped_matmul(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """p (B, H, N, L) @ v (B, Hk, L, D) → (B, H, N, D), each key/value head read in place by its group of query
+    heads (`fold`): weights times values of grouped-query attention without repeating v."""
+    return unfold(fold(p, v.shape[1]) @ v, p.shape[1])
 
 
 def scale(d: int) -> float:
@@ -151,3 +169,26 @@ def row_normalized(scores: torch.Tensor, causal: bool) -> torch.Tensor:
     if causal:
         scores = scores.tril()
     return scores / scores.sum(-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
+
+
+# -- key/value heads shared by groups of query heads (grouped-query attention, Ainslie et al. 2023, arXiv 2305.13245)
+def fold(q: torch.Tensor, key_heads: int) -> torch.Tensor:
+    """q (B, H, N, D) → (B, Hk, (H/Hk)·N, D): the query heads that share a key/value head stacked as rows of one
+    problem, so each shared head is read in place, once per group (a view of a contiguous q). Query head i goes with
+    key/value head ⌊i·Hk/H⌋, torch's enable_gqa order; row ρ of a group is query position ρ mod N."""
+    B, H, N, D = q.shape
+    return q.reshape(B, key_heads, (H // key_heads) * N, D)
+
+
+def unfold(out: torch.Tensor, heads: int) -> torch.Tensor:
+    """Inverse of `fold`: (B, Hk, (H/Hk)·N, D) → (B, H, N, D)."""
+    B, _, rows, D = out.shape
+    return out.reshape(B, heads, rows * out.shape[1] // heads, D)
+
+
+def repeated(q: torch.Tensor, *kv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """k and v (B, Hk, N, D) with each head repeated for the H/Hk query heads that share it: (B, H, N, D). For a
+    mechanism whose per-head work cannot read a shared head in place (spec.supports.repeats_kv): the memory of
+    multi-head attention; the tensors themselves when Hk = H."""
+    group = q.shape[1] // kv[0].shape[1]
+    return kv if group == 1 else tuple(t.repeat_interleave(group, dim=1) for t in kv)

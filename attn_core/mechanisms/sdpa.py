@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, kv_bytes
-from ._common import check_key_padding, checked_shape, first_key
+from ._common import check_key_padding, checked_shape, first_key, fold, repeated, unfold
 
 _BACKENDS = {0: "math", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overrideable"}
 
@@ -23,26 +23,42 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     (kernels that take no mask, such as CUDA flash, then give way to memory-efficient or math); causal with padding
     needs the joint (B, 1, Nq, Nk) boolean mask, Nq·Nk bytes per batch element, as torch.nn.MultiheadAttention
     builds. A query that sees no unpadded key outputs zeros, whatever the backend does with an empty row.
+    k and v with Hk < H heads (grouped-query attention) go in as they are, `enable_gqa=True` (torch ≥ 2.5; the CPU
+    flash kernel reads each shared head in place); an older torch gets them repeated.
     """
     checked_shape(SPEC, q, k, v, causal)
     if key_padding_mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return _sdpa(q, k, v, is_causal=causal)
     check_key_padding(SPEC, key_padding_mask, q, k)
     Nq, Nk = q.shape[-2], k.shape[-2]
     keep = ~key_padding_mask[:, None, None, :]
     if causal:
         keep = keep & torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril_()
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    out = _sdpa(q, k, v, attn_mask=keep)
     # query i sees keys up to i (causal) or Nk − 1: none unpadded when the first unpadded key lies past that
     last = torch.arange(Nq, device=q.device) if causal else torch.full((Nq,), Nk - 1, device=q.device)
     dead = first_key(key_padding_mask)[:, None] > last  # (B, Nq)
     return out.masked_fill(dead[:, None, :, None], 0.0)
 
 
+GQA_NATIVE = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch ≥ 2.5
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """F.scaled_dot_product_attention with k, v of Hk ≤ H heads: shared in place (enable_gqa) or, before torch 2.5,
+    repeated."""
+    if k.shape[1] == q.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    if GQA_NATIVE:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+    return F.scaled_dot_product_attention(q, *repeated(q, k, v), **kwargs)
+
+
 def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> str:
     """The name of the kernel PyTorch's dispatcher chooses for these inputs ('flash', 'math', ...)."""
     try:
-        choice = torch._fused_sdp_choice(q, k, v, None, 0.0, causal)  # private, but the dispatcher's own answer
+        shared = {"enable_gqa": True} if k.shape[1] != q.shape[1] and GQA_NATIVE else {}
+        choice = torch._fused_sdp_choice(q, k, v, None, 0.0, causal, **shared)  # private: the dispatcher's own answer
     except (AttributeError, RuntimeError, TypeError):
         return "unknown"
     return _BACKENDS.get(int(choice), "unknown")
@@ -115,9 +131,10 @@ def _remember(k, v, *, max_len: int | None = None) -> KVCache:
 
 def _step(q, k, v, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
     """The new token's query against every cached key through the fused kernel (not causal: it sees them all):
-    O(n·d) for a context of n."""
+    O(n·d) for a context of n. The query heads sharing a key/value head go in as rows of one query (`fold`), so
+    each cached head is read once."""
     keys, values = cache.append(k, v)
-    return F.scaled_dot_product_attention(q, keys, values), cache
+    return unfold(F.scaled_dot_product_attention(fold(q, keys.shape[1]), keys, values), q.shape[1]), cache
 
 
 def _cache_bytes(s: Shape) -> float:
@@ -138,6 +155,8 @@ SPEC = MechanismSpec(
         causal=True,
         cross=True,
         padding=True,
+        shared_kv=True,
+        repeats_kv=not GQA_NATIVE,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
                               cache_big_o="O(n·d)"),
     ),

@@ -6,11 +6,12 @@ import torch
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, kv_bytes, kv_step
-from ._common import check_key_padding, checked_shape, scale, softmax_or_zeros
+from ._common import check_key_padding, checked_shape, fold, grouped_matmul, scale, softmax_or_zeros
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None) -> torch.Tensor:
-    s = (q * scale(q.shape[-1])) @ k.transpose(-2, -1)  # (B, H, Nq, Nk)
+    B, H, Nq, _ = q.shape
+    s = (fold(q * scale(q.shape[-1]), k.shape[1]) @ k.transpose(-2, -1)).view(B, H, Nq, k.shape[-2])
     if causal:
         s.masked_fill_(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu_(1), float("-inf"))
     if mask is not None:
@@ -22,8 +23,9 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
                       mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q Kᵀ/√D [masked]) V.
 
-    q (B, H, Nq, D), k and v (B, H, Nk, D) → (B, H, Nq, D). `mask` is boolean, broadcastable to (B, H, Nq, Nk),
-    True where attention is allowed. Causal: query i sees key j iff j ≤ i. O(Nq·Nk·D) time, O(Nq·Nk) memory:
+    q (B, H, Nq, D), k and v (B, Hk, Nk, D) → (B, H, Nq, D). Hk < H: each key/value head is shared by H/Hk
+    consecutive query heads, which are stacked as rows of one product (`fold`), so it is never repeated. `mask` is
+    boolean, broadcastable to (B, H, Nq, Nk), True where attention is allowed. Causal: query i sees key j iff j ≤ i. O(Nq·Nk·D) time, O(Nq·Nk) memory:
     the scores and the probabilities are both materialized. A fully masked row gives NaN, as in the textbook.
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those keys are filled with −inf too, and then
     a query that sees no key (its keys all padded or masked) outputs zeros instead of NaN.
@@ -32,7 +34,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"mask must be boolean (True = attend), got {mask.dtype}")
     if key_padding_mask is None:
-        return torch.softmax(_scores(q, k, causal, mask), dim=-1) @ v
+        return grouped_matmul(torch.softmax(_scores(q, k, causal, mask), dim=-1), v)
     check_key_padding(SPEC, key_padding_mask, q, k)
     keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
     return softmax_or_zeros(_scores(q, k, causal, keep if mask is None else mask & keep), v)
@@ -76,6 +78,7 @@ SPEC = MechanismSpec(
         causal=True,
         cross=True,
         padding=True,
+        shared_kv=True,
         generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
                               cache_big_o="O(n·d)"),
     ),

@@ -1,0 +1,179 @@
+"""Heads that share keys (grouped-query and multi-query attention) through every mechanism that takes them: each
+against the keys and values repeated by hand for every query head, then the mechanism's own reference; the cache,
+the layer and the cost model following the number of key/value heads."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attn_core as ac
+from attn_core import generation as gen
+from attn_core.spec import Shape
+from tests.baselines import allowed, masked_softmax, trace_peak_bytes
+from tests.copies import original, with_copies
+from tests.test_mechanisms import MEMORY_PARAMS, REF_KIND, SMALL
+
+SHARING = [k for k, s in ac.MECHANISMS.items() if s.supports.shared_kv]
+REFUSING = [k for k, s in ac.MECHANISMS.items() if not s.supports.shared_kv]
+B, H, D = 2, 6, 8
+
+
+def inputs(n: int, kv_heads: int, *, dtype=torch.float64, seed: int = 0, grad: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, n, D, generator=g, dtype=torch.float64).to(dtype)
+    k, v = (torch.randn(B, kv_heads, n, D, generator=g, dtype=torch.float64).to(dtype) for _ in "kv")
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def by_hand(t: torch.Tensor) -> torch.Tensor:
+    """(B, Hk, n, D) → (B, H, n, D): query head i reads key/value head ⌊i·Hk/H⌋, written as a loop over heads."""
+    return torch.stack([t[:, i * t.shape[1] // H] for i in range(H)], dim=1)
+
+
+def state_for(key: str, q, k, causal: bool, params: dict) -> dict:
+    return ac.make_state(key, Shape.of(q, k, causal), dtype=q.dtype, seed=3, **params)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 3])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("key", SHARING)
+def test_shared_heads_equal_each_query_head_given_its_keys(key, causal, kv_heads):
+    spec = ac.get(key)
+    if causal and not spec.supports.causal:
+        pytest.skip(f"{key} is not causal")
+    params = with_copies(SMALL).get(key, {})
+    q, k, v = inputs(40, kv_heads)
+    state = state_for(key, q, k, causal, params)
+    out = ac.attention(key, q, k, v, causal=causal, **params, **state)
+    repeated = ac.attention(key, q, by_hand(k), by_hand(v), causal=causal, **params, **state)
+    assert out.shape == q.shape
+    torch.testing.assert_close(out, repeated, atol=1e-10, rtol=1e-9)
+    if original(key) in REF_KIND:  # exact: masked softmax over the repeated keys
+        mask = allowed(REF_KIND[key], 40, 40, causal, **{**spec.defaults, **params}, **state)
+        torch.testing.assert_close(out, masked_softmax(q, by_hand(k), by_hand(v), mask), atol=1e-10, rtol=1e-9)
+
+
+@pytest.mark.parametrize("key", SHARING)
+def test_shared_heads_gather_the_gradients_of_their_query_heads(key):
+    spec = ac.get(key)
+    causal = spec.supports.causal
+    params = with_copies(SMALL).get(key, {})
+    q, k, v = inputs(33, 2, grad=True)
+    state = state_for(key, q, k, causal, params)
+    w = torch.randn(B, H, 33, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    got = torch.autograd.grad((ac.attention(key, q, k, v, causal=causal, **params, **state) * w).sum(), (q, k, v))
+    kr, vr = (by_hand(t.detach()).requires_grad_(True) for t in (k, v))
+    qr = q.detach().requires_grad_(True)
+    want = torch.autograd.grad((ac.attention(key, qr, kr, vr, causal=causal, **params, **state) * w).sum(),
+                               (qr, kr, vr))
+    torch.testing.assert_close(got[0], want[0], atol=1e-9, rtol=1e-8)
+    for shared, each in zip(got[1:], want[1:]):  # a shared head's gradient: the sum over the query heads reading it
+        torch.testing.assert_close(shared, each.view(B, 2, H // 2, 33, D).sum(2), atol=1e-9, rtol=1e-8)
+
+
+@pytest.mark.parametrize("key", [k for k in SHARING if ac.MECHANISMS[k].supports.padding])
+def test_shared_heads_with_padding(key):
+    spec = ac.get(key)
+    params = with_copies(SMALL).get(key, {})
+    q, k, v = inputs(36, 1)
+    mask = torch.arange(36) >= torch.tensor([29, 36])[:, None]
+    for causal in (False, True) if spec.supports.causal else (False,):
+        state = state_for(key, q, k, causal, params)
+        out = ac.attention(key, q, k, v, causal=causal, key_padding_mask=mask, **params, **state)
+        want = ac.attention(key, q, by_hand(k), by_hand(v), causal=causal, key_padding_mask=mask, **params, **state)
+        torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-9)
+
+
+@pytest.mark.parametrize("key", [k for k in SHARING if ac.MECHANISMS[k].supports.generation is not None])
+def test_generating_with_shared_heads_matches_the_repeated_cache_token_by_token(key):
+    params = with_copies(SMALL).get(key, {})
+    q, k, v = inputs(24, 2)
+    state = state_for(key, q, k, True, params)
+    out, cache = gen.prefill(key, q[:, :, :16], k[:, :, :16], v[:, :, :16], **params, **state)
+    want, full = gen.prefill(key, q[:, :, :16], by_hand(k[:, :, :16]), by_hand(v[:, :, :16]), **params, **state)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-9)
+    for t in range(16, 24):
+        got, cache = gen.step(key, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], cache)
+        each, full = gen.step(key, q[:, :, t:t + 1], by_hand(k[:, :, t:t + 1]), by_hand(v[:, :, t:t + 1]), full)
+        torch.testing.assert_close(got, each, atol=1e-10, rtol=1e-9)
+    # the cache holds the shared heads once: Hk/H of the repeated one's, as the spec says
+    shape = Shape(B, H, 24, 24, D, dtype="float64", causal=True, Hk=2)
+    assert cache.used_bytes == gen.cache_bytes(key, shape, **params)
+    assert 3 * gen.cache_bytes(key, shape, **params) == gen.cache_bytes(key, Shape(B, H, 24, 24, D, dtype="float64",
+                                                                                   causal=True), **params)
+
+
+@pytest.mark.parametrize("key", REFUSING)
+def test_a_mechanism_that_cannot_share_heads_says_why(key):
+    spec = ac.get(key)
+    assert spec.supports.no_shared_kv, f"{key} refuses shared heads without saying why"
+    q, k, v = inputs(16, 2)
+    with pytest.raises(ValueError, match=rf"^{spec.label}.*cannot share key/value heads"):
+        ac.attention(key, q, k, v, **with_copies(SMALL).get(key, {}))
+    with pytest.raises(ValueError, match="cannot share key/value heads"):
+        ac.MultiHeadAttention(48, 6, key, kv_heads=2)
+
+
+def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused():
+    q, _, _ = inputs(8, 1)
+    k = v = torch.randn(B, 4, 8, D, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"k and v have 4 heads, which does not divide q's 6.*1, 2, 3 or 6 heads"):
+        ac.attention("softmax", q, k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("key", SHARING)
+def test_spec_memory_with_shared_heads_matches_the_allocator(key, causal):
+    """The spec's peak with one key/value head for four query heads within 2% of the allocator's records: a
+    mechanism that repeats the shared heads must say so in its memory model (spec.supports.repeats_kv)."""
+    spec = ac.get(key)
+    if causal and not spec.supports.causal:
+        pytest.skip(f"{key} is not causal")
+    shape = Shape(2, 4, 3000, 3000, 40, causal=causal, Hk=1)
+    params = MEMORY_PARAMS.get(original(key), {})
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 3000, 40, generator=g)
+    k, v = (torch.randn(2, 1, 3000, 40, generator=g) for _ in "kv")
+    state = ac.make_state(key, shape, **params)
+    with torch.inference_mode():
+        call = lambda: spec.fn(q, k, v, causal=causal, **params, **state)  # noqa: E731
+        call()
+        measured = trace_peak_bytes(call)
+    assert spec.cost.memory_bytes(shape, **params) == pytest.approx(measured, rel=0.02)
+
+
+@pytest.mark.parametrize("key", SHARING)
+def test_spec_costs_follow_the_key_value_heads(key):
+    spec = ac.get(key)
+    params = spec.resolved(with_copies(SMALL).get(key, {}))
+    mha, gqa = Shape(1, 8, 512, 512, 64), Shape(1, 8, 512, 512, 64, Hk=2)
+    assert gqa.input_bytes == (8 * 512 + 2 * 2 * 512) * 64 * 4 < mha.input_bytes
+    assert 0 < spec.cost.flops(gqa, **params) <= spec.cost.flops(mha, **params)
+    if not spec.supports.repeats_kv:
+        assert spec.cost.memory_bytes(gqa, **params) <= spec.cost.memory_bytes(mha, **params)
+
+
+def test_the_layer_shares_its_key_and_value_projections():
+    torch.manual_seed(0)
+    layer = ac.MultiHeadAttention(48, 6, "sdpa", kv_heads=2).double()
+    assert layer.k_proj.weight.shape == layer.v_proj.weight.shape == (16, 48)
+    # the same layer written as multi-head attention: each query head's key and value rows copied from its group's
+    mha = ac.MultiHeadAttention(48, 6, "softmax").double()
+    mha.q_proj.load_state_dict(layer.q_proj.state_dict())
+    mha.out_proj.load_state_dict(layer.out_proj.state_dict())
+    for shared, full in ((layer.k_proj, mha.k_proj), (layer.v_proj, mha.v_proj)):
+        w, b = shared.weight.detach().view(2, 8, 48), shared.bias.detach().view(2, 8)
+        full.weight.data = torch.cat([w[i // 3] for i in range(6)])
+        full.bias.data = torch.cat([b[i // 3] for i in range(6)])
+    x = torch.randn(3, 11, 48, dtype=torch.float64)
+    torch.testing.assert_close(layer(x), mha(x), atol=1e-10, rtol=1e-9)
+    with pytest.raises(ValueError, match="kv_heads = 4 does not divide the 6 query heads; choose 1, 2, 3 or 6"):
+        ac.MultiHeadAttention(48, 6, "sdpa", kv_heads=4)
+
+
+def test_a_problem_with_shared_heads_draws_and_costs_them():
+    problem = ac.Problem(mechanism="sdpa", batch=1, heads=8, kv_heads=2, n=64, d_model=128)
+    q, k, v = problem.inputs()
+    assert q.shape == (1, 8, 64, 16) and k.shape == v.shape == (1, 2, 64, 16)
+    assert problem.shape.Hk == 2 and problem.problems(ac.get("sdpa")) == []
+    assert ac.Problem(heads=8, kv_heads=8).shape == ac.Problem(heads=8).shape  # MHA has one spelling
