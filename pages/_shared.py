@@ -13,6 +13,7 @@ from attn_core.engine import stage, worker
 from attn_core.engine.config import SweepConfig
 from attn_core.engine.job import Job
 from attn_core.engine.pacing import Pacing
+from attn_core.engine.problem import sharing
 from attn_core.engine.results import Run
 
 
@@ -24,6 +25,21 @@ def keyed(key: str, *, link: bool = False) -> dict:
 
 def label(key: str) -> str:
     return MECHANISMS[key].label
+
+
+KV_HELP = ("Key and value heads, each shared by a group of query heads: all (multi-head attention, MHA), fewer "
+           "(grouped-query, GQA-g: Llama 3 has 8 for 32 or 64 query heads), or 1 (multi-query, MQA). The cache "
+           "and the keys a token reads shrink by the same factor")
+
+
+def kv_choices(heads: int) -> list[int | None]:
+    """The key/value head counts `heads` query heads can share: None (one each, MHA), then each divisor below."""
+    return [None] + [g for g in range(heads - 1, 0, -1) if heads % g == 0]
+
+
+def kv_text(kv_heads: int | None) -> str:
+    """'all (MHA)', '8 (GQA-8)', '1 (MQA)': a key/value head count as the selector writes it (and a link)."""
+    return "all (MHA)" if kv_heads is None else f"{kv_heads} ({sharing(0, kv_heads)})"
 
 
 def export_row(chart, frame, stem: str, key: str, *, folded: bool = False) -> None:

@@ -5,7 +5,7 @@ from attn_core import MECHANISMS
 from attn_core.engine import env
 from attn_core.charts import insight as insight_charts
 from attn_core.insight import theory
-from pages._shared import ensure_routed, export_row, keyed, label, show_chart
+from pages._shared import KV_HELP, ensure_routed, export_row, keyed, kv_choices, kv_text, label, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first
 
@@ -23,6 +23,16 @@ def measured_bandwidth(device: str) -> tuple[float, bool]:
     return env.memory_bandwidth(device), env.bandwidth_disturbed(device)
 
 
+def key_value_heads(column, heads: int, key: str, default: int | None = None) -> int | None:
+    """A selector of the key/value heads `heads` query heads can share (MHA, GQA-g, MQA); None is one each."""
+    shares = kv_choices(heads)
+    if key not in st.session_state and default in shares:
+        st.session_state[key] = default
+    if st.session_state.get(key) not in shares:
+        st.session_state[key] = None  # the heads changed under a count that no longer divides them
+    return column.selectbox("Key/value heads", shares, format_func=kv_text, help=KV_HELP, **keyed(key))
+
+
 st.title("Theory")
 st.caption("Costs from each mechanism's spec: nothing is run, so n can be a million tokens. Memory is the forward "
            "call's predicted peak above its inputs, plus the inputs.")
@@ -35,6 +45,7 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
                                       **keyed("th_n"))
     d_model = mid.number_input("d_model", 1, 65536, 1024, step=64, **keyed("th_d_model"))
     heads = mid.number_input("Heads", 1, 512, 16, **keyed("th_heads"))
+    kv_heads = key_value_heads(mid, int(heads), "th_kv_share")
     batch = mid.number_input("Batch", 1, 4096, 1, **keyed("th_batch"))
     dtype = right.selectbox("dtype", ["float32", "bfloat16", "float16", "float64"], **keyed("th_dtype"))
     causal = right.toggle("Causal mask", **keyed("th_causal"))
@@ -65,7 +76,8 @@ if problems:
     st.stop()
 
 gflops = measured_gflops(device, dtype) if source.startswith("this device") else typed
-settings = dict(d_model=int(d_model), heads=int(heads), batch=int(batch), dtype=dtype, causal=causal)
+settings = dict(d_model=int(d_model), heads=int(heads), kv_heads=kv_heads, batch=int(batch), dtype=dtype,
+                causal=causal)
 frame = theory.costs(keys, theory.log_ns(n_min, n_max), mode=mode, params=params, gflops=gflops, **settings)
 budgets = theory.budgets(env.device_info(device)["total_memory_bytes"], budget_gib * GIB)
 for reason in sorted(set(frame.loc[frame["status"] != "ok", "reason"])):
@@ -97,10 +109,13 @@ with fit_tab:
                  .reindex(index=[label(k) for k in keys], columns=list(budgets)))
 with generation_tab:
     st.caption("What a whole model's attention remembers while it generates, layer by layer: softmax's key-value "
-               "cache grows with the context; a window's and a fixed-size state's do not. Heads: the key-value heads.")
+               "cache grows with the context; a window's and a fixed-size state's do not. Key and value heads shared "
+               "by groups of query heads shrink every cache by the same factor. The defaults are Llama 3 8B's (32 "
+               "layers, 32 query heads, 8 key/value heads of 128: its config.json).")
     a, b, c, e = st.columns(4)
-    model = dict(layers=int(a.number_input("Layers", 1, 1024, 32, **keyed("th_layers"))),
-                 heads=int(b.number_input("Key-value heads", 1, 512, 32, **keyed("th_kv_heads"))),
+    model_heads = int(b.number_input("Query heads", 1, 512, 32, **keyed("th_model_heads")))
+    model = dict(layers=int(a.number_input("Layers", 1, 1024, 32, **keyed("th_layers"))), heads=model_heads,
+                 kv_heads=key_value_heads(b, model_heads, "th_model_kv", default=8),
                  head_dim=int(c.number_input("Head dim", 1, 4096, 128, **keyed("th_head_dim"))),
                  batch=int(batch), dtype=e.selectbox("Cache dtype", ["float16", "bfloat16", "float32"],
                                                      **keyed("th_cache_dtype")))

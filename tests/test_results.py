@@ -63,10 +63,10 @@ def test_frame_has_the_schema_columns_and_types_even_when_empty():
 
 def test_json_has_no_nan_and_csv_starts_with_the_stamp():
     doc = json.loads(to_json_bytes(sample_run()))
-    assert doc["format"] == "attention-lab-run" and doc["schema_version"] == 2
+    assert doc["format"] == "attention-lab-run" and doc["schema_version"] == 3
     assert doc["rows"][2]["time_median_s"] is None
     lines = to_csv_bytes(sample_run()).decode().splitlines()
-    assert lines[0] == "# attention-lab-run" and lines[1] == "# schema_version: 2"
+    assert lines[0] == "# attention-lab-run" and lines[1] == "# schema_version: 3"
     assert lines[2].startswith("# env: {") and lines[4].split(",")[:2] == ["mechanism", "label"]
 
 
@@ -140,7 +140,7 @@ def test_a_version_1_file_still_opens_with_the_new_columns_filled(fmt):
         doc["rows"] = [{k: v for k, v in r.items() if k not in results.ADDED_IN_2} for r in doc["rows"]]
         data = json.dumps(doc).encode()
     else:
-        text = to_csv_bytes(sample_run()).decode().replace("# schema_version: 2", "# schema_version: 1")
+        text = to_csv_bytes(sample_run()).decode().replace("# schema_version: 3", "# schema_version: 1")
         lines = text.splitlines()
         header = lines[4].split(",")
         keep = [i for i, c in enumerate(header) if c not in results.ADDED_IN_2]
@@ -153,3 +153,33 @@ def test_a_version_1_file_still_opens_with_the_new_columns_filled(fmt):
     assert (back.frame["executed_flops"] == back.frame["theory_flops"]).all()
     assert back.frame["foreign_cpu"].isna().all() and not back.frame["disturbed"].any()
     assert (back.frame["retaken"] == 0).all()
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_a_version_2_file_opens_as_multi_head_attention_without_padding(fmt):
+    """Runs saved before key/value heads and padding were columns measured one key/value head per query head and no
+    padding: that is what they get."""
+    if fmt == "json":
+        doc = json.loads(to_json_bytes(sample_run()))
+        doc["schema_version"] = 2
+        doc["rows"] = [{k: v for k, v in r.items() if k not in results.ADDED_IN_3} for r in doc["rows"]]
+        data = json.dumps(doc).encode()
+    else:
+        text = to_csv_bytes(sample_run()).decode().replace("# schema_version: 3", "# schema_version: 2")
+        lines = text.splitlines()
+        header = lines[4].split(",")
+        keep = [i for i, c in enumerate(header) if c not in results.ADDED_IN_3]
+        body = list(csv.reader(io.StringIO("\n".join(lines[4:]))))
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows([[r[i] for i in keep] for r in body])
+        data = ("\n".join(lines[:4]) + "\n" + out.getvalue()).encode()
+    back = load_run(data, name=f"old.{fmt}")
+    assert list(back.frame.columns) == list(COLUMNS)
+    assert (back.frame["kv_heads"] == back.frame["heads"]).all() and (back.frame["padding"] == 0).all()
+
+
+def test_a_row_whose_key_value_heads_do_not_divide_its_heads_is_refused():
+    doc = json.loads(to_json_bytes(sample_run()))
+    doc["rows"][0]["kv_heads"] = 3
+    with pytest.raises(RunFileError, match=r"row 1 has kv_heads = 3 for 8 heads.*must divide the heads"):
+        load_run(json.dumps(doc).encode(), name="bad.json")

@@ -39,8 +39,9 @@ def with_series(df: pd.DataFrame) -> pd.DataFrame:
     """Adds `line` (the mechanism with any non-default parameters: one colour) and `series` (the line, plus the mask
     when the frame mixes causal and bidirectional rows: one drawn line)."""
     out = df.copy()
-    out["line"] = pd.Series([analysis.series_name(m, lab, p) for m, lab, p in
-                             zip(df["mechanism"], df["label"], df["params"])], index=df.index, dtype=object)
+    out["line"] = pd.Series([analysis.series_name(*row) for row in
+                             zip(df["mechanism"], df["label"], df["params"], df["heads"], df["kv_heads"])],
+                            index=df.index, dtype=object)
     out["mask"] = df["causal"].map({True: "causal", False: "bidirectional"}).astype(object)
     out["series"] = out["line"] + (" · " + out["mask"] if df["causal"].nunique() > 1 else "")
     return out

@@ -12,9 +12,11 @@ import pandas as pd
 
 from ..mechanisms import MECHANISMS
 from ..spec import MechanismSpec, Shape
+from .problem import sharing
 
 METRICS = {"time_median_s": "time", "peak_bytes": "memory"}
-SERIES = ["mechanism", "params"]  # one line of a chart: a mechanism with one setting of its parameters
+# one line of a chart: a mechanism with one setting of its parameters and of its key/value heads
+SERIES = ["mechanism", "params", "kv_heads"]
 MIN_FIT_POINTS = 3  # two points give a slope whatever their noise: a sweep stopped after two once gave n^-4.36
 ABOVE_DEVICE = ("above the device's measured matmul throughput: the matmul figure or this point was disturbed, or "
                 "the kernel takes a faster path than a dense matmul")
@@ -52,18 +54,27 @@ def _too_few(clean: int, disturbed: int) -> str:
     return f"needs {MIN_FIT_POINTS} clean points, has {clean}{left_out}"
 
 
-def series_name(mechanism: str, label: str, params: str) -> str:
-    """'Sliding window (window=128)': the label, plus the parameters that differ from the spec's defaults."""
+def series_name(mechanism: str, label: str, params: str, heads: int | None = None,
+                kv_heads: int | None = None) -> str:
+    """'Sliding window (window=128)': the label, plus the parameters that differ from the spec's defaults, and
+    'GQA-2' or 'MQA' where the key/value heads are shared ('Softmax (fused SDPA) · GQA-2')."""
     values = json.loads(params or "{}")
     spec = MECHANISMS.get(mechanism)
     defaults = spec.defaults if spec is not None else {}
     changed = {k: v for k, v in values.items() if defaults.get(k) != v}
-    return f"{label} ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else label
+    name = f"{label} ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else label
+    shared = heads is not None and kv_heads is not None and int(kv_heads) != int(heads)
+    return f"{name} · {sharing(int(heads), int(kv_heads))}" if shared else name
+
+
+def row_series_name(row: pd.Series) -> str:
+    """series_name of a result row."""
+    return series_name(row["mechanism"], row["label"], row["params"], row["heads"], row["kv_heads"])
 
 
 def _groups(df: pd.DataFrame):
-    for (mechanism, params), g in df.groupby(SERIES, sort=False):
-        yield mechanism, params, series_name(mechanism, g["label"].iloc[0], params), g.sort_values("n")
+    for key, g in df.groupby(SERIES, sort=False):
+        yield *key, row_series_name(g.iloc[0]), g.sort_values("n")
 
 
 def loglog_slope(n, y) -> float:
@@ -81,7 +92,7 @@ def fit_slopes(df: pd.DataFrame, metric: str = "time_median_s", n_min: int | Non
     `why` says so, below MIN_FIT_POINTS distinct n; `disturbed` counts the ok points left out."""
     _check_metric(metric)
     rows = []
-    for mechanism, params, name, g in _groups(df):
+    for mechanism, params, kv_heads, name, g in _groups(df):
         ok = ok_points(g[g["n"] >= n_min] if n_min else g, metric)
         clean = ok.loc[_undisturbed(ok, metric)]
         n, y = clean["n"].to_numpy(float), clean[metric].to_numpy(float)
@@ -91,9 +102,9 @@ def fit_slopes(df: pd.DataFrame, metric: str = "time_median_s", n_min: int | Non
                      "n_min": int(n.min()) if len(n) else 0, "n_max": int(n.max()) if len(n) else 0,
                      "points": len(n), "disturbed": len(ok) - len(clean),
                      "why": "" if enough else _too_few(len(set(n)), len(ok) - len(clean)),
-                     "params": params, "series": name})
+                     "params": params, "kv_heads": kv_heads, "series": name})
     return pd.DataFrame(rows, columns=["mechanism", "metric", "slope", "n_min", "n_max", "points", "disturbed",
-                                       "why", "params", "series"])
+                                       "why", "params", "kv_heads", "series"])
 
 
 def _own_curve(spec: MechanismSpec, metric: str, row: pd.Series) -> tuple[str, Callable[[int], float]]:
@@ -110,7 +121,7 @@ def _own_curve(spec: MechanismSpec, metric: str, row: pd.Series) -> tuple[str, C
 
     def at(n: int) -> float:
         shape = Shape(int(row["batch"]), int(row["heads"]), n, n, int(row["head_dim"]), dtype=row["dtype"],
-                      causal=bool(row["causal"]))
+                      causal=bool(row["causal"]), Hk=int(row["kv_heads"]))
         return float(cost(shape, **params))
     return big_o, at
 
@@ -130,7 +141,7 @@ def theory_curves(df: pd.DataFrame, metric: str = "time_median_s", points: int =
     'O(n²) fit', 'O(n) fit' and the spec's big-O, e.g. 'O(n·w·d) fit'."""
     registry = MECHANISMS if registry is None else registry
     out = []
-    for mechanism, params, name, ok in _groups(ok_points(df, metric)):
+    for mechanism, params, _, name, ok in _groups(ok_points(df, metric)):
         g = ok.loc[_undisturbed(ok, metric)]
         if g.empty:
             continue
@@ -155,7 +166,7 @@ def theory_curves(df: pd.DataFrame, metric: str = "time_median_s", points: int =
 def unfitted(df: pd.DataFrame, metric: str = "time_median_s") -> list[str]:
     """The series that have ok points but no clean one, so no fitted curve: their names."""
     ok = ok_points(df, metric)
-    return [name for _, _, name, g in _groups(ok) if clean_points(g, metric).empty]
+    return [name for *_, name, g in _groups(ok) if clean_points(g, metric).empty]
 
 
 def device_gflops(df: pd.DataFrame) -> float:
@@ -174,7 +185,7 @@ def roofline(df: pd.DataFrame, gflops: float | None = None) -> pd.DataFrame:
     label = f"hardware limit at {gflops:,.3g} GFLOP/s (matmul, measured)"
     out = []
     if math.isfinite(gflops):
-        for mechanism, params, name, g in _groups(ok_points(df, "time_median_s")):
+        for mechanism, params, _, name, g in _groups(ok_points(df, "time_median_s")):
             flops = g.drop_duplicates("n")[["n", "executed_flops"]]
             out += [{"mechanism": mechanism, "curve": label, "n": int(n), "value": f / (gflops * 1e9),
                      "kind": "roofline", "params": params, "series": name, "metric": "time_median_s"}
@@ -201,11 +212,11 @@ def crossovers(df: pd.DataFrame, metric: str = "time_median_s", baseline: str = 
     ok = clean_points(df, metric)
     word = "faster" if metric == "time_median_s" else "smaller"
     base = ok[ok["mechanism"] == baseline]
-    if not base.empty:
-        base = base[base["params"] == base["params"].iloc[0]]
+    if not base.empty:  # its first series
+        base = base[(base["params"] == base["params"].iloc[0]) & (base["kv_heads"] == base["kv_heads"].iloc[0])]
     base_by_n = base.groupby("n")[metric].median()
     rows = []
-    for mechanism, params, name, g in _groups(ok[ok["mechanism"] != baseline]):
+    for mechanism, params, _, name, g in _groups(ok[ok["mechanism"] != baseline]):
         mine = g.groupby("n")[metric].median()
         common = mine.index.intersection(base_by_n.index).sort_values()
         n_star, note = math.nan, ""
@@ -249,10 +260,11 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     fits = {metric: fit_slopes(df, metric).set_index(SERIES) for metric in METRICS}
     clean = {metric: clean_points(df, metric) for metric in METRICS}
     rows = []
-    for (mechanism, params), g in df.groupby(SERIES, sort=False):
-        row = {"mechanism": mechanism, "series": series_name(mechanism, g["label"].iloc[0], params),
-               "params": params, "time_exponent": fits["time_median_s"]["slope"].get((mechanism, params), math.nan),
-               "memory_exponent": fits["peak_bytes"]["slope"].get((mechanism, params), math.nan)}
+    for key, g in df.groupby(SERIES, sort=False):
+        mechanism, params, _ = key
+        row = {"mechanism": mechanism, "series": row_series_name(g.iloc[0]),
+               "params": params, "time_exponent": fits["time_median_s"]["slope"].get(key, math.nan),
+               "memory_exponent": fits["peak_bytes"]["slope"].get(key, math.nan)}
         for baseline in ("softmax", "sdpa"):
             for metric, name in (("time_median_s", "speedup"), ("peak_bytes", "memory_saving")):
                 base = clean[metric][clean[metric]["mechanism"] == baseline]
@@ -268,7 +280,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                     "pct_of_device": float(last["pct_of_device"]) if last is not None else math.nan,
                     "memory_method": next(iter(ok_points(g, "peak_bytes")["memory_method"]), "not measured"),
                     "ok_points": int((g["status"] == "ok").sum()), "points": len(g)})
-        row["note"] = _row_note(fits, (mechanism, params), row["pct_of_device"])
+        row["note"] = _row_note(fits, key, row["pct_of_device"])
         rows.append(row)
     return pd.DataFrame(rows, columns=[
         "mechanism", "series", "params", "time_exponent", "memory_exponent", "speedup_vs_softmax",

@@ -47,8 +47,9 @@ class SweepConfig:
             if key not in registry:
                 found.append(f"mechanism {key!r} is unknown; choose one of {', '.join(registry)}")
                 continue
+            point = self.problem.at(key, params, shortest)  # a series' own key/value heads are checked here too
             found += [text.replace("the sequence length", "the shortest sequence length")
-                      for text in self.problem.at(key, params, shortest).spec_problems(registry[key])]
+                      for text in (point._size_problems() or point.spec_problems(registry[key]))]
         return list(dict.fromkeys(found))
 
     @property

@@ -19,8 +19,9 @@ STATUSES = ("ok", "skipped", "oom", "failed", "cancelled")
 # The saved row, in order: (column, kind). kind: text, bool, int, float (NaN where not measured), samples (a list).
 SCHEMA = (
     ("mechanism", "text"), ("label", "text"), ("exact", "bool"), ("params", "text"), ("n", "int"),
-    ("batch", "int"), ("heads", "int"), ("d_model", "int"), ("head_dim", "int"), ("dtype", "text"),
-    ("device", "text"), ("mode", "text"), ("causal", "bool"), ("status", "text"), ("reason", "text"),
+    ("batch", "int"), ("heads", "int"), ("kv_heads", "int"), ("d_model", "int"), ("head_dim", "int"),
+    ("dtype", "text"), ("device", "text"), ("mode", "text"), ("causal", "bool"), ("padding", "int"),
+    ("status", "text"), ("reason", "text"),
     ("time_median_s", "float"), ("time_iqr_s", "float"), ("time_samples", "samples"), ("repeats", "int"),
     ("peak_bytes", "float"), ("memory_method", "text"), ("predicted_bytes", "float"), ("theory_flops", "float"),
     ("executed_flops", "float"), ("gflops", "float"), ("device_gflops", "float"), ("pct_of_device", "float"),
@@ -30,7 +31,8 @@ SCHEMA = (
 # theory_flops: the pattern's useful FLOPs; executed_flops: what the kernel computes (padding, masked halves), the
 # figure gflops and pct_of_device use. foreign_cpu: cores other processes used during the kept timed samples;
 # disturbed: the point stayed contended after its bounded retakes (retaken: samples taken again for contention).
-# threads is a float so that an unknown count can be NaN.
+# threads is a float so that an unknown count can be NaN. kv_heads: key/value heads (= heads in multi-head attention);
+# padding: the padded keys at the end of each sequence.
 COLUMNS = tuple(name for name, _ in SCHEMA)
 KINDS = {kind: tuple(name for name, k in SCHEMA if k == kind) for kind in ("text", "bool", "int", "float")}
 
@@ -106,8 +108,8 @@ class Measurement:
         p, t, s, c = self.problem, self.theory, self.summary, self.conditions
         return {"mechanism": p.mechanism, "label": t.label, "exact": t.exact,
                 "params": json.dumps(t.params, sort_keys=True), "n": p.n, "batch": p.batch, "heads": p.heads,
-                "d_model": p.d_model, "head_dim": p.head_dim, "dtype": p.dtype, "device": p.device, "mode": p.mode,
-                "causal": p.is_causal, "status": self.status, "reason": self.reason, "time_median_s": s.median_s,
+                "kv_heads": p.key_heads, "d_model": p.d_model, "head_dim": p.head_dim, "dtype": p.dtype,
+                "device": p.device, "mode": p.mode, "causal": p.is_causal, "padding": p.padding, "status": self.status, "reason": self.reason, "time_median_s": s.median_s,
                 "time_iqr_s": s.iqr_s, "time_samples": list(self.samples), "repeats": s.repeats,
                 "peak_bytes": self.peak_bytes, "memory_method": self.memory_method,
                 "predicted_bytes": t.predicted_bytes, "theory_flops": t.flops, "executed_flops": t.executed_flops,
@@ -120,8 +122,9 @@ class Measurement:
         """Inverse of to_row for a typed row (results.frame_from_rows has checked and typed it)."""
         params = json.loads(row["params"] or "{}")
         problem = Problem(mechanism=row["mechanism"], params=tuple(sorted(params.items())), batch=row["batch"],
-                          heads=row["heads"], n=row["n"], d_model=row["d_model"], dtype=row["dtype"],
-                          device=row["device"], mode=row["mode"], causal=bool(row["causal"]))
+                          heads=row["heads"], kv_heads=None if row["kv_heads"] == row["heads"] else row["kv_heads"],
+                          n=row["n"], d_model=row["d_model"], dtype=row["dtype"], device=row["device"],
+                          mode=row["mode"], causal=bool(row["causal"]), padding=row["padding"])
         return cls(problem=problem,
                    theory=Theory(row["label"], bool(row["exact"]), params, row["theory_flops"],
                                  row["executed_flops"], row["predicted_bytes"]),

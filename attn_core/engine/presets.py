@@ -65,6 +65,15 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            "key-value cache grows as n; past the marked crossover their tokens are cheaper too.",
            (_config(("softmax", "linear", "performer"), 1024, 32768, 6, mode="generate"),), metric="peak_bytes"),
 )}
+PRESETS.update({p.name: p for p in (
+    Preset("Heads that share keys",
+           "One model width, three caches: multi-head attention (MHA) keeps the keys and values of all 32 heads, "
+           "grouped-query (GQA-8) of 8, multi-query (MQA) of 1; a new token reads 4× and 32× less, and its time "
+           "falls with that read.",
+           (DEFAULT_SWEEP.replaced(mechanisms=(("sdpa", {}), ("sdpa", {"kv_heads": 8}), ("sdpa", {"kv_heads": 1})),
+                                   ns=log_spaced(1024, 32768, 6), mode="generate", heads=32, d_model=2048),),
+           metric="peak_bytes"),
+)})
 QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short sequences.",
                     (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),))
 
@@ -73,16 +82,20 @@ def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
     """The sweep a results frame was measured with, read from its rows (the file's own config is not trusted), and
     what of the frame that one config cannot hold: a second mask, a second shape, mechanisms this build lacks."""
     first = frame.iloc[0]
-    seen = frame.drop_duplicates(["mechanism", "params"])
-    mechanisms = tuple((key, json.loads(params)) for key, params in zip(seen["mechanism"], seen["params"])
+    seen = frame.drop_duplicates(["mechanism", "params", "kv_heads"])
+    shared = frame["kv_heads"].nunique() > 1  # then each series says its own key/value heads
+    mechanisms = tuple((key, {**json.loads(params), **({"kv_heads": int(kv)} if shared else {})})
+                       for key, params, kv in zip(seen["mechanism"], seen["params"], seen["kv_heads"])
                        if key in MECHANISMS)
+    kv_heads = None if shared or int(first["kv_heads"]) == int(first["heads"]) else int(first["kv_heads"])
     ns = tuple(sorted({int(n) for n in frame["n"]}))
     config = DEFAULT_SWEEP.replaced(mechanisms=mechanisms, ns=ns, batch=int(first["batch"]),
-                                    heads=int(first["heads"]), d_model=int(first["d_model"]),
+                                    heads=int(first["heads"]), kv_heads=kv_heads, d_model=int(first["d_model"]),
+                                    padding=int(first["padding"]),
                                     dtype=str(first["dtype"]), device=str(first["device"]), mode=str(first["mode"]),
                                     causal=bool(first["causal"]))
     left = [f"{column} {', '.join(map(str, frame[column].unique()))}" for column in
-            ("batch", "heads", "d_model", "dtype", "device", "mode") if frame[column].nunique() > 1]
+            ("batch", "heads", "d_model", "dtype", "device", "mode", "padding") if frame[column].nunique() > 1]
     left += ["both masks (causal and bidirectional)"] if frame["causal"].nunique() > 1 else []
     left += [f"{key} (not in this build)" for key in dict.fromkeys(seen["mechanism"]) if key not in MECHANISMS]
     return config, left

@@ -19,6 +19,7 @@ MODES = ("forward", "forward+backward", "generate")
 MAX_COUNT = 2**40  # n, batch, heads, d_model, repeats: far above any run, far below int64
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # far more torch threads than cores only thrash; 10,000 crash the worker
 MAX_SEED = 2**63 - 1  # torch's generator takes a 64-bit seed
+SERIES_FIELDS = ("kv_heads",)  # problem fields a series of a sweep may set for itself, beside its mechanism's params
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,12 +75,17 @@ class Problem:
         return dict(self.params)
 
     def at(self, mechanism: str, params: Mapping[str, Any], n: int) -> "Problem":
-        """This problem for another mechanism and length (a sweep's point)."""
-        return dataclasses.replace(self, mechanism=mechanism, params=tuple(sorted(params.items())), n=n)
+        """This problem for another mechanism and length (a sweep's point). A series may set the problem's own
+        `SERIES_FIELDS` among its parameters (kv_heads: MHA, GQA-8 and MQA as three lines of one chart); they go to
+        the problem's field, the rest to `params`."""
+        own = {k: v for k, v in params.items() if k not in SERIES_FIELDS}
+        fields = {k: v for k, v in params.items() if k in SERIES_FIELDS}
+        return dataclasses.replace(self, mechanism=mechanism, params=tuple(sorted(own.items())), n=n, **fields)
 
     def describe(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.params)
-        return f"{self.mechanism}{extra} at n = {self.n}"
+        heads = f", {sharing(self.heads, self.key_heads)}" if self.key_heads != self.heads else ""
+        return f"{self.mechanism}{extra}{heads} at n = {self.n}"
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Seeded q (B, H, n, D), k and v (B, H_kv, n_kv, D) on the problem's device and dtype."""
@@ -198,6 +204,13 @@ class Settings:
              f"memory_limit_bytes must be a positive integer below 2**63 or empty, got {self.memory_limit_bytes!r}"),
         )
         return [message for ok, message in rules if not ok]
+
+
+def sharing(heads: int, kv_heads: int | None) -> str:
+    """The name of a key/value head count: 'MHA' (one per query head), 'MQA' (one for all), 'GQA-g' (g groups)."""
+    if kv_heads is None or kv_heads == heads:
+        return "MHA"
+    return "MQA" if kv_heads == 1 else f"GQA-{kv_heads}"
 
 
 def generation_problem(spec: MechanismSpec) -> str | None:

@@ -18,12 +18,15 @@ from ..mechanisms import MECHANISMS
 from .problem import MAX_COUNT
 from ..untrusted import clipped, csv_cell, csv_json, csv_text
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 lacks the contention and executed-FLOP columns: they are filled in
+SCHEMA_VERSION = 3
+# version 1 lacks the contention and executed-FLOP columns, versions 1 and 2 the key/value heads and padding: they
+# are filled in (every head its own key/value head, no padding: all an older build could measure)
+READABLE_VERSIONS = (1, 2, 3)
 FORMAT = "attention-lab-run"
 MAX_FILE_BYTES = 32 * 1024 * 1024  # ~100k points; larger files are refused before parsing
 
 ADDED_IN_2 = {"executed_flops": None, "foreign_cpu": None, "load_average": None, "disturbed": False, "retaken": 0}
+ADDED_IN_3 = ("kv_heads", "padding")
 TEXT, BOOL, INT, FLOAT = (KINDS[kind] for kind in ("text", "bool", "int", "float"))
 # The most characters a loaded row's text keeps (longer is cut, ending "…"); params are JSON, so longer is refused.
 TEXT_CHARS = {"label": 200, "reason": 500, "memory_method": 200}
@@ -47,8 +50,11 @@ class Run:
 
 def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
     """The tidy DataFrame of rows, columns in schema order and dtypes fixed (an empty frame keeps its columns); a row
-    without the columns schema 2 added gets ADDED_IN_2's values (contention unknown)."""
-    df = pd.DataFrame([{c: r.get(c, ADDED_IN_2.get(c)) for c in COLUMNS} for r in rows], columns=list(COLUMNS))
+    without the columns schema 2 added gets ADDED_IN_2's values (contention unknown), one without those of schema 3
+    its heads as key/value heads and no padding."""
+    df = pd.DataFrame([{c: r.get(c, ADDED_IN_2.get(c)) for c in COLUMNS}
+                       | {"kv_heads": r.get("kv_heads", r.get("heads")), "padding": r.get("padding", 0)}
+                       for r in rows], columns=list(COLUMNS))
     return _typed(df)
 
 
@@ -203,10 +209,12 @@ def _parse_json(text: str, label: str) -> Run:
 
 def _upgraded(rows: list[dict], version: int) -> list[dict]:
     """Rows of an older schema with the columns it lacks: contention unknown (NaN), executed FLOPs = useful FLOPs
-    (version 1 counted only those)."""
-    if version >= 2:
-        return rows
-    return [{**ADDED_IN_2, **r, "executed_flops": r.get("theory_flops")} for r in rows]
+    (version 1 counted only those); before version 3, one key/value head per query head and no padding."""
+    if version < 2:
+        rows = [{**ADDED_IN_2, **r, "executed_flops": r.get("theory_flops")} for r in rows]
+    if version < 3:
+        rows = [{**r, "kv_heads": r.get("heads"), "padding": 0} for r in rows]
+    return rows
 
 
 def _comment_json(line: str, key: str, label: str) -> dict:
@@ -234,7 +242,8 @@ def _parse_csv(text: str, label: str) -> Run:
     rows = _upgraded([dict(r) for r in reader], version)
     if reader.fieldnames is None:
         raise RunFileError(f"{label} is malformed: the header line of the table is missing")
-    _check_columns([*reader.fieldnames, *(ADDED_IN_2 if version == 1 else ())], label)
+    _check_columns([*reader.fieldnames, *(ADDED_IN_2 if version == 1 else ()), *(ADDED_IN_3 if version < 3 else ())],
+                   label)
     for r in rows:
         if None in r:
             raise RunFileError(f"{label} is malformed: a line has more cells than the header")
@@ -267,6 +276,10 @@ def _validated(rows: list[dict], label: str) -> pd.DataFrame:
             except ValueError as e:
                 raise RunFileError(f"{label} is malformed: row {i}, {column} = {_shown(r[column])} is not allowed; "
                                    f"{column} must be {e}") from None
+        if cells["heads"] % cells["kv_heads"] or cells["padding"] >= cells["n"]:
+            raise RunFileError(f"{label} is malformed: row {i} has kv_heads = {cells['kv_heads']} for "
+                               f"{cells['heads']} heads and padding = {cells['padding']} at n = {cells['n']}; "
+                               "key/value heads must divide the heads, and padding be less than n")
         if why := _params_problem(r["mechanism"], cells["params"]):
             raise RunFileError(f"{label} is malformed: row {i}, params of {r['mechanism']}: {why}")
         clean.append({**cells, **{column: _text(column, r[column]) for column in TEXT if column != "params"}})
@@ -282,7 +295,7 @@ def _cell(column: str, value: Any) -> Any:
             return value.strip().lower() == "true"
         raise ValueError("true or false")
     if column in INT:
-        low = 1 if column not in ("repeats", "retaken") else 0
+        low = 1 if column not in ("repeats", "retaken", "padding") else 0
         number = _number(value)
         if isinstance(number, float) and number.is_integer():
             number = int(number)  # 256.0, as other tools write whole numbers

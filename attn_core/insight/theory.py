@@ -10,6 +10,7 @@ import pandas as pd
 from .. import generation
 from ..api import get
 from ..mechanisms import MECHANISMS
+from ..mechanisms._common import divisors
 from ..spec import Shape
 
 GIB = 1 << 30
@@ -20,15 +21,19 @@ EXTRAPOLATION = "an extrapolation, not a measurement: FLOPs ÷ the device's matm
 
 
 def shape_for(n: int, *, d_model: int, heads: int, batch: int = 1, dtype: str = "float32",
-              causal: bool = False) -> Shape:
-    """The self-attention Shape of one layer: q, k, v (batch, heads, n, d_model / heads)."""
+              causal: bool = False, kv_heads: int | None = None) -> Shape:
+    """The self-attention Shape of one layer: q (batch, heads, n, d_model / heads), k and v with `kv_heads` heads
+    (None: heads)."""
     if d_model % heads:
         raise ValueError(f"d_model {d_model} is not divisible by {heads} heads; choose a multiple of {heads}")
-    return Shape(batch, heads, n, n, d_model // heads, dtype=dtype, causal=causal)
+    if kv_heads is not None and heads % kv_heads:
+        raise ValueError(f"{kv_heads} key/value heads do not divide the {heads} query heads; choose "
+                         f"{divisors(heads)}")
+    return Shape(batch, heads, n, n, d_model // heads, dtype=dtype, causal=causal, Hk=kv_heads)
 
 
 def costs(keys: Iterable[str], ns: Iterable[int], *, d_model: int = 512, heads: int = 8, batch: int = 1,
-          dtype: str = "float32", causal: bool = False, mode: str = "forward",
+          dtype: str = "float32", causal: bool = False, kv_heads: int | None = None, mode: str = "forward",
           params: Mapping[str, Mapping[str, Any]] | None = None, gflops: float | None = None) -> pd.DataFrame:
     """One row per (mechanism, n): theory FLOPs and memory from the specs.
 
@@ -44,7 +49,8 @@ def costs(keys: Iterable[str], ns: Iterable[int], *, d_model: int = 512, heads: 
         spec = get(key)
         resolved = spec.resolved((params or {}).get(key, {}))
         for n in ns:
-            shape = shape_for(int(n), d_model=d_model, heads=heads, batch=batch, dtype=dtype, causal=causal)
+            shape = shape_for(int(n), d_model=d_model, heads=heads, batch=batch, dtype=dtype, causal=causal,
+                              kv_heads=kv_heads)
             row = {"mechanism": key, "label": spec.label, "n": int(n), "status": "ok", "reason": ""}
             try:
                 spec.check(shape, resolved)
@@ -79,15 +85,16 @@ def budgets(this_device_bytes: float | None = None, custom_bytes: float | None =
 
 
 def largest_n(key: str, budget_bytes: float, *, d_model: int = 512, heads: int = 8, batch: int = 1,
-              dtype: str = "float32", causal: bool = False, params: Mapping[str, Any] | None = None,
-              n_max: int = 1 << 24) -> int:
+              dtype: str = "float32", causal: bool = False, kv_heads: int | None = None,
+              params: Mapping[str, Any] | None = None, n_max: int = 1 << 24) -> int:
     """The largest n ≤ n_max whose inputs plus predicted peak fit in `budget_bytes` (0 if none does), searched
     from the shortest n these settings can run at (`largest_within`: Nyström's 64 landmarks need n ≥ 64)."""
     spec = get(key)
     resolved = spec.resolved(params or {})
 
     def total(n: int) -> float | None:
-        shape = shape_for(n, d_model=d_model, heads=heads, batch=batch, dtype=dtype, causal=causal)
+        shape = shape_for(n, d_model=d_model, heads=heads, batch=batch, dtype=dtype, causal=causal,
+                          kv_heads=kv_heads)
         try:
             spec.check(shape, resolved)
         except ValueError:
@@ -160,24 +167,30 @@ DECODE_EXTRAPOLATION = ("an extrapolation, not a measurement: each generated tok
                         "are not counted, so real decoding is slower")
 
 
-def model_problems(*, layers: int, heads: int, head_dim: int, batch: int) -> list[str]:
+def model_problems(*, layers: int, heads: int, head_dim: int, batch: int, kv_heads: int | None = None) -> list[str]:
     """Sizes a model's cache cannot be computed for, each a sentence saying what to change; [] when all can."""
-    sizes = {"layers": layers, "heads": heads, "head_dim": head_dim, "batch": batch}
-    return [f"{name} must be a whole number of at least 1, got {value!r}" for name, value in sizes.items()
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1)]
+    sizes = {"layers": layers, "heads": heads, "head_dim": head_dim, "batch": batch,
+             **({} if kv_heads is None else {"kv_heads": kv_heads})}
+    found = [f"{name} must be a whole number of at least 1, got {value!r}" for name, value in sizes.items()
+             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1)]
+    if not found and kv_heads is not None and heads % kv_heads:
+        found.append(f"{kv_heads} key/value heads do not divide the {heads} query heads; choose {divisors(heads)}")
+    return found
 
 
 def model_cache_bytes(key: str, n: int, *, layers: int, heads: int, head_dim: int, batch: int = 1,
-                      dtype: str = "float16", params: Mapping[str, Any] | None = None) -> float:
+                      kv_heads: int | None = None, dtype: str = "float16",
+                      params: Mapping[str, Any] | None = None) -> float:
     """Bytes a whole model's attention remembers after a context of n tokens: layers × the mechanism's cache of one
-    layer (generation.cache_bytes: softmax's keys and values, 2·batch·heads·n·head_dim elements; a window's last
-    w + 1 tokens; linear attention's (d × d) state). ValueError with the sentence for a mechanism that cannot
-    generate or settings it cannot take."""
-    problems = model_problems(layers=layers, heads=heads, head_dim=head_dim, batch=batch)
+    layer (generation.cache_bytes: softmax's keys and values, 2·batch·kv_heads·n·head_dim elements; a window's last
+    w + 1 tokens; linear attention's (d × d) state per key/value head). `heads`: query heads; `kv_heads`: the
+    key/value heads they share (None: as many, multi-head attention). ValueError with the sentence for a mechanism
+    that cannot generate or settings it cannot take."""
+    problems = model_problems(layers=layers, heads=heads, head_dim=head_dim, batch=batch, kv_heads=kv_heads)
     if problems:
         raise ValueError(problems[0])
     spec = get(key)
-    shape = Shape(batch, heads, n, n, head_dim, dtype=dtype, causal=True)
+    shape = Shape(batch, heads, n, n, head_dim, dtype=dtype, causal=True, Hk=kv_heads)
     resolved = spec.resolved(params or {})
     one_layer = generation.cache_bytes(key, shape, **resolved)  # refuses a mechanism without a form, with its reason
     spec.check(shape, resolved)
@@ -191,7 +204,8 @@ def cannot_generate(keys: Iterable[str]) -> list[str]:
 
 
 def generation_costs(keys: Iterable[str], ns: Iterable[int], *, layers: int, heads: int, head_dim: int,
-                     batch: int = 1, dtype: str = "float16", params: Mapping[str, Mapping[str, Any]] | None = None,
+                     batch: int = 1, kv_heads: int | None = None, dtype: str = "float16",
+                     params: Mapping[str, Mapping[str, Any]] | None = None,
                      bandwidth: float | None = None) -> pd.DataFrame:
     """One row per (mechanism, n) for the mechanisms that can generate: cache_bytes (model_cache_bytes) and, with a
     `bandwidth` in bytes/s, time_per_token_s = cache_bytes / bandwidth and tokens_per_s = batch / that (memory-bound
@@ -206,7 +220,7 @@ def generation_costs(keys: Iterable[str], ns: Iterable[int], *, layers: int, hea
             row = {"mechanism": key, "label": spec.label, "n": int(n), "status": "ok", "reason": ""}
             try:
                 nbytes = model_cache_bytes(key, int(n), layers=layers, heads=heads, head_dim=head_dim, batch=batch,
-                                           dtype=dtype, params=(params or {}).get(key))
+                                           kv_heads=kv_heads, dtype=dtype, params=(params or {}).get(key))
             except ValueError as e:
                 rows.append({**row, "status": "invalid", "reason": str(e), "cache_bytes": math.nan,
                              "time_per_token_s": math.nan, "tokens_per_s": math.nan})
@@ -240,7 +254,10 @@ def context_table(keys: Iterable[str], named_budgets: Mapping[str, float], *,
     one token's fits. `params`: each mechanism's parameters, by key."""
     def said(n: int | None) -> str:
         return "any length" if n is None else "none" if n == 0 else f"{n:,} tokens"
+
+    shared = model.get("kv_heads") not in (None, model.get("heads"))
     return pd.DataFrame([{"mechanism": get(key).label,
                           **{name: said(longest_context(key, b, params=(params or {}).get(key), **model))
+                             if get(key).supports.shared_kv or not shared else "cannot share key/value heads"
                              for name, b in named_budgets.items()}}
                          for key in keys if get(key).supports.generation is not None])
