@@ -177,3 +177,71 @@ def test_a_problem_with_shared_heads_draws_and_costs_them():
     assert q.shape == (1, 8, 64, 16) and k.shape == v.shape == (1, 2, 64, 16)
     assert problem.shape.Hk == 2 and problem.problems(ac.get("sdpa")) == []
     assert ac.Problem(heads=8, kv_heads=8).shape == ac.Problem(heads=8).shape  # MHA has one spelling
+
+
+# -- through the engine: a series' own key/value heads, the row, the chart's name, the summary, the CLI --
+from attn_core import cli  # noqa: E402
+from attn_core.engine import analysis, measure, presets  # noqa: E402
+from attn_core.engine.config import SweepConfig, plan  # noqa: E402
+from attn_core.engine.measurement import Measurement  # noqa: E402
+from attn_core.engine.results import frame_from_rows  # noqa: E402
+from tests.fake_mechanisms import private_sweep_lock  # noqa: E402, F401 (an autouse fixture)
+
+SERIES = (("sdpa", {}), ("sdpa", {"kv_heads": 2}), ("sdpa", {"kv_heads": 1}))
+
+
+def test_a_series_sets_its_own_key_value_heads_and_a_bad_count_is_refused():
+    config = SweepConfig(mechanisms=SERIES, ns=(32,), problem=ac.Problem(heads=4, d_model=32, device="cpu"))
+    assert config.problems() == []
+    points = plan(config)
+    assert [(p.params, p.key_heads) for p in points] == [((), 4), ((), 2), ((), 1)]
+    bad = SweepConfig(mechanisms=(("sdpa", {"kv_heads": 3}),), ns=(32,), problem=config.problem)
+    assert bad.problems() == ["key/value heads must divide the 4 query heads, got 3; choose 1, 2 or 4"]
+    refused = SweepConfig(mechanisms=(("reformer", {"kv_heads": 2}),), ns=(32,), problem=config.problem)
+    (why,) = refused.problems()
+    assert why.startswith("Reformer (LSH) cannot share key/value heads") and "Set key/value heads equal to heads" in why
+
+
+@pytest.mark.parametrize("mode", ["forward", "generate"])
+def test_a_measured_point_with_shared_heads_keeps_them_in_its_row(mode):
+    settings = ac.Settings(warmup=1, min_repeats=2, min_time_s=0.0)
+    rows = []
+    for kv in (None, 2, 1):
+        problem = ac.Problem(mechanism="sdpa", batch=1, heads=4, kv_heads=kv, n=64, d_model=64, mode=mode)
+        point, _ = measure.measure(ac.get("sdpa"), problem, settings)
+        assert point.status == "ok", point.reason
+        row = point.to_row()
+        back = Measurement.from_row(frame_from_rows([row]).iloc[0]).problem
+        assert row["kv_heads"] == (kv or 4) and back.kv_heads == kv and back.shape == problem.shape
+        rows.append(row)
+    if mode == "generate":  # the cache's bytes, read from its tensors: 4, 2 and 1 heads' keys and values
+        assert [r["peak_bytes"] for r in rows] == [2 * kv * 64 * 16 * 4 for kv in (4, 2, 1)]
+        assert [r["predicted_bytes"] for r in rows] == [r["peak_bytes"] for r in rows]
+
+
+def test_series_that_share_heads_are_named_and_compared_with_the_baselines_first_series():
+    def row(kv, n, t):
+        return {"mechanism": "sdpa", "label": "Softmax (fused SDPA)", "exact": True, "params": "{}", "n": n,
+                "batch": 1, "heads": 8, "kv_heads": kv, "d_model": 512, "head_dim": 64, "dtype": "float32",
+                "device": "cpu", "mode": "generate", "causal": True, "status": "ok", "reason": "",
+                "time_median_s": t, "time_iqr_s": 0.0, "time_samples": [t], "repeats": 1, "peak_bytes": kv * n,
+                "memory_method": "m", "predicted_bytes": 1.0, "theory_flops": 1.0, "executed_flops": 1.0,
+                "gflops": 1.0, "device_gflops": 1.0, "pct_of_device": 1.0, "sdpa_backend": "", "threads": 2.0,
+                "foreign_cpu": 0.0, "load_average": 0.1, "disturbed": False, "retaken": 0}
+    df = frame_from_rows([row(kv, n, kv * n * 1e-6) for kv in (8, 2, 1) for n in (1024, 2048, 4096)])
+    table = analysis.summary(df).set_index("series")
+    assert list(table.index) == ["Softmax (fused SDPA)", "Softmax (fused SDPA) · GQA-2", "Softmax (fused SDPA) · MQA"]
+    assert table["speedup_vs_sdpa"].tolist() == pytest.approx([1.0, 4.0, 8.0])
+    assert table["memory_saving_vs_sdpa"].tolist() == pytest.approx([1.0, 4.0, 8.0])
+    assert table["time_exponent"].tolist() == pytest.approx([1.0, 1.0, 1.0])
+    config, left = presets.config_of(df)
+    assert config.mechanisms == (("sdpa", {"kv_heads": 8}), ("sdpa", {"kv_heads": 2}), ("sdpa", {"kv_heads": 1}))
+    assert left == []
+
+
+def test_the_cli_takes_key_value_heads_for_the_sweep_and_for_one_series():
+    args = cli.build_parser().parse_args(["sweep", "--mechanisms", "sdpa,softmax:kv_heads=1", "--kv-heads", "2",
+                                          "--heads", "4", "--padding", "3"])
+    config = cli.config_from_args(args)
+    assert config.problem.kv_heads == 2 and config.problem.padding == 3
+    assert [(p.mechanism, p.key_heads, p.padding) for p in plan(config)[:2]] == [("sdpa", 2, 3), ("softmax", 1, 3)]

@@ -212,8 +212,7 @@ def crossovers(df: pd.DataFrame, metric: str = "time_median_s", baseline: str = 
     ok = clean_points(df, metric)
     word = "faster" if metric == "time_median_s" else "smaller"
     base = ok[ok["mechanism"] == baseline]
-    if not base.empty:  # its first series
-        base = base[(base["params"] == base["params"].iloc[0]) & (base["kv_heads"] == base["kv_heads"].iloc[0])]
+    base = first_series(base)
     base_by_n = base.groupby("n")[metric].median()
     rows = []
     for mechanism, params, _, name, g in _groups(ok[ok["mechanism"] != baseline]):
@@ -242,6 +241,14 @@ def crossovers(df: pd.DataFrame, metric: str = "time_median_s", baseline: str = 
     return pd.DataFrame(rows, columns=["mechanism", "baseline", "metric", "n_star", "note", "params", "series"])
 
 
+def first_series(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the first series among `rows` (a baseline's: its first parameters and key/value heads)."""
+    if rows.empty:
+        return rows
+    first = rows.iloc[0]
+    return rows[(rows["params"] == first["params"]) & (rows["kv_heads"] == first["kv_heads"])]
+
+
 def _ratio_at_largest_common(g: pd.DataFrame, base: pd.DataFrame, metric: str) -> tuple[float, float]:
     """(baseline / mechanism at the largest n both measured, that n); NaNs without a common n."""
     mine, theirs = g.groupby("n")[metric].median(), base.groupby("n")[metric].median()
@@ -267,7 +274,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                "memory_exponent": fits["peak_bytes"]["slope"].get(key, math.nan)}
         for baseline in ("softmax", "sdpa"):
             for metric, name in (("time_median_s", "speedup"), ("peak_bytes", "memory_saving")):
-                base = clean[metric][clean[metric]["mechanism"] == baseline]
+                base = first_series(clean[metric][clean[metric]["mechanism"] == baseline])
                 ratio, n = _ratio_at_largest_common(clean_points(g, metric), base, metric)
                 row[f"{name}_vs_{baseline}"] = ratio
                 if metric == "time_median_s":
