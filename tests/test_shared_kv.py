@@ -3,6 +3,8 @@ against the keys and values repeated by hand for every query head, then the mech
 the layer and the cost model following the number of key/value heads."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -245,3 +247,32 @@ def test_the_cli_takes_key_value_heads_for_the_sweep_and_for_one_series():
     config = cli.config_from_args(args)
     assert config.problem.kv_heads == 2 and config.problem.padding == 3
     assert [(p.mechanism, p.key_heads, p.padding) for p in plan(config)[:2]] == [("sdpa", 2, 3), ("softmax", 1, 3)]
+
+
+# -- on the Benchmark page: the selector, its link, a sweep with shared heads --
+from tests.test_app import benchmark, routed, run_to_end, widget  # noqa: E402, F401 (routed: an autouse fixture)
+from tests.apptest_helpers import chart_specs  # noqa: E402
+from tests.test_hardening_web import linked  # noqa: E402
+
+
+def test_the_benchmark_page_measures_shared_heads_chosen_in_its_selector():
+    at = benchmark(bench_exact=["sdpa"], bench_approx=[], bench_n=(64, 128), bench_steps=2, bench_d_model=64,
+                   bench_heads=4, bench_kv_heads=1)
+    assert widget(at, "bench_kv_heads").options == ["all (MHA)", "2 (GQA-2)", "1 (MQA)"]
+    at.button(key="bench_run").click().run()
+    at = run_to_end(at)
+    frame = at.session_state["bench"].job.frame()
+    assert set(frame["kv_heads"]) == {1} and set(frame["status"]) == {"ok"}, list(frame["reason"])
+    assert "Softmax (fused SDPA) · MQA" in json.dumps(chart_specs(at), default=str)
+    widget(at, "bench_heads").set_value(6)
+    at.run()  # 1 still divides 6; 4 query heads' 2 would not divide 6 and go back to MHA
+    assert widget(at, "bench_kv_heads").value == 1
+
+
+def test_a_link_sets_the_key_value_heads_and_a_count_no_heads_have_is_refused():
+    at = linked("bench_kv_heads", "2 (GQA-2)")
+    assert not at.exception and widget(at, "bench_kv_heads").value == 2
+    assert not any("was ignored" in w.value for w in at.warning)
+    at = linked("bench_kv_heads", "two")
+    assert any("`bench_kv_heads` was ignored" in w.value for w in at.warning)
+    assert widget(at, "bench_kv_heads").value is None
