@@ -1,4 +1,5 @@
 """Theory: FLOPs, memory and what fits, from the specs alone, up to a million tokens; time as an extrapolation."""
+import pandas as pd
 import streamlit as st
 
 from attn_core import MECHANISMS
@@ -119,15 +120,27 @@ with generation_tab:
                  head_dim=int(c.number_input("Head dim", 1, 4096, 128, **keyed("th_head_dim"))),
                  batch=int(batch), dtype=e.selectbox("Cache dtype", ["float16", "bfloat16", "float32"],
                                                      **keyed("th_cache_dtype")))
+    latent_line = st.toggle("Add multi-head latent attention (MLA) at DeepSeek's proportions", True,
+                            help="A latent of 4 × head dim and a shared rotary key of head dim / 2 per token and "
+                                 "layer, whatever the heads (DeepSeek-V2, arXiv 2405.04434; V3 caches 512 + 64 = "
+                                 "576 values a token and layer where multi-head attention of its 128 heads × 128 "
+                                 "would cache 32,768). Needs a head dim that is a multiple of 4.",
+                            **keyed("th_latent"))
     for why in theory.cannot_generate(keys):
         st.caption(f"Not drawn: {why}")
     bandwidth, busy = measured_bandwidth(device)
-    cache = theory.generation_costs(keys, theory.log_ns(n_min, n_max), params=params, bandwidth=bandwidth, **model)
+    ns = theory.log_ns(n_min, n_max)
+    cache = theory.generation_costs(keys, ns, params=params, bandwidth=bandwidth, **model)
+    latent_rows = theory.latent_costs(ns, bandwidth=bandwidth, **model) if latent_line else cache.iloc[:0]
+    cache = pd.concat([cache, latent_rows], ignore_index=True) if len(latent_rows) else cache
     chart = insight_charts.theory_chart(cache, "cache_bytes", budgets=budgets)
     show_chart(chart)
     export_row(chart, cache, "theory-cache", "th_dl_theory-cache")
     st.markdown("**The longest context whose cache fits** (the weights and activations need room too)")
-    st.dataframe(theory.context_table(keys, budgets, params=params, **model), hide_index=True)
+    contexts = theory.context_table(keys, budgets, params=params, **model)
+    if len(latent_rows):
+        contexts = pd.concat([contexts, pd.DataFrame([theory.latent_context(budgets, **model)])], ignore_index=True)
+    st.dataframe(contexts, hide_index=True)
     busy = (" Other programs took CPU from every copy it was measured with: the figure is likely low, and so is the "
             "prediction." if busy else "")
     st.warning(f"Tokens per second below: {theory.DECODE_EXTRAPOLATION} ({bandwidth / 1e9:,.0f} GB/s, "

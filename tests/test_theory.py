@@ -188,3 +188,20 @@ def test_a_bandwidth_taken_while_other_programs_took_the_cpu_is_flagged(monkeypa
     monkeypatch.setattr(env.Contention, "disturbed", lambda self, threads: True)
     rate, disturbed = env.measure_bandwidth("cpu")
     assert disturbed and math.isfinite(rate) and rate > 0
+
+
+def test_the_whole_model_cache_follows_the_key_value_heads_and_latent_attention_caches_its_latent():
+    llama = dict(layers=32, heads=32, head_dim=128, batch=1)  # Llama 3 8B: 8 key/value heads for 32 query heads
+    mha = theory.model_cache_bytes("sdpa", 4096, **llama)
+    assert theory.model_cache_bytes("sdpa", 4096, **llama, kv_heads=8) * 4 == mha
+    assert theory.model_cache_bytes("sdpa", 4096, **llama, kv_heads=1) * 32 == mha
+    with pytest.raises(ValueError, match="3 key/value heads do not divide the 32 query heads"):
+        theory.model_cache_bytes("sdpa", 4096, **llama, kv_heads=3)
+    # DeepSeek-V3's proportions: 512 + 64 values a token and layer where 128 heads × 128 cache 2 · 128 · 128
+    deepseek = theory.latent_costs([4096], layers=61, heads=128, head_dim=128, dtype="bfloat16")
+    assert deepseek["cache_bytes"].iloc[0] == 61 * 4096 * 576 * 2
+    assert theory.model_cache_bytes("sdpa", 4096, layers=61, heads=128, head_dim=128, dtype="bfloat16") == \
+        61 * 4096 * 32768 * 2
+    assert theory.latent_costs([4096], layers=1, heads=8, head_dim=30).empty  # rope_dim 15 is no even integer
+    row = theory.latent_context({"1 GiB": theory.GIB}, layers=1, heads=8, head_dim=64, dtype="float32")
+    assert row["1 GiB"] == f"{theory.GIB // (288 * 4):,} tokens"

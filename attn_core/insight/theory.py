@@ -7,11 +7,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
-from .. import generation
+from .. import generation, latent
 from ..api import get
 from ..mechanisms import MECHANISMS
 from ..mechanisms._common import divisors
-from ..spec import Shape
+from ..spec import DTYPE_BYTES, Shape
 
 GIB = 1 << 30
 # Common accelerator sizes, in GiB as the vendors' "GB" are (an "80 GB" A100 has 80 GiB).
@@ -230,6 +230,41 @@ def generation_costs(keys: Iterable[str], ns: Iterable[int], *, layers: int, hea
                          "tokens_per_s": batch / step if bandwidth else math.nan})
     return pd.DataFrame(rows, columns=["mechanism", "label", "n", "status", "reason", "cache_bytes",
                                        "time_per_token_s", "tokens_per_s"])
+
+
+LATENT_KEY, LATENT_LABEL = "mla", "Multi-head latent (MLA)"
+
+
+def latent_costs(ns: Iterable[int], *, layers: int, heads: int, head_dim: int, batch: int = 1,
+                 dtype: str = "float16", bandwidth: float | None = None, **_: Any) -> pd.DataFrame:
+    """Rows as generation_costs' for multi-head latent attention (attn_core.MultiLatentAttention, DeepSeek-V2,
+    arXiv 2405.04434) at DeepSeek's proportions scaled to `heads` × `head_dim` (latent.deepseek_proportions:
+    kv_rank = 4·head_dim, rope_dim = head_dim/2): each layer caches kv_rank + rope_dim values a token, whatever the
+    heads (DeepSeek-V3's 128 heads × 128: 576 values, where multi-head attention caches 32,768). Not a catalogue
+    mechanism: a layer whose keys and values come from its latent. Empty for a head_dim that is no multiple of 4."""
+    columns = ["mechanism", "label", "n", "status", "reason", "cache_bytes", "time_per_token_s", "tokens_per_s"]
+    if model_problems(layers=layers, heads=heads, head_dim=head_dim, batch=batch) or head_dim % 4:
+        return pd.DataFrame([], columns=columns)
+    sizes = latent.deepseek_proportions(heads, head_dim)
+    rows = []
+    for n in ns:
+        nbytes = float(layers * latent.cache_bytes(batch, int(n), sizes["kv_rank"], sizes["rope_dim"],
+                                                   DTYPE_BYTES[dtype]))
+        step = nbytes / bandwidth if bandwidth else math.nan
+        rows.append({"mechanism": LATENT_KEY, "label": LATENT_LABEL, "n": int(n), "status": "ok", "reason": "",
+                     "cache_bytes": nbytes, "time_per_token_s": step,
+                     "tokens_per_s": batch / step if bandwidth else math.nan})
+    return pd.DataFrame(rows, columns=columns)
+
+
+def latent_context(named_budgets: Mapping[str, float], *, layers: int, heads: int, head_dim: int, batch: int = 1,
+                   dtype: str = "float16", **_: Any) -> dict[str, str]:
+    """context_table's row for latent attention at DeepSeek's proportions (latent_costs): the longest context whose
+    cache fits each budget."""
+    sizes = latent.deepseek_proportions(heads, head_dim)
+    per_token = layers * latent.cache_bytes(batch, 1, sizes["kv_rank"], sizes["rope_dim"], DTYPE_BYTES[dtype])
+    return {"mechanism": LATENT_LABEL, **{name: f"{int(b // per_token):,} tokens" if b >= per_token else "none"
+                                          for name, b in named_budgets.items()}}
 
 
 def longest_context(key: str, budget_bytes: float, *, n_max: int = 1 << 30, **model: Any) -> int | None:
