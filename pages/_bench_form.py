@@ -12,7 +12,7 @@ from attn_core.engine import env, presets
 from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 from attn_core.engine.problem import sharing
 from pages import _shared as shared
-from pages._shared import KV_HELP, bench_state, kv_choices, kv_text, label
+from pages._shared import ALL_HEADS, KV_HELP, bench_state, kv_choices, kv_text, label
 
 S = st.session_state
 NS = [2**k for k in range(4, 18)]
@@ -94,8 +94,8 @@ def show_settings(config: SweepConfig) -> list[str]:
             if not NUMBERS[key][0] <= value <= NUMBERS[key][1]]
     S.update({key: min(max(value, NUMBERS[key][0]), NUMBERS[key][1]) for key, value in numbers.items()})
     kv = p.kv_heads if p.kv_heads != p.heads else None
-    S["bench_kv_heads"] = kv if kv in kv_choices(S["bench_heads"]) else None
-    if kv != S["bench_kv_heads"]:
+    S["bench_kv_heads"] = kv if kv in kv_choices(S["bench_heads"]) else ALL_HEADS
+    if kv not in (None, S["bench_kv_heads"]):
         left.append(f"key/value heads {kv}")
     own = [f"{label(key)} {sharing(p.heads, params['kv_heads'])}" for key, params in config.mechanisms
            if "kv_heads" in params]
@@ -155,9 +155,9 @@ def settings() -> tuple[SweepConfig, list[str]]:
         heads = shape.number_input("Heads", *NUMBERS["bench_heads"], p.heads, **keyed("bench_heads"))
         shares = kv_choices(heads)
         if S.get("bench_kv_heads") not in shares:
-            S["bench_kv_heads"] = None  # the heads changed under a count that no longer divides them
+            S["bench_kv_heads"] = ALL_HEADS  # the heads changed under a count that no longer divides them
         kv_heads = shape.selectbox("Key/value heads", shares, format_func=kv_text, help=KV_HELP,
-                                   **keyed("bench_kv_heads"))
+                                   **keyed("bench_kv_heads")) or None
         batch = shape.number_input("Batch", *NUMBERS["bench_batch"], p.batch, **keyed("bench_batch"))
         device = where.selectbox("Device", DEVICES, DEVICES.index(env.resolve_device(p.device)),
                                  **keyed("bench_device"))
@@ -190,7 +190,8 @@ def link_choices() -> dict[str, tuple[list[str], bool]]:
     return {"bench_exact": ([label(k) for k, s in MECHANISMS.items() if s.exact], True),
             "bench_approx": ([label(k) for k, s in MECHANISMS.items() if not s.exact], True),
             "bench_n": ([f"{n:,}" for n in NS], False),
-            "bench_kv_heads": ([kv_text(g) for g in [None, *range(NUMBERS["bench_heads"][1] - 1, 0, -1)]], False), "bench_device": (DEVICES, False),
+            "bench_kv_heads": ([kv_text(g) for g in range(NUMBERS["bench_heads"][1] - 1, -1, -1)], False),
+            "bench_device": (DEVICES, False),
             "bench_dtype": (dtypes, False), "bench_causal": (["true", "false"], False), "bench_mode": (MODES, False),
             "bench_axes": (AXES, False), "bench_curves": (list(CURVES.values()), True),
             "bench_baseline": ([label(k) for k in BASELINES], False)}

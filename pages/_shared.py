@@ -32,14 +32,18 @@ KV_HELP = ("Key and value heads, each shared by a group of query heads: all (mul
            "and the keys a token reads shrink by the same factor")
 
 
-def kv_choices(heads: int) -> list[int | None]:
-    """The key/value head counts `heads` query heads can share: None (one each, MHA), then each divisor below."""
-    return [None] + [g for g in range(heads - 1, 0, -1) if heads % g == 0]
+ALL_HEADS = 0  # the selector's "all (MHA)": one key/value head per query head, whatever their number
 
 
-def kv_text(kv_heads: int | None) -> str:
+def kv_choices(heads: int) -> list[int]:
+    """The key/value head counts `heads` query heads can share: ALL_HEADS (one each, MHA), then each divisor below.
+    (Not None for MHA: a select box shows None as no choice at all.)"""
+    return [ALL_HEADS] + [g for g in range(heads - 1, 0, -1) if heads % g == 0]
+
+
+def kv_text(kv_heads: int) -> str:
     """'all (MHA)', '8 (GQA-8)', '1 (MQA)': a key/value head count as the selector writes it (and a link)."""
-    return "all (MHA)" if kv_heads is None else f"{kv_heads} ({sharing(0, kv_heads)})"
+    return "all (MHA)" if kv_heads == ALL_HEADS else f"{kv_heads} ({sharing(0, kv_heads)})"
 
 
 def export_row(chart, frame, stem: str, key: str, *, folded: bool = False) -> None:

@@ -6,7 +6,7 @@ from attn_core import MECHANISMS
 from attn_core.engine import env
 from attn_core.charts import insight as insight_charts
 from attn_core.insight import theory
-from pages._shared import KV_HELP, ensure_routed, export_row, keyed, kv_choices, kv_text, label, show_chart
+from pages._shared import ALL_HEADS, KV_HELP, ensure_routed, export_row, keyed, kv_choices, kv_text, label, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first
 
@@ -25,13 +25,13 @@ def measured_bandwidth(device: str) -> tuple[float, bool]:
 
 
 def key_value_heads(column, heads: int, key: str, default: int | None = None) -> int | None:
-    """A selector of the key/value heads `heads` query heads can share (MHA, GQA-g, MQA); None is one each."""
+    """A selector of the key/value heads `heads` query heads can share (MHA, GQA-g, MQA); None: one each."""
     shares = kv_choices(heads)
     if key not in st.session_state and default in shares:
         st.session_state[key] = default
     if st.session_state.get(key) not in shares:
-        st.session_state[key] = None  # the heads changed under a count that no longer divides them
-    return column.selectbox("Key/value heads", shares, format_func=kv_text, help=KV_HELP, **keyed(key))
+        st.session_state[key] = ALL_HEADS  # the heads changed under a count that no longer divides them
+    return column.selectbox("Key/value heads", shares, format_func=kv_text, help=KV_HELP, **keyed(key)) or None
 
 
 st.title("Theory")

@@ -177,7 +177,7 @@ def test_theory_page_shows_a_whole_models_cache_and_what_fits():
     # Llama 3 8B's 8 key/value heads for 32 query heads: 32 layers × 8 heads × 128 dims × 2 (K and V) × 2 bytes =
     # 128 KiB a token: 2 GiB hold 16,384 tokens; with a key/value head for every query head, a quarter of that
     assert fits.loc["Softmax (materialized)", "custom"] == "16,384 tokens"
-    mha = page("theory", th_mechanisms=["softmax"], th_budget=2.0, th_model_kv=None)
+    mha = page("theory", th_mechanisms=["softmax"], th_budget=2.0, th_model_kv=0)
     assert mha.dataframe[1].value.set_index("mechanism").loc["Softmax (materialized)", "custom"] == "4,096 tokens"
     assert fits.loc["Linear (elu+1)", "custom"] == "any length"
     assert "Linformer" not in " ".join(fits.index)

@@ -263,7 +263,7 @@ def test_the_benchmark_page_measures_shared_heads_chosen_in_its_selector():
     at = run_to_end(at)
     frame = at.session_state["bench"].job.frame()
     assert set(frame["kv_heads"]) == {1} and set(frame["status"]) == {"ok"}, list(frame["reason"])
-    assert "Softmax (fused SDPA) · MQA" in json.dumps(chart_specs(at), default=str)
+    assert "Softmax (fused SDPA) · MQA" in json.dumps(chart_specs(at), default=str, ensure_ascii=False)
     widget(at, "bench_heads").set_value(6)
     at.run()  # 1 still divides 6; 4 query heads' 2 would not divide 6 and go back to MHA
     assert widget(at, "bench_kv_heads").value == 1
@@ -275,4 +275,4 @@ def test_a_link_sets_the_key_value_heads_and_a_count_no_heads_have_is_refused():
     assert not any("was ignored" in w.value for w in at.warning)
     at = linked("bench_kv_heads", "two")
     assert any("`bench_kv_heads` was ignored" in w.value for w in at.warning)
-    assert widget(at, "bench_kv_heads").value is None
+    assert widget(at, "bench_kv_heads").value == 0  # all (MHA)
