@@ -131,8 +131,78 @@ def test_linear_feature_map_has_the_derivative_of_elu_plus_one_at_zero_too():
 @pytest.mark.parametrize("causal", [False, True])
 def test_executed_flops_cover_the_useful_ones(causal):
     for n, m, d in [(1, 16, 16), (300, 64, 16), (3000, 256, 40), (8192, 64, 64)]:
-        useful = core.linear_core_flops(8, n, n, m, d, causal)
-        assert core.linear_core_flops(8, n, n, m, d, causal, executed=True) >= useful > 0
+        for kv_heads in (8, 2, 1):
+            s = ac.Shape(1, 8, n, n, d, causal=causal, Hk=kv_heads)
+            useful = core.linear_core_flops(s, m)
+            assert core.linear_core_flops(s, m, executed=True) >= useful > 0
+
+
+def by_hand(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, Hk, n, D) → (B, H, n, D): query head i reads key/value head ⌊i·Hk/H⌋, a loop over heads."""
+    return torch.stack([t[:, i * t.shape[1] // heads] for i in range(heads)], dim=1)
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_shared_heads_across_chunks_equal_the_explicit_form_of_repeated_heads(small_chunks, key, causal, kv_heads):
+    """Four query heads reading one or two key/value heads over five chunks and a remainder block (the query heads of
+    a group stacked as a block's rows, each masked j ≤ i at its own positions): the explicit form with each query
+    head given its keys and values."""
+    q, _, _ = qkv(300, H=4, dtype=torch.float64)
+    _, k, v = qkv(300, H=kv_heads, dtype=torch.float64, seed=1)
+    out, w = call(key, q, k, v, causal)
+    torch.testing.assert_close(out, explicit(key, q, by_hand(k, 4), by_hand(v, 4), causal, w), atol=1e-10,
+                               rtol=1e-8)
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_shared_heads_gradients_across_chunks(small_chunks, key, causal):
+    q = qkv(150, H=4, D=8, dtype=torch.float64, grad=True)[0]
+    k, v = qkv(150, H=2, D=8, dtype=torch.float64, seed=1, grad=True)[1:]
+    out, w = call(key, q, k, v, causal)
+    got = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
+    want = torch.autograd.grad(explicit(key, q, by_hand(k, 4), by_hand(v, 4), causal, w).pow(2).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_performer_stabilizer_is_per_key_value_head(small_chunks, causal):
+    """Two key/value heads of very different lengths (× 1 and × 30): each keeps a stabilizer of its own, so the
+    short head's features do not underflow against the long head's maximum; float32, against float64 explicit."""
+    q, _, _ = qkv(300, H=4)
+    _, k, v = qkv(300, H=2, seed=1)
+    k = k * torch.tensor([1.0, 30.0])[:, None, None]
+    out, w = call("performer", q, k, v, causal)
+    assert torch.isfinite(out).all()
+    want = explicit("performer", q.double(), by_hand(k, 4).double(), by_hand(v, 4).double(), causal, w)
+    torch.testing.assert_close(out[:, :2].double(), want[:, :2], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+def test_shared_heads_in_half_precision_stay_near_float64(small_chunks, key):
+    q, _, _ = qkv(300, H=4, dtype=torch.bfloat16)
+    _, k, v = qkv(300, H=2, dtype=torch.bfloat16, seed=1)
+    for causal in (False, True):
+        out, w = call(key, q, k, v, causal)
+        assert out.dtype == torch.bfloat16
+        want = explicit(key, q, by_hand(k, 4), by_hand(v, 4), causal, w)
+        assert (out.double() - want).abs().max().item() <= 0.02
+
+
+@pytest.mark.parametrize("key", ["linear", "performer"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_shared_heads_cost_less_than_multi_head(key, causal):
+    """The key side is made once per key/value head: fewer FLOPs (useful and executed), less memory and a smaller
+    generation state with Hk = 2 of H = 8."""
+    spec = ac.get(key)
+    mha, gqa = ac.Shape(1, 8, 4096, 4096, 64, causal=causal), ac.Shape(1, 8, 4096, 4096, 64, causal=causal, Hk=2)
+    for cost in (spec.cost.flops, spec.cost.executed_flops, spec.cost.memory_bytes):
+        assert cost(gqa) < cost(mha)
+    assert 4 * spec.supports.generation.cache_bytes(gqa) == spec.supports.generation.cache_bytes(mha)
+    assert spec.supports.generation.step_flops(gqa) < spec.supports.generation.step_flops(mha)
 
 
 @pytest.mark.parametrize("key", ["linear", "performer"])

@@ -42,6 +42,38 @@ def test_nystrom_chunks_of_keys_and_rows_change_nothing(monkeypatch, chunk):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
 
 
+def by_hand(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, Hk, n, D) → (B, H, n, D): query head i reads key/value head ⌊i·Hk/H⌋, a loop over heads."""
+    return torch.stack([t[:, i * t.shape[1] // heads] for i in range(heads)], dim=1)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_nystrom_shared_heads_over_chunks_equal_the_reference_of_repeated_heads(monkeypatch, kv_heads):
+    """Four query heads reading one or two key/value heads, keys and query rows in chunks of 7 tokens: K̃ once per
+    key/value head, the query landmarks of a group folded against it; the reference with each query head given its
+    keys, values and gradients."""
+    monkeypatch.setattr(nystrom, "CHUNK_ELEMS", 2 * 4 * 8 * 7)
+    q = qkv(100, B=2, H=4, D=8, dtype=torch.float64, grad=True)[0]
+    k, v = qkv(100, B=2, H=kv_heads, D=8, dtype=torch.float64, seed=1, grad=True)[1:]
+    out = ac.attention("nystrom", q, k, v, landmarks=8)
+    torch.testing.assert_close(out, nystrom_reference(q, by_hand(k, 4), by_hand(v, 4), 8), atol=1e-10, rtol=1e-8)
+    got = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
+    want = torch.autograd.grad(ac.attention("nystrom", q, by_hand(k, 4), by_hand(v, 4), landmarks=8).pow(2).sum(),
+                               (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+def test_nystrom_shared_heads_with_sequences_shorter_than_the_landmarks():
+    """Padding that leaves 10 real tokens for 16 landmarks (hollow landmarks) with shared heads: as repeated."""
+    q = qkv(36, B=2, H=4, D=8, dtype=torch.float64)[0]
+    k, v = qkv(36, B=2, H=2, D=8, dtype=torch.float64, seed=1)[1:]
+    mask = torch.arange(36) >= torch.tensor([10, 36])[:, None]
+    out = ac.attention("nystrom", q, k, v, landmarks=16, key_padding_mask=mask)
+    want = ac.attention("nystrom", q, by_hand(k, 4), by_hand(v, 4), landmarks=16, key_padding_mask=mask)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-9)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-3), (torch.bfloat16, 1e-2)])
 def test_nystrom_half_precision_over_many_key_chunks(monkeypatch, dtype, tol):
     """The running sums over 30 chunks of keys stay in float32 for half inputs."""
@@ -183,6 +215,29 @@ def test_additive_gradients_by_finite_differences(monkeypatch, causal):
     """The chunked backward (tanh recomputed per chunk) against finite differences, every input and weight."""
     monkeypatch.setattr(additive, "CHUNK_ELEMS", 2 * 6 * 3 * 2)  # two rows per chunk, three chunks
     q, k, v = qkv(6, B=1, H=2, D=3, dtype=torch.float64, grad=True)
+    state = {name: t.requires_grad_() for name, t in _state(q, k, causal, attn_dim=3).items()}
+
+    def f(q, k, v, W_q, W_k, w):
+        return additive.additive_attention(q, k, v, causal=causal, attn_dim=3, W_q=W_q, W_k=W_k, w=w)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, state["W_q"], state["W_k"], state["w"]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_additive_shared_heads_over_chunks_of_rows(monkeypatch, causal):
+    """Six query heads reading two key/value heads (W_kᵀk once for each, added to a group by broadcasting), rows in
+    chunks of 4: the loop reference with each query head given its keys and values; gradients by finite
+    differences, a shared head's the sum over its group."""
+    monkeypatch.setattr(additive, "CHUNK_ELEMS", 12 * 11 * 4 * 4)
+    q = qkv(11, B=2, H=6, D=5, dtype=torch.float64)[0]
+    k, v = qkv(11, B=2, H=2, D=5, dtype=torch.float64, seed=1)[1:]
+    state = _state(q, k, causal, attn_dim=4)
+    torch.testing.assert_close(ac.attention("additive", q, k, v, causal=causal, attn_dim=4, **state),
+                               additive_reference(q, by_hand(k, 6), by_hand(v, 6), **state, causal=causal),
+                               atol=1e-12, rtol=1e-10)
+    monkeypatch.setattr(additive, "CHUNK_ELEMS", 4 * 5 * 3 * 2)  # two rows per chunk
+    q = qkv(5, B=1, H=4, D=3, dtype=torch.float64, grad=True)[0]
+    k, v = qkv(5, B=1, H=2, D=3, dtype=torch.float64, seed=1, grad=True)[1:]
     state = {name: t.requires_grad_() for name, t in _state(q, k, causal, attn_dim=3).items()}
 
     def f(q, k, v, W_q, W_k, w):

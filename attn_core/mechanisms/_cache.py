@@ -178,12 +178,12 @@ class StateCache(Cache):
     def __init__(self, params: Mapping[str, Any], k: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
                  offset: torch.Tensor | None = None, projection: torch.Tensor | None = None):
         super().__init__(params, k)
-        self.kv = phi_k.transpose(-2, -1) @ v.to(phi_k.dtype)  # (B, H, m, D)
-        self.z = phi_k.sum(-2, keepdim=True)  # (B, H, 1, m)
+        self.kv = phi_k.transpose(-2, -1) @ v.to(phi_k.dtype)  # (B, Hk, m, D)
+        self.z = phi_k.sum(-2, keepdim=True)  # (B, Hk, 1, m)
         self.offset, self.projection = offset, projection
 
     def add(self, phi_k: torch.Tensor, v: torch.Tensor) -> None:
-        """Fold one token's features φ(k) (B, H, 1, m) and value (B, H, 1, D) into the state, in place: O(m·D)."""
+        """Fold one token's features φ(k) (B, Hk, 1, m) and value (B, Hk, 1, D) into the state, in place: O(m·D)."""
         self.kv.addcmul_(phi_k.transpose(-2, -1), v.to(self.kv.dtype))  # += φ(k)ᵀ v without an (m, D) temporary
         self.z.add_(phi_k)
         self.length += 1

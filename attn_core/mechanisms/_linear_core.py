@@ -9,6 +9,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from ..spec import Shape
+
 HALF = (torch.float16, torch.bfloat16)
 LOG2E = 1 / math.log(2)  # exp(x) = 2^(x·log₂e): torch's exp2 runs 2.5× faster than its exp on the CPU
 CHUNK_BYTES = 2 << 20  # one chunk's rows of φ and V, all heads, float32 (see chunk_rows)
@@ -46,21 +48,24 @@ def linear_attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
                           phi_k: KeyMap, m: int) -> torch.Tensor:
     """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j), over all j (causal: j ≤ i).
 
-    q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D) in v's dtype. φ of width m is applied here, to chunks of
-    `chunk_rows` rows: `phi_q(x)` maps query rows (…, D) → (…, m); `phi_k(x, floor)` maps key rows and returns the
-    exponent (log₂, one per head) their features are stabilised by, at least `floor`, or None: as that running
-    maximum grows, what was summed before is rescaled by 2^(old − new), so all keys end relative to one maximum, as
-    if taken over all keys at once. Non-causal (`_non_causal`): two passes, O(n·m·D) time, O(m·D) state. Causal
-    (`_causal`): chunk by chunk, blocks of C positions inside (`causal_block`); never an (n, m, D) tensor. Memory:
-    the output and one chunk's tensors. float16/bfloat16 rows are mapped and summed in float32 (`work_dtype`),
-    written back in their dtype: in half precision φ(q)·Σφ(k) overflows (float16 passes 65504 once n·D nears 6·10⁴)
-    and the causal sums lose the early rows (float16 Performer: max error 3.3 against float64, 4·10⁻⁶ in float32).
+    q (B, H, Nq, D), k, v (B, Hk, Nk, D), Hk dividing H → (B, H, Nq, D) in v's dtype. φ of width m is applied here,
+    to chunks of `chunk_rows` rows: `phi_q(x)` maps query rows (…, D) → (…, m); `phi_k(x, floor)` maps key rows and
+    returns the exponent (log₂, one per key/value head) their features are stabilised by, at least `floor`, or None:
+    as that running maximum grows, what was summed before is rescaled by 2^(old − new), so all keys end relative to
+    one maximum, as if taken over all keys at once. The key side (φ(K), the sums over keys) is computed once per
+    key/value head, and the H/Hk query heads sharing one read its sums as rows of one product (grouped-query
+    attention: less work than multi-head, never a repeated key). Non-causal (`_non_causal`): two passes, O(n·m·D)
+    time, O(m·D) state. Causal (`_causal`): chunk by chunk, blocks of C positions inside (`causal_block`); never an
+    (n, m, D) tensor. Memory: the output and one chunk's tensors. float16/bfloat16 rows are mapped and summed in
+    float32 (`work_dtype`), written back in their dtype: in half precision φ(q)·Σφ(k) overflows (float16 passes
+    65504 once n·D nears 6·10⁴) and the causal sums lose the early rows (float16 Performer: max error 3.3 against
+    float64, 4·10⁻⁶ in float32).
     """
     B, H, nq, d = *q.shape[:3], v.shape[-1]  # q may come mapped already (`mapped`): D from v
     out = torch.empty(B, H, nq, d, dtype=v.dtype, device=v.device)
     rows = chunk_rows(B * H, max(nq, k.shape[2]), m, d, causal)
     if causal:
-        _causal(q, k, v, out.view(B * H, nq, d), phi_q, phi_k, rows, causal_block(m, d))
+        _causal(q, k, v, out, phi_q, phi_k, rows, causal_block(m, d))
     else:
         _non_causal(q, k, v, out.view(B * H, nq, d), phi_q, phi_k, rows)
     return out
@@ -73,9 +78,22 @@ def _rows(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return x[:, :, start:stop].to(work_dtype(x.dtype)).reshape(x.shape[0] * x.shape[1], -1, x.shape[-1])
 
 
+def _grouped_rows(x: torch.Tensor, start: int, stop: int, key_heads: int, block: int) -> torch.Tensor:
+    """Rows start:stop of queries x (B, H, N, D) in blocks of `block` positions, the H/Hk query heads that share a
+    key/value head stacked block by block: (B·Hk, blocks, (H/Hk)·block, D) in the work dtype, so each block's rows of
+    a group meet that group's keys in one product (row ρ of a block is position ρ mod block). One copy of the chunk
+    when heads are shared; `_rows`, viewed, when each query head has its own key/value head."""
+    B, H, _, D = x.shape
+    if key_heads == H:
+        return _rows(x, start, stop).view(B * H, -1, block, D)
+    blocks = x[:, :, start:stop].unflatten(1, (key_heads, H // key_heads)).unflatten(3, (-1, block)).transpose(2, 3)
+    grouped = torch.empty(blocks.shape, dtype=work_dtype(x.dtype), device=x.device)  # (B, Hk, nb, H/Hk, C, D)
+    return grouped.copy_(blocks).view(B * key_heads, blocks.shape[2], -1, D)
+
+
 def _rescaled(state: torch.Tensor, top: torch.Tensor | None, new: torch.Tensor | None) -> torch.Tensor:
     """state · 2^(top − new), in place: sums over earlier keys re-expressed against the grown maximum `new`
-    (B·H, 1, 1); unchanged without a stabiliser."""
+    (B·Hk, 1, 1), one per key/value head; unchanged without a stabiliser."""
     if top is None or new is None:
         return state
     return state.mul_((top - new).exp2().to(state.dtype).view(-1, *([1] * (state.dim() - 1))))
@@ -86,7 +104,7 @@ def _write(out: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
     or features that underflow). The division runs on a safe normalizer (1 there) and the quotient is then
     replaced: a clamped normalizer's gradient is 0/0 there, NaN in q, k and v. Straight into `out` (cast to its
     dtype) unless autograd records: out= has no gradient."""
-    unseen = den < torch.finfo(den.dtype).tiny  # (B·H, rows, 1); NaN is not below it, so NaN stays NaN
+    unseen = den < torch.finfo(den.dtype).tiny  # (…, rows, 1); NaN is not below it, so NaN stays NaN
     safe = torch.where(unseen, torch.ones((), dtype=den.dtype, device=den.device), den)
     if torch.is_grad_enabled() and (num.requires_grad or den.requires_grad):
         out.copy_(torch.where(unseen, torch.zeros((), dtype=num.dtype, device=num.device), num / safe))
@@ -95,10 +113,11 @@ def _write(out: torch.Tensor, num: torch.Tensor, den: torch.Tensor) -> None:
 
 
 def _non_causal(q, k, v, out, phi_q: QueryMap, phi_k: KeyMap, rows: int) -> None:
-    """Pass 1, key chunks: state = Σ_j [v_j, 1] φ(k_j)ᵀ (B·H, D + 1, m), its last row the normalizer Σ_j φ(k_j)ᵀ.
-    Pass 2, query chunks: out = φ(Q_c)·state[:D]ᵀ / (state[D]·φ(Q_c)ᵀ)ᵀ. The state is kept transposed and the
-    normalizer taken as a row: MKL's sgemm runs D + 1 = 65 output rows at the cost of 64 but 65 output columns 20%
-    slower, and the normalizer of a chunk as the column φ(Q_c)·Σφ(k) costs 7× the row's time."""
+    """Pass 1, key chunks: state = Σ_j [v_j, 1] φ(k_j)ᵀ (B·Hk, D + 1, m), its last row the normalizer Σ_j φ(k_j)ᵀ.
+    Pass 2, query chunks: out = φ(Q_c)·state[:D]ᵀ / (state[D]·φ(Q_c)ᵀ)ᵀ, a chunk's H/Hk query heads of a group
+    stacked as the rows of one product with its state. The state is kept transposed and the normalizer taken as a
+    row: MKL's sgemm runs D + 1 = 65 output rows at the cost of 64 but 65 output columns 20% slower, and the
+    normalizer of a chunk as the column φ(Q_c)·Σφ(k) costs 7× the row's time."""
     state = top = None
     for s in range(0, k.shape[2], rows):
         fk, new = phi_k(_rows(k, s, s + rows), top)
@@ -108,37 +127,47 @@ def _non_causal(q, k, v, out, phi_q: QueryMap, phi_k: KeyMap, rows: int) -> None
         state, top = _rescaled(state, top, new).baddbmm_(v1.transpose(-2, -1), fk), new
         del fk, v1  # one chunk alive at a time, not this one beside the next
     d = out.shape[-1]
-    kv, z = state[:, :d].transpose(-2, -1), state[:, d:]  # (B·H, m, D), (B·H, 1, m)
+    kv, z = state[:, :d].transpose(-2, -1), state[:, d:]  # (B·Hk, m, D), (B·Hk, 1, m)
     for s in range(0, q.shape[2], rows):
-        fq = phi_q(_rows(q, s, s + rows))
-        _write(out[:, s:s + rows], fq @ kv, (z @ fq.transpose(-2, -1)).transpose(-2, -1))
-        del fq
+        fq = phi_q(_rows(q, s, s + rows))  # (B·H, rows, m)
+        group = fq.reshape(kv.shape[0], -1, fq.shape[-1])  # (B·Hk, (H/Hk)·rows, m), a view of freshly mapped rows
+        den = (z @ group.transpose(-2, -1)).view(fq.shape[0], 1, -1).transpose(-2, -1)  # (B·H, rows, 1)
+        _write(out[:, s:s + rows], (group @ kv).view(*fq.shape[:2], d), den)
+        del fq, group, den
 
 
 def _causal(q, k, v, out, phi_q: QueryMap, phi_k: KeyMap, rows: int, c: int) -> None:
     """Chunk by chunk (`causal_chunks`), blocks of C positions inside: block b's rows get φ(Q_b)·(carried state +
     Σ_{b' < b} block states) + tril(φ(Q_b)φ(K_b)ᵀ)·[V_b, 1], the last column of each product the normalizer (the
-    ones column appended to V spares a second prefix sum and its products); the chunk's total is carried on."""
-    bh, n, d = out.shape
+    ones column appended to V spares a second prefix sum and its products); the chunk's total is carried on. Block
+    states and their sums per key/value head (B·Hk), the query heads of a group as rows of a block (`_grouped_rows`);
+    out (B, H, Nq, D)."""
+    B, H, n, d = out.shape
+    key_heads = k.shape[1]
+    bk = B * key_heads
     below = torch.ones(rows // c, rows // c, dtype=work_dtype(q.dtype), device=q.device).tril_(-1)
     state = top = None
     for s, e, size in causal_chunks(n, rows, c):
         nb = (e - s) // size
         fk, new = phi_k(_rows(k, s, e), top)
-        fk, fq = fk.view(bh, nb, size, -1), phi_q(_rows(q, s, e)).view(bh, nb, size, -1)
-        v1 = F.pad(_rows(v, s, e), (0, 1), value=1.0).view(bh, nb, size, -1)  # [V, 1]
-        kv = (fk.transpose(-2, -1) @ v1).view(bh, nb, -1)  # (B·H, nb, m·(D + 1)): each block's own state
+        fk = fk.view(bk, nb, size, -1)
+        fq = phi_q(_grouped_rows(q, s, e, key_heads, size))  # (B·Hk, nb, (H/Hk)·C, m)
+        v1 = F.pad(_rows(v, s, e), (0, 1), value=1.0).view(bk, nb, size, -1)  # [V, 1]
+        kv = (fk.transpose(-2, -1) @ v1).view(bk, nb, -1)  # (B·Hk, nb, m·(D + 1)): each block's own state
         if state is None:
-            state = kv.new_zeros(bh, 1, kv.shape[-1])
-        before = torch.baddbmm(_rescaled(state, top, new), below[:nb, :nb].expand(bh, nb, nb), kv)
+            state = kv.new_zeros(bk, 1, kv.shape[-1])
+        before = torch.baddbmm(_rescaled(state, top, new), below[:nb, :nb].expand(bk, nb, nb), kv)
         state, top = before[:, -1:] + kv[:, -1:], new
         del kv
-        intra = (fq @ fk.transpose(-2, -1)).tril_()  # (B·H, nb, C, C): j ≤ i inside the block
+        intra = fq @ fk.transpose(-2, -1)  # (B·Hk, nb, (H/Hk)·C, C)
+        intra.view(bk, nb, -1, size, size).tril_()  # j ≤ i inside the block, for each query head
         num = intra @ v1
         del intra, fk, v1
-        num = num.add_(fq @ before.view(bh, nb, fq.shape[-1], -1)).view(bh, e - s, -1)
+        num = num.add_(fq @ before.view(bk, nb, fq.shape[-1], -1)).view(B, key_heads, nb, H // key_heads, size, -1)
         del fq, before
-        _write(out[:, s:e], num[..., :d], num[..., d:])
+        # out's rows of this chunk seen in the grouped order: (B, Hk, nb, H/Hk, C, D)
+        target = out[:, :, s:e].unflatten(1, (key_heads, -1)).unflatten(3, (nb, size)).transpose(2, 3)
+        _write(target, num[..., :d], num[..., d:])
         del num
 
 
@@ -154,64 +183,71 @@ def causal_chunks(n: int, rows: int, c: int) -> list[tuple[int, int, int]]:
     return chunks
 
 
-def linear_core_flops(heads: int, nq: int, nk: int, m: int, d: int, causal: bool, *, executed: bool = False) -> float:
-    """Matmul FLOPs of linear_attention_core with φ of width m. Useful work, both forms: the state φ(K)ᵀV
-    (2·Nk·m·D), its product with φ(Q) (2·Nq·m·D), the normalizer φ(Q)·Σφ(K) (2·Nq·m); causal adds the in-block
-    products φ(Q_c)φ(K_c)ᵀ and their product with V_c, 2·(m + D) for each pair j ≤ i of a block. `executed`: the
-    state's products with [V, 1] (D + 1 columns: the ones column puts Σφ(K) into them); causal also the products
-    with the state before each block over D + 1 columns, every block's full C×C products and each chunk's nb×nb sum
-    of its block states."""
-    if not causal:
-        return heads * 2.0 * (nk * m * (d + int(executed)) + nq * m * (d + 1))
+def linear_core_flops(s: Shape, m: int, *, executed: bool = False) -> float:
+    """Matmul FLOPs of linear_attention_core with φ of width m on shape s. Useful work, both forms: per key/value
+    head (B·Hk) the state φ(K)ᵀV (2·Nk·m·D); per query head (B·H) its product with φ(Q) (2·Nq·m·D) and the
+    normalizer φ(Q)·Σφ(K) (2·Nq·m); causal adds, per query head, the in-block products φ(Q_c)φ(K_c)ᵀ and their
+    product with V_c, 2·(m + D) for each pair j ≤ i of a block. `executed`: the state's products with [V, 1]
+    (D + 1 columns: the ones column puts Σφ(K) into them); causal also the products with the state before each
+    block over D + 1 columns, every block's full C×C products and each chunk's nb×nb sum of its block states (per
+    key/value head)."""
+    nq, nk, d = s.Nq, s.Nk, s.D
+    if not s.causal:
+        return 2.0 * (s.bk * nk * m * (d + int(executed)) + s.bh * nq * m * (d + 1))
     c = causal_block(m, d)
     if executed:
-        return heads * sum((e - s) * (4.0 * m * (d + 1) + 2.0 * b * (m + d + 1))
-                           + 2.0 * ((e - s) // b) ** 2 * m * (d + 1)
-                           for s, e, b in causal_chunks(nq, chunk_rows(heads, nq, m, d, True), c))
+        return sum(2.0 * (e - a) * (s.bk * m * (d + 1) + s.bh * (m * (d + 1) + b * (m + d + 1)))
+                   + 2.0 * s.bk * ((e - a) // b) ** 2 * m * (d + 1)
+                   for a, e, b in causal_chunks(nq, chunk_rows(s.bh, nq, m, d, True), c))
     full, rest = divmod(nq, c)
     cells = full * c * (c + 1) / 2 + rest * (rest + 1) / 2  # in-block pairs with j ≤ i
-    return heads * (nq * (4.0 * m * d + 2.0 * m) + 2.0 * cells * (m + d))
+    return s.bk * 2.0 * nq * m * d + s.bh * (nq * (2.0 * m * d + 2.0 * m) + 2.0 * cells * (m + d))
 
 
-def linear_core_memory(heads: int, nq: int, nk: int, m: int, d: int, elem: int, causal: bool, query_map: float,
-                       key_map: float) -> float:
-    """Predicted peak bytes of linear_attention_core above its inputs: the output plus the largest set of one chunk's
-    tensors alive at once, in the order the kernel makes them. `query_map`, `key_map`: numbers per row and head held
-    at the peak of mapping a chunk of query or key rows, the features included (elu + 1: 2·m). Half precision maps
-    a float32 copy of each chunk of q and k, multiplies one of v (D per row) and casts each quotient into the output.
-    Causal: the state (m·(D + 1)) is counted from the first chunk on and the nb×nb lower-triangular ones once."""
-    w = max(elem, 4)  # bytes of the work dtype
-    cp = d if elem < w else 0  # a chunk's float32 copy of q, k or v
-    out = heads * nq * d * elem
-    if not causal:
-        rows = chunk_rows(heads, max(nq, nk), m, d, False)
+def linear_core_memory(s: Shape, m: int, query_map: float, key_map: float) -> float:
+    """Predicted peak bytes of linear_attention_core on shape s above its inputs: the output plus the largest set of
+    one chunk's tensors alive at once, in the order the kernel makes them, key-side ones per key/value head (B·Hk),
+    query-side ones per query head (B·H). `query_map`, `key_map`: numbers per row and head held at the peak of
+    mapping a chunk of query or key rows, the features included (elu + 1: 2·m). Half precision maps a float32 copy
+    of each chunk of q and k, multiplies one of v (D per row) and casts each quotient into the output; causal with
+    shared heads maps a copy of each chunk of q in the grouped order (`_grouped_rows`). Causal: the state
+    (m·(D + 1)) is counted from the first chunk on and the nb×nb lower-triangular ones once."""
+    nq, nk, d, kh, qh = s.Nq, s.Nk, s.D, s.bk, s.bh
+    w = max(s.elem, 4)  # bytes of the work dtype
+    cp = d if s.elem < w else 0  # a chunk's float32 copy of q, k or v
+    out = qh * nq * d * s.elem
+    if not s.causal:
+        rows = chunk_rows(qh, max(nq, nk), m, d, False)
         rk, rq, sums = min(rows, nk), min(rows, nq), m * (d + 1)
         second = min(rows, nk - rows)  # rows of the second chunk of keys, the first made beside the sums
-        keys = max(rk * (key_map + cp), second * (key_map + cp) + sums,  # mapping keys
-                   rk * (m + cp + d + 1), second * (m + cp + d + 1) + sums,  # [V, 1] (from v's copy)
-                   rk * (m + d + 1) + sums)  # their product into the sums
-        queries = sums + max(rq * (query_map + cp),  # mapping queries
-                             rq * (m + d + 2),  # their features, the numerator, the normalizer row and its clamp
-                             rq * (m + d + 1 + cp))  # half: the quotient in float32 before its cast into the output
-        return out + heads * max(keys, queries) * w
-    rows, c = chunk_rows(heads, nq, m, d, True), causal_block(m, d)
+        keys = kh * max(rk * (key_map + cp), second * (key_map + cp) + sums,  # mapping keys
+                        rk * (m + cp + d + 1), second * (m + cp + d + 1) + sums,  # [V, 1] (from v's copy)
+                        rk * (m + d + 1) + sums)  # their product into the sums
+        queries = kh * sums + qh * max(rq * (query_map + cp),  # mapping queries
+                                       rq * (m + d + 2),  # features, numerator, the normalizer row and its clamp
+                                       rq * (m + d + 1 + cp))  # half: the quotient in float32 before its cast
+        return out + max(keys, queries) * w
+    rows, c = chunk_rows(qh, nq, m, d, True), causal_block(m, d)
+    cq = d if s.group > 1 else cp  # the chunk of q copied (grouped, or in float32)
     sc = m * (d + 1)  # the carried state
     alive = 0.0
-    for r, b in {(e - s, size) for s, e, size in causal_chunks(nq, rows, c)}:
+    for r, b in {(e - a, size) for a, e, size in causal_chunks(nq, rows, c)}:
         blocks = (r // b) * sc
-        alive = max(alive, sc + max(
-            r * (key_map + cp),  # mapping keys
-            r * (m + query_map + cp),  # mapping queries beside the keys' features
-            r * (2 * m + cp + d + 1),  # [V, 1] from v's copy
-            r * (2 * m + d + 1) + 2 * blocks + sc,  # block states, their prefix sums, the state carried on
-            r * (2 * m + 2 * (d + 1) + b) + blocks,  # in-block products and their product with [V, 1]
-            r * (m + 2 * (d + 1)) + blocks,  # the products with the state before each block
-            r * (d + 2 + cp)))  # numerator, clamped normalizer (half: and the float32 quotient)
-    return out + (heads * alive + (rows // c) ** 2) * w
+        features = r * (kh + qh) * m  # φ(K) and φ(Q) of the chunk
+        alive = max(alive, kh * sc + max(
+            kh * r * (key_map + cp),  # mapping keys
+            kh * r * m + qh * r * (query_map + cq),  # mapping queries beside the keys' features
+            features + kh * r * (cp + d + 1),  # [V, 1] from v's copy
+            features + kh * (r * (d + 1) + 2 * blocks + sc),  # block states, their prefix sums, the state carried on
+            features + kh * (r * (d + 1) + blocks) + qh * r * (d + 1 + b),  # in-block products, their product
+            # with [V, 1]
+            qh * r * (m + 2 * (d + 1)) + kh * blocks,  # the products with the state before each block
+            qh * r * (d + 2 + cp)))  # numerator, clamped normalizer (half: and the float32 quotient)
+    return out + (alive + (rows // c) ** 2) * w
 
 
 def mapped(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """The core for features already computed, φ(Q) (B, H, Nq, m) and φ(K) (B, H, Nk, m): what a key-padding mask
+    """The core for features already computed, φ(Q) (B, H, Nq, m) and φ(K) (B, Hk, Nk, m): what a key-padding mask
     (zeroed rows of φ(K)) and a prompt's prefill (φ(K) kept for its state) need. Chunked as above, without the
     cache saving of mapping each chunk where it is used."""
     return linear_attention_core(phi_q, phi_k, v, causal, _same, _same_keys, phi_q.shape[-1])

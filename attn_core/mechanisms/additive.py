@@ -9,7 +9,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import masks
 from ..spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
-from ._common import check_key_padding, checked_shape, softmax_or_zeros
+from ._common import check_key_padding, checked_shape, grouped_matmul, repeated, softmax_or_zeros
 
 # The workspace held at once, in elements over all batch·heads: one chunk of query rows against every key.
 CHUNK_ELEMS = 1 << 20
@@ -41,19 +41,23 @@ def _chunks(nq: int, step: int, causal: bool, nk: int):
 
 
 def _sigmoid_chunk(pq: torch.Tensor, pk: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
-    """σ(pq_ai + pk_aj) for a chunk, pq (B, H, a, rows), pk (B, H, a, keys) → (B, H, a, rows, keys), written into
+    """σ(pq_ai + pk_aj) for a chunk, pq (B, H, a, rows), pk (B, Hk, a, keys) → (B, H, a, rows, keys), written into
     the front of the flat workspace `buf` (reused by every chunk: no allocation, and no page faults on the CPU).
-    Hidden units lead and keys run along the last axis, so each elementwise pass is over long contiguous rows."""
+    Hidden units lead and keys run along the last axis, so each elementwise pass is over long contiguous rows. Query
+    head i adds key/value head ⌊i·Hk/H⌋'s pk by broadcasting, never a repeated copy."""
     B, H, a, rows = pq.shape
-    t = buf[: B * H * a * rows * pk.shape[-1]].view(B, H, a, rows, pk.shape[-1])
-    return torch.add(pq.unsqueeze(-1), pk.unsqueeze(-2), out=t).sigmoid_()
+    key_heads, keys = pk.shape[1], pk.shape[-1]
+    t = buf[: B * H * a * rows * keys].view(B, H, a, rows, keys)
+    grouped = (B, key_heads, H // key_heads, a, rows, keys)  # the query heads sharing pk as one axis
+    torch.add(pq.unflatten(1, grouped[1:3]).unsqueeze(-1), pk.unsqueeze(2).unsqueeze(-2), out=t.view(grouped))
+    return t.sigmoid_()
 
 
 class _AdditiveScores(torch.autograd.Function):
     """e_ij + Σw = 2·wᵀσ(2x_i + 2y_j), (B, H, Nq, Nk), −inf where j > i when causal: the additive scores
     e_ij = wᵀ tanh(x_i + y_j) up to the constant Σw, which softmax ignores (and so do its gradients).
 
-    Takes pq = 2x (B, H, a, Nq) and pk = 2y (B, H, a, Nk), x = W_qᵀq and y = W_kᵀk. tanh(z) = 2σ(2z) − 1 is an
+    Takes pq = 2x (B, H, a, Nq) and pk = 2y (B, Hk, a, Nk), x = W_qᵀq and y = W_kᵀk. tanh(z) = 2σ(2z) − 1 is an
     identity; it is used because the elementwise σ is the whole cost of the kernel and PyTorch's float32 tanh ran
     10 to 50 times slower than its sigmoid on the CPU this was written on (4.6–22 against 0.42–0.46 ns an element,
     one AVX-512 core, torch 2.13). Query rows in chunks of `chunk_rows`: one chunk's (B, H, a, rows, keys) tensor
@@ -83,9 +87,11 @@ class _AdditiveScores(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         """With s = σ(pq_i + pk_j): ∂/∂w = Σ_ij g_ij · 2s; ∂/∂pq_i = Σ_j g_ij · 2w ⊙ s(1 − s); ∂/∂pk_j = Σ_i
-        the same. Masked cells have g = 0 (softmax passes none to −inf scores)."""
+        the same, and over the query heads sharing pk_j. Masked cells have g = 0 (softmax passes none to −inf
+        scores)."""
         pq, pk, w = ctx.saved_tensors
         B, H, a, nq = pq.shape
+        key_heads = pk.shape[1]
         nk = pk.shape[-1]
         d_pq, d_pk, d_w = torch.zeros_like(pq), torch.zeros_like(pk), torch.zeros_like(w)
         step = chunk_rows(B * H, nq, nk, a)
@@ -96,12 +102,12 @@ class _AdditiveScores(torch.autograd.Function):
             d_w += 2 * (s.flatten(-2) @ g.flatten(-2).transpose(-2, -1)).sum((0, 1)).squeeze(-1)
             s = s.addcmul_(s, s, value=-1).mul_(g).mul_(2 * w[:, None, None])  # g_ij · 2w ⊙ s(1 − s)
             d_pq[..., start:stop] = s.sum(-1)
-            d_pk[..., :keys] += s.sum(-2)
+            d_pk[..., :keys] += s.unflatten(1, (key_heads, -1)).sum((2, -2))  # over a group's heads and rows
         return d_pq, d_pk, d_w, None
 
 
 def _projections(q, k, W_q, W_k) -> tuple[torch.Tensor, torch.Tensor]:
-    """2·W_qᵀq (B, H, a, Nq) and 2·W_kᵀk (B, H, a, Nk), hidden units first (the layout `_AdditiveScores` takes)."""
+    """2·W_qᵀq (B, H, a, Nq) and 2·W_kᵀk (B, Hk, a, Nk), hidden units first (the layout `_AdditiveScores` takes)."""
     return (2 * W_q).T @ q.transpose(-2, -1), (2 * W_k).T @ k.transpose(-2, -1)
 
 
@@ -111,8 +117,11 @@ def additive_attention(q, k, v, *, causal: bool = False, attn_dim: int = 64, W_q
     A.1.2) with q_i in place of the decoder state and k_j of the annotation; no 1/√D scaling (tanh bounds the score
     by ‖w‖₁).
 
-    q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D); W_q, W_k (D, attn_dim) and w (attn_dim) from `init_state`,
-    shared by batch and heads, drawn here from `seed` when absent. Causal: query i sees key j iff j ≤ i.
+    q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D); W_q, W_k (D, attn_dim) and w (attn_dim) from
+    `init_state`, shared by batch and heads, drawn here from `seed` when absent. Hk < H (grouped-query attention):
+    W_kᵀk is made once per key/value head and added to the H/Hk query heads sharing it by broadcasting, and the
+    weights of a group meet its values as rows of one product (`grouped_matmul`): no key or value repeated, and
+    less work than multi-head attention. Causal: query i sees key j iff j ≤ i.
     Materialized like textbook softmax: the (Nq, Nk) scores and their softmax exist; the (Nq, Nk, attn_dim) tensor
     of hidden units does not: it is built in chunks of query rows (`chunk_rows`), at most
     max(CHUNK_ELEMS, B·H·Nk·attn_dim) elements at a time, in the backward too. O(Nq·Nk·(attn_dim + D)) time,
@@ -132,11 +141,12 @@ def additive_attention(q, k, v, *, causal: bool = False, attn_dim: int = 64, W_q
         return softmax_or_zeros(scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf")), v)
     weights = torch.softmax(scores, dim=-1)
     del scores
-    return weights @ v
+    return grouped_matmul(weights, v)
 
 
 def _effective(q, k, v, causal: bool, state: dict, attn_dim: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax of the additive scores (B, H, Nq, Nk), causal: j ≤ i, applied to v."""
+    """softmax of the additive scores (B, H, Nq, Nk), causal: j ≤ i, applied to v (shared heads repeated)."""
+    k, v = repeated(q, k, v)
     scores = _AdditiveScores.apply(*_projections(q, k, state["W_q"], state["W_k"]), state["w"], causal)
     return torch.softmax(scores, dim=-1), v
 
@@ -152,10 +162,10 @@ def _chunk_cells(s: Shape, rows: int) -> tuple[float, int]:
 
 
 def _work(s: Shape, attn_dim: int, scored: float) -> float:
-    """The projections W_qᵀq and W_kᵀk (2·D·attn_dim per token); per scored pair attn_dim additions, attn_dim tanh
-    (one op each; the kernel evaluates it as a sigmoid) and the dot product with w (2·attn_dim); P·V (2·D per cell
-    of the (Nq, Nk) product)."""
-    return s.bh * (2.0 * (s.Nq + s.Nk) * s.D * attn_dim + 4.0 * attn_dim * scored)
+    """The projections W_qᵀq per query head and W_kᵀk per key/value head (2·D·attn_dim per token); per scored pair
+    attn_dim additions, attn_dim tanh (one op each; the kernel evaluates it as a sigmoid) and the dot product with w
+    (2·attn_dim). P·V is added by the callers."""
+    return 2.0 * (s.bh * s.Nq + s.bk * s.Nk) * s.D * attn_dim + s.bh * 4.0 * attn_dim * scored
 
 
 def _flops(s: Shape, attn_dim: int = 64) -> float:
@@ -171,12 +181,13 @@ def _executed_flops(s: Shape, attn_dim: int = 64) -> float:
 
 
 def _memory(s: Shape, attn_dim: int = 64) -> float:
-    """Scoring: the scores, W_qᵀq and W_kᵀk, the hidden-unit workspace (rows·Nk·attn_dim, rows = `chunk_rows`) and
-    one chunk's scores; then the scores and their softmax, the textbook peak; then the softmax and the output."""
+    """Scoring: the scores, W_qᵀq (per query head) and W_kᵀk (per key/value head), the hidden-unit workspace
+    (rows·Nk·attn_dim, rows = `chunk_rows`) and one chunk's scores; then the scores and their softmax, the textbook
+    peak; then the softmax and the output."""
     a = attn_dim
     rows = chunk_rows(s.bh, s.Nq, s.Nk, a)
-    scoring = s.Nq * s.Nk + (s.Nq + s.Nk) * a + rows * s.Nk * a + _chunk_cells(s, rows)[1]
-    return s.bh * s.elem * max(scoring, 2 * s.Nq * s.Nk, s.Nq * s.Nk + s.Nq * s.D)
+    scoring = s.bh * (s.Nq * s.Nk + s.Nq * a + rows * s.Nk * a + _chunk_cells(s, rows)[1]) + s.bk * s.Nk * a
+    return s.elem * max(scoring, s.bh * max(2 * s.Nq * s.Nk, s.Nq * s.Nk + s.Nq * s.D))
 
 
 SPEC = MechanismSpec(
@@ -196,6 +207,7 @@ SPEC = MechanismSpec(
         causal=True,
         cross=True,
         padding=True,
+        shared_kv=True,
         no_generation="It could keep a cache of W_k k for every key, as softmax keeps its keys, but this library has "
                       "no such cache for it yet.",
     ),

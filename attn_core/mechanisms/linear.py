@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import StateCache
-from ._common import check_key_padding, checked_shape, row_normalized
+from ._common import check_key_padding, checked_shape, repeated, row_normalized
 from ._linear_core import LOG2E, linear_attention_core, linear_core_flops, linear_core_memory, mapped, work_dtype
 
 
@@ -24,7 +24,9 @@ def _key_map(x: torch.Tensor, floor: None) -> tuple[torch.Tensor, None]:
 def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     """out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j), j over all keys (causal: j ≤ i).
 
-    q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D). Not softmax: a different, cheaper similarity.
+    q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D). Not softmax: a different, cheaper similarity. Hk < H
+    (grouped-query attention): φ(K) and the sums over keys are made once per key/value head, read in place by the
+    H/Hk query heads sharing it, so sharing costs less than multi-head attention.
     O(n·D²) time; O(n·D) memory, the output and a cache-sized chunk (causal by chunked prefix sums). φ is applied
     chunk by chunk, in float32 for half inputs (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zeroed, so they add
@@ -41,26 +43,28 @@ def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
 
 
 def _effective(q, k, v, causal: bool, state: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """φ(Q)φ(K)ᵀ row-normalized (causal: j ≤ i), applied to v."""
+    """φ(Q)φ(K)ᵀ row-normalized (causal: j ≤ i), applied to v (shared heads repeated: a dense picture, not a
+    kernel)."""
+    k, v = repeated(q, k, v)
     return row_normalized(feature_map(q) @ feature_map(k).transpose(-2, -1), causal), v
 
 
 def _flops(s: Shape) -> float:
-    return linear_core_flops(s.bh, s.Nq, s.Nk, s.D, s.D, s.causal)  # φ = elu + 1 is elementwise: no matmul
+    return linear_core_flops(s, s.D)  # φ = elu + 1 is elementwise: no matmul
 
 
 def _executed_flops(s: Shape) -> float:
-    return linear_core_flops(s.bh, s.Nq, s.Nk, s.D, s.D, s.causal, executed=True)
+    return linear_core_flops(s, s.D, executed=True)
 
 
 def _memory(s: Shape) -> float:
     # φ = elu + 1 of a chunk: two (rows, D) tensors at its peak, the features and the other of clamp(x, max=0)
-    return linear_core_memory(s.bh, s.Nq, s.Nk, s.D, s.D, s.elem, s.causal, 2 * s.D, 2 * s.D)
+    return linear_core_memory(s, s.D, 2 * s.D, 2 * s.D)
 
 
 def _remember(k, v, *, max_len: int | None = None) -> StateCache:
-    """The RNN state of Katharopoulos et al. (eq. 8–9): Σ φ(k_j) v_jᵀ (D × D) and Σ φ(k_j) (D), whatever the
-    context; `max_len` changes nothing."""
+    """The RNN state of Katharopoulos et al. (eq. 8–9): Σ φ(k_j) v_jᵀ (D × D) and Σ φ(k_j) (D) per key/value head,
+    whatever the context; `max_len` changes nothing."""
     return StateCache({}, k, feature_map(k.to(work_dtype(v.dtype))), v)
 
 
@@ -72,12 +76,13 @@ def _step(q, k, v, cache: StateCache):
 
 
 def _cache_bytes(s: Shape) -> float:
-    return s.bh * (s.D * s.D + s.D) * max(s.elem, 4)  # in the work dtype: float32 for half inputs
+    return s.bk * (s.D * s.D + s.D) * max(s.elem, 4)  # a state per key/value head, float32 for half inputs
 
 
 def _step_flops(s: Shape) -> float:
-    """Fold φ(k) vᵀ into the (D × D) state and read it with φ(q), numerator and normaliser: 4·D² + 3·D a head."""
-    return s.bh * (4.0 * s.D * s.D + 3.0 * s.D)
+    """Fold φ(k) vᵀ into each key/value head's (D × D) state (2·D² + D), read it with φ(q) for each query head,
+    numerator and normaliser (2·D² + 2·D)."""
+    return s.bk * (2.0 * s.D * s.D + s.D) + s.bh * (2.0 * s.D * s.D + 2.0 * s.D)
 
 
 SPEC = MechanismSpec(
@@ -93,6 +98,7 @@ SPEC = MechanismSpec(
         causal=True,
         cross=True,
         padding=True,
+        shared_kv=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_flops=_step_flops,
                               step_big_o="O(d²)", cache_big_o="O(d²)"),
     ),

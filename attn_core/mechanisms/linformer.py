@@ -6,7 +6,7 @@ import math
 import torch
 
 from ..spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
-from ._common import check_key_padding, checked_shape, scale
+from ._common import check_key_padding, checked_shape, fold, repeated, scale, unfold
 
 
 def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, rank: int = 256) -> dict:
@@ -23,7 +23,9 @@ def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
                         key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q (E K)ᵀ/√D) (F V): attention over `rank` projected keys instead of Nk.
 
-    q (B, H, Nq, D), k, v (B, H, Nk, D), E and F (rank, Nk), shared by batch and heads → (B, H, Nq, D).
+    q (B, H, Nq, D), k, v (B, Hk, Nk, D), E and F (rank, Nk), shared by batch and heads → (B, H, Nq, D). Hk < H
+    (grouped-query attention): each key/value head is projected once, and the H/Hk query heads sharing it attend to
+    its rank projected keys as rows of one product (`fold`): less work than multi-head attention, no key repeated.
     Projections absent are drawn here from `seed` (pass them from `init_state` to time the kernel alone).
     Not causal: E mixes every position into every projected key. O(n·rank·d) time, O(n·rank) memory.
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: the padded rows of K and V are zeroed before
@@ -43,12 +45,16 @@ def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         check_key_padding(SPEC, key_padding_mask, q, k)
         keep = ~key_padding_mask[:, None, :, None]
         k, v = k * keep, v * keep
-    kp, vp = E @ k, F @ v  # (B, H, rank, D)
-    return torch.softmax((q * (1.0 / math.sqrt(shape.D))) @ kp.transpose(-2, -1), dim=-1) @ vp  # via (B, H, Nq, rank)
+    kp, vp = E @ k, F @ v  # (B, Hk, rank, D)
+    # a group's queries as the rows of one problem, (B, Hk, (H/Hk)·Nq, D); each temporary freed once used
+    weights = torch.softmax(fold(q * (1.0 / math.sqrt(shape.D)), shape.key_heads) @ kp.transpose(-2, -1), dim=-1)
+    return unfold(weights @ vp, shape.H)
 
 
 def _effective(q, k, v, causal: bool, state: dict, rank: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(Q(EK)ᵀ/√D), (B, H, Nq, rank), applied to the projected values F·v."""
+    """softmax(Q(EK)ᵀ/√D), (B, H, Nq, rank), applied to the projected values F·v (shared heads repeated: a dense
+    picture)."""
+    k, v = repeated(q, k, v)
     scores = (q * scale(q.shape[-1])) @ (state["E"] @ k).transpose(-2, -1)
     return torch.softmax(scores, dim=-1), state["F"] @ v
 
@@ -60,12 +66,14 @@ def _pull_back(weights: torch.Tensor, state: dict) -> torch.Tensor:
 
 
 def _flops(s: Shape, rank: int = 256) -> float:
-    return s.bh * (4.0 * rank * s.Nk * s.D + 4.0 * s.Nq * rank * s.D)
+    """E·K and F·V per key/value head (2·rank·Nk·D each), scores and their product with F·V per query head."""
+    return s.bk * 4.0 * rank * s.Nk * s.D + s.bh * 4.0 * s.Nq * rank * s.D
 
 
 def _memory(s: Shape, rank: int = 256) -> float:
-    # Projected K and V (rank, D) held throughout, beside two of: scaled queries, scores, probabilities, output.
-    return s.bh * (2 * rank * s.D + s.Nq * rank + s.Nq * max(s.D, rank)) * s.elem
+    # Projected K and V (rank, D) per key/value head held throughout, beside two of: scaled queries, scores,
+    # probabilities, output (per query head).
+    return (s.bk * 2 * rank * s.D + s.bh * (s.Nq * rank + s.Nq * max(s.D, rank))) * s.elem
 
 
 SPEC = MechanismSpec(
@@ -82,6 +90,7 @@ SPEC = MechanismSpec(
         causal=False,
         cross=True,
         padding=True,
+        shared_kv=True,
         no_generation="Its projections E and F mix every position of the sequence, later ones included, into each "
                       "projected key and value, so it has no causal form: no token's output can be computed before the "
                       "whole sequence is known, and generating one token at a time is impossible.",

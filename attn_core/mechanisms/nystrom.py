@@ -8,7 +8,7 @@ import torch
 
 from ..spec import Cost, Insight, MechanismSpec, Param, Shape, Supports
 from ._banded import floor, padding_bias
-from ._common import check_key_padding, checked_shape, scale
+from ._common import check_key_padding, checked_shape, fold, repeated, scale, unfold
 
 HALF = (torch.float16, torch.bfloat16)
 # Scores held at once per chunk of keys or of query rows, in elements over all batch·heads (4 MiB in float32: a
@@ -73,7 +73,8 @@ def iterative_pinv(a: torch.Tensor, iterations: int) -> torch.Tensor:
 
 
 def _landmarks(q, k, landmarks: int, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The landmarks scaled by 1/√D, Q̃/√D and K̃/√D (B, H, m, D), so that every score below is one product.
+    """The landmarks scaled by 1/√D, Q̃/√D (B, H, m, D) and K̃/√D (B, Hk, m, D: once per key/value head), so that
+    every score below is one product.
     `keep` (B, Nk), True where a key is real: K̃ of the real keys (`real_segment_means`), and Q̃ of the real
     positions too when the queries are those same tokens (Nq = Nk, self-attention)."""
     s = scale(q.shape[-1])
@@ -86,12 +87,14 @@ def _landmarks(q, k, landmarks: int, keep: torch.Tensor | None = None) -> tuple[
 
 def _landmark_pinv(q_l, k_l, pinv_iterations: int, hollow: torch.Tensor | None = None,
                    hollow_q: torch.Tensor | None = None) -> torch.Tensor:
-    """pinv(softmax(Q̃K̃ᵀ/√D)) (B, H, m, m) from the scaled landmarks; in float32 for half-precision inputs.
+    """pinv(softmax(Q̃K̃ᵀ/√D)) (B, H, m, m) from the scaled landmarks, Q̃ (B, H, m, D) and K̃ (B, Hk, m, D) (a group's
+    query landmarks as rows of one product, `fold`); in float32 for half-precision inputs.
     `hollow`, `hollow_q` (B, m): key and query landmarks that average no token (a sequence shorter than m): their
     columns and rows of the kernel are 0, so the pseudo-inverse's rows and columns for them are 0 too, and the
     result is Nyström with the landmarks that exist."""
     work = torch.float32 if q_l.dtype in HALF else q_l.dtype
-    s = (q_l.to(work) @ k_l.to(work).transpose(-2, -1)).mul_(1 / scale(q_l.shape[-1]))
+    B, H, m, D = q_l.shape
+    s = (fold(q_l.to(work), k_l.shape[1]) @ k_l.to(work).transpose(-2, -1)).view(B, H, m, m).mul_(1 / scale(D))
     if hollow is None:
         return iterative_pinv(torch.softmax(s, dim=-1), pinv_iterations)
     a = torch.softmax(s.masked_fill_(hollow[:, None, None, :], floor(work)), dim=-1)
@@ -107,21 +110,23 @@ def _chunk(heads: int, landmarks: int) -> int:
 
 
 def _landmark_values(q_l, k, v, pad: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(Q̃ Kᵀ/√D) V (B, H, m, D) from the scaled landmarks, over chunks of keys with a running maximum (the
-    online softmax: earlier chunks' sums rescaled by exp(old max − new max)), so only a chunk's (m, chunk) scores
-    exist. Sums in float32 for half inputs. `pad` (B, 1, 1, Nk): a key bias, far below any score where the key is
-    padding (finite: a chunk of padding alone gives exp(bias − max) = 0, never NaN)."""
+    """softmax(Q̃ Kᵀ/√D) V (B, H, m, D) from the scaled landmarks Q̃ (B, H, m, D) and k, v (B, Hk, Nk, D), over chunks
+    of keys with a running maximum (the online softmax: earlier chunks' sums rescaled by exp(old max − new max)), so
+    only a chunk's (m, chunk) scores exist; the query landmarks of a group are rows of one problem (`fold`), each
+    key/value head read in place. Sums in float32 for half inputs. `pad` (B, 1, 1, Nk): a key bias, far below any
+    score where the key is padding (finite: a chunk of padding alone gives exp(bias − max) = 0, never NaN)."""
     B, H, m, _ = q_l.shape
     n, step = k.shape[-2], _chunk(B * H, m)
     work = torch.float32 if v.dtype in HALF else v.dtype
+    q_l = fold(q_l, k.shape[1])  # (B, Hk, (H/Hk)·m, D)
     for start in range(0, n, step):
-        s = q_l @ k[:, :, start:start + step].transpose(-2, -1)  # (B, H, m, chunk)
+        s = q_l @ k[:, :, start:start + step].transpose(-2, -1)  # (B, Hk, (H/Hk)·m, chunk)
         if pad is not None:
             s = s.add_(pad[..., start:start + step])
         top = s.detach().amax(-1, keepdim=True)  # a shift: the result does not depend on it, nor its gradient
         if start == 0:
             high = top
-            acc, total = (torch.zeros(B, H, m, size, dtype=work, device=v.device) for size in (v.shape[-1], 1))
+            acc, total = (torch.zeros(*q_l.shape[:3], size, dtype=work, device=v.device) for size in (v.shape[-1], 1))
         else:  # rescale what the earlier chunks summed to the new maximum
             new = torch.maximum(high, top)
             fix = (high - new).exp_()
@@ -132,12 +137,13 @@ def _landmark_values(q_l, k, v, pad: torch.Tensor | None = None) -> torch.Tensor
         total += e.sum(-1, keepdim=True)  # summed in e's dtype: a float32 sum of half e copies it to float32 first
         acc += e @ v[:, :, start:start + step]
         del e
-    return acc.div_(total)
+    return unfold(acc.div_(total), H)
 
 
 def _query_rows(q, k_l, w, hollow: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(Q K̃ᵀ/√D) W (B, H, Nq, D) over chunks of query rows, so only a chunk's (chunk, m) scores exist;
-    `hollow` (B, 1, 1, m): a bias that gives key landmarks averaging no token no weight."""
+    """softmax(Q K̃ᵀ/√D) W (B, H, Nq, D) over chunks of query rows, so only a chunk's (chunk, m) scores exist; K̃ and W
+    (B, H, m, D), one per query head; `hollow` (B, 1, 1, m): a bias that gives key landmarks averaging no token no
+    weight."""
     B, H, nq, _ = q.shape
     out = q.new_empty(B, H, nq, w.shape[-1])
     step = _chunk(B * H, k_l.shape[-2])
@@ -155,11 +161,13 @@ def nystrom_attention(q, k, v, *, causal: bool = False, landmarks: int = 64, pin
     """softmax(Q K̃ᵀ/√D) · pinv(softmax(Q̃ K̃ᵀ/√D)) · (softmax(Q̃ Kᵀ/√D) · V), Q̃ and K̃ the m = `landmarks` segment
     means of q and k (`segment_means`), pinv by `pinv_iterations` steps of `iterative_pinv`.
 
-    q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D); m ≤ Nq and m ≤ Nk. Evaluated right to left, the (m, Nk)
-    and (Nq, m) softmaxes in chunks of keys and of query rows (`_landmark_values`, `_query_rows`), each chunk's
-    scores at most CHUNK_ELEMS: O(n·m·D + m³) time, O(n·D + m² + CHUNK_ELEMS) memory, no n×n (nor n×m) tensor.
-    With m = n the landmarks are the tokens and the result is softmax attention, up to the pseudo-inverse's
-    accuracy. Not causal: each landmark averages a whole segment, future tokens included. Half-precision inputs:
+    q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D); m ≤ Nq and m ≤ Nk. Hk < H (grouped-query attention): K̃
+    is taken once per key/value head and k, v are read in place (the query landmarks of a group as rows of one
+    product); the products with Q̃ and Q stay per query head, as does W, so K̃ (m·D) is repeated for the last stage:
+    the work of multi-head attention, less memory. Evaluated right to left, the (m, Nk) and (Nq, m) softmaxes in
+    chunks of keys and of query rows (`_landmark_values`, `_query_rows`), each chunk's scores at most CHUNK_ELEMS:
+    O(n·m·D + m³) time, O(n·D + m² + CHUNK_ELEMS) memory, no n×n (nor n×m) tensor. With m = n the landmarks are
+    the tokens and the result is softmax attention, up to the pseudo-inverse's accuracy. Not causal: each landmark averages a whole segment, future tokens included. Half-precision inputs:
     the (m, m) kernel, its pseudo-inverse, the sums over keys and W in float32, the products over n in the input
     dtype. `key_padding_mask` (B, Nk) boolean, True where the key is padding: Nyström over each element's real keys,
     as if the padding were not there: K̃ the segment means of its real keys (and Q̃ of its real positions in
@@ -184,13 +192,15 @@ def nystrom_attention(q, k, v, *, causal: bool = False, landmarks: int = 64, pin
     del q_l
     w = (z @ kv.to(z.dtype)).to(q.dtype)  # (B, H, m, D)
     del z, kv
+    (k_l,) = repeated(q, k_l)  # (B, H, m, D), for the query heads' own W: m·D a head, never n
     out = _query_rows(q, k_l, w, None if hollow is None else padding_bias(hollow, q.dtype).transpose(-2, -1))
     return out if empty is None else out.masked_fill_(empty[:, None, None, None], 0.0)
 
 
 def _effective(q, k, v, causal: bool, state: dict, landmarks: int = 64, pinv_iterations: int = 6):
     """softmax(Q K̃ᵀ/√D) · pinv(…) · softmax(Q̃ Kᵀ/√D), (B, H, Nq, Nk), applied to v. Not a distribution: rows sum to 1
-    only as far as the pseudo-inverse is exact, and entries can be negative."""
+    only as far as the pseudo-inverse is exact, and entries can be negative. Shared heads repeated: a dense picture."""
+    k, v = repeated(q, k, v)
     q_l, k_l = _landmarks(q, k, landmarks)
     z = _landmark_pinv(q_l, k_l, pinv_iterations)
     left = torch.softmax(q @ k_l.transpose(-2, -1), dim=-1)
@@ -210,6 +220,7 @@ class _Landmarks(Param):
 
 
 def _flops(s: Shape, landmarks: int = 64, pinv_iterations: int = 6) -> float:
+    """Every product involves Q̃ or Q, so all are per query head: shared key/value heads save none of them."""
     m = landmarks
     big = 4.0 * s.Nk * m * s.D + 4.0 * s.Nq * m * s.D  # softmax(Q̃Kᵀ)·V and softmax(QK̃ᵀ)·W, 2·D per cell each
     small = 2.0 * m * m * s.D * 2 + 8.0 * pinv_iterations * m ** 3  # Q̃K̃ᵀ, pinv·(…V); 4 products per step
@@ -217,20 +228,22 @@ def _flops(s: Shape, landmarks: int = 64, pinv_iterations: int = 6) -> float:
 
 
 def _memory(s: Shape, landmarks: int = 64, pinv_iterations: int = 6) -> float:
-    """Peak bytes above the inputs: the largest of the stages, in the order the kernel runs them (elements per head;
-    Q̃ and K̃, later K̃ and W, alive throughout; c₁ keys and c₂ query rows a chunk)."""
-    m, e, nq, nk, d = landmarks, s.elem, s.Nq, s.Nk, s.D
+    """Peak bytes above the inputs: the largest of the stages, in the order the kernel runs them (elements per query
+    head, B·H; Q̃ per query head and K̃ per key/value head alive in the first three, K̃ repeated and W in the last;
+    c₁ keys and c₂ query rows a chunk)."""
+    m, e, nq, nk, d, heads = landmarks, s.elem, s.Nq, s.Nk, s.D, s.bh
     w = 4 if e < 4 else e  # sums over keys, the landmark kernel and its pseudo-inverse in float32 for half inputs
-    c1, c2 = (min(_chunk(s.bh, m), n) for n in (nk, nq))
-    copies = 2 * m * d * w if e < 4 else 0  # Q̃ and K̃ in float32
-    stages = (m * d * w + 4 * m * w + max(2 * m * c1 * e, m * c1 * e + m * d * e),  # a chunk of keys: scores, their
-              # exponentials, then their product with V, beside the running sum, maximum and rescaling
-              m * d * w + copies + 2 * m * m * w,  # softmax(Q̃Kᵀ)·V; the landmark scores and their softmax A
-              m * d * w + 5 * m * m * w + 3 * m * m * w / s.bh,  # A, Z, AZ and two factors of one step of the
-              # pseudo-inverse, and 7I, 15I, 13I (one each, not per head)
-              nq * d * e + max(2 * c2 * m * e, c2 * m * e + c2 * d * e))  # the output; a chunk of rows: scores,
-    # softmax, then its product with W
-    return s.bh * (2 * m * d * e + max(stages))
+    c1, c2 = (min(_chunk(heads, m), n) for n in (nk, nq))
+    landmarks_held = (heads + s.bk) * m * d  # Q̃ and K̃, in elements
+    copies = landmarks_held * w if e < 4 else 0  # Q̃ and K̃ in float32
+    stages = (heads * (m * d * w + 4 * m * w + max(2 * m * c1 * e, m * c1 * e + m * d * e)),  # a chunk of keys:
+              # scores, their exponentials, then their product with V, beside the running sum, maximum and rescaling
+              heads * (m * d * w + 2 * m * m * w) + copies,  # softmax(Q̃Kᵀ)·V; the landmark scores and their softmax
+              heads * (m * d * w + 5 * m * m * w) + 3 * m * m * w)  # A, Z, AZ and two factors of one step of the
+    # pseudo-inverse, and 7I, 15I, 13I (one each, not per head)
+    last = heads * (nq * d * e + max(2 * c2 * m * e, c2 * m * e + c2 * d * e))  # the output; a chunk of rows:
+    # scores, softmax, then its product with W (K̃'s repeat for W comes before, at most 3·m·D a head: less)
+    return max(landmarks_held * e + max(stages), 2 * heads * m * d * e + last)
 
 
 SPEC = MechanismSpec(
@@ -251,6 +264,7 @@ SPEC = MechanismSpec(
         causal=False,
         cross=True,
         padding=True,
+        shared_kv=True,
         no_generation="Its landmarks are means over segments of the whole sequence, later tokens included, so it has "
                       "no causal form, and a new token would move every landmark.",
     ),

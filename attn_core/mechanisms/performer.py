@@ -8,7 +8,7 @@ import torch
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import StateCache
-from ._common import check_key_padding, checked_shape, row_normalized
+from ._common import check_key_padding, checked_shape, repeated, row_normalized
 from ._linear_core import LOG2E, linear_attention_core, linear_core_flops, linear_core_memory, mapped, work_dtype
 
 
@@ -62,11 +62,12 @@ def query_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def key_features(x: torch.Tensor, w: torch.Tensor, floor: torch.Tensor | None = None,
                  key_padding_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """FAVOR+ features of key rows x (B, H, N, D) with `base2` projection w (m, D), all of a head relative to one
-    stabilizer c, the largest exponent max_m w·x' − |x'|²/2 (log₂) over its N keys, at least `floor`: (features
-    (B, H, N, m), c (B, H, 1, 1) in float64). |x'|²/2 is taken in float64 (`half_squared_norm`), so finite inputs
-    as large as 10³⁰ give finite features, not inf − inf = NaN. A caller that maps a head's keys chunk by chunk, or
-    generates token by token, passes the c so far as `floor` and rescales what it summed before by 2^(floor − c).
+    """FAVOR+ features of key rows x (B, Hk, N, D) with `base2` projection w (m, D), all of a key/value head relative
+    to one stabilizer c, the largest exponent max_m w·x' − |x'|²/2 (log₂) over its N keys, at least `floor`:
+    (features (B, Hk, N, m), c (B, Hk, 1, 1) in float64). |x'|²/2 is taken in float64 (`half_squared_norm`), so
+    finite inputs as large as 10³⁰ give finite features, not inf − inf = NaN. A caller that maps a head's keys chunk
+    by chunk, or generates token by token, passes the c so far as `floor` and rescales what it summed before by
+    2^(floor − c).
     `key_padding_mask` (B, N), True where the key is padding: its exponent is −inf, so it neither sets c (a large
     padded key would push the real keys' features towards underflow) nor has features (2^−inf = 0)."""
     proj = x @ w.T  # (…, N, m)
@@ -98,8 +99,10 @@ def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, p
                         key_padding_mask=None):
     """FAVOR+ estimate of softmax(QKᵀ/√D)V: linear attention with φ = `favor_features`.
 
-    q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D). `projection` (features, D) comes from `init_state`;
-    when absent it is drawn here from `seed`. Unbiased for the kernel, error ~ 1/√features. O(n·m·D) time,
+    q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D). `projection` (features, D) comes from `init_state`;
+    when absent it is drawn here from `seed`. Hk < H (grouped-query attention): φ(K), its stabilizer and the sums
+    over keys are made once per key/value head, read in place by the H/Hk query heads sharing it, so sharing costs
+    less than multi-head attention. Unbiased for the kernel, error ~ 1/√features. O(n·m·D) time,
     O(n·D) memory: the output and one chunk of rows mapped at a time (causal by chunked prefix sums). float16/bfloat16
     inputs are mapped and summed in float32 (features near exp(−30) vanish in float16), the result cast back.
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zero and left out of
@@ -130,8 +133,9 @@ def _projection(shape: Shape, v: torch.Tensor, features: int, projection: torch.
 
 def _remember(k, v, *, max_len: int | None = None, features: int = 256, projection=None,
               seed: int = 0) -> StateCache:
-    """The state Σ φ(k_j) v_jᵀ (m × D), Σ φ(k_j) (m) and the stabilizer c the features share (log₂): O(m·D)
-    whatever the context; the cache keeps the projection it was built with, in its `base2` form."""
+    """The state Σ φ(k_j) v_jᵀ (m × D), Σ φ(k_j) (m) and the stabilizer c the features share (log₂), one each per
+    key/value head: O(m·D) whatever the context; the cache keeps the projection it was built with, in its `base2`
+    form."""
     w = base2(_projection(Shape.of(k, k, True), v, features, projection, seed))
     phi_k, offset = key_features(k.to(w.dtype), w)
     return StateCache({"features": features}, k, phi_k, v, offset=offset, projection=w)
@@ -150,7 +154,7 @@ def _step(q, k, v, cache: StateCache):
     the stabilizer raises it, and the state is rescaled by 2^(c_old − c_new) ≤ 1 (as online softmax does)."""
     w = cache.projection  # base 2
     phi_k, offset = key_features(k.to(w.dtype), w, floor=cache.offset)
-    factor = torch.exp2(cache.offset - offset).to(w.dtype)  # (B, H, 1, 1), 1 where c did not move
+    factor = torch.exp2(cache.offset - offset).to(w.dtype)  # (B, Hk, 1, 1), 1 where c did not move
     cache.kv.mul_(factor)
     cache.z.mul_(factor)
     cache.offset.copy_(offset)
@@ -159,33 +163,36 @@ def _step(q, k, v, cache: StateCache):
 
 
 def _cache_bytes(s: Shape, features: int = 256) -> float:
-    # kv and z in the work dtype (float32 for half inputs), the float64 stabilizer per head
-    return s.bh * ((features * s.D + features) * max(s.elem, 4) + 8)
+    # kv and z in the work dtype (float32 for half inputs), the float64 stabilizer, per key/value head
+    return s.bk * ((features * s.D + features) * max(s.elem, 4) + 8)
 
 
 def _step_flops(s: Shape, features: int = 256) -> float:
-    """Project q and k onto the m features (2·2·m·D), fold φ(k) vᵀ into the (m × D) state and read it with φ(q),
-    numerator and normaliser (4·m·D + 3·m): a head's step."""
-    return s.bh * (8.0 * features * s.D + 3.0 * features)
+    """Per key/value head: project k onto the m features (2·m·D) and fold φ(k) vᵀ into the (m × D) state
+    (2·m·D + m); per query head: project q (2·m·D) and read the state with φ(q), numerator and normaliser
+    (2·m·D + 2·m)."""
+    return s.bk * (4.0 * features * s.D + features) + s.bh * (4.0 * features * s.D + 2.0 * features)
 
 
 def _effective(q, k, v, causal: bool, state: dict, features: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """φ(Q)φ(K)ᵀ with FAVOR+ features from state["projection"], row-normalized (causal: j ≤ i), applied to v."""
+    """φ(Q)φ(K)ᵀ with FAVOR+ features from state["projection"], row-normalized (causal: j ≤ i), applied to v (shared
+    heads repeated: a dense picture, not a kernel)."""
+    k, v = repeated(q, k, v)
     phi_q = favor_features(q, state["projection"], is_query=True)
     phi_k = favor_features(k, state["projection"], is_query=False)
     return row_normalized(phi_q @ phi_k.transpose(-2, -1), causal), v
 
 
 def _maps_flops(s: Shape, features: int) -> float:
-    return 2.0 * s.bh * (s.Nq + s.Nk) * features * s.D  # the random projections x' Wᵀ of queries and keys
+    return 2.0 * (s.bh * s.Nq + s.bk * s.Nk) * features * s.D  # the random projections x' Wᵀ of queries and keys
 
 
 def _flops(s: Shape, features: int = 256) -> float:
-    return _maps_flops(s, features) + linear_core_flops(s.bh, s.Nq, s.Nk, features, s.D, s.causal)
+    return _maps_flops(s, features) + linear_core_flops(s, features)
 
 
 def _executed_flops(s: Shape, features: int = 256) -> float:
-    return _maps_flops(s, features) + linear_core_flops(s.bh, s.Nq, s.Nk, features, s.D, s.causal, executed=True)
+    return _maps_flops(s, features) + linear_core_flops(s, features, executed=True)
 
 
 def _memory(s: Shape, features: int = 256) -> float:
@@ -193,8 +200,7 @@ def _memory(s: Shape, features: int = 256) -> float:
     # copy of the rows for their norms (2·D numbers of 4 bytes) and five of (rows, 1) for the stabiliser. The base-2
     # projection (m, D) is held throughout.
     m, d = features, s.D
-    return (linear_core_memory(s.bh, s.Nq, s.Nk, m, d, s.elem, s.causal, m + 2, m + 2 * d + 5)
-            + m * d * max(s.elem, 4))
+    return linear_core_memory(s, m, m + 2, m + 2 * d + 5) + m * d * max(s.elem, 4)
 
 
 SPEC = MechanismSpec(
@@ -211,6 +217,7 @@ SPEC = MechanismSpec(
         causal=True,
         cross=True,
         padding=True,
+        shared_kv=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, prefill=_prefill,
                               step_flops=_step_flops, step_big_o="O(m·d)", cache_big_o="O(m·d)"),
     ),

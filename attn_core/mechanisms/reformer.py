@@ -278,6 +278,8 @@ SPEC = MechanismSpec(
         no_generation="Its chunks are cut from the whole sequence sorted by bucket, so one new token shifts the chunk "
                       "of every token sorted after it: there is no cache a step can extend without sorting again.",
         shared_qk=True,
+        no_shared_kv="Its keys are its queries themselves, normalised (it never reads k), so it has one key head per "
+                     "query head and nothing for a group of query heads to share.",
     ),
     insight=Insight(
         effective=_effective,
