@@ -10,14 +10,16 @@ import torch.nn.functional as F
 
 from ..masks import Pattern
 from ..spec import Shape
+from ._common import fold, unfold
 from .sdpa import SPEC as SDPA
+from .sdpa import _sdpa as shared_sdpa  # F.scaled_dot_product_attention with k, v of Hk ≤ H heads
 
 # Scores held at once per chunk of query blocks, in elements (over all batch·heads): bounds the workspace.
 CHUNK_ELEMS = 1 << 21
 
 
 class Extra(NamedTuple):
-    """Keys every query block may see besides its band (Longformer's global tokens): keys and values (B, H, g, D)
+    """Keys every query block may see besides its band (Longformer's global tokens): keys and values (B, Hk, g, D)
     at sequence positions (g,), kept for query i where `pattern` allows and the band's pattern does not (so a key
     inside the band is counted once)."""
 
@@ -32,24 +34,32 @@ def chunk_blocks(heads: int, block: int, span: int) -> int:
     return max(1, CHUNK_ELEMS // (heads * block * span))
 
 
-def banded_memory(heads: int, n: int, d: int, elem: int, *, block: int, left: int, right: int,
-                  extra: int = 0, dtype: str = "float32") -> float:
-    """Predicted peak bytes of banded_attention above its inputs: reached in the first chunk, which holds the output,
-    the (block, S) mask, its scaled queries, zero-padded key and value slabs when it touches an edge, its edge mask,
-    and the scores and probabilities (B·H·rows·S each). With `extra` keys (`_merged`) instead of those two: the
-    extra keys' copies and masks, the chunk's (rows, S + extra) bias, its joined keys and values and what the
-    fused kernel allocates (the sdpa spec's prediction for that call)."""
-    span = left + block + right
-    rows = min(chunk_blocks(heads, block, span + extra), -(-n // block)) * block
-    edge = left > 0 or rows + right > n
-    slabs = 2 * heads * (rows + left + right) * d * elem + rows * span * elem if edge else 0
-    held = heads * n * d * elem + block * span * (elem + 1) + heads * rows * d * elem + slabs
-    if not extra:
-        return held + 2 * heads * rows * span * elem
+def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0) -> float:
+    """Predicted peak bytes of banded_attention above its inputs (s.Nq = n; r = H/Hk query heads a key/value head):
+    reached in the first chunk, which holds the output, the (block, S) mask, its scaled queries, zero-padded key and
+    value slabs of the Hk heads when it touches an edge, its edge mask, and the scores and probabilities (B·H·rows·S
+    each), or the probabilities, the values' windows copied for P V (`window_copy`, Hk heads) and their product.
+    With `extra` keys (`_merged`) instead of those: the extra keys' copies and masks, the chunk's bias with a row
+    for each of its r·rows folded query rows, its joined keys and values (Hk heads) and what the fused kernel
+    allocates (the sdpa spec's prediction for that call: B·Hk problems of c blocks of r·block rows)."""
+    span, elem, d = left + block + right, s.elem, s.D
+    rows = min(chunk_blocks(s.bh, block, span + extra), -(-s.Nq // block)) * block
+    edge = left > 0 or rows + right > s.Nq
+    slabs = 2 * s.bk * (rows + left + right) * d * elem + rows * span * elem if edge else 0
+    held = s.bh * s.Nq * d * elem + block * span * (elem + 1) + s.bh * rows * d * elem + slabs
+    if not extra:  # the scores beside their probabilities, or the probabilities beside P V and the values it reads
+        scores, c = s.bh * rows * span * elem, rows // block
+        return held + scores + max(scores, window_copy(s.bk, c, span * d * elem) + s.bh * rows * d * elem)
     c, keys = rows // block, span + extra
-    masks = rows * (8 + extra * (elem + 1) + keys * elem)  # query positions, the extra keys' mask and bias, bias
-    fused = SDPA.cost.memory_bytes(Shape(heads, c, block, keys, d, dtype=dtype))
-    return held + 2 * heads * extra * d * elem + masks + 2 * heads * c * keys * d * elem + fused
+    masks = rows * (8 + extra * (elem + 1)) + s.group * rows * keys * elem  # positions, extra mask, folded bias
+    fused = SDPA.cost.memory_bytes(Shape(s.bk, c, s.group * block, keys, d, dtype=s.dtype))
+    return held + 2 * s.bk * extra * d * elem + masks + 2 * s.bk * c * keys * d * elem + fused
+
+
+def window_copy(batch: int, c: int, nbytes: int) -> int:
+    """Bytes a batched matmul copies of c overlapping windows (strided views) of each of `batch` key/value heads,
+    `nbytes` each: torch.matmul flattens the batch dimensions, which a view allows only when one of them is 1."""
+    return batch * c * nbytes if batch > 1 and c > 1 else 0
 
 
 def banded_flops(heads: int, n: int, d: int, *, block: int, left: int, right: int) -> float:
@@ -87,20 +97,52 @@ def softmax_seen(scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return (torch.softmax(scores, dim=-1) @ values).masked_fill_(dead, 0.0)
 
 
+# -- query blocks of a group of heads sharing a key/value head (grouped-query attention, arXiv 2305.13245)
+def query_blocks(q: torch.Tensor, key_heads: int, qs: int, c: int, block: int) -> torch.Tensor:
+    """The scaled queries (q/√D) of the c blocks from row qs, the r = H/Hk query heads of a group stacked as each
+    block's rows: q (B, H, n, D) → (B, Hk, c, r·block, D), row ρ of a block is head ρ // block of the group at
+    position qs + block·β + ρ mod block; zero rows past n. One copy, whatever r."""
+    B, H, n, D = q.shape
+    r, full = H // key_heads, min(c, (n - qs) // block)  # whole blocks; the last of all may be partial
+    qc = (q.new_empty if full == c else q.new_zeros)(B, key_heads, c, r, block, D)
+    heads = q.unflatten(1, (key_heads, r))  # (B, Hk, r, n, D), a view
+    if full:
+        qc[:, :, :full] = heads[:, :, :, qs:qs + full * block].unflatten(3, (full, block)).transpose(2, 3)
+    if full < c:
+        qc[:, :, full, :, :n - qs - full * block] = heads[:, :, :, qs + full * block:]
+    return qc.mul_(1.0 / math.sqrt(D)).view(B, key_heads, c, r * block, D)
+
+
+def write_blocks(out: torch.Tensor, rows: torch.Tensor, qs: int, block: int) -> None:
+    """Inverse of `query_blocks`: out (B, H, n, D) rows from qs ← rows (B, Hk, c, r·block, D), cut at n."""
+    B, H, n, D = out.shape
+    Hk, c = rows.shape[1], rows.shape[2]
+    r, full = H // Hk, min(c, (n - qs) // block)
+    src = rows.view(B, Hk, c, r, block, D).transpose(2, 3)  # (B, Hk, r, c, block, D)
+    heads = out.view(B, Hk, r, n, D)
+    if full:
+        heads[:, :, :, qs:qs + full * block].unflatten(3, (full, block)).copy_(src[:, :, :, :full])
+    if full < c:
+        heads[:, :, :, qs + full * block:] = src[:, :, :, full, :n - qs - full * block]
+
+
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, pattern: Pattern, block: int,
                      left: int, right: int, extra: Extra | None = None,
                      key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(Q Kᵀ/√D masked by `pattern`) V for self-attention, q, k, v (B, H, n, D) → (B, H, n, D).
+    """softmax(Q Kᵀ/√D masked by `pattern`) V for self-attention, q (B, H, n, D), k and v (B, Hk, n, D)
+    → (B, H, n, D), Hk dividing H (query head i reads key/value head ⌊i·Hk/H⌋).
 
     Query block β (rows [β·block, (β+1)·block)) may only see keys in [β·block − left, (β+1)·block + right): a
     window of S = left + block + right keys taken as a strided view. Within it the allowed cells are the same for
     every block (the pattern is invariant under shifts by `block`), so one (block, S) mask serves all; keys
-    outside [0, n) are masked per block. Chunks of query blocks bound the workspace to about CHUNK_ELEMS scores.
-    O(n·S·D) time, O(n·D) memory. `extra` adds g keys every block is scored against too, in the same softmax
-    (`_merged`): O(n·(S + g)·D) time. `key_padding_mask` (B, n) boolean, True where the key is padding: a per-key
-    bias (`padding_bias`), cut into windows as the keys are (and taken at the extra keys' positions), is added to
-    each block's scores, which are then held per chunk (the fused kernel takes no per-batch bias here); a query that
-    sees no unpadded key outputs zeros. No n×n tensor either way.
+    outside [0, n) are masked per block. The r = H/Hk query heads sharing a key/value head are one block of r·block
+    rows (`query_blocks`): each window is cut once per key/value head and read in place by its group. Chunks of
+    query blocks bound the workspace to about CHUNK_ELEMS scores. O(n·S·D) time, O(n·D) memory. `extra` adds g
+    keys every block is scored against too, in the same softmax (`_merged`): O(n·(S + g)·D) time.
+    `key_padding_mask` (B, n) boolean, True where the key is padding: a per-key bias (`padding_bias`), cut into
+    windows as the keys are (and taken at the extra keys' positions), is added to each block's scores, which are
+    then held per chunk (the fused kernel takes no per-batch bias here); a query that sees no unpadded key outputs
+    zeros. No n×n tensor either way.
     """
     B, H, n, D = q.shape
     span = left + block + right
@@ -110,45 +152,47 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     t = torch.arange(span, device=q.device)[None, :]
     keep = pattern(base + r, base - left + t)  # (block, S), the same for every block
     # A finite floor, not −inf: a padded query row that sees no key must not turn into NaN (nor its gradients).
-    inner_bias = torch.zeros(block, span, dtype=q.dtype, device=q.device).masked_fill_(~keep, torch.finfo(q.dtype).min / 2)
+    inner_bias = torch.zeros(block, span, dtype=q.dtype, device=q.device).masked_fill_(~keep, floor(q.dtype))
     out = q.new_empty(B, H, n, D)
     step = chunk_blocks(B * H, block, span + (0 if extra is None else len(extra.positions)))
     pad = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype)
     for first in range(0, n_blocks, step):
-        c = min(step, n_blocks - first)
-        qs, qe = first * block, min(n, (first + c) * block)
-        out[:, :, qs:qe] = _chunk(q, k, v, qs, c, block, left, right, inner_bias, pattern, extra,
-                                  pad)[:, :, : qe - qs]
+        c, qs = min(step, n_blocks - first), first * block
+        qc = query_blocks(q, k.shape[1], qs, c, block)
+        write_blocks(out, _chunk(qc, k, v, qs, block, left, inner_bias, pattern, extra, pad), qs, block)
     return out
 
 
-def _chunk(q, k, v, qs: int, c: int, block: int, left: int, right: int, inner_bias: torch.Tensor, pattern: Pattern,
+def _chunk(qc: torch.Tensor, k, v, qs: int, block: int, left: int, inner_bias: torch.Tensor, pattern: Pattern,
            extra: Extra | None, pad: torch.Tensor | None = None) -> torch.Tensor:
-    """Output rows [qs, qs + c·block) of banded_attention, (B, H, c·block, D); its temporaries die on return."""
-    B, H, n, D = q.shape
-    span = inner_bias.shape[-1]
-    qc = F.pad(q[:, :, qs:min(n, qs + c * block)], (0, 0, 0, max(0, qs + c * block - n))) * (1.0 / math.sqrt(D))
-    ks, ke = qs - left, qs + c * block + right
-    kw = _key_slab(k, ks, ke).unfold(2, span, block)  # (B, H, c, D, S): a view, no copy
+    """The c query blocks qc (B, Hk, c, r·block, D) from row qs (`query_blocks`) against their windows of the Hk
+    key/value heads → (B, Hk, c, r·block, D); its temporaries die on return."""
+    B, Hk, c, rows, D = qc.shape
+    n, span = k.shape[-2], inner_bias.shape[-1]
+    ks = qs - left
+    ke = ks + (c - 1) * block + span
+    kw = _key_slab(k, ks, ke).unfold(2, span, block)  # (B, Hk, c, D, S): a view, no copy
     vw = _key_slab(v, ks, ke).unfold(2, span, block)
     bias = inner_bias
     if ks < 0 or ke > n:  # edge chunk: mask the zero-padded keys
-        pos = ks + block * torch.arange(c, device=q.device)[:, None, None] + torch.arange(span, device=q.device)
-        bias = inner_bias.masked_fill((pos < 0) | (pos >= n), torch.finfo(q.dtype).min / 2)  # (c, block, S)
+        starts = ks + block * torch.arange(c, device=qc.device)[:, None, None, None]
+        pos = starts + torch.arange(span, device=qc.device)  # (c, 1, 1, S): each block's key positions
+        bias = inner_bias.masked_fill((pos < 0) | (pos >= n), floor(qc.dtype))  # (c, 1, block, S)
     if extra is not None and pad is None:
-        return _merged(qc, kw, vw, bias, qs, pattern, extra)
+        return _merged(qc, kw, vw, bias, qs, block, pattern, extra)
+    by_row = (B, Hk, c, rows // block, block, -1)  # a block's rows as (head of the group, row): the mask's rows
     if pad is None:  # no named scores: they die inside softmax, as the memory prediction assumes
-        p = torch.softmax((qc.view(B, H, c, block, D) @ kw).add_(bias), dim=-1)  # (B, H, c, block, S)
-        return (p @ vw.transpose(-1, -2)).view(B, H, c * block, D)
-    s = (qc.view(B, H, c, block, D) @ kw).add_(bias)
-    s.add_(_key_slab(pad, ks, ke).unfold(2, span, block))  # (B, 1, c, 1, S): the padding of each block's keys
+        p = torch.softmax((qc @ kw).view(by_row).add_(bias), dim=-1)  # (B, Hk, c, r, block, S)
+        return p.flatten(3, 4) @ vw.transpose(-1, -2)
+    s = (qc @ kw).view(by_row).add_(bias)
+    s.add_(_key_slab(pad, ks, ke).unfold(2, span, block)[:, :, :, None])  # (B, 1, c, 1, 1, S): each block's keys
     if extra is None:
-        return softmax_seen(s, vw.transpose(-1, -2)).view(B, H, c * block, D)
-    side = _extra_bias(qs, c * block, pattern, extra, qc.dtype).view(c, block, -1)  # (c, block, g)
-    t = (qc @ extra.k.transpose(-2, -1)).view(B, H, c, block, -1).add_(side)
-    t.add_(pad[:, :, extra.positions].view(B, 1, 1, 1, -1))  # the extra keys' padding
-    values = torch.cat([vw.transpose(-1, -2), extra.v[:, :, None].expand(B, H, c, -1, D)], dim=-2)
-    return softmax_seen(torch.cat([s, t], dim=-1), values).view(B, H, c * block, D)
+        return softmax_seen(s.flatten(3, 4), vw.transpose(-1, -2))
+    side = _extra_bias(qs, c * block, pattern, extra, qc.dtype).view(c, 1, block, -1)  # (c, 1, block, g)
+    t = (qc.view(B, Hk, -1, D) @ extra.k.transpose(-2, -1)).view(by_row).add_(side)
+    t.add_(pad[:, :, extra.positions].view(B, 1, 1, 1, 1, -1))  # the extra keys' padding
+    values = torch.cat([vw.transpose(-1, -2), extra.v[:, :, None].expand(B, Hk, c, -1, D)], dim=-2)
+    return softmax_seen(torch.cat([s, t], dim=-1).flatten(3, 4), values)
 
 
 def _extra_bias(qs: int, rows: int, pattern: Pattern, extra: Extra, dtype: torch.dtype) -> torch.Tensor:
@@ -160,34 +204,38 @@ def _extra_bias(qs: int, rows: int, pattern: Pattern, extra: Extra, dtype: torch
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, floor(dtype))
 
 
-def _merged(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Tensor, qs: int, pattern: Pattern,
-            extra: Extra) -> torch.Tensor:
+def _merged(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Tensor, qs: int, block: int,
+            pattern: Pattern, extra: Extra) -> torch.Tensor:
     """A chunk's c query blocks against their band of S keys and the g extra keys, one softmax over S + g: the
     extra keys joined to every block's window (a key the band holds already is masked among the extra ones), the
     softmax and product fused by PyTorch's kernel (`F.scaled_dot_product_attention`, no scores held).
-    qc (B, H, c·block, D) already scaled, kw (B, H, c, D, S), vw likewise, bias (block or c, block, S)
-    → (B, H, c·block, D)."""
-    B, H, c, D, S = kw.shape
-    block = qc.shape[-2] // c
-    side = _extra_bias(qs, c * block, pattern, extra, qc.dtype)  # (c·block, g)
-    bias = torch.cat([bias.expand(c, block, S), side.view(c, block, -1)], dim=-1)  # (c, block, S + g)
-    keys, values = (torch.cat([w.transpose(-1, -2), x[:, :, None].expand(B, H, c, -1, D)], dim=-2)
-                    .view(B * H, c, -1, D) for w, x in ((kw, extra.k), (vw, extra.v)))  # (B·H, c, S + g, D)
-    queries = qc.reshape(B * H, c, block, D)
-    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias[None], scale=1.0).view(B, H, -1, D)
+    qc (B, Hk, c, r·block, D) already scaled, kw (B, Hk, c, D, S), vw likewise, bias (block or c, 1, block, S)
+    → (B, Hk, c, r·block, D). The bias is written out for each of a block's r·block rows (a row's cells depend on
+    its position, the fused kernel takes no mask that repeats by rows)."""
+    B, Hk, c, D, S = kw.shape
+    rows = qc.shape[-2]
+    side = _extra_bias(qs, c * block, pattern, extra, qc.dtype).view(c, 1, block, -1)  # (c, 1, block, g)
+    every = (c, rows // block, block)
+    bias = torch.cat([bias.expand(*every, S), side.expand(*every, -1)], dim=-1).view(c, rows, -1)  # (c, r·b, S+g)
+    keys, values = (torch.cat([w.transpose(-1, -2), x[:, :, None].expand(B, Hk, c, -1, D)], dim=-2)
+                    .view(B * Hk, c, -1, D) for w, x in ((kw, extra.k), (vw, extra.v)))  # (B·Hk, c, S + g, D)
+    queries = qc.view(B * Hk, c, rows, D)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias[None], scale=1.0).view(qc.shape)
 
 
 def dense_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, positions: torch.Tensor,
                causal: bool, key_padding_mask: torch.Tensor | None = None) -> None:
     """Rows `positions` of `out` (B, H, n, D) replaced by softmax attention over all n keys (causal: j ≤ i): the
     global tokens' rows, through PyTorch's fused kernel (`F.scaled_dot_product_attention`, no (rows, n) scores
-    held). Causal, in slabs of rows whose (rows, n) additive mask holds about CHUNK_ELEMS entries.
-    `key_padding_mask` (B, n), True where the key is padding: left out by a per-key bias, a slab's (rows, n)
-    scores then held (a row that sees no unpadded key outputs zeros). O(g·n·D) time, O(n·D) memory beyond the
+    held; k, v of Hk < H heads read in place, `enable_gqa`). Causal, in slabs of rows whose (rows, n) additive
+    mask holds about CHUNK_ELEMS entries. `key_padding_mask` (B, n), True where the key is padding: left out by a
+    per-key bias, a slab's (rows, n) scores then held, the query heads sharing a key/value head as rows of one
+    product (`fold`); a row that sees no unpadded key outputs zeros. O(g·n·D) time, O(n·D) memory beyond the
     output."""
     B, H, n, D = q.shape
+    Hk = k.shape[1]
     rows = dense_slab(n, len(positions), causal or key_padding_mask is not None)
-    pad = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype).transpose(-2, -1)
+    pad = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype).view(B, 1, 1, 1, n)
     for first in range(0, len(positions), rows):
         p = positions[first:first + rows]
         mask = None
@@ -195,11 +243,11 @@ def dense_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
             future = torch.arange(n, device=q.device) > p[:, None]
             mask = torch.zeros(future.shape, dtype=q.dtype, device=q.device).masked_fill_(future, floor(q.dtype))
         if pad is None:
-            seen = F.scaled_dot_product_attention(q.index_select(2, p), k, v,
-                                                  attn_mask=None if mask is None else mask[None, None])
-        else:  # (B, 1, 1, n) padding beside the (rows, n) mask
-            scores = (q.index_select(2, p) * (1.0 / math.sqrt(D))) @ k.transpose(-2, -1)
-            seen = softmax_seen(scores.add_(pad if mask is None else pad + mask), v)
+            seen = shared_sdpa(q.index_select(2, p), k, v, attn_mask=None if mask is None else mask[None, None])
+        else:  # (B, 1, 1, 1, n) padding beside the (rows, n) mask, on the (B, Hk, r, rows, n) view of the scores
+            scores = fold(q.index_select(2, p) * (1.0 / math.sqrt(D)), Hk) @ k.transpose(-2, -1)
+            scores.view(B, Hk, H // Hk, len(p), n).add_(pad if mask is None else pad + mask)
+            seen = unfold(softmax_seen(scores, v), H)
         out.index_copy_(2, p, seen)
 
 
@@ -213,12 +261,13 @@ def floor(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min / 2
 
 
-def dense_rows_memory(batch: int, heads: int, n: int, d: int, dtype: str, count: int, causal: bool) -> float:
-    """Peak bytes of dense_rows for `count` rows beside the output it writes into: one slab's queries, what the fused
-    kernel allocates for them (the sdpa spec's prediction), and, causal, the slab's (rows, n) mask and its bias."""
+def dense_rows_memory(s: Shape, count: int) -> float:
+    """Peak bytes of dense_rows for `count` rows of s (n = s.Nq) beside the output it writes into: one slab's
+    queries, what the fused kernel allocates for them (the sdpa spec's prediction, Hk key/value heads), and, causal,
+    the slab's (rows, n) mask and its bias."""
     if not count:
         return 0.0
-    rows = dense_slab(n, count, causal)
-    shape = Shape(batch, heads, rows, n, d, dtype=dtype)
-    mask = rows * n * (1 + shape.elem) if causal else 0
-    return 8 * count + shape.bh * rows * d * shape.elem + SDPA.cost.memory_bytes(shape) + mask
+    rows = dense_slab(s.Nq, count, s.causal)
+    slab = Shape(s.B, s.H, rows, s.Nq, s.D, dtype=s.dtype, Hk=s.key_heads)
+    mask = rows * s.Nq * (1 + s.elem) if s.causal else 0
+    return 8 * count + s.bh * rows * s.D * s.elem + SDPA.cost.memory_bytes(slab) + mask

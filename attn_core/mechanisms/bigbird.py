@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from .. import masks
 from ..spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
-from ._banded import chunk_blocks, dense_rows, dense_rows_memory, floor, padding_bias, softmax_seen
+from ._banded import (chunk_blocks, dense_rows, dense_rows_memory, floor, padding_bias, query_blocks, softmax_seen,
+                      write_blocks)
 from ._common import check_key_padding, checked_shape, trusted
 from .sdpa import SPEC as SDPA
 
@@ -85,14 +86,15 @@ def bigbird_attention(q, k, v, *, causal: bool = False, block: int = 64, window_
     (−⌊w/2⌋ ≤ γ − β ≤ ⌊(w − 1)/2⌋), or β or γ is one of the first g (global) blocks, or γ is in row β of
     `random_table`; causal: and j ≤ i. b = block, w = window_blocks, g = global_blocks.
 
-    q, k, v (B, H, n, D) → (B, H, n, D); any n (the last block partial, masked). `random_table` comes from
-    `init_state`, drawn here from `seed` when absent. Every non-global query block gathers its key blocks
-    (window, global, random: K blocks) whole, by index, and attends to them in one masked softmax, all query
-    blocks of a chunk of bounded size in one call of PyTorch's fused kernel (`F.scaled_dot_product_attention`:
-    the (b, K·b) scores are never held); the global blocks' rows attend densely (`dense_rows`). No n×n tensor:
-    O(n·K·b·D) time, O(n·D) memory. `key_padding_mask` (B, n) boolean, True where the key is padding: those keys
-    are left out of every row (a chunk's scores then held: the fused kernel takes no per-batch bias there); a query
-    that sees no unpadded key outputs zeros.
+    q (B, H, n, D), k and v (B, Hk, n, D) → (B, H, n, D); any n (the last block partial, masked). `random_table`
+    comes from `init_state`, drawn here from `seed` when absent: one row per query block, the same for every head.
+    Every non-global query block gathers its key blocks (window, global, random: K blocks) whole, by index, and
+    attends to them in one masked softmax, all query blocks of a chunk of bounded size in one call of PyTorch's
+    fused kernel (`F.scaled_dot_product_attention`: the (b, K·b) scores are never held); Hk < H: once per
+    key/value head, for the H/Hk query heads sharing it stacked as the block's rows. The global blocks' rows attend
+    densely (`dense_rows`). No n×n tensor: O(n·K·b·D) time, O(n·D) memory. `key_padding_mask` (B, n) boolean, True
+    where the key is padding: those keys are left out of every row (a chunk's scores then held: the fused kernel
+    takes no per-batch bias there); a query that sees no unpadded key outputs zeros.
     """
     params = {"block": block, "window_blocks": window_blocks, "global_blocks": global_blocks,
               "random_blocks": random_blocks}
@@ -127,42 +129,45 @@ def _key_blocks(L: Layout, table: torch.Tensor) -> torch.Tensor:
 def _block_rows(q, k, v, out: torch.Tensor, key_blocks: torch.Tensor, L: Layout, causal: bool,
                 key_padding_mask: torch.Tensor | None = None) -> None:
     """Rows of the non-global query blocks, in chunks of c blocks (c·b·K·b scores per head ≤ CHUNK_ELEMS over all
-    heads): each chunk's keys and values gathered, (B·H, c, K·b, D), and attended to in one fused call."""
+    heads): each chunk's keys and values gathered once per key/value head, (B·Hk, c, K·b, D), and attended to in
+    one fused call by the H/Hk query heads sharing it, stacked as each block's rows (`query_blocks`)."""
     B, H, n, D = q.shape
     span = L.keys * L.b
     step = chunk_blocks(B * H, L.b, span)
-    pad = L.nb * L.b - n  # keys and values as whole blocks (B, H, nb, b, D), zero-padded when n % b ≠ 0
-    kb, vb = ((F.pad(x, (0, 0, 0, pad)) if pad else x).view(B, H, L.nb, L.b, D) for x in (k, v))
+    pad = L.nb * L.b - n  # keys and values as whole blocks (B, Hk, nb, b, D), zero-padded when n % b ≠ 0
+    kb, vb = ((F.pad(x, (0, 0, 0, pad)) if pad else x).view(B, x.shape[1], L.nb, L.b, D) for x in (k, v))
     bias = None if key_padding_mask is None else padding_bias(F.pad(key_padding_mask, (0, pad), value=True),
                                                               q.dtype)[:, 0, :, 0]  # (B, nb·b)
     for first in range(L.g, L.nb, step):
-        c = min(step, L.nb - first)
-        qs, qe = first * L.b, min(n, (first + c) * L.b)
-        out[:, :, qs:qe] = _chunk(q, kb, vb, key_blocks[first - L.g:first - L.g + c], qs, causal,
-                                  bias)[:, :, :qe - qs]
+        c, qs = min(step, L.nb - first), first * L.b
+        qc = query_blocks(q, k.shape[1], qs, c, L.b)  # (B, Hk, c, r·b, D), scaled
+        write_blocks(out, _chunk(qc, kb, vb, key_blocks[first - L.g:first - L.g + c], qs, n, causal, bias), qs, L.b)
 
 
-def _chunk(q, kb, vb, blocks: torch.Tensor, qs: int, causal: bool, padded: torch.Tensor | None = None) -> torch.Tensor:
-    """c query blocks from row qs against their key blocks (c, K), gathered whole from the blocked keys and values
-    kb, vb (B, H, nb, b, D), masked where a slot holds no key, a key lies past n or (causal) after the query;
-    `padded`: the keys' padding bias (B, nb·b), added to the gathered keys' scores, which are then held:
-    → (B, H, c·b, D); temporaries die on return."""
-    B, H, n, D = q.shape
-    c, b = blocks.shape[0], kb.shape[3]
-    tokens = (blocks[:, :, None] * b + torch.arange(b, device=q.device)).flatten(1)  # (c, K·b)
-    where = torch.arange(qs, qs + c * b, device=q.device).view(c, b, 1)  # query positions
+def _chunk(qc, kb, vb, blocks: torch.Tensor, qs: int, n: int, causal: bool,
+           padded: torch.Tensor | None = None) -> torch.Tensor:
+    """c query blocks from row qs of n, qc (B, Hk, c, r·b, D) scaled (`query_blocks`), against their key blocks (c, K),
+    gathered whole from the blocked keys and values kb, vb (B, Hk, nb, b, D), masked where a slot holds no key, a
+    key lies past n or (causal) after the query; `padded`: the keys' padding bias (B, nb·b), added to the gathered
+    keys' scores, which are then held: → (B, Hk, c, r·b, D); temporaries die on return. Causal, the mask is
+    written out for each of a block's r·b rows (a row's cells depend on its position)."""
+    B, Hk, c, rows, D = qc.shape
+    b = kb.shape[3]
+    tokens = (blocks[:, :, None] * b + torch.arange(b, device=qc.device)).flatten(1)  # (c, K·b)
+    where = torch.arange(qs, qs + c * b, device=qc.device).view(c, b, 1)  # query positions
     ok = ((blocks >= 0).repeat_interleave(b, dim=1) & (tokens < n))[:, None, :]  # (c, 1, K·b)
     if causal:
         ok = ok & (tokens[:, None, :] <= where)
-    bias = torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill_(~ok, floor(q.dtype))
+    bias = torch.zeros(c, rows // b if causal else 1, ok.shape[1], ok.shape[2], dtype=qc.dtype, device=qc.device)
+    bias = bias.masked_fill_(~ok[:, None], floor(qc.dtype)).view(c, -1, ok.shape[2])  # (c, r·b or 1, K·b)
     index = blocks.clamp_min(0).flatten()  # a slot without a key reads block 0, masked
-    qc = F.pad(q[:, :, qs:min(n, qs + c * b)], (0, 0, 0, max(0, qs + c * b - n))).reshape(B * H, c, b, D)
-    keys, values = (x.index_select(2, index).view(B * H, c, -1, D) for x in (kb, vb))  # (B·H, c, K·b, D)
+    keys, values = (x.index_select(2, index).view(B * Hk, c, -1, D) for x in (kb, vb))  # (B·Hk, c, K·b, D)
+    queries = qc.view(B * Hk, c, rows, D)
     if padded is None:
-        return F.scaled_dot_product_attention(qc, keys, values, attn_mask=bias[None]).view(B, H, c * b, D)
-    scores = (qc * D ** -0.5 @ keys.transpose(-2, -1)).view(B, H, c, b, -1).add_(bias)
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias[None], scale=1.0).view(qc.shape)
+    scores = (queries @ keys.transpose(-2, -1)).view(B, Hk, c, rows, -1).add_(bias)
     scores.add_(padded[:, tokens].view(B, 1, c, 1, -1))  # the gathered keys' padding
-    return softmax_seen(scores, values.view(B, H, c, -1, D)).view(B, H, c * b, D)
+    return softmax_seen(scores, values.view(B, Hk, c, -1, D))
 
 
 def _pattern(causal: bool, block: int = 64, window_blocks: int = 3, global_blocks: int = 2, random_blocks: int = 3,
@@ -225,27 +230,29 @@ def _executed_flops(s: Shape, block: int = 64, window_blocks: int = 3, global_bl
 def _memory(s: Shape, block: int = 64, window_blocks: int = 3, global_blocks: int = 2,
             random_blocks: int = 3) -> float:
     """The output beside the larger of the first chunk of query blocks (`_chunk`) and the global rows
-    (`dense_rows_memory`). A chunk of c blocks, rows = c·b, S = K·b: the blocked keys and values when n % b ≠ 0
-    (zero-padded copies), the key-block table, the chunk's token positions, mask and bias ((rows, S) causal,
-    else (c, S)), its queries (a zero-padded copy), its gathered keys and values (c·S·D each)
-    and what the fused kernel allocates (the sdpa spec's prediction for that call)."""
+    (`dense_rows_memory`). A chunk of c blocks, rows = c·b, S = K·b, r = H/Hk: the blocked keys and values when
+    n % b ≠ 0 (zero-padded copies, Hk heads), the key-block table, the chunk's token positions, mask ((rows, S)
+    causal, else (c, S)) and bias (causal, one row for each of the r·rows folded query rows), its queries (a scaled
+    copy), its gathered keys and values (c·S·D each, Hk heads) and what the fused kernel allocates (the sdpa spec's
+    prediction for that call: B·Hk problems of c blocks of r·b rows)."""
     L = layout(s.Nq, s.causal, block, window_blocks, global_blocks, random_blocks)
     out = s.bh * s.Nq * s.D * s.elem
     G = min(L.g * L.b, s.Nq)
-    dense = dense_rows_memory(s.B, s.H, s.Nq, s.D, s.dtype, G, s.causal)
+    dense = dense_rows_memory(s, G)
     if L.g == L.nb:
         return out + dense
     span = L.keys * L.b
     c = min(chunk_blocks(s.bh, L.b, span), L.nb - L.g)
     padded = L.nb * L.b != s.Nq
-    blocked = 2 * s.bh * L.nb * L.b * s.D * s.elem if padded else 0
+    blocked = 2 * s.bk * L.nb * L.b * s.D * s.elem if padded else 0
     table = (L.nb - L.g) * L.keys * 8
     mask = (c * L.b if s.causal else c) * span
+    bias = mask * (s.group if s.causal else 1) * s.elem
     positions = 8 * (c * span + c * L.b + c * L.keys)  # key tokens, query positions, block indices
     queries = s.bh * c * L.b * s.D * s.elem
-    gathered = 2 * s.bh * c * span * s.D * s.elem
-    fused = SDPA.cost.memory_bytes(Shape(s.bh, c, L.b, span, s.D, dtype=s.dtype))
-    chunk = blocked + table + positions + mask * (1 + s.elem) + queries + gathered + fused
+    gathered = 2 * s.bk * c * span * s.D * s.elem
+    fused = SDPA.cost.memory_bytes(Shape(s.bk, c, s.group * L.b, span, s.D, dtype=s.dtype))
+    chunk = blocked + table + positions + mask + bias + queries + gathered + fused
     return out + max(chunk, dense)
 
 
@@ -271,6 +278,7 @@ SPEC = MechanismSpec(
         causal=True,
         cross=False,
         padding=True,
+        shared_kv=True,
         no_generation="Its random blocks are drawn from the whole sequence's blocks, so each new block changes "
                       "the draw of every block before it: there is no cache a step can extend.",
     ),

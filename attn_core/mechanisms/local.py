@@ -17,8 +17,9 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     """Exact attention where query i sees key j iff −lookback ≤ ⌊j/block⌋ − ⌊i/block⌋ ≤ lookahead
     (causal: lookahead is 0 and j ≤ i).
 
-    q, k, v (B, H, n, D) → (B, H, n, D); any n (the last block may be partial). Computed block by block against a
-    strided view of (lookback + 1 + lookahead)·block keys. O(n·block·d) time, O(n·d) memory.
+    q (B, H, n, D), k and v (B, Hk, n, D) → (B, H, n, D); any n (the last block may be partial). Computed block by
+    block against a strided view of (lookback + 1 + lookahead)·block keys, the H/Hk query heads sharing a key/value
+    head as one block's rows (`banded_attention`). O(n·block·d) time, O(n·d) memory.
     `key_padding_mask` (B, n) boolean, True where the key is padding: those keys get no weight (a query whose
     blocks hold only padding outputs zeros).
     """
@@ -57,7 +58,7 @@ def _executed_flops(s: Shape, block: int = 128, lookback: int = 1, lookahead: in
 
 def _memory(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
     b, back, ahead = _reach(s, block, lookback, lookahead)
-    return banded_memory(s.bh, s.Nq, s.D, s.elem, block=b, left=back * b, right=ahead * b)
+    return banded_memory(s, block=b, left=back * b, right=ahead * b)
 
 
 def _remember(k, v, *, max_len: int | None = None, block: int = 128, lookback: int = 1,
@@ -101,6 +102,7 @@ SPEC = MechanismSpec(
         causal=True,
         cross=False,
         padding=True,
+        shared_kv=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(b·d)",
                               cache_big_o="O(b·d)"),
     ),

@@ -21,10 +21,12 @@ def longformer_attention(q, k, v, *, causal: bool = False, window: int = 256, gl
     and j ≤ i, so a global token sees only the past and a query sees a global key only at j ≤ i).
 
     The global positions are the first `global_tokens` (g) unless `global_positions` lists min(g, n) distinct
-    ones. q, k, v (B, H, n, D) → (B, H, n, D); any n. Every block of queries attends to its band of keys (as in
-    `sliding_window`) and the g global keys in one masked softmax, a global key inside the band counted once, fused
-    by PyTorch's kernel; then the g global rows attend densely to all n keys, written over theirs (`dense_rows`).
-    No n×n tensor: O(n·(w + g)·D) time, O(n·D) memory (the band in chunks, the global rows in slabs).
+    ones (positions, the same for every head). q (B, H, n, D), k and v (B, Hk, n, D) → (B, H, n, D); any n. Every
+    block of queries attends to its band of keys (as in `sliding_window`) and the g global keys in one masked
+    softmax, a global key inside the band counted once, fused by PyTorch's kernel; then the g global rows attend
+    densely to all n keys, written over theirs (`dense_rows`). Hk < H: the H/Hk query heads sharing a key/value
+    head are one block's rows, its band and global keys gathered once for them (`banded_attention`). No n×n tensor:
+    O(n·(w + g)·D) time, O(n·D) memory (the band in chunks, the global rows in slabs).
     `key_padding_mask` (B, n) boolean, True where the key is padding: those keys are left out of every row, band
     and global alike (scores then held per chunk); a query that sees no unpadded key outputs zeros.
     """
@@ -121,9 +123,9 @@ def _memory(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
     """The larger of the band's peak (`banded_memory` with G extra keys) and the global rows' beside the output
     (`dense_rows_memory`)."""
     n, G = s.Nq, min(global_tokens, s.Nq)
-    band = 0 if G == n else banded_memory(s.bh, n, s.D, s.elem, block=tile(window, n), left=window,
-                                         right=0 if s.causal else window, extra=G, dtype=s.dtype)
-    return max(band, s.bh * n * s.D * s.elem + dense_rows_memory(s.B, s.H, n, s.D, s.dtype, G, s.causal))
+    band = 0 if G == n else banded_memory(s, block=tile(window, n), left=window, right=0 if s.causal else window,
+                                         extra=G)
+    return max(band, s.bh * n * s.D * s.elem + dense_rows_memory(s, G))
 
 
 def _remember(k, v, *, max_len: int | None = None, window: int = 256, global_tokens: int = 2,
@@ -189,6 +191,7 @@ SPEC = MechanismSpec(
         causal=True,
         cross=False,
         padding=True,
+        shared_kv=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O((w + g)·d)",
                               cache_big_o="O((w + g)·d)"),
     ),

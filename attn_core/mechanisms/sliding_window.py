@@ -20,8 +20,10 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              window: int = 256, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention where query i sees key j iff |i − j| ≤ window (causal: 0 ≤ i − j ≤ window).
 
-    q, k, v (B, H, n, D) → (B, H, n, D); any n. Rows are processed in blocks of `tile(window)` queries, each against
-    a strided view of window + block (+ window) keys, so no n×n tensor ever exists. O(n·w·d) time, O(n·d) memory.
+    q (B, H, n, D), k and v (B, Hk, n, D) → (B, H, n, D); any n. Rows are processed in blocks of `tile(window)`
+    queries, each against a strided view of window + block (+ window) keys, so no n×n tensor ever exists. O(n·w·d)
+    time, O(n·d) memory. Hk < H: the H/Hk query heads sharing a key/value head are one block's rows, so each window
+    is cut once per key/value head (`banded_attention`).
     `key_padding_mask` (B, n) boolean, True where the key is padding: those keys get no weight (a query whose
     window holds only padding outputs zeros).
     """
@@ -53,8 +55,7 @@ def _executed_flops(s: Shape, window: int = 256) -> float:
 
 
 def _memory(s: Shape, window: int = 256) -> float:
-    return banded_memory(s.bh, s.Nq, s.D, s.elem, block=tile(window, s.Nq), left=window,
-                         right=0 if s.causal else window)
+    return banded_memory(s, block=tile(window, s.Nq), left=window, right=0 if s.causal else window)
 
 
 def _remember(k, v, *, max_len: int | None = None, window: int = 256) -> KVCache:
@@ -81,6 +82,7 @@ SPEC = MechanismSpec(
         causal=True,
         cross=False,
         padding=True,
+        shared_kv=True,
         generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(w·d)",
                               cache_big_o="O(w·d)"),
     ),

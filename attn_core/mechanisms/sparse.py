@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
-from ._banded import chunk_blocks, dead_below, padding_bias
+from ._banded import chunk_blocks, dead_below, padding_bias, query_blocks, write_blocks
 from ._cache import KVCache, Ring, attend, kv_bytes
 from ._common import check_key_padding, checked_shape
 
@@ -18,11 +18,13 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     """Exact attention under the 'fixed' pattern: query i sees key j iff ⌊i/s⌋ = ⌊j/s⌋ (its block of size s =
     stride) or j mod s = s − 1 (a summary key); causal also needs j ≤ i.
 
-    q, k, v (B, H, n, D) → (B, H, n, D). Each block of queries is scored against its own block and the n/s summary
-    keys (those of its own block counted once), one joint softmax over both. O(n·(s + n/s)·d) time (s ≈ √n gives
-    O(n·√n)); chunks of query blocks bound the scores held at once, so memory is O(n·d + s·(s + n/s)).
-    `key_padding_mask` (B, n) boolean, True where the key is padding: a per-key bias, gathered as the keys are (own
-    blocks and summaries), is added to the scores; a query that sees no unpadded key outputs zeros.
+    q (B, H, n, D), k and v (B, Hk, n, D) → (B, H, n, D). Each block of queries is scored against its own block
+    and the n/s summary keys (those of its own block counted once), one joint softmax over both; the H/Hk query
+    heads sharing a key/value head are one block's rows (`query_blocks`), so a block's keys are gathered once per
+    key/value head. O(n·(s + n/s)·d) time (s ≈ √n gives O(n·√n)); chunks of query blocks bound the scores held
+    at once, so memory is O(n·d + s·(s + n/s)). `key_padding_mask` (B, n) boolean, True where the key is padding:
+    a per-key bias, gathered as the keys are (own blocks and summaries), is added to the scores; a query that sees
+    no unpadded key outputs zeros.
     """
     checked_shape(SPEC, q, k, v, causal, stride=stride)
     if key_padding_mask is not None:
@@ -30,41 +32,46 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     B, H, n, D = q.shape
     s = min(stride, n)
     nb = math.ceil(n / s)
-    pad = nb * s - n
-    qb, kb, vb = (F.pad(x, (0, 0, 0, pad)) if pad else x for x in (q, k, v))  # copies only when n % s ≠ 0
-    qb, kb, vb = (x.reshape(B, H, nb, s, D) for x in (qb, kb, vb))
-    ksum, vsum = k[:, :, s - 1::s], v[:, :, s - 1::s]  # (B, H, m, D): summary keys, m = ⌊n/s⌋
+    tail = nb * s - n
+    kb, vb = ((F.pad(x, (0, 0, 0, tail)) if tail else x).reshape(B, x.shape[1], nb, s, D) for x in (k, v))
+    ksum, vsum = k[:, :, s - 1::s], v[:, :, s - 1::s]  # (B, Hk, m, D): summary keys, m = ⌊n/s⌋
     m = ksum.shape[-2]
-    out = q.new_empty(B, H, nb * s, D)
+    out = q.new_empty(B, H, n, D)
     step = chunk_blocks(B * H, s, s + m)
     pad = psum = None
     if key_padding_mask is not None:  # (B, 1, n, 1) → own blocks (B, 1, nb, 1, s) and summaries (B, 1, m)
         pad = padding_bias(key_padding_mask, q.dtype)
         psum = pad[:, :, s - 1::s, 0]
-        pad = (F.pad(pad, (0, 0, 0, pad_n)) if (pad_n := nb * s - n) else pad).view(B, 1, nb, 1, s)
+        pad = (F.pad(pad, (0, 0, 0, tail)) if tail else pad).view(B, 1, nb, 1, s)
     for a in range(0, nb, step):
         z = slice(a, min(nb, a + step))
-        out[:, :, a * s:z.stop * s] = _chunk(qb[:, :, z], kb[:, :, z], vb[:, :, z], ksum, vsum,
-                                             _bias(z, s, m, n, causal, q), None if pad is None else pad[:, :, z], psum)
-    return out[:, :, :n]
+        qc = query_blocks(q, k.shape[1], a * s, z.stop - a, s)  # (B, Hk, c, r·s, D), scaled
+        write_blocks(out, _chunk(qc, kb[:, :, z], vb[:, :, z], ksum, vsum, _bias(z, s, m, n, causal, q),
+                                 None if pad is None else pad[:, :, z], psum), a * s, s)
+    return out
 
 
 def _chunk(qc, kc, vc, ksum, vsum, bias, pad=None, psum=None):
-    """One chunk of query blocks (B, H, c, s, D) against their own blocks and the summary keys → (B, H, c·s, D).
-    `pad` (B, 1, c, 1, s) and `psum` (B, 1, m): key-padding biases of the own blocks' keys and of the summaries."""
-    c = qc.shape[2]
-    keys = torch.cat([kc, ksum[:, :, None].expand(-1, -1, c, -1, -1)], dim=-2)  # (B, H, c, s + m, D)
+    """One chunk of c query blocks qc (B, Hk, c, r·s, D), scaled, the r query heads sharing a key/value head as
+    each block's rows, against their own blocks kc, vc (B, Hk, c, s, D) and the summary keys → (B, Hk, c, r·s, D).
+    `bias` (c, s, s + m); `pad` (B, 1, c, 1, s) and `psum` (B, 1, m): key-padding biases of the own blocks' keys
+    and of the summaries."""
+    B, Hk, c, rows, _ = qc.shape
+    s = kc.shape[-2]
+    keys = torch.cat([kc, ksum[:, :, None].expand(-1, -1, c, -1, -1)], dim=-2)  # (B, Hk, c, s + m, D)
     values = torch.cat([vc, vsum[:, :, None].expand(-1, -1, c, -1, -1)], dim=-2)
+    by_row, bias = (B, Hk, c, rows // s, s, -1), bias[:, None]  # a block's rows as (head of the group, row)
     if pad is None:  # no named scores: they die inside softmax, as the memory prediction assumes
-        p = torch.softmax(((qc * qc.shape[-1] ** -0.5) @ keys.transpose(-1, -2)).add_(bias), dim=-1)
-        return (p @ values).flatten(2, 3)
-    scores = ((qc * qc.shape[-1] ** -0.5) @ keys.transpose(-1, -2)).add_(bias)
+        p = torch.softmax((qc @ keys.transpose(-1, -2)).view(by_row).add_(bias), dim=-1)
+        return p.flatten(3, 4) @ values
+    scores = (qc @ keys.transpose(-1, -2)).view(by_row).add_(bias)
     summaries = psum[:, :, None, None].expand(-1, -1, c, 1, -1)  # (B, 1, c, 1, m)
-    scores.add_(torch.cat([pad, summaries], dim=-1))
+    scores.add_(torch.cat([pad, summaries], dim=-1)[:, :, :, None])  # (B, 1, c, 1, 1, s + m)
+    scores = scores.flatten(3, 4)
     dead = scores.amax(-1, keepdim=True) < dead_below(scores.dtype)
     p = torch.softmax(scores, dim=-1)
     del scores
-    return (p @ values).masked_fill_(dead, 0.0).flatten(2, 3)
+    return (p @ values).masked_fill_(dead, 0.0)
 
 
 def _bias(blocks: slice, s: int, m: int, n: int, causal: bool, like: torch.Tensor) -> torch.Tensor:
@@ -100,14 +107,14 @@ def _executed_flops(s: Shape, stride: int = 128) -> float:
 def _memory(s: Shape, stride: int = 128) -> float:
     st = min(stride, s.Nq)
     nb, m = -(-s.Nq // st), s.Nq // st
-    rows = min(chunk_blocks(s.bh, st, st + m), nb) * st  # query rows in the first, largest chunk
-    padded = 3 * s.bh * nb * st * s.D if nb * st != s.Nq else 0  # zero-padded copies of q, k, v
-    keys = 2 * s.bh * (rows // st) * (st + m) * s.D  # the chunk's gathered keys and values
+    rows = min(chunk_blocks(s.bh, st, st + m), nb) * st  # query rows (all heads' blocks) in the first, largest chunk
+    padded = 2 * s.bk * nb * st * s.D if nb * st != s.Nq else 0  # zero-padded copies of k, v
+    keys = 2 * s.bk * (rows // st) * (st + m) * s.D  # the chunk's gathered keys and values, Hk heads
     scores = s.bh * rows * (st + m)
-    # Output (padded length), the chunk's mask, keys and values, its scores beside the scaled queries or beside
-    # the probabilities.
-    return (s.bh * nb * st * s.D + padded + rows * (st + m) + keys + scores
-            + max(s.bh * rows * s.D, scores)) * s.elem
+    # Output, the chunk's mask, scaled queries, keys and values, its scores beside the probabilities or the
+    # probabilities beside P V.
+    return (s.bh * s.Nq * s.D + padded + rows * (st + m) + s.bh * rows * s.D + keys + scores
+            + max(scores, s.bh * rows * s.D)) * s.elem
 
 
 def _remember(k, v, *, max_len: int | None = None, stride: int = 128) -> KVCache:
@@ -150,6 +157,7 @@ SPEC = MechanismSpec(
         causal=True,
         cross=False,
         padding=True,
+        shared_kv=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes,
                               step_big_o="O((s + n/s)·d)", cache_big_o="O((s + n/s)·d)"),
     ),
