@@ -132,6 +132,8 @@ def test_big_o_table_covers_the_registry():
     row = table.set_index("mechanism").loc["softmax"]
     assert (row["time"], row["memory"]) == (ac.get("softmax").cost.time_big_o, ac.get("softmax").cost.memory_big_o)
     assert "arXiv" in row["paper"]
+    shared = table.set_index("mechanism")["shared key/value heads"]
+    assert shared["sliding_window"] == "yes, read in place" and shared["reformer"] == "no"
 
 
 # ---- generation: a whole model's cache ----

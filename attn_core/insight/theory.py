@@ -152,11 +152,18 @@ def fit_table(keys: Iterable[str], named_budgets: Mapping[str, float], **setting
                          for key in keys for name, b in named_budgets.items()])
 
 
+def _sharing(spec) -> str:
+    """How a mechanism takes key/value heads shared by groups of query heads: in place, repeated, or not at all."""
+    if not spec.supports.shared_kv:
+        return "no"
+    return "yes, repeated per query head" if spec.supports.repeats_kv else "yes, read in place"
+
+
 def big_o_table() -> pd.DataFrame:
     """Every mechanism's declared complexity and support, from its spec."""
     return pd.DataFrame([{"mechanism": s.key, "label": s.label, "exact": s.exact, "time": s.cost.time_big_o,
                           "memory": s.cost.memory_big_o, "causal": s.supports.causal,
-                          "cross-attention": s.supports.cross,
+                          "cross-attention": s.supports.cross, "shared key/value heads": _sharing(s),
                           "parameters": ", ".join(f"{p.name} (default {p.default})" for p in s.params) or "none",
                           "paper": s.paper} for s in MECHANISMS.values()])
 
