@@ -163,6 +163,9 @@ class Cost:
     Matmul-like work only (products of scores and values, matmul feature maps); elementwise ops are left out, unless
     they are the mechanism's work itself (additive attention's per-pair additions and tanh).
     None when the kernel computes exactly the useful work; read it through `executed(shape, **params)`.
+    `elementwise_flops(shape, **params)`: the part of `executed_flops` that is elementwise work counted as the
+    mechanism's own (additive attention's per-pair additions, tanh and products with w), which a matmul counter such
+    as torch.utils.flop_counter does not see; None: executed FLOPs are all matmul-like.
     `memory_bytes(shape, **params)`: predicted peak bytes the forward call allocates above its inputs, the output
     included when it is alive at the peak; the figure a measured peak is compared against.
     `time_big_o`, `memory_big_o`: the same in the sequence length n and the parameters, for tables and charts.
@@ -173,6 +176,7 @@ class Cost:
     time_big_o: str
     memory_big_o: str
     executed_flops: Callable[..., float] | None = None
+    elementwise_flops: Callable[..., float] | None = None
 
     def executed(self, shape: Shape, **params: Any) -> float:
         """Forward FLOPs the kernel computes for `shape`: `executed_flops`, or `flops` where they are the same."""

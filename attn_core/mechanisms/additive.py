@@ -180,6 +180,12 @@ def _executed_flops(s: Shape, attn_dim: int = 64) -> float:
     return _work(s, attn_dim, scored) + s.bh * 2.0 * s.D * s.Nq * s.Nk
 
 
+def _elementwise_flops(s: Shape, attn_dim: int = 64) -> float:
+    """The elementwise part of the executed FLOPs: per scored pair, attn_dim additions and attn_dim tanh (2·attn_dim;
+    the dot product with w is a matmul)."""
+    return s.bh * 2.0 * attn_dim * _chunk_cells(s, chunk_rows(s.bh, s.Nq, s.Nk, attn_dim))[0]
+
+
 def _memory(s: Shape, attn_dim: int = 64) -> float:
     """Scoring: the scores, W_qᵀq (per query head) and W_kᵀk (per key/value head), the hidden-unit workspace
     (rows·Nk·attn_dim, rows = `chunk_rows`) and one chunk's scores; then the scores and their softmax, the textbook
@@ -201,7 +207,8 @@ SPEC = MechanismSpec(
                   log=True, small=lambda n: 16),),
     exact=False,
     state=State(init=init_state, keys=("W_q", "W_k", "w")),
-    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n²·(a + d))",
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, elementwise_flops=_elementwise_flops, memory_bytes=_memory,
+              time_big_o="O(n²·(a + d))",
               memory_big_o="O(n²)"),
     supports=Supports(
         causal=True,

@@ -1,0 +1,68 @@
+"""Each spec's executed FLOPs against PyTorch's own counter (torch.utils.flop_counter.FlopCounterMode), for every
+mechanism in the registry, where the counter can see the work: the matmuls the kernel runs, counted op by op as it
+runs them. The counter has no formula for two ops the kernels use on the CPU, so it is given the textbook ones
+here: an in-place batched multiply-add (baddbmm_, 2·b·m·n·k, as for baddbmm) and PyTorch's CPU flash kernel called
+without its causal flag (4·b·h·Nq·Nk·D: every cell of Q Kᵀ and P V). With the causal flag that kernel skips key
+tiles by its own tiling, which no formula of the shapes alone can count: those calls are not checked here (the spec
+models them from the kernel's source, tests/test_mechanisms.py checks the pattern). Elementwise work a spec counts as
+its own (`Cost.elementwise_flops`, additive attention's additions and tanh) is not a matmul: it is left out of the
+comparison."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import attn_core as ac
+from attn_core.spec import Shape
+
+aten = torch.ops.aten
+B, H, N, D = 2, 4, 700, 24  # no power of two: blocks and chunks end partly filled
+
+
+def _baddbmm_(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    batch, m, k = a_shape
+    return 2 * batch * m * k * b_shape[-1]
+
+
+class Seen:
+    """The counter's extra formulas, and whether a call into the CPU flash kernel asked for its causal tiling."""
+
+    def __init__(self):
+        self.causal_flash = False
+
+    def flash(self, q_shape, k_shape, v_shape, dropout_p=0.0, is_causal=False, *args, out_shape=None, **kwargs):
+        self.causal_flash |= bool(is_causal)
+        b, h, nq, d = q_shape
+        return 4 * b * h * nq * k_shape[-2] * d
+
+    def mapping(self) -> dict:
+        return {aten.baddbmm_: _baddbmm_, aten._scaled_dot_product_flash_attention_for_cpu: self.flash}
+
+
+@pytest.mark.parametrize("kv_heads", [H, 2])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("key", list(ac.MECHANISMS))
+def test_executed_flops_are_what_the_counter_sees(key, causal, kv_heads):
+    spec = ac.get(key)
+    if causal and not spec.supports.causal:
+        pytest.skip(f"{spec.label} is not causal")
+    if kv_heads != H and not spec.supports.shared_kv:
+        pytest.skip(f"{spec.label} takes no shared key/value heads")
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, N, D, generator=g)
+    k, v = (torch.randn(B, kv_heads, N, D, generator=g) for _ in "kv")
+    shape = Shape.of(q, k, causal)
+    state = ac.make_state(key, shape)
+    seen = Seen()
+    # no_grad, not inference_mode: under inference mode the counter misses the matmuls inside an autograd Function
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=seen.mapping()) as counter:
+        spec.fn(q, k, v, causal=causal, **state)
+    if seen.causal_flash:
+        pytest.skip("the CPU flash kernel's causal tiles are not what the counter's formula counts")
+    elementwise = spec.cost.elementwise_flops(shape) if spec.cost.elementwise_flops else 0.0
+    counted = counter.get_total_flops()
+    assert counted > 0 and math.isfinite(spec.cost.executed(shape))
+    assert spec.cost.executed(shape) - elementwise == pytest.approx(counted, rel=0.005)
