@@ -11,6 +11,10 @@ machine falls on all of them; the figures are medians over the rounds, the sprea
 other programs share, `--threads 1 --clock process` counts this process's CPU time instead (min over the rounds):
 waiting for a descheduled thread then costs nothing, which a 2-thread wall clock there charges to every op.
 
+`attention('linear')` is the public call a user makes, `attn_core.attention("linear", q, k, v)`, its argument checks
+and finiteness scan included; `linear` is the mechanism's function alone, as the engine times it (checked once,
+outside).
+
 What is compared: the peer's `linear_attn(q, k, v)` (non-causal: softmax of q over features, of k over positions,
 q·D^-½, then (kᵀv) and q·(kᵀv); its softmax over positions normalizes, so it has no normalizer of its own) and
 `causal_linear_attn(q, k, v)` (softmax of q over features, exp(k), buckets of 64 positions, each bucket sees the
@@ -25,7 +29,7 @@ import argparse
 
 import torch
 
-from .. import MECHANISMS, make_state
+from .. import MECHANISMS, attention, make_state
 from . import end, interleaved, median, spread, start
 from ..engine import env
 from ..engine.analysis import loglog_slope
@@ -71,6 +75,8 @@ def contestants(n: int, causal: bool, heads: int, head_dim: int, peer) -> dict:
         state = make_state(key, Shape(1, heads, n, n, head_dim, dtype="float32", causal=causal), **params)
         name = key + "".join(f" m={v}" for v in params.values())
         calls[name] = (lambda spec=spec, kw={**params, **state}: spec.fn(q, k, v, causal=causal, **kw))
+        if key == "linear":  # what a user calls: arguments checked and scanned for NaN in every call
+            calls["attention('linear')"] = lambda: attention("linear", q, k, v, causal=causal)
         if key == "performer" and (fast := performer_peer(params["features"], causal, state["projection"])):
             calls[f"performer-pytorch m={params['features']}"] = lambda fast=fast: fast(q, k, v)
     if peer is not None:
