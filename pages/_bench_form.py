@@ -154,8 +154,12 @@ def settings() -> tuple[SweepConfig, list[str]]:
         d_model = shape.number_input("d_model", *NUMBERS["bench_d_model"], p.d_model, step=64, **keyed("bench_d_model"))
         heads = shape.number_input("Heads", *NUMBERS["bench_heads"], p.heads, **keyed("bench_heads"))
         shares = kv_choices(heads)
-        if S.get("bench_kv_heads") not in shares:
-            S["bench_kv_heads"] = ALL_HEADS  # the heads changed under a count that no longer divides them
+        if S.get("bench_kv_heads") not in shares:  # the heads changed under a count that no longer divides them
+            if S.get("bench_kv_heads") not in (None, ALL_HEADS):
+                st.toast(f"{S['bench_kv_heads']} key/value heads do not divide {heads} heads: back to one for "
+                         f"each (MHA). Choose {', '.join(kv_text(g) for g in shares[1:]) or 'none other'} to "
+                         "share them.", icon=":material/info:")
+            S["bench_kv_heads"] = ALL_HEADS
         kv_heads = shape.selectbox("Key/value heads", shares, format_func=kv_text, help=KV_HELP,
                                    **keyed("bench_kv_heads")) or None
         batch = shape.number_input("Batch", *NUMBERS["bench_batch"], p.batch, **keyed("bench_batch"))

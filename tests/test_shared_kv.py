@@ -266,8 +266,13 @@ def test_the_benchmark_page_measures_shared_heads_chosen_in_its_selector():
     assert set(frame["kv_heads"]) == {1} and set(frame["status"]) == {"ok"}, list(frame["reason"])
     assert "Softmax (fused SDPA) · MQA" in json.dumps(chart_specs(at), default=str, ensure_ascii=False)
     widget(at, "bench_heads").set_value(6)
-    at.run()  # 1 still divides 6; 4 query heads' 2 would not divide 6 and go back to MHA
+    at.run()  # 1 still divides 6
     assert widget(at, "bench_kv_heads").value == 1
+    widget(at, "bench_kv_heads").set_value(3)
+    widget(at, "bench_heads").set_value(4)
+    at.run()  # 3 does not divide 4: back to MHA, with a sentence
+    assert widget(at, "bench_kv_heads").value == 0
+    assert any("3 key/value heads do not divide 4 heads" in t.value for t in at.toast)
 
 
 def test_a_link_sets_the_key_value_heads_and_a_count_no_heads_have_is_refused():

@@ -12,7 +12,7 @@ from ..masks import Pattern
 from ..spec import Shape
 from ._common import fold, unfold
 from .sdpa import SPEC as SDPA
-from .sdpa import _sdpa as shared_sdpa  # F.scaled_dot_product_attention with k, v of Hk ≤ H heads
+from .sdpa import shared_sdpa
 
 # Scores held at once per chunk of query blocks, in elements (over all batch·heads): bounds the workspace.
 CHUNK_ELEMS = 1 << 21

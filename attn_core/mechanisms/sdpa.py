@@ -28,13 +28,13 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     """
     checked_shape(SPEC, q, k, v, causal)
     if key_padding_mask is None:
-        return _sdpa(q, k, v, is_causal=causal)
+        return shared_sdpa(q, k, v, is_causal=causal)
     check_key_padding(SPEC, key_padding_mask, q, k)
     Nq, Nk = q.shape[-2], k.shape[-2]
     keep = ~key_padding_mask[:, None, None, :]
     if causal:
         keep = keep & torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril_()
-    out = _sdpa(q, k, v, attn_mask=keep)
+    out = shared_sdpa(q, k, v, attn_mask=keep)
     # query i sees keys up to i (causal) or Nk − 1: none unpadded when the first unpadded key lies past that
     last = torch.arange(Nq, device=q.device) if causal else torch.full((Nq,), Nk - 1, device=q.device)
     dead = first_key(key_padding_mask)[:, None] > last  # (B, Nq)
@@ -44,7 +44,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
 GQA_NATIVE = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch ≥ 2.5
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+def shared_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
     """F.scaled_dot_product_attention with k, v of Hk ≤ H heads: shared in place (enable_gqa) or, before torch 2.5,
     repeated."""
     if k.shape[1] == q.shape[1]:
