@@ -112,8 +112,8 @@ def latent_attention_absorbed(q_c: torch.Tensor, q_r: torch.Tensor, c_kv: torch.
                               b_uk: torch.Tensor | None = None, b_uv: torch.Tensor | None = None) -> torch.Tensor:
     """MLA in latent space, no per-head K or V ever built: W_UK folds into the queries,
     q̃_h = W_UK,hᵀ q_C,h (width r), so q_C,h·k_C,h,j = q̃_h·c_KV,j; scores q̃_h·c_KV,j + q_R,h·k_R,j scaled by
-    1/√(D + ρ); o_h = W_UV,h Σ_j p_hj c_KV,j (+ b_UV,h, as the weights sum to 1). b_UK is not needed: q_C,h·b_UK,h is the same for every key of a query and
-    softmax cancels it.
+    1/√(D + ρ); o_h = W_UV,h Σ_j p_hj c_KV,j (+ b_UV,h, as the weights sum to 1). b_UK is not needed: q_C,h·b_UK,h
+    is the same for every key of a query and softmax cancels it.
 
     Shapes and mask as `latent_attention_naive`, the same result up to rounding. O(Nq·H·D·r + Nq·Nk·H·(r + ρ))
     time; O(Nq·Nk·H + Nq·H·r) memory: a head reads the latents themselves, like multi-query attention of width r + ρ.
@@ -245,7 +245,8 @@ class MultiLatentAttention(nn.Module):
         if rope_dim % 2:
             raise ValueError(f"rope_dim {rope_dim} must be even: rotary embedding turns features in pairs")
         rope.angles(torch.zeros(1), 2, base)  # ValueError with a sentence for a bad base, before any weight exists
-        self.d_model, self.heads, self.kv_rank, self.rope_dim, self.head_dim = d_model, heads, kv_rank, rope_dim, head_dim
+        self.d_model, self.heads, self.head_dim = d_model, heads, head_dim
+        self.kv_rank, self.rope_dim = kv_rank, rope_dim
         self.q_rank, self.absorbed, self.base = q_rank, absorbed, float(base)
         H, D = heads, head_dim
         self.w_dkv = nn.Linear(d_model, kv_rank, bias=bias)

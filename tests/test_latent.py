@@ -30,7 +30,8 @@ def rotary(t: torch.Tensor, base: float) -> torch.Tensor:
     e^{i·n·base^(−2i/e)}."""
     N, e = t.shape[-2:]
     theta = base ** (-torch.arange(0, e, 2, dtype=torch.float64) / e)
-    turn = torch.polar(torch.ones(N, e // 2, dtype=torch.float64), torch.arange(N, dtype=torch.float64)[:, None] * theta)
+    angle = torch.arange(N, dtype=torch.float64)[:, None] * theta
+    turn = torch.polar(torch.ones(N, e // 2, dtype=torch.float64), angle)
     z = torch.view_as_complex(t.reshape(*t.shape[:-1], e // 2, 2).contiguous()) * turn
     return torch.view_as_real(z).flatten(-2)
 

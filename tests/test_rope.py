@@ -25,7 +25,8 @@ def rotated_complex(x: torch.Tensor, positions: torch.Tensor, base: float = 1000
     """The same as a product of complex numbers (x_2i + i·x_2i+1)·e^{i·p·θ_i}."""
     d = x.shape[-1]
     theta = torch.tensor([base ** (-2 * i / d) for i in range(d // 2)], dtype=torch.float64)
-    z = torch.complex(x[..., 0::2].double(), x[..., 1::2].double()) * torch.exp(1j * positions[:, None].double() * theta)
+    turn = torch.exp(1j * positions[:, None].double() * theta)
+    z = torch.complex(x[..., 0::2].double(), x[..., 1::2].double()) * turn
     return torch.stack((z.real, z.imag), dim=-1).flatten(-2)
 
 

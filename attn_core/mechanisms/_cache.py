@@ -172,8 +172,8 @@ class KVCache(Cache):
 class StateCache(Cache):
     """Fixed-size state of kernelized attention after the tokens so far: `kv` = Σ φ(k_j) v_jᵀ (B, Hk, m, D) and
     `z` = Σ φ(k_j) (B, Hk, 1, m), one per key/value head, in the work dtype (float32 for half inputs); for Performer
-    also `offset`, the stabilizer its key features share (B, Hk, 1, 1) float64, a base-2 exponent, and `projection`, the layer's random
-    features scaled for base 2 (not counted in `nbytes`)."""
+    also `offset`, the stabilizer its key features share (B, Hk, 1, 1) float64, a base-2 exponent, and `projection`,
+    the layer's random features scaled for base 2 (not counted in `nbytes`)."""
 
     def __init__(self, params: Mapping[str, Any], k: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, *,
                  offset: torch.Tensor | None = None, projection: torch.Tensor | None = None):

@@ -166,14 +166,14 @@ def nystrom_attention(q, k, v, *, causal: bool = False, landmarks: int = 64, pin
     product); the products with Q̃ and Q stay per query head, as does W, so K̃ (m·D) is repeated for the last stage:
     the work of multi-head attention, less memory. Evaluated right to left, the (m, Nk) and (Nq, m) softmaxes in
     chunks of keys and of query rows (`_landmark_values`, `_query_rows`), each chunk's scores at most CHUNK_ELEMS:
-    O(n·m·D + m³) time, O(n·D + m² + CHUNK_ELEMS) memory, no n×n (nor n×m) tensor. With m = n the landmarks are
-    the tokens and the result is softmax attention, up to the pseudo-inverse's accuracy. Not causal: each landmark averages a whole segment, future tokens included. Half-precision inputs:
-    the (m, m) kernel, its pseudo-inverse, the sums over keys and W in float32, the products over n in the input
-    dtype. `key_padding_mask` (B, Nk) boolean, True where the key is padding: Nyström over each element's real keys,
-    as if the padding were not there: K̃ the segment means of its real keys (and Q̃ of its real positions in
-    self-attention, Nq = Nk), padded keys left out of softmax(Q̃ Kᵀ); a sequence of L < m real tokens has m − L
-    landmarks that average none, left out (Nyström with L landmarks: softmax over its tokens); one with none
-    outputs zeros.
+    O(n·m·D + m³) time, O(n·D + m² + CHUNK_ELEMS) memory, no n×n (nor n×m) tensor. With m = n the landmarks are the
+    tokens and the result is softmax attention, up to the pseudo-inverse's accuracy. Not causal: each landmark
+    averages a whole segment, future tokens included. Half-precision inputs: the (m, m) kernel, its pseudo-inverse,
+    the sums over keys and W in float32, the products over n in the input dtype. `key_padding_mask` (B, Nk) boolean,
+    True where the key is padding: Nyström over each element's real keys, as if the padding were not there: K̃ the
+    segment means of its real keys (and Q̃ of its real positions in self-attention, Nq = Nk), padded keys left out
+    of softmax(Q̃ Kᵀ); a sequence of L < m real tokens has m − L landmarks that average none, left out (Nyström with
+    L landmarks: softmax over its tokens); one with none outputs zeros.
     """
     checked_shape(SPEC, q, k, v, causal, landmarks=landmarks, pinv_iterations=pinv_iterations)
     keep = pad = empty = hollow = hollow_q = None

@@ -25,8 +25,9 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
 
     q (B, H, Nq, D), k and v (B, Hk, Nk, D) → (B, H, Nq, D). Hk < H: each key/value head is shared by H/Hk
     consecutive query heads, which are stacked as rows of one product (`fold`), so it is never repeated. `mask` is
-    boolean, broadcastable to (B, H, Nq, Nk), True where attention is allowed. Causal: query i sees key j iff j ≤ i. O(Nq·Nk·D) time, O(Nq·Nk) memory:
-    the scores and the probabilities are both materialized. A fully masked row gives NaN, as in the textbook.
+    boolean, broadcastable to (B, H, Nq, Nk), True where attention is allowed. Causal: query i sees key j iff j ≤ i.
+    O(Nq·Nk·D) time, O(Nq·Nk) memory: the scores and the probabilities are both materialized. A fully masked row
+    gives NaN, as in the textbook.
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those keys are filled with −inf too, and then
     a query that sees no key (its keys all padded or masked) outputs zeros instead of NaN.
     """

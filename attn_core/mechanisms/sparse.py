@@ -84,7 +84,8 @@ def _bias(blocks: slice, s: int, m: int, n: int, causal: bool, like: torch.Tenso
         local_ok = local_ok & (r[None, :] <= r[:, None])
     summary_ok = ((u < beta) if causal else (u != beta)).expand(-1, s, m)
     ok = torch.cat([local_ok, summary_ok], dim=-1)
-    return torch.zeros(ok.shape, dtype=like.dtype, device=like.device).masked_fill_(~ok, torch.finfo(like.dtype).min / 2)
+    lowest = torch.finfo(like.dtype).min / 2
+    return torch.zeros(ok.shape, dtype=like.dtype, device=like.device).masked_fill_(~ok, lowest)
 
 
 def _pattern(causal: bool, stride: int = 128) -> masks.Pattern:
