@@ -129,51 +129,38 @@ def test_nan_written_by_other_tools_still_loads():
     assert math.isnan(load_run(text.encode()).frame["time_median_s"].iloc[2])
 
 
+def older_file(fmt: str, version: int, dropped) -> bytes:
+    """sample_run() saved as a file of schema `version`, as JSON or CSV, without the columns `dropped`."""
+    if fmt == "json":
+        doc = json.loads(to_json_bytes(sample_run()))
+        doc["schema_version"] = version
+        doc["rows"] = [{k: v for k, v in r.items() if k not in dropped} for r in doc["rows"]]
+        return json.dumps(doc).encode()
+    text = to_csv_bytes(sample_run()).decode().replace("# schema_version: 3", f"# schema_version: {version}")
+    lines = text.splitlines()
+    keep = [i for i, c in enumerate(lines[4].split(",")) if c not in dropped]
+    body = list(csv.reader(io.StringIO("\n".join(lines[4:]))))
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([[r[i] for i in keep] for r in body])
+    return ("\n".join(lines[:4]) + "\n" + out.getvalue()).encode()
+
+
 @pytest.mark.parametrize("fmt", ["json", "csv"])
 def test_a_version_1_file_still_opens_with_the_new_columns_filled(fmt):
     """Runs saved before the contention columns existed: executed FLOPs = the useful ones, contention unknown."""
-    old = sample_run()
-    old.frame = old.frame.drop(columns=list(results.ADDED_IN_2))
-    if fmt == "json":
-        doc = json.loads(to_json_bytes(sample_run()))
-        doc["schema_version"] = 1
-        doc["rows"] = [{k: v for k, v in r.items() if k not in results.ADDED_IN_2} for r in doc["rows"]]
-        data = json.dumps(doc).encode()
-    else:
-        text = to_csv_bytes(sample_run()).decode().replace("# schema_version: 3", "# schema_version: 1")
-        lines = text.splitlines()
-        header = lines[4].split(",")
-        keep = [i for i, c in enumerate(header) if c not in results.ADDED_IN_2]
-        body = list(csv.reader(io.StringIO("\n".join(lines[4:]))))
-        out = io.StringIO()
-        csv.writer(out, lineterminator="\n").writerows([[r[i] for i in keep] for r in body])
-        data = ("\n".join(lines[:4]) + "\n" + out.getvalue()).encode()
-    back = load_run(data, name=f"old.{fmt}")
+    back = load_run(older_file(fmt, 1, (*results.ADDED_IN_2, *results.ADDED_IN_3)), name=f"old.{fmt}")
     assert list(back.frame.columns) == list(COLUMNS)
     assert (back.frame["executed_flops"] == back.frame["theory_flops"]).all()
     assert back.frame["foreign_cpu"].isna().all() and not back.frame["disturbed"].any()
     assert (back.frame["retaken"] == 0).all()
+    assert (back.frame["kv_heads"] == back.frame["heads"]).all() and (back.frame["padding"] == 0).all()
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv"])
 def test_a_version_2_file_opens_as_multi_head_attention_without_padding(fmt):
     """Runs saved before key/value heads and padding were columns measured one key/value head per query head and no
     padding: that is what they get."""
-    if fmt == "json":
-        doc = json.loads(to_json_bytes(sample_run()))
-        doc["schema_version"] = 2
-        doc["rows"] = [{k: v for k, v in r.items() if k not in results.ADDED_IN_3} for r in doc["rows"]]
-        data = json.dumps(doc).encode()
-    else:
-        text = to_csv_bytes(sample_run()).decode().replace("# schema_version: 3", "# schema_version: 2")
-        lines = text.splitlines()
-        header = lines[4].split(",")
-        keep = [i for i, c in enumerate(header) if c not in results.ADDED_IN_3]
-        body = list(csv.reader(io.StringIO("\n".join(lines[4:]))))
-        out = io.StringIO()
-        csv.writer(out, lineterminator="\n").writerows([[r[i] for i in keep] for r in body])
-        data = ("\n".join(lines[:4]) + "\n" + out.getvalue()).encode()
-    back = load_run(data, name=f"old.{fmt}")
+    back = load_run(older_file(fmt, 2, results.ADDED_IN_3), name=f"old.{fmt}")
     assert list(back.frame.columns) == list(COLUMNS)
     assert (back.frame["kv_heads"] == back.frame["heads"]).all() and (back.frame["padding"] == 0).all()
 
