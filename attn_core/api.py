@@ -31,7 +31,9 @@ def make_state(key: str, shape: Shape, device=None, dtype=torch.float32, *, seed
 
 def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               key_padding_mask: torch.Tensor | None = None, **params: Any) -> torch.Tensor:
-    """Run mechanism `key` on q (B, H, Nq, D), k, v (B, H, Nk, D) → (B, H, Nq, D) with its keyword parameters.
+    """Run mechanism `key` on q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D) with its keyword parameters.
+    Hk < H: each key/value head serves H/Hk consecutive query heads (grouped-query attention; Hk = 1: multi-query),
+    for a mechanism whose spec has `supports.shared_kv`; the others refuse it with a sentence.
     NaN or inf in q, k or v is refused here (`check_finite`), outside the timed mechanism function.
 
     `key_padding_mask`: a boolean (B, Nk) tensor on k's device, True where the key is padding (variable lengths in

@@ -41,7 +41,7 @@ def prefill(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, max_
 
 
 def remember(key: str, k: torch.Tensor, v: torch.Tensor, *, max_len: int | None = None, **params: Any) -> Cache:
-    """The cache of a prompt's keys and values (B, H, n, D) without its outputs: what `prefill` returns beside them,
+    """The cache of a prompt's keys and values (B, Hk, n, D) without its outputs: what `prefill` returns beside them,
     at O(n) cost where the prompt's own attention may be quadratic (for timing steps at long contexts)."""
     spec, gen, kw = _checked(key, k, k, v, max_len, params)
     return _owned(gen.remember(k, v, max_len=max_len, **kw), spec)
