@@ -14,8 +14,8 @@ user calls: `attn_core.attention`, `attn_core.generation.remember` / `step`, `Mu
    long context with Hk = 8, 2, 1 (MHA, GQA, MQA) for softmax and sdpa: a step reads the whole cache, so it should
    fall with Hk. Each step is rewound to the same context (cache.mark / cache.rewind, as the engine's step_call).
 3. MLA at DeepSeek's proportions scaled to --heads × --head-dim (default 16 × 64): one decode step, absorbed
-   against naive on the same layer (one state_dict, `layer.absorbed` flipped), target ≤ 0.5; and the cache per
-   token against MHA's.
+   against naive on the same layer (one state_dict, `layer.absorbed` flipped), target ≤ 0.5; the cache per token
+   against MHA's; and where absorbed overtakes naive, their ratio at contexts from 1 token up.
 """
 from __future__ import annotations
 
@@ -150,16 +150,13 @@ def stepper(key: str, token: tuple[torch.Tensor, ...], cache: gen.Cache) -> Call
     return one_step
 
 
-def latent(args: argparse.Namespace) -> None:
-    sizes = deepseek_proportions(args.heads, args.head_dim)
-    H, D, r, rho, n = sizes["heads"], sizes["head_dim"], sizes["kv_rank"], sizes["rope_dim"], args.context
-    d_model = H * D
-    torch.manual_seed(0)
-    layer = MultiLatentAttention(d_model, **sizes).to(args.device)
-    with torch.inference_mode():  # the context's latents drawn directly: a prefill of n tokens would cost O(n²)
-        cache = LatentCache(seeded(1, n, r, seed=1, device=args.device), seeded(1, n, rho, seed=2, device=args.device),
-                            max_len=n + 1)
-    x_t, mark = seeded(1, 1, d_model, seed=3, device=args.device), cache.mark()
+def latent_steps(layer: MultiLatentAttention, n: int, args: argparse.Namespace) -> tuple[dict, LatentCache]:
+    """{'naive': thunk, 'absorbed': thunk}: one decode step of `layer` against a cache of n latents drawn at random
+    (a prefill of n tokens would cost O(n²)), rewound after each step; and that cache."""
+    with torch.inference_mode():
+        cache = LatentCache(seeded(1, n, layer.kv_rank, seed=1, device=args.device),
+                            seeded(1, n, layer.rope_dim, seed=2, device=args.device), max_len=n + 1)
+    x_t, mark = seeded(1, 1, layer.d_model, seed=3, device=args.device), cache.mark()
 
     def one_step(absorbed: bool) -> Callable[[], torch.Tensor]:
         def call() -> torch.Tensor:
@@ -168,8 +165,36 @@ def latent(args: argparse.Namespace) -> None:
             cache.rewind(mark)
             return out
         return call
+    return {"naive": one_step(False), "absorbed": one_step(True)}, cache
 
-    calls = {"naive": one_step(False), "absorbed": one_step(True)}
+
+def crossing(layer: MultiLatentAttention, args: argparse.Namespace) -> None:
+    """Where the absorbed step overtakes the naive one: t(absorbed)/t(naive) at contexts from 1 token to
+    args.context, and the shortest context from which it stays below 1."""
+    contexts = [c for c in (1, 4, 16, 64, 256, 1024, 4096, 16384) if c <= args.context]
+    print(f"  Where absorbed overtakes naive, t(absorbed)/t(naive) by context (median of {args.steps // 2} "
+          "interleaved rounds):")
+    below = []
+    for n in contexts:
+        calls, _ = latent_steps(layer, n, args)
+        warmed(calls)
+        t = side_by_side(calls, max(args.steps // 2, 3), args)
+        ratio = median(ratios(t["absorbed"], t["naive"]))
+        below.append(ratio < 1)
+        naive, absorbed = median(t["naive"]) * 1e3, median(t["absorbed"]) * 1e3
+        print(f"    context {n:6,}: naive {naive:8.3f} ms, absorbed {absorbed:8.3f} ms, {ratio:.2f}×")
+    first = next((n for i, n in enumerate(contexts) if all(below[i:])), None)
+    print(f"  absorbed is faster from a context of {first:,} token{'s' if first > 1 else ''} on" if first is not None
+          else "  absorbed is not faster for good within these contexts")
+
+
+def latent(args: argparse.Namespace) -> None:
+    sizes = deepseek_proportions(args.heads, args.head_dim)
+    H, D, r, rho, n = sizes["heads"], sizes["head_dim"], sizes["kv_rank"], sizes["rope_dim"], args.context
+    d_model = H * D
+    torch.manual_seed(0)
+    layer = MultiLatentAttention(d_model, **sizes).to(args.device)
+    calls, cache = latent_steps(layer, n, args)
     print(f"\n3. MLA decode, MultiLatentAttention.step(x_t, cache) at DeepSeek-V2/V3's proportions scaled to "
           f"{H} heads × {D} (kv_rank = 4·head_dim = {r}, rope_dim = head_dim/2 = {rho}, q_rank = 12·head_dim = "
           f"{sizes['q_rank']}; d_model = heads·head_dim = {d_model}), a context of {n} latents drawn at random "
@@ -192,6 +217,7 @@ def latent(args: argparse.Namespace) -> None:
           f"{DEEPSEEK['kv_rank']}, rope_dim {DEEPSEEK['rope_dim']}): {big_mla:,} against {big_mha:,}, "
           f"{big_mla / big_mha:.2%}. Sources: DeepSeek-V2, arXiv 2405.04434, section 2.1; DeepSeek-V3, arXiv "
           f"2412.19437 (the same attention sizes).")
+    crossing(layer, args)
 
 
 def main(argv: list[str] | None = None) -> int:
