@@ -49,7 +49,7 @@ class SweepConfig:
                 continue
             point = self.problem.at(key, params, shortest)  # a series' own key/value heads are checked here too
             found += [text.replace("the sequence length", "the shortest sequence length")
-                      for text in (point._size_problems() or point.spec_problems(registry[key]))]
+                      for text in (point.size_problems() or point.spec_problems(registry[key]))]
         return list(dict.fromkeys(found))
 
     @property

@@ -112,7 +112,7 @@ class Problem:
                          f"{self.heads}")
         if self.mode not in MODES:
             found.append(f"mode {self.mode!r} is unknown; choose {' or '.join(MODES)}")
-        found += self._size_problems()
+        found += self.size_problems()
         try:
             device = env.resolve_device(self.device)
         except ValueError as e:
@@ -126,7 +126,8 @@ class Problem:
             return found
         return self.spec_problems(spec)
 
-    def _size_problems(self) -> list[str]:
+    def size_problems(self) -> list[str]:
+        """The sizes this problem cannot have (lengths, key/value heads, padding), each a sentence; [] when all can."""
         found = []
         if not _is_count(self.n) or (self.n_kv is not None and not _is_count(self.n_kv)):
             found.append(f"sequence lengths must be positive integers below 2**40, got {self.n!r}"
