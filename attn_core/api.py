@@ -6,13 +6,16 @@ from typing import Any
 
 import torch
 
-from .mechanisms import MECHANISMS
+from .mechanisms import LATENT, MECHANISMS
 from .mechanisms._common import check_finite, check_key_padding, check_qkv
 from .spec import MechanismSpec, Shape
 
 
 def get(key: str) -> MechanismSpec:
     """The spec of a mechanism; ValueError listing the known keys otherwise."""
+    if key in LATENT:
+        raise ValueError(f"{key!r} is multi-head latent attention, which attends over cached latents, not q, k and v; "
+                         f"use attn_core.MultiLatentAttention, or its core attn_core.latent.latent_attention_absorbed")
     if key not in MECHANISMS:
         raise ValueError(f"unknown mechanism {key!r}; choose one of {', '.join(MECHANISMS)}")
     return MECHANISMS[key]

@@ -15,7 +15,7 @@ import threading
 from typing import Sequence, TextIO
 
 from .engine import analysis, env
-from .mechanisms import MECHANISMS
+from .mechanisms import LATENT, MECHANISMS
 from .engine.measure import format_bytes, resolve_mechanisms
 from .engine.results import Run, RunFileError, load_run, save_run
 from .spec import DTYPE_BYTES
@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "time; rows stream in as they finish.")
     s.add_argument("--mechanisms", type=parse_mechanisms, default="all", metavar="LIST",
                    help="comma-separated keys, each optionally with parameters key:name=value[:name=value]; "
-                        f"'all' (default) is every mechanism. Keys: {', '.join(MECHANISMS)}")
+                        f"'all' (default) is every mechanism over q, k and v. Keys: {', '.join(MECHANISMS)}; and "
+                        f"multi-head latent attention's {', '.join(LATENT)} by name")
     s.add_argument("--n", type=parse_ns, default=DEFAULT_SWEEP.ns, metavar="RANGE",
                    help="sequence lengths: MIN:MAX (one per power of two), MIN:MAX:STEPS (log-spaced) or a list "
                         "256,512,1024 (default 256:4096:5)")

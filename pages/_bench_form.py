@@ -7,7 +7,7 @@ import math
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
-from attn_core import MECHANISMS, untrusted
+from attn_core import MEASURED, untrusted
 from attn_core.engine import env, presets
 from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 from attn_core.engine.problem import sharing
@@ -20,7 +20,8 @@ DEVICES = env.available_devices()
 # The number widgets' ranges (low, high); the link check reads them too
 NUMBERS = {"bench_steps": (1, 16), "bench_d_model": (1, 16384), "bench_heads": (1, 256), "bench_batch": (1, 1024),
            "bench_speed": (0.5, 20.0)}
-MODES, AXES, BASELINES = ["forward", "forward+backward", "generate"], ["log-log", "linear"], ["softmax", "sdpa"]
+MODES, AXES = ["forward", "forward+backward", "generate"], ["log-log", "linear"]
+BASELINES = ["softmax", "sdpa", "mla_naive"]  # the last: where absorbed MLA overtakes the naive form of the same layer
 MODE_HELP = ("forward+backward counts 3× the forward FLOPs. generate: one new token's step against the cache of n "
              "tokens (time per token) and the bytes that cache holds, as a model generating text; always causal, "
              "and only for mechanisms that can generate token by token")
@@ -100,8 +101,8 @@ def show_settings(config: SweepConfig) -> list[str]:
     own = [f"{label(key)} {sharing(p.heads, params['kv_heads'])}" for key, params in config.mechanisms
            if "kv_heads" in params]
     left += [f"each series' own key/value heads ({', '.join(own)})"] if own else []
-    S.update({"bench_exact": [k for k in keys if MECHANISMS[k].exact],
-              "bench_approx": [k for k in keys if not MECHANISMS[k].exact], "bench_n": tuple(near),
+    S.update({"bench_exact": [k for k in keys if MEASURED[k].exact],
+              "bench_approx": [k for k in keys if not MEASURED[k].exact], "bench_n": tuple(near),
               "bench_causal": p.causal, "bench_mode": p.mode})
     if log_spaced(*near, len(config.ns)) != tuple(config.ns):
         left.append(f"n = {', '.join(f'{n:,}' for n in config.ns)}")
@@ -114,7 +115,7 @@ def show_settings(config: SweepConfig) -> list[str]:
     else:
         left.append(f"device {p.device}")
     for key, params in config.mechanisms:
-        for p in MECHANISMS[key].params:
+        for p in MEASURED[key].params:
             value = params.get(p.name, p.default)
             try:
                 p.check(value)
@@ -132,15 +133,15 @@ def settings() -> tuple[SweepConfig, list[str]]:
                      icon=":material/tune:"):
         # talk mode's large type: two columns to a row
         what, sizes, shape, where = st.columns(2) + st.columns(2) if talk() else st.columns([3, 2, 2, 2])
-        exact = what.multiselect("Exact mechanisms", [k for k, s in MECHANISMS.items() if s.exact],
-                                 [k for k, _ in d.mechanisms if MECHANISMS[k].exact], format_func=label,
+        exact = what.multiselect("Exact mechanisms", [k for k, s in MEASURED.items() if s.exact],
+                                 [k for k, _ in d.mechanisms if MEASURED[k].exact], format_func=label,
                                  **keyed("bench_exact"))
-        approx = what.multiselect("Approximate or other scores", [k for k, s in MECHANISMS.items() if not s.exact],
-                                  [k for k, _ in d.mechanisms if not MECHANISMS[k].exact], format_func=label,
+        approx = what.multiselect("Approximate or other scores", [k for k, s in MEASURED.items() if not s.exact],
+                                  [k for k, _ in d.mechanisms if not MEASURED[k].exact], format_func=label,
                                   help="Not softmax attention under a mask: an estimate of it, or another score "
                                        "altogether (additive attention); the Accuracy page says which",
                                   **keyed("bench_approx"))
-        knobs = [p.name for key in exact + approx for p in MECHANISMS[key].params]
+        knobs = [p.name for key in exact + approx for p in MEASURED[key].params]
         names = ", ".join(dict.fromkeys(knobs))
         with what.popover(("Parameters: " + names if len(names) <= 24 else f"Parameters ({len(knobs)})") if knobs
                           else "No parameters to set", help=names or None, icon=":material/settings:",
@@ -179,7 +180,7 @@ def settings() -> tuple[SweepConfig, list[str]]:
 
 def mechanism_params(key: str) -> dict:
     """Widgets for one mechanism's own parameters, generated from its spec."""
-    spec = MECHANISMS[key]
+    spec = MEASURED[key]
     if not spec.params:
         return {}
     st.markdown(f"**{spec.label}**: {spec.description}")
@@ -191,8 +192,8 @@ def link_choices() -> dict[str, tuple[list[str], bool]]:
     """What a link may say for each choice setting (the text its widget shows, Streamlit's form in a URL) and
     whether it takes several values at once."""
     dtypes = list(dict.fromkeys(t for device in DEVICES for t in env.supported_dtypes(device)))
-    return {"bench_exact": ([label(k) for k, s in MECHANISMS.items() if s.exact], True),
-            "bench_approx": ([label(k) for k, s in MECHANISMS.items() if not s.exact], True),
+    return {"bench_exact": ([label(k) for k, s in MEASURED.items() if s.exact], True),
+            "bench_approx": ([label(k) for k, s in MEASURED.items() if not s.exact], True),
             "bench_n": ([f"{n:,}" for n in NS], False),
             "bench_kv_heads": ([kv_text(g) for g in range(NUMBERS["bench_heads"][1] - 1, -1, -1)], False),
             "bench_device": (DEVICES, False),
@@ -207,7 +208,7 @@ def link_notes() -> list[str]:
     range or unreadable (1e309 raised OverflowError inside Streamlit) and choices a widget does not offer (which
     Streamlit drops without a word) are refused; n written plainly (1024 for 1,024) and TRUE for true are taken."""
     numbers = {key: (low, high, isinstance(low, int)) for key, (low, high) in NUMBERS.items()}
-    numbers.update({f"bench_p_{key}_{p.name}": (p.low, p.high, p.kind is int) for key, spec in MECHANISMS.items()
+    numbers.update({f"bench_p_{key}_{p.name}": (p.low, p.high, p.kind is int) for key, spec in MEASURED.items()
                     for p in spec.params})
     query = {key: st.query_params.get_all(key) for key in st.query_params.keys()}
     kept, said = untrusted.link_values(query, numbers, link_choices(), plain)

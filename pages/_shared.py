@@ -7,7 +7,7 @@ from typing import Any
 
 import streamlit as st
 
-from attn_core import MECHANISMS
+from attn_core import MEASURED
 from attn_core.charts import insight as insight_charts, scaling, style
 from attn_core.engine import stage, worker
 from attn_core.engine.config import SweepConfig
@@ -24,7 +24,7 @@ def keyed(key: str, *, link: bool = False) -> dict:
 
 
 def label(key: str) -> str:
-    return MECHANISMS[key].label
+    return MEASURED[key].label
 
 
 KV_HELP = ("Key and value heads, each shared by a group of query heads: all (multi-head attention, MHA), fewer "

@@ -22,7 +22,7 @@ aten = torch.ops.aten
 B, H, N, D = 2, 4, 700, 24  # no power of two: blocks and chunks end partly filled
 
 
-def _baddbmm_(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+def baddbmm_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     batch, m, k = a_shape
     return 2 * batch * m * k * b_shape[-1]
 
@@ -39,7 +39,7 @@ class Seen:
         return 4 * b * h * nq * k_shape[-2] * d
 
     def mapping(self) -> dict:
-        return {aten.baddbmm_: _baddbmm_, aten._scaled_dot_product_flash_attention_for_cpu: self.flash}
+        return {aten.baddbmm_: baddbmm_flops, aten._scaled_dot_product_flash_attention_for_cpu: self.flash}
 
 
 @pytest.mark.parametrize("kv_heads", [H, 2])

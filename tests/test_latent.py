@@ -10,6 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import attn_core as ac
 from attn_core import latent
+from tests.test_flop_counter import baddbmm_flops
 
 SIZES = dict(d_model=24, heads=3, kv_rank=10, rope_dim=4, head_dim=6)
 
@@ -170,7 +171,7 @@ def test_step_flops_count_what_the_core_executes(absorbed):
     c_kv, k_r = torch.randn(1, L, r), torch.randn(1, L, rho)
     w_uk, w_uv = torch.randn(H, D, r), torch.randn(H, D, r)
     core = latent.latent_attention_absorbed if absorbed else latent.latent_attention_naive
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping={torch.ops.aten.baddbmm_: baddbmm_flops}) as counter:
         core(q_c, q_r, c_kv, k_r, w_uk, w_uv, causal=True, q_offset=L - 1)
     assert counter.get_total_flops() == latent.step_flops(H, D, r, rho, L, absorbed)
 

@@ -39,7 +39,7 @@ def test_a_padded_problem_reaches_the_kernel_with_its_mask():
     mask = problem.key_padding_mask()
     assert mask.shape == (2, 32) and mask[:, -5:].all() and not mask[:, :-5].any()
     q, k, v = problem.inputs()
-    out = measure.call_of(ac.get("softmax"), problem, q, k, v, {})()
+    out = measure.call_of(ac.get("softmax"), problem, q, k, v, state={})()
     scores = (q @ k.transpose(-1, -2)) / 8**0.5  # written out: the last five keys get no weight
     expected = torch.softmax(scores.masked_fill(mask[:, None, None, :], float("-inf")), -1) @ v
     torch.testing.assert_close(out, expected)

@@ -109,7 +109,7 @@ def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> bool:
     for key, n in cases:
         problem = Problem(mechanism=key, n=n, batch=1, heads=8, d_model=512, device="cpu")
         spec = MECHANISMS[key]
-        thunk = call_of(spec, problem, *problem.inputs(), make_state(spec, problem))
+        thunk = call_of(spec, problem, *problem.inputs(), state=make_state(spec, problem))
         calls = {"samples": 0}  # the bare loop makes as many calls as the engine's round just timed
 
         def engine_round() -> float:

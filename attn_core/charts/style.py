@@ -6,7 +6,7 @@ from typing import Iterable
 
 import altair as alt
 
-from ..mechanisms import MECHANISMS
+from ..mechanisms import MEASURED
 
 # One categorical palette for every chart, safe for colour-blind readers and visible as a thin line on white: five
 # of Okabe & Ito's (Okabe & Ito 2008, "Color Universal Design") and seven of Paul Tol's "muted" scheme (Paul Tol's
@@ -27,7 +27,7 @@ def colour_scale(lines: Iterable[tuple[str, str]]) -> alt.Scale:
     first line takes its home colour (PALETTE at its place in the catalogue, so the same on every page) unless an
     earlier mechanism took it; the rest (a second setting, a mechanism outside the catalogue or whose home was
     taken) take the first palette colour still free, in the catalogue's order. Past len(PALETTE) lines they repeat."""
-    order = list(MECHANISMS)
+    order = list(MEASURED)
     ranked = sorted(dict.fromkeys(lines), key=lambda ml: order.index(ml[0]) if ml[0] in order else len(order))
     colour: dict[str, str] = {}
     homed: set[str] = set()

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ..mechanisms import MECHANISMS
+from ..mechanisms import MEASURED
 from ..spec import MechanismSpec, Shape
 from .problem import sharing
 
@@ -59,7 +59,7 @@ def series_name(mechanism: str, label: str, params: str, heads: int | None = Non
     """'Sliding window (window=128)': the label, plus the parameters that differ from the spec's defaults, and
     'GQA-2' or 'MQA' where the key/value heads are shared ('Softmax (fused SDPA) · GQA-2')."""
     values = json.loads(params or "{}")
-    spec = MECHANISMS.get(mechanism)
+    spec = MEASURED.get(mechanism)
     defaults = spec.defaults if spec is not None else {}
     changed = {k: v for k, v in values.items() if defaults.get(k) != v}
     name = f"{label} ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else label
@@ -139,7 +139,7 @@ def theory_curves(df: pd.DataFrame, metric: str = "time_median_s", points: int =
     without clean points gets no curve (see unfitted).
     DataFrame[mechanism, curve, n, value, kind ('n²' | 'n' | 'spec'), params, series, metric]; curve labels read
     'O(n²) fit', 'O(n) fit' and the spec's big-O, e.g. 'O(n·w·d) fit'."""
-    registry = MECHANISMS if registry is None else registry
+    registry = MEASURED if registry is None else registry
     out = []
     for mechanism, params, _, name, ok in _groups(ok_points(df, metric)):
         g = ok.loc[_undisturbed(ok, metric)]
@@ -347,7 +347,7 @@ def baseline_note(df: pd.DataFrame, baseline: str, metric: str = "time_median_s"
     """Why no crossover against `baseline` can be marked at all (not measured, or no clean point); '' when it
     can."""
     mine = df[df["mechanism"] == baseline]
-    spec = MECHANISMS.get(baseline)
+    spec = MEASURED.get(baseline)
     label = spec.label if spec is not None else baseline
     if ok_points(mine, metric).empty:
         where = "Exact" if spec is None or spec.exact else "Approximate"
@@ -363,7 +363,7 @@ def summary_notes(df: pd.DataFrame) -> list[str]:
     notes = []
     for baseline in ("softmax", "sdpa"):
         if clean_points(df[df["mechanism"] == baseline], "time_median_s").empty:
-            label = MECHANISMS[baseline].label
+            label = MEASURED[baseline].label
             measured = not ok_points(df[df["mechanism"] == baseline], "time_median_s").empty
             notes.append(f"No speed-up vs {label}: every timed point of it was disturbed." if measured else
                          f"No comparison with {label}: this sweep did not measure it.")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import env
-from ..mechanisms import MECHANISMS
+from ..mechanisms import MEASURED
 from ..spec import MechanismSpec
 from .problem import FIELDS, MAX_COUNT, Problem, Settings
 
@@ -33,7 +33,7 @@ class SweepConfig:
     def problems(self, registry: Mapping[str, MechanismSpec] | None = None) -> list[str]:
         """Every reason this sweep cannot run, each a sentence saying what to change; [] when it can: the problem of
         each mechanism at the shortest n (Problem.problems, the one place a problem is validated) and the settings."""
-        registry = MECHANISMS if registry is None else registry
+        registry = MEASURED if registry is None else registry
         lengths = self._length_problems()
         shortest = min(self.ns) if not lengths else 1
         found = lengths + dataclasses.replace(self.problem, n=shortest).problems() + self.settings.problems()

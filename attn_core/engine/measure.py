@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 
 from . import env
-from ..mechanisms import MECHANISMS, load
+from ..mechanisms import MEASURED, load
 from ..mechanisms._common import checked_shape, validated
 from ..mechanisms.sdpa import sdpa_backend
 from .measurement import Conditions, Measurement, Summary, theory_of, unmeasured
@@ -20,10 +20,10 @@ from ..spec import MechanismSpec
 
 
 def resolve_mechanisms(extra: tuple[str, ...] = ()) -> dict[str, MechanismSpec]:
-    """The catalogue as it is now plus mechanisms of your own, named as importable 'module:attribute' references to
-    a MechanismSpec or to a dict or list of them (mechanisms.load, remembered per reference). ValueError with a
-    sentence for a reference that does not resolve."""
-    return {**MECHANISMS, **_loaded(extra)}
+    """The catalogue as it is now (multi-head latent attention's cores included) plus mechanisms of your own, named
+    as importable 'module:attribute' references to a MechanismSpec or to a dict or list of them (mechanisms.load,
+    remembered per reference). ValueError with a sentence for a reference that does not resolve."""
+    return {**MEASURED, **_loaded(extra)}
 
 
 @functools.lru_cache(maxsize=32)
@@ -45,7 +45,7 @@ def required_bytes(spec: MechanismSpec, problem: Problem) -> float:
     and the output's gradient, so 3 × the forward peak + 2 × the inputs. Generating: the prompt's q, k, v and the
     cache built from them. Mechanism state (projections) is small and not counted."""
     forward = theory_of(spec, problem).predicted_bytes
-    inputs = problem.shape.input_bytes
+    inputs = input_bytes(spec, problem)
     if problem.mode == "forward+backward":
         return inputs + 3 * forward + 2 * inputs
     return inputs + forward
@@ -73,6 +73,21 @@ def is_oom(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
+def operands(spec: MechanismSpec, problem: Problem) -> tuple[torch.Tensor, ...]:
+    """The seeded tensors of one call: q, k and v (Problem.inputs), or those of a spec with its own operands."""
+    if spec.operands is None:
+        return problem.inputs()
+    return spec.operands.draw(problem.shape, problem.device, getattr(torch, problem.dtype), seed=problem.seed,
+                              **spec.resolved(problem.kwargs))
+
+
+def input_bytes(spec: MechanismSpec, problem: Problem) -> float:
+    """Bytes of those tensors."""
+    if spec.operands is None:
+        return problem.shape.input_bytes
+    return spec.operands.nbytes(problem.shape, **spec.resolved(problem.kwargs))
+
+
 def make_state(spec: MechanismSpec, problem: Problem) -> dict:
     """The mechanism's seeded random state, built outside the timed region (attn_core.make_state, by spec)."""
     if spec.state.init is None:
@@ -81,17 +96,17 @@ def make_state(spec: MechanismSpec, problem: Problem) -> dict:
                                  **spec.resolved(problem.kwargs))
 
 
-def call_of(spec: MechanismSpec, problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-            state: dict) -> Callable[[], Any]:
-    """The thunk that is timed: the forward call, or forward then the gradients of q, k and v."""
+def call_of(spec: MechanismSpec, problem: Problem, *tensors: torch.Tensor, state: dict) -> Callable[[], Any]:
+    """The thunk that is timed: the forward call on `tensors` (q, k, v, or the spec's operands), or forward then
+    the gradients of every one of them."""
     kwargs = {**problem.kwargs, **state}
     if (mask := problem.key_padding_mask()) is not None:
         kwargs["key_padding_mask"] = mask
     if problem.mode == "forward":
-        return lambda: spec.fn(q, k, v, causal=problem.causal, **kwargs)
-    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-    grad_out = torch.randn_like(q)  # the output has q's shape
-    return lambda: torch.autograd.grad(spec.fn(q, k, v, causal=problem.causal, **kwargs), (q, k, v), grad_out)
+        return lambda: spec.fn(*tensors, causal=problem.causal, **kwargs)
+    tensors = tuple(t.requires_grad_(True) for t in tensors)
+    grad_out = torch.randn_like(tensors[0])  # the output has q's shape
+    return lambda: torch.autograd.grad(spec.fn(*tensors, causal=problem.causal, **kwargs), tensors, grad_out)
 
 
 def measure(spec: MechanismSpec, problem: Problem, settings: Settings, cancelled: Callable[[], bool] = lambda: False,
@@ -127,10 +142,11 @@ def step_call(spec: MechanismSpec, problem: Problem, state: dict) -> tuple[Calla
     for one more; the thunk takes one seeded new token's step against it and rewinds it to n tokens, so every timed
     step sees a context of exactly n (Cache.rewind: positions only)."""
     gen = spec.supports.generation
-    _, k, v = problem.inputs()
-    cache = gen.remember(k, v, max_len=problem.n + 1, **spec.resolved(problem.kwargs), **state)
-    del k, v
-    token = dataclasses.replace(problem, n=1, n_kv=None, seed=(problem.seed + 1) % (MAX_SEED + 1)).inputs()
+    queries = 1 if spec.operands is None else spec.operands.queries
+    kept = operands(spec, problem)[queries:]  # k and v, or what the spec's cache holds
+    cache = gen.remember(*kept, max_len=problem.n + 1, **spec.resolved(problem.kwargs), **state)
+    del kept
+    token = operands(spec, dataclasses.replace(problem, n=1, n_kv=None, seed=(problem.seed + 1) % (MAX_SEED + 1)))
     mark = cache.mark()
 
     def one_step() -> torch.Tensor:
@@ -146,9 +162,10 @@ def _measured(spec: MechanismSpec, problem: Problem, settings: Settings, cancell
     peak, method, first_call_s = float("nan"), "", None
     generating, device = problem.mode == "generate", problem.device
     if not generating:
-        q, k, v = problem.inputs()
-        checked_shape(spec, q, k, v, problem.causal, **problem.kwargs)  # once: no timed call checks again
-        thunk = call_of(spec, problem, q, k, v, state)
+        tensors = operands(spec, problem)
+        if spec.operands is None:
+            checked_shape(spec, *tensors, problem.causal, **problem.kwargs)  # once: no timed call checks again
+        thunk = call_of(spec, problem, *tensors, state=state)
     with torch.inference_mode(problem.mode != "forward+backward"), validated():
         if generating:  # checked by spec_problems in measure; the cache's tensors made in inference mode
             thunk, cache = step_call(spec, problem, state)
@@ -169,7 +186,7 @@ def _measured(spec: MechanismSpec, problem: Problem, settings: Settings, cancell
                 method = "not measured: the point's time budget was spent on timing"
     theory = theory_of(spec, problem)
     device_gflops = env.matmul_gflops(device, problem.dtype)
-    backend = (sdpa_backend(q.detach(), k.detach(), v.detach(), causal=problem.causal)
+    backend = (sdpa_backend(*(t.detach() for t in tensors), causal=problem.causal)
                if spec.key == "sdpa" and not generating else "")
     seen = timing.contention
     conditions = Conditions(float(torch.get_num_threads()), device_gflops, backend, seen.foreign_cores,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..mechanisms import MECHANISMS
+from ..mechanisms import MEASURED
 from .config import DEFAULT_SWEEP, SweepConfig, log_spaced
 
 # Accelerators are far faster than a laptop CPU: presets reach this many times longer sequences there.
@@ -73,6 +73,16 @@ PRESETS.update({p.name: p for p in (
            (DEFAULT_SWEEP.replaced(mechanisms=(("sdpa", {}), ("sdpa", {"kv_heads": 8}), ("sdpa", {"kv_heads": 1})),
                                    ns=log_spaced(1024, 32768, 6), mode="generate", heads=32, d_model=2048),),
            metric="peak_bytes"),
+    # Llama 3 8B's attention width (Meta's config: hidden size 4096, 32 heads of 128, 8 key/value heads) with
+    # DeepSeek-V2/V3's latent of 512 + 64 values a token (arXiv 2405.04434, 2412.19437), the MLA specs' defaults
+    Preset("One cache, four sizes",
+           "One model width (32 heads of 128), four caches a token and layer: MHA keeps 8,192 values, GQA-8 2,048, "
+           "MLA's latent 576, MQA 256. Absorbed MLA reads its latent as it is; naive MLA rebuilds every head's keys "
+           "and values from it at each step, and its time per token climbs far above the others'.",
+           (DEFAULT_SWEEP.replaced(mechanisms=(("sdpa", {}), ("sdpa", {"kv_heads": 8}), ("sdpa", {"kv_heads": 1}),
+                                               ("mla", {}), ("mla_naive", {})),
+                                   ns=log_spaced(512, 16384, 6), mode="generate", heads=32, d_model=4096),),
+           metric="peak_bytes"),
 )})
 QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short sequences.",
                     (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),))
@@ -86,7 +96,7 @@ def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
     shared = frame["kv_heads"].nunique() > 1  # then each series says its own key/value heads
     mechanisms = tuple((key, {**json.loads(params), **({"kv_heads": int(kv)} if shared else {})})
                        for key, params, kv in zip(seen["mechanism"], seen["params"], seen["kv_heads"])
-                       if key in MECHANISMS)
+                       if key in MEASURED)
     kv_heads = None if shared or int(first["kv_heads"]) == int(first["heads"]) else int(first["kv_heads"])
     ns = tuple(sorted({int(n) for n in frame["n"]}))
     config = DEFAULT_SWEEP.replaced(mechanisms=mechanisms, ns=ns, batch=int(first["batch"]),
@@ -97,5 +107,5 @@ def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
     left = [f"{column} {', '.join(map(str, frame[column].unique()))}" for column in
             ("batch", "heads", "d_model", "dtype", "device", "mode", "padding") if frame[column].nunique() > 1]
     left += ["both masks (causal and bidirectional)"] if frame["causal"].nunique() > 1 else []
-    left += [f"{key} (not in this build)" for key in dict.fromkeys(seen["mechanism"]) if key not in MECHANISMS]
+    left += [f"{key} (not in this build)" for key in dict.fromkeys(seen["mechanism"]) if key not in MEASURED]
     return config, left

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..files import write_atomic
 from .measurement import COLUMNS, KINDS, STATUSES
-from ..mechanisms import MECHANISMS
+from ..mechanisms import MEASURED
 from .problem import MAX_COUNT
 from ..untrusted import clipped, csv_cell, csv_json, csv_text
 
@@ -328,7 +328,7 @@ def _params_problem(mechanism: Any, text: str) -> str | None:
     """Why a row's params (JSON text of an object) cannot be its mechanism's: a name it has not, a value out of its
     range or of the wrong kind (spec.check_params); None when they can, or the mechanism is not in the catalogue
     (a user's own mechanism: its params are kept as they are)."""
-    spec = MECHANISMS.get(mechanism) if isinstance(mechanism, str) else None
+    spec = MEASURED.get(mechanism) if isinstance(mechanism, str) else None
     if spec is None:
         return None
     try:

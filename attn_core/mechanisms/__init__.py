@@ -64,3 +64,10 @@ def refs(text: str) -> tuple[str, ...]:
 MECHANISMS: dict[str, MechanismSpec] = {
     name: registered(importlib.import_module(f".{name}", __name__).SPEC, name) for name in ORDER}
 MECHANISMS.update(load(refs(os.environ.get(ENV, ""))))
+
+# Multi-head latent attention's two computations (mla.py). They attend over cached latents, not over q, k and v
+# (spec.operands), so `attention` and the pages that draw q, k and v leave them out; the engine, its pages and the
+# CLI measure them beside the mechanisms.
+LATENT = {"mla": "SPEC", "mla_naive": "NAIVE"}
+MEASURED: dict[str, MechanismSpec] = {**MECHANISMS, **{
+    key: registered(getattr(importlib.import_module(".mla", __name__), name), key) for key, name in LATENT.items()}}
