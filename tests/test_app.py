@@ -41,9 +41,10 @@ def fresh_stage():
     sweeps.clear()
     yield
     desk = sweeps()
-    for entry in [desk.running(), *desk.queue]:
-        if entry is not None:
-            desk.cancel(entry)
+    for entry in list(desk.queue):
+        desk.withdraw(entry)
+    if desk.running() is not None:
+        desk.running().cancel()
     deadline = time.monotonic() + 30
     while desk.running() is not None and time.monotonic() < deadline:
         desk.check()
@@ -483,6 +484,35 @@ def test_the_kv_cache_preset_sets_generate_mode_in_one_click():
     assert widget(at, "bench_mode").value == "generate"
     assert widget(at, "bench_exact").value == ["softmax", "sdpa", "sliding_window"]
     assert any("key-value cache" in m.value for m in at.markdown)
+    at.button(key="bench_stop").click().run()
+    run_to_end(at)
+    assert not at.exception
+
+
+def test_mla_is_offered_measured_generating_and_refused_with_shared_heads():
+    at = benchmark(**{**TINY, "bench_exact": ["mla", "mla_naive"], "bench_approx": [], "bench_mode": "generate"})
+    assert warnings(at) == []
+    widget(at, "bench_kv_heads").set_value(1)
+    at.run()
+    assert any(w.startswith("MLA absorbed cannot share key/value heads between query heads. Its heads already share "
+                            "one cached latent per token") for w in warnings(at))
+    assert at.button(key="bench_run").disabled
+    widget(at, "bench_kv_heads").set_value(0)  # one per query head again
+    at.run()
+    at.button(key="bench_run").click().run()
+    run_to_end(at)
+    frame = at.session_state["bench"].job.frame()
+    assert set(frame["mechanism"]) == {"mla", "mla_naive"} and set(frame["status"]) == {"ok"}
+    latent = frame[frame["mechanism"] == "mla"]
+    assert (latent["peak_bytes"] == latent["n"] * (512 + 64) * 4).all()  # the latent cache, exact
+    assert not at.exception
+
+
+def test_the_one_cache_four_sizes_preset_sets_four_caches_in_one_click():
+    at = benchmark()
+    at.button(key="bench_preset_one_cache,_four_sizes").click().run()
+    assert widget(at, "bench_mode").value == "generate"
+    assert widget(at, "bench_exact").value == ["sdpa", "mla", "mla_naive"]
     at.button(key="bench_stop").click().run()
     run_to_end(at)
     assert not at.exception
