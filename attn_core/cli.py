@@ -1,10 +1,12 @@
 """Command line: `python -m attn_core sweep ...` measures a sweep in the worker, shows progress on stderr, prints a
-summary table and saves the run as JSON or CSV; `python -m attn_core show RUN` prints a saved run's summary."""
+summary table and saves the run as JSON or CSV; `python -m attn_core show RUN` prints a saved run's summary;
+`python -m attn_core plan MODEL --context N` prints what a model's attention holds and costs at N tokens."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import re
@@ -14,6 +16,7 @@ import tempfile
 import threading
 from typing import Sequence, TextIO
 
+from . import planner
 from .engine import analysis, env
 from .mechanisms import LATENT, MECHANISMS
 from .engine.measure import format_bytes, resolve_mechanisms
@@ -113,7 +116,7 @@ def _number(value: str) -> int | float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m attn_core", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{sweep,show}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{sweep,show,plan}")
     d = {**dataclasses.asdict(Problem()), **dataclasses.asdict(Settings())}  # the library's defaults
     s = sub.add_parser("sweep", help="measure time and peak memory over sequence lengths",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
@@ -171,7 +174,61 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     show = sub.add_parser("show", help="print the summary of a saved run")
     show.add_argument("path", help="a .json or .csv run file")
+    pl = sub.add_parser("plan", help="a model's attention cache, prefill FLOPs and decode reads at a context length")
+    pl.add_argument("model", help=f"a built-in model ({', '.join(m.name for m in planner.MODELS.values())}; any "
+                                  "case) or a model file (JSON, as Model.to_json writes)")
+    pl.add_argument("--context", type=parse_context, default=131072, metavar="N",
+                    help="tokens of context: a number, or with k (× 1,024) or M (× 1,048,576): 128k, 1M "
+                         "(default 131072, at most 1M)")
+    pl.add_argument("--batch", type=int, default=1, help="sequences held at once (default 1)")
+    pl.add_argument("--dtype", default=None, help="the cache's dtype: bf16, fp16, fp32 (default: the model's)")
+    pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     return parser
+
+
+def parse_context(text: str) -> int:
+    """'131072', '128k' (× 1,024) or '1M' (× 1,048,576) → tokens; a sentence for anything else."""
+    match = re.fullmatch(r"\s*(\d{1,9})\s*([kKmM]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"context {text[:20]!r} is not a number of tokens; write 131072, 128k or 1M")
+    return int(match[1]) * {"": 1, "k": 1024, "m": 1 << 20}[match[2].lower()]
+
+
+def run_plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Print the plan of a built-in model or a model file; EXIT_USAGE with a sentence when it cannot be made."""
+    try:
+        if os.path.isfile(args.model) or args.model.endswith(".json"):
+            model = planner.Model.from_json(_read_model(args.model))
+        else:
+            model = planner.find(args.model)
+        made = planner.plan(model, args.context, batch=args.batch, dtype=args.dtype)
+    except (ValueError, OSError) as e:
+        err.write(f"error: {e}\n")
+        return EXIT_USAGE
+    if args.json:
+        out.write(json.dumps(made.as_dict(), indent=2) + "\n")
+        return EXIT_OK
+    out.write(f"{model.name} at {made.context:,} tokens, batch {made.batch}, cache in {made.dtype}"
+              f"{f' ({model.source})' if model.source else ''}\n")
+    for p in made.kinds:
+        what = "keys and values" if p.kind == "kv" else "recurrent state"
+        out.write(f"  {p.layer.count:4d} × {p.layer.name:32s} {p.layer.mechanism:15s} {what:16s} "
+                  f"{format_bytes(p.bytes_per_layer):>10s} a layer, {format_bytes(p.cache_bytes):>10s} in all\n")
+    out.write(f"  KV cache {format_bytes(made.kv_cache_bytes)}, recurrent state {format_bytes(made.state_bytes)}; "
+              f"prefill attention {made.prefill_flops:.3g} FLOPs; a new token reads "
+              f"{format_bytes(made.decode_bytes)}\n")
+    for note in made.notes:
+        out.write(f"note: {note}\n")
+    return EXIT_OK
+
+
+def _read_model(path: str) -> str:
+    """A model file's text, at most 1 MiB (a model is a few hundred bytes)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read(1 << 20 + 1)
+    if len(text) > 1 << 20:
+        raise ValueError(f"{path} is larger than 1 MiB: it is not a model file")
+    return text
 
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
@@ -435,4 +492,5 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
             args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
         return int(e.code or 0)
-    return run_sweep_command(args, out, err) if args.command == "sweep" else run_show_command(args, out, err)
+    commands = {"sweep": run_sweep_command, "show": run_show_command, "plan": run_plan_command}
+    return commands[args.command](args, out, err)

@@ -1,0 +1,307 @@
+"""The model planner: a model as a stack of attention layer kinds with a count each, and what its attention costs at
+a context length: what it remembers (keys and values or latents, which grow with the context; recurrent states,
+which do not) per kind and in all, the prefill attention FLOPs, and the bytes a decoded token reads. Every figure
+comes from the layer's mechanism spec, the single source of its costs; the built-in models carry the source of their
+configuration. Predictions, not measurements: the weights, the MLPs and the activations are left out.
+
+    plan(MODELS["llama-3-8b"], 131072).kv_cache_bytes   # 2 · 32 layers · 8 heads · 128 · 2 bytes · 131,072 = 16 GiB
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .mechanisms import MEASURED
+from .spec import DTYPE_BYTES, Shape
+
+MAX_CONTEXT = 1 << 20  # 1,048,576 tokens: the longest context a plan is made for
+MAX_SIZE = 1 << 20  # heads, head sizes, windows, ranks and counts above this are typos, not models
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
+_LAYER_FIELDS = ("name", "mechanism", "count", "heads", "head_dim", "kv_heads", "window", "kv_rank", "rope_dim",
+                 "prefill_mechanism")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    """`count` attention layers of one kind: `mechanism` (a key of attn_core.MEASURED) over `heads` query heads of
+    `head_dim`, sharing `kv_heads` key/value heads (None: one each). `window`: the tokens a query sees, itself
+    included, as model cards give it (Mistral's 4096): the sliding_window mechanism's `window` is one less (|i − j| ≤
+    window). `kv_rank`, `rope_dim`: the latent and shared rotary widths of multi-head latent attention.
+    `prefill_mechanism`: where the prompt runs another form of the same layer than decoding does (multi-head latent
+    attention: the naive form costs fewer FLOPs over a whole prompt, the absorbed one reads less per new token)."""
+
+    name: str
+    mechanism: str
+    count: int
+    heads: int
+    head_dim: int
+    kv_heads: int | None = None
+    window: int | None = None
+    kv_rank: int | None = None
+    rope_dim: int | None = None
+    prefill_mechanism: str | None = None
+
+    @property
+    def params(self) -> dict[str, int]:
+        """The mechanism's parameters this layer sets."""
+        given = {"window": None if self.window is None else self.window - 1, "kv_rank": self.kv_rank,
+                 "rope_dim": self.rope_dim}
+        return {k: v for k, v in given.items() if v is not None}
+
+    def shape(self, queries: int, keys: int, batch: int, dtype: str) -> Shape:
+        return Shape(batch, self.heads, queries, keys, self.head_dim, dtype=dtype, causal=True, Hk=self.kv_heads)
+
+    def problems(self, where: str = "") -> list[str]:
+        """Every reason this layer cannot be planned, each a sentence naming the field; [] when it can."""
+        at = f"{where}: " if where else ""
+        found = [f"{at}{name} must be a whole number from 1 to {MAX_SIZE:,}, got {getattr(self, name)!r}"
+                 for name in ("count", "heads", "head_dim", "kv_heads", "window", "kv_rank", "rope_dim")
+                 if (getattr(self, name) is not None or name in ("count", "heads", "head_dim"))
+                 and not _size(getattr(self, name))]
+        if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 80:
+            found.append(f"{at}name must be a text of 1 to 80 characters")
+        spec = MEASURED.get(self.mechanism) if isinstance(self.mechanism, str) else None
+        for name in ("mechanism", "prefill_mechanism"):
+            key = getattr(self, name)
+            if (key is not None or name == "mechanism") and not (isinstance(key, str) and key in MEASURED):
+                found.append(f"{at}{name} {str(key)[:40]!r} is not one this build knows; choose one of "
+                             f"{', '.join(MEASURED)}")
+        if found:
+            return found
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            found.append(f"{at}kv_heads {self.kv_heads} does not divide the {self.heads} heads; choose a divisor")
+        if self.window is not None and "window" not in spec.defaults:
+            found.append(f"{at}window is set, but {spec.label} takes no window; remove it or choose sliding_window")
+        for name in ("kv_rank", "rope_dim"):
+            if getattr(self, name) is not None and name not in spec.defaults:
+                found.append(f"{at}{name} is set, but {spec.label} has no latent; remove it or choose mla")
+        if spec.supports.generation is None:
+            found.append(f"{at}{spec.label} cannot generate token by token, so no cache can be planned for it")
+        if not found:
+            try:
+                spec.check(self.shape(1, 1, 1, "float32"), self.params)
+            except ValueError as e:
+                found.append(f"{at}{e}")
+        return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class Model:
+    """A model's attention: its `layers` (kinds with counts), the `dtype` its cache is held in, the longest context
+    it was trained for (`max_context`), and where its configuration comes from (`source`)."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    dtype: str = "bfloat16"
+    max_context: int = 131072
+    source: str = ""
+
+    @property
+    def layer_count(self) -> int:
+        return sum(layer.count for layer in self.layers)
+
+    def problems(self) -> list[str]:
+        """Every reason this model cannot be planned, each a sentence naming the field; [] when it can."""
+        found = []
+        if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 80:
+            found.append("name must be a text of 1 to 80 characters")
+        if _dtype(self.dtype) is None:
+            found.append(f"dtype {str(self.dtype)[:20]!r} is unknown; choose {', '.join(DTYPE_BYTES)}")
+        if not _size(self.max_context, MAX_CONTEXT * 16):
+            found.append(f"max_context must be a whole number of tokens from 1 to {MAX_CONTEXT * 16:,}, got "
+                         f"{self.max_context!r}")
+        if not isinstance(self.layers, tuple) or not self.layers:
+            return found + ["layers must list at least one kind of layer"]
+        for i, layer in enumerate(self.layers):
+            found += layer.problems(f"layers[{i}] ({str(layer.name)[:40]})")
+            if _size(self.max_context, MAX_CONTEXT * 16) and _size(layer.window) and layer.window > self.max_context:
+                found.append(f"layers[{i}]: window {layer.window:,} is longer than the model's context "
+                             f"{self.max_context:,}; a window cannot exceed the context")
+        return found
+
+    def to_json(self) -> str:
+        """The model as a small JSON file (`from_json` reads it back)."""
+        layers = [{k: v for k, v in dataclasses.asdict(layer).items() if v is not None} for layer in self.layers]
+        return json.dumps({"name": self.name, "source": self.source, "dtype": self.dtype,
+                           "max_context": self.max_context, "layers": layers}, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Model":
+        """A model from its JSON text; ValueError with every sentence naming a field that cannot be used."""
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"this is not a model file: it is not JSON ({str(e)[:80]})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
+            raise ValueError("a model file is a JSON object with a list of 'layers'; see Model.to_json")
+        unknown = set(data) - {"name", "source", "dtype", "max_context", "layers"}
+        rows = data["layers"][:64]
+        bad = [f"layers[{i}] must be an object" for i, row in enumerate(rows) if not isinstance(row, dict)]
+        bad += [f"layers[{i}] has no field {k[:30]!r}; its fields are {', '.join(_LAYER_FIELDS)}"
+                for i, row in enumerate(rows) if isinstance(row, dict) for k in row if k not in _LAYER_FIELDS]
+        bad += [f"layers[{i}] lacks {k}" for i, row in enumerate(rows) if isinstance(row, dict)
+                for k in ("name", "mechanism", "count", "heads", "head_dim") if k not in row]
+        if unknown:
+            bad.append(f"the model has no field {', '.join(sorted(str(k)[:30] for k in unknown))}")
+        if len(data["layers"]) > 64:
+            bad.append("a model lists at most 64 kinds of layer")
+        if bad:
+            raise ValueError("; ".join(bad))
+        model = cls(name=data.get("name", "my model"), source=str(data.get("source", ""))[:300],
+                    dtype=data.get("dtype", "bfloat16"), max_context=data.get("max_context", 131072),
+                    layers=tuple(Layer(**row) for row in rows))
+        if found := model.problems():
+            raise ValueError("; ".join(found))
+        return model
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One kind's figures at the plan's context: what one of its layers holds (`kind`: 'kv' for keys and values or
+    latents, which grow with the context; 'state' for a fixed-size recurrent state), those of all `count`, the
+    prefill attention FLOPs of all (causal, the useful work of the spec), and the bytes a new token reads."""
+
+    layer: Layer
+    kind: str
+    bytes_per_layer: float
+    cache_bytes: float
+    prefill_flops: float
+    decode_bytes: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A model at `context` tokens of `batch` sequences, its cache in `dtype`: per kind and in all."""
+
+    model: Model
+    context: int
+    batch: int
+    dtype: str
+    kinds: tuple[LayerPlan, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        """Keys and values, or latents, of every layer that keeps them per token."""
+        return sum(k.cache_bytes for k in self.kinds if k.kind == "kv")
+
+    @property
+    def state_bytes(self) -> float:
+        """The recurrent states of every layer that keeps a fixed-size one."""
+        return sum(k.cache_bytes for k in self.kinds if k.kind == "state")
+
+    @property
+    def total_bytes(self) -> float:
+        return self.kv_cache_bytes + self.state_bytes
+
+    @property
+    def prefill_flops(self) -> float:
+        return sum(k.prefill_flops for k in self.kinds)
+
+    @property
+    def decode_bytes(self) -> float:
+        """Bytes the attention of one new token reads: every cache and state, whole."""
+        return sum(k.decode_bytes for k in self.kinds)
+
+    def fits(self, memory_bytes: float) -> bool:
+        return self.total_bytes <= memory_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as plain data (the CLI's --json): the inputs, the totals, and each kind."""
+        return {"model": self.model.name, "source": self.model.source, "context": self.context, "batch": self.batch,
+                "dtype": self.dtype, "layer_count": self.model.layer_count, "kv_cache_bytes": self.kv_cache_bytes,
+                "state_bytes": self.state_bytes, "total_bytes": self.total_bytes,
+                "prefill_attention_flops": self.prefill_flops, "decode_bytes_per_token": self.decode_bytes,
+                "layers": [{**{k: v for k, v in dataclasses.asdict(p.layer).items() if v is not None},
+                            "kind": p.kind, "bytes_per_layer": p.bytes_per_layer, "cache_bytes": p.cache_bytes,
+                            "prefill_attention_flops": p.prefill_flops, "decode_bytes_per_token": p.decode_bytes}
+                           for p in self.kinds],
+                "notes": list(self.notes)}
+
+
+def plan(model: Model, context: int, *, batch: int = 1, dtype: str | None = None) -> Plan:
+    """`model` at `context` tokens (1 … MAX_CONTEXT) for `batch` sequences, the cache in `dtype` (None: the model's;
+    bf16, fp16 and fp32 are understood). ValueError with a sentence per field that cannot be used."""
+    found = model.problems()
+    if not _size(context, MAX_CONTEXT):
+        found.append(f"context must be a whole number of tokens from 1 to {MAX_CONTEXT:,}, got {context!r}")
+    if not _size(batch, 1 << 16):
+        found.append(f"batch must be a whole number from 1 to {1 << 16:,}, got {batch!r}")
+    name = _dtype(model.dtype if dtype is None else dtype)
+    if name is None:
+        found.append(f"dtype {str(dtype)[:20]!r} is unknown; choose {', '.join([*DTYPE_BYTES, *DTYPE_ALIASES])}")
+    if found:
+        raise ValueError("; ".join(found))
+    kinds = tuple(_kind(layer, context, batch, name) for layer in model.layers)
+    notes = []
+    if context > model.max_context:
+        notes.append(f"{context:,} tokens is past the {model.max_context:,} the model was trained for: the figures "
+                     "are what its attention would hold, not a promise that it works there")
+    notes.append("predicted from the specs' cost models, not measured: weights, MLPs and activations are left out")
+    return Plan(model, context, batch, name, kinds, tuple(notes))
+
+
+def _kind(layer: Layer, context: int, batch: int, dtype: str) -> LayerPlan:
+    spec = MEASURED[layer.mechanism]
+    gen, params = spec.supports.generation, spec.resolved(layer.params)
+    held = float(gen.cache_bytes(layer.shape(1, context, batch, dtype), **params))
+    one, two = (gen.cache_bytes(layer.shape(1, n, batch, dtype), **params) for n in (1, 2))
+    kind = "kv" if two > one else "state"  # a cache that grows by a token's entries, or a fixed-size state
+    prefill = MEASURED[layer.prefill_mechanism or layer.mechanism]
+    flops = float(prefill.cost.flops(layer.shape(context, context, batch, dtype), **prefill.resolved(layer.params)))
+    return LayerPlan(layer, kind, held, held * layer.count, flops * layer.count, held * layer.count)
+
+
+def find(name: str) -> Model:
+    """A built-in model by name, case-insensitive ('Llama-3-8B', 'llama-3-8b'); ValueError listing them otherwise."""
+    key = str(name).strip().lower()
+    if key not in MODELS:
+        raise ValueError(f"no built-in model {str(name)[:40]!r}; choose one of {', '.join(MODELS)}, or a model file")
+    return MODELS[key]
+
+
+def _size(value: Any, high: int = MAX_SIZE) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= high
+
+
+def _dtype(name: Any) -> str | None:
+    if not isinstance(name, str):
+        return None
+    name = DTYPE_ALIASES.get(name.lower(), name.lower())
+    return name if name in DTYPE_BYTES else None
+
+
+def _attention(count: int, heads: int, kv_heads: int | None, *, name: str = "full attention",
+               mechanism: str = "sdpa", window: int | None = None) -> Layer:
+    return Layer(name=name, mechanism=mechanism, count=count, heads=heads, kv_heads=kv_heads, head_dim=128,
+                 window=window)
+
+
+_BUILT_IN = (
+    # Meta, Llama 3 8B and 70B, config.json: hidden 4096 / 8192, 32 / 80 layers, 32 / 64 heads of 128, 8 key/value
+    # heads; context 8192
+    Model(name="Llama-3-8B", layers=(_attention(32, 32, 8),), max_context=8192,
+          source="Meta, meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads of 128, 8 key/value heads"),
+    Model(name="Llama-3-70B", layers=(_attention(80, 64, 8),), max_context=8192,
+          source="Meta, meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads of 128, 8 key/value heads"),
+    Model(name="Mistral-7B", max_context=8192,
+          layers=(_attention(32, 32, 8, name="sliding window", mechanism="sliding_window", window=4096),),
+          source="Jiang et al. 2023, 'Mistral 7B', arXiv 2310.06825, table 1: 32 layers, 32 heads of 128, 8 "
+                 "key/value heads, window 4096, context 8192"),
+    Model(name="Gemma-3-27B", max_context=131072,
+          layers=(_attention(52, 32, 16, name="local (sliding window)", mechanism="sliding_window", window=1024),
+                  _attention(10, 32, 16, name="global")),
+          source="Gemma Team 2025, 'Gemma 3 Technical Report', arXiv 2503.19786, and google/gemma-3-27b-pt "
+                 "config.json: 62 layers, 5 local (window 1024) to 1 global, 32 heads of 128, 16 key/value heads"),
+    Model(name="DeepSeek-V3", max_context=131072,
+          layers=(Layer(name="multi-head latent attention", mechanism="mla", count=61, heads=128, head_dim=128,
+                        kv_rank=512, rope_dim=64, prefill_mechanism="mla_naive"),),
+          source="DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report', arXiv 2412.19437, section 4.2: 61 layers, 128 "
+                 "heads of 128, latent 512, rotary key 64"),
+    Model(name="MHA-8B", layers=(_attention(32, 32, None, name="multi-head attention"),), max_context=8192,
+          source="a baseline, not a released model: Llama 3 8B's width with one key/value head per query head"),
+)
+MODELS: dict[str, Model] = {m.name.lower(): m for m in _BUILT_IN}
+

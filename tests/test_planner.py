@@ -1,0 +1,145 @@
+"""The model planner: every built-in model's cache recomputed by hand from its published configuration, the prefill
+FLOPs against the plain formula, model files read back and refused with sentences naming the field, and the CLI."""
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+
+from attn_core import cli, planner
+
+GIB = 2**30
+BF16 = 2
+
+
+def kv(layers: int, kv_heads: int, head_dim: int, tokens: int, elem: int = BF16) -> int:
+    """Keys and values: 2 · layers · key/value heads · head_dim · bytes, a token."""
+    return 2 * layers * kv_heads * head_dim * elem * tokens
+
+
+@pytest.mark.parametrize("name, context, want", [
+    ("llama-3-8b", 131072, kv(32, 8, 128, 131072)),  # 128 KiB a token: 16 GiB at 128k
+    ("llama-3-70b", 131072, kv(80, 8, 128, 131072)),
+    ("mha-8b", 131072, kv(32, 32, 128, 131072)),
+    ("mistral-7b", 131072, kv(32, 8, 128, 4096)),  # a ring of the 4096 tokens the window sees
+    ("mistral-7b", 1000, kv(32, 8, 128, 1000)),
+    ("gemma-3-27b", 131072, kv(52, 16, 128, 1024) + kv(10, 16, 128, 131072)),
+    ("deepseek-v3", 131072, 61 * (512 + 64) * BF16 * 131072),  # the latent and the shared rotary key only
+])
+def test_each_built_in_model_s_cache_is_what_its_configuration_gives(name, context, want):
+    made = planner.plan(planner.find(name), context)
+    assert made.kv_cache_bytes == want and made.state_bytes == 0
+    assert made.decode_bytes == want  # a new token reads every cache whole
+
+
+def test_llama_3_8b_holds_16_gib_at_128k_in_bf16_and_32_in_fp32():
+    model = planner.find("Llama-3-8B")
+    assert planner.plan(model, 131072).kv_cache_bytes == 16 * GIB
+    assert planner.plan(model, 131072, dtype="fp32").kv_cache_bytes == 32 * GIB
+    assert planner.plan(model, 131072, batch=4).kv_cache_bytes == 64 * GIB
+
+
+def test_prefill_flops_of_full_attention_are_the_causal_formula():
+    n = 4096
+    made = planner.plan(planner.find("llama-3-8b"), n)
+    assert made.prefill_flops == 32 * 4 * 32 * 128 * n * (n + 1) / 2  # Q Kᵀ and P V over the kept cells
+
+
+def test_deepseek_prefills_in_the_naive_form_and_reads_the_latent_when_decoding():
+    (layer,) = planner.find("deepseek-v3").layers
+    naive = planner.plan(planner.Model(name="x", layers=(layer,)), 8192).prefill_flops
+    absorbed = planner.plan(planner.Model(name="y", layers=(
+        planner.Layer(**{**layer.__dict__, "prefill_mechanism": None}),)), 8192).prefill_flops
+    assert naive < absorbed
+
+
+def test_a_context_past_the_trained_one_is_planned_with_a_note():
+    made = planner.plan(planner.find("llama-3-8b"), 1 << 20)
+    assert any("past the 8,192 the model was trained for" in note for note in made.notes)
+    assert not any("past" in note for note in planner.plan(planner.find("llama-3-8b"), 8192).notes)
+
+
+@pytest.mark.parametrize("name", list(planner.MODELS))
+def test_a_model_file_reads_back_as_the_same_model(name):
+    model = planner.MODELS[name]
+    assert model.problems() == []
+    assert planner.Model.from_json(model.to_json()) == model
+
+
+@pytest.mark.parametrize("change, sentence", [
+    ({"kv_heads": 3}, "kv_heads 3 does not divide the 32 heads"),
+    ({"count": 0}, "count must be a whole number from 1"),
+    ({"heads": -4}, "heads must be a whole number from 1"),
+    ({"head_dim": 10**12}, "head_dim must be a whole number from 1"),
+    ({"count": True}, "count must be a whole number"),
+    ({"mechanism": "flash"}, "mechanism 'flash' is not one this build knows"),
+    ({"window": 9000, "mechanism": "sliding_window"}, "window 9,000 is longer than the model's context 8,192"),
+    ({"window": 512}, "window is set, but Softmax (fused SDPA) takes no window"),
+    ({"kv_rank": 64}, "kv_rank is set, but Softmax (fused SDPA) has no latent"),
+    ({"mechanism": "linformer"}, "cannot generate token by token"),
+    ({"colour": "red"}, "layers[0] has no field 'colour'"),
+])
+def test_impossible_layers_are_refused_with_a_sentence_naming_the_field(change, sentence):
+    data = json.loads(planner.find("llama-3-8b").to_json())
+    data["layers"][0].update(change)
+    with pytest.raises(ValueError, match=re.escape(sentence)):
+        planner.Model.from_json(json.dumps(data))
+
+
+@pytest.mark.parametrize("text, sentence", [
+    ("not json", "it is not JSON"),
+    ("[]", "a JSON object with a list of 'layers'"),
+    ('{"layers": []}', "at least one kind of layer"),
+    ('{"layers": [], "dtype": "int8"}', "dtype 'int8' is unknown"),
+    ('{"layers": [1]}', r"layers\[0\] must be an object"),
+    ('{"layers": [{"name": "a"}]}', r"layers\[0\] lacks mechanism"),
+    ("[" * 100000, "not JSON"),
+])
+def test_bad_model_files_are_refused_with_a_sentence(text, sentence):
+    with pytest.raises(ValueError, match=sentence):
+        planner.Model.from_json(text)
+
+
+@pytest.mark.parametrize("kwargs, sentence", [
+    ({"context": 0}, "context must be a whole number of tokens from 1 to 1,048,576"),
+    ({"context": (1 << 20) + 1}, "context must be"),
+    ({"context": 4096.0}, "context must be"),
+    ({"context": 4096, "batch": 0}, "batch must be"),
+    ({"context": 4096, "dtype": "int4"}, "dtype 'int4' is unknown"),
+])
+def test_impossible_plans_are_refused_with_a_sentence(kwargs, sentence):
+    with pytest.raises(ValueError, match=sentence):
+        planner.plan(planner.find("llama-3-8b"), **kwargs)
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    return cli.main(list(argv), out, err), out.getvalue(), err.getvalue()
+
+
+def test_the_cli_prints_the_plan_and_its_json():
+    code, out, _ = run("plan", "LLAMA-3-8B", "--context", "128k")
+    assert code == 0 and "KV cache 16.0 GiB" in out and "512.0 MiB a layer" in out
+    code, out, _ = run("plan", "gemma-3-27b", "--context", "1M", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["context"] == 1 << 20 and data["state_bytes"] == 0
+    assert data["kv_cache_bytes"] == kv(52, 16, 128, 1024) + kv(10, 16, 128, 1 << 20)
+    assert [layer["kind"] for layer in data["layers"]] == ["kv", "kv"]
+
+
+def test_the_cli_reads_a_model_file_and_refuses_a_bad_one(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(planner.find("mistral-7b").to_json())
+    code, out, _ = run("plan", str(path), "--context", "4096", "--json")
+    assert code == 0 and json.loads(out)["kv_cache_bytes"] == kv(32, 8, 128, 4096)
+    path.write_text('{"layers": [{"name": "x", "mechanism": "sdpa", "count": 2, "heads": 6, "kv_heads": 4, '
+                    '"head_dim": 64}]}')
+    code, _, err = run("plan", str(path))
+    assert code == 2 and "kv_heads 4 does not divide the 6 heads" in err
+    for argv, sentence in ((("plan", "gpt-9"), "no built-in model 'gpt-9'"),
+                           (("plan", "llama-3-8b", "--context", "2M"), "context must be"),
+                           (("plan", "llama-3-8b", "--context", "12q"), "is not a number of tokens")):
+        code, _, err = run(*argv)
+        assert code == 2 and sentence in err
