@@ -22,7 +22,8 @@ SIGNED = {"nystrom": 0.1}
 UNNORMALIZED = {"differential": "rows sum to 1 − λ, some entries negative", "sigmoid": "sigmoids nothing normalises"}
 REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
             "sparse": "sparse", "longformer": "longformer", "bigbird": "bigbird"}
-SMALL, SIGNED, REF_KIND, UNNORMALIZED = (with_copies(t) for t in (SMALL, SIGNED, REF_KIND, UNNORMALIZED))  # a copy is tested as its original
+# a copy is tested as its original
+SMALL, SIGNED, REF_KIND, UNNORMALIZED = (with_copies(t) for t in (SMALL, SIGNED, REF_KIND, UNNORMALIZED))
 CASES = [(key, causal) for key, spec in ac.MECHANISMS.items() for causal in (False, True)
          if spec.supports.causal or not causal]
 
