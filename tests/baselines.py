@@ -199,3 +199,39 @@ def additive_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W_q: t
                 a = np.exp(e - e.max())
                 out[b, h, i] = (a / a.sum()) @ vn[b, h, keys]
     return torch.from_numpy(out)
+
+
+def _visible(nq: int, nk: int, causal: bool, pad: torch.Tensor | None, batch: int) -> np.ndarray:
+    """(B, nq, nk) boolean: key j is visible to query i (j ≤ i when causal) and not padding, cell by cell."""
+    m = np.zeros((batch, nq, nk), dtype=bool)
+    for b in range(batch):
+        for i in range(nq):
+            for j in range(nk):
+                m[b, i, j] = (j <= i or not causal) and (pad is None or not bool(pad[b, j]))
+    return m
+
+
+def differential_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, lam: float,
+                           pad: torch.Tensor | None = None) -> torch.Tensor:
+    """Ye et al. 2024 (arXiv 2410.05258) eq. 1 as written, in float64: the head dim cut in two halves of width
+    d = D/2, softmax(Q₁K₁ᵀ/√d)V − λ·softmax(Q₂K₂ᵀ/√d)V; padded keys (pad True) get no weight and a query that sees
+    no key outputs zeros. k and v with as many heads as q."""
+    d = q.shape[-1] // 2
+    vis = torch.as_tensor(_visible(q.shape[-2], k.shape[-2], causal, pad, q.shape[0]))[:, None]  # (B, 1, Nq, Nk)
+    maps = []
+    for lo, hi in ((0, d), (d, 2 * d)):
+        logits = torch.einsum("bhid,bhjd->bhij", q[..., lo:hi].double(), k[..., lo:hi].double()) / d ** 0.5
+        w = torch.exp(logits - logits.amax(-1, keepdim=True)) * vis  # masked cells add nothing to the sum
+        maps.append(w / w.sum(-1, keepdim=True).clamp_min(1e-300))
+    return torch.einsum("bhij,bhjd->bhid", maps[0] - lam * maps[1], v.double())
+
+
+def sigmoid_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, bias: float,
+                      pad: torch.Tensor | None = None) -> torch.Tensor:
+    """Ramapuram et al. 2024 (arXiv 2409.04431): Σ_j σ(q_i·k_j/√D + b_i) v_j over the visible keys, in float64,
+    with b_i = bias − ln m_i, m_i the keys query i sees (attn_core's rule; the paper's −ln n when all n are seen)."""
+    vis = torch.as_tensor(_visible(q.shape[-2], k.shape[-2], causal, pad, q.shape[0]))[:, None]  # (B, 1, Nq, Nk)
+    m = vis.sum(-1, keepdim=True).clamp_min(1).double()
+    logits = torch.einsum("bhid,bhjd->bhij", q.double(), k.double()) / q.shape[-1] ** 0.5 + bias - torch.log(m)
+    w = 1.0 / (1.0 + torch.exp(-logits)) * vis
+    return torch.einsum("bhij,bhjd->bhid", w, v.double())

@@ -14,8 +14,8 @@ from attn_core import MultiHeadAttention
 from attn_core.mechanisms import _banded
 from attn_core.mechanisms._common import validated
 from attn_core.mechanisms.performer import base2, key_features
-from tests.baselines import (additive_reference, allowed, elu_plus_one, masked_softmax, nystrom_reference,
-                             positive_random_features)
+from tests.baselines import (additive_reference, allowed, differential_reference, elu_plus_one, masked_softmax,
+                             nystrom_reference, positive_random_features, sigmoid_reference)
 from tests.copies import original, with_copies
 from tests.test_mechanisms import REF_KIND, SMALL, qkv
 
@@ -24,6 +24,9 @@ EXACT = [k for k in PADDED if ac.MECHANISMS[k].exact]
 KERNEL = with_copies({"linear": lambda x, state: elu_plus_one(x),
                       "performer": lambda x, state: positive_random_features(x, state["projection"])})
 REFUSING = [k for k, s in ac.MECHANISMS.items() if not s.supports.padding]
+# Mechanisms of their own scores, at their default parameters: (q, k, v, pad, causal) → the float64 reference.
+OWN = with_copies({"differential": lambda q, k, v, pad, causal: differential_reference(q, k, v, causal, 0.8, pad),
+                   "sigmoid": lambda q, k, v, pad, causal: sigmoid_reference(q, k, v, causal, 0.0, pad)})
 
 
 def lengths_mask(lengths, nk: int) -> torch.Tensor:
@@ -57,7 +60,8 @@ def exact_params(key: str, causal: bool = False, n: int = 37) -> dict:
 
 
 def test_every_padding_mechanism_is_tested_here():
-    assert set(PADDED) == set(EXACT) | set(KERNEL) | {"linformer", "additive", "nystrom"}, "add its reference here"
+    assert set(PADDED) == set(EXACT) | set(KERNEL) | set(OWN) | {"linformer", "additive", "nystrom"}, \
+        "add its reference here"
     assert not (set(PADDED) & set(REFUSING))
 
 
@@ -366,6 +370,8 @@ def test_gradients_equal_the_masked_reference(key, case):
             expected = seen_softmax(q, k, v, allowed(REF_KIND[key], n, n, causal, **params), pad)
         elif kind == "linformer":
             expected = linformer_reference(q, k, v, pad, state)
+        elif key in OWN:
+            expected = OWN[key](q, k, v, pad, causal)
         else:
             expected = kernel_reference(key, q, k, v, pad, causal, state)
         torch.testing.assert_close(out.detach(), expected.detach(), atol=1e-9, rtol=1e-7)
