@@ -110,8 +110,9 @@ def ssd(q, k, v, dt, A, c: int, h: torch.Tensor | None = None) -> tuple[torch.Te
         h = torch.zeros(B, H, k.shape[-1], v.shape[-1], dtype=work, device=v.device)
     log_decay = dt.to(work) * A.to(work)[:, None]  # (B, H, n): dt·A ≤ 0
     for s, e, size in causal_chunks(n, segment_rows(B * H, n, c), c):
-        h = _segment(q[:, :, s:e].to(work), k[:, :, s:e].to(work), v[:, :, s:e].to(work), dt[:, :, s:e].to(work),
-                     log_decay[:, :, s:e], size, h, out[:, :, s:e])
+        rows = [t[:, :, s:e].to(work).contiguous() for t in (q, k, v)]  # one copy of a segment, or a view of all
+        h = _segment(*rows, dt[:, :, s:e].to(work), log_decay[:, :, s:e], size, h, out[:, :, s:e])
+        del rows
     return out, h
 
 
@@ -146,8 +147,12 @@ def _segment(q, k, v, dt, a, c: int, h, out) -> torch.Tensor:
     before = [h.view(B, kh, g, d, -1)]
     for j in range(nb):  # the recurrence over chunk states: nb small steps
         before.append(torch.addcmul(own[:, :, j], before[-1], decay[:, :, j, :, None, None]))
+    del own
     after = before.pop()
-    y = y.view(B, kh, nb, g, c, -1).addcmul_(qg @ torch.stack(before, 2), cum.exp_()[..., None])
+    states = torch.stack(before, 2)  # (B, Hk, nb, g, D, D): the state before each chunk
+    del before
+    y = y.view(B, kh, nb, g, c, -1).addcmul_(qg @ states, cum.exp_()[..., None])
+    del states
     out.unflatten(1, (kh, g)).unflatten(3, (nb, c)).transpose(2, 3).copy_(y)
     return after.reshape(B, kh * g, d, -1)
 
@@ -262,7 +267,29 @@ def _step_flops(s: Shape, chunk: int = 64) -> float:
 
 
 def _memory(s: Shape, chunk: int = 64) -> float:
-    return s.bh * s.Nq * s.D * s.elem  # placeholder, replaced below
+    """Peak bytes above the inputs: the output, dt·A (and dt's float32 copy for half inputs) and the state carried,
+    then the largest set one segment holds at once, in the order `_segment` makes them (work dtype): its rows of
+    q, k, v copied (half inputs, or a segment short of the whole sequence), the cumulative decays, then
+    (a) the c×c scores, the decay mask and the intra-chunk output y; (b) y, the chunk weights, the weighted keys and
+    the chunk states; (c) y, the chunk states and the states before each chunk as the recurrence makes them;
+    (d) those stacked; (e) y, the stacked states and their product with q (and q in the grouped order, heads shared)."""
+    w, n, d, bh, bk = max(s.elem, 4), s.Nq, s.D, s.bh, s.bk
+    half = s.elem < w
+    first = bh * n * (2 if half else 1)  # dt·A, beside dt's float32 copy for half inputs
+    alive = 0.0
+    for a, e, c in _segments(s, chunk):
+        L, nb = e - a, (e - a) // c
+        rows = ((bh * L * d if half or (L < n and bh > 1) else 0)  # q's rows, then k's and v's, then dt's
+                + (2 * bk * L * d if half or (L < n and bk > 1) else 0) + (bh * L if half else 0))
+        grouped = bh * L * d if s.group > 1 else 0
+        y, states = bh * L * d, bh * nb * d * d
+        alive = max(alive, rows + bh * L + max(
+            2 * bh * L * c + y + c * c / w,  # (a)
+            2 * y + bh * L + states,  # (b)
+            y + 2 * states + bh * nb,  # (c)
+            y + 2 * states + bh * nb,  # (d)
+            y + states + bh * d * d + bh * nb + bh * L * d + grouped))  # (e)
+    return s.bh * n * d * s.elem + max(first, bh * n + bh * d * d + alive) * w
 
 
 SPEC = MechanismSpec(
