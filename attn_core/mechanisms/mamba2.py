@@ -135,11 +135,12 @@ def _segment(q, k, v, dt, a, c: int, h, out) -> torch.Tensor:
     step = _grouped(dt, kh, c)
     qg, kc, vc = _grouped(q, kh, c), k.view(B, kh, nb, c, d), v.view(B, kh, nb, c, -1)
     scores = (qg.flatten(3, 4) @ kc.transpose(-2, -1)).view(B, kh, nb, g, c, c)  # Q Kᵀ, each chunk, query head
+    recorded = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, dt, a))
     mask = cum[..., :, None] - cum[..., None, :]
-    mask = mask.masked_fill_(_above(c, q.device), -math.inf).exp_().mul_(step[..., None, :])
-    y = scores.mul_(mask).view(B, kh, nb, g * c, c) @ vc  # (B, Hk, nb, g·c, D)
+    mask = _times(mask.masked_fill_(_above(c, q.device), -math.inf).exp_(), step[..., None, :], recorded)
+    y = _times(scores, mask, recorded).view(B, kh, nb, g * c, c) @ vc  # (B, Hk, nb, g·c, D)
     del scores, mask
-    weights = (cum[..., -1:] - cum).exp_().mul_(step)  # exp(cum_last − cum_s)·dt_s, (B, Hk, nb, g, c)
+    weights = _times((cum[..., -1:] - cum).exp_(), step, recorded)  # exp(cum_last − cum_s)·dt_s, (B, Hk, nb, g, c)
     own = (kc.transpose(-2, -1)[:, :, :, None] * weights[..., None, :]).flatten(3, 4) @ vc  # (B, Hk, nb, g·D, D)
     del weights
     own = own.view(B, kh, nb, g, d, -1)
@@ -155,6 +156,11 @@ def _segment(q, k, v, dt, a, c: int, h, out) -> torch.Tensor:
     del states
     out.unflatten(1, (kh, g)).unflatten(3, (nb, c)).transpose(2, 3).copy_(y)
     return after.reshape(B, kh * g, d, -1)
+
+
+def _times(x: torch.Tensor, y: torch.Tensor, recorded: bool) -> torch.Tensor:
+    """x·y, into x unless autograd records (x may be a result it saved, as exp's output is)."""
+    return x * y if recorded else x.mul_(y)
 
 
 def _above(c: int, device) -> torch.Tensor:
