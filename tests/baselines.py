@@ -225,6 +225,7 @@ def ssd_recurrence(q, k, v, dt, A, pad=None) -> torch.Tensor:
             j = i * k.shape[1] // H
             for t in range(n):
                 if pad is None or not bool(pad[b, t]):
-                    h[b][i] = torch.exp(dt[b, i, t] * A[i]) * h[b][i] + dt[b, i, t] * torch.outer(k[b, j, t], v[b, j, t])
+                    new = dt[b, i, t] * torch.outer(k[b, j, t], v[b, j, t])
+                    h[b][i] = torch.exp(dt[b, i, t] * A[i]) * h[b][i] + new
                 out[b][i].append(h[b][i].T @ q[b, i, t])
     return torch.stack([torch.stack([torch.stack(row) for row in heads]) for heads in out])

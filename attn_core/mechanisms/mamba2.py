@@ -84,7 +84,8 @@ def _check_state(shape: Shape, q, dt, A) -> None:
             raise ValueError(f"{name} must be a floating tensor of shape {want[name]} (batch, heads, tokens for dt; "
                              f"heads for A), got {got}; draw both with init_state or pass your own")
         if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move it with {name}.to({str(q.device)!r})")
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move it with "
+                             f"{name}.to({str(q.device)!r})")
     if not bool(torch.isfinite(dt).all() & (dt >= 0).all()):
         raise ValueError("dt holds a negative or non-finite step size; pass dt ≥ 0 (0 skips a token), e.g. "
                          "softplus of a projection")
