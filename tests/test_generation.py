@@ -11,7 +11,7 @@ import attn_core as ac
 from attn_core import generation as gen
 from attn_core.spec import Shape
 from tests.baselines import (allowed, elu_plus_one, kernel_attention, masked_softmax, positive_random_features,
-                             trace_peak_bytes)
+                             ssd_recurrence, trace_peak_bytes)
 from tests.copies import with_copies
 
 GENERATES = [key for key, spec in ac.MECHANISMS.items() if spec.supports.generation is not None]
@@ -78,6 +78,7 @@ BASELINES = with_copies({  # key → out of (q, k, v, params, state) written ind
     "linear": lambda q, k, v, p, s: kernel_attention(elu_plus_one(q), elu_plus_one(k), v, True),
     "performer": lambda q, k, v, p, s: kernel_attention(positive_random_features(q, s["projection"]),
                                                          positive_random_features(k, s["projection"]), v, True),
+    "mamba2": lambda q, k, v, p, s: ssd_recurrence(q, k, v, s["dt"], s["A"]),
 })
 
 

@@ -207,6 +207,14 @@ def test_no_quadratic_tensor_at_32768_tokens():
     assert peak == pytest.approx(ac.get("mamba2").cost.memory_bytes(Shape(1, 1, n, n, d, causal=True)), rel=0.02)
 
 
+@pytest.mark.parametrize("n,chunk,bh", [(1, 64, 1), (100, 64, 2), (3000, 64, 6), (5000, 7, 8), (64, 64, 8)])
+def test_the_cost_models_segments_are_the_kernels(n, chunk, bh):
+    from attn_core.mechanisms._linear_core import causal_chunks
+    ran = sorted((e - a, c) for a, e, c in causal_chunks(n, mamba2.segment_rows(bh, n, chunk), chunk))
+    modelled = sorted((rows, c) for m, rows, c in mamba2._segments(Shape(1, bh, n, n, 8), chunk) for _ in range(m))
+    assert ran == modelled
+
+
 def test_costs_by_hand():
     """n = 100, chunk 64: chunks of 64 and 36. Executed: per head 4·D·(64·64 + 36·36) + 4·n·D²; useful counts only
     the pairs s ≤ t of each chunk (64·65/2 + 36·37/2)."""

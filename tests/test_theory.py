@@ -30,7 +30,11 @@ def test_backward_counts_three_forwards_and_time_is_flops_over_throughput():
 
 
 def test_a_million_tokens_for_every_mechanism():
-    frame = theory.costs(list(ac.MECHANISMS), [1 << 20], d_model=4096, heads=32, batch=4, dtype="bfloat16")
+    settings = dict(d_model=4096, heads=32, batch=4, dtype="bfloat16")
+    frame = theory.costs(list(ac.MECHANISMS), [1 << 20], **settings)
+    only = frame["mechanism"].map(lambda key: plain_causal(ac.get(key)))  # refused without a causal mask, saying so
+    assert (frame.loc[~only, "status"] == "ok").all() and frame.loc[only, "reason"].str.contains("causal only").all()
+    frame = theory.costs(list(ac.MECHANISMS), [1 << 20], causal=True, **settings).where(only, frame)
     assert (frame["status"] == "ok").all()
     assert frame[["flops", "memory_bytes"]].map(math.isfinite).all().all()
     by = frame.set_index("mechanism")

@@ -117,6 +117,22 @@ def ssd(q, k, v, dt, A, c: int, h: torch.Tensor | None = None) -> tuple[torch.Te
     return out, h
 
 
+def ssd_state(k, v, dt, A, c: int, heads: int) -> torch.Tensor:
+    """h = Σ_s exp(A·Σ_{s<r≤n} dt_r)·dt_s·k_s v_sᵀ (B, heads, D, D), work dtype: the state `ssd` leaves after the
+    last token, made by the same steps segment by segment (`_chunk_states`, so the same numbers) without the
+    queries. O(n·D²) a head."""
+    B, n = k.shape[0], k.shape[2]
+    work = work_dtype(v.dtype)
+    h = torch.zeros(B, heads, k.shape[-1], v.shape[-1], dtype=work, device=v.device)
+    log_decay = dt.to(work) * A.to(work)[:, None]
+    for s, e, size in causal_chunks(n, segment_rows(B * heads, n, c), c):
+        kc, vc = (t[:, :, s:e].to(work).contiguous().unflatten(2, (-1, size)) for t in (k, v))
+        cum = _grouped(log_decay[:, :, s:e], k.shape[1], size).cumsum(-1)
+        _, after = _chunk_states(kc, vc, cum, _grouped(dt[:, :, s:e].to(work), k.shape[1], size), h, False)
+        h = after.reshape(h.shape)
+    return h
+
+
 def _grouped(x: torch.Tensor, key_heads: int, c: int) -> torch.Tensor:
     """Per-query-head rows x (B, H, L, …) → (B, Hk, L/c, H/Hk, c, …): a chunk's query heads of one group side by
     side, so that they meet their shared key/value head in one product (a view)."""
@@ -141,7 +157,22 @@ def _segment(q, k, v, dt, a, c: int, h, out) -> torch.Tensor:
     mask = _times(mask.masked_fill_(_above(c, q.device), -math.inf).exp_(), step[..., None, :], recorded)
     y = _times(scores, mask, recorded).view(B, kh, nb, g * c, c) @ vc  # (B, Hk, nb, g·c, D)
     del scores, mask
-    weights = _times((cum[..., -1:] - cum).exp_(), step, recorded)  # exp(cum_last − cum_s)·dt_s, (B, Hk, nb, g, c)
+    before, after = _chunk_states(kc, vc, cum, step, h, recorded)
+    states = torch.stack(before, 2)  # (B, Hk, nb, g, D, D): the state before each chunk
+    del before
+    y = y.view(B, kh, nb, g, c, -1).addcmul_(qg @ states, cum.exp_()[..., None])
+    del states
+    out.unflatten(1, (kh, g)).unflatten(3, (nb, c)).transpose(2, 3).copy_(y)
+    return after.reshape(B, kh * g, d, -1)
+
+
+def _chunk_states(kc, vc, cum, step, h, recorded: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """([the state before each chunk], the state after the last): each chunk's own state
+    Kᵀ diag(exp(cum_last − cum)·dt) V, then h ← exp(cum_last)·h + own chunk by chunk. kc, vc (B, Hk, nb, c, D),
+    cum and step (B, Hk, nb, H/Hk, c), h (B, H, D, D); the states (B, Hk, H/Hk, D, D)."""
+    B, kh, nb, g, c = cum.shape
+    d = kc.shape[-1]
+    weights = _times((cum[..., -1:] - cum).exp_(), step, recorded)  # exp(cum_last − cum_s)·dt_s
     own = (kc.transpose(-2, -1)[:, :, :, None] * weights[..., None, :]).flatten(3, 4) @ vc  # (B, Hk, nb, g·D, D)
     del weights
     own = own.view(B, kh, nb, g, d, -1)
@@ -150,13 +181,7 @@ def _segment(q, k, v, dt, a, c: int, h, out) -> torch.Tensor:
     for j in range(nb):  # the recurrence over chunk states: nb small steps
         before.append(torch.addcmul(own[:, :, j], before[-1], decay[:, :, j, :, None, None]))
     del own
-    after = before.pop()
-    states = torch.stack(before, 2)  # (B, Hk, nb, g, D, D): the state before each chunk
-    del before
-    y = y.view(B, kh, nb, g, c, -1).addcmul_(qg @ states, cum.exp_()[..., None])
-    del states
-    out.unflatten(1, (kh, g)).unflatten(3, (nb, c)).transpose(2, 3).copy_(y)
-    return after.reshape(B, kh * g, d, -1)
+    return before, before.pop()
 
 
 def _times(x: torch.Tensor, y: torch.Tensor, recorded: bool) -> torch.Tensor:
@@ -193,18 +218,12 @@ def _prefill(q, k, v, *, max_len: int | None = None, chunk: int = 64, dt=None, A
 
 
 def _remember(k, v, *, max_len: int | None = None, chunk: int = 64, dt=None, A=None, seed: int = 0) -> SSMCache:
-    """The state after a prompt without its outputs: h = Σ_s exp(A·Σ_{s<r≤n} dt_r)·dt_s·k_s v_sᵀ per query head,
-    whose count A gives (each key/value head read by the H/Hk query heads sharing it); O(n·D²) a head."""
+    """The state after a prompt without its outputs (`ssd_state`: what `ssd` carries, without the queries), one per
+    query head, whose count A gives."""
     shape = Shape(k.shape[0], _heads(k, dt, A), k.shape[2], k.shape[2], k.shape[3],
                   dtype=str(k.dtype).removeprefix("torch."), causal=True, Hk=k.shape[1])
     prompt, A = _state(shape, k, _prompt_dt(shape, dt), A, seed, chunk)
-    work, n = work_dtype(v.dtype), shape.Nk
-    a = prompt.to(work) * A.to(work)[:, None]
-    after = a.flip(-1).cumsum(-1).flip(-1) - a  # Σ_{s<r≤n} dt_r·A, summed from the end (small near it: exact)
-    weights = after.exp_().mul_(prompt.to(work))  # (B, H, n)
-    kw = k.to(work).unsqueeze(2) * weights.view(*k.shape[:2], -1, n, 1)  # (B, Hk, H/Hk, n, D)
-    h = kw.transpose(-2, -1).flatten(2, 3) @ v.to(work)  # (B, Hk, g·D, D)
-    return SSMCache({"chunk": chunk}, k, unfold(h, shape.H), prompt if dt is None else dt, A)
+    return SSMCache({"chunk": chunk}, k, ssd_state(k, v, prompt, A, chunk, shape.H), prompt if dt is None else dt, A)
 
 
 def _heads(k, dt, A) -> int:
@@ -248,19 +267,24 @@ def _effective(q, k, v, causal: bool, state: dict, chunk: int = 64) -> tuple[tor
 
 
 def _segments(s: Shape, chunk: int) -> list[tuple[int, int, int]]:
-    return causal_chunks(s.Nq, segment_rows(s.bh, s.Nq, chunk), chunk)
+    """(how many, positions, chunk) of each kind of segment `ssd` runs (`causal_chunks`): whole segments, then the
+    last one's whole chunks and its remainder as one short chunk. O(1), whatever n."""
+    rows = segment_rows(s.bh, s.Nq, chunk)
+    whole, rest = divmod(s.Nq, rows)
+    kinds = [(whole, rows, chunk), (1, rest // chunk * chunk, chunk), (1, rest % chunk, rest % chunk)]
+    return [kind for kind in kinds if kind[0] and kind[1]]
 
 
 def _flops(s: Shape, chunk: int = 64) -> float:
     """Per query head: each token's D × D outer product folded into a chunk state and its read by the queries
     (2·D² each), and inside each chunk the pairs s ≤ t: q·k and the weighted value, 2·D each."""
-    cells = sum((e - a) * (size + 1) / 2 for a, e, size in _segments(s, chunk))  # pairs s ≤ t inside chunks
+    cells = sum(m * rows * (c + 1) / 2 for m, rows, c in _segments(s, chunk))  # pairs s ≤ t inside chunks
     return s.bh * (4.0 * s.Nq * s.D * s.D + 4.0 * s.D * cells)
 
 
 def _executed_flops(s: Shape, chunk: int = 64) -> float:
     """The same with each chunk's full c × c products (the decay mask zeroes their upper half afterwards)."""
-    cells = sum((e - a) * size for a, e, size in _segments(s, chunk))
+    cells = sum(m * rows * c for m, rows, c in _segments(s, chunk))
     return s.bh * (4.0 * s.Nq * s.D * s.D + 4.0 * s.D * cells)
 
 
@@ -284,8 +308,8 @@ def _memory(s: Shape, chunk: int = 64) -> float:
     half = s.elem < w
     first = bh * n * (2 if half else 1)  # dt·A, beside dt's float32 copy for half inputs
     alive = 0.0
-    for a, e, c in _segments(s, chunk):
-        L, nb = e - a, (e - a) // c
+    for _, L, c in _segments(s, chunk):
+        nb = L // c
         rows = ((bh * L * d if half or (L < n and bh > 1) else 0)  # q's rows, then k's and v's, then dt's
                 + (2 * bk * L * d if half or (L < n and bk > 1) else 0) + (bh * L if half else 0))
         grouped = bh * L * d if s.group > 1 else 0
@@ -293,9 +317,9 @@ def _memory(s: Shape, chunk: int = 64) -> float:
         alive = max(alive, rows + bh * L + max(
             2 * bh * L * c + y + c * c / w,  # (a)
             2 * y + bh * L + states,  # (b)
-            y + 2 * states + bh * nb,  # (c)
-            y + 2 * states + bh * nb,  # (d)
-            y + states + bh * d * d + bh * nb + bh * L * d + grouped))  # (e)
+            y + 2 * states + bh * nb,  # (c), beside the chunks' decays
+            y + 2 * states,  # (d)
+            y + states + bh * d * d + bh * L * d + grouped))  # (e)
     return s.bh * n * d * s.elem + max(first, bh * n + bh * d * d + alive) * w
 
 
@@ -324,8 +348,10 @@ SPEC = MechanismSpec(
     ),
     insight=Insight(
         effective=_effective,
-        regime=("local", "gaussian", "Mamba-2 is not an approximation of softmax: its weights q·k·decay·dt are "
-                "neither positive nor normalised, and they fade with distance at the rate the decays set."),
+        regime=("local", "gaussian", "Mamba-2 is its own model, not an approximation of softmax: its weights "
+                "(q·k)·decay·dt are signed and not normalised, and fade with distance at the rate the decays set. "
+                "Where nearby tokens score highest (local inputs) both weigh the recent past; with independent "
+                "inputs softmax spreads its weight over every earlier key, which the decay forgets."),
         accuracy_note="Mamba-2 is a different model, not an approximation of softmax: these errors are the distance "
                       "between two models, with random step sizes and decays as at initialisation.",
     ),
