@@ -219,7 +219,8 @@ class Operands:
 class Supports:
     """What a mechanism can be asked to do; each "no_" sentence says why not where the capability is False.
 
-    `causal`: query i sees only keys j ≤ i. `cross`: Nq ≠ Nk (cross-attention).
+    `causal`: query i sees only keys j ≤ i. `causal_only`: why it runs causal only, a sentence (a recurrence over
+    positions); empty: it runs non-causal too. `cross`: Nq ≠ Nk (cross-attention).
     `padding`: the function takes `key_padding_mask=`, a boolean (B, Nk) tensor, True where a key is padding (the
     convention of torch.nn.MultiheadAttention): padded keys get no weight, as if the sequence ended before them, and a
     query that sees no unpadded key outputs zeros. None (the default) costs nothing.
@@ -234,6 +235,7 @@ class Supports:
 
     causal: bool
     cross: bool
+    causal_only: str = ""
     padding: bool = False
     no_padding: str = ""
     generation: Generation | None = None
@@ -321,6 +323,9 @@ class MechanismSpec:
                              f"pass a bool, e.g. causal=False")
         if causal and not self.supports.causal:
             raise ValueError(f"{self.label} cannot be causal; untick causal or choose another mechanism")
+        if not causal and self.supports.causal_only:
+            raise ValueError(f"{self.label} runs causal only: {self.supports.causal_only}; pass causal=True (tick "
+                             f"causal) or choose another mechanism")
 
     def check_shared_kv(self, shape: Shape) -> None:
         """ValueError with a sentence when k and v have fewer heads than q and this mechanism cannot share them."""

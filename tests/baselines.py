@@ -235,3 +235,33 @@ def sigmoid_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     logits = torch.einsum("bhid,bhjd->bhij", q.double(), k.double()) / q.shape[-1] ** 0.5 + bias - torch.log(m)
     w = 1.0 / (1.0 + torch.exp(-logits)) * vis
     return torch.einsum("bhij,bhjd->bhid", w, v.double())
+
+
+def runs(spec, causal: bool) -> bool:
+    """Whether a mechanism runs with this causal flag: causal needs spec.supports.causal; non-causal needs a
+    mechanism that is not causal only (spec.supports.causal_only, a recurrence such as Mamba-2's)."""
+    return bool(spec.supports.causal) if causal else not spec.supports.causal_only
+
+
+def plain_causal(spec) -> bool:
+    """The causal flag for a test that does not vary it: True for a mechanism that runs causal only, else False."""
+    return bool(spec.supports.causal_only)
+
+
+def ssd_recurrence(q, k, v, dt, A, pad=None) -> torch.Tensor:
+    """Mamba-2's recurrence token by token in float64 (Dao and Gu 2024, arXiv 2405.21060, scalar A per head):
+    h_t = exp(dt_t·A)·h_{t−1} + dt_t·k_t v_tᵀ, y_t = h_tᵀ q_t, each query head reading key/value head ⌊i·Hk/H⌋;
+    a padded token (pad (B, n) True) is skipped: h passes it unchanged and it adds nothing."""
+    B, H, n, D = q.shape
+    q, k, v, dt, A = (t.double() for t in (q, k, v, dt, A))
+    h = [[torch.zeros(D, v.shape[-1], dtype=torch.float64) for _ in range(H)] for _ in range(B)]
+    out = [[[] for _ in range(H)] for _ in range(B)]
+    for b in range(B):
+        for i in range(H):
+            j = i * k.shape[1] // H
+            for t in range(n):
+                if pad is None or not bool(pad[b, t]):
+                    new = dt[b, i, t] * torch.outer(k[b, j, t], v[b, j, t])
+                    h[b][i] = torch.exp(dt[b, i, t] * A[i]) * h[b][i] + new
+                out[b][i].append(h[b][i].T @ q[b, i, t])
+    return torch.stack([torch.stack([torch.stack(row) for row in heads]) for heads in out])

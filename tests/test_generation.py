@@ -11,7 +11,7 @@ import attn_core as ac
 from attn_core import generation as gen
 from attn_core.spec import Shape
 from tests.baselines import (allowed, differential_reference, elu_plus_one, kernel_attention, masked_softmax,
-                             positive_random_features, sigmoid_reference, trace_peak_bytes)
+                             positive_random_features, sigmoid_reference, ssd_recurrence, trace_peak_bytes)
 from tests.copies import with_copies
 
 GENERATES = [key for key, spec in ac.MECHANISMS.items() if spec.supports.generation is not None]
@@ -80,6 +80,7 @@ BASELINES = with_copies({  # key → out of (q, k, v, params, state) written ind
                                                          positive_random_features(k, s["projection"]), v, True),
     "differential": lambda q, k, v, p, s: differential_reference(q, k, v, True, p["lam"]),
     "sigmoid": lambda q, k, v, p, s: sigmoid_reference(q, k, v, True, p["bias"]),
+    "mamba2": lambda q, k, v, p, s: ssd_recurrence(q, k, v, s["dt"], s["A"]),
 })
 
 

@@ -14,14 +14,14 @@ from attn_core.insight import effective
 from attn_core.mechanisms.linear import feature_map
 from attn_core.mechanisms.performer import favor_features, orthogonal_features
 from attn_core.spec import Shape
-from tests.baselines import allowed, kernel_attention, masked_softmax, trace_peak_bytes
+from tests.baselines import allowed, kernel_attention, masked_softmax, plain_causal, runs, trace_peak_bytes
 from tests.copies import with_copies
 
 SMALL = {"sliding_window": {"window": 5}, "local": {"block": 8, "lookback": 1, "lookahead": 2},
          "sparse": {"stride": 7}, "longformer": {"window": 4, "global_tokens": 3},
          "bigbird": {"block": 8, "window_blocks": 3, "global_blocks": 1, "random_blocks": 2},
          "linformer": {"rank": 16}, "performer": {"features": 32}, "reformer": {"bucket_size": 8, "n_hashes": 2},
-         "nystrom": {"landmarks": 16}, "additive": {"attn_dim": 8}}
+         "nystrom": {"landmarks": 16}, "additive": {"attn_dim": 8}, "mamba2": {"chunk": 16}}
 EXACT = [k for k, s in ac.MECHANISMS.items() if s.exact]
 REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
             "sparse": "sparse", "longformer": "longformer", "bigbird": "bigbird"}
@@ -202,9 +202,9 @@ def test_half_precision_runs_and_stays_close_to_fp32(key, dtype, tol):
     on the same inputs (rounded to half first: a hashing mechanism may put a token whose input rounds across a
     bucket boundary into another chunk, a change of input, not an error of arithmetic)."""
     q, k, v = (t.to(dtype) for t in qkv(100, B=1, H=2, D=16))
-    params = SMALL.get(key, {})
-    ref = ac.attention(key, q.float(), k.float(), v.float(), **params)
-    out = ac.attention(key, q, k, v, **params)
+    params, causal = SMALL.get(key, {}), plain_causal(ac.get(key))
+    ref = ac.attention(key, q.float(), k.float(), v.float(), causal=causal, **params)
+    out = ac.attention(key, q, k, v, causal=causal, **params)
     assert out.dtype == dtype and torch.isfinite(out).all()
     assert ((out.float() - ref).norm() / ref.norm()).item() < tol
 
@@ -253,7 +253,7 @@ def test_mismatched_inputs_are_refused(make, words):
 @pytest.mark.parametrize("key", [k for k, s in ac.MECHANISMS.items() if not s.supports.cross])
 def test_cross_attention_refused_where_unsupported(key):
     with pytest.raises(ValueError, match="self-attention only"):
-        ac.attention(key, *qkv(16, 24))
+        ac.attention(key, *qkv(16, 24), causal=plain_causal(ac.get(key)))
 
 
 def test_causal_cross_attention_is_refused():
@@ -271,14 +271,14 @@ def test_unknown_mechanism_lists_the_known_ones():
 BIG_O = with_copies({"softmax": (2, 2), "sdpa": (2, 1), "local": (1, 1), "sparse": (1.5, 1),
                      "sliding_window": (1, 1), "longformer": (1, 1), "bigbird": (1, 1), "linformer": (1, 1),
                      "performer": (1, 1), "linear": (1, 1), "reformer": (1.1, 1), "nystrom": (1, 1),
-                     "additive": (2, 2), "differential": (2, 1), "sigmoid": (2, 1)})
+                     "additive": (2, 2), "differential": (2, 1), "sigmoid": (2, 1), "mamba2": (1, 1)})
 
 
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
 @pytest.mark.parametrize("causal", [False, True])
 def test_spec_costs_are_positive_and_grow_as_stated(key, causal):
     spec = ac.MECHANISMS[key]
-    if causal and not spec.supports.causal:
+    if not runs(spec, causal):
         return
     for p in spec.params:
         assert p.low <= p.default <= p.high
@@ -361,8 +361,8 @@ def test_spec_memory_matches_an_independent_allocator_reading(key, causal, dtype
     of no power of two: B=2, H=3, n=3000, D=40. sdpa's scratch (log-sum-exp, per-thread tiles, AMX repacking
     where this CPU has it) must be in its spec. Defaults, except where MEMORY_PARAMS says."""
     spec = ac.get(key)
-    if causal and not spec.supports.causal:
-        pytest.skip(f"{key} is not causal")
+    if not runs(spec, causal):
+        pytest.skip(f"{key} does not run with causal={causal}")
     shape = Shape(2, 3, 3000, 3000, 40, dtype=dtype, causal=causal)
     params = MEMORY_PARAMS.get(key, {})
     q, k, v = qkv(3000, B=2, H=3, D=40, dtype=getattr(torch, dtype))

@@ -15,7 +15,8 @@ from attn_core.mechanisms import _banded
 from attn_core.mechanisms._common import validated
 from attn_core.mechanisms.performer import base2, key_features
 from tests.baselines import (additive_reference, allowed, differential_reference, elu_plus_one, masked_softmax,
-                             nystrom_reference, positive_random_features, sigmoid_reference)
+                             nystrom_reference, plain_causal, positive_random_features, runs, sigmoid_reference,
+                             ssd_recurrence)
 from tests.copies import original, with_copies
 from tests.test_mechanisms import REF_KIND, SMALL, qkv
 
@@ -60,7 +61,7 @@ def exact_params(key: str, causal: bool = False, n: int = 37) -> dict:
 
 
 def test_every_padding_mechanism_is_tested_here():
-    assert set(PADDED) == set(EXACT) | set(KERNEL) | set(OWN) | {"linformer", "additive", "nystrom"}, \
+    assert set(PADDED) == set(EXACT) | set(KERNEL) | set(OWN) | {"linformer", "additive", "nystrom", "mamba2"}, \
         "add its reference here"
     assert not (set(PADDED) & set(REFUSING))
 
@@ -205,7 +206,7 @@ def test_a_batch_element_all_padding_outputs_zeros(key):
     q, k, v = qkv(37)
     params = SMALL.get(key, {"rank": 8} if key == "linformer" else {})
     pad = lengths_mask([37, 0], 37)
-    out = ac.attention(key, q, k, v, key_padding_mask=pad, **params)
+    out = ac.attention(key, q, k, v, causal=plain_causal(ac.get(key)), key_padding_mask=pad, **params)
     assert out[1].abs().max() == 0 and bool(torch.isfinite(out).all()) and out[0].abs().max() > 0
 
 
@@ -231,10 +232,11 @@ def test_mechanisms_without_padding_refuse_with_a_sentence(key):
 def test_bad_masks_are_refused_with_a_sentence(key, bad, says):
     q, k, v = qkv(37)
     params = SMALL.get(key, {"rank": 8} if key == "linformer" else {})
+    causal = plain_causal(ac.get(key))
     with pytest.raises(ValueError, match=says):
-        ac.attention(key, q, k, v, key_padding_mask=bad(), **params)
+        ac.attention(key, q, k, v, causal=causal, key_padding_mask=bad(), **params)
     with pytest.raises(ValueError, match=says):  # the kernel called directly checks too
-        ac.MECHANISMS[key].fn(q, k, v, key_padding_mask=bad(), **params)
+        ac.MECHANISMS[key].fn(q, k, v, causal=causal, key_padding_mask=bad(), **params)
 
 
 def test_layer_with_padding_equals_the_layer_on_the_short_sequence():
@@ -263,8 +265,9 @@ def test_no_mask_costs_nothing(monkeypatch):
     seen = []
     for key, spec in ac.MECHANISMS.items():
         params = SMALL.get(key, {"rank": 8} if key == "linformer" else {})
-        ac.attention(key, q, k, v, **params)
-        MultiHeadAttention(16, 2, key, **params)(torch.randn(2, 37, 16))
+        causal = plain_causal(spec)
+        ac.attention(key, q, k, v, causal=causal, **params)
+        MultiHeadAttention(16, 2, key, causal=causal, **params)(torch.randn(2, 37, 16))
         seen.append(key)
     assert set(seen) == set(ac.MECHANISMS)
     # the engine's timed calls (inside validated()) pass no mask and get the same result as before
@@ -343,8 +346,8 @@ def nystrom_real(q, k, v, pad: torch.Tensor, landmarks: int) -> torch.Tensor:
 def test_gradients_equal_the_masked_reference(key, case):
     """Finite, and equal to the reference's, in q, k and v, real tokens included, where some queries see no key."""
     causal, make_pad = GRAD_CASES[case]
-    if causal and not ac.MECHANISMS[key].supports.causal:
-        pytest.skip(f"{key} cannot be causal")
+    if not runs(ac.MECHANISMS[key], causal):
+        pytest.skip(f"{key} does not run with causal={causal}")
     kind = original(key)  # a registered copy is tested as the mechanism it copies
     small = kind in ("nystrom", "additive")  # numpy references, differentiated numerically
     n, H, D = (13, 1, 4) if small else (37, 2, 8)
@@ -372,6 +375,8 @@ def test_gradients_equal_the_masked_reference(key, case):
             expected = linformer_reference(q, k, v, pad, state)
         elif key in OWN:
             expected = OWN[key](q, k, v, pad, causal)
+        elif kind == "mamba2":
+            expected = ssd_recurrence(q, k, v, state["dt"], state["A"], pad)
         else:
             expected = kernel_reference(key, q, k, v, pad, causal, state)
         torch.testing.assert_close(out.detach(), expected.detach(), atol=1e-9, rtol=1e-7)

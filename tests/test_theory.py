@@ -7,6 +7,7 @@ import pytest
 
 import attn_core as ac
 from attn_core.insight import theory
+from tests.baselines import plain_causal
 
 
 def test_softmax_costs_by_hand():
@@ -29,7 +30,11 @@ def test_backward_counts_three_forwards_and_time_is_flops_over_throughput():
 
 
 def test_a_million_tokens_for_every_mechanism():
-    frame = theory.costs(list(ac.MECHANISMS), [1 << 20], d_model=4096, heads=32, batch=4, dtype="bfloat16")
+    settings = dict(d_model=4096, heads=32, batch=4, dtype="bfloat16")
+    frame = theory.costs(list(ac.MECHANISMS), [1 << 20], **settings)
+    only = frame["mechanism"].map(lambda key: plain_causal(ac.get(key)))  # refused without a causal mask, saying so
+    assert (frame.loc[~only, "status"] == "ok").all() and frame.loc[only, "reason"].str.contains("causal only").all()
+    frame = theory.costs(list(ac.MECHANISMS), [1 << 20], causal=True, **settings).where(only, frame)
     assert (frame["status"] == "ok").all()
     assert frame[["flops", "memory_bytes"]].map(math.isfinite).all().all()
     by = frame.set_index("mechanism")
@@ -68,7 +73,7 @@ def spec_fits(key: str, n: int, budget: float) -> bool:
     """The reference, from the spec alone: its check passes at n and its predicted peak plus q, k, v (3·B·H·n·D
     numbers of 4 bytes) is within the budget."""
     spec = ac.get(key)
-    shape = ac.Shape(FIT["B"], FIT["H"], n, n, FIT["D"])
+    shape = ac.Shape(FIT["B"], FIT["H"], n, n, FIT["D"], causal=plain_causal(spec))
     defaults = {p.name: p.default for p in spec.params}
     try:
         spec.check(shape, defaults)
@@ -84,13 +89,13 @@ def test_largest_n_is_a_scan_of_every_length_on_a_small_budget(key):
     bound = budget // (3 * FIT["H"] * FIT["D"] * 4)
     fitting = [n for n in range(1, bound + 1) if spec_fits(key, n, budget)]
     assert fitting, key
-    assert theory.largest_n(key, budget) == max(fitting)
+    assert theory.largest_n(key, budget, causal=plain_causal(ac.get(key))) == max(fitting)
 
 
 @pytest.mark.parametrize("budget", [1 << 30, 16 << 30, 80 << 30], ids=["1GiB", "16GiB", "80GiB"])
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
 def test_largest_n_is_the_edge_of_the_spec_for_every_mechanism(key, budget):
-    n = theory.largest_n(key, budget)
+    n = theory.largest_n(key, budget, causal=plain_causal(ac.get(key)))
     assert n > 0 and spec_fits(key, n, budget) and not spec_fits(key, n + 1, budget)
     # Nothing longer fits either, in a window above it and at each doubling up to the inputs' own bound.
     bound = budget // (3 * FIT["H"] * FIT["D"] * 4)

@@ -17,7 +17,7 @@ from typing import Iterable
 from ..spec import MechanismSpec
 
 ORDER = ("softmax", "sdpa", "local", "sparse", "sliding_window", "longformer", "bigbird", "linformer",
-         "performer", "linear", "reformer", "nystrom", "additive", "differential", "sigmoid")  # pages' order
+         "performer", "linear", "reformer", "nystrom", "additive", "differential", "sigmoid", "mamba2")  # pages' order
 ENV = "ATTN_CORE_MECHANISMS"
 
 
