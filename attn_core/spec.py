@@ -201,7 +201,8 @@ class State:
 class Supports:
     """What a mechanism can be asked to do; each "no_" sentence says why not where the capability is False.
 
-    `causal`: query i sees only keys j ≤ i. `cross`: Nq ≠ Nk (cross-attention).
+    `causal`: query i sees only keys j ≤ i. `full`: it runs without that mask too (every query sees every key);
+    False for a recurrence, causal by construction, with `no_full` saying so. `cross`: Nq ≠ Nk (cross-attention).
     `padding`: the function takes `key_padding_mask=`, a boolean (B, Nk) tensor, True where a key is padding (the
     convention of torch.nn.MultiheadAttention): padded keys get no weight, as if the sequence ended before them, and a
     query that sees no unpadded key outputs zeros. None (the default) costs nothing.
@@ -216,6 +217,8 @@ class Supports:
 
     causal: bool
     cross: bool
+    full: bool = True
+    no_full: str = ""
     padding: bool = False
     no_padding: str = ""
     generation: Generation | None = None
@@ -302,6 +305,10 @@ class MechanismSpec:
                              f"pass a bool, e.g. causal=False")
         if causal and not self.supports.causal:
             raise ValueError(f"{self.label} cannot be causal; untick causal or choose another mechanism")
+        if not causal and not self.supports.full:
+            why = self.supports.no_full or "it has no form without the causal mask"
+            raise ValueError(f"{self.label} runs causal only: {why}; tick causal (causal=True) or choose another "
+                             f"mechanism")
 
     def check_shared_kv(self, shape: Shape) -> None:
         """ValueError with a sentence when k and v have fewer heads than q and this mechanism cannot share them."""
