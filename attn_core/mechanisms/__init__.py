@@ -17,7 +17,7 @@ from typing import Iterable
 from ..spec import MechanismSpec
 
 ORDER = ("softmax", "sdpa", "local", "sparse", "sliding_window", "longformer", "bigbird", "linformer",
-         "performer", "linear", "reformer", "nystrom", "additive")  # pages' order
+         X
 ENV = "ATTN_CORE_MECHANISMS"
 
 

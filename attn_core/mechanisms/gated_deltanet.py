@@ -142,7 +142,8 @@ def draw_gates(B: int, Hk: int, n: int, *, seed: int = 0, device=None, dtype=tor
     alpha = torch.exp(-torch.exp(low + (high - low) * u[:, 0]))
     beta = torch.sigmoid(BETA_LOGIT * (2 * u[:, 1] - 1))
     keep = work_dtype(dtype)
-    return {name: t.permute(1, 2, 0).to(device=device, dtype=keep) for name, t in (("alpha", alpha), ("beta", beta))}
+    return {name: t.permute(1, 2, 0).to(device=device, dtype=keep).contiguous()
+            for name, t in (("alpha", alpha), ("beta", beta))}
 
 
 def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, chunk: int = 32) -> dict:
@@ -318,7 +319,29 @@ def _executed_flops(s: Shape, chunk: int = 32) -> float:
 
 
 def _memory(s: Shape, chunk: int = 32) -> float:
-    return 0.0  # TODO
+    """Peak bytes above the inputs: the output, log α (B·Hk·n) and the carried state, plus the largest set of one
+    segment's tensors alive at once, in the order `_prepare` and `_segment` make them (numbers per token: key-side
+    ones per key/value head, query-side ones per query head; a segment's states before each chunk d²/C per token).
+    Half inputs copy the segment's rows of k, v and q to float32 for a moment; shared heads copy q's rows into the
+    grouped order. Gates given as contiguous (B, Hk, n) tensors in the work dtype (init_state's) are read in place."""
+    d, g, w = s.D, s.group, max(s.elem, 4)
+    cp = d if s.elem < w else 0  # a segment's float32 copy of k, v or q rows
+    cq = d if cp or g > 1 else 0
+    alive = 0.0
+    for r, c in {(e - a, c) for a, e, c in _chunks(s, chunk)}:
+        keys = max(cp + d + 1,  # k̂ of the segment's rows, from a float32 copy of half rows
+                   2 * d + 1 + 3 * c,  # k̂, g, Γ, β k̂, (β k̂) K̂ᵀ and L
+                   3 * d + 2 * c + 1 + cp,  # then β v from v's float32 copy
+                   6 * d + 2 * c + 2,  # β v, γ β k̂ (and γ) beside [β v, γ β k̂], the solve's right side
+                   5 * d + 2 * c + 1)  # the solve's result beside its right side
+        states = d * d / c
+        queries = max(3 * d + 1 + c + states + g * (cq + d + 1),  # q̂ of the segment, from a copy
+                      3 * d + 1 + c + states + g * (d + 2 * c),  # Q̂ K̂ᵀ and its decayed product
+                      2 * d + 2 + states + g * (2 * d + c),  # γ q̂ beside q̂
+                      2 * d + 1 + states + g * (2 * d + c))  # the output rows beside γ q̂ and the products
+        alive = max(alive, s.bk * r * max(keys, queries))  # per key/value head, its group's query rows included
+    fixed = s.bh * s.Nq * d * s.elem + (s.bk * s.Nk + s.bk * d * d) * w
+    return fixed + alive * w
 
 
 def _effective(q, k, v, causal: bool, state: dict, chunk: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
