@@ -10,8 +10,8 @@ import torch
 import attn_core as ac
 from attn_core import generation as gen
 from attn_core.spec import Shape
-from tests.baselines import (allowed, elu_plus_one, kernel_attention, masked_softmax, positive_random_features,
-                             trace_peak_bytes)
+from tests.baselines import (allowed, elu_plus_one, gated_delta_reference, kernel_attention, masked_softmax,
+                             positive_random_features, trace_peak_bytes)
 from tests.copies import with_copies
 
 GENERATES = [key for key, spec in ac.MECHANISMS.items() if spec.supports.generation is not None]
@@ -78,6 +78,7 @@ BASELINES = with_copies({  # key → out of (q, k, v, params, state) written ind
     "linear": lambda q, k, v, p, s: kernel_attention(elu_plus_one(q), elu_plus_one(k), v, True),
     "performer": lambda q, k, v, p, s: kernel_attention(positive_random_features(q, s["projection"]),
                                                          positive_random_features(k, s["projection"]), v, True),
+    "gated_deltanet": lambda q, k, v, p, s: gated_delta_reference(q, k, v, s["alpha"], s["beta"]),
 })
 
 

@@ -202,7 +202,7 @@ def test_half_precision_runs_and_stays_close_to_fp32(key, dtype, tol):
     on the same inputs (rounded to half first: a hashing mechanism may put a token whose input rounds across a
     bucket boundary into another chunk, a change of input, not an error of arithmetic)."""
     q, k, v = (t.to(dtype) for t in qkv(100, B=1, H=2, D=16))
-    params = SMALL.get(key, {})
+    params = {**SMALL.get(key, {}), "causal": not ac.get(key).supports.full}  # a causal-only one runs causal
     ref = ac.attention(key, q.float(), k.float(), v.float(), **params)
     out = ac.attention(key, q, k, v, **params)
     assert out.dtype == dtype and torch.isfinite(out).all()
@@ -253,7 +253,7 @@ def test_mismatched_inputs_are_refused(make, words):
 @pytest.mark.parametrize("key", [k for k, s in ac.MECHANISMS.items() if not s.supports.cross])
 def test_cross_attention_refused_where_unsupported(key):
     with pytest.raises(ValueError, match="self-attention only"):
-        ac.attention(key, *qkv(16, 24))
+        ac.attention(key, *qkv(16, 24), causal=not ac.get(key).supports.full)
 
 
 def test_causal_cross_attention_is_refused():
@@ -271,14 +271,14 @@ def test_unknown_mechanism_lists_the_known_ones():
 BIG_O = with_copies({"softmax": (2, 2), "sdpa": (2, 1), "local": (1, 1), "sparse": (1.5, 1),
                      "sliding_window": (1, 1), "longformer": (1, 1), "bigbird": (1, 1), "linformer": (1, 1),
                      "performer": (1, 1), "linear": (1, 1), "reformer": (1.1, 1), "nystrom": (1, 1),
-                     "additive": (2, 2)})
+                     "additive": (2, 2), "gated_deltanet": (1, 1)})
 
 
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
 @pytest.mark.parametrize("causal", [False, True])
 def test_spec_costs_are_positive_and_grow_as_stated(key, causal):
     spec = ac.MECHANISMS[key]
-    if causal and not spec.supports.causal:
+    if causal and not spec.supports.causal or not causal and not spec.supports.full:
         return
     for p in spec.params:
         assert p.low <= p.default <= p.high
@@ -363,6 +363,8 @@ def test_spec_memory_matches_an_independent_allocator_reading(key, causal, dtype
     spec = ac.get(key)
     if causal and not spec.supports.causal:
         pytest.skip(f"{key} is not causal")
+    if not causal and not spec.supports.full:
+        pytest.skip(f"{key} is causal only")
     shape = Shape(2, 3, 3000, 3000, 40, dtype=dtype, causal=causal)
     params = MEMORY_PARAMS.get(key, {})
     q, k, v = qkv(3000, B=2, H=3, D=40, dtype=getattr(torch, dtype))

@@ -14,8 +14,8 @@ from attn_core import MultiHeadAttention
 from attn_core.mechanisms import _banded
 from attn_core.mechanisms._common import validated
 from attn_core.mechanisms.performer import base2, key_features
-from tests.baselines import (additive_reference, allowed, elu_plus_one, masked_softmax, nystrom_reference,
-                             positive_random_features)
+from tests.baselines import (additive_reference, allowed, elu_plus_one, gated_delta_reference, masked_softmax,
+                             nystrom_reference, positive_random_features)
 from tests.copies import original, with_copies
 from tests.test_mechanisms import REF_KIND, SMALL, qkv
 
@@ -57,7 +57,8 @@ def exact_params(key: str, causal: bool = False, n: int = 37) -> dict:
 
 
 def test_every_padding_mechanism_is_tested_here():
-    assert set(PADDED) == set(EXACT) | set(KERNEL) | {"linformer", "additive", "nystrom"}, "add its reference here"
+    assert set(PADDED) == set(EXACT) | set(KERNEL) | {"linformer", "additive", "nystrom", "gated_deltanet"}, \
+        "add its reference here"
     assert not (set(PADDED) & set(REFUSING))
 
 
@@ -201,7 +202,7 @@ def test_a_batch_element_all_padding_outputs_zeros(key):
     q, k, v = qkv(37)
     params = SMALL.get(key, {"rank": 8} if key == "linformer" else {})
     pad = lengths_mask([37, 0], 37)
-    out = ac.attention(key, q, k, v, key_padding_mask=pad, **params)
+    out = ac.attention(key, q, k, v, key_padding_mask=pad, causal=not ac.get(key).supports.full, **params)
     assert out[1].abs().max() == 0 and bool(torch.isfinite(out).all()) and out[0].abs().max() > 0
 
 
@@ -341,6 +342,8 @@ def test_gradients_equal_the_masked_reference(key, case):
     causal, make_pad = GRAD_CASES[case]
     if causal and not ac.MECHANISMS[key].supports.causal:
         pytest.skip(f"{key} cannot be causal")
+    if not causal and not ac.MECHANISMS[key].supports.full:
+        pytest.skip(f"{key} is causal only")
     kind = original(key)  # a registered copy is tested as the mechanism it copies
     small = kind in ("nystrom", "additive")  # numpy references, differentiated numerically
     n, H, D = (13, 1, 4) if small else (37, 2, 8)
@@ -366,6 +369,8 @@ def test_gradients_equal_the_masked_reference(key, case):
             expected = seen_softmax(q, k, v, allowed(REF_KIND[key], n, n, causal, **params), pad)
         elif kind == "linformer":
             expected = linformer_reference(q, k, v, pad, state)
+        elif kind == "gated_deltanet":  # the recurrence skipping the padded tokens
+            expected = gated_delta_reference(q, k, v, state["alpha"], state["beta"], pad)
         else:
             expected = kernel_reference(key, q, k, v, pad, causal, state)
         torch.testing.assert_close(out.detach(), expected.detach(), atol=1e-9, rtol=1e-7)

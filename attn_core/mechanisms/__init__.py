@@ -17,7 +17,7 @@ from typing import Iterable
 from ..spec import MechanismSpec
 
 ORDER = ("softmax", "sdpa", "local", "sparse", "sliding_window", "longformer", "bigbird", "linformer",
-         X
+         "performer", "linear", "reformer", "nystrom", "additive", "gated_deltanet")  # pages' order
 ENV = "ATTN_CORE_MECHANISMS"
 
 
