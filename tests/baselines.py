@@ -203,10 +203,10 @@ def additive_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W_q: t
 
 def gated_delta_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
                           pad: torch.Tensor | None = None) -> torch.Tensor:
-    """Gated DeltaNet as the paper writes it (arXiv 2412.06464, eq. 10), in float64, one token at a time, one state
-    per query head: S₀ = 0, S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ, o_t = S_t q̂_t, k̂ = k/max(‖k‖, 10⁻⁶),
-    q̂ = q/(max(‖q‖, 10⁻⁶)·√D). k, v, alpha, beta with Hk heads serve query head i from head ⌊i·Hk/H⌋. A padded key
-    (pad (B, n), True) is skipped: the state stays as it was."""
+    """Gated DeltaNet as the paper writes it (arXiv 2412.06464), in float64, one token at a time, one state per
+    query head: S₀ = 0, S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ, o_t = S_t q̂_t,
+    k̂ = k/max(‖k‖, 10⁻⁶), q̂ = q/(max(‖q‖, 10⁻⁶)·√D). k, v, alpha, beta with Hk heads serve query head i from head
+    ⌊i·Hk/H⌋. A padded key (pad (B, n), True) is skipped: the state stays as it was."""
     B, H, n, D = q.shape
     src = [i * k.shape[1] // H for i in range(H)]
     q, k, v, alpha, beta = (t.double() for t in (q, k, v, alpha, beta))

@@ -90,7 +90,8 @@ def test_the_delta_rule_replaces_what_a_key_holds():
 
 
 def test_a_decay_of_one_half_halves_the_memory_each_token():
-    """β = 1 then 0 (nothing written after the first token), α = 1/2: the first value read back at 2⁻ᵗ/√d."""
+    """β = 1 then 0 (nothing written after the first token), α = 1/2: the first value read back at 2⁻ᵗ/√d, across
+    chunks of 2."""
     d, n = 4, 5
     k = torch.zeros(1, 1, n, d, dtype=torch.float64)
     k[..., 0] = 1.0
@@ -99,8 +100,7 @@ def test_a_decay_of_one_half_halves_the_memory_each_token():
     beta[..., 0] = 1.0
     out = ac.attention(KEY, k, k, v, causal=True, alpha=torch.full((1, 1, n), 0.5, dtype=torch.float64), beta=beta,
                        chunk=2)
-    want = torch.stack([v[0, 0, 0] * 0.5 ** t / math.sqrt(d) for t in range(n)]) * torch.tensor([1.0] + [1.0] * 4)[:, None]
-    want[0] = v[0, 0, 0] / math.sqrt(d)  # the first token reads its own write, undecayed: α₀ decays S₀ = 0
+    want = torch.stack([v[0, 0, 0] * 0.5 ** t / math.sqrt(d) for t in range(n)])  # α₀ decays S₀ = 0: t = 0 reads 1
     torch.testing.assert_close(out[0, 0], want)
 
 

@@ -26,8 +26,8 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 
 def recurrence(q, k, v, alpha, beta) -> torch.Tensor:
     """The definition, token by token (the reference, O(n·d²), slow): S₀ = 0,
-    S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ, o_t = S_t q̂_t with q̂ = unit(q)/√d. q (B, H, n, D), k, v, with
-    alpha, beta (B, H, n) one per head (shared heads repeated first) → (B, H, n, D)."""
+    S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ, o_t = S_t q̂_t with q̂ = unit(q)/√d.
+    q (B, H, n, D), k, v (B, Hk, n, D), alpha, beta (B, Hk, n) (shared heads repeated first) → (B, H, n, D)."""
     k, v, alpha, beta = repeated(q, k, v, alpha, beta)
     qs, ks = unit(q) / math.sqrt(q.shape[-1]), unit(k)
     S = q.new_zeros(*q.shape[:2], v.shape[-1], q.shape[-1])  # (B, H, d_v, d_k)
@@ -345,9 +345,9 @@ def _memory(s: Shape, chunk: int = 32) -> float:
 
 
 def _effective(q, k, v, causal: bool, state: dict, chunk: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """o_t = Σ_i M_ti v_i with M = (Q̂ K̂ᵀ ⊙ Γ)(I + L)⁻¹ diag(β), the whole sequence as one chunk (Γ_ti = γ_t/γ_i for
-    i ≤ t, L_ti = β_t Γ_ti k̂_t·k̂_i for i < t): the decayed, delta-corrected mixing matrix (shared heads and their gates
-    repeated: a dense picture, not a kernel)."""
+    """o_t = Σ_i M_ti v_i with M = (Q̂ K̂ᵀ ⊙ Γ)(I + L)⁻¹ diag(β), the whole sequence as one chunk (Γ_ti = γ_t/γ_i
+    for i ≤ t, L_ti = β_t Γ_ti k̂_t·k̂_i for i < t): the decayed, delta-corrected mixing matrix (shared heads and
+    their gates repeated: a dense picture, not a kernel)."""
     alpha, beta = state.get("alpha"), state.get("beta")
     if alpha is None or beta is None:
         alpha, beta = draw_gates(*k.shape[:3], device=k.device, dtype=k.dtype).values()
