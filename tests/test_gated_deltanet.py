@@ -77,6 +77,15 @@ def test_gradients_equal_the_recurrences(chunk):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
 
 
+def test_a_gradient_in_q_alone_equals_the_recurrences():
+    """Only q needs a gradient: the state's recurrence runs in place, the output's products out of place."""
+    (q, k, v), state = inputs(19, B=1, H=2, Hk=1)
+    q.requires_grad_(True)
+    got = torch.autograd.grad(ac.attention(KEY, q, k, v, causal=True, chunk=4, **state).pow(2).sum(), q)[0]
+    want = torch.autograd.grad(gated_delta_reference(q, k, v, **state).pow(2).sum(), q)[0]
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+
+
 def test_the_delta_rule_replaces_what_a_key_holds():
     """α = β = 1: writing v₁ then v₂ under one key leaves v₂ under it (S k̂ = v₂), where linear attention would hold
     their sum; a query along that key reads v₂/√d."""

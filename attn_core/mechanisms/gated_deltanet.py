@@ -95,7 +95,7 @@ def _segment(q, k, v, log_alpha, beta, S, out, s: int, e: int, c: int):
     u_tilde, w = x[..., :dv], x[..., dv:]
     kd = ks * (g[..., -1:] - g).exp_()[..., None]  # k̂ decayed to the end of its chunk
     last = g[..., -1].exp()  # (bk, nb): the decay across a whole chunk
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (k, v, log_alpha, beta, S))
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, log_alpha, beta, S))
     before = S.new_empty(bk, nb, d, dv) if out is not None and not grad else None
     us, states = [], []
     for j in range(nb):
