@@ -29,7 +29,12 @@ def test_backward_counts_three_forwards_and_time_is_flops_over_throughput():
 
 
 def test_a_million_tokens_for_every_mechanism():
-    frame = theory.costs(list(ac.MECHANISMS), [1 << 20], d_model=4096, heads=32, batch=4, dtype="bfloat16")
+    full = [key for key, spec in ac.MECHANISMS.items() if spec.supports.full]
+    settings = dict(d_model=4096, heads=32, batch=4, dtype="bfloat16")
+    causal_only = theory.costs([key for key in ac.MECHANISMS if key not in full], [1 << 20], causal=True, **settings)
+    assert (causal_only["status"] == "ok").all()
+    assert (theory.costs(causal_only.mechanism, [1 << 20], **settings)["reason"].str.contains("causal only")).all()
+    frame = theory.costs(full, [1 << 20], **settings)
     assert (frame["status"] == "ok").all()
     assert frame[["flops", "memory_bytes"]].map(math.isfinite).all().all()
     by = frame.set_index("mechanism")
