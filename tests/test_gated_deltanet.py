@@ -171,6 +171,16 @@ def test_steps_past_the_gates_held_draw_the_seeded_defaults_of_their_positions()
     torch.testing.assert_close(torch.cat(outs, 2), full[:, :, 3:], atol=2e-6, rtol=1e-5)
 
 
+def test_gates_given_past_the_prompt_for_one_and_drawn_for_the_other():
+    """alpha given for all 26 tokens, beta drawn from the seed: the steps take alpha's tokens to come and beta's
+    seeded defaults, as the forward pass over all 26 does."""
+    (q, k, v), state = inputs(26, Hk=2, dtype=torch.float32)
+    _, cache = gen.prefill(KEY, q[:, :, :4], k[:, :, :4], v[:, :, :4], alpha=state["alpha"], seed=2)
+    outs = [gen.step(KEY, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], cache)[0] for t in range(4, 26)]
+    full = ac.attention(KEY, q, k, v, causal=True, alpha=state["alpha"], seed=2)
+    torch.testing.assert_close(torch.cat(outs, 2), full[:, :, 4:], atol=2e-6, rtol=1e-5)
+
+
 def test_the_state_is_the_same_size_at_every_context():
     sizes = set()
     for n in (1, 50, 700):

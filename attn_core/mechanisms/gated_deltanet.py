@@ -159,7 +159,7 @@ def _gates(k: torch.Tensor, alpha, beta, seed: int, key_padding_mask=None, *, lo
     defaults. Padded keys get α = 1, β = 0: the state passes them unchanged, as if they were not there."""
     B, Hk, n, _ = k.shape
     work = work_dtype(k.dtype)
-    drawn = draw_gates(B, Hk, n, seed=seed, device=k.device) if alpha is None or beta is None else {}
+    drawn = draw_gates(B, Hk, n, seed=seed, device=k.device, dtype=k.dtype) if alpha is None or beta is None else {}
     alpha, beta = (drawn[name] if t is None else _checked_gate(name, t, k, longer)[..., :n]
                    for name, t in (("alpha", alpha), ("beta", beta)))
     alpha, beta = alpha.to(work), beta.to(work)
@@ -227,7 +227,7 @@ class DeltaCache(Cache):
         """α and β of the token at position `length`, (B, Hk, 1, 1) views; past the stream, the seeded defaults of
         positions up to twice as far are drawn first (once, amortized O(1) a token)."""
         i = self.length - self.start
-        if i >= self.alpha.shape[-1]:
+        if i >= min(self.alpha.shape[-1], self.beta.shape[-1]):
             self.alpha, self.beta = _stream(self.alpha, self.beta, self.start, 2 * self.length + 1, self.seed)
         return self.alpha[:, :, i, None, None], self.beta[:, :, i, None, None]
 
