@@ -265,3 +265,28 @@ def ssd_recurrence(q, k, v, dt, A, pad=None) -> torch.Tensor:
                     h[b][i] = torch.exp(dt[b, i, t] * A[i]) * h[b][i] + new
                 out[b][i].append(h[b][i].T @ q[b, i, t])
     return torch.stack([torch.stack([torch.stack(row) for row in heads]) for heads in out])
+
+
+def gated_delta_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor,
+                          pad: torch.Tensor | None = None) -> torch.Tensor:
+    """Gated DeltaNet as the paper writes it (arXiv 2412.06464), in float64, one token at a time, one state per
+    query head: S₀ = 0, S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ, o_t = S_t q̂_t,
+    k̂ = k/max(‖k‖, 10⁻⁶), q̂ = q/(max(‖q‖, 10⁻⁶)·√D). k, v, alpha, beta with Hk heads serve query head i from head
+    ⌊i·Hk/H⌋. A padded key (pad (B, n), True) is skipped: the state stays as it was."""
+    B, H, n, D = q.shape
+    src = [i * k.shape[1] // H for i in range(H)]
+    q, k, v, alpha, beta = (t.double() for t in (q, k, v, alpha, beta))
+    k, v, alpha, beta = (t[:, src] for t in (k, v, alpha, beta))
+    qn = q / q.norm(dim=-1, keepdim=True).clamp_min(1e-6) / D ** 0.5
+    kn = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    out = torch.zeros(B, H, n, D, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            S = torch.zeros(D, D, dtype=torch.float64)
+            for t in range(n):
+                if pad is None or not pad[b, t]:
+                    kt = kn[b, h, t][:, None]
+                    S = alpha[b, h, t] * S @ (torch.eye(D, dtype=torch.float64) - beta[b, h, t] * kt @ kt.T) \
+                        + beta[b, h, t] * v[b, h, t][:, None] @ kt.T
+                out[b, h, t] = S @ qn[b, h, t]
+    return out

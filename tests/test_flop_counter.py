@@ -1,8 +1,10 @@
 """Each spec's executed FLOPs against PyTorch's own counter (torch.utils.flop_counter.FlopCounterMode), for every
 mechanism in the registry, where the counter can see the work: the matmuls the kernel runs, counted op by op as it
-runs them. The counter has no formula for two ops the kernels use on the CPU, so it is given the textbook ones
-here: an in-place batched multiply-add (baddbmm_, 2·b·m·n·k, as for baddbmm) and PyTorch's CPU flash kernel called
-without its causal flag (4·b·h·Nq·Nk·D: every cell of Q Kᵀ and P V). With the causal flag that kernel skips key
+runs them. The counter has no formula for three ops the kernels use on the CPU, so it is given the textbook ones
+here: an in-place batched multiply-add (baddbmm_, 2·b·m·n·k, as for baddbmm), PyTorch's CPU flash kernel called
+without its causal flag (4·b·h·Nq·Nk·D: every cell of Q Kᵀ and P V) and a triangular solve with r right-hand
+columns (forward substitution: one multiply-add per cell below the diagonal and column, b·c·(c − 1)·r for a
+unit diagonal, and c·r divisions more without one). With the causal flag that kernel skips key
 tiles by its own tiling, which no formula of the shapes alone can count: those calls are not checked here (the spec
 models them from the kernel's source, tests/test_mechanisms.py checks the pattern). Elementwise work a spec counts as
 its own (`Cost.elementwise_flops`, additive attention's additions and tanh) is not a matmul: it is left out of the
@@ -28,6 +30,12 @@ def baddbmm_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs)
     return 2 * batch * m * k * b_shape[-1]
 
 
+def _solve_triangular(a_shape, b_shape, *args, unitriangular=False, out_shape=None, **kwargs) -> int:
+    *batch, c, _ = a_shape
+    cells = c * (c - 1) + (0 if unitriangular else c)  # 2 FLOPs per cell below the diagonal, 1 per division
+    return math.prod(batch) * cells * b_shape[-1]
+
+
 class Seen:
     """The counter's extra formulas, and whether a call into the CPU flash kernel asked for its causal tiling."""
 
@@ -40,7 +48,8 @@ class Seen:
         return 4 * b * h * nq * k_shape[-2] * d
 
     def mapping(self) -> dict:
-        return {aten.baddbmm_: baddbmm_flops, aten._scaled_dot_product_flash_attention_for_cpu: self.flash}
+        return {aten.baddbmm_: baddbmm_flops, aten._scaled_dot_product_flash_attention_for_cpu: self.flash,
+                aten.linalg_solve_triangular: _solve_triangular}
 
 
 @pytest.mark.parametrize("kv_heads", [H, 2])

@@ -14,9 +14,9 @@ from attn_core import MultiHeadAttention
 from attn_core.mechanisms import _banded
 from attn_core.mechanisms._common import validated
 from attn_core.mechanisms.performer import base2, key_features
-from tests.baselines import (additive_reference, allowed, differential_reference, elu_plus_one, masked_softmax,
-                             nystrom_reference, plain_causal, positive_random_features, runs, sigmoid_reference,
-                             ssd_recurrence)
+from tests.baselines import (additive_reference, allowed, differential_reference, elu_plus_one,
+                             gated_delta_reference, masked_softmax, nystrom_reference, plain_causal,
+                             positive_random_features, runs, sigmoid_reference, ssd_recurrence)
 from tests.copies import original, with_copies
 from tests.test_mechanisms import REF_KIND, SMALL, qkv
 
@@ -61,7 +61,8 @@ def exact_params(key: str, causal: bool = False, n: int = 37) -> dict:
 
 
 def test_every_padding_mechanism_is_tested_here():
-    assert set(PADDED) == set(EXACT) | set(KERNEL) | set(OWN) | {"linformer", "additive", "nystrom", "mamba2"}, \
+    assert set(PADDED) == set(EXACT) | set(KERNEL) | set(OWN) | {"linformer", "additive", "nystrom", "mamba2",
+                                                                 "gated_deltanet"}, \
         "add its reference here"
     assert not (set(PADDED) & set(REFUSING))
 
@@ -377,6 +378,8 @@ def test_gradients_equal_the_masked_reference(key, case):
             expected = OWN[key](q, k, v, pad, causal)
         elif kind == "mamba2":
             expected = ssd_recurrence(q, k, v, state["dt"], state["A"], pad)
+        elif kind == "gated_deltanet":  # the recurrence skipping the padded tokens
+            expected = gated_delta_reference(q, k, v, state["alpha"], state["beta"], pad)
         else:
             expected = kernel_reference(key, q, k, v, pad, causal, state)
         torch.testing.assert_close(out.detach(), expected.detach(), atol=1e-9, rtol=1e-7)

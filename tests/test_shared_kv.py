@@ -39,6 +39,16 @@ def state_for(key: str, q, k, causal: bool, params: dict) -> dict:
     return ac.make_state(key, Shape.of(q, k, causal), dtype=q.dtype, seed=3, **params)
 
 
+# State laid out per key/value head, (B, Hk, …): Gated DeltaNet's gates, which write the state that a key/value head's
+# query heads read. Repeating k and v by hand repeats these with them.
+PER_KV_HEAD = with_copies({"gated_deltanet": ("alpha", "beta")})
+
+
+def by_hand_state(key: str, state: dict) -> dict:
+    """The state for keys and values repeated `by_hand`: its per-key/value-head tensors repeated alike."""
+    return {name: by_hand(t) if name in PER_KV_HEAD.get(key, ()) else t for name, t in state.items()}
+
+
 @pytest.mark.parametrize("kv_heads", [1, 2, 3])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("key", SHARING)
@@ -50,7 +60,7 @@ def test_shared_heads_equal_each_query_head_given_its_keys(key, causal, kv_heads
     q, k, v = inputs(40, kv_heads)
     state = state_for(key, q, k, causal, params)
     out = ac.attention(key, q, k, v, causal=causal, **params, **state)
-    repeated = ac.attention(key, q, by_hand(k), by_hand(v), causal=causal, **params, **state)
+    repeated = ac.attention(key, q, by_hand(k), by_hand(v), causal=causal, **params, **by_hand_state(key, state))
     assert out.shape == q.shape
     torch.testing.assert_close(out, repeated, atol=1e-10, rtol=1e-9)
     if original(key) in REF_KIND:  # exact: masked softmax over the repeated keys
@@ -69,8 +79,8 @@ def test_shared_heads_gather_the_gradients_of_their_query_heads(key):
     got = torch.autograd.grad((ac.attention(key, q, k, v, causal=causal, **params, **state) * w).sum(), (q, k, v))
     kr, vr = (by_hand(t.detach()).requires_grad_(True) for t in (k, v))
     qr = q.detach().requires_grad_(True)
-    want = torch.autograd.grad((ac.attention(key, qr, kr, vr, causal=causal, **params, **state) * w).sum(),
-                               (qr, kr, vr))
+    want = torch.autograd.grad((ac.attention(key, qr, kr, vr, causal=causal, **params, **by_hand_state(key, state))
+                                * w).sum(), (qr, kr, vr))
     torch.testing.assert_close(got[0], want[0], atol=1e-9, rtol=1e-8)
     for shared, each in zip(got[1:], want[1:]):  # a shared head's gradient: the sum over the query heads reading it
         torch.testing.assert_close(shared, each.view(B, 2, H // 2, 33, D).sum(2), atol=1e-9, rtol=1e-8)
@@ -85,7 +95,8 @@ def test_shared_heads_with_padding(key):
     for causal in (c for c in (False, True) if runs(spec, c)):
         state = state_for(key, q, k, causal, params)
         out = ac.attention(key, q, k, v, causal=causal, key_padding_mask=mask, **params, **state)
-        want = ac.attention(key, q, by_hand(k), by_hand(v), causal=causal, key_padding_mask=mask, **params, **state)
+        want = ac.attention(key, q, by_hand(k), by_hand(v), causal=causal, key_padding_mask=mask, **params,
+                            **by_hand_state(key, state))
         torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-9)
 
 
@@ -95,7 +106,8 @@ def test_generating_with_shared_heads_matches_the_repeated_cache_token_by_token(
     q, k, v = inputs(24, 2)
     state = state_for(key, q, k, True, params)
     out, cache = gen.prefill(key, q[:, :, :16], k[:, :, :16], v[:, :, :16], **params, **state)
-    want, full = gen.prefill(key, q[:, :, :16], by_hand(k[:, :, :16]), by_hand(v[:, :, :16]), **params, **state)
+    want, full = gen.prefill(key, q[:, :, :16], by_hand(k[:, :, :16]), by_hand(v[:, :, :16]), **params,
+                             **by_hand_state(key, state))
     torch.testing.assert_close(out, want, atol=1e-10, rtol=1e-9)
     for t in range(16, 24):
         got, cache = gen.step(key, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], cache)

@@ -1,6 +1,7 @@
 """What an approximate or sparse mechanism gives up: its errors against exact softmax attention on the same inputs."""
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Iterable, Sequence
 
@@ -251,11 +252,12 @@ def rounding_floor(dtype: str) -> float:
 
 def speed_accuracy(configs: Iterable[tuple[str, dict[str, Any]]], **settings: Any) -> pd.DataFrame:
     """`evaluate` for each (mechanism, params) with a `pareto` column: fastest for its error (time_s vs rel_fro),
-    errors below `rounding_floor(dtype)` counting as exact. Configurations these settings cannot run (`problems`:
-    a mechanism that cannot be causal, under a causal mask; one that runs causal only, without it) are left out."""
-    sizes = {name: settings[name] for name in ("n", "d_model", "heads", "causal") if name in settings}
+    errors below `rounding_floor(dtype)` counting as exact. Configurations these settings cannot run (`problems`: a
+    causal Linformer, a causal-only recurrence without the mask) are left out."""
+    size = {name: settings.get(name, p.default) for name, p in inspect.signature(evaluate).parameters.items()
+            if name in ("n", "d_model", "heads", "causal")}
     frame = pd.DataFrame([evaluate(key, params, **settings) for key, params in configs
-                          if not problems(key, **{"n": 512, "d_model": 256, "heads": 4, **sizes}, **params)])
+                          if not problems(key, **size, **params)])
     frame["pareto"] = pareto_front(frame, floor=rounding_floor(settings.get("dtype", "float32")))
     return frame
 

@@ -17,7 +17,8 @@ from typing import Iterable
 from ..spec import MechanismSpec
 
 ORDER = ("softmax", "sdpa", "local", "sparse", "sliding_window", "longformer", "bigbird", "linformer",
-         "performer", "linear", "reformer", "nystrom", "additive", "differential", "sigmoid", "mamba2")  # pages' order
+         "performer", "linear", "reformer", "nystrom", "additive", "differential", "sigmoid", "mamba2",
+         "gated_deltanet")  # pages' order
 ENV = "ATTN_CORE_MECHANISMS"
 
 
