@@ -149,7 +149,7 @@ class Model:
             bad.append("a model lists at most 64 kinds of layer")
         if bad:
             raise ValueError("; ".join(bad))
-        model = cls(name=data.get("name", "my model"), source=str(data.get("source", ""))[:300],
+        model = cls(name=data.get("name", "my model"), source=str(data.get("source", ""))[:600],
                     dtype=data.get("dtype", "bfloat16"), max_context=data.get("max_context", 131072),
                     layers=tuple(Layer(**row) for row in rows))
         if found := model.problems():
@@ -300,6 +300,13 @@ _BUILT_IN = (
                         kv_rank=512, rope_dim=64, prefill_mechanism="mla_naive"),),
           source="DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report', arXiv 2412.19437, section 4.2: 61 layers, 128 "
                  "heads of 128, latent 512, rotary key 64"),
+    Model(name="Qwen3-Next-80B-A3B", max_context=262144,
+          layers=(Layer(name="Gated DeltaNet", mechanism="gated_deltanet", count=36, heads=32, head_dim=128),
+                  Layer(name="gated attention", mechanism="sdpa", count=12, heads=16, kv_heads=2, head_dim=256)),
+          source="Qwen, Qwen/Qwen3-Next-80B-A3B-Instruct model card and config.json: 48 layers, 12 × (3 Gated "
+                 "DeltaNet, 1 gated attention); attention 16 query and 2 key/value heads of 256; Gated DeltaNet 32 "
+                 "value heads and 16 query-key heads of 128 (q and k are repeated to the 32 value heads, so each "
+                 "holds a 128 × 128 state); the short convolutions' few cached tokens are left out"),
     Model(name="MHA-8B", layers=(_attention(32, 32, None, name="multi-head attention"),), max_context=8192,
           source="a baseline, not a released model: Llama 3 8B's width with one key/value head per query head"),
 )

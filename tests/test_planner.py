@@ -34,6 +34,17 @@ def test_each_built_in_model_s_cache_is_what_its_configuration_gives(name, conte
     assert made.decode_bytes == want  # a new token reads every cache whole
 
 
+def test_qwen3_next_keeps_keys_and_values_in_a_quarter_of_its_layers_and_a_flat_state_in_the_rest():
+    """12 gated attention layers of 2 key/value heads of 256; 36 Gated DeltaNet layers, 32 heads each holding a
+    128 × 128 state, in float32 (the spec's state dtype for half inputs)."""
+    model = planner.find("Qwen3-Next-80B-A3B")
+    for context in (4096, 262144):
+        made = planner.plan(model, context)
+        assert made.kv_cache_bytes == kv(12, 2, 256, context)
+        assert made.state_bytes == 36 * 32 * 128 * 128 * 4
+        assert [k.kind for k in made.kinds] == ["state", "kv"]
+
+
 def test_llama_3_8b_holds_16_gib_at_128k_in_bf16_and_32_in_fp32():
     model = planner.find("Llama-3-8B")
     assert planner.plan(model, 131072).kv_cache_bytes == 16 * GIB
