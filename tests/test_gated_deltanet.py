@@ -238,3 +238,12 @@ def test_spec_costs_count_the_chunk_forms_work():
     useful = per_chunk - 2 * d * (c * c - c * (c - 1) / 2) - 4 * d * (c * c - c * (c + 1) / 2)
     assert spec.cost.flops(s, chunk=c) == 2 * useful
     assert spec.supports.generation.flops(s) == 7 * d * d  # 5·d² to update the state, 2·d² to read it
+
+
+def test_the_preset_linear_attention_grew_gates_is_causal_and_validates():
+    from attn_core.engine import presets
+
+    (config,) = presets.PRESETS["Linear attention grew gates"].for_device("cpu")
+    assert [key for key, _ in config.mechanisms] == ["softmax", "linear", "mamba2", "gated_deltanet"]
+    assert config.problem.causal and config.problems() == []
+    assert config.replaced(causal=False).problems()  # the recurrences refuse to run without the mask, saying why

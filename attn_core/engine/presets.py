@@ -73,6 +73,10 @@ PRESETS.update({p.name: p for p in (
            (DEFAULT_SWEEP.replaced(mechanisms=(("sdpa", {}), ("sdpa", {"kv_heads": 8}), ("sdpa", {"kv_heads": 1})),
                                    ns=log_spaced(1024, 32768, 6), mode="generate", heads=32, d_model=2048),),
            metric="peak_bytes"),
+    Preset("Linear attention grew gates",
+           "Linear attention's fixed-size state learned to forget (Mamba-2's decay per head) and to overwrite what "
+           "it stored (Gated DeltaNet's delta rule): all three grow as n, in chunks, while softmax bends up as n².",
+           (_config(("softmax", "linear", "mamba2", "gated_deltanet"), 256, 4096, 5, causal=True),)),
     # Llama 3 8B's attention width (Meta's config: hidden size 4096, 32 heads of 128, 8 key/value heads) with
     # DeepSeek-V2/V3's latent of 512 + 64 values a token (arXiv 2405.04434, 2412.19437), the MLA specs' defaults
     Preset("One cache, four sizes",
