@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from typing import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 from ..spec import MechanismSpec
 
@@ -70,5 +70,23 @@ MECHANISMS.update(load(refs(os.environ.get(ENV, ""))))
 # (spec.operands), so `attention` and the pages that draw q, k and v leave them out; the engine, its pages and the
 # CLI measure them beside the mechanisms.
 LATENT = {"mla": "SPEC", "mla_naive": "NAIVE"}
-MEASURED: dict[str, MechanismSpec] = {**MECHANISMS, **{
-    key: registered(getattr(importlib.import_module(".mla", __name__), name), key) for key, name in LATENT.items()}}
+_LATENT_SPECS = {key: registered(getattr(importlib.import_module(".mla", __name__), name), key)
+                 for key, name in LATENT.items()}
+
+
+class _Measured(Mapping[str, MechanismSpec]):
+    """MECHANISMS, then multi-head latent attention's cores: a live view, so a mechanism added to the catalogue
+    later (a test's, a plugin's) is measured too."""
+
+    def __getitem__(self, key: str) -> MechanismSpec:
+        return MECHANISMS[key] if key in MECHANISMS else _LATENT_SPECS[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from MECHANISMS
+        yield from (key for key in _LATENT_SPECS if key not in MECHANISMS)
+
+    def __len__(self) -> int:
+        return len(MECHANISMS) + sum(key not in MECHANISMS for key in _LATENT_SPECS)
+
+
+MEASURED: Mapping[str, MechanismSpec] = _Measured()
