@@ -2,6 +2,7 @@
 import streamlit as st
 
 from attn_core import MECHANISMS
+from attn_core.untrusted import literal
 from attn_core.insight import accuracy
 from attn_core.charts import insight as insight_charts
 from pages._shared import ensure_routed, export_row, keyed, label, show_chart
@@ -110,6 +111,9 @@ if st.toggle("Time every mechanism at these settings (a few seconds)", False, **
     chart = insight_charts.speed_accuracy_chart(table)
     show_chart(chart)
     export_row(chart, table, "speed-accuracy", "acc_dl_scatter")
+    if missing := accuracy.left_out(accuracy.default_configs(settings["n"], tuple(MECHANISMS)), **settings):
+        st.caption("Not on the scatter at these settings: " + " ".join(
+            literal(why.rstrip(".") + ".") for why in missing.values()))
     st.caption("Time: median of a few in-process calls on this machine, state built outside; memory: the spec's "
                "prediction. Errors below 100 × machine epsilon count as exact for the Pareto front.")
     st.dataframe(readable(table[["label", "params", "rel_fro", "time_s", "predicted_bytes", "pareto"]]),

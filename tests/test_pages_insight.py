@@ -98,6 +98,9 @@ def test_accuracy_page_times_every_mechanism_on_request():
     # every mechanism that runs without a causal mask (the page's default): not one that runs causal only
     assert {r["mechanism"] for r in records(scatter, "time_ms")} == {k for k, s in MECHANISMS.items()
                                                                        if not s.supports.causal_only}
+    only = [s for s in MECHANISMS.values() if s.supports.causal_only]
+    (said,) = [c.value for c in at.caption if c.value.startswith("Not on the scatter at these settings")]
+    assert all(f"{s.label} runs causal only" in said.replace("\\", "") for s in only) and only
     assert "acc_dl_scatter_svg" in {b.key for b in at.get("download_button")}
 
 

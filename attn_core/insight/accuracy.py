@@ -254,12 +254,29 @@ def speed_accuracy(configs: Iterable[tuple[str, dict[str, Any]]], **settings: An
     """`evaluate` for each (mechanism, params) with a `pareto` column: fastest for its error (time_s vs rel_fro),
     errors below `rounding_floor(dtype)` counting as exact. Configurations these settings cannot run (`problems`: a
     causal Linformer, a causal-only recurrence without the mask) are left out."""
-    size = {name: settings.get(name, p.default) for name, p in inspect.signature(evaluate).parameters.items()
-            if name in ("n", "d_model", "heads", "causal")}
+    size = _sizes(settings)
     frame = pd.DataFrame([evaluate(key, params, **settings) for key, params in configs
                           if not problems(key, **size, **params)])
     frame["pareto"] = pareto_front(frame, floor=rounding_floor(settings.get("dtype", "float32")))
     return frame
+
+
+def left_out(configs: Iterable[tuple[str, dict[str, Any]]], **settings: Any) -> dict[str, str]:
+    """The mechanisms `speed_accuracy` leaves out wholly at these settings, each with the first reason (a
+    sentence): none of their configurations can run."""
+    size, reasons, runs = _sizes(settings), {}, set()
+    for key, params in configs:
+        if found := problems(key, **size, **params):
+            reasons.setdefault(key, found[0])
+        else:
+            runs.add(key)
+    return {key: why for key, why in reasons.items() if key not in runs}
+
+
+def _sizes(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings `problems` reads, `evaluate`'s defaults where not given."""
+    return {name: settings.get(name, p.default) for name, p in inspect.signature(evaluate).parameters.items()
+            if name in ("n", "d_model", "heads", "causal")}
 
 
 def default_configs(n: int, keys: Iterable[str] | None = None, steps: int = 3) -> list[tuple[str, dict[str, Any]]]:
