@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
+
+import pandas as pd
 
 from .mechanisms import MEASURED
 from .spec import DTYPE_BYTES, Shape
@@ -252,6 +254,28 @@ def _kind(layer: Layer, context: int, batch: int, dtype: str) -> LayerPlan:
     prefill = MEASURED[layer.prefill_mechanism or layer.mechanism]
     flops = float(prefill.cost.flops(layer.shape(context, context, batch, dtype), **prefill.resolved(layer.params)))
     return LayerPlan(layer, kind, held, held * layer.count, flops * layer.count, held * layer.count)
+
+
+def curves(models: Sequence[Model], contexts: Sequence[int], *, batch: int = 1,
+           dtype: str | None = None) -> pd.DataFrame:
+    """Each model's totals at each context, for a chart: DataFrame[mechanism (the model's key), label, n, cache_bytes (keys and values, or
+    latents, plus states), kv_cache_bytes, state_bytes, prefill_flops, status]."""
+    rows = []
+    for model in models:
+        for n in contexts:
+            made = plan(model, n, batch=batch, dtype=dtype)
+            rows.append({"mechanism": model.name.lower(), "label": model.name, "n": n, "cache_bytes": made.total_bytes,
+                         "kv_cache_bytes": made.kv_cache_bytes, "state_bytes": made.state_bytes,
+                         "prefill_flops": made.prefill_flops, "status": "ok"})
+    return pd.DataFrame(rows)
+
+
+def kinds_table(made: Plan) -> pd.DataFrame:
+    """One row per layer kind of a plan, for a table."""
+    return pd.DataFrame([{"layers": p.layer.name, "mechanism": p.layer.mechanism, "count": p.layer.count,
+                          "holds": "keys and values" if p.kind == "kv" else "recurrent state",
+                          "bytes a layer": p.bytes_per_layer, "bytes in all": p.cache_bytes,
+                          "prefill FLOPs": p.prefill_flops} for p in made.kinds])
 
 
 def find(name: str) -> Model:
