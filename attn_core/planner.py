@@ -278,6 +278,46 @@ def kinds_table(made: Plan) -> pd.DataFrame:
                           "prefill FLOPs": p.prefill_flops} for p in made.kinds])
 
 
+def hybrid(model: Model, share: float, mechanism: str = "gated_deltanet") -> Model:
+    """`model` with `share` (0 … 1) of its layers of the first kind turned into `mechanism` layers of the same heads
+    and head dim (a linear-attention hybrid: Qwen3-Next keeps 1 full layer in 4, so share 0.75), rounded to whole
+    layers. The first kind stays first; the new kind is listed after it."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise ValueError(f"share must be a fraction from 0 to 1 of the layers, got {share!r}")
+    first, *rest = model.layers
+    turned = round(first.count * share)
+    kinds = [dataclasses.replace(first, count=first.count - turned)] if turned < first.count else []
+    if turned:
+        kinds.append(Layer(name=MEASURED[mechanism].label if mechanism in MEASURED else mechanism,
+                           mechanism=mechanism, count=turned, heads=first.heads, head_dim=first.head_dim,
+                           kv_heads=first.kv_heads))
+    made = dataclasses.replace(model, name=f"{model.name} ({turned} of {first.count} {first.name} → {mechanism})",
+                               layers=tuple(kinds + rest))
+    if found := made.problems():
+        raise ValueError("; ".join(found))
+    return made
+
+
+def crossover(a: Model, b: Model, *, batch: int = 1, dtype: str | None = None) -> int | None:
+    """The shortest context from which `a` holds no more than `b` (caches and states together), or None when `a`
+    holds more at MAX_CONTEXT. Checked at every power of two, then bisected after the last one where `a` held more
+    (between powers the totals are straight lines or flat, past a window)."""
+    def smaller(n: int) -> bool:
+        return plan(a, n, batch=batch, dtype=dtype).total_bytes <= plan(b, n, batch=batch, dtype=dtype).total_bytes
+
+    powers = [1 << k for k in range(MAX_CONTEXT.bit_length())]
+    if not smaller(MAX_CONTEXT):
+        return None
+    larger = [n for n in powers if not smaller(n)]
+    if not larger:
+        return 1
+    low, high = larger[-1], 2 * larger[-1]  # smaller(high) holds, smaller(low) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if smaller(mid) else (mid, high)
+    return high
+
+
 def find(name: str) -> Model:
     """A built-in model by name, case-insensitive ('Llama-3-8B', 'llama-3-8b'); ValueError listing them otherwise."""
     key = str(name).strip().lower()

@@ -7,12 +7,14 @@ from attn_core.engine import env
 from attn_core.engine.measure import format_bytes
 from attn_core.insight import theory
 from attn_core.untrusted import literal
-from pages._shared import ensure_routed, export_row, keyed, show_chart
+from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first
 
 NS = [2**k for k in range(10, 21)]
 DTYPES = ["model's own", "bfloat16", "float16", "float32"]
+STATE_KINDS = ["gated_deltanet", "mamba2", "linear"]  # mechanisms whose generation keeps a fixed-size state
+SHARES = [i / 8 for i in range(9)]
 
 st.title("Plan a model")
 st.caption("A model's attention as a stack of layer kinds: what it holds at a context length (keys and values, "
@@ -61,8 +63,25 @@ st.dataframe(planner.kinds_table(made), hide_index=True,
 st.download_button("This model as a file (JSON)", model.to_json(), f"{name}.json", "application/json",
                    key="plan_dl_model", on_click="ignore")
 
+st.subheader("A hybrid of it")
+st.caption("Turn a share of its first kind of layer into layers with a fixed-size state, as Qwen3-Next keeps one full "
+           "attention layer in four: the cache stops growing with those layers, the state costs the same at any "
+           "context.")
+left, right = st.columns(2)
+kind = left.selectbox("Turned into", STATE_KINDS, format_func=label, **keyed("plan_hybrid_kind"))
+share = right.select_slider("Share of those layers", SHARES, 0.75, format_func="{:.1%}".format,
+                            **keyed("plan_hybrid_share"))
+mixed = planner.hybrid(model, share, kind)
+hybrid_plan = planner.plan(mixed, context, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
+where = planner.crossover(mixed, model, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
+a, b, c = st.columns(3)
+a.metric("Hybrid: cache and state", format_bytes(hybrid_plan.total_bytes),
+         f"{hybrid_plan.total_bytes / made.total_bytes - 1:+.0%}" if made.total_bytes else None, delta_color="inverse")
+b.metric("Hybrid: prefill attention FLOPs", f"{hybrid_plan.prefill_flops:.3g}")
+c.metric("Holds less from", "never (within 1M tokens)" if where is None else f"{where:,} tokens")
+
 st.subheader("Cache against context, every built-in model")
-models = [*planner.MODELS.values(), *([model] if upload is not None else [])]
+models = [*planner.MODELS.values(), *([model] if upload is not None else []), *([mixed] if share else [])]
 frame = planner.curves(models, NS, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
 chart = insight_charts.theory_chart(frame, "cache_bytes", legend="Model",
                                     budgets=theory.budgets(here, gpu_gib * theory.GIB))

@@ -51,3 +51,13 @@ def test_a_gpu_too_small_for_the_cache_is_said_so_and_the_model_file_is_offered(
     at = planner_page(plan_model="llama-3-8b", plan_n=4096, plan_gpu=8.0)
     assert "the GPU (8.0 GiB): fits" in " ".join(c.value.replace("\\", "") for c in at.caption)
     assert [b.key for b in at.get("download_button") if b.key == "plan_dl_model"] == ["plan_dl_model"]
+
+
+def test_the_hybrid_control_turns_layers_into_states_and_says_where_it_holds_less():
+    at = planner_page(plan_model="llama-3-8b", plan_n=131072)
+    shown = metrics(at)
+    assert shown["Holds less from"] == "128 tokens"  # a 128 × 128 state per key/value head = 128 tokens of K and V
+    want = planner.plan(planner.hybrid(planner.find("llama-3-8b"), 0.75), 131072).total_bytes
+    assert shown["Hybrid: cache and state"] == f"{want / 2**30:.1f} GiB"
+    (spec,) = chart_specs(at)
+    assert "Llama-3-8B (24 of 32 full attention → gated_deltanet)" in str(spec)
