@@ -258,8 +258,8 @@ def _kind(layer: Layer, context: int, batch: int, dtype: str) -> LayerPlan:
 
 def curves(models: Sequence[Model], contexts: Sequence[int], *, batch: int = 1,
            dtype: str | None = None) -> pd.DataFrame:
-    """Each model's totals at each context, for a chart: DataFrame[mechanism (the model's key), label, n, cache_bytes (keys and values, or
-    latents, plus states), kv_cache_bytes, state_bytes, prefill_flops, status]."""
+    """Each model's totals at each context, for a chart: DataFrame[mechanism (the model's key), label, n,
+    cache_bytes (keys and values, or latents, plus states), kv_cache_bytes, state_bytes, prefill_flops, status]."""
     rows = []
     for model in models:
         for n in contexts:

@@ -1,4 +1,4 @@
-"""Plan a model: what a whole model's attention holds and costs at a context length, from the specs (attn_core.planner)."""
+"""Plan a model: what a whole model's attention holds and costs at a context length, from the specs (planner.py)."""
 import streamlit as st
 
 from attn_core import planner
