@@ -84,6 +84,6 @@ st.subheader("Cache against context, every built-in model")
 models = [*planner.MODELS.values(), *([model] if upload is not None else []), *([mixed] if share else [])]
 frame = planner.curves(models, NS, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
 chart = insight_charts.theory_chart(frame, "cache_bytes", legend="Model",
-                                    budgets=theory.budgets(here, gpu_gib * theory.GIB))
+                                    budgets={"this machine": here, "the GPU": gpu_gib * theory.GIB})
 show_chart(chart)
 export_row(chart, frame, "plan-cache", "plan_dl_cache")
