@@ -126,14 +126,14 @@ class Store:
 
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False, busy_s: float = BUSY_S):
         self.path = os.path.abspath(os.fspath(path) if path is not None else default_path())
-        self.readonly = readonly
+        self.readonly, self.busy_s = readonly, busy_s
         self._db: sqlite3.Connection | None = None
         if os.path.isdir(self.path):
             raise StoreError(f"{self.path} is a folder; name the store's file, e.g. {os.path.join(self.path, FILE_NAME)}")
         exists = os.path.exists(self.path)
         found = _header(self.path) if exists else None
-        if found is not None and (why := _refusal(self.path, *found)):
-            raise StoreError(why)
+        if found is not None and found != (0, 0) and (why := _refusal(self.path, *found)):
+            raise StoreError(why)  # (0, 0): a store being made, its header still in the write-ahead log, or foreign
         if readonly and found is None:
             return  # nothing stored yet: empty, and nothing created
         if not exists:
@@ -144,8 +144,13 @@ class Store:
                                        check_same_thread=False)
             self._db.row_factory = sqlite3.Row
             application_id, version = (self._pragma("application_id"), self._pragma("user_version"))
-            if found is not None and (why := _refusal(self.path, application_id, version)):
-                raise StoreError(why)  # the header was older than the write-ahead log
+            blank = (application_id, version) == (0, 0) and not self._db.execute(
+                "SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
+            if not blank and (why := _refusal(self.path, application_id, version)):
+                raise StoreError(why)  # decided on what SQLite reads, the write-ahead log included
+            if readonly and blank:
+                self.close()  # nothing stored yet
+                return
             if not readonly:
                 self._open_for_writing(version)
             self._check_tables()
@@ -164,12 +169,12 @@ class Store:
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = FULL")  # a committed point survives a power cut too
         self._db.execute("PRAGMA foreign_keys = ON")
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            with self._transaction():
-                for statement in MIGRATIONS[target - 1]:
-                    self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version = {target}")
         if version < SCHEMA_VERSION:
+            with self._transaction():  # re-read under the write lock: another process may have migrated meanwhile
+                for target in range(self._pragma("user_version") + 1, SCHEMA_VERSION + 1):
+                    for statement in MIGRATIONS[target - 1]:
+                        self._db.execute(statement)
+                    self._db.execute(f"PRAGMA user_version = {target}")
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the header on disk shows the new version
         self._settle_orphans()
 
@@ -199,7 +204,7 @@ class Store:
         except sqlite3.OperationalError as e:
             if "locked" in str(e) or "busy" in str(e):
                 raise StoreBusyError(f"{self.path} is being written by another process that did not finish within "
-                                     f"{BUSY_S:.0f} s; try again when its sweep has ended") from None
+                                     f"{self.busy_s:g} s; try again when its sweep has ended") from None
             self.close()
             raise StoreError(f"{self.path} cannot be used ({e}); check the folder's permissions and free space, or "
                              f"choose another store with --store or {HOME_VARIABLE}") from None
