@@ -435,17 +435,7 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     job = Job.measure(", ".join(key for key, _ in config.mechanisms), (config,), extra_mechanisms=extra,
                       lock_wait_s=args.wait, keep=not args.no_store, store_path=args.store)
     with StopSignals() as stops:
-        try:
-            follow(job, err, args.quiet)
-        except KeyboardInterrupt as e:  # Ctrl-C, or Interrupted by another stop signal
-            stops.received[:1] = [getattr(e, "signum", signal.SIGINT)]
-            out, err = _Lenient(out), _Lenient(err)
-            err.write(f"\n{signal.Signals(stops.received[0]).name}: cancelling; the points finished so far are "
-                      "kept…\n")
-            job.cancel()
-            job.wait()
-        finally:
-            stops.armed = False
+        out, err = follow_or_cancel(job, stops, out, err, args.quiet)
         if job.error:
             err.write(f"error: {job.error}\n")
             return EXIT_BUSY
@@ -461,6 +451,22 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if not saved:
         return EXIT_UNSAVED
     return EXIT_POINTS if result.frame["status"].isin(["failed", "oom"]).any() else EXIT_OK
+
+
+def follow_or_cancel(job: Job, stops: StopSignals, out: TextIO, err: TextIO, quiet: bool = False) -> tuple:
+    """Follow `job` to its end; a stop signal or Ctrl-C is noted in `stops`, said, and cancels the job, waited for.
+    The streams come back lenient after a signal (a hangup takes the terminal away)."""
+    try:
+        follow(job, err, quiet)
+    except KeyboardInterrupt as e:  # Ctrl-C, or Interrupted by another stop signal
+        out, err = _Lenient(out), _Lenient(err)
+        stops.received[:1] = [getattr(e, "signum", signal.SIGINT)]
+        err.write(f"\n{signal.Signals(stops.received[0]).name}: cancelling; the points finished so far are kept…\n")
+        job.cancel()
+        job.wait()
+    finally:
+        stops.armed = False
+    return out, err
 
 
 def _count(k: int, thing: str) -> str:
@@ -626,14 +632,7 @@ def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     job = Job.measure(f"resume of run {args.id}", plan.sweeps, extra_mechanisms=extra, lock_wait_s=args.wait,
                       store_path=args.store, resume=args.id)
     with StopSignals() as stops:
-        try:
-            follow(job, err)
-        except KeyboardInterrupt as e:
-            stops.received[:1] = [getattr(e, "signum", signal.SIGINT)]
-            job.cancel()
-            job.wait()
-        finally:
-            stops.armed = False
+        out, err = follow_or_cancel(job, stops, out, err)
     if job.error:
         err.write(f"error: {job.error}\n")
         return EXIT_BUSY

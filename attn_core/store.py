@@ -129,7 +129,8 @@ class Store:
         self.readonly, self.busy_s = readonly, busy_s
         self._db: sqlite3.Connection | None = None
         if os.path.isdir(self.path):
-            raise StoreError(f"{self.path} is a folder; name the store's file, e.g. {os.path.join(self.path, FILE_NAME)}")
+            raise StoreError(f"{self.path} is a folder; name the store's file, e.g. "
+                             f"{os.path.join(self.path, FILE_NAME)}")
         exists = os.path.exists(self.path)
         found = _header(self.path) if exists else None
         if found is not None and found != (0, 0) and (why := _refusal(self.path, *found)):
@@ -254,7 +255,8 @@ class Store:
         with self._errors(), self._transaction():
             seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM points WHERE run_id = ?", (run_id,)).fetchone()[0]
             self._db.executemany(f"INSERT INTO points (run_id, seq, {_NAMES}) VALUES ({marks})",
-                                 [(run_id, seq + i, *(_cell(row[c]) for c in COLUMNS)) for i, row in enumerate(rows, 1)])
+                                 [(run_id, seq + i, *(_cell(row[c]) for c in COLUMNS))
+                                  for i, row in enumerate(rows, 1)])
 
     def resume(self, run_id: int) -> None:
         """Mark a run 'running' again, by this process (its missing points are being measured)."""
@@ -330,9 +332,9 @@ class Store:
                 " p.lo, p.hi FROM runs r LEFT JOIN (SELECT run_id, COUNT(*) AS points, SUM(status = 'ok') AS ok,"
                 " GROUP_CONCAT(DISTINCT mechanism) AS mechs, MIN(n) AS lo, MAX(n) AS hi FROM points GROUP BY run_id)"
                 " p ON p.run_id = r.id ORDER BY r.id DESC").fetchall()
-        return pd.DataFrame([[r["id"], r["created"], r["name"], _machine(r["env"]), (r["mechs"] or "").replace(",", ", "),
-                              _sizes(r["lo"], r["hi"]), _shown_status(r), r["points"] or 0, r["ok"] or 0, r["note"]]
-                             for r in rows], columns=columns)
+        return pd.DataFrame([[r["id"], r["created"], r["name"], _machine(r["env"]),
+                              (r["mechs"] or "").replace(",", ", "), _sizes(r["lo"], r["hi"]), _shown_status(r),
+                              r["points"] or 0, r["ok"] or 0, r["note"]] for r in rows], columns=columns)
 
     def run(self, run_id: int) -> Run:
         """A stored run as results.Run: its points in the order measured, its stamp and config."""

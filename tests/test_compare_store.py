@@ -19,7 +19,8 @@ def kept(tmp_path, monkeypatch):
     with store.Store() as s:
         laptop = s.import_run(load_run(run_bytes("Laptop CPU", 1.0)), "laptop")
         server = s.import_run(load_run(run_bytes("Server CPU", 0.25)), "server")
-        config = SweepConfig(mechanisms=(("softmax", {}), ("linear", {})), ns=(256, 512)).replaced(heads=4, d_model=256, device="cpu")
+        config = SweepConfig(mechanisms=(("softmax", {}), ("linear", {})), ns=(256, 512)).replaced(
+            heads=4, d_model=256, device="cpu")  # run_bytes's sizes
         cut = load_run(run_bytes("Laptop CPU", 1.0, ns=(256,), keys=("softmax",)))
         cut.config = config.to_dict()
         short = s.import_run(cut, "cut short")
@@ -56,7 +57,8 @@ def test_runs_opened_together_are_drawn_and_compared(kept):
     overlay, _, ratio = charts(at)
     sources = {r["source"] for r in records(overlay, "source")}
     day = _day()
-    assert sources == {f"#{kept['laptop']} laptop ({day}) · Laptop CPU", f"#{kept['server']} server ({day}) · Server CPU"}
+    assert sources == {f"#{kept['laptop']} laptop ({day}) · Laptop CPU",
+                       f"#{kept['server']} server ({day}) · Server CPU"}
     ratios = [r["ratio"] for r in records(ratio, "ratio")]
     assert ratios and all(r == pytest.approx(0.25) for r in ratios)  # the server took a quarter of the time
 
