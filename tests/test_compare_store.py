@@ -133,3 +133,20 @@ def test_a_damaged_store_is_said_and_uploads_still_work(kept):
     assert any("is damaged" in e or "lacks the tables" in e for e in errors(at))
     at.file_uploader(key="cmp_upload").set_value([("a.json", run_bytes("A CPU", 1.0), "application/json")]).run()
     assert len(charts(at)) == 2  # the overlay and the baseline; a ratio needs a second run
+
+
+def test_measure_what_is_missing_queues_the_points_into_the_run_and_opens_the_benchmark_page(kept):
+    from tests.test_app import APP
+
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.switch_page("pages/compare.py").run()
+    at.selectbox(key="cmp_pick").set_value(kept["short"]).run()
+    at.button(key="cmp_resume").click().run()
+    job = at.session_state["bench"].job
+    try:
+        assert [t.value for t in at.title] == ["Benchmark"]
+        assert job.run_id == kept["short"] and len(job.problems) == 3
+        assert {(p.mechanism, p.n) for p in job.problems} == {("softmax", 512), ("linear", 256), ("linear", 512)}
+    finally:
+        job.cancel()
+        job.wait(30)

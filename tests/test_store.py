@@ -20,7 +20,7 @@ import pytest
 
 from attn_core import cli, store
 from attn_core.engine.config import SweepConfig
-from attn_core.engine.job import run_sweep
+from attn_core.engine.job import Job, run_sweep
 from attn_core.engine.measurement import COLUMNS
 from attn_core.engine.results import Run, frame_from_rows, load_run, save_run
 from tests.fake_mechanisms import REF, private_sweep_lock  # noqa: F401 (an autouse fixture)
@@ -68,6 +68,22 @@ def test_points_are_in_the_store_as_the_sweep_shows_them_and_the_run_reads_back_
     assert (entry["status"], entry["points"], entry["ok"], entry["sizes"]) == ("complete", 4, 4, "16 – 32")
     pd.testing.assert_frame_equal(run.frame, measured)
     assert run.config == CONFIG.to_dict() and run.env["device"] == "cpu" and entry["machine"] == run.env["device_name"]
+
+
+def test_a_cancelled_sweep_ends_interrupted_with_the_points_it_finished(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    config = SweepConfig(mechanisms=(("softmax", {}), ("hangs", {})), ns=(16,)).replaced(**TINY)
+    job = Job.measure("cut", (config,), extra_mechanisms=(REF,), lock_wait_s=0, store_path=str(path))
+    deadline = time.monotonic() + 60
+    while not job.progress.current.startswith("hangs") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.cancel()
+    assert job.wait(30)
+    with store.Store(path, readonly=True) as reader:
+        (entry,) = reader.history().to_dict("records")
+        kept = reader.run(entry["id"]).frame
+    assert entry["status"] == "interrupted" and job.run_id == entry["id"] and job.store_error is None
+    assert kept[["mechanism", "status"]].values.tolist() == [["softmax", "ok"], ["hangs", "cancelled"]]
 
 
 def test_the_default_store_is_the_private_one_the_tests_set_and_else_the_user_s_data_folder(monkeypatch, tmp_path):
