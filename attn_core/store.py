@@ -10,6 +10,7 @@ import datetime
 import json
 import math
 import os
+import pathlib
 import socket
 import sqlite3
 import sys
@@ -98,8 +99,12 @@ def process_alive(pid: int) -> bool:
 def _header(path: str) -> tuple[int, int] | None:
     """(application_id, user_version) from an SQLite file's 100-byte header, read without SQLite (which could write
     to the file); None for an empty file. StoreError for a file that is not an SQLite database."""
-    with open(path, "rb") as f:
-        head = f.read(100)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except OSError as e:
+        raise StoreError(f"{path} cannot be read ({e.strerror or e}); check its permissions, or choose another store "
+                         f"with --store or {HOME_VARIABLE}") from None
     if not head:
         return None
     if len(head) < 100 or not head.startswith(_MAGIC):
@@ -139,7 +144,7 @@ class Store:
             return  # nothing stored yet: empty, and nothing created
         if not exists:
             os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        uri = f"file:{_quoted(self.path)}?mode={'ro' if readonly else 'rwc'}"
+        uri = f"{pathlib.Path(self.path).as_uri()}?mode={'ro' if readonly else 'rwc'}"  # as_uri escapes ? # %
         with self._errors():
             self._db = sqlite3.connect(uri, uri=True, timeout=busy_s, isolation_level=None,
                                        check_same_thread=False)
@@ -365,11 +370,6 @@ class Store:
         """The bytes the store takes on disk: the database and its write-ahead log."""
         return sum(os.path.getsize(p) for p in (self.path, self.path + "-wal", self.path + "-shm")
                    if os.path.exists(p))
-
-
-def _quoted(path: str) -> str:
-    """A path as an SQLite URI's path (?, # and % would end or escape it)."""
-    return path.replace("%", "%25").replace("?", "%3f").replace("#", "%23")
 
 
 def _json(value: Any) -> str:

@@ -346,7 +346,6 @@ class Job:
                     return
                 worker = self._ready_worker(settings.threads)
 
-
     # -- the run store --
     def _open_record(self) -> None:
         """Open the store and begin the run (or take up run `resume`) once the first stamp is known."""
@@ -374,7 +373,7 @@ class Job:
     def _flush(self) -> None:
         try:
             self._store.add_points(self.run_id, self._unsaved)
-            self._unsaved = []
+            self._unsaved, self.store_error = [], None
         except StoreError as e:  # busy past its wait: kept in memory, tried again with the next point
             self.store_error = f"the run store did not take {len(self._unsaved)} point(s) yet: {e}"
 
