@@ -321,3 +321,20 @@ def test_a_store_that_does_not_exist_reads_as_empty_and_is_not_created(tmp_path)
     with store.Store(path, readonly=True) as reader:
         assert reader.history().empty and reader.size_bytes() == 0
     assert not path.parent.exists()
+
+
+def test_runs_resume_measures_only_the_missing_point_into_the_same_run(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    with store.Store(path) as kept:
+        run_id = kept.begin({"device_name": "a CPU"}, CONFIG.to_dict())
+        kept.add_points(run_id, [row("softmax", 16), row("linear", 16), row("softmax", 32)])
+        kept.finish(run_id, "interrupted")
+    code, _, err = run_cli("runs", "resume", str(run_id), "--store", str(path), "--wait", "0")
+    assert code == 0, err
+    assert "measuring the 1 point run" in err and "note: the environment changed" in err  # "a CPU" is not this one
+    with store.Store(path, readonly=True) as reader:
+        assert reader.info(run_id)["status"] == "complete"
+        points = reader.run(run_id).frame
+    assert points[["mechanism", "n", "status"]].values.tolist()[3] == ["linear", 32, "ok"] and len(points) == 4
+    assert run_cli("runs", "resume", str(run_id), "--store", str(path))[2].endswith(
+        "only an interrupted or failed run can be resumed\n")
