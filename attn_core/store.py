@@ -312,7 +312,7 @@ class Store:
 
     def _shrink(self) -> None:
         with self._errors():
-            self._db.execute("PRAGMA incremental_vacuum")
+            self._db.executescript("PRAGMA incremental_vacuum;")  # a script runs to its end: every free page goes
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def import_run(self, run: Run, name: str = "") -> int:

@@ -299,6 +299,18 @@ def test_runs_list_json_rename_note_delete_and_prune(tmp_path):
             kept.prune()
 
 
+def test_pruning_gives_the_space_back(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    with store.Store(path) as kept:
+        for _ in range(5):
+            run_id = kept.begin({}, {})
+            kept.add_points(run_id, [row(n=16 + i) for i in range(400)])
+            kept.finish(run_id, "complete")  # a run still measuring is never pruned
+        before = kept.size_bytes()
+        assert kept.prune(keep=1) == 4
+        assert kept.size_bytes() < before / 3 and kept.history()["points"].tolist() == [400]
+
+
 def test_resume_plans_exactly_the_points_an_interrupted_run_lacks_and_says_when_the_environment_changed(tmp_path):
     config = SweepConfig(mechanisms=(("softmax", {}), ("sliding_window", {"window": 4})), ns=(16, 32, 64)).replaced(
         **TINY)
