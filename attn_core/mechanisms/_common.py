@@ -110,6 +110,35 @@ def checked_shape(spec: MechanismSpec, q: torch.Tensor, k: torch.Tensor, v: torc
     return shape
 
 
+def check_score_bias(spec: MechanismSpec, bias: Any, q: torch.Tensor, k: torch.Tensor) -> None:
+    """ValueError with a sentence unless `spec` takes an additive score bias and `bias` is one for these inputs: a
+    floating tensor on q's device broadcastable to (B, H, Nq, Nk). Skipped inside `validated()`; called only when a
+    bias is given."""
+    if _VALIDATED.get():
+        return
+    if not spec.supports.score_bias:
+        from . import MECHANISMS  # the catalogue imports this module
+
+        takers = ", ".join(key for key, s in MECHANISMS.items() if s.supports.score_bias)
+        why = spec.supports.no_score_bias or "it never forms the scores q·k one by one, so there is nothing to add to"
+        raise ValueError(f"{spec.label} cannot take an additive score bias (ALiBi, relative positions): {why}; choose "
+                         f"one of {takers}, or apply RoPE to q and k instead (attn_core.positional.rope)")
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+        got = bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise ValueError(f"bias must be a floating-point tensor broadcastable to (batch, heads, queries, keys) = "
+                         f"{full}, got {got}; a boolean pattern goes in `mask` instead")
+    try:
+        fits = bias.dim() <= 4 and torch.broadcast_shapes(bias.shape, full) == full
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"bias {tuple(bias.shape)} does not broadcast to (batch, heads, queries, keys) = {full}; "
+                         f"e.g. alibi_bias(heads, Nq, Nk) of shape (heads, Nq, Nk) broadcasts as it is")
+    if bias.device != q.device:
+        raise ValueError(f"bias is on {bias.device} but q is on {q.device}; move it with bias.to({str(q.device)!r})")
+
+
 def check_key_padding(spec: MechanismSpec, mask: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     """ValueError with a sentence unless `spec` takes a key-padding mask and `mask` is one for these inputs: a boolean
     (B, Nk) tensor on k's device, True where the key is padding. Skipped inside `validated()`. Callers call it only
