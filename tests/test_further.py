@@ -59,7 +59,8 @@ def test_the_lookup_goes_from_soft_to_hard_as_the_temperature_falls():
     assert cold.gap < 1e-6 < warm.gap
     assert torch.allclose(warm.soft, torch.softmax(scores, -1)) and torch.allclose(warm.soft_out,
                                                                                     warm.soft @ walk.v[0])
-    assert torch.allclose(hot.soft, torch.full((6,), 1 / 6, dtype=torch.float64), atol=0.01)  # nearly the mean of the values
+    uniform = torch.full((6,), 1 / 6, dtype=torch.float64)
+    assert torch.allclose(hot.soft, uniform, atol=0.01)  # nearly the mean of the values
     with pytest.raises(ValueError, match="temperature"):
         further.lookup(walk, 0, 0.0)
 

@@ -52,20 +52,21 @@ def _turn(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def attend(x: torch.Tensor, w: dict, setup: Setup, *, encoding: str = "none", hidden: torch.Tensor | None = None,
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The page's layer on x (n, d_model) with a positional `encoding` at positions 0 … n − 1: (output (n, d_model),
-    weights (H, n, n)). `hidden` (n,) bool: keys no query may see (erasure). The heads' outputs come from the
-    softmax mechanism, given ALiBi's and the relative bias as `bias=`; the weights are the same softmax written out.
-    O(H·n²·d_k)."""
-    n, heads = x.shape[0], setup.heads
+    """The page's layer on x (n, d_model), or a batch (B, n, d_model), with a positional `encoding` at positions
+    0 … n − 1: (output like x, weights (H, n, n) or (B, H, n, n)). `hidden` (n,) or (B, n) bool: keys no query may
+    see (erasure). The heads' outputs come from the softmax mechanism, given ALiBi's and the relative bias as
+    `bias=`; the weights are the same softmax written out. O(B·n·d_model·H·d_k + B·H·n²·d_k)."""
+    batched = x.dim() == 3
+    x = x if batched else x[None]
+    B, n, d = x.shape
+    heads = setup.heads
     if encoding == "sinusoidal":  # an odd d_model takes the first d_model columns of the next even width
-        x = x + positional.sinusoidal(n, x.shape[1] + x.shape[1] % 2, dtype=x.dtype)[:, :x.shape[1]]
+        x = x + positional.sinusoidal(n, d + d % 2, dtype=x.dtype)[:, :d]
     elif encoding == "learned":
-        x = x + positional.learned(n, x.shape[1], setup.seed, dtype=x.dtype)
+        x = x + positional.learned(n, d, setup.seed, dtype=x.dtype)
     elif encoding not in ENCODINGS:
         raise ValueError(f"encoding {encoding!r} is not one of {', '.join(ENCODINGS)}")
-    q = torch.einsum("nd,hde->hne", x, w["w_q"])
-    k = torch.einsum("nd,hde->hne", x, w["w_k"])
-    v = torch.einsum("nd,hde->hne", x, w["w_v"])
+    q, k, v = (torch.einsum("bnd,hde->bhne", x, w[name]) for name in ("w_q", "w_k", "w_v"))
     if encoding == "RoPE":
         q, k = _turn(q, torch.arange(n)), _turn(k, torch.arange(n))
     bias = {"relative": lambda: positional.relative_bias(n, n, RELATIVE_CLIP, heads=heads, seed=setup.seed,
@@ -73,13 +74,13 @@ def attend(x: torch.Tensor, w: dict, setup: Setup, *, encoding: str = "none", hi
             "ALiBi": lambda: positional.alibi_bias(heads, n, n, dtype=x.dtype)}.get(encoding, lambda: None)()
     if not setup.scaled:  # the mechanism divides by √d_k itself
         q = q * math.sqrt(setup.d_k)
-    allowed = torch.ones(n, n, dtype=torch.bool) if hidden is None else ~hidden[None, :].expand(n, n)
-    out = MECHANISMS["softmax"].fn(q[None], k[None], v[None], mask=allowed[None, None],
-                                   bias=None if bias is None else bias[None])[0]
+    hidden = torch.zeros(B, n, dtype=torch.bool) if hidden is None else hidden.expand(B, n)
+    allowed = ~hidden[:, None, None, :].expand(B, 1, n, n)
+    out = MECHANISMS["softmax"].fn(q, k, v, mask=allowed, bias=bias)  # (B, H, n, d_k)
     scores = q @ k.transpose(-2, -1) / math.sqrt(setup.d_k) + (0 if bias is None else bias)
     attn = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    concat = out.transpose(0, 1).reshape(n, heads * setup.d_k)
-    return concat @ w["w_o"], attn
+    y = out.transpose(1, 2).reshape(B, n, heads * setup.d_k) @ w["w_o"]
+    return (y, attn) if batched else (y[0], attn[0])
 
 
 # ---- positions ----
@@ -93,8 +94,8 @@ def permutation_step(sentence: str, setup: Setup, kind: str = "rotated by one") 
     x, w = embed(tokens, setup.d_model, setup.seed), weights(setup)
     rows = []
     for encoding in ENCODINGS:
-        moved = attend(x[perm], w, setup, encoding=encoding)[0]
-        expected = attend(x, w, setup, encoding=encoding)[0][perm]
+        moved, original = attend(torch.stack((x[perm], x)), w, setup, encoding=encoding)[0]
+        expected = original[perm]
         rows.append((moved - expected).norm(dim=-1) / expected.norm(dim=-1).clamp_min(1e-300))
     permuted = [f"{i} {tokens[p].split(' ', 1)[1]}" for i, p in enumerate(perm)]
     odd = (" With d_k = 1 RoPE has no pair to turn, so its row stays at zero." if setup.d_k == 1 else
@@ -207,7 +208,8 @@ def stack(setup: Setup, layers: int) -> list[dict]:
 def run_stack(x: torch.Tensor, ws: list[dict], setup: Setup, hidden: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """x_{l+1} = x_l + attention_l(x_l) (a residual stream, no normalisation): the last x (n, d_model) and each
-    layer's weights (H, n, n). `hidden` (n,) bool: keys hidden from every layer."""
+    layer's weights (H, n, n); or batched, (B, n, d_model) and (B, H, n, n). `hidden` (n,) or (B, n) bool: keys
+    hidden from every layer."""
     found = []
     for w in ws:
         out, attn = attend(x, w, setup, hidden=hidden)
@@ -239,15 +241,11 @@ def saliency(x: torch.Tensor, ws: list[dict], setup: Setup, token: int) -> torch
 
 def erasure(x: torch.Tensor, ws: list[dict], setup: Setup, token: int) -> torch.Tensor:
     """(n,) ‖y_token − y_token(word j erased)‖ / ‖y_token‖: word j hidden as a key from every layer (it still has its
-    own output), the change in token's final output. O(n) runs of the stack."""
-    y = run_stack(x, ws, setup)[0][token]
+    own output), the change in token's final output. The n + 1 stacks run as one batch: O(n) times the stack."""
     n = x.shape[0]
-    found = []
-    for j in range(n):
-        hidden = torch.zeros(n, dtype=torch.bool)
-        hidden[j] = True
-        found.append((run_stack(x, ws, setup, hidden)[0][token] - y).norm() / y.norm())
-    return torch.stack(found)
+    hidden = torch.cat((torch.zeros(1, n, dtype=torch.bool), torch.eye(n, dtype=torch.bool)))  # row 0: none
+    y = run_stack(x.expand(n + 1, n, x.shape[1]), ws, setup, hidden)[0][:, token]  # (n + 1, d_model)
+    return (y[1:] - y[0]).norm(dim=-1) / y[0].norm()
 
 
 @dataclass(frozen=True)
@@ -269,21 +267,30 @@ def _jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return 0.5 * ((p * (p.clamp_min(1e-300).log() - m)).sum(-1) + (q * (q.clamp_min(1e-300).log() - m)).sum(-1))
 
 
-def reweight_loss(z: torch.Tensor, walk, penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_head_outputs(walk) -> torch.Tensor:
+    """(H, m, d_model): each head's values through its block of W_O, so that the layer's output is
+    Σ_h A_h U_h (n, d_model) — one product per step of the search, not two through W_O."""
+    heads, m, d_k = walk.v.shape
+    return walk.v @ walk.w_o.view(heads, d_k, -1)
+
+
+def reweight_loss(z: torch.Tensor, walk, penalty: float, u: torch.Tensor | None = None,
+                  y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, ∂loss/∂z) of the search below, the gradient written out (no autograd: a hundred tiny backward passes
-    cost seconds on a busy CPU): ∂JSD/∂P = ½ log(P / M), M = (P + A)/2; the output term's ∂/∂P_h = (G W_Oᵀ)_h V_hᵀ
-    with G = 2·penalty·(ỹ − y)/‖y‖²; through the softmax, ∂/∂z = P ⊙ (g − Σ P g)."""
-    a, v, w_o = walk.weights, walk.v, walk.w_o
+    cost seconds on a busy CPU): ∂JSD/∂P = ½ log(P / M), M = (P + A)/2; the output term's ∂/∂P_h = G U_hᵀ with
+    G = 2·penalty·(ỹ − y)/‖y‖² and U from `_per_head_outputs`; through the softmax, ∂/∂z = P ⊙ (g − Σ P g).
+    `u`, `y`: U and the layer's output y, when the caller holds them (the search computes them once)."""
+    a = walk.weights
+    u = _per_head_outputs(walk) if u is None else u
     heads, n, _ = a.shape
     p = torch.softmax(z, dim=-1)
-    y = walk.concat @ w_o
-    found = (p @ v).transpose(0, 1).reshape(n, -1) @ w_o
+    y = walk.concat @ walk.w_o if y is None else y
+    found = torch.einsum("hnm,hmd->nd", p, u)
     rows = heads * n
     loss = -_jsd(p, a).sum() / rows + penalty * ((found - y).norm() / y.norm()) ** 2
     m = 0.5 * (p + a)
     g = -0.5 * (p.clamp_min(1e-300).log() - m.clamp_min(1e-300).log()) / rows
-    back = (2 * penalty * (found - y) / y.norm() ** 2) @ w_o.T  # (n, H·d_k)
-    g = g + back.reshape(n, heads, -1).transpose(0, 1) @ v.transpose(-2, -1)
+    g = g + (2 * penalty * (found - y) / y.norm() ** 2)[None] @ u.transpose(-2, -1)
     return loss, p * (g - (p * g).sum(-1, keepdim=True))
 
 
@@ -291,22 +298,21 @@ def reweight(walk, steps: int = 200, penalty: float = 20.0, seed: int = 0, lr: f
     """Adversarial weights for a lesson.Walk's layer (Jain and Wallace 2019): logits z (H, n, m) from the original
     scores plus seeded N(0, 1) noise, `steps` Adam steps (Kingma and Ba 2014, arXiv 1412.6980) on
     −mean JSD(softmax z, A) + penalty·‖ỹ − y‖² / ‖y‖², ỹ = concat(softmax(z) V) W_O; masked cells stay 0.
-    O(steps·H·n·m·d_k)."""
-    a = walk.weights
+    O(H·m·d_k·d_model + steps·H·n·m·d_model)."""
+    a, u, y = walk.weights, _per_head_outputs(walk), walk.concat @ walk.w_o
     g = torch.Generator().manual_seed(seed)
     z = walk.masked + torch.randn(a.shape, generator=g, dtype=a.dtype)
     first, second = torch.zeros_like(a), torch.zeros_like(a)
     live = torch.isfinite(z)
     for t in range(1, steps + 1):
-        grad = reweight_loss(z, walk, penalty)[1]
+        grad = reweight_loss(z, walk, penalty, u, y)[1]
         first = 0.9 * first + 0.1 * grad
         second = 0.999 * second + 0.001 * grad ** 2
         move = lr * (first / (1 - 0.9 ** t)) / ((second / (1 - 0.999 ** t)).sqrt() + 1e-8)
         z = torch.where(live, z - move, z)
     found = torch.softmax(z, dim=-1)
     rows = 0.5 * (found - a).abs().sum(-1)
-    y = walk.concat @ walk.w_o
-    out = (found @ walk.v).transpose(0, 1).reshape(len(walk.queries), -1) @ walk.w_o
+    out = torch.einsum("hnm,hmd->nd", found, u)
     return Reweighting(a, found, float(rows.mean()), float(rows.max()), float((out - y).norm() / y.norm()))
 
 
@@ -356,7 +362,7 @@ def reweight_step(walk, steps: int = 200) -> tuple[Step, Reweighting]:
                 f"weights moved by {found.weight_change:.2f} in total variation on average (0: same, 1: disjoint; "
                 f"{found.largest_row_change:.2f} for the most moved word), the output by {found.output_change:.1%}. "
                 "High weights are not proof that a word mattered.",
-                f"A: 2 × {n} × {m} = (original, found) × n × m, head 0",
+                f"A: 2 × {n} × {m} = (original, found) × n × m, the first head",
                 torch.stack((found.original[0], found.found[0])), list(walk.queries), list(walk.keys), "weight",
                 panels=("original", "found"))
     return step, found
