@@ -110,19 +110,27 @@ def checked_shape(spec: MechanismSpec, q: torch.Tensor, k: torch.Tensor, v: torc
     return shape
 
 
+def _refuse_unless(spec: MechanismSpec, capability: str, what: str, why: str, instead: str) -> None:
+    """ValueError "<label> cannot take <what>: <why>; choose one of <the mechanisms that can>, <instead>" unless
+    spec.supports.<capability>; the spec's own no_<capability> sentence, when it has one, replaces `why`."""
+    if getattr(spec.supports, capability):
+        return
+    from . import MECHANISMS  # the catalogue imports this module
+
+    takers = ", ".join(key for key, s in MECHANISMS.items() if getattr(s.supports, capability))
+    why = getattr(spec.supports, f"no_{capability}") or why
+    raise ValueError(f"{spec.label} cannot take {what}: {why}; choose one of {takers}, {instead}")
+
+
 def check_score_bias(spec: MechanismSpec, bias: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     """ValueError with a sentence unless `spec` takes an additive score bias and `bias` is one for these inputs: a
     floating tensor on q's device broadcastable to (B, H, Nq, Nk). Skipped inside `validated()`; called only when a
     bias is given."""
     if _VALIDATED.get():
         return
-    if not spec.supports.score_bias:
-        from . import MECHANISMS  # the catalogue imports this module
-
-        takers = ", ".join(key for key, s in MECHANISMS.items() if s.supports.score_bias)
-        why = spec.supports.no_score_bias or "it never forms the scores q·k one by one, so there is nothing to add to"
-        raise ValueError(f"{spec.label} cannot take an additive score bias (ALiBi, relative positions): {why}; choose "
-                         f"one of {takers}, or apply RoPE to q and k instead (attn_core.positional.rope)")
+    _refuse_unless(spec, "score_bias", "an additive score bias (ALiBi, relative positions)",
+                   "it never forms the scores q·k one by one, so there is nothing to add to",
+                   "or apply RoPE to q and k instead (attn_core.positional.rope)")
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
         got = bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__
@@ -145,13 +153,8 @@ def check_key_padding(spec: MechanismSpec, mask: Any, q: torch.Tensor, k: torch.
     when a mask is given, so the default None costs nothing."""
     if _VALIDATED.get():
         return
-    if not spec.supports.padding:
-        from . import MECHANISMS  # the catalogue imports this module
-
-        takers = ", ".join(key for key, s in MECHANISMS.items() if s.supports.padding)
-        why = spec.supports.no_padding or "it has no masked form"
-        raise ValueError(f"{spec.label} cannot take a key-padding mask: {why}; choose one of {takers}, or run each "
-                         f"sequence at its own length")
+    _refuse_unless(spec, "padding", "a key-padding mask", "it has no masked form",
+                   "or run each sequence at its own length")
     B, Nk = k.shape[0], k.shape[-2]
     if not isinstance(mask, torch.Tensor):
         raise ValueError(f"key_padding_mask must be a boolean tensor of shape (batch, keys) = ({B}, {Nk}), got "
