@@ -69,7 +69,7 @@ def figure(step: lesson.Step, stem: str) -> None:
     """A step's heatmap, its shape under its sentence, and its exports."""
     st.caption(f"{step.says} **{step.shape}**")
     per_head = (1100 // step.matrix.shape[0] - 140) // len(step.columns)  # heads side by side within ~1,100 px
-    cell = max(16, min(big, per_head, 640 // len(step.rows)))  # and no taller than ~640 px
+    cell = max(20, min(big, per_head, 640 // len(step.rows)))  # and no taller than ~640 px
     chart = insight_charts.step_chart(step, cell=cell, numbers=cell >= big * 0.85)
     show_chart(chart, width="content")
     export_row(chart, insight_charts.step_frame(step), stem, f"learn_dl_{stem}", folded=True)
