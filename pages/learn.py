@@ -95,8 +95,9 @@ if st.button(f"Measure it live: “{WALL}” on the Benchmark page", key="learn_
     open_benchmark(WALL)
 
 st.divider()
-st.caption("The rest of the lesson, on the same sentence and weights: self-attention with scaled dot-product scores "
-           "and no mask (a causal mask is itself a position).")
+st.caption("The rest of the lesson, on the same sentence and weights. Positions and the stack of layers: "
+           "self-attention over the sentence with dot-product scores and no mask (a causal mask is itself a position); "
+           "the lookup and the Jain–Wallace check: the layer above, as set.")
 tokens = walk.queries
 number = len(shown) + 1
 st.subheader(f"{number}. Where words stand: positions")
@@ -142,5 +143,5 @@ if view == further.EXPLAIN_VIEWS[-1]:
     a.metric("Weights moved (total variation, mean over words)", f"{moved.weight_change:.2f}")
     b.metric("Output moved (relative)", f"{moved.output_change:.1%}")
 else:
-    step = further.explain_steps(sentence, setup, layers, min(token, len(tokens) - 1))[view]
+    step = further.explain_step(view, sentence, setup, layers, min(token, len(tokens) - 1))
 figure(step, f"learn-{number}-{step.key}")

@@ -99,13 +99,17 @@ def test_erasure_and_saliency_find_the_word_that_was_copied():
 
 
 def test_the_four_answers_are_shares_of_one_word():
-    steps = further.explain_steps(SENTENCE, lesson.Setup(d_k=4, heads=2), layers=3, token=2)
-    assert list(steps) == list(further.EXPLAIN_VIEWS[:3])
+    setup = lesson.Setup(d_k=4, heads=2)
+    steps = {view: further.explain_step(view, SENTENCE, setup, layers=3, token=2) for view in further.EXPLAIN_VIEWS[:3]}
     assert steps["weights per layer"].matrix.shape == (3, 6, 6) and steps["rollout"].panels[-1] == "after layer 3"
+    x = lesson.embed(lesson.words(SENTENCE), 8, 0)
+    layers = [a.mean(0) for a in further.run_stack(x, further.stack(setup, 3), setup)[1]]
+    assert torch.allclose(steps["rollout"].matrix[2], further.rollout(layers))
     answers = steps["one word, four answers"].matrix[0]
     assert answers.shape == (4, 6) and torch.allclose(answers.sum(-1), torch.ones(4, dtype=torch.float64))
+    assert torch.allclose(answers[0], layers[-1][2] / layers[-1][2].sum())
     with pytest.raises(ValueError, match="layers = 5"):
-        further.explain_steps(SENTENCE, lesson.Setup(), layers=5)
+        further.explain_step("rollout", SENTENCE, lesson.Setup(), layers=5)
 
 
 def test_jain_wallace_finds_other_weights_for_nearly_the_same_output():

@@ -19,7 +19,7 @@ import torch
 
 from .. import positional
 from ..mechanisms import MECHANISMS
-from .lesson import Setup, Step, embed, weights, words
+from .lesson import Setup, Step, Walk, embed, weights, words
 
 ENCODINGS = ("none", "sinusoidal", "learned", "relative", "RoPE", "ALiBi")
 PERMUTATIONS = ("rotated by one", "reversed", "first and last swapped")
@@ -170,7 +170,7 @@ class Lookup:
     gap: float
 
 
-def lookup(walk, query: int = 0, temperature: float = 1.0) -> Lookup:
+def lookup(walk: Walk, query: int = 0, temperature: float = 1.0) -> Lookup:
     """Hard lookup V[argmax_j s_j] beside the soft one Σ_j softmax(s / T)_j v_j for the scores s of query `query`
     (head 0 of a lesson.Walk, as scaled and masked there). T → 0 gives the hard lookup, large T the mean of the
     values. The soft lookup is one update of a modern Hopfield network with β = 1/T (Ramsauer et al. 2020).
@@ -267,14 +267,14 @@ def _jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return 0.5 * ((p * (p.clamp_min(1e-300).log() - m)).sum(-1) + (q * (q.clamp_min(1e-300).log() - m)).sum(-1))
 
 
-def _per_head_outputs(walk) -> torch.Tensor:
+def _per_head_outputs(walk: Walk) -> torch.Tensor:
     """(H, m, d_model): each head's values through its block of W_O, so that the layer's output is
     Σ_h A_h U_h (n, d_model) — one product per step of the search, not two through W_O."""
     heads, m, d_k = walk.v.shape
     return walk.v @ walk.w_o.view(heads, d_k, -1)
 
 
-def reweight_loss(z: torch.Tensor, walk, penalty: float, u: torch.Tensor | None = None,
+def reweight_loss(z: torch.Tensor, walk: Walk, penalty: float, u: torch.Tensor | None = None,
                   y: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, ∂loss/∂z) of the search below, the gradient written out (no autograd: a hundred tiny backward passes
     cost seconds on a busy CPU): ∂JSD/∂P = ½ log(P / M), M = (P + A)/2; the output term's ∂/∂P_h = G U_hᵀ with
@@ -294,7 +294,7 @@ def reweight_loss(z: torch.Tensor, walk, penalty: float, u: torch.Tensor | None 
     return loss, p * (g - (p * g).sum(-1, keepdim=True))
 
 
-def reweight(walk, steps: int = 200, penalty: float = 20.0, seed: int = 0, lr: float = 0.1) -> Reweighting:
+def reweight(walk: Walk, steps: int = 200, penalty: float = 20.0, seed: int = 0, lr: float = 0.1) -> Reweighting:
     """Adversarial weights for a lesson.Walk's layer (Jain and Wallace 2019): logits z (H, n, m) from the original
     scores plus seeded N(0, 1) noise, `steps` Adam steps (Kingma and Ba 2014, arXiv 1412.6980) on
     −mean JSD(softmax z, A) + penalty·‖ỹ − y‖² / ‖y‖², ỹ = concat(softmax(z) V) W_O; masked cells stay 0.
@@ -319,41 +319,41 @@ def reweight(walk, steps: int = 200, penalty: float = 20.0, seed: int = 0, lr: f
 EXPLAIN_VIEWS = ("weights per layer", "rollout", "one word, four answers", "Jain–Wallace check")
 
 
-def explain_steps(sentence: str, setup: Setup, layers: int = 2, token: int = 0) -> dict[str, Step]:
-    """The interpretability figures for a `layers`-deep stack of the page's layer over `sentence`: each layer's
-    weights (L, n, n, mean over heads), the rollout after each layer (L, n, n), and for word `token` its raw
-    last-layer weights, rollout, saliency and erasure (1, 4, n) each scaled to sum to 1."""
+def explain_step(view: str, sentence: str, setup: Setup, layers: int = 2, token: int = 0) -> Step:
+    """One interpretability figure (`view`, one of EXPLAIN_VIEWS but the last) for a `layers`-deep stack of the
+    page's layer over `sentence`: each layer's weights (L, n, n, mean over heads), the rollout after each layer
+    (L, n, n), or for word `token` its raw last-layer weights, rollout, saliency and erasure (1, 4, n), each scaled
+    to sum to 1 (only that view computes saliency and erasure)."""
+    if view not in EXPLAIN_VIEWS[:-1]:
+        raise ValueError(f"view {view!r} is not one of {', '.join(EXPLAIN_VIEWS[:-1])}")
     tokens = words(sentence)
     n = len(tokens)
     if not 0 <= token < n:
         raise ValueError(f"choose a word among the sentence's {n}")
     x, ws = embed(tokens, setup.d_model, setup.seed), stack(setup, layers)
     per_layer = [a.mean(0) for a in run_stack(x, ws, setup)[1]]
+    shape = f"{layers} × {n} × {n} = layers × n × n"
+    if view == "weights per layer":
+        return Step("layers", f"Raw weights of a {layers}-layer stack", "Each layer's softmax weights, averaged over "
+                    "heads: layer 1 is the layer above; the later layers mix words that are already mixtures.", shape,
+                    torch.stack(per_layer), tokens, tokens, "weight",
+                    panels=tuple(f"layer {i + 1}" for i in range(layers)))
     rolled = torch.stack([rollout(per_layer[:i + 1]) for i in range(layers)])
+    if view == "rollout":
+        return Step("rollout", "Attention rollout: ½A + ½I multiplied through the layers",
+                    "How much of each input word reaches each output, counting the residual stream as half the flow "
+                    "(Abnar and Zuidema 2020); after layer 1 it is ½A₁ + ½I.", shape, rolled, tokens, tokens, "share",
+                    panels=tuple(f"after layer {i + 1}" for i in range(layers)))
     answers = torch.stack((per_layer[-1][token], rolled[-1][token], saliency(x, ws, setup, token),
                            erasure(x, ws, setup, token)))
-    answers = answers / answers.sum(-1, keepdim=True)
-    names = [f"layer {i + 1}" for i in range(layers)]
-    shape = f"{layers} × {n} × {n} = layers × n × n"
-    return {
-        "weights per layer": Step("layers", f"Raw weights of a {layers}-layer stack", "Each layer's softmax weights, "
-                                  "averaged over heads: layer 1 is the layer above; the later layers mix words that "
-                                  "are already mixtures.", shape, torch.stack(per_layer), tokens, tokens, "weight",
-                                  panels=tuple(names)),
-        "rollout": Step("rollout", "Attention rollout: ½A + ½I multiplied through the layers",
-                        "How much of each input word reaches each output, counting the residual stream as half the "
-                        "flow (Abnar and Zuidema 2020); after layer 1 it is ½A₁ + ½I.", shape, rolled, tokens, tokens,
-                        "share", panels=tuple(f"after layer {i + 1}" for i in range(layers))),
-        "one word, four answers": Step(
-            "answers", f"Which words made “{tokens[token]}”? Four answers",
-            "Its last layer's raw weights, its rollout, gradient saliency ‖∂y/∂x_j‖ and erasure (hide word j from "
-            "every layer, measure the change), each scaled to sum to 1. Where they disagree, the raw weights alone "
-            "were not the explanation.", f"4 × {n} = methods × words", answers[None],
-            ["raw weights (last layer)", "rollout", "gradient saliency", "erasure"], tokens, "share"),
-    }
+    return Step("answers", f"Which words made “{tokens[token]}”? Four answers",
+                "Its last layer's raw weights, its rollout, gradient saliency ‖∂y/∂x_j‖ and erasure (hide word j from "
+                "every layer, measure the change), each scaled to sum to 1. Where they disagree, the raw weights alone "
+                "were not the explanation.", f"4 × {n} = methods × words",
+                (answers / answers.sum(-1, keepdim=True))[None], ["raw weights (last layer)", "rollout", "gradient saliency", "erasure"], tokens, "share")
 
 
-def reweight_step(walk, steps: int = 200) -> tuple[Step, Reweighting]:
+def reweight_step(walk: Walk, steps: int = 200) -> tuple[Step, Reweighting]:
     """The Jain–Wallace figure: head 0's original and adversarial weights side by side, with the two numbers."""
     found = reweight(walk, steps=steps)
     n, m = len(walk.queries), len(walk.keys)
