@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from . import CLOCKS, alternate, end, ratios, spread, start, timer
+from . import alternate, end, machine, machine_options, ratios, spread, start, timer
 from .. import attention, positional
 from ..engine import env
 
@@ -58,18 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ns", type=int, nargs="+", default=[1024, 4096], help="sequence lengths")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of each line")
-    p.add_argument("--threads", type=int, default=None, help="torch's default unless given")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
-    p.add_argument("--clock", choices=CLOCKS, default="wall",
-                   help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
     p.add_argument("--quick", action="store_true", help="n = 512 and 1024, 5 rounds")
+    machine_options(p)
     args = p.parse_args(argv)
     if args.quick:
         args.ns, args.rounds = [512, 1024], min(args.rounds, 5)
-    args.device = env.resolve_device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    env.steady_allocator()
+    machine(args)
     start(args.device, f"B=1, H={HEADS}, D={HEAD_DIM}, fp32, the public calls timed in torch.inference_mode "
                        f"({args.clock} clock).")
     measure(args)
