@@ -33,7 +33,7 @@ def make_state(key: str, shape: Shape, device=None, dtype=torch.float32, *, seed
 
 
 def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              key_padding_mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+              key_padding_mask: torch.Tensor | None = None, score_bias: torch.Tensor | None = None,
               **params: Any) -> torch.Tensor:
     """Run mechanism `key` on q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D) with its keyword parameters.
     Hk < H: each key/value head serves H/Hk consecutive query heads (grouped-query attention; Hk = 1: multi-query),
@@ -46,7 +46,7 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     element all padding, or causal attention before its first real key) outputs zeros. Mechanisms whose spec has
     `padding` take it; the others refuse it with a sentence saying why.
 
-    `bias`: a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled scores (attn_core.positional's ALiBi
+    `score_bias`: a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled scores (attn_core.positional's ALiBi
     and relative biases); mechanisms whose spec has `score_bias` take it, the others refuse it with a sentence."""
     spec = get(key)
     # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
@@ -54,10 +54,10 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     spec.check_params(params, extra=(*spec.state.keys, "seed", *(("mask",) if takes_mask else ())))
     check_qkv(q, k, v)
     check_finite(q=q, k=k, v=v)
-    if bias is not None:
-        check_score_bias(spec, bias, q, k)
-        check_finite(bias=bias)
-        params["bias"] = bias
+    if score_bias is not None:
+        check_score_bias(spec, score_bias, q, k)
+        check_finite(score_bias=score_bias)
+        params["score_bias"] = score_bias
     if key_padding_mask is None:
         return spec.fn(q, k, v, causal=causal, **params)
     check_key_padding(spec, key_padding_mask, q, k)

@@ -111,7 +111,7 @@ def layer(x: torch.Tensor, encoding: str) -> torch.Tensor:
         q, k = positional.rope(q, torch.arange(N)), positional.rope(k, torch.arange(N))
     bias = {"relative": positional.relative_bias(N, N, 2, seed=1, dtype=x.dtype),
             "alibi": positional.alibi_bias(1, N, N, dtype=x.dtype) * 16}.get(encoding)
-    return attention("softmax", q[None, None], k[None, None], v[None, None], bias=bias)[0, 0]
+    return attention("softmax", q[None, None], k[None, None], v[None, None], score_bias=bias)[0, 0]
 
 
 @pytest.mark.parametrize("encoding", ["none", "sinusoidal", "learned", "relative", "rope", "alibi"])
@@ -150,7 +150,7 @@ def test_softmax_and_sdpa_add_the_bias_to_the_scores(key, causal, padded, kv_hea
     k, v = torch.randn(2, 2, kv_heads, 5, 8, generator=g)
     bias = torch.randn(*bias_shape, generator=g) * 2
     pad = torch.tensor([[False] * 5, [False, False, False, True, True]]) if padded else None
-    out = attention(key, q, k, v, causal=causal, key_padding_mask=pad, bias=bias)
+    out = attention(key, q, k, v, causal=causal, key_padding_mask=pad, score_bias=bias)
     expected = biased_by_hand(q, k, v, bias, causal, pad)
     assert torch.allclose(out.double(), expected, atol=1e-5)
     assert not torch.allclose(attention(key, q, k, v, causal=causal, key_padding_mask=pad).double(), expected,
@@ -163,14 +163,18 @@ def test_only_mechanisms_whose_spec_says_so_take_a_bias():
     q = k = v = torch.randn(1, 2, 6, 8)
     with pytest.raises(ValueError, match="cannot take an additive score bias.*choose one of softmax, sdpa|"
                                          "cannot take an additive score bias.*choose one of sdpa, softmax"):
-        attention("linear", q, k, v, bias=positional.alibi_bias(2, 6, 6))
+        attention("linear", q, k, v, score_bias=positional.alibi_bias(2, 6, 6))
+    # sigmoid's own `bias` parameter (a number) is not the score bias (a tensor): it still reaches sigmoid
+    assert attention("sigmoid", q, k, v, bias=1.5).shape == q.shape
+    with pytest.raises(ValueError, match="Sigmoid.*cannot take an additive score bias"):
+        attention("sigmoid", q, k, v, score_bias=positional.alibi_bias(2, 6, 6))
 
 
 @pytest.mark.parametrize("bias, words", [
     (torch.zeros(3, 6, 6), r"does not broadcast to \(batch, heads, queries, keys\) = \(1, 2, 6, 6\)"),
     (torch.zeros(2, 6, 6, dtype=torch.bool), "floating-point tensor"),
-    (torch.full((2, 6, 6), float("nan")), "bias holds 72 NaN")])
+    (torch.full((2, 6, 6), float("nan")), "score_bias holds 72 NaN")])
 def test_a_bad_bias_is_refused_with_a_sentence(bias, words):
     q = k = v = torch.randn(1, 2, 6, 8)
     with pytest.raises(ValueError, match=words):
-        attention("softmax", q, k, v, bias=bias)
+        attention("softmax", q, k, v, score_bias=bias)

@@ -55,7 +55,7 @@ def attend(x: torch.Tensor, w: dict, setup: Setup, *, encoding: str = "none", hi
     """The page's layer on x (n, d_model), or a batch (B, n, d_model), with a positional `encoding` at positions
     0 … n − 1: (output like x, weights (H, n, n) or (B, H, n, n)). `hidden` (n,) or (B, n) bool: keys no query may
     see (erasure). The heads' outputs come from the softmax mechanism, given ALiBi's and the relative bias as
-    `bias=`; the weights are the same softmax written out. O(B·n·d_model·H·d_k + B·H·n²·d_k)."""
+    `score_bias=`; the weights are the same softmax written out. O(B·n·d_model·H·d_k + B·H·n²·d_k)."""
     batched = x.dim() == 3
     x = x if batched else x[None]
     B, n, d = x.shape
@@ -76,7 +76,7 @@ def attend(x: torch.Tensor, w: dict, setup: Setup, *, encoding: str = "none", hi
         q = q * math.sqrt(setup.d_k)
     hidden = torch.zeros(B, n, dtype=torch.bool) if hidden is None else hidden.expand(B, n)
     allowed = ~hidden[:, None, None, :].expand(B, 1, n, n)
-    out = MECHANISMS["softmax"].fn(q, k, v, mask=allowed, bias=bias)  # (B, H, n, d_k)
+    out = MECHANISMS["softmax"].fn(q, k, v, mask=allowed, score_bias=bias)  # (B, H, n, d_k)
     scores = q @ k.transpose(-2, -1) / math.sqrt(setup.d_k) + (0 if bias is None else bias)
     attn = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
     y = out.transpose(1, 2).reshape(B, n, heads * setup.d_k) @ w["w_o"]

@@ -123,7 +123,8 @@ def _refuse_unless(spec: MechanismSpec, capability: str, what: str, why: str, in
 
 
 def check_score_bias(spec: MechanismSpec, bias: Any, q: torch.Tensor, k: torch.Tensor) -> None:
-    """ValueError with a sentence unless `spec` takes an additive score bias and `bias` is one for these inputs: a
+    """ValueError with a sentence unless `spec` takes an additive score bias and `bias` is one for these inputs (a
+    mechanism's `score_bias=`): a
     floating tensor on q's device broadcastable to (B, H, Nq, Nk). Skipped inside `validated()`; called only when a
     bias is given."""
     if _VALIDATED.get():
@@ -134,17 +135,17 @@ def check_score_bias(spec: MechanismSpec, bias: Any, q: torch.Tensor, k: torch.T
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
         got = bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__
-        raise ValueError(f"bias must be a floating-point tensor broadcastable to (batch, heads, queries, keys) = "
+        raise ValueError(f"score_bias must be a floating-point tensor broadcastable to (batch, heads, queries, keys) = "
                          f"{full}, got {got}; a boolean pattern goes in `mask` instead")
     try:
         fits = bias.dim() <= 4 and torch.broadcast_shapes(bias.shape, full) == full
     except RuntimeError:
         fits = False
     if not fits:
-        raise ValueError(f"bias {tuple(bias.shape)} does not broadcast to (batch, heads, queries, keys) = {full}; "
+        raise ValueError(f"score_bias {tuple(bias.shape)} does not broadcast to (batch, heads, queries, keys) = {full}; "
                          f"e.g. alibi_bias(heads, Nq, Nk) of shape (heads, Nq, Nk) broadcasts as it is")
     if bias.device != q.device:
-        raise ValueError(f"bias is on {bias.device} but q is on {q.device}; move it with bias.to({str(q.device)!r})")
+        raise ValueError(f"score_bias is on {bias.device} but q is on {q.device}; move it with score_bias.to({str(q.device)!r})")
 
 
 def check_key_padding(spec: MechanismSpec, mask: Any, q: torch.Tensor, k: torch.Tensor) -> None:

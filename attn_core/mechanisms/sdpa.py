@@ -13,8 +13,9 @@ _BACKENDS = {0: "math", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overr
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                   key_padding_mask: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(Q Kᵀ/√D [+ bias]) V through torch.nn.functional.scaled_dot_product_attention.
+                   key_padding_mask: torch.Tensor | None = None,
+                   score_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(Q Kᵀ/√D [+ score_bias]) V through torch.nn.functional.scaled_dot_product_attention.
 
     Shapes as softmax_attention. PyTorch picks the kernel (see `sdpa_backend`): flash on CPU and on recent GPUs,
     memory-efficient or cuDNN otherwise, the unfused math path as a fallback. Fused kernels never hold the n×n
@@ -25,15 +26,15 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     builds. A query that sees no unpadded key outputs zeros, whatever the backend does with an empty row.
     k and v with Hk < H heads (grouped-query attention) go in as they are, `enable_gqa=True` (torch ≥ 2.5; the CPU
     flash kernel reads each shared head in place); an older torch gets them repeated.
-    `bias`: float, broadcastable to (B, H, Nq, Nk), added to the scaled scores (ALiBi, relative positions:
+    `score_bias`: float, broadcastable to (B, H, Nq, Nk), added to the scaled scores (ALiBi, relative positions:
     attn_core.positional). It goes in as a float attn_mask, with −∞ where causality or padding forbids: flash
     kernels take no mask, so PyTorch falls back to memory-efficient or math, and the mask is an (Nq, Nk) tensor
     per head it varies over.
     """
     checked_shape(SPEC, q, k, v, causal)
-    if bias is not None:
-        check_score_bias(SPEC, bias, q, k)
-    if key_padding_mask is None and bias is None:
+    if score_bias is not None:
+        check_score_bias(SPEC, score_bias, q, k)
+    if key_padding_mask is None and score_bias is None:
         return shared_sdpa(q, k, v, is_causal=causal)
     Nq, Nk = q.shape[-2], k.shape[-2]
     keep = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril_() if causal else None
@@ -41,8 +42,8 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         check_key_padding(SPEC, key_padding_mask, q, k)
         pad = ~key_padding_mask[:, None, None, :]
         keep = pad if keep is None else keep & pad
-    if bias is not None:  # float: added to the scores, −∞ where keep is False; attn_mask needs (..., Nq, Nk)
-        bias = bias.to(q.dtype) if bias.dim() >= 2 else bias.to(q.dtype).expand(Nq, Nk)
+    if score_bias is not None:  # float: added to the scores, −∞ where keep is False; attn_mask needs (..., Nq, Nk)
+        bias = score_bias.to(q.dtype) if score_bias.dim() >= 2 else score_bias.to(q.dtype).expand(Nq, Nk)
         keep = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
     out = shared_sdpa(q, k, v, attn_mask=keep)
     return out if key_padding_mask is None else _zero_dead(out, key_padding_mask, causal)
