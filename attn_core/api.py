@@ -46,8 +46,9 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     element all padding, or causal attention before its first real key) outputs zeros. Mechanisms whose spec has
     `padding` take it; the others refuse it with a sentence saying why.
 
-    `score_bias`: a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled scores (attn_core.positional's ALiBi
-    and relative biases); mechanisms whose spec has `score_bias` take it, the others refuse it with a sentence."""
+    `score_bias`: a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled scores (attn_core.positional's
+    ALiBi and relative biases); mechanisms whose spec has `score_bias` take it, the others refuse it with a
+    sentence."""
     spec = get(key)
     # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
     takes_mask = "mask" in inspect.signature(spec.fn).parameters

@@ -1,6 +1,7 @@
 """What positions cost: softmax and SDPA forward with no positions, with RoPE turning q and k in the call (Su et al.
 2021, arXiv 2104.09864), and with ALiBi's (H, n, n) score bias (Press et al. 2021, arXiv 2108.12409) passed as
-`score_bias=`. Interleaved calls (A B C A B C …), median with its spread, through `attn_core.attention` as a user calls it.
+`score_bias=`. Interleaved calls (A B C A B C …), median with its spread, through `attn_core.attention` as a user
+calls it.
 
     python -m attn_core.benchmarks.positions            # B=1, H=8, D=64, fp32, n = 1024 and 4096
     python -m attn_core.benchmarks.positions --quick    # n = 512 and 1024, for a first look

@@ -350,7 +350,8 @@ def explain_step(view: str, sentence: str, setup: Setup, layers: int = 2, token:
                 "Its last layer's raw weights, its rollout, gradient saliency ‖∂y/∂x_j‖ and erasure (hide word j from "
                 "every layer, measure the change), each scaled to sum to 1. Where they disagree, the raw weights alone "
                 "were not the explanation.", f"4 × {n} = methods × words",
-                (answers / answers.sum(-1, keepdim=True))[None], ["raw weights (last layer)", "rollout", "gradient saliency", "erasure"], tokens, "share")
+                (answers / answers.sum(-1, keepdim=True))[None],
+                ["raw weights (last layer)", "rollout", "gradient saliency", "erasure"], tokens, "share")
 
 
 def reweight_step(walk: Walk, steps: int = 200) -> tuple[Step, Reweighting]:

@@ -142,10 +142,11 @@ def check_score_bias(spec: MechanismSpec, bias: Any, q: torch.Tensor, k: torch.T
     except RuntimeError:
         fits = False
     if not fits:
-        raise ValueError(f"score_bias {tuple(bias.shape)} does not broadcast to (batch, heads, queries, keys) = {full}; "
-                         f"e.g. alibi_bias(heads, Nq, Nk) of shape (heads, Nq, Nk) broadcasts as it is")
+        raise ValueError(f"score_bias {tuple(bias.shape)} does not broadcast to (batch, heads, queries, keys) = "
+                         f"{full}; e.g. alibi_bias(heads, Nq, Nk) of shape (heads, Nq, Nk) broadcasts as it is")
     if bias.device != q.device:
-        raise ValueError(f"score_bias is on {bias.device} but q is on {q.device}; move it with score_bias.to({str(q.device)!r})")
+        raise ValueError(f"score_bias is on {bias.device} but q is on {q.device}; move it with "
+                         f"score_bias.to({str(q.device)!r})")
 
 
 def check_key_padding(spec: MechanismSpec, mask: Any, q: torch.Tensor, k: torch.Tensor) -> None:
