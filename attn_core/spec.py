@@ -230,6 +230,8 @@ class Supports:
     ⌊i·Hk/H⌋ (grouped-query attention, Ainslie et al. 2023, arXiv 2305.13245; Hk = 1: multi-query attention, Shazeer
     2019, arXiv 1911.02150). `repeats_kv`: it does so by repeating each shared head for its query heads (the memory
     of multi-head attention); False: it reads the shared heads in place. `no_shared_kv`: why it cannot, when not.
+    `score_bias`: the function takes `score_bias=`, a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled
+    scores before the softmax (ALiBi, relative positions: attn_core.positional); `no_score_bias`: why not, when not.
     """
 
     causal: bool
@@ -243,6 +245,8 @@ class Supports:
     shared_kv: bool = False
     repeats_kv: bool = False
     no_shared_kv: str = ""
+    score_bias: bool = False
+    no_score_bias: str = ""
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 published references (pure Altair: DataFrame in, chart out)."""
 from __future__ import annotations
 
+import json
 import math
 from functools import partial
 
@@ -182,9 +183,9 @@ def step_chart(step, *, cell: int = 44, numbers: bool = True) -> alt.TopLevelMix
         layers.append(cells.mark_text().encode(
             text="text:N", color=alt.condition("datum.dark", alt.value("white"), alt.value("black"))))
     chart = alt.layer(*layers).properties(width=cell * len(step.columns), height=cell * len(step.rows))
-    if step.matrix.shape[0] > 1:
-        chart = chart.facet(column=alt.Column("head:O", title=None, header=alt.Header(
-            labelExpr="'head ' + datum.value")))
+    if step.matrix.shape[0] > 1:  # panels numbered from 1 (matrix_frame); named by step.panels when given
+        names = json.dumps(["", *step.panels]) + "[datum.value]" if step.panels else "'head ' + datum.value"
+        chart = chart.facet(column=alt.Column("head:O", title=None, header=alt.Header(labelExpr=names)))
     # "pad": the cells keep their size and the axes and legend are added around them (a page's "fit" squeezed all
     # of it into the cells' width)
     return _finish(chart.properties(title=alt.TitleParams(step.title, subtitle=[step.shape], anchor="start",
