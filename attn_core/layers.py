@@ -20,8 +20,9 @@ class MultiHeadAttention(nn.Module):
 
     Random mechanism state (Performer features, Linformer projections) is drawn from `seed` and kept in a plain
     dict (not parameters or buffers: it is not trained or saved), drawn again when the batch, context length, head
-    size, device or dtype changes; `redraw(seed)` draws it anew. The layer holds its mechanism's key and finds the spec in
-    the catalogue, so it pickles and torch.save's like any module.
+    size, device or dtype changes (Gated DeltaNet's and Mamba-2's gates are drawn per batch row); `redraw(seed)`
+    draws it anew. The layer holds its mechanism's key and finds the spec in the catalogue, so it pickles and
+    torch.save's like any module.
     """
 
     def __init__(self, d_model: int, heads: int, mechanism: str = "softmax", causal: bool = False, *,
