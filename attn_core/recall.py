@@ -201,9 +201,14 @@ class Result:
         return ":".join([self.key, *(f"{k}={v}" for k, v in self.params.items())])
 
     def as_dict(self) -> dict:
-        return {"mechanism": self.name, "accuracy": self.accuracy, "state_bytes": self.state_bytes,
+        """The CLI's object; NaN (no generation form, nothing trained) as None, which JSON can hold."""
+        return {"mechanism": self.name, "accuracy": _number(self.accuracy), "state_bytes": _number(self.state_bytes),
                 "train_s": self.train_s, "best_lr": self.best_lr, "stopped": self.stopped,
                 **({"state_note": self.state_note} if self.state_note else {})}
+
+
+def _number(x: float) -> float | None:
+    return None if math.isnan(x) else x
 
 
 def check_mechanism(key: str, params: dict) -> dict:
@@ -235,7 +240,8 @@ def state_bytes(key: str, params: dict, setup: Setup) -> tuple[float, str]:
 
 def accuracy(model: RecallModel, inputs: torch.Tensor, targets: torch.Tensor, batch: int) -> float:
     """Share of the answer positions where the model's most likely token is the value, read `batch` sequences at a
-    time (the training batch: Gated DeltaNet's and Mamba-2's seeded gates are drawn per batch row)."""
+    time (for a mechanism with random state, the training batch: Gated DeltaNet's and Mamba-2's seeded gates are
+    drawn per batch row, and the model learned with those)."""
     right = total = 0
     with torch.no_grad():
         for start in range(0, len(inputs), batch):
@@ -294,7 +300,7 @@ def train(key: str, params: dict | None = None, setup: Setup = Setup(),
         with _threads(setup.threads):
             model, stopped = _run(key, params, setup, lr, progress, stop, curve)
         model.eval()
-        result.by_lr[lr] = accuracy(model, *held_out, setup.batch)
+        result.by_lr[lr] = accuracy(model, *held_out, setup.batch if get(key).state.init else len(held_out[0]))
         if not result.by_lr[lr] <= result.accuracy:  # the first, and any better one (NaN compares False)
             result.accuracy, result.best_lr, best_curve = result.by_lr[lr], lr, curve
         if stopped:
@@ -327,7 +333,9 @@ def with_setup(setup: Setup, **changes: Any) -> Setup:
 def frame(results: list[Result]) -> pd.DataFrame:
     """One row per result: mechanism (its name with parameters), key, label, accuracy, state_bytes, train_s,
     best_lr, stopped (the table the scatter charts read)."""
-    rows = [{**r.as_dict(), "key": r.key, "label": get(r.key).label} for r in results]
+    rows = [{"mechanism": r.name, "key": r.key, "label": get(r.key).label, "accuracy": r.accuracy,
+             "state_bytes": r.state_bytes, "train_s": r.train_s, "best_lr": r.best_lr, "stopped": r.stopped}
+            for r in results]
     return pd.DataFrame(rows, columns=["mechanism", "key", "label", "accuracy", "state_bytes", "train_s", "best_lr",
                                        "stopped"])
 

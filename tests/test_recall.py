@@ -1,11 +1,14 @@
 """Multi-query associative recall: the generator against its definition, the model, the window's blindness argued
 from the mask, softmax learning a tiny case, and the refusals."""
+import io
+import json
 import math
 
 import pytest
 import torch
 
 from attn_core import recall
+from attn_core.cli import main
 from attn_core.recall import IGNORE, RecallModel, Setup, Task, mqar
 
 TINY = Setup(task=Task(vocab=16, seq=16, pairs=2), d_model=32, steps=100, batch=16, lrs=(1e-2,), eval_sequences=128,
@@ -115,3 +118,23 @@ def test_mechanisms_that_cannot_run_causal_or_bad_parameters_are_refused():
         recall.train("sliding_window", {"window": 0}, TINY)
     with pytest.raises(ValueError):
         recall.train("no_such_mechanism", {}, TINY)
+
+
+def test_the_cli_prints_one_object_per_mechanism():
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["recall", "--mechanisms", "softmax,sliding_window:window=4,bigbird:block=8", "--steps", "2",
+                 "--lrs", "1e-2", "--eval", "16", "--json"], out, err)
+    assert code == 0, err.getvalue()
+    rows = json.loads(out.getvalue())
+    assert [r["mechanism"] for r in rows][:2] == ["softmax", "sliding_window:window=4"]
+    assert {"mechanism", "accuracy", "state_bytes", "train_s"} <= set(rows[0])
+    assert rows[0]["state_bytes"] == 2 * 32 * 32 * 4 and rows[2]["state_bytes"] is None  # defaults: n 32, d 32
+    assert all(0 <= r["accuracy"] <= 1 and r["train_s"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("argv, words", [(["--pairs", "9"], "at most 8 pairs"),
+                                          (["--mechanisms", "linformer"], "cannot be causal"),
+                                          (["--steps", "0"], "at least 1 step")])
+def test_the_cli_refuses_bad_settings_before_training(argv, words):
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["recall", *argv], out, err) == 2 and words in err.getvalue() and not out.getvalue()
