@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -19,6 +20,7 @@ import threading
 from typing import Sequence, TextIO
 
 from . import planner, recall
+from .files import write_atomic
 from .engine import analysis, env
 from .mechanisms import LATENT, MECHANISMS
 from .engine.measure import format_bytes, resolve_mechanisms
@@ -190,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- recall: associative recall trained per mechanism (attn_core.recall) ---------------------------------------------
-RECALL_MECHANISMS = "softmax,sliding_window:window=4,linear,gated_deltanet"
+RECALL_MECHANISMS = ",".join(recall.Result(key, params).name for key, params in recall.DEFAULT_MECHANISMS)
 
 
 def add_recall_parser(sub) -> None:
@@ -222,6 +224,10 @@ def add_recall_parser(sub) -> None:
                    help="torch CPU threads while training (default %(default)s: tiny matrices gain nothing from more)")
     r.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
     r.add_argument("--json", action="store_true", help="print one JSON list, an object per mechanism")
+    r.add_argument("--out", default=None, metavar="PATH",
+                   help="also save the results as a JSON file with the command, the machine and the versions (the "
+                        "form of the page's reference table)")
+    r.add_argument("--note", default="", help="a sentence saved with --out (e.g. how busy the machine was)")
 
 
 def _learning_rates(text: str) -> tuple[float, ...]:
@@ -243,11 +249,20 @@ def run_recall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> in
     except ValueError as e:
         err.write(f"error: {e}\n")
         return EXIT_USAGE
+    if args.out and (problem := out_problem(args.out)):
+        err.write(f"error: {problem}\n")
+        return EXIT_USAGE
     results = []
     for key, params in args.mechanisms:
         result = recall.train(key, params, setup)
         err.write(f"{result.name}: accuracy {result.accuracy:.3f} (lr {result.best_lr:g}) in {result.train_s:.1f} s\n")
         results.append(result)
+    if args.out:
+        stamp = env.environment(setup.device, "float32", setup.threads)
+        made = recall.provenance(results, setup, command=shlex.join(["python", "-m", "attn_core", *args.argv]),
+                                 stamp=stamp, note=args.note)
+        write_atomic(args.out, (json.dumps(made, indent=1) + "\n").encode())
+        err.write(f"saved to {args.out}\n")
     if args.json:
         out.write(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
         return EXIT_OK
@@ -565,6 +580,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
             args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
         return int(e.code or 0)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed, for files that record it
     commands = {"sweep": run_sweep_command, "show": run_show_command, "plan": run_plan_command,
                 "recall": run_recall_command}
     return commands[args.command](args, out, err)

@@ -7,6 +7,7 @@ window recalls only what it holds."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import time
@@ -20,9 +21,12 @@ from torch import nn
 
 from . import generation
 from .api import get
+from .mechanisms import MECHANISMS
 from .layers import MultiHeadAttention
 from .spec import Shape
 
+# the page's and the CLI's mechanisms: softmax, a window narrower than the default task's 8 tokens of pairs, a state
+DEFAULT_MECHANISMS = (("softmax", {}), ("sliding_window", {"window": 4}), ("linear", {}), ("gated_deltanet", {}))
 IGNORE = -100  # the target of every position that is not an answer: no loss, no accuracy (torch's ignore_index)
 EVAL_SEED_OFFSET = 7919  # held-out sequences come from seed + this, a stream the training batches never draw
 
@@ -293,6 +297,7 @@ def train(key: str, params: dict | None = None, setup: Setup = Setup(),
     result.state_bytes, result.state_note = state_bytes(key, params, setup)
     count = -(-setup.eval_sequences // setup.batch) * setup.batch  # whole batches
     held_out = [t.to(setup.device) for t in mqar(setup.task, count, setup.seed + EVAL_SEED_OFFSET)]
+    _warm_optimizer()
     start = time.perf_counter()
     best_curve: list = []
     for lr in setup.lrs:
@@ -308,6 +313,15 @@ def train(key: str, params: dict | None = None, setup: Setup = Setup(),
             break
     result.train_s, result.curve = time.perf_counter() - start, best_curve
     return result
+
+
+@functools.cache
+def _warm_optimizer() -> None:
+    """One throwaway AdamW step: the first step in a process imports seconds of modules (torch's compiler stack),
+    which would otherwise be counted in the first mechanism's train time."""
+    weight = nn.Parameter(torch.zeros(1))
+    weight.grad = torch.ones(1)
+    torch.optim.AdamW([weight]).step()
 
 
 @contextlib.contextmanager
@@ -330,20 +344,38 @@ def with_setup(setup: Setup, **changes: Any) -> Setup:
     return replace(setup, task=task, **changes).check()
 
 
-def frame(results: list[Result]) -> pd.DataFrame:
-    """One row per result: mechanism (its name with parameters), key, label, accuracy, state_bytes, train_s,
-    best_lr, stopped (the table the scatter charts read)."""
-    rows = [{"mechanism": r.name, "key": r.key, "label": get(r.key).label, "accuracy": r.accuracy,
-             "state_bytes": r.state_bytes, "train_s": r.train_s, "best_lr": r.best_lr, "stopped": r.stopped}
-            for r in results]
-    return pd.DataFrame(rows, columns=["mechanism", "key", "label", "accuracy", "state_bytes", "train_s", "best_lr",
-                                       "stopped"])
+def frame(rows: list) -> pd.DataFrame:
+    """One row per result (a Result, or its as_dict() as the CLI and the reference file hold it): mechanism (its name
+    with parameters), key, label, accuracy, state_bytes, train_s, best_lr, stopped (what the scatter charts read)."""
+    rows = [r.as_dict() if isinstance(r, Result) else r for r in rows]
+    columns = ["mechanism", "accuracy", "state_bytes", "train_s", "best_lr", "stopped"]
+    table = pd.DataFrame([{c: r.get(c) for c in columns} for r in rows], columns=columns)
+    for c in ("accuracy", "state_bytes", "train_s", "best_lr"):
+        table[c] = pd.to_numeric(table[c], errors="coerce")  # None (no generation form) → NaN
+    table.insert(1, "key", table["mechanism"].str.split(":").str[0])
+    table.insert(2, "label", [get(k).label if k in MECHANISMS else k for k in table["key"]])
+    return table
 
 
-def curves(results: list[Result]) -> pd.DataFrame:
-    """One row per recorded step of each result's best run: mechanism, key, lr, step, loss, accuracy."""
-    rows = [{"mechanism": r.name, "key": r.key, **vars(p)} for r in results for p in r.curve]
-    return pd.DataFrame(rows, columns=["mechanism", "key", "lr", "step", "loss", "accuracy"])
+def curves(points: list) -> pd.DataFrame:
+    """One row per recorded step (Points, or dicts of a Point's fields with the mechanism's name and key):
+    mechanism, key, lr, step, loss, accuracy, the frame curves_chart reads."""
+    columns = ["mechanism", "key", "lr", "step", "loss", "accuracy"]
+    return pd.DataFrame([p if isinstance(p, dict) else vars(p) for p in points], columns=columns)
+
+
+def provenance(results: list[Result], setup: Setup, *, command: str, stamp: dict, note: str = "") -> dict:
+    """The reference file's content: the command that made it, the machine and versions (from an environment()
+    stamp), the setup, the chance level and each result's as_dict()."""
+    machine = (f"{stamp.get('device_name', '?')}, {stamp.get('cpu_count', '?')} cores, {stamp.get('threads', '?')} "
+               f"thread(s) used, load average {stamp.get('load_average', '?')} at the end")
+    return {"command": command, "machine": machine, "timestamp": stamp.get("timestamp", ""),
+            "versions": {"torch": stamp.get("torch", "?"), "python": stamp.get("python", "?")}, "note": note,
+            "setup": {"vocab": setup.task.vocab, "seq": setup.task.seq, "pairs": setup.task.pairs,
+                      "d_model": setup.d_model, "layers": setup.layers, "heads": setup.heads, "steps": setup.steps,
+                      "batch": setup.batch, "lrs": list(setup.lrs), "eval_sequences": setup.eval_sequences,
+                      "seed": setup.seed, "chance": setup.task.chance},
+            "results": [r.as_dict() for r in results]}
 
 
 def reference() -> dict:
