@@ -26,10 +26,10 @@ reference = recall.reference()
 with st.expander("Reference: computed with the command line on a larger budget", expanded=True,
                  icon=":material/table_chart:"):
     ref = recall.frame(reference["results"])
-    setup = reference["setup"]
-    subtitle = (f"seq {setup['seq']}, {setup['pairs']} pairs, vocabulary {setup['vocab']}, d_model "
-                f"{setup['d_model']}, {setup['steps']} steps · {reference['machine']}")
-    show_chart(recall_charts.recall_scatter(ref, chance=setup["chance"], title="Reference: recall against state",
+    made = reference["setup"]
+    subtitle = (f"seq {made['seq']}, {made['pairs']} pairs, vocabulary {made['vocab']}, d_model "
+                f"{made['d_model']}, {made['steps']} steps · {reference['machine']}")
+    show_chart(recall_charts.recall_scatter(ref, chance=made["chance"], title="Reference: recall against state",
                                             subtitle=subtitle))
     st.dataframe(ref[["mechanism", "accuracy", "state_bytes", "train_s", "best_lr"]], hide_index=True)
     st.caption(f"Made by `{literal(reference['command'])}` on {literal(reference['machine'])}, "

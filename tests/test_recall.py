@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attn_core import recall
+from attn_core.charts import recall as recall_charts
 from attn_core.cli import main
 from attn_core.recall import IGNORE, RecallModel, Setup, Task, mqar
 
@@ -138,3 +139,18 @@ def test_the_cli_prints_one_object_per_mechanism():
 def test_the_cli_refuses_bad_settings_before_training(argv, words):
     out, err = io.StringIO(), io.StringIO()
     assert main(["recall", *argv], out, err) == 2 and words in err.getvalue() and not out.getvalue()
+
+
+def test_the_scatter_draws_each_mechanism_on_a_log_axis_and_names_those_without_a_state():
+    table = recall.frame([{"mechanism": "softmax", "accuracy": 1.0, "state_bytes": 8192.0, "train_s": 3.0},
+                          {"mechanism": "sliding_window:window=4", "accuracy": 0.1, "state_bytes": 1280.0,
+                           "train_s": 2.0},
+                          {"mechanism": "bigbird", "accuracy": 0.2, "state_bytes": None, "train_s": 4.0}])
+    spec = recall_charts.recall_scatter(table, chance=0.0625).to_dict()
+    dots = spec["layer"][0]
+    assert dots["encoding"]["x"]["scale"]["type"] == "log"
+    rows = [r for data in spec["datasets"].values() for r in data if "state_bytes" in r]
+    assert {r["mechanism"] for r in rows} == {"softmax", "sliding_window:window=4"}
+    assert "bigbird" in " ".join(spec["title"]["subtitle"])
+    by_time = recall_charts.recall_scatter(table, "train_s").to_dict()
+    assert {r["mechanism"] for data in by_time["datasets"].values() for r in data if "train_s" in r} >= {"bigbird"}
