@@ -1,5 +1,7 @@
 """Associative recall: what a mechanism can still learn, trained live, beside what it holds and the time it took
 (attn_core.recall; MQAR, Zoology, Arora et al. 2023, arXiv 2312.04927)."""
+import time
+
 import streamlit as st
 
 from attn_core import MECHANISMS, recall
@@ -13,6 +15,7 @@ CAUSAL = [key for key, spec in MECHANISMS.items() if spec.supports.causal]
 DEFAULTS = dict(recall.DEFAULT_MECHANISMS)
 SEQS = [16, 32, 64, 128, 256]
 WIDTHS = [16, 32, 64, 128]
+REDRAW_S = 2.0  # the live curves are redrawn at most this often (the progress bar at every point)
 d = recall.Setup()
 
 st.title("Associative recall")
@@ -57,10 +60,12 @@ except ValueError as e:
 chosen = [(key, {"window": window} if key == "sliding_window" else {}) for key in keys]
 state = st.session_state.setdefault("recall", {"results": [], "points": [], "setup": None})
 go, stop = st.columns([1, 5])
-if go.button("Train", type="primary", key="rc_train", disabled=not chosen):
+clicked = go.button("Train", type="primary", key="rc_train", disabled=not chosen)
+stop.button("Stop", key="rc_stop", help="Ends training; the curves so far stay.")  # its click interrupts the run
+if clicked:
     state.update(results=[], points=[], setup=setup)
     bar, live = st.progress(0.0), st.empty()
-    total = len(chosen) * len(setup.lrs) * setup.steps
+    total, drawn_at = len(chosen) * len(setup.lrs) * setup.steps, [0.0]
     for i, (key, params) in enumerate(chosen):
         name = recall.Result(key, params).name
 
@@ -69,11 +74,12 @@ if go.button("Train", type="primary", key="rc_train", disabled=not chosen):
             done = (i * len(setup.lrs) + setup.lrs.index(point.lr)) * setup.steps + point.step
             bar.progress(done / total, text=f"{name}: step {point.step}, lr {point.lr:g}, loss {point.loss:.3f}, "
                                             f"accuracy {point.accuracy:.3f}")
-            live.altair_chart(recall_charts.curves_chart(recall.curves(state["points"]),
-                                                         chance=setup.task.chance), theme=None)
+            if time.monotonic() - drawn_at[0] > REDRAW_S or point.step == setup.steps:  # a chart costs ~0.1 s
+                live.altair_chart(recall_charts.curves_chart(recall.curves(state["points"]),
+                                                             chance=setup.task.chance), theme=None)
+                drawn_at[0] = time.monotonic()
         state["results"].append(recall.train(key, params, setup, progress=arrived))
     st.rerun()
-stop.button("Stop", key="rc_stop", help="Ends training; the curves so far stay.")
 
 shown = state["setup"] or setup
 if state["points"]:
