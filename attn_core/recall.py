@@ -37,12 +37,12 @@ class Task:
 
     Token 0 fills the gaps; keys are drawn from [1, vocab/2) and values from [vocab/2, vocab), disjoint halves as in
     Zoology, each without repeats within a sequence. The pairs come first (k₁ v₁ … k_K v_K); after them every key is
-    queried once, in random order, at a random even offset of the rest: the query's key at position p, its value at
-    p + 1 (the input of the next step), the answer target at p. Needs 4·pairs ≤ seq and pairs < vocab/2."""
+    queried once, in random order, at a random even offset of the rest (uniform; Zoology draws the gaps from a power
+    law): the query's key at position p, its value at p + 1 (the input of the next step), the answer target at p. Needs 4·pairs ≤ seq and pairs < vocab/2."""
 
-    vocab: int = 64
-    seq: int = 64
-    pairs: int = 8
+    vocab: int = 32
+    seq: int = 32
+    pairs: int = 4
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, one sentence each; empty when the task can be drawn."""
@@ -135,7 +135,7 @@ class Setup:
     """One recall experiment, validated once: the task, the model's size, the training budget, the learning rates
     swept (the best one's run is reported, as Zoology reports the best of its sweep) and the seed."""
 
-    task: Task = Task(vocab=32, seq=32, pairs=4)
+    task: Task = Task()
     d_model: int = 32
     layers: int = 2
     heads: int = 2
