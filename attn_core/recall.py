@@ -38,7 +38,8 @@ class Task:
     Token 0 fills the gaps; keys are drawn from [1, vocab/2) and values from [vocab/2, vocab), disjoint halves as in
     Zoology, each without repeats within a sequence. The pairs come first (k₁ v₁ … k_K v_K); after them every key is
     queried once, in random order, at a random even offset of the rest (uniform; Zoology draws the gaps from a power
-    law): the query's key at position p, its value at p + 1 (the input of the next step), the answer target at p. Needs 4·pairs ≤ seq and pairs < vocab/2."""
+    law): the query's key at position p, its value at p + 1 (the input of the next step), the answer target at p.
+    Needs 4·pairs ≤ seq and pairs < vocab/2."""
 
     vocab: int = 32
     seq: int = 32
