@@ -24,6 +24,7 @@ from .api import get
 from .mechanisms import MECHANISMS
 from .layers import MultiHeadAttention
 from .spec import Shape
+from .untrusted import clipped
 
 # the page's and the CLI's mechanisms: softmax, a window narrower than the default task's 8 tokens of pairs, a state
 DEFAULT_MECHANISMS = (("softmax", {}), ("sliding_window", {"window": 4}), ("linear", {}), ("gated_deltanet", {}))
@@ -379,7 +380,53 @@ def provenance(results: list[Result], setup: Setup, *, command: str, stamp: dict
             "results": [r.as_dict() for r in results]}
 
 
+SAVED_LIMITS = {"accuracy": (0.0, 1.0), "state_bytes": (0.0, 1e18), "train_s": (0.0, 1e7), "best_lr": (0.0, 1.0)}
+SETUP_KEYS = ("vocab", "seq", "pairs", "d_model", "layers", "heads", "steps", "batch", "eval_sequences", "seed")
+MAX_SAVED = 64  # results a saved file may hold
+
+
+def read_saved(text: str) -> dict:
+    """A results file as `recall --out` writes it (the reference's form), from outside the program: checked and
+    cleaned (texts cut short, numbers in range, at most MAX_SAVED results). ValueError with a sentence otherwise."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list) \
+            or not isinstance(data.get("setup"), dict):
+        raise ValueError("this is not a recall results file: it must be JSON with 'setup' and 'results', as "
+                         "python -m attn_core recall --out writes")
+    rows = [_saved_row(i, r) for i, r in enumerate(data["results"][:MAX_SAVED])]
+    setup = {}
+    for name in SETUP_KEYS:
+        value = data["setup"].get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 30:
+            raise ValueError(f"the file's setup has {name} = {clipped(repr(value), 40)}, not a whole number from 0 "
+                             f"to 2^30; open a file that recall --out wrote")
+        setup[name] = value
+    setup["chance"] = 1.0 / max(setup["vocab"] - setup["vocab"] // 2, 1)
+    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    return {"command": clipped(str(data.get("command", "")), 400),
+            "machine": clipped(str(data.get("machine", "")), 200),
+            "note": clipped(str(data.get("note", "")), 600), "setup": setup, "results": rows,
+            "versions": {clipped(str(k), 20): clipped(str(v), 40) for k, v in list(versions.items())[:8]}}
+
+
+def _saved_row(i: int, r: Any) -> dict:
+    if not isinstance(r, dict) or not isinstance(r.get("mechanism"), str):
+        raise ValueError(f"result {i + 1} of the file names no mechanism; open a file that recall --out wrote")
+    row = {"mechanism": clipped(r["mechanism"], 80)}
+    for name, (low, high) in SAVED_LIMITS.items():
+        value = r.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not low <= value <= high):
+            raise ValueError(f"result {i + 1} of the file has {name} = {clipped(repr(value), 40)}, outside {low:g} to "
+                             f"{high:g}; open a file that recall --out wrote")
+        row[name] = None if value is None else float(value)
+    return row
+
+
 def reference() -> dict:
     """The reference table shipped with the package (insight/data/recall_reference.json): {'command', 'machine',
     'versions', 'note', 'setup', 'results': [Result.as_dict(), ...]}, computed with the CLI on a larger budget."""
-    return json.loads((Path(__file__).parent / "insight" / "data" / "recall_reference.json").read_text("utf-8"))
+    return read_saved((Path(__file__).parent / "insight" / "data" / "recall_reference.json").read_text("utf-8"))

@@ -25,17 +25,23 @@ st.caption("Multi-query associative recall (MQAR, Zoology, arXiv 2312.04927): a 
            "Gated DeltaNet's and Mamba-2's gates are their seeded draws here, not learned from the input: their "
            "recall is a lower bound of the published models'.")
 
-reference = recall.reference()
-with st.expander("Reference: computed with the command line on a larger budget", expanded=True,
-                 icon=":material/table_chart:"):
-    ref = recall.frame(reference["results"])
-    made = reference["setup"]
+with st.expander("Saved: the reference made with the command line on a larger budget, or a file of yours",
+                 expanded=True, icon=":material/table_chart:"):
+    upload = st.file_uploader("Or open a saved result (JSON, as `recall --out` writes)", type=["json"],
+                              key="rc_upload")
+    reference = recall.reference()
+    if upload is not None:
+        try:
+            reference = recall.read_saved(upload.getvalue()[: 1 << 20].decode("utf-8", errors="replace"))
+        except ValueError as e:
+            st.error(f"{literal(upload.name[:80])} cannot be shown: {literal(e)}", icon=":material/edit:")
+    ref, made = recall.frame(reference["results"]), reference["setup"]
     subtitle = (f"seq {made['seq']}, {made['pairs']} pairs, vocabulary {made['vocab']}, d_model "
                 f"{made['d_model']}, {made['steps']} steps · {reference['machine']}")
-    show_chart(recall_charts.recall_scatter(ref, chance=made["chance"], title="Reference: recall against state",
+    show_chart(recall_charts.recall_scatter(ref, chance=made["chance"], title="Recall against state, saved",
                                             subtitle=subtitle))
     st.dataframe(ref[["mechanism", "accuracy", "state_bytes", "train_s", "best_lr"]], hide_index=True)
-    st.caption(f"Made by `{literal(reference['command'])}` on {literal(reference['machine'])}, "
+    st.caption(f"Made by {literal(reference['command'])} on {literal(reference['machine'])}, "
                f"{literal(', '.join(f'{k} {v}' for k, v in reference['versions'].items()))}. "
                f"{literal(reference['note'])}")
 

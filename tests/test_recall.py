@@ -154,3 +154,17 @@ def test_the_scatter_draws_each_mechanism_on_a_log_axis_and_names_those_without_
     assert "bigbird" in " ".join(spec["title"]["subtitle"])
     by_time = recall_charts.recall_scatter(table, "train_s").to_dict()
     assert {r["mechanism"] for data in by_time["datasets"].values() for r in data if "train_s" in r} >= {"bigbird"}
+
+
+def test_a_saved_file_reads_back_and_a_bad_one_is_refused_with_a_sentence():
+    result = recall.Result("softmax", {}, accuracy=0.5, state_bytes=8192.0, train_s=1.0, best_lr=0.01)
+    made = recall.provenance([result], recall.Setup(), command="python -m attn_core recall", stamp={}, note="x" * 5000)
+    back = recall.read_saved(json.dumps(made))
+    assert back["results"][0]["accuracy"] == 0.5 and back["setup"]["seq"] == 32 and len(back["note"]) == 600
+    assert back["setup"]["chance"] == recall.Task().chance
+    for bad, words in ((made | {"results": [{"mechanism": "softmax", "accuracy": 7}]}, "accuracy = 7"),
+                       ({"results": []}, "not a recall results file"), ("[1", "not a recall results file")):
+        with pytest.raises(ValueError, match=words):
+            recall.read_saved(bad if isinstance(bad, str) else json.dumps(bad))
+    shipped = recall.reference()
+    assert shipped["command"].startswith("python -m attn_core recall") and shipped["results"]
