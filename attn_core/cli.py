@@ -245,7 +245,7 @@ def run_recall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> in
                              lrs=args.lrs, eval_sequences=args.eval, seed=args.seed, device=args.device,
                              threads=args.threads).check()
         for key, params in args.mechanisms:
-            recall.check_mechanism(key, dict(params))
+            recall.check_mechanism(key, dict(params), setup)
     except ValueError as e:
         err.write(f"error: {e}\n")
         return EXIT_USAGE

@@ -217,9 +217,11 @@ def _number(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def check_mechanism(key: str, params: dict) -> dict:
-    """The mechanism's parameters with defaults; ValueError with a sentence for an unknown key, bad parameters or a
-    mechanism that cannot run causal (recall is learned autoregressively: an answer may see only earlier tokens)."""
+def check_mechanism(key: str, params: dict, setup: Setup | None = None) -> dict:
+    """The mechanism's parameters with defaults; ValueError with a sentence for an unknown key, bad parameters, a
+    mechanism that cannot run causal (recall is learned autoregressively: an answer may see only earlier tokens) or,
+    given a setup, one that cannot run at its shape (a block longer than the sequence, key/value heads that do not
+    divide the heads)."""
     spec = get(key)
     kv_heads = params.get("kv_heads")
     rest = {k: v for k, v in params.items() if k != "kv_heads"}
@@ -227,6 +229,13 @@ def check_mechanism(key: str, params: dict) -> dict:
         raise ValueError(f"{spec.label} cannot be causal, and recall is learned autoregressively (an answer may see "
                          f"only the tokens before it); choose another mechanism")
     spec.check_params(rest)
+    if setup is not None:
+        heads = setup.heads
+        if kv_heads is not None and (isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1
+                                     or heads % kv_heads):
+            raise ValueError(f"kv_heads = {kv_heads!r} does not divide the {heads} heads; choose a divisor of {heads}")
+        spec.check(Shape(setup.batch, heads, setup.task.seq, setup.task.seq, setup.d_model // heads, dtype="float32",
+                         causal=True, Hk=kv_heads), spec.resolved(rest))
     return {**spec.resolved(rest), **({"kv_heads": kv_heads} if kv_heads is not None else {})}
 
 
@@ -294,7 +303,7 @@ def train(key: str, params: dict | None = None, setup: Setup = Setup(),
     with the curve so far (the held-out accuracy is then of the model as it stands). ValueError with a sentence for
     bad settings or a mechanism that cannot be causal. Time O(len(lrs)·steps·batch·layers·cost of the mechanism)."""
     setup.check()
-    params = check_mechanism(key, dict(params or {}))
+    params = check_mechanism(key, dict(params or {}), setup)
     result = Result(key, dict(params))
     result.state_bytes, result.state_note = state_bytes(key, params, setup)
     count = -(-setup.eval_sequences // setup.batch) * setup.batch  # whole batches

@@ -117,6 +117,8 @@ def test_mechanisms_that_cannot_run_causal_or_bad_parameters_are_refused():
         recall.train("linformer", {}, TINY)
     with pytest.raises(ValueError, match="window"):
         recall.train("sliding_window", {"window": 0}, TINY)
+    with pytest.raises(ValueError, match="does not divide the 2 heads"):
+        recall.train("sdpa", {"kv_heads": 3}, TINY)
     with pytest.raises(ValueError):
         recall.train("no_such_mechanism", {}, TINY)
 
