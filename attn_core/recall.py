@@ -395,8 +395,9 @@ MAX_SAVED = 64  # results a saved file may hold
 
 
 def read_saved(text: str) -> dict:
-    """A results file as `recall --out` writes it (the reference's form), from outside the program: checked and
-    cleaned (texts cut short, numbers in range, at most MAX_SAVED results). ValueError with a sentence otherwise."""
+    """A results file as `recall --out` writes it (the reference's form; a 'remark' may be added by hand after), from
+    outside the program: checked and cleaned (texts cut short, numbers in range, at most MAX_SAVED results).
+    ValueError with a sentence otherwise."""
     try:
         data = json.loads(text)
     except ValueError:
@@ -417,7 +418,8 @@ def read_saved(text: str) -> dict:
     versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
     return {"command": clipped(str(data.get("command", "")), 400),
             "machine": clipped(str(data.get("machine", "")), 200),
-            "note": clipped(str(data.get("note", "")), 600), "setup": setup, "results": rows,
+            "note": clipped(str(data.get("note", "")), 600), "remark": clipped(str(data.get("remark", "")), 600),
+            "setup": setup, "results": rows,
             "versions": {clipped(str(k), 20): clipped(str(v), 40) for k, v in list(versions.items())[:8]}}
 
 

@@ -43,7 +43,7 @@ with st.expander("Saved: the reference made with the command line on a larger bu
     st.dataframe(ref[["mechanism", "accuracy", "state_bytes", "train_s", "best_lr"]], hide_index=True)
     st.caption(f"Made by {literal(reference['command'])} on {literal(reference['machine'])}, "
                f"{literal(', '.join(f'{k} {v}' for k, v in reference['versions'].items()))}. "
-               f"{literal(reference['note'])}")
+               f"{literal(reference['note'])} {literal(reference['remark'])}")
 
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
     left, mid, right = st.columns(3)
