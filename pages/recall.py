@@ -5,7 +5,7 @@ import time
 import streamlit as st
 
 from attn_core import MECHANISMS, recall
-from attn_core.charts import recall as recall_charts
+from attn_core.charts import recall as recall_charts, style
 from attn_core.untrusted import literal
 from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
@@ -81,8 +81,9 @@ if clicked:
             bar.progress(done / total, text=f"{name}: step {point.step}, lr {point.lr:g}, loss {point.loss:.3f}, "
                                             f"accuracy {point.accuracy:.3f}")
             if time.monotonic() - drawn_at[0] > REDRAW_S or point.step == setup.steps:  # a chart costs ~0.1 s
-                live.altair_chart(recall_charts.curves_chart(recall.curves(state["points"]),
-                                                             chance=setup.task.chance), theme=None)
+                chart = recall_charts.curves_chart(recall.curves(state["points"]), chance=setup.task.chance)
+                live.altair_chart(style.styled(chart, talk=True) if st.session_state.get("talk") else chart,
+                                  theme=None)
                 drawn_at[0] = time.monotonic()
         state["results"].append(recall.train(key, params, setup, progress=arrived))
     st.rerun()
