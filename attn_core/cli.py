@@ -1,7 +1,10 @@
 """Command line: `python -m attn_core sweep ...` measures a sweep in the worker, shows progress on stderr, prints a
 summary table and saves the run as JSON or CSV; `python -m attn_core show RUN` prints a saved run's summary;
 `python -m attn_core plan MODEL --context N` prints what a model's attention holds and costs at N tokens;
-`python -m attn_core runs list|show|export|delete|import|prune|resume` works on the local run store."""
+`python -m attn_core runs list|show|export|delete|import|prune|resume` works on the local run store.
+
+`python -m attn_core recall --mechanisms ...` trains each mechanism on associative recall and prints its accuracy
+beside its state bytes and train time."""
 from __future__ import annotations
 
 import argparse
@@ -11,13 +14,15 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import tempfile
 import threading
 from typing import Sequence, TextIO
 
-from . import planner, store
+from . import planner, recall, store
+from .files import write_atomic
 from .engine import analysis, env
 from .mechanisms import LATENT, MECHANISMS
 from .engine.measure import format_bytes, resolve_mechanisms
@@ -117,7 +122,7 @@ def _number(value: str) -> int | float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m attn_core", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{sweep,show,plan,runs}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{sweep,show,plan,runs,recall}")
     d = {**dataclasses.asdict(Problem()), **dataclasses.asdict(Settings())}  # the library's defaults
     s = sub.add_parser("sweep", help="measure time and peak memory over sequence lengths",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
@@ -186,7 +191,91 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dtype", default=None, help="the cache's dtype: bf16, fp16, fp32 (default: the model's)")
     pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     add_runs_parser(sub)
+    add_recall_parser(sub)
     return parser
+
+
+# -- recall: associative recall trained per mechanism (attn_core.recall) ---------------------------------------------
+RECALL_MECHANISMS = ",".join(recall.Result(key, params).name for key, params in recall.DEFAULT_MECHANISMS)
+
+
+def add_recall_parser(sub) -> None:
+    """The `recall` subcommand; every flag defaults to the page's defaults (recall.Setup())."""
+    d = recall.Setup()
+    r = sub.add_parser("recall", help="train each mechanism on multi-query associative recall (MQAR)",
+                       description="Train a tiny causal model of each mechanism on MQAR (Zoology, arXiv 2312.04927) "
+                                   "once per learning rate; print the best held-out accuracy, the cache or state "
+                                   "bytes one layer holds for one sequence, and the seconds training took.")
+    r.add_argument("--mechanisms", type=parse_mechanisms, default=RECALL_MECHANISMS, metavar="LIST",
+                   help=f"comma-separated keys, each optionally with parameters key:name=value (kv_heads=G shares "
+                        f"key/value heads), as for sweep; causal mechanisms only (default {RECALL_MECHANISMS})")
+    r.add_argument("--seq", type=int, default=d.task.seq, metavar="N", help="tokens a sequence (default %(default)s)")
+    r.add_argument("--pairs", type=int, default=d.task.pairs, metavar="K",
+                   help="key-value pairs a sequence, each queried once: 4K <= N (default %(default)s)")
+    r.add_argument("--vocab", type=int, default=d.task.vocab, help="vocabulary size, keys in its first half, "
+                                                                  "values in its second (default %(default)s)")
+    r.add_argument("--d-model", type=int, default=d.d_model, help="model width (default %(default)s)")
+    r.add_argument("--layers", type=int, default=d.layers, help="attention + MLP blocks (default %(default)s)")
+    r.add_argument("--heads", type=int, default=d.heads, help="attention heads (default %(default)s)")
+    r.add_argument("--steps", type=int, default=d.steps, help="training steps per learning rate (default %(default)s)")
+    r.add_argument("--batch", type=int, default=d.batch, help="sequences a step (default %(default)s)")
+    r.add_argument("--lrs", type=_learning_rates, default=d.lrs, metavar="LIST",
+                   help=f"learning rates swept, the best reported (default {','.join(map(str, d.lrs))})")
+    r.add_argument("--eval", type=int, default=d.eval_sequences, metavar="SEQUENCES",
+                   help="held-out sequences for the final accuracy (default %(default)s)")
+    r.add_argument("--seed", type=int, default=d.seed, help="seed of weights and data (default %(default)s)")
+    r.add_argument("--threads", type=int, default=d.threads,
+                   help="torch CPU threads while training (default %(default)s: tiny matrices gain nothing from more)")
+    r.add_argument("--device", default="cpu", help="cpu (default), cuda or mps")
+    r.add_argument("--json", action="store_true", help="print one JSON list, an object per mechanism")
+    r.add_argument("--out", default=None, metavar="PATH",
+                   help="also save the results as a JSON file with the command, the machine and the versions (the "
+                        "form of the page's reference table)")
+    r.add_argument("--note", default="", help="a sentence saved with --out (e.g. how busy the machine was)")
+
+
+def _learning_rates(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--lrs {text!r}: write learning rates like 3e-3,1e-2") from None
+
+
+def run_recall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Train each mechanism in turn, progress on `err`; the results on `out` as a table or JSON."""
+    try:
+        setup = recall.Setup(task=recall.Task(args.vocab, args.seq, args.pairs), d_model=args.d_model,
+                             layers=args.layers, heads=args.heads, steps=args.steps, batch=args.batch,
+                             lrs=args.lrs, eval_sequences=args.eval, seed=args.seed, device=args.device,
+                             threads=args.threads).check()
+        for key, params in args.mechanisms:
+            recall.check_mechanism(key, dict(params), setup)
+    except ValueError as e:
+        err.write(f"error: {e}\n")
+        return EXIT_USAGE
+    if args.out and (problem := out_problem(args.out)):
+        err.write(f"error: {problem}\n")
+        return EXIT_USAGE
+    results = []
+    for key, params in args.mechanisms:
+        result = recall.train(key, params, setup)
+        err.write(f"{result.name}: accuracy {result.accuracy:.3f} (lr {result.best_lr:g}) in {result.train_s:.1f} s\n")
+        results.append(result)
+    if args.out:
+        stamp = env.environment(setup.device, "float32", setup.threads)
+        made = recall.provenance(results, setup, command=shlex.join(["python", "-m", "attn_core", *args.argv]),
+                                 stamp=stamp, note=args.note)
+        write_atomic(args.out, (json.dumps(made, indent=1) + "\n").encode())
+        err.write(f"saved to {args.out}\n")
+    if args.json:
+        out.write(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
+        return EXIT_OK
+    out.write(f"{'mechanism':32s} {'accuracy':>8s} {'state a layer':>14s} {'train':>8s}\n")
+    for r in results:
+        state = format_bytes(r.state_bytes) if r.state_bytes == r.state_bytes else "n/a"
+        out.write(f"{r.name:32s} {r.accuracy:8.3f} {state:>14s} {r.train_s:7.1f}s\n")
+    out.write(f"chance: {setup.task.chance:.3f} (one of {setup.task.vocab - setup.task.vocab // 2} values)\n")
+    return EXIT_OK
 
 
 def parse_context(text: str) -> int:
@@ -652,6 +741,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
             args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
         return int(e.code or 0)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed, for files that record it
     commands = {"sweep": run_sweep_command, "show": run_show_command, "plan": run_plan_command,
-                "runs": run_runs_command}
+                "runs": run_runs_command, "recall": run_recall_command}
     return commands[args.command](args, out, err)

@@ -19,9 +19,10 @@ class MultiHeadAttention(nn.Module):
     the cache shrink by kv_heads/heads.
 
     Random mechanism state (Performer features, Linformer projections) is drawn from `seed` and kept in a plain
-    dict (not parameters or buffers: it is not trained or saved), drawn again when the context length, head size,
-    device or dtype changes; `redraw(seed)` draws it anew. The layer holds its mechanism's key and finds the spec in
-    the catalogue, so it pickles and torch.save's like any module.
+    dict (not parameters or buffers: it is not trained or saved), drawn again when the batch, context length, head
+    size, device or dtype changes (Gated DeltaNet's and Mamba-2's gates are drawn per batch row); `redraw(seed)`
+    draws it anew. The layer holds its mechanism's key and finds the spec in the catalogue, so it pickles and
+    torch.save's like any module.
     """
 
     def __init__(self, d_model: int, heads: int, mechanism: str = "softmax", causal: bool = False, *,
@@ -72,7 +73,7 @@ class MultiHeadAttention(nn.Module):
     def _mechanism_state(self, shape: Shape, ref: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.spec.state.init is None:
             return {}
-        drawn_for = (shape.Nk, shape.D, ref.device, ref.dtype)  # what any mechanism's state may depend on
+        drawn_for = (shape.B, shape.Nk, shape.D, ref.device, ref.dtype)  # what any mechanism's state may depend on
         if not self._state or self._drawn_for != drawn_for:
             self._state = make_state(self.spec.key, shape, ref.device, ref.dtype, seed=self.seed, **self.params)
             self._drawn_for = drawn_for

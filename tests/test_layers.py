@@ -93,6 +93,13 @@ def test_random_state_is_seeded_and_redrawable():
     assert not torch.allclose(before, a(x))
 
 
+@pytest.mark.parametrize("key", ["gated_deltanet", "mamba2"])
+def test_gates_drawn_per_batch_row_follow_the_batch(key):
+    layer = ac.MultiHeadAttention(16, 2, key, causal=True)
+    assert layer(torch.randn(2, 10, 16)).shape == (2, 10, 16)
+    assert layer(torch.randn(3, 10, 16)).shape == (3, 10, 16)
+
+
 def test_linformer_layer_follows_the_context_length():
     layer = ac.MultiHeadAttention(16, 2, "linformer", rank=4)
     assert layer(torch.randn(1, 10, 16)).shape == (1, 10, 16)

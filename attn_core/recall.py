@@ -1,0 +1,443 @@
+"""Multi-query associative recall (MQAR), trained live: what a mechanism can still learn, beside what it costs
+(Zoology, Arora et al. 2023, 'Zoology: Measuring and Improving Recall in Efficient Language Models', arXiv 2312.04927).
+
+A sequence holds `pairs` key–value pairs, then queries of earlier keys; a tiny causal model of any mechanism of the
+catalogue must output each queried key's value. Softmax attention recalls at any length; a fixed-size state or a
+window recalls only what it holds."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+from torch import nn
+
+from . import generation
+from .api import get
+from .mechanisms import MECHANISMS
+from .layers import MultiHeadAttention
+from .spec import Shape
+from .untrusted import clipped
+
+# the page's and the CLI's mechanisms: softmax, a window narrower than the default task's 8 tokens of pairs, a state
+DEFAULT_MECHANISMS = (("softmax", {}), ("sliding_window", {"window": 4}), ("linear", {}), ("gated_deltanet", {}))
+IGNORE = -100  # the target of every position that is not an answer: no loss, no accuracy (torch's ignore_index)
+EVAL_SEED_OFFSET = 7919  # held-out sequences come from seed + this, a stream the training batches never draw
+
+
+@dataclass(frozen=True)
+class Task:
+    """The MQAR task: sequences of `seq` tokens over a vocabulary of `vocab` tokens, each with `pairs` key–value pairs.
+
+    Token 0 fills the gaps; keys are drawn from [1, vocab/2) and values from [vocab/2, vocab), disjoint halves as in
+    Zoology, each without repeats within a sequence. The pairs come first (k₁ v₁ … k_K v_K); after them every key is
+    queried once, in random order, at a random even offset of the rest (uniform; Zoology draws the gaps from a power
+    law): the query's key at position p, its value at p + 1 (the input of the next step), the answer target at p.
+    Needs 4·pairs ≤ seq and pairs < vocab/2."""
+
+    vocab: int = 32
+    seq: int = 32
+    pairs: int = 4
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, one sentence each; empty when the task can be drawn."""
+        found = [f"{name} must be a whole number of at least {low}, got {value!r}"
+                 for name, value, low in (("vocab", self.vocab, 4), ("seq", self.seq, 4), ("pairs", self.pairs, 1))
+                 if isinstance(value, bool) or not isinstance(value, int) or value < low]
+        if found:
+            return found
+        if 4 * self.pairs > self.seq:
+            found.append(f"{self.pairs} pairs and their {self.pairs} queries take {4 * self.pairs} tokens, more than "
+                         f"the sequence's {self.seq}; choose at most {self.seq // 4} pairs or a sequence of at least "
+                         f"{4 * self.pairs} tokens")
+        if min(self.vocab // 2 - 1, self.vocab - self.vocab // 2) < self.pairs:
+            found.append(f"a vocabulary of {self.vocab} tokens holds {self.vocab // 2 - 1} distinct keys (half of "
+                         f"it, less the filler token), too few for {self.pairs} pairs; choose a vocabulary of at "
+                         f"least {2 * self.pairs + 2} tokens or at most {self.vocab // 2 - 1} pairs")
+        return found
+
+    def check(self) -> "Task":
+        if found := self.problems():
+            raise ValueError(found[0])
+        return self
+
+    @property
+    def chance(self) -> float:
+        """Accuracy of a guess among the values: 1 / (vocab − vocab/2)."""
+        return 1.0 / (self.vocab - self.vocab // 2)
+
+
+def mqar(task: Task, count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` sequences of the task, drawn from `seed`: inputs (count, seq) int64 and targets (count, seq) int64,
+    the queried key's value at each query position and IGNORE elsewhere. O(count·seq) time and memory."""
+    task.check()
+    g = torch.Generator().manual_seed(seed)
+    K, half = task.pairs, task.vocab // 2
+    keys = torch.rand(count, half - 1, generator=g).argsort(-1)[:, :K] + 1  # K distinct keys of [1, half)
+    values = torch.rand(count, task.vocab - half, generator=g).argsort(-1)[:, :K] + half  # K distinct values
+    inputs = torch.zeros(count, task.seq, dtype=torch.int64)
+    targets = torch.full((count, task.seq), IGNORE, dtype=torch.int64)
+    inputs[:, 0:2 * K:2], inputs[:, 1:2 * K:2] = keys, values
+    slots = (task.seq - 2 * K) // 2  # even offsets after the pairs that have room for a key and its value
+    where = 2 * K + 2 * torch.rand(count, slots, generator=g).argsort(-1)[:, :K]  # (count, K) query positions
+    order = torch.rand(count, K, generator=g).argsort(-1)  # which pair each query asks about
+    rows = torch.arange(count)[:, None]
+    asked, answer = keys.gather(1, order), values.gather(1, order)
+    inputs[rows, where], inputs[rows, where + 1], targets[rows, where] = asked, answer, answer
+    return inputs, targets
+
+
+class Block(nn.Module):
+    """x + attention(norm(x)), then x + MLP(norm(x)) (pre-norm, as GPT-2): (B, n, d) → (B, n, d)."""
+
+    def __init__(self, d_model: int, heads: int, mechanism: str, params: dict, kv_heads: int | None, seed: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attention = MultiHeadAttention(d_model, heads, mechanism, True, kv_heads=kv_heads, seed=seed, **params)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class RecallModel(nn.Module):
+    """Token and learned position embeddings, `layers` causal Blocks of mechanism `key`, a norm and an output head:
+    tokens (B, n) int64 → logits (B, n, vocab). Position embeddings because attention alone cannot tell which key
+    came just before a value (Zoology's attention baselines carry them too). Weights drawn from `seed`."""
+
+    def __init__(self, key: str, vocab: int, seq: int, *, d_model: int = 64, layers: int = 2, heads: int = 2,
+                 kv_heads: int | None = None, params: dict | None = None, seed: int = 0):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):  # the weights depend on `seed` alone, never on the caller's RNG
+            torch.manual_seed(seed)
+            self.embed, self.position = nn.Embedding(vocab, d_model), nn.Embedding(seq, d_model)
+            self.previous = nn.Embedding(vocab, d_model)  # the token before, a width-2 causal convolution
+            self.blocks = nn.ModuleList(Block(d_model, heads, key, dict(params or {}), kv_heads, seed + i)
+                                        for i in range(layers))
+            self.norm, self.head = nn.LayerNorm(d_model), nn.Linear(d_model, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        x = x + nn.functional.pad(self.previous(tokens[:, :-1]), (0, 0, 1, 0))  # position 0 has no token before
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One recall experiment, validated once: the task, the model's size, the training budget, the learning rates
+    swept (the best one's run is reported, as Zoology reports the best of its sweep) and the seed."""
+
+    task: Task = Task()
+    d_model: int = 32
+    layers: int = 2
+    heads: int = 2
+    steps: int = 300
+    batch: int = 16
+    lrs: tuple[float, ...] = (3e-3, 1e-2)
+    eval_sequences: int = 256
+    eval_every: int = 25
+    seed: int = 0
+    device: str = "cpu"
+    threads: int | None = 1  # torch CPU threads while training (None: torch's own); see `_threads`
+
+    def problems(self) -> list[str]:
+        found = self.task.problems()
+        for name in ("d_model", "layers", "heads", "batch", "eval_sequences", "eval_every", "threads"):
+            value = getattr(self, name)
+            if (value is not None or name != "threads") and (isinstance(value, bool) or not isinstance(value, int)
+                                                             or value < 1):
+                found.append(f"{name} must be a whole number of at least 1, got {value!r}")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            found.append(f"steps must be a whole number of at least 1, got {self.steps!r}: a model trained for no "
+                         "step recalls nothing; give at least 1 step")
+        if not found and self.d_model % self.heads:
+            found.append(f"d_model {self.d_model} is not divisible by {self.heads} heads; choose a multiple of "
+                         f"{self.heads}")
+        if not self.lrs or not all(isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < 1
+                                   and math.isfinite(lr) for lr in self.lrs):
+            found.append(f"learning rates must be one or more numbers between 0 and 1, got {self.lrs!r}")
+        return found
+
+    def check(self) -> "Setup":
+        if found := self.problems():
+            raise ValueError(found[0])
+        return self
+
+
+@dataclass(frozen=True)
+class Point:
+    """One step of one learning rate's run: the training batch's loss and answer accuracy."""
+
+    lr: float
+    step: int
+    loss: float
+    accuracy: float
+
+
+@dataclass
+class Result:
+    """A mechanism's recall: held-out `accuracy` of the best learning rate's model, every run's accuracy in
+    `by_lr`, its curve, the cache or state bytes one layer holds for one sequence (NaN with `state_note` for a
+    mechanism without a generation form) and the seconds all of its training took. `stopped`: cut short."""
+
+    key: str
+    params: dict
+    accuracy: float = math.nan
+    best_lr: float = math.nan
+    by_lr: dict = field(default_factory=dict)
+    curve: list = field(default_factory=list)
+    state_bytes: float = math.nan
+    state_note: str = ""
+    train_s: float = 0.0
+    stopped: bool = False
+
+    @property
+    def name(self) -> str:
+        """'softmax', 'sliding_window:window=8': the key and its parameters as the CLI writes them."""
+        return ":".join([self.key, *(f"{k}={v}" for k, v in self.params.items())])
+
+    def as_dict(self) -> dict:
+        """The CLI's object; NaN (no generation form, nothing trained) as None, which JSON can hold."""
+        return {"mechanism": self.name, "accuracy": _number(self.accuracy), "state_bytes": _number(self.state_bytes),
+                "train_s": self.train_s, "best_lr": self.best_lr, "stopped": self.stopped,
+                **({"state_note": self.state_note} if self.state_note else {})}
+
+
+def _number(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def check_mechanism(key: str, params: dict, setup: Setup | None = None) -> dict:
+    """The mechanism's parameters with defaults; ValueError with a sentence for an unknown key, bad parameters, a
+    mechanism that cannot run causal (recall is learned autoregressively: an answer may see only earlier tokens) or,
+    given a setup, one that cannot run at its shape (a block longer than the sequence, key/value heads that do not
+    divide the heads)."""
+    spec = get(key)
+    kv_heads = params.get("kv_heads")
+    rest = {k: v for k, v in params.items() if k != "kv_heads"}
+    if not spec.supports.causal:
+        raise ValueError(f"{spec.label} cannot be causal, and recall is learned autoregressively (an answer may see "
+                         f"only the tokens before it); choose another mechanism")
+    spec.check_params(rest)
+    if setup is not None:
+        heads = setup.heads
+        if kv_heads is not None and (isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1
+                                     or heads % kv_heads):
+            raise ValueError(f"kv_heads = {kv_heads!r} does not divide the {heads} heads; choose a divisor of {heads}")
+        spec.check(Shape(setup.batch, heads, setup.task.seq, setup.task.seq, setup.d_model // heads, dtype="float32",
+                         causal=True, Hk=kv_heads), spec.resolved(rest))
+    return {**spec.resolved(rest), **({"kv_heads": kv_heads} if kv_heads is not None else {})}
+
+
+def state_bytes(key: str, params: dict, setup: Setup) -> tuple[float, str]:
+    """Bytes one layer's cache or state holds after one sequence of setup.task.seq tokens in float32
+    (generation.cache_bytes: softmax's keys and values, a window's last w + 1, a recurrent state's fixed size), and
+    '' ; (NaN, why) for a mechanism that cannot generate token by token."""
+    ok, why = generation.can_generate(key)
+    if not ok:
+        return math.nan, why
+    kv_heads = params.get("kv_heads")
+    rest = {k: v for k, v in params.items() if k != "kv_heads"}
+    n = setup.task.seq
+    shape = Shape(1, setup.heads, n, n, setup.d_model // setup.heads, dtype="float32", causal=True, Hk=kv_heads)
+    return float(generation.cache_bytes(key, shape, **rest)), ""
+
+
+def accuracy(model: RecallModel, inputs: torch.Tensor, targets: torch.Tensor, batch: int) -> float:
+    """Share of the answer positions where the model's most likely token is the value, read `batch` sequences at a
+    time (for a mechanism with random state, the training batch: Gated DeltaNet's and Mamba-2's seeded gates are
+    drawn per batch row, and the model learned with those)."""
+    right = total = 0
+    with torch.no_grad():
+        for start in range(0, len(inputs), batch):
+            x, y = inputs[start:start + batch], targets[start:start + batch]
+            answer = y != IGNORE
+            right += int((model(x).argmax(-1)[answer] == y[answer]).sum())
+            total += int(answer.sum())
+    return right / max(total, 1)
+
+
+def _run(key: str, params: dict, setup: Setup, lr: float, progress, stop, curve: list) -> tuple[RecallModel, bool]:
+    """Train one model at one learning rate (AdamW, cosine decay to zero over the steps); True when stopped."""
+    kv_heads, rest = params.get("kv_heads"), {k: v for k, v in params.items() if k != "kv_heads"}
+    model = RecallModel(key, setup.task.vocab, setup.task.seq, d_model=setup.d_model, layers=setup.layers,
+                        heads=setup.heads, kv_heads=kv_heads, params=rest, seed=setup.seed).to(setup.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / setup.steps)))
+    for step in range(1, setup.steps + 1):
+        if stop is not None and stop():
+            return model, True
+        x, y = (t.to(setup.device) for t in mqar(setup.task, setup.batch, setup.seed * 1_000_003 + step))
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if not torch.isfinite(nn.utils.clip_grad_norm_(model.parameters(), 1.0)):
+            return model, False  # diverged: kept as it stands, and held-out accuracy says what it recalls
+        optimizer.step()
+        schedule.step()
+        if step % setup.eval_every == 0 or step == setup.steps:
+            answer = y != IGNORE
+            point = Point(lr, step, loss.item(), float((logits.argmax(-1)[answer] == y[answer]).float().mean()))
+            curve.append(point)
+            if progress is not None:
+                progress(point)
+    return model, False
+
+
+def train(key: str, params: dict | None = None, setup: Setup = Setup(),
+          progress: Callable[[Point], Any] | None = None, stop: Callable[[], bool] | None = None) -> Result:
+    """Train mechanism `key` (with `params`, `kv_heads` among them for shared key/value heads) on MQAR once per
+    learning rate of the setup, from the same seed and batches; the result keeps the best held-out accuracy.
+    `progress(point)` every setup.eval_every steps; `stop()` is asked before each step, and True ends training
+    with the curve so far (the held-out accuracy is then of the model as it stands). ValueError with a sentence for
+    bad settings or a mechanism that cannot be causal. Time O(len(lrs)·steps·batch·layers·cost of the mechanism)."""
+    setup.check()
+    params = check_mechanism(key, dict(params or {}), setup)
+    result = Result(key, dict(params))
+    result.state_bytes, result.state_note = state_bytes(key, params, setup)
+    count = -(-setup.eval_sequences // setup.batch) * setup.batch  # whole batches
+    held_out = [t.to(setup.device) for t in mqar(setup.task, count, setup.seed + EVAL_SEED_OFFSET)]
+    _warm_optimizer()
+    start = time.perf_counter()
+    best_curve: list = []
+    for lr in setup.lrs:
+        curve: list = []
+        with _threads(setup.threads):
+            model, stopped = _run(key, params, setup, lr, progress, stop, curve)
+        model.eval()
+        result.by_lr[lr] = accuracy(model, *held_out, setup.batch if get(key).state.init else len(held_out[0]))
+        if not result.by_lr[lr] <= result.accuracy:  # the first, and any better one (NaN compares False)
+            result.accuracy, result.best_lr, best_curve = result.by_lr[lr], lr, curve
+        if stopped:
+            result.stopped = True
+            break
+    result.train_s, result.curve = time.perf_counter() - start, best_curve
+    return result
+
+
+@functools.cache
+def _warm_optimizer() -> None:
+    """One throwaway AdamW step: the first step in a process imports seconds of modules (torch's compiler stack),
+    which would otherwise be counted in the first mechanism's train time."""
+    weight = nn.Parameter(torch.zeros(1))
+    weight.grad = torch.ones(1)
+    torch.optim.AdamW([weight]).step()
+
+
+@contextlib.contextmanager
+def _threads(count: int | None):
+    """torch's CPU threads set to `count` inside, as they were after. One by default: matrices this small gain
+    nothing from a second thread, and on a shared machine a second OpenMP thread waits for a busy core (a step took
+    fifteen times as long with two threads as with one on a 2-core machine another program kept busy)."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def with_setup(setup: Setup, **changes: Any) -> Setup:
+    """A copy of `setup` with some fields changed, the task's (vocab, seq, pairs) among them; validated."""
+    task = replace(setup.task, **{k: changes.pop(k) for k in ("vocab", "seq", "pairs") if k in changes})
+    return replace(setup, task=task, **changes).check()
+
+
+def frame(rows: list) -> pd.DataFrame:
+    """One row per result (a Result, or its as_dict() as the CLI and the reference file hold it): mechanism (its name
+    with parameters), key, label, accuracy, state_bytes, train_s, best_lr, stopped (what the scatter charts read)."""
+    rows = [r.as_dict() if isinstance(r, Result) else r for r in rows]
+    columns = ["mechanism", "accuracy", "state_bytes", "train_s", "best_lr", "stopped"]
+    table = pd.DataFrame([{c: r.get(c) for c in columns} for r in rows], columns=columns)
+    for c in ("accuracy", "state_bytes", "train_s", "best_lr"):
+        table[c] = pd.to_numeric(table[c], errors="coerce")  # None (no generation form) → NaN
+    table.insert(1, "key", table["mechanism"].str.split(":").str[0])
+    table.insert(2, "label", [get(k).label if k in MECHANISMS else k for k in table["key"]])
+    return table
+
+
+def curves(points: list) -> pd.DataFrame:
+    """One row per recorded step (Points, or dicts of a Point's fields with the mechanism's name and key):
+    mechanism, key, lr, step, loss, accuracy, the frame curves_chart reads."""
+    columns = ["mechanism", "key", "lr", "step", "loss", "accuracy"]
+    return pd.DataFrame([p if isinstance(p, dict) else vars(p) for p in points], columns=columns)
+
+
+def provenance(results: list[Result], setup: Setup, *, command: str, stamp: dict, note: str = "") -> dict:
+    """The reference file's content: the command that made it, the machine and versions (from an environment()
+    stamp), the setup, the chance level and each result's as_dict()."""
+    machine = (f"{stamp.get('device_name', '?')}, {stamp.get('cpu_count', '?')} cores, {stamp.get('threads', '?')} "
+               f"thread(s) used, load average {stamp.get('load_average', '?')} at the end")
+    return {"command": command, "machine": machine, "timestamp": stamp.get("timestamp", ""),
+            "versions": {"torch": stamp.get("torch", "?"), "python": stamp.get("python", "?")}, "note": note,
+            "setup": {"vocab": setup.task.vocab, "seq": setup.task.seq, "pairs": setup.task.pairs,
+                      "d_model": setup.d_model, "layers": setup.layers, "heads": setup.heads, "steps": setup.steps,
+                      "batch": setup.batch, "lrs": list(setup.lrs), "eval_sequences": setup.eval_sequences,
+                      "seed": setup.seed, "chance": setup.task.chance},
+            "results": [r.as_dict() for r in results]}
+
+
+SAVED_LIMITS = {"accuracy": (0.0, 1.0), "state_bytes": (0.0, 1e18), "train_s": (0.0, 1e7), "best_lr": (0.0, 1.0)}
+SETUP_KEYS = ("vocab", "seq", "pairs", "d_model", "layers", "heads", "steps", "batch", "eval_sequences", "seed")
+MAX_SAVED = 64  # results a saved file may hold
+
+
+def read_saved(text: str) -> dict:
+    """A results file as `recall --out` writes it (the reference's form; a 'remark' may be added by hand after), from
+    outside the program: checked and cleaned (texts cut short, numbers in range, at most MAX_SAVED results).
+    ValueError with a sentence otherwise."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list) \
+            or not isinstance(data.get("setup"), dict):
+        raise ValueError("this is not a recall results file: it must be JSON with 'setup' and 'results', as "
+                         "python -m attn_core recall --out writes")
+    rows = [_saved_row(i, r) for i, r in enumerate(data["results"][:MAX_SAVED])]
+    setup = {}
+    for name in SETUP_KEYS:
+        value = data["setup"].get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 30:
+            raise ValueError(f"the file's setup has {name} = {clipped(repr(value), 40)}, not a whole number from 0 "
+                             f"to 2^30; open a file that recall --out wrote")
+        setup[name] = value
+    setup["chance"] = 1.0 / max(setup["vocab"] - setup["vocab"] // 2, 1)
+    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    return {"command": clipped(str(data.get("command", "")), 400),
+            "machine": clipped(str(data.get("machine", "")), 200),
+            "note": clipped(str(data.get("note", "")), 600), "remark": clipped(str(data.get("remark", "")), 600),
+            "setup": setup, "results": rows,
+            "versions": {clipped(str(k), 20): clipped(str(v), 40) for k, v in list(versions.items())[:8]}}
+
+
+def _saved_row(i: int, r: Any) -> dict:
+    if not isinstance(r, dict) or not isinstance(r.get("mechanism"), str):
+        raise ValueError(f"result {i + 1} of the file names no mechanism; open a file that recall --out wrote")
+    row = {"mechanism": clipped(r["mechanism"], 80)}
+    for name, (low, high) in SAVED_LIMITS.items():
+        value = r.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not low <= value <= high):
+            raise ValueError(f"result {i + 1} of the file has {name} = {clipped(repr(value), 40)}, outside {low:g} to "
+                             f"{high:g}; open a file that recall --out wrote")
+        row[name] = None if value is None else float(value)
+    return row
+
+
+def reference() -> dict:
+    """The reference table shipped with the package (insight/data/recall_reference.json): {'command', 'machine',
+    'versions', 'note', 'setup', 'results': [Result.as_dict(), ...]}, computed with the CLI on a larger budget."""
+    return read_saved((Path(__file__).parent / "insight" / "data" / "recall_reference.json").read_text("utf-8"))
