@@ -1,8 +1,7 @@
 """Command line: `python -m attn_core sweep ...` measures a sweep in the worker, shows progress on stderr, prints a
 summary table and saves the run as JSON or CSV; `python -m attn_core show RUN` prints a saved run's summary;
 `python -m attn_core plan MODEL --context N` prints what a model's attention holds and costs at N tokens;
-`python -m attn_core runs list|show|export|delete|import|prune|resume` works on the local run store.
-
+`python -m attn_core runs list|show|export|delete|import|prune|resume` works on the local run store;
 `python -m attn_core recall --mechanisms ...` trains each mechanism on associative recall and prints its accuracy
 beside its state bytes and train time."""
 from __future__ import annotations
