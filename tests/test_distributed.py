@@ -1,0 +1,112 @@
+"""Sequence parallelism over 2 processes on CPU (gloo): ring, Ulysses and state passing against baselines written
+here in float64, the counted bytes against the cost model, refusals, and a rank that dies mid-run."""
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from attn_core import distributed as D
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with the gloo backend is not in this torch build")
+
+SHAPE = dict(batch=1, heads=4, head_dim=16)
+TASKS = (D.Task("ring", n=64, **SHAPE), D.Task("ring", n=72, causal=True, **SHAPE),
+         D.Task("ulysses", n=64, causal=True, **SHAPE), D.Task("ulysses", "sliding_window", n=64, **SHAPE),
+         D.Task("state", "linear", n=200, causal=True, **SHAPE))
+
+
+@pytest.fixture(scope="module")
+def results():
+    """One process group of 2 ranks runs every task (a spawn costs seconds; one for them all)."""
+    return dict(zip(TASKS, D.run_tasks(TASKS, memory=False, warmup=0, timeout_s=30)))
+
+
+def softmax64(q, k, v, causal):
+    """softmax(q·kᵀ/√D) v, row by row in numpy float64; causal: key j ≤ query i."""
+    q, k, v = (x.double().numpy() for x in (q, k, v))
+    out = np.zeros_like(q)
+    for b, h, i in np.ndindex(*q.shape[:3]):
+        s = k[b, h] @ q[b, h, i] / np.sqrt(q.shape[-1])
+        if causal:
+            s[i + 1:] = -np.inf
+        w = np.exp(s - s.max())
+        out[b, h, i] = w @ v[b, h] / w.sum()
+    return out
+
+
+def linear64(q, k, v):
+    """Causal linear attention, the explicit O(n²) form: out_i = Σ_{j≤i} (φq_i·φk_j) v_j / Σ_{j≤i} φq_i·φk_j."""
+    phi = lambda x: np.where(x > 0, x + 1, np.exp(x))  # elu(x) + 1
+    q, k, v = (x.double().numpy() for x in (q, k, v))
+    a = np.tril(phi(q) @ np.swapaxes(phi(k), -1, -2))
+    return (a @ v) / a.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_ring_equals_softmax(results, index):
+    task = TASKS[index]
+    got = results[task]
+    expected = softmax64(*D.inputs(task), task.causal)
+    assert np.abs(got.output.double().numpy() - expected).max() < 1e-5
+    assert got.max_abs_diff < 1e-5
+
+
+def test_ulysses_equals_the_single_process_mechanism(results):
+    causal = results[TASKS[2]]
+    assert np.abs(causal.output.double().numpy() - softmax64(*D.inputs(TASKS[2]), True)).max() < 1e-5
+    assert results[TASKS[3]].max_abs_diff < 1e-5 and results[TASKS[3]].task.mechanism == "sliding_window"
+
+
+def test_state_passing_equals_causal_linear_attention(results):
+    task = TASKS[4]
+    assert np.abs(results[task].output.double().numpy() - linear64(*D.inputs(task))).max() < 1e-5
+    assert results[task].max_abs_diff < 1e-5
+
+
+def test_counted_bytes_equal_the_cost_model(results):
+    for task, got in results.items():
+        assert got.bytes_sent == got.bytes_predicted, task
+    # by hand, float32, B = 1, H = 4, D = 16, P = 2: one K and one V block of n/2 positions; four all-to-alls of
+    # half a shard; one 16 × 17 state per head, from rank 0 only
+    assert results[TASKS[0]].bytes_sent == (2 * 4 * 32 * 16 * 4,) * 2
+    assert results[TASKS[1]].bytes_sent == (2 * 4 * 36 * 16 * 4,) * 2
+    assert results[TASKS[2]].bytes_sent == (4 * 2 * 32 * 16 * 4,) * 2
+    assert results[TASKS[4]].bytes_sent == (4 * 16 * 17 * 4, 0)
+    assert D.bytes_predicted("ring", (1, 8, 1024, 64), 4) == (2 * 3 * 8 * 256 * 64 * 4,) * 4
+    assert D.bytes_predicted("state", (1, 8, 1 << 20, 64), 4) == D.bytes_predicted("state", (1, 8, 64, 64), 4)
+
+
+def test_zig_zag_balances_causal_work():
+    """Each rank of a causal ring holds blocks r and 2P − 1 − r: the same number of (query, key ≤ query) pairs."""
+    task = D.Task("ring", procs=4, n=64, causal=True)
+    held = [D.positions(task, r) for r in range(4)]
+    assert sorted(torch.cat(held).tolist()) == list(range(64))
+    assert len({int((p + 1).sum()) for p in held}) == 1
+
+
+@pytest.mark.parametrize("task, words", [
+    (D.Task("ring", n=66, causal=True), "not a multiple of 4"),
+    (D.Task("ring", n=65), "not a multiple of 2"),
+    (D.Task("ulysses", heads=3), "heads do not divide"),
+    (D.Task("ulysses", "performer"), "random state"),
+    (D.Task("state", "linear"), "add --causal"),
+    (D.Task("state", "softmax", causal=True), "state passing is built for"),
+    (D.Task("ring", "linear"), "give --mechanism softmax"),
+])
+def test_refused_with_a_sentence(task, words):
+    with pytest.raises(ValueError, match=words):
+        D.run_tasks([task])
+
+
+def test_a_rank_that_dies_ends_the_run_with_a_sentence():
+    start = time.monotonic()
+    with pytest.raises(D.DistributedError, match="rank 1 died"):
+        D.run("ring", n=64, memory=False, warmup=0, timeout_s=10, fail_rank=1)
+    assert time.monotonic() - start < 25
+    assert multiprocessing.active_children() == []  # every worker joined: none left behind
