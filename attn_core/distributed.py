@@ -29,7 +29,8 @@ DEFAULT_TIMEOUT_S = 60.0
 
 
 class DistributedError(RuntimeError):
-    """A distributed run that could not finish: a rank died, raised or outlived the timeout (the sentence says which)."""
+    """A distributed run that could not finish: a rank died, raised or outlived the timeout (the sentence says
+    which)."""
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,8 @@ def positions(task: Task, rank: int) -> torch.Tensor:
     P, n = task.procs, task.n
     if task.scheme == "ring" and task.causal:
         c = n // (2 * P)
-        return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * P - 1 - rank) * c, (2 * P - rank) * c)])
+        mirror = 2 * P - 1 - rank
+        return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange(mirror * c, (mirror + 1) * c)])
     return torch.arange(rank * n // P, (rank + 1) * n // P)
 
 
@@ -401,9 +403,9 @@ def run_tasks(tasks: Sequence[Task], *, timeout_s: float = DEFAULT_TIMEOUT_S, de
               warmup: int = 1, memory: bool = True, fail_rank: int | None = None) -> list[Result]:
     """Spawn P processes (one process group for all `tasks`, which share P), run each task on them and compare the
     gathered output with the single-process mechanism on the same seeded inputs. `timeout_s` bounds every
-    collective and the whole launch's wait for a result; `fail_rank` is a test hook: that rank exits abruptly at its first
-    transfer of the timed call. A dead, failing or stalled rank ends the run with a DistributedError; every process is joined or
-    terminated before this returns or raises."""
+    collective and the whole launch's wait for a result; `fail_rank` is a test hook: that rank exits abruptly at its
+    first transfer of the timed call. A dead, failing or stalled rank ends the run with a DistributedError; every
+    process is joined or terminated before this returns or raises."""
     tasks = [t.check() for t in tasks]
     if len({t.procs for t in tasks}) != 1:
         raise ValueError("tasks of one launch share their number of processes; launch each number apart")

@@ -110,3 +110,20 @@ def test_a_rank_that_dies_ends_the_run_with_a_sentence():
         D.run("ring", n=64, memory=False, warmup=0, timeout_s=10, fail_rank=1)
     assert time.monotonic() - start < 25
     assert multiprocessing.active_children() == []  # every worker joined: none left behind
+
+
+def test_cli_prints_the_counts_beside_the_model():
+    import io
+    import json
+
+    from attn_core import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main(["distributed", "--scheme", "ulysses", "--mechanism", "linear", "--n", "64", "--heads", "4",
+                     "--head-dim", "8", "--json"], out, err)
+    assert code == cli.EXIT_OK, err.getvalue()
+    got = json.loads(out.getvalue())
+    assert got["bytes_sent"] == got["bytes_predicted"] == [4 * 2 * 32 * 8 * 4] * 2 and got["max_abs_diff"] < 1e-5
+    assert len(got["peak_bytes"]) == 2 and got["device"] == "cpu"
+    assert cli.main(["distributed", "--scheme", "ring", "--n", "66", "--causal"], out, err) == cli.EXIT_USAGE
+    assert "multiple of 4" in err.getvalue()
