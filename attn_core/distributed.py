@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 SCHEMES = ("ring", "ulysses", "state")
-STATE_MECHANISMS = ("linear",)  # mechanisms whose causal form is a running state the scheme `state` passes on
+STATE_MECHANISMS = ("linear", "mamba2", "gated_deltanet")  # causal forms with a running state `state` passes on
 BLOCK = 64  # positions per block of the chunked causal linear form inside one rank's chunk
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -120,21 +120,23 @@ class Result:
 # -- the cost model -------------------------------------------------------------------------------------------------
 
 def bytes_predicted(scheme: str, shape: tuple[int, int, int, int], procs: int, causal: bool = False,
-                    elem: int = 4) -> tuple[int, ...]:
+                    elem: int = 4, mechanism: str = "linear") -> tuple[int, ...]:
     """Bytes each rank sends for one layer's forward, shape (B, H, n, D), elements of `elem` bytes.
 
     ring: P − 1 steps, each passing one K and one V block of n/P positions on: 2·(P − 1)·B·H·(n/P)·D·elem, causal or
     not (zig-zag keeps the work even, not the traffic smaller). ulysses: four all-to-alls (q, k, v in, the output
     back), each keeping 1/P of its buffer at home: 4·(P − 1)·B·(H/P)·(n/P)·D·elem ≈ 4·n·H·D/P values. state: rank r
-    < P − 1 sends the prefix of states, B·H·(D·D + D) numbers in max(elem, 4) bytes, independent of n; the last
-    sends nothing."""
+    < P − 1 sends the prefix of states in max(elem, 4) bytes, independent of n: B·H·(D·D + D) numbers for linear
+    (the state and its normaliser), B·H·D·D for mamba2 and gated_deltanet (multi-head: Hk = H); the last sends
+    nothing."""
     B, H, n, D = shape
     if scheme == "ring":
         return (2 * (procs - 1) * B * H * (n // procs) * D * elem,) * procs
     if scheme == "ulysses":
         return (4 * (procs - 1) * B * (H // procs) * (n // procs) * D * elem,) * procs
     if scheme == "state":
-        return (B * H * (D * D + D) * max(elem, 4),) * (procs - 1) + (0,)
+        per_head = {"linear": D * D + D, "mamba2": D * D, "gated_deltanet": D * D}[mechanism]
+        return (B * H * per_head * max(elem, 4),) * (procs - 1) + (0,)
     raise ValueError(f"scheme {scheme!r} is unknown; choose one of {', '.join(SCHEMES)}")
 
 
@@ -231,6 +233,16 @@ def inputs(task: Task, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor,
     return tuple(t.to(device) for t in qkv.unbind(0))
 
 
+def mechanism_state(task: Task, device: str = "cpu") -> dict:
+    """The mechanism's seeded state over the whole sequence (mamba2's dt and A, Gated DeltaNet's gates), from the
+    task's seed: every rank draws it whole and takes its positions, the reference takes it all."""
+    from .api import make_state
+    from .spec import Shape
+
+    shape = Shape(task.batch, task.heads, task.n, task.n, task.head_dim, causal=task.causal)
+    return make_state(task.mechanism, shape, device, getattr(torch, task.dtype), seed=task.seed, **dict(task.params))
+
+
 # -- the three schemes, one rank's side -----------------------------------------------------------------------------
 
 def _partial(q, k, v, qpos, kpos, causal: bool, acc, top, total) -> None:
@@ -312,11 +324,7 @@ def linear_state_passing(q, k, v, link: Link) -> torch.Tensor:
 
     fq, fk = feature_map(q), feature_map(k)
     own = torch.cat([fk.transpose(-2, -1) @ v, fk.sum(-2).unsqueeze(-1)], dim=-1)  # (B, H, D, D + 1): [S | z]
-    prefix = torch.zeros_like(own)
-    if link.rank > 0:
-        link.recv(prefix, link.rank - 1)
-    if link.rank < link.procs - 1:
-        link.wait(link.send((prefix + own).contiguous(), link.rank + 1))
+    prefix = _passed_on(own, lambda p: p + own, link)
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [V, 1]: numerator and normaliser in one product
     out = torch.empty_like(v)
     state = prefix
@@ -328,6 +336,56 @@ def linear_state_passing(q, k, v, link: Link) -> torch.Tensor:
     return out
 
 
+def _passed_on(like: torch.Tensor, carried, link: Link) -> torch.Tensor:
+    """The prefix state P_r of the ranks before this one: received from r − 1 (zeros on rank 0), and
+    `carried(P_r)` = the state after this rank's chunk sent on to r + 1 (not by the last rank)."""
+    prefix = torch.zeros_like(like)
+    if link.rank > 0:
+        link.recv(prefix, link.rank - 1)
+    if link.rank < link.procs - 1:
+        link.wait(link.send(carried(prefix).contiguous(), link.rank + 1))
+    return prefix
+
+
+def mamba2_state_passing(q, k, v, link: Link, dt, A, chunk: int = 64) -> torch.Tensor:
+    """Mamba-2's SSM (Dao and Gu 2024, arXiv 2405.21060) over this rank's chunk: the state after it from zero,
+    S_r = Σ_s exp(A·Σ_{s<t≤end} dt_t)·dt_s·k_s v_sᵀ, and its decay g_r = exp(A·Σ dt); the prefix P_r arrives from
+    r − 1, g_r·P_r + S_r goes on; then the product's own chunked kernel runs from P_r. dt (B, H, n/P), A (H,);
+    (B, H, D, D) sent, whatever n."""
+    from .mechanisms.mamba2 import ssd, ssd_state
+
+    own = ssd_state(k, v, dt, A, chunk, q.shape[1])
+    decay = (dt.sum(-1) * A).exp()[..., None, None]  # (B, H, 1, 1)
+    prefix = _passed_on(own, lambda p: decay * p + own, link)
+    return ssd(q, k, v, dt, A, chunk, h=prefix)[0]
+
+
+def deltanet_state_passing(q, k, v, link: Link, alpha, beta, chunk: int = 32) -> torch.Tensor:
+    """Gated DeltaNet (Yang, Kautz, Hatamizadeh 2024, arXiv 2412.06464) over this rank's chunk: the update Sᵀ ←
+    α(I − β k̂k̂ᵀ)Sᵀ + β k̂vᵀ is affine in S, so the chunk maps a state before it to M_r·P + S_r, with M_r (d_k × d_k)
+    the chunk's run from the identity with v = 0 and S_r its run from zero; the prefix P_r arrives from r − 1,
+    M_r·P_r + S_r goes on; then the chunked kernel runs from P_r. (B·Hk, D, D) sent, M_r stays home."""
+    log_alpha = alpha.log()
+    B, Hk, _, d = k.shape
+    eye = torch.eye(d, dtype=v.dtype, device=v.device).expand(B * Hk, d, d).contiguous()
+    through = _deltanet_run(None, k, torch.zeros_like(k), log_alpha, beta, chunk, eye)[1]  # M_r
+    own = _deltanet_run(None, k, v, log_alpha, beta, chunk, torch.zeros_like(eye))[1]
+    prefix = _passed_on(own, lambda p: through @ p + own, link)
+    return _deltanet_run(q, k, v, log_alpha, beta, chunk, prefix)[0]
+
+
+def _deltanet_run(q, k, v, log_alpha, beta, chunk: int, S):
+    """gated_deltanet's chunked form from the state S (B·Hk, d_k, d_v) instead of zeros: (out or None, S after)."""
+    from .mechanisms import gated_deltanet as gdn
+    from .mechanisms._linear_core import causal_chunks
+
+    B, Hk, n, d = k.shape
+    out = None if q is None else torch.empty(*q.shape[:3], v.shape[-1], dtype=v.dtype, device=v.device)
+    for s, e, c in causal_chunks(n, gdn.segment_rows(B * Hk, d, chunk), chunk):
+        S = gdn._segment(q, k, v, log_alpha, beta, S, out, s, e, c)
+    return out, S
+
+
 def _compute(task: Task, link: Link, q, k, v) -> torch.Tensor:
     pos = positions(task, link.rank).to(q.device)
     ql, kl, vl = (x[:, :, pos].contiguous() for x in (q, k, v))
@@ -335,7 +393,12 @@ def _compute(task: Task, link: Link, q, k, v) -> torch.Tensor:
         return ring_attention(ql, kl, vl, pos, link, task.causal)[0]
     if task.scheme == "ulysses":
         return ulysses(ql, kl, vl, link, task.mechanism, task.causal, dict(task.params))
-    return linear_state_passing(ql, kl, vl, link)
+    if task.mechanism == "linear":
+        return linear_state_passing(ql, kl, vl, link)
+    state = {key: t[:, :, pos] if t.dim() == 3 else t for key, t in mechanism_state(task, q.device).items()}
+    if task.mechanism == "mamba2":
+        return mamba2_state_passing(ql, kl, vl, link, **state, **dict(task.params))
+    return deltanet_state_passing(ql, kl, vl, link, **state, **dict(task.params))
 
 
 # -- the worker and the launcher ------------------------------------------------------------------------------------
@@ -488,7 +551,9 @@ def _result(task: Task, device: str, shards: list, references: dict) -> Result:
 
     if task not in references:
         with torch.inference_mode():
-            references[task] = attention(task.mechanism, *inputs(task), causal=task.causal, **dict(task.params))
+            state = mechanism_state(task) if task.scheme == "state" else {}
+            references[task] = attention(task.mechanism, *inputs(task), causal=task.causal, **dict(task.params),
+                                         **state)
     reference = references[task]
     output = torch.empty_like(reference)
     for rank, (shard, *_rest) in enumerate(shards):
@@ -500,4 +565,5 @@ def _result(task: Task, device: str, shards: list, references: dict) -> Result:
         time_s=tuple(s[1] for s in shards), comm_s=tuple(s[2] for s in shards),
         peak_bytes=tuple(s[3] for s in shards), memory_method=peak_memory_probe(device)[0] + " (each rank)",
         bytes_sent=tuple(int(s[4]) for s in shards),
-        bytes_predicted=bytes_predicted(task.scheme, shape, task.procs, task.causal, task.elem), output=output)
+        bytes_predicted=bytes_predicted(task.scheme, shape, task.procs, task.causal, task.elem, task.mechanism),
+        output=output)

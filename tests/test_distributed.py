@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_availa
 SHAPE = dict(batch=1, heads=4, head_dim=16)
 TASKS = (D.Task("ring", n=64, **SHAPE), D.Task("ring", n=72, causal=True, **SHAPE),
          D.Task("ulysses", n=64, causal=True, **SHAPE), D.Task("ulysses", "sliding_window", n=64, **SHAPE),
-         D.Task("state", "linear", n=200, causal=True, **SHAPE))
+         D.Task("state", "linear", n=200, causal=True, **SHAPE), D.Task("state", "mamba2", n=96, causal=True, **SHAPE),
+         D.Task("state", "gated_deltanet", n=72, causal=True, **SHAPE))
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,34 @@ def linear64(q, k, v):
     return (a @ v) / a.sum(-1, keepdims=True)
 
 
+def mamba2_64(q, k, v, dt, A):
+    """The recurrence h_t = exp(dt_t·A)·h_{t−1} + dt_t·k_t v_tᵀ, y_t = q_tᵀ h_t, token by token in float64."""
+    q, k, v, dt, A = (x.double().numpy() for x in (q, k, v, dt, A))
+    out = np.zeros_like(v)
+    for b, h in np.ndindex(*q.shape[:2]):
+        state = np.zeros((k.shape[-1], v.shape[-1]))
+        for t in range(q.shape[2]):
+            state = np.exp(dt[b, h, t] * A[h]) * state + dt[b, h, t] * np.outer(k[b, h, t], v[b, h, t])
+            out[b, h, t] = q[b, h, t] @ state
+    return out
+
+
+def deltanet64(q, k, v, alpha, beta):
+    """S_t = α_t S_{t−1}(I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ, o_t = S_t q̂_t, k̂ = k/‖k‖, q̂ = q/(‖q‖·√d); float64."""
+    q, k, v, alpha, beta = (x.double().numpy() for x in (q, k, v, alpha, beta))
+    d = q.shape[-1]
+    out = np.zeros_like(v)
+    for b, h in np.ndindex(*q.shape[:2]):
+        S = np.zeros((v.shape[-1], d))
+        for t in range(q.shape[2]):
+            kh = k[b, h, t] / np.linalg.norm(k[b, h, t])
+            qh = q[b, h, t] / (np.linalg.norm(q[b, h, t]) * np.sqrt(d))
+            S = alpha[b, h, t] * S @ (np.eye(d) - beta[b, h, t] * np.outer(kh, kh)) + beta[b, h, t] * np.outer(
+                v[b, h, t], kh)
+            out[b, h, t] = S @ qh
+    return out
+
+
 @pytest.mark.parametrize("index", [0, 1])
 def test_ring_equals_softmax(results, index):
     task = TASKS[index]
@@ -69,6 +98,13 @@ def test_state_passing_equals_causal_linear_attention(results):
     assert results[task].max_abs_diff < 1e-5
 
 
+def test_state_passing_equals_the_recurrences_of_mamba2_and_gated_deltanet(results):
+    for task, reference in ((TASKS[5], mamba2_64), (TASKS[6], deltanet64)):
+        expected = reference(*D.inputs(task), **D.mechanism_state(task))
+        assert np.abs(results[task].output.double().numpy() - expected).max() < 1e-5, task.mechanism
+        assert results[task].max_abs_diff < 1e-5
+
+
 def test_counted_bytes_equal_the_cost_model(results):
     for task, got in results.items():
         assert got.bytes_sent == got.bytes_predicted, task
@@ -78,6 +114,7 @@ def test_counted_bytes_equal_the_cost_model(results):
     assert results[TASKS[1]].bytes_sent == (2 * 4 * 36 * 16 * 4,) * 2
     assert results[TASKS[2]].bytes_sent == (4 * 2 * 32 * 16 * 4,) * 2
     assert results[TASKS[4]].bytes_sent == (4 * 16 * 17 * 4, 0)
+    assert results[TASKS[5]].bytes_sent == results[TASKS[6]].bytes_sent == (4 * 16 * 16 * 4, 0)
     assert D.bytes_predicted("ring", (1, 8, 1024, 64), 4) == (2 * 3 * 8 * 256 * 64 * 4,) * 4
     assert D.bytes_predicted("state", (1, 8, 1 << 20, 64), 4) == D.bytes_predicted("state", (1, 8, 64, 64), 4)
 
