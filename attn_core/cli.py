@@ -666,6 +666,7 @@ def add_distributed_parser(sub) -> None:
                    help="the longest wait on any one collective; a dead or stalled process ends the run "
                         "(default %(default)s)")
     p.add_argument("--device", default=None, help="cpu (gloo) or cuda (NCCL); default cuda where present")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory run of each process")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -676,7 +677,7 @@ def run_distributed_command(args: argparse.Namespace, out: TextIO, err: TextIO) 
     try:
         result = distributed.run(args.scheme, args.mechanism, args.procs, args.n, causal=args.causal,
                                  batch=args.batch, heads=args.heads, head_dim=args.head_dim, seed=args.seed,
-                                 timeout_s=args.timeout, device=args.device)
+                                 timeout_s=args.timeout, device=args.device, memory=not args.no_memory)
     except ValueError as e:
         err.write(f"error: {e}\n")
         return EXIT_USAGE

@@ -141,18 +141,19 @@ def bytes_predicted(scheme: str, shape: tuple[int, int, int, int], procs: int, c
 
 
 def memory_predicted(scheme: str, shape: tuple[int, int, int, int], procs: int, elem: int = 4) -> int:
-    """Bytes one rank holds for a layer's activations, the inputs of the scheme aside from temporaries: ring: its
-    q, k, v, output and a received K, V block, 6·B·H·(n/P)·D plus the (n/P)² scores of a block pair per head;
-    ulysses: the full sequence of H/P heads, q, k, v and output, 4·B·(H/P)·n·D plus softmax's (n)² scores of those
-    heads; state: q, k, v, output of n/P positions and the D × D state."""
+    """Bytes one device holds for a layer's attention activations, with a fused (flash) kernel on each block, so no
+    score matrix is kept: ring: its q, k, v and output of n/P positions and the K, V block arriving, 6·B·H·(n/P)·D;
+    ulysses: its shards of q, k, v, output and the same of H/P heads over the whole sequence, 8·B·H·(n/P)·D; state:
+    q, k, v, output of n/P positions and the D × D state (+ D). This module's own blocks materialize their scores
+    besides: (n/P)² a head for the ring's block pair (two of n/(2P) causal), n² a head for Ulysses over softmax."""
     B, H, n, D = shape
-    local = n // procs
+    local = B * H * (n // procs) * D
     if scheme == "ring":
-        return elem * B * H * (6 * local * D + local * local)
+        return elem * 6 * local
     if scheme == "ulysses":
-        return elem * B * (H // procs) * (4 * n * D + n * n)
+        return elem * 8 * local
     if scheme == "state":
-        return elem * B * H * 4 * local * D + max(elem, 4) * B * H * (D * D + D)
+        return elem * 4 * local + max(elem, 4) * B * H * (D * D + D)
     raise ValueError(f"scheme {scheme!r} is unknown; choose one of {', '.join(SCHEMES)}")
 
 
@@ -160,6 +161,42 @@ def overlap_block(flops_per_s: float, link_bytes_per_s: float, elem: int = 2) ->
     """Ring attention hides the transfer when a step's compute, 4·c²·H·D FLOPs for a block of c positions, outlasts
     passing one K, V block, 2·c·H·D·elem bytes: c ≥ flops_per_s·elem / (2·link_bytes_per_s) positions a rank."""
     return flops_per_s * elem / (2.0 * link_bytes_per_s)
+
+
+# Link bandwidths a direction, each from its source (what one process can send while it receives as much).
+LINKS = {
+    "PCIe 4.0 x16": (32e9, "PCI-SIG PCIe 4.0: 16 GT/s × 16 lanes, 128b/130b coding, about 32 GB/s a direction"),
+    "NVLink 4 (H100 SXM)": (450e9, "NVIDIA H100 datasheet: 900 GB/s NVLink a GPU in all, 450 GB/s a direction"),
+    "InfiniBand NDR": (50e9, "NVIDIA Quantum-2 / ConnectX-7 InfiniBand NDR: 400 Gb/s a port, 50 GB/s a direction"),
+}
+
+
+def schemes_table(n: int, heads: int, head_dim: int, procs: int, *, batch: int = 1, elem: int = 2,
+                  link_bytes_per_s: float = LINKS["NVLink 4 (H100 SXM)"][0], flops_per_s: float = 1e12):
+    """The three schemes for one attention layer of context n split over `procs` devices, from the cost model: bytes
+    each device holds and sends, the transfer's time at the link's rate, the causal softmax's compute time a device at
+    `flops_per_s` (2·B·H·n²·D/P; the state row's linear form costs far less), and for the ring the block it needs to hide
+    the transfer behind compute (`overlap_block`) beside the block it has (n/P). One row a scheme (pandas); a scheme
+    that cannot split this shape has its reason instead of figures."""
+    import pandas as pd
+
+    shape = (batch, heads, n, head_dim)
+    flops = 2.0 * batch * heads * n * n * head_dim  # causal softmax: Q Kᵀ and P V over the kept half
+    rows = []
+    for scheme, what in (("ring", "softmax, key/value blocks around the ring"),
+                         ("ulysses", "any mechanism, heads exchanged by all-to-all"),
+                         ("state", "linear attention, the prefix state passed on (causal)")):
+        row = {"scheme": scheme, "what": what}
+        if scheme == "ulysses" and heads % procs:
+            rows.append({**row, "reason": f"{heads} heads do not divide among {procs} devices"})
+            continue
+        sent = max(bytes_predicted(scheme, shape, procs, True, elem))
+        row.update(memory_per_device_bytes=memory_predicted(scheme, shape, procs, elem), bytes_sent_per_layer=sent,
+                   transfer_s=sent / link_bytes_per_s, compute_s=flops / procs / flops_per_s, reason="")
+        if scheme == "ring":
+            row.update(block=n // procs, block_to_hide_transfer=overlap_block(flops_per_s, link_bytes_per_s, elem))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 # -- counted communication ------------------------------------------------------------------------------------------
@@ -476,6 +513,11 @@ def run_tasks(tasks: Sequence[Task], *, timeout_s: float = DEFAULT_TIMEOUT_S, de
         raise DistributedError("torch.distributed with the gloo backend is not available in this torch build")
     device = device or ("cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= 1 else "cpu")
     procs = tasks[0].procs
+    if device == "cuda" and procs > torch.cuda.device_count():
+        raise ValueError(f"NCCL takes one GPU a process: {procs} processes, {torch.cuda.device_count()} GPU(s) here; "
+                         "give fewer processes or device='cpu' (gloo)")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: distributed runs take cpu (gloo) or cuda (NCCL)")
     shards = _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank)
     references: dict[Task, torch.Tensor] = {}  # a task repeated (timing rounds) is compared with one reference
     return [_result(task, device, [shards[(r, i)] for r in range(procs)], references) for i, task in enumerate(tasks)]

@@ -157,10 +157,40 @@ def test_cli_prints_the_counts_beside_the_model():
 
     out, err = io.StringIO(), io.StringIO()
     code = cli.main(["distributed", "--scheme", "ulysses", "--mechanism", "linear", "--n", "64", "--heads", "4",
-                     "--head-dim", "8", "--json"], out, err)
+                     "--head-dim", "8", "--no-memory", "--json"], out, err)
     assert code == cli.EXIT_OK, err.getvalue()
     got = json.loads(out.getvalue())
     assert got["bytes_sent"] == got["bytes_predicted"] == [4 * 2 * 32 * 8 * 4] * 2 and got["max_abs_diff"] < 1e-5
-    assert len(got["peak_bytes"]) == 2 and got["device"] == "cpu"
+    assert got["peak_bytes"] == [None, None] and got["device"] == "cpu" and got["time_s"][0] > 0
     assert cli.main(["distributed", "--scheme", "ring", "--n", "66", "--causal"], out, err) == cli.EXIT_USAGE
     assert "multiple of 4" in err.getvalue()
+
+
+def test_the_schemes_table_follows_the_cost_model():
+    # Llama-3-8B-like attention at 1M tokens over 8 H100s on NVLink: 32 heads of 128, bf16, 989 TFLOP/s a device
+    rate, _ = D.LINKS["NVLink 4 (H100 SXM)"]
+    table = D.schemes_table(1 << 20, 32, 128, 8, elem=2, link_bytes_per_s=rate, flops_per_s=989e12).set_index("scheme")
+    assert table.loc["ring", "bytes_sent_per_layer"] == 2 * 7 * 32 * (1 << 17) * 128 * 2  # 14 GiB
+    assert table.loc["ulysses", "bytes_sent_per_layer"] == 4 * 7 * 4 * (1 << 17) * 128 * 2
+    assert table.loc["state", "bytes_sent_per_layer"] == 32 * (128 * 128 + 128) * 4
+    assert table.loc["ring", "block_to_hide_transfer"] == pytest.approx(989e12 * 2 / (2 * 450e9))
+    assert table.loc["ring", "transfer_s"] == pytest.approx(table.loc["ring", "bytes_sent_per_layer"] / 450e9)
+    refused = D.schemes_table(4096, 6, 64, 4).set_index("scheme")
+    assert "do not divide" in refused.loc["ulysses", "reason"] and refused.loc["ring", "reason"] == ""
+
+
+def test_the_theory_page_shows_the_schemes_across_devices():
+    from streamlit.testing.v1 import AppTest, app_test
+
+    from tests.test_app import APP, Routed, widget
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(app_test, "PagesManager", Routed)
+        at = AppTest.from_file(APP, default_timeout=120).run()
+        at.switch_page("pages/theory.py").run()
+        widget(at, "th_sp_procs").set_value(4)
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    tables = [t.value for t in at.dataframe if "bytes_sent_per_layer" in t.value.columns]
+    assert len(tables) == 1 and list(tables[0]["scheme"]) == ["ring", "ulysses", "state"]
+    assert any("NVLink 4 (H100 SXM): 450 GB/s" in c.value for c in at.caption)
