@@ -174,14 +174,15 @@ LINKS = {
 def schemes_table(n: int, heads: int, head_dim: int, procs: int, *, batch: int = 1, elem: int = 2,
                   link_bytes_per_s: float = LINKS["NVLink 4 (H100 SXM)"][0], flops_per_s: float = 1e12):
     """The three schemes for one attention layer of context n split over `procs` devices, from the cost model: bytes
-    each device holds and sends, the transfer's time at the link's rate, the causal softmax's compute time a device at
-    `flops_per_s` (2·B·H·n²·D/P; the state row's linear form costs far less), and for the ring the block it needs to hide
-    the transfer behind compute (`overlap_block`) beside the block it has (n/P). One row a scheme (pandas); a scheme
-    that cannot split this shape has its reason instead of figures."""
+    each device holds and sends, the transfer's time at the link's rate, the compute time a device at `flops_per_s`
+    (causal softmax 2·B·H·n²·D/P; linear attention's state 4·B·H·(n/P)·D²), and for the ring the block it needs to
+    hide the transfer behind compute (`overlap_block`) beside the block it has (n/P). One row a scheme (pandas); a
+    scheme that cannot split this shape has its reason instead of figures."""
     import pandas as pd
 
     shape = (batch, heads, n, head_dim)
     flops = 2.0 * batch * heads * n * n * head_dim  # causal softmax: Q Kᵀ and P V over the kept half
+    linear_flops = 4.0 * batch * heads * n * head_dim ** 2  # linear attention: its states built, then read
     rows = []
     for scheme, what in (("ring", "softmax, key/value blocks around the ring"),
                          ("ulysses", "any mechanism, heads exchanged by all-to-all"),
@@ -192,7 +193,8 @@ def schemes_table(n: int, heads: int, head_dim: int, procs: int, *, batch: int =
             continue
         sent = max(bytes_predicted(scheme, shape, procs, True, elem))
         row.update(memory_per_device_bytes=memory_predicted(scheme, shape, procs, elem), bytes_sent_per_layer=sent,
-                   transfer_s=sent / link_bytes_per_s, compute_s=flops / procs / flops_per_s, reason="")
+                   transfer_s=sent / link_bytes_per_s, reason="",
+                   compute_s=(linear_flops if scheme == "state" else flops) / procs / flops_per_s)
         if scheme == "ring":
             row.update(block=n // procs, block_to_hide_transfer=overlap_block(flops_per_s, link_bytes_per_s, elem))
         rows.append(row)
