@@ -207,14 +207,17 @@ class Link:
     """This rank's side of the process group: every transfer goes through here, which counts the bytes it sends to
     other ranks and the seconds spent waiting, and waits at most `timeout` on each."""
 
-    def __init__(self, rank: int, procs: int, timeout: datetime.timedelta, die_at: int | None = None):
+    def __init__(self, rank: int, procs: int, timeout: datetime.timedelta, die_at: int | None = None,
+                 failure: str = "exit"):
         self.rank, self.procs, self.timeout = rank, procs, timeout
         self.bytes_sent, self.comm_s, self.calls = 0, 0.0, 0
-        self.die_at = die_at  # test hook: this rank exits abruptly at that call
+        self.die_at, self.failure = die_at, failure  # test hook: at that call this rank exits, or stalls
 
     def _enter(self) -> None:
         self.calls += 1
         if self.die_at is not None and self.calls >= self.die_at:
+            if self.failure == "stall":
+                time.sleep(10 * self.timeout.total_seconds())  # alive but silent: the others' timeouts must end it
             os._exit(17)
 
     def start_exchange(self, send: Sequence[torch.Tensor], to: int, recv: Sequence[torch.Tensor], frm: int) -> list:
@@ -443,7 +446,7 @@ def _compute(task: Task, link: Link, q, k, v) -> torch.Tensor:
 # -- the worker and the launcher ------------------------------------------------------------------------------------
 
 def _worker(rank: int, tasks: tuple[Task, ...], procs: int, port: int, timeout_s: float, device: str,
-            warmup: int, memory: bool, fail_rank: int | None, results) -> None:
+            warmup: int, memory: bool, fail_rank: int | None, failure: str, results) -> None:
     """One rank: join the group, run each task (after `warmup` untimed calls), report shards and counts."""
     try:
         backend = "nccl" if device == "cuda" else "gloo"
@@ -455,7 +458,7 @@ def _worker(rank: int, tasks: tuple[Task, ...], procs: int, port: int, timeout_s
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // procs))
         for index, task in enumerate(tasks):
             results.put(("done", rank, index, *_measured(task, rank, timeout, device, warmup, memory,
-                                                       1 if rank == fail_rank else None)))
+                                                       1 if rank == fail_rank else None, failure)))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as e:  # reported to the launcher, which ends the run with this sentence
@@ -464,14 +467,15 @@ def _worker(rank: int, tasks: tuple[Task, ...], procs: int, port: int, timeout_s
         raise SystemExit(1)
 
 
-def _measured(task: Task, rank: int, timeout, device: str, warmup: int, memory: bool, die_at: int | None):
+def _measured(task: Task, rank: int, timeout, device: str, warmup: int, memory: bool, die_at: int | None,
+              failure: str):
     from .engine.env import peak_memory_probe
 
     q, k, v = inputs(task, device)
     link = Link(rank, task.procs, timeout)
     for _ in range(warmup):
         _compute(task, link, q, k, v)
-    link = Link(rank, task.procs, timeout, die_at)  # counts of the timed call only
+    link = Link(rank, task.procs, timeout, die_at, failure)  # counts of the timed call only
     dist.barrier()
     start = time.perf_counter()
     out = _compute(task, link, q, k, v)
@@ -494,21 +498,25 @@ def free_port() -> int:
 
 def run(scheme: str, mechanism: str = "softmax", procs: int = 2, n: int = 256, **kwargs) -> Result:
     """One distributed run (see `run_tasks`): Task(scheme, mechanism, procs, n, **task fields), launcher options
-    timeout_s, device, warmup, memory, fail_rank."""
-    options = {key: kwargs.pop(key) for key in ("timeout_s", "device", "warmup", "memory", "fail_rank")
+    timeout_s, device, warmup, memory, fail_rank, failure."""
+    options = {key: kwargs.pop(key) for key in ("timeout_s", "device", "warmup", "memory", "fail_rank", "failure")
                if key in kwargs}
     params = tuple(sorted((kwargs.pop("params", None) or {}).items()))
     return run_tasks([Task(scheme, mechanism, procs, n, params=params, **kwargs)], **options)[0]
 
 
 def run_tasks(tasks: Sequence[Task], *, timeout_s: float = DEFAULT_TIMEOUT_S, device: str | None = None,
-              warmup: int = 1, memory: bool = True, fail_rank: int | None = None) -> list[Result]:
+              warmup: int = 1, memory: bool = True, fail_rank: int | None = None,
+              failure: str = "exit") -> list[Result]:
     """Spawn P processes (one process group for all `tasks`, which share P), run each task on them and compare the
     gathered output with the single-process mechanism on the same seeded inputs. `timeout_s` bounds every
     collective and the whole launch's wait for a result; `fail_rank` is a test hook: that rank exits abruptly at its
-    first transfer of the timed call. A dead, failing or stalled rank ends the run with a DistributedError; every
-    process is joined or terminated before this returns or raises."""
+    first transfer of the timed call (`failure` "exit"), or stalls there, alive and silent ("stall"). A dead,
+    failing or stalled rank ends the run with a DistributedError; every process is joined or terminated before this
+    returns or raises."""
     tasks = [t.check() for t in tasks]
+    if failure not in ("exit", "stall"):
+        raise ValueError(f"failure {failure!r}: the test hook's failures are 'exit' and 'stall'")
     if len({t.procs for t in tasks}) != 1:
         raise ValueError("tasks of one launch share their number of processes; launch each number apart")
     if not dist.is_available() or not dist.is_gloo_available():
@@ -520,17 +528,18 @@ def run_tasks(tasks: Sequence[Task], *, timeout_s: float = DEFAULT_TIMEOUT_S, de
                          "give fewer processes or device='cpu' (gloo)")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r}: distributed runs take cpu (gloo) or cuda (NCCL)")
-    shards = _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank)
+    shards = _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure)
     references: dict[Task, torch.Tensor] = {}  # a task repeated (timing rounds) is compared with one reference
     return [_result(task, device, [shards[(r, i)] for r in range(procs)], references) for i, task in enumerate(tasks)]
 
 
-def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank) -> dict:
+def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure) -> dict:
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     workers = [ctx.Process(target=_worker, args=(r, tuple(tasks), procs, port, timeout_s, device, warmup, memory,
-                                                 fail_rank, results), daemon=True) for r in range(procs)]
+                                                 fail_rank, failure, results), daemon=True)
+               for r in range(procs)]
     got: dict = {}
     try:
         for w in workers:

@@ -194,3 +194,11 @@ def test_the_theory_page_shows_the_schemes_across_devices():
     tables = [t.value for t in at.dataframe if "bytes_sent_per_layer" in t.value.columns]
     assert len(tables) == 1 and list(tables[0]["scheme"]) == ["ring", "ulysses", "state"]
     assert any("NVLink 4 (H100 SXM): 450 GB/s" in c.value for c in at.caption)
+
+
+def test_a_rank_that_stalls_ends_the_run_at_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(D.DistributedError, match="rank 0 failed"):
+        D.run("ring", n=64, memory=False, warmup=0, timeout_s=3, fail_rank=1, failure="stall")
+    assert time.monotonic() - start < 20
+    assert multiprocessing.active_children() == []
