@@ -9,13 +9,16 @@ process outlives the launch.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
+import types
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -542,8 +545,9 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure)
                for r in range(procs)]
     got: dict = {}
     try:
-        for w in workers:
-            w.start()
+        with _bare_main():
+            for w in workers:
+                w.start()
         deadline = time.monotonic() + timeout_s * (1 + len(tasks)) + 30  # the start (imports) and each task
         while len(got) < procs * len(tasks):
             try:
@@ -562,6 +566,20 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure)
     finally:
         _stop(workers)
         results.close()
+
+
+@contextlib.contextmanager
+def _bare_main():
+    """The caller's __main__ hidden while workers start: a spawned process re-runs the parent's main module before
+    its target (multiprocessing's spawn), which in a script without a `__name__ == "__main__"` guard, or under
+    Streamlit (whose script runner leaves the page it ran as __main__), starts it over. The workers need nothing of
+    it: their target lives in this module."""
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = saved
 
 
 def _failure(workers, rank: int, text: str) -> str:

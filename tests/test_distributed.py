@@ -142,11 +142,12 @@ def test_refused_with_a_sentence(task, words):
 
 
 def test_a_rank_that_dies_ends_the_run_with_a_sentence():
+    others = set(multiprocessing.active_children())  # started by other tests (a page's measuring worker)
     start = time.monotonic()
     with pytest.raises(D.DistributedError, match="rank 1 died"):
         D.run("ring", n=64, memory=False, warmup=0, timeout_s=10, fail_rank=1)
     assert time.monotonic() - start < 25
-    assert multiprocessing.active_children() == []  # every worker joined: none left behind
+    assert set(multiprocessing.active_children()) <= others  # every worker joined: none left behind
 
 
 def test_cli_prints_the_counts_beside_the_model():
@@ -197,8 +198,9 @@ def test_the_theory_page_shows_the_schemes_across_devices():
 
 
 def test_a_rank_that_stalls_ends_the_run_at_the_timeout():
+    others = set(multiprocessing.active_children())
     start = time.monotonic()
     with pytest.raises(D.DistributedError, match="rank 0 failed"):
-        D.run("ring", n=64, memory=False, warmup=0, timeout_s=3, fail_rank=1, failure="stall")
+        D.run("ring", n=64, memory=False, warmup=0, timeout_s=2, fail_rank=1, failure="stall")
     assert time.monotonic() - start < 20
-    assert multiprocessing.active_children() == []
+    assert set(multiprocessing.active_children()) <= others
