@@ -162,7 +162,8 @@ def memory_predicted(scheme: str, shape: tuple[int, int, int, int], procs: int, 
 
 def overlap_block(flops_per_s: float, link_bytes_per_s: float, elem: int = 2) -> float:
     """Ring attention hides the transfer when a step's compute, 4·c²·H·D FLOPs for a block of c positions, outlasts
-    passing one K, V block, 2·c·H·D·elem bytes: c ≥ flops_per_s·elem / (2·link_bytes_per_s) positions a rank."""
+    passing one K, V block, 2·c·H·D·elem bytes: c ≥ flops_per_s·elem / (2·link_bytes_per_s) positions a rank.
+    Causal (zig-zag) steps do half that compute: twice the block."""
     return flops_per_s * elem / (2.0 * link_bytes_per_s)
 
 
