@@ -157,12 +157,13 @@ def test_cli_prints_the_counts_beside_the_model():
     from attn_core import cli
 
     out, err = io.StringIO(), io.StringIO()
-    code = cli.main(["distributed", "--scheme", "ulysses", "--mechanism", "linear", "--n", "64", "--heads", "4",
+    # three processes: the ring takes two steps, each block passing through a rank that did not make it
+    code = cli.main(["distributed", "--scheme", "ring", "--procs", "3", "--n", "96", "--causal", "--heads", "4",
                      "--head-dim", "8", "--no-memory", "--json"], out, err)
     assert code == cli.EXIT_OK, err.getvalue()
     got = json.loads(out.getvalue())
-    assert got["bytes_sent"] == got["bytes_predicted"] == [4 * 2 * 32 * 8 * 4] * 2 and got["max_abs_diff"] < 1e-5
-    assert got["peak_bytes"] == [None, None] and got["device"] == "cpu" and got["time_s"][0] > 0
+    assert got["bytes_sent"] == got["bytes_predicted"] == [2 * 2 * 4 * 32 * 8 * 4] * 3 and got["max_abs_diff"] < 1e-5
+    assert got["peak_bytes"] == [None] * 3 and got["device"] == "cpu" and got["time_s"][0] > 0
     assert cli.main(["distributed", "--scheme", "ring", "--n", "66", "--causal"], out, err) == cli.EXIT_USAGE
     assert "multiple of 4" in err.getvalue()
 
