@@ -3,7 +3,9 @@ summary table and saves the run as JSON or CSV; `python -m attn_core show RUN` p
 `python -m attn_core plan MODEL --context N` prints what a model's attention holds and costs at N tokens;
 `python -m attn_core runs list|show|export|delete|import|prune|resume` works on the local run store;
 `python -m attn_core recall --mechanisms ...` trains each mechanism on associative recall and prints its accuracy
-beside its state bytes and train time."""
+beside its state bytes and train time;
+
+`python -m attn_core distributed --scheme ring|ulysses|state ...` splits one attention over P local processes."""
 from __future__ import annotations
 
 import argparse
@@ -121,7 +123,7 @@ def _number(value: str) -> int | float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m attn_core", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{sweep,show,plan,runs,recall}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{sweep,show,plan,runs,recall,distributed}")
     d = {**dataclasses.asdict(Problem()), **dataclasses.asdict(Settings())}  # the library's defaults
     s = sub.add_parser("sweep", help="measure time and peak memory over sequence lengths",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
@@ -191,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     add_runs_parser(sub)
     add_recall_parser(sub)
+    add_distributed_parser(sub)
     return parser
 
 
@@ -731,6 +734,60 @@ def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_POINTS if job.frame()["status"].isin(["failed", "oom"]).any() else EXIT_OK
 
 
+# -- distributed: one attention split over P local processes (attn_core.distributed) -------------------------------
+
+def add_distributed_parser(sub) -> None:
+    p = sub.add_parser("distributed", help="one attention split over P processes on this machine (ring, Ulysses, "
+                                           "state passing), bytes sent counted beside the cost model")
+    p.add_argument("--scheme", required=True, choices=("ring", "ulysses", "state"),
+                   help="ring: key/value blocks passed around a ring (softmax); ulysses: heads exchanged by "
+                        "all-to-all (any mechanism over q, k, v); state: the running state of linear, mamba2 or "
+                        "gated_deltanet passed on (causal)")
+    p.add_argument("--mechanism", default="softmax", help="a mechanism key (default %(default)s)")
+    p.add_argument("--procs", type=int, default=2, help="processes P (default %(default)s)")
+    p.add_argument("--n", type=int, default=1024, help="sequence length, a multiple of P (causal ring: of 2·P)")
+    p.add_argument("--heads", type=int, default=8, help="attention heads (default %(default)s)")
+    p.add_argument("--head-dim", type=int, default=64, help="values a head (default %(default)s)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default %(default)s)")
+    p.add_argument("--causal", action="store_true", help="causal masking")
+    p.add_argument("--seed", type=int, default=0, help="seed of q, k, v (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="the longest wait on any one collective; a dead or stalled process ends the run "
+                        "(default %(default)s)")
+    p.add_argument("--device", default=None, help="cpu (gloo) or cuda (NCCL); default cuda where present")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory run of each process")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def run_distributed_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run one distributed task; EXIT_USAGE for a task refused, EXIT_BUSY for a run that could not finish."""
+    from . import distributed
+
+    try:
+        result = distributed.run(args.scheme, args.mechanism, args.procs, args.n, causal=args.causal,
+                                 batch=args.batch, heads=args.heads, head_dim=args.head_dim, seed=args.seed,
+                                 timeout_s=args.timeout, device=args.device, memory=not args.no_memory)
+    except ValueError as e:
+        err.write(f"error: {e}\n")
+        return EXIT_USAGE
+    except distributed.DistributedError as e:
+        err.write(f"error: {e}\n")
+        return EXIT_BUSY
+    if args.json:
+        out.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return EXIT_OK
+    t = result.task
+    out.write(f"{t.scheme} of {t.mechanism} over {t.procs} processes ({result.backend}), n = {t.n}, "
+              f"{'causal' if t.causal else 'not causal'}: max |Δ| from one process {result.max_abs_diff:.3g}\n")
+    for rank in range(t.procs):
+        peak = result.peak_bytes[rank]
+        out.write(f"  rank {rank}: {result.time_s[rank] * 1e3:8.2f} ms ({result.comm_s[rank] * 1e3:.2f} ms waiting on "
+                  f"transfers), peak {format_bytes(peak) if peak is not None else 'not measured':>10s}, sent "
+                  f"{result.bytes_sent[rank]:,} B (model {result.bytes_predicted[rank]:,} B)\n")
+    out.write(f"note: peak memory by {result.memory_method}\n")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Entry point; returns the exit code (see --help)."""
     out, err = out or sys.stdout, err or sys.stderr
@@ -742,5 +799,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return int(e.code or 0)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed, for files that record it
     commands = {"sweep": run_sweep_command, "show": run_show_command, "plan": run_plan_command,
-                "runs": run_runs_command, "recall": run_recall_command}
+                "runs": run_runs_command, "recall": run_recall_command,
+                "distributed": run_distributed_command}
     return commands[args.command](args, out, err)

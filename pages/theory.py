@@ -2,7 +2,8 @@
 import pandas as pd
 import streamlit as st
 
-from attn_core import MECHANISMS
+from attn_core import MECHANISMS, distributed
+from attn_core.spec import DTYPE_BYTES
 from attn_core.engine import env
 from attn_core.charts import insight as insight_charts
 from attn_core.insight import theory
@@ -84,8 +85,8 @@ budgets = theory.budgets(env.device_info(device)["total_memory_bytes"], budget_g
 for reason in sorted(set(frame.loc[frame["status"] != "ok", "reason"])):
     st.warning(f"Not drawn where it applies: {reason}", icon=":material/info:")
 
-flops_tab, memory_tab, time_tab, fit_tab, generation_tab, big_o_tab = st.tabs(
-    ["FLOPs", "Memory", "Time (extrapolated)", "What fits", "Generation: the cache", "Big-O"])
+flops_tab, memory_tab, time_tab, fit_tab, generation_tab, devices_tab, big_o_tab = st.tabs(
+    ["FLOPs", "Memory", "Time (extrapolated)", "What fits", "Generation: the cache", "Across devices", "Big-O"])
 with flops_tab:
     chart = insight_charts.theory_chart(frame, "flops")
     show_chart(chart)
@@ -149,5 +150,22 @@ with generation_tab:
     chart = insight_charts.theory_chart(cache, "tokens_per_s")
     show_chart(chart)
     export_row(chart, cache, "theory-tokens", "th_dl_theory-tokens")
+with devices_tab:
+    st.caption("One causal attention layer split over P devices, from attn_core.distributed's cost model (the "
+               "bytes it predicts are the bytes its runs count): ring attention (arXiv 2310.01889), DeepSpeed-Ulysses "
+               "(arXiv 2309.14509) and state passing. Measure a small run here with `python -m attn_core "
+               "distributed --scheme ring --procs 2 --n 4096 --causal`.")
+    a, b, c = st.columns(3)
+    sp_n = a.select_slider("Context n", NS, n_max, format_func="{:,}".format, **keyed("th_sp_n"))
+    procs = b.number_input("Devices P", 2, 1024, 8, **keyed("th_sp_procs"))
+    link = c.selectbox("Link", list(distributed.LINKS), index=1, **keyed("th_sp_link"))
+    link_rate, link_source = distributed.LINKS[link]
+    table = distributed.schemes_table(int(sp_n), int(heads), int(d_model) // int(heads), int(procs),
+                                      batch=int(batch), elem=DTYPE_BYTES[dtype], link_bytes_per_s=link_rate,
+                                      flops_per_s=gflops * 1e9)
+    st.dataframe(table, hide_index=True)
+    st.caption(f"{link}: {link_rate / 1e9:,.0f} GB/s a direction ({link_source}). Compute at {gflops:,.0f} GFLOP/s "
+               "a device. The ring hides its transfers behind compute when its block n/P reaches "
+               "block_to_hide_transfer.")
 with big_o_tab:
     st.dataframe(theory.big_o_table(), hide_index=True)
