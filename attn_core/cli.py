@@ -4,7 +4,6 @@ summary table and saves the run as JSON or CSV; `python -m attn_core show RUN` p
 `python -m attn_core runs list|show|export|delete|import|prune|resume` works on the local run store;
 `python -m attn_core recall --mechanisms ...` trains each mechanism on associative recall and prints its accuracy
 beside its state bytes and train time;
-
 `python -m attn_core distributed --scheme ring|ulysses|state ...` splits one attention over P local processes."""
 from __future__ import annotations
 
