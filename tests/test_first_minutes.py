@@ -1,0 +1,30 @@
+"""A newcomer's first minutes through AppTest (issue 30): the Learn page's export popovers hold their buttons."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def download_places(node, path=()) -> dict[str, tuple]:
+    """Each download button's key and the kinds of the blocks that hold it, outermost first."""
+    found = {}
+    for child in getattr(node, "children", {}).values():
+        kind = getattr(child, "type", None)
+        if kind == "download_button":
+            found[child.key] = path
+        found.update(download_places(child, (*path, kind)))
+    return found
+
+
+def test_learn_export_buttons_sit_inside_their_popovers():
+    at = AppTest.from_file(str(ROOT / "pages" / "learn.py"), default_timeout=60).run()
+    assert not at.exception
+    places = download_places(at._tree)
+    learn = {key: path for key, path in places.items() if key.startswith("learn_dl_")}
+    assert len(learn) >= 30  # ten figures and more, three formats each
+    assert all("popover" in path for path in learn.values()), [k for k, p in learn.items() if "popover" not in p]
+    popovers = at.get("popover")
+    assert len(popovers) * 3 == len(learn)
