@@ -316,13 +316,15 @@ def contention_summary(df: pd.DataFrame) -> str:
     lines = []
     if len(disturbed):
         cores = disturbed["foreign_cpu"].astype(float).mean()  # NaN-skipping; NaN when none was recorded
-        used = f"used {cores:.1f} cores (mean)" if math.isfinite(cores) else "were running"
-        lines.append(f"This machine was busy: {len(disturbed)} of {len(ok)} points were measured while other "
-                     f"programs {used}; they are drawn hollow on the time chart and left out of its fits.")
+        used = f" (they used about {cores:.1f} processor cores)" if math.isfinite(cores) else ""
+        lines.append(f"The computer was busy with other programs while {len(disturbed)} of {len(ok)} points were "
+                     f"timed{used}: those points are drawn hollow on the time chart and left out of the dashed "
+                     "curves and n*.")
     if len(retaken):
         samples = int(retaken["retaken"].sum())
-        lines.append(f"{len(retaken)} {'point was' if len(retaken) == 1 else 'points were'} re-measured clean "
-                     f"after {samples} disturbed {'sample was' if samples == 1 else 'samples were'} taken again.")
+        lines.append(f"{len(retaken)} {'point was' if len(retaken) == 1 else 'points were'} slowed by other "
+                     f"programs and timed again: {samples} slow {'run was' if samples == 1 else 'runs were'} "
+                     "repeated until clean.")
     return " ".join(lines)
 
 
