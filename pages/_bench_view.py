@@ -160,6 +160,14 @@ def summary(job):
     return state.summary[1]
 
 
+# Each chart's files: (button, its key's end, file name's end, maker, type); "PNG 16:9" fills a 1920×1080 slide,
+# "PNG" keeps the chart's own shape.
+EXPORTS = (("PNG 16:9", "slide", "-16x9.png", export.chart_slide_png, "image/png"),
+           ("PNG", "png", ".png", export.chart_png, "image/png"),
+           ("SVG", "svg", ".svg", export.chart_svg, "image/svg+xml"),
+           ("HTML", "html", ".html", export.chart_html, "text/html"))
+
+
 def export_panel(job) -> None:
     record = job.result()
     with st.expander("Export", icon=":material/download:"):
@@ -172,14 +180,11 @@ def export_panel(job) -> None:
                             **keyed("bench_subtitle"))
         for metric, chart in shown.items():
             name = "time" if metric == "time_median_s" else "memory"
-            row = st.columns(4)
+            row = st.columns(5)
             row[0].markdown(f"**{scaling.METRICS[metric][3]}** chart")
-            for column, (fmt, make, mime) in zip(row[1:], (("PNG", export.chart_png, "image/png"),
-                                                           ("SVG", export.chart_svg, "image/svg+xml"),
-                                                           ("HTML", export.chart_html, "text/html"))):
-                column.download_button(fmt, functools.partial(make, chart), f"attention-{name}.{fmt.lower()}", mime,
-                                       key=f"bench_dl_{name}_{fmt.lower()}", on_click="ignore",
-                                       icon=":material/download:")
+            for column, (fmt, kind, end, make, mime) in zip(row[1:], EXPORTS):
+                column.download_button(fmt, functools.partial(make, chart), f"attention-{name}{end}", mime,
+                                       key=f"bench_dl_{name}_{kind}", on_click="ignore", icon=":material/download:")
         row = st.columns(4)
         row[0].markdown("**Data, with the environment stamp**")
         row[1].download_button("CSV", functools.partial(results.to_csv_bytes, record), "attention-run.csv",
