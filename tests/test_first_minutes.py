@@ -28,3 +28,16 @@ def test_learn_export_buttons_sit_inside_their_popovers():
     assert all("popover" in path for path in learn.values()), [k for k, p in learn.items() if "popover" not in p]
     popovers = at.get("popover")
     assert len(popovers) * 3 == len(learn)
+
+
+def test_n_star_is_told_to_two_significant_figures():
+    from attn_core.engine.analysis import rounded_n
+
+    assert [rounded_n(n) for n in (215.4, 217.9, 218.2, 280.0, 99.6, 1234.0, 64.0)] == \
+        [220, 220, 220, 280, 100, 1200, 64]
+
+
+def test_home_points_a_newcomer_to_the_learn_page():
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    links = [e for e in at.main.get("page_link") if e.proto.page == "pages/learn.py" or "learn" in e.proto.page]
+    assert links and "Learn page" in links[0].proto.label

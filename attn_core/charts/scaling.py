@@ -436,7 +436,7 @@ def _crossover_frame(crossovers, pts, metric):
     found["n"] = found["n_star"]
     found[column] = [_value_at(pts[pts["drawn"] & (pts["series"] == s)], column, n)
                      for s, n in zip(found["series"], found["n_star"])]
-    found["line_text"] = [f"{s} overtakes {labels.get(b, b)} at n* ≈ {n:,.0f}"
+    found["line_text"] = [f"{s} overtakes {labels.get(b, b)} at n* ≈ {analysis.rounded_n(n):,}"
                           for s, b, n in zip(found["series"], found["baseline"], found["n_star"])]
     return found.sort_values("n_star").reset_index(drop=True)
 

@@ -229,7 +229,7 @@ def crossovers(df: pd.DataFrame, metric: str = "time_median_s", baseline: str = 
             n_star = _crossing(ns, ratio) if len(ns) >= 2 else math.nan
             if not math.isnan(n_star):
                 i = int(np.searchsorted(ns, n_star))
-                note = (f"{word} than {baseline} from n ≈ {n_star:.0f} (between n = {ns[max(i - 1, 0)]:.0f} "
+                note = (f"{word} than {baseline} from n ≈ {rounded_n(n_star)} (between n = {ns[max(i - 1, 0)]:.0f} "
                         f"and {ns[min(i, len(ns) - 1)]:.0f})")
             elif ratio[-1] < 1:
                 note = (f"not within the measured range: already {word} than {baseline} at the smallest "
@@ -239,6 +239,12 @@ def crossovers(df: pd.DataFrame, metric: str = "time_median_s", baseline: str = 
         rows.append({"mechanism": mechanism, "baseline": baseline, "metric": metric, "n_star": n_star,
                      "note": note, "params": params, "series": name})
     return pd.DataFrame(rows, columns=["mechanism", "baseline", "metric", "n_star", "note", "params", "series"])
+
+
+def rounded_n(n_star: float) -> int:
+    """n* to two significant figures: what interpolating between a sweep's log-spaced lengths can tell (identical
+    runs on one machine gave 215 to 218, and 280 when it was busy)."""
+    return int(float(f"{n_star:.2g}"))
 
 
 def first_series(rows: pd.DataFrame) -> pd.DataFrame:
