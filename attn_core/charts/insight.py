@@ -109,7 +109,7 @@ def speed_accuracy_chart(frame: pd.DataFrame) -> alt.TopLevelMixin:
 
 
 def _panels(frame: pd.DataFrame, *, value: str, value_title: str, x_title: str, binary: bool) -> alt.TopLevelMixin:
-    """Unstyled heatmap of a matrix_frame: queries down, keys across, in order; one panel per head."""
+    """Unstyled heatmap of a matrix_frame: queries down, keys across, in order; one panel per head, two to a row."""
     rows = frame.drop_duplicates("i").sort_values("i")["query"].tolist()
     cols = frame.drop_duplicates("j").sort_values("j")["key"].tolist()
     side = max(260, min(440, 22 * max(len(rows), len(cols))))  # readable cells on a wide screen, not a stamp
@@ -132,20 +132,22 @@ def _panels(frame: pd.DataFrame, *, value: str, value_title: str, x_title: str, 
         tooltip=[alt.Tooltip("head:O", title="head"), alt.Tooltip("query:N"), alt.Tooltip("key:N", title=x_title),
                  shown]).properties(width=side, height=side)
     if frame["head"].nunique() > 1:
-        return base.facet(column=alt.Column("head:O", title=None, header=alt.Header(labelExpr="'head ' + datum.value")))
+        return base.facet(facet=alt.Facet("head:O", title=None, header=alt.Header(labelExpr="'head ' + datum.value")),
+                          columns=2)  # two panels to a row at most: four heads wrap
     return base
 
 
 def pattern_chart(cells: pd.DataFrame, weights: pd.DataFrame, *, title: str, subtitle: str | list[str] = "",
                   x_title: str = "key", cells_x_title: str = "key",
                   weights_title: str = "Effective attention") -> alt.TopLevelMixin:
-    """Side by side: the cells a mechanism computes (blue; effective.attention_maps 'cells') and the weights it
+    """One above the other: the cells a mechanism computes (blue; effective.attention_maps 'cells') and the weights it
     applies, one panel per head ('weights'), each with its own colour scale."""
     left = _panels(cells, value="computed", value_title="", x_title=cells_x_title, binary=True).properties(
         title=alt.TitleParams("Cells computed (blue)", anchor="start"))
     right = _panels(weights, value="weight", value_title="weight", x_title=x_title, binary=False).properties(
         title=alt.TitleParams(weights_title, anchor="start"))
-    chart = alt.hconcat(left, right, spacing=30).resolve_scale(color="independent")
+    chart = alt.vconcat(left, right, spacing=30).resolve_scale(color="independent")  # one above the other: no
+    # wider than two panels (1280 px with the sidebar open holds that, not four)
     return _finish(chart.properties(title=alt.TitleParams(title, subtitle=subtitle, anchor="start")))
 
 
