@@ -41,3 +41,17 @@ def test_home_points_a_newcomer_to_the_learn_page():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
     links = [e for e in at.main.get("page_link") if e.proto.page == "pages/learn.py" or "learn" in e.proto.page]
     assert links and "Learn page" in links[0].proto.label
+
+
+def test_theory_says_which_lines_coincide_and_close_budgets_share_one_label():
+    import pandas as pd
+
+    from attn_core.charts import insight
+
+    frame = pd.DataFrame({"label": ["A", "A", "B", "B", "C", "C"], "n": [1, 2] * 3, "mechanism": list("aabbcc"),
+                          "status": "ok", "total_bytes": [1.0, 4.0, 1.0, 4.0, 1.0, 2.0]})
+    spec = insight.theory_chart(frame, "total_bytes", budgets={"this device": 23.6 * 2**30, "24 GB GPU": 24 * 2**30,
+                                                                "80 GB GPU": 80 * 2**30}).to_dict()
+    assert "one line hides another (the same values): A = B" in spec["title"]["subtitle"]
+    (text,) = [layer for layer in spec["layer"] if layer["mark"]["type"] == "text"]
+    assert [r["budget"] for r in spec["datasets"][text["data"]["name"]]] == ["this device · 24 GB GPU", "80 GB GPU"]
