@@ -32,7 +32,7 @@ with setup:
         st.markdown(f"**{state.preset}**: {form.SHOWN_PRESETS[state.preset].look_for}")
     elif talk:
         st.markdown("**Presets**: one click sets everything and runs.")
-    per_row = 2 if talk else 4  # talk mode's large type: two to a row, no name cut short
+    per_row = 2 if talk else 3  # no name cut short at 1280 px with the sidebar open; two in talk mode's large type
     slots = [column for _ in range(0, len(presets.PRESETS), per_row) for column in st.columns(per_row)]
     for column, (name, preset) in zip(slots, presets.PRESETS.items()):
         column.button(name, key=f"bench_preset_{name.lower().replace(' ', '_')}", on_click=form.apply_preset,

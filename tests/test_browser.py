@@ -250,6 +250,9 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
                 page.wait_for_function(IN_VIEW, timeout=10_000)  # drawn in view, no scroll asked
                 page.screenshot(path=ARTIFACTS / f"browser-first-chart-{width}x{height}{'-talk' * talk}.png")
                 page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
+                wait_idle(page)
+                assert page.evaluate(CUT_SHORT) == [], (width, talk)  # preset names, options, tables whole
+                assert page.evaluate(OVERFLOW) == [False, 0], (width, talk)
         with browser_page(1280, 720) as page:
             page.goto(f"{server.url}/learn")
             page.get_by_role("heading", name="Learn", exact=True).first.wait_for()
@@ -263,7 +266,7 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
             page.keyboard.press("Escape")
             for path in ("learn", "patterns", "theory"):
                 page.goto(f"{server.url}/{path}")
-                page.locator(CHART).first.wait_for()
+                page.locator(CHART).first.wait_for(state="attached", timeout=120_000)
                 wait_idle(page)
                 assert page.evaluate(OVERFLOW) == [False, 0], path
                 assert page.locator(EXCEPTION).count() == 0
