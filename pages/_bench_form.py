@@ -126,10 +126,11 @@ def show_settings(config: SweepConfig) -> list[str]:
     return left
 
 
-def settings() -> tuple[SweepConfig, list[str]]:
-    """The form; returns the sweep it describes and the sentences saying what to change."""
+def settings(folded: bool = False) -> tuple[SweepConfig, list[str]]:
+    """The form (`folded`: closed, as in talk mode); returns the sweep it describes and the sentences saying what to
+    change."""
     d = DEFAULT_SWEEP
-    with st.expander("Settings" + (" (folded away in talk mode)" if talk() else ""), expanded=not talk(),
+    with st.expander("Settings" + (" (folded away in talk mode)" if talk() else ""), expanded=not (talk() or folded),
                      icon=":material/tune:"):
         # talk mode's large type: two columns to a row
         what, sizes, shape, where = st.columns(2) + st.columns(2) if talk() else st.columns([3, 2, 2, 2])

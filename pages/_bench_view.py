@@ -14,6 +14,9 @@ from pages._shared import bench_state, label
 S = st.session_state
 # No animation while points are timed: a browser easing a progress bar draws for the whole transition.
 STILL_CSS = "<style>[data-testid='stProgress'] * { transition: none !important; animation: none !important; }</style>"
+# Less blank space above the title (Streamlit's 6rem): the chart a run draws starts in the upper half of the window.
+TOP_CSS = ("<style>[data-testid='stMainBlockContainer'] { padding-top: 3.5rem; } "
+           "[data-testid='stMainBlockContainer'] h1 { font-size: 2.25rem; padding-top: 0; }</style>")
 # Each chart's box: as tall as the screen allows (the chart fills it, title included). In talk mode a chart and its
 # title fill the window below Streamlit's header bar, at 1280×720 as at 1920×1080.
 CHART_CSS = "".join(f".st-key-bench_chart_{m} {{ flex: 0 0 auto !important; height: auto !important; }} "
@@ -27,10 +30,10 @@ TALK_COLUMNS = ["Mechanism", "time ∝ n^k: k", "memory ∝ n^k: k", "speed-up v
 
 
 def style() -> None:
-    st.html(STILL_CSS + f"<style>{CHART_CSS.replace('HEIGHT', CHART_HEIGHT[talk()])}</style>")
+    st.html(STILL_CSS + TOP_CSS + f"<style>{CHART_CSS.replace('HEIGHT', CHART_HEIGHT[talk()])}</style>")
 
 
-def live(job) -> None:
+def live(job, chart_place=st) -> None:
     """Draw a running job: the worker is held while this run draws (no timed sample competes with it), the progress
     ticks in a fragment between full runs, and the next full run is paced (engine.pacing)."""
     worker.hold(True)  # measure.take_turn waits for the hold, 3 s at most
@@ -42,7 +45,7 @@ def live(job) -> None:
         job.poll()  # the points due now, drawn by this run
     clock.begin(id(job), job.progress.done, time.monotonic())
     st.fragment(ticker, run_every=clock.tick_every(job.points_per_s if replay else None))()
-    results_view(job)
+    results_view(job, chart_place)
     clock.end(time.monotonic())
     state.drawing = False
     worker.hold(False)  # the charts are sent; the worker waits for the browser to draw them (a quiet moment)
@@ -76,8 +79,8 @@ def ticker() -> None:
         worker.hold(False)
 
 
-def results_view(job) -> None:
-    """Controls, charts and table of the current job's points."""
+def results_view(job, chart_place=st) -> None:
+    """Controls, charts and table of the current job's points; the chart options in `chart_place` (beside Run)."""
     if job is None:
         st.info("Choose settings and press Run, or pick a preset: points appear on the charts as they are measured.")
         return
@@ -89,35 +92,33 @@ def results_view(job) -> None:
     if df.empty:
         st.caption("Waiting for the first point…")
         return
-    if talk():  # large type: the curves' pills get a row of their own, no name cut short
-        axes, baseline = st.columns([2, 3])
-        curves = st.container()
-    else:
-        axes, curves, baseline = st.columns([1, 2, 2])
-    axes.segmented_control("Axes", AXES, default="log-log", required=True, **keyed("bench_axes"))
-    curves.pills("Theory curves (dashed)", list(CURVES), default=["spec"], selection_mode="multi",
+    with chart_place.popover("Chart options", icon=":material/tune:", width="stretch"):
+        st.segmented_control("Axes", AXES, default="log-log", required=True, **keyed("bench_axes"))
+        st.pills("Theory curves (dashed)", list(CURVES), default=["spec"], selection_mode="multi",
                  format_func=CURVES.get, **keyed("bench_curves"))
-    baseline.segmented_control("Crossover n* against", BASELINES, default="softmax", required=True,
-                               format_func=label, **keyed("bench_baseline"))
-    if explained := analysis.mode_note(df):
-        st.caption(explained)
-    busy = analysis.contention_summary(df)
-    if busy:
-        (st.warning if df["disturbed"].any() else st.caption)(busy)
+        st.segmented_control("Crossover n* against", BASELINES, default="softmax", required=True,
+                             format_func=label, **keyed("bench_baseline"))
     if job.done and (missing := analysis.baseline_note(df, S.get("bench_baseline") or "softmax")):
         st.info(missing, icon=":material/info:")
+    notes = []  # how the points were measured: behind an expander under the charts, not above them
     for metric in metrics():
         options = chart_options(metric)
         with st.container(key=f"bench_chart_{metric}"):  # sized to the screen by CHART_CSS; the chart fills it
             st.vega_lite_chart(live_spec(metric).update(df, metric, fit=True, **options), theme=None,
                                width="stretch", height="stretch")
         if note := scaling.chart_note(df, metric, log=options["log"], curves=options["curves"]):
-            st.caption(untrusted.literal(note))  # it quotes labels and reasons, from a file when replayed
+            notes.append(untrusted.literal(note))  # it quotes labels and reasons, from a file when replayed
+    if job.done and (stopped := analysis.stopped_note(df)):
+        st.info(stopped, icon=":material/stop_circle:")
+    busy = analysis.contention_summary(df)
+    notes = [analysis.mode_note(df), busy, *notes, analysis.matmul_note(job.result().env) if job.done else ""]
+    with st.expander("How this was measured" + (" (the computer was busy: hollow points left out)"
+                                                 if df["disturbed"].any() else ""), icon=":material/science:"):
+        st.markdown("Each point is the median of repeated timed calls after warm-up runs; the dashed theory curves "
+                    "are scaled to the clean points.")
+        for note in filter(None, notes):
+            st.caption(note)
     if job.done:
-        if stopped := analysis.stopped_note(df):
-            st.info(stopped, icon=":material/stop_circle:")
-        if busy_matmul := analysis.matmul_note(job.result().env):
-            st.warning(busy_matmul)
         table = summary(job)
         if talk():  # large type: an HTML table scales with the page's font, a data grid does not
             short = table[[c for c in TALK_COLUMNS if c in table]].set_index("Mechanism")
@@ -159,6 +160,14 @@ def summary(job):
     return state.summary[1]
 
 
+# Each chart's files: (button, its key's end, file name's end, maker, type); "PNG 16:9" fills a 1920×1080 slide,
+# "PNG" keeps the chart's own shape.
+EXPORTS = (("PNG 16:9", "slide", "-16x9.png", export.chart_slide_png, "image/png"),
+           ("PNG", "png", ".png", export.chart_png, "image/png"),
+           ("SVG", "svg", ".svg", export.chart_svg, "image/svg+xml"),
+           ("HTML", "html", ".html", export.chart_html, "text/html"))
+
+
 def export_panel(job) -> None:
     record = job.result()
     with st.expander("Export", icon=":material/download:"):
@@ -171,14 +180,11 @@ def export_panel(job) -> None:
                             **keyed("bench_subtitle"))
         for metric, chart in shown.items():
             name = "time" if metric == "time_median_s" else "memory"
-            row = st.columns(4)
+            row = st.columns(5)
             row[0].markdown(f"**{scaling.METRICS[metric][3]}** chart")
-            for column, (fmt, make, mime) in zip(row[1:], (("PNG", export.chart_png, "image/png"),
-                                                           ("SVG", export.chart_svg, "image/svg+xml"),
-                                                           ("HTML", export.chart_html, "text/html"))):
-                column.download_button(fmt, functools.partial(make, chart), f"attention-{name}.{fmt.lower()}", mime,
-                                       key=f"bench_dl_{name}_{fmt.lower()}", on_click="ignore",
-                                       icon=":material/download:")
+            for column, (fmt, kind, end, make, mime) in zip(row[1:], EXPORTS):
+                column.download_button(fmt, functools.partial(make, chart), f"attention-{name}{end}", mime,
+                                       key=f"bench_dl_{name}_{kind}", on_click="ignore", icon=":material/download:")
         row = st.columns(4)
         row[0].markdown("**Data, with the environment stamp**")
         row[1].download_button("CSV", functools.partial(results.to_csv_bytes, record), "attention-run.csv",

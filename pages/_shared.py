@@ -50,11 +50,14 @@ def export_row(chart, frame, stem: str, key: str, *, folded: bool = False) -> No
     """The chart as PNG and SVG and its data as CSV, in a row of download buttons keyed `{key}_png` etc. (`folded`:
     in a popover, for a page of many figures)."""
     made = insight_charts.downloads(chart, frame, stem)
-    if folded:
+    if folded:  # the buttons are made inside the popover's block: made after it, they land on the page
         with st.popover("Export this figure", icon=":material/download:"):
-            places = [st] * len(made)
+            _download_buttons(made, [st] * len(made), key)
     else:
-        places = st.columns(6)
+        _download_buttons(made, st.columns(6), key)
+
+
+def _download_buttons(made, places, key: str) -> None:
     for place, (fmt, data, name, mime) in zip(places, made):
         place.download_button(fmt, data, name, mime, key=f"{key}_{fmt.lower()}", on_click="ignore")
 

@@ -21,26 +21,38 @@ view.style()
 st.title("Benchmark")
 for note in notes:
     st.warning(note, icon=":material/link_off:")
-if state.preset or talk:
-    st.markdown(f"**{state.preset}**: {form.SHOWN_PRESETS[state.preset].look_for}" if state.preset else
-                "**Presets**: one click sets everything and runs.")
-per_row = 2 if talk else 4  # talk mode's large type: two to a row, no name cut short
-slots = [column for _ in range(0, len(presets.PRESETS), per_row) for column in st.columns(per_row)]
-for column, (name, preset) in zip(slots, presets.PRESETS.items()):
-    column.button(name, key=f"bench_preset_{name.lower().replace(' ', '_')}", on_click=form.apply_preset,
-                  args=(preset,), disabled=busy, width="stretch")
-config, problems = form.settings()
-for problem in problems:
-    st.warning(problem, icon=":material/edit:")
-run_col, stop_col, _ = st.columns([1, 1, 2 if talk else 6])
-run_col.button("Run", key="bench_run", type="primary", icon=":material/play_arrow:", on_click=form.start,
-               args=(config,), disabled=bool(problems) or busy, width="stretch")
-stop_col.button("Stop", key="bench_stop", icon=":material/stop:", on_click=form.stop, disabled=not running,
-                width="stretch")
-if running:  # a bare `a if c else b` line would be written on the page by Streamlit's magic: a stray "None"
-    view.live(job)
-else:
-    view.results_view(job)
-if job is not None and job.done and not job.frame().empty:
-    view.export_panel(job)
+shown = job is not None  # a run shown: its chart comes first, the presets and settings after it, folded
+setup, controls, charts = (st.container(), st.container(), st.container())
+if shown:
+    controls, charts, setup = setup, controls, charts
+with setup:
+    if shown:
+        st.subheader("Set up another run")
+    if state.preset and not shown:
+        st.markdown(f"**{state.preset}**: {form.SHOWN_PRESETS[state.preset].look_for}")
+    elif talk:
+        st.markdown("**Presets**: one click sets everything and runs.")
+    per_row = 2 if talk else 3  # no name cut short at 1280 px with the sidebar open; two in talk mode's large type
+    slots = [column for _ in range(0, len(presets.PRESETS), per_row) for column in st.columns(per_row)]
+    for column, (name, preset) in zip(slots, presets.PRESETS.items()):
+        column.button(name, key=f"bench_preset_{name.lower().replace(' ', '_')}", on_click=form.apply_preset,
+                      args=(preset,), disabled=busy, width="stretch")
+    config, problems = form.settings(folded=shown)
+    for problem in problems:
+        st.warning(problem, icon=":material/edit:")
+with controls:
+    if shown and state.preset:
+        st.markdown(f"**{state.preset}**: {form.SHOWN_PRESETS[state.preset].look_for}")
+    run_col, stop_col, options_col, _ = st.columns([1, 1, 2, 0.1 if talk else 4])
+    run_col.button("Run", key="bench_run", type="primary", icon=":material/play_arrow:", on_click=form.start,
+                   args=(config,), disabled=bool(problems) or busy, width="stretch")
+    stop_col.button("Stop", key="bench_stop", icon=":material/stop:", on_click=form.stop, disabled=not running,
+                    width="stretch")
+with charts:
+    if running:  # a bare `a if c else b` line would be written on the page by Streamlit's magic: a stray "None"
+        view.live(job, options_col)
+    else:
+        view.results_view(job, options_col)
+    if job is not None and job.done and not job.frame().empty:
+        view.export_panel(job)
 view.replay_panel(busy)

@@ -14,6 +14,9 @@ st.markdown(
     "mechanism overtakes softmax, and exports to a slide in one click."
 )
 
+st.page_link("pages/learn.py", label="New to attention? The Learn page explains it step by step, one picture each",
+             icon=":material/school:")
+
 st.subheader("Devices found")
 rows = []
 for device in env.available_devices():

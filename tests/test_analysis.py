@@ -189,13 +189,13 @@ def test_contention_summary_counts_disturbed_points_cores_and_retakes():
     df = disturbed(df, "linear", [256, 512], cores=1.0)
     df.loc[df["n"] == 1024, "retaken"] = 2  # re-measured, then clean
     assert analysis.contention_summary(df) == (
-        "This machine was busy: 4 of 10 points were measured while other programs used 0.9 cores (mean); they are "
-        "drawn hollow on the time chart and left out of its fits. 2 points were re-measured clean after 4 disturbed "
-        "samples were taken again.")
+        "The computer was busy with other programs while 4 of 10 points were timed (they used about 0.9 processor "
+        "cores): those points are drawn hollow on the time chart and left out of the dashed curves and n*. 2 points "
+        "were slowed by other programs and timed again: 4 slow runs were repeated until clean.")
     clean = df.assign(disturbed=False, retaken=0)
     clean.loc[0, "retaken"] = 1
-    assert analysis.contention_summary(clean) == "1 point was re-measured clean after 1 disturbed sample was taken " \
-                                                 "again."
+    assert analysis.contention_summary(clean) == "1 point was slowed by other programs and timed again: 1 slow run " \
+                                                 "was repeated until clean."
 
 
 def test_roofline_is_executed_flops_at_one_device_throughput():

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from PIL import Image
 from streamlit.runtime.media_file_manager import MediaFileManager
@@ -173,7 +174,8 @@ def test_downloads_hold_real_png_svg_html_csv_and_json(swept, monkeypatch):
     assert made["attention-memory.svg"]().lstrip().startswith(b"<svg")
     assert b"vegaEmbed" in made["attention-time.html"]()
     csv = made["attention-run.csv"]().decode()
-    assert csv.startswith("# attention-lab-run") and "# env: {" in csv and "softmax" in csv
+    table = pd.read_csv(io.StringIO(csv))  # a clean table, the stamp in its last columns
+    assert set(table["format"]) == {"attention-lab-run"} and "softmax" in set(table["mechanism"])
     loaded = results.load_run(made["attention-run.json"](), name="download")
     assert loaded.env["torch"] and len(loaded.frame) == 4
 
@@ -354,8 +356,10 @@ def test_a_busy_run_says_so_and_sdpa_as_baseline_says_it_was_not_measured():
     at.file_uploader(key="bench_upload").upload("busy.json", saved, "application/json")
     at.run()
     at.button(key="bench_show").click().run()
-    assert warnings(at) == ["This machine was busy: 2 of 8 points were measured while other programs used 0.9 cores "
-                            "(mean); they are drawn hollow on the time chart and left out of its fits."]
+    assert warnings(at) == []  # said in plain words behind "How this was measured", not above the chart
+    (how,) = [e for e in at.expander if e.label.startswith("How this was measured (the computer was busy")]
+    assert any(c.value.startswith("The computer was busy with other programs while 2 of 8 points were timed (they "
+                                  "used about 0.9 processor cores)") for c in how.caption)
     at.pills(key="bench_curves").set_value(["spec", "roofline"]).run()
     time_spec = chart_specs(at)[0]
     assert {r["kind"] for rows in time_spec["datasets"].values() for r in rows if "kind" in r} >= {"roofline"}

@@ -98,7 +98,7 @@ def test_theory_curves_are_dashed_and_the_legend_says_how_they_are_scaled():
     dashed = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
     assert len(dashed) == 1
     title = " ".join(dashed[0]["encoding"]["strokeDash"]["title"])
-    assert "fitted" in title and "least squares" in title
+    assert title == "Dashed: theory, scaled to the clean points"  # how, in words, on the page beside
     rows = spec["datasets"][dashed[0]["data"]["name"]]
     assert {r["kind"] for r in rows} == {"spec", "n²"}
     softmax = [r for r in rows if r["mechanism"] == "softmax" and r["kind"] == "n²"]
@@ -266,7 +266,7 @@ def test_disturbed_points_are_hollow_with_the_figure_in_their_tooltip_and_out_of
     (dashed,) = [layer for layer in spec["layer"] if "strokeDash" in layer.get("encoding", {})]
     quad = {r["n"]: r["time_ms"] for r in spec["datasets"][dashed["data"]["name"]] if r["mechanism"] == "softmax"}
     assert quad[512] == pytest.approx(1e-8 * 512 ** 2 * 1e3)  # fitted on the three clean points only
-    assert "This machine was busy: 1 of 8 points" in " ".join(spec["title"]["subtitle"])
+    assert spec["title"]["subtitle"][1:] == [scaling.BUSY_FOOTNOTE]  # one line, not the method
     assert not scaling.figure(df, "peak_bytes").to_dict().get("datasets", {}).get("disturbed")  # memory: unaffected
     every = scaling.figure(df.assign(disturbed=True), "time_median_s").to_dict()  # nothing clean: still coloured
     assert every["layer"][0]["encoding"]["color"]["scale"]["domain"] == ["Softmax (materialized)", "Linear (elu+1)"]

@@ -113,7 +113,7 @@ def test_show_says_what_the_page_says_of_a_busy_stopped_run(tmp_path):
     (tmp_path / "busy.json").write_bytes(results.to_json_bytes(results.Run(frame, stamp, {})))
     code, stdout, _ = run_main("show", str(tmp_path / "busy.json"))
     assert code == 0
-    assert "This machine was busy: 2 of 6 points were measured while other programs used 0.9 cores" in stdout
+    assert "busy with other programs while 2 of 6 points were timed (they used about 0.9 processor" in stdout
     assert "Stopped after 6 of 8 points" in stdout
     assert "No comparison with Softmax (fused SDPA): this sweep did not measure it." in stdout
     assert "matmul figure was measured while other programs were busy" in stdout

@@ -57,3 +57,17 @@ def test_a_scaling_chart_exports_to_every_format():
     assert export.chart_png(chart)[:8] == b"\x89PNG\r\n\x1a\n"
     assert b"Peak memory" in export.chart_svg(chart)
     assert b"Softmax (materialized)" in export.chart_html(chart)
+
+
+def test_a_slide_png_is_1920_by_1080_and_filled_by_the_chart():
+    frame = pd.DataFrame({"n": [64, 128, 256], "ms": [1.0, 3.0, 9.0], "series": ["a", "b", "c"]})
+    chart = alt.Chart(frame).mark_line().encode(x="n:Q", y="ms:Q", color="series:N").properties(
+        width=640, height=250, title="A wide chart")
+    image = Image.open(io.BytesIO(export.chart_slide_png(chart))).convert("L")
+    assert image.size == (1920, 1080)
+    left, top, right, bottom = image.point(lambda v: 255 if v < 200 else 0).getbbox()  # where the ink is
+    assert right - left > 0.9 * 1920 and bottom - top > 0.9 * 1080  # filled, not letterboxed
+    as_shown = Image.open(io.BytesIO(export.chart_png(chart)))
+    assert as_shown.width / as_shown.height > 2  # the chart's own shape is still there
+    with pytest.raises(ValueError, match="no room for the plot"):
+        export.chart_slide_png(chart, size=(200, 100))

@@ -302,8 +302,8 @@ def test_pattern_chart_has_a_panel_per_head_and_independent_colours():
     q, k, v = accuracy.make_inputs("local", 1, 3, 6, 4)
     maps = effective.attention_maps("sliding_window", q, k, v, effective.token_labels("a b c d e f"), window=1)
     spec = insight_charts.pattern_chart(maps["cells"], maps["weights"], title="Sliding window").to_dict()
-    cells, weights = spec["hconcat"]
-    assert weights["facet"]["column"]["field"] == "head" and "facet" not in cells
+    cells, weights = spec["vconcat"]
+    assert weights["facet"]["field"] == "head" and weights["columns"] == 2 and "facet" not in cells
     assert spec["resolve"]["scale"]["color"] == "independent"
 
 
@@ -370,7 +370,7 @@ def test_pattern_heatmaps_are_large_enough_to_read():
                           for i in range(12) for j in range(12)])
     weights = cells.rename(columns={"computed": "weight"}).assign(weight=lambda f: f["weight"] / 12.0)
     spec = insight_charts.pattern_chart(cells, weights, title="t").to_dict()
-    assert all(panel["width"] >= 260 and panel["height"] >= 260 for panel in spec["hconcat"])
+    assert all(panel["width"] >= 260 and panel["height"] >= 260 for panel in spec["vconcat"])
 
 
 @pytest.mark.parametrize("name, state", [("accuracy", FAST_ACCURACY), ("theory", {})])

@@ -65,9 +65,25 @@ def test_json_has_no_nan_and_csv_starts_with_the_stamp():
     doc = json.loads(to_json_bytes(sample_run()))
     assert doc["format"] == "attention-lab-run" and doc["schema_version"] == 3
     assert doc["rows"][2]["time_median_s"] is None
+
+def test_the_csv_opens_as_a_clean_table_with_its_stamp_in_columns(tmp_path):
+    """What a user takes to a spreadsheet: pandas.read_csv(path) reads it as is, one line per point, the stamp in
+    the last columns."""
+    run = sample_run()
+    save_run(run, tmp_path / "run.csv")
+    table = pd.read_csv(tmp_path / "run.csv")
+    assert list(table.columns) == [*COLUMNS, "format", "schema_version", "env", "config"]
+    assert len(table) == 4 and table["n"].tolist() == [256, 256, 8192, 256]
+    assert set(table["format"]) == {"attention-lab-run"} and set(table["schema_version"]) == {3}
+    assert {json.loads(cell)["device_name"] for cell in table["env"]} == {"AMD EPYC"}
+    assert json.loads(table["config"][0]) == {"ns": [256, 8192], "mechanisms": [["softmax", {}]]}
+
+
+def test_a_csv_whose_lines_carry_different_stamps_is_refused():
     lines = to_csv_bytes(sample_run()).decode().splitlines()
-    assert lines[0] == "# attention-lab-run" and lines[1] == "# schema_version: 3"
-    assert lines[2].startswith("# env: {") and lines[4].split(",")[:2] == ["mechanism", "label"]
+    lines[2] = lines[2].replace('""torch"": ""2.13.0""', '""torch"": ""2.14.0""')
+    with pytest.raises(RunFileError, match="different stamps"):
+        load_run("\n".join(lines).encode(), name="mixed.csv")
 
 
 def test_save_refuses_an_unknown_extension(tmp_path):
@@ -136,13 +152,27 @@ def older_file(fmt: str, version: int, dropped) -> bytes:
         doc["schema_version"] = version
         doc["rows"] = [{k: v for k, v in r.items() if k not in dropped} for r in doc["rows"]]
         return json.dumps(doc).encode()
-    text = to_csv_bytes(sample_run()).decode().replace("# schema_version: 3", f"# schema_version: {version}")
-    lines = text.splitlines()
-    keep = [i for i, c in enumerate(lines[4].split(",")) if c not in dropped]
-    body = list(csv.reader(io.StringIO("\n".join(lines[4:]))))
+    return commented_csv(json.loads(to_json_bytes(sample_run())), version, dropped)
+
+
+def commented_csv(doc: dict, version: int, dropped=()) -> bytes:
+    """A run document in the CSV layout older builds wrote: four '# ' lines of stamp above the table."""
     out = io.StringIO()
-    csv.writer(out, lineterminator="\n").writerows([[r[i] for i in keep] for r in body])
-    return ("\n".join(lines[:4]) + "\n" + out.getvalue()).encode()
+    out.write(f"# attention-lab-run\n# schema_version: {version}\n")
+    out.write(f"# env: {json.dumps(doc['env'])}\n# config: {json.dumps(doc['config'])}\n")
+    names = [c for c in COLUMNS if c not in dropped]
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(names)
+    for r in doc["rows"]:
+        writer.writerow(["" if r[c] is None else json.dumps(r[c]) if isinstance(r[c], list) else r[c] for c in names])
+    return out.getvalue().encode()
+
+
+def test_a_csv_in_the_older_layout_still_loads_the_same():
+    run = sample_run()
+    back = load_run(commented_csv(json.loads(to_json_bytes(run)), 3), name="old.csv")
+    assert back.env == run.env and back.config == run.config
+    pd.testing.assert_frame_equal(back.frame, run.frame)
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv"])

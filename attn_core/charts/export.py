@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 
@@ -28,6 +29,33 @@ def _spec(chart: alt.TopLevelMixin | dict) -> dict:
 def chart_png(chart: alt.TopLevelMixin | dict, scale: float = 2) -> bytes:
     """PNG of the chart; scale 2 gives a sharp image on a slide."""
     return vlc.vegalite_to_png(_spec(chart), scale=scale)
+
+
+SLIDE = (1920, 1080)  # a 16:9 slide's pixels
+
+
+def chart_slide_png(chart: alt.TopLevelMixin | dict, size: tuple[int, int] = SLIDE, scale: float = 2) -> bytes:
+    """PNG of the chart filling a slide: exactly `size` pixels (16:9 by default). The plot is resized so that it,
+    its titles and its legend fill size / scale at once (their room is measured by one render at the chart's own
+    size); what rounding leaves is white margin."""
+    from PIL import Image
+
+    spec = dict(_spec(chart))
+    plot = (spec.get("width"), spec.get("height"))
+    if not all(isinstance(v, (int, float)) for v in plot):
+        raise ValueError("a slide needs a chart of fixed width and height; give the chart a width= and height=")
+    natural = Image.open(io.BytesIO(vlc.vegalite_to_png(spec, scale=1))).size
+    room = [target / scale - (whole - inner) for target, whole, inner in zip(size, natural, plot)]
+    if min(room) < 50:
+        raise ValueError(f"the chart's titles and legend leave no room for the plot in {size[0]}×{size[1]} pixels "
+                         f"at scale {scale}; choose a larger size or a smaller scale")
+    spec["width"], spec["height"] = (int(v) for v in room)
+    drawn = Image.open(io.BytesIO(vlc.vegalite_to_png(spec, scale=scale))).convert("RGB")
+    slide = Image.new("RGB", size, "white")
+    slide.paste(drawn.crop((0, 0, min(drawn.width, size[0]), min(drawn.height, size[1]))))
+    out = io.BytesIO()
+    slide.save(out, format="PNG")
+    return out.getvalue()
 
 
 def chart_svg(chart: alt.TopLevelMixin | dict) -> bytes:

@@ -7,6 +7,7 @@ import math
 from functools import partial
 
 import altair as alt
+import numpy as np
 import pandas as pd
 import torch
 
@@ -109,7 +110,7 @@ def speed_accuracy_chart(frame: pd.DataFrame) -> alt.TopLevelMixin:
 
 
 def _panels(frame: pd.DataFrame, *, value: str, value_title: str, x_title: str, binary: bool) -> alt.TopLevelMixin:
-    """Unstyled heatmap of a matrix_frame: queries down, keys across, in order; one panel per head."""
+    """Unstyled heatmap of a matrix_frame: queries down, keys across, in order; one panel per head, two to a row."""
     rows = frame.drop_duplicates("i").sort_values("i")["query"].tolist()
     cols = frame.drop_duplicates("j").sort_values("j")["key"].tolist()
     side = max(260, min(440, 22 * max(len(rows), len(cols))))  # readable cells on a wide screen, not a stamp
@@ -132,20 +133,22 @@ def _panels(frame: pd.DataFrame, *, value: str, value_title: str, x_title: str, 
         tooltip=[alt.Tooltip("head:O", title="head"), alt.Tooltip("query:N"), alt.Tooltip("key:N", title=x_title),
                  shown]).properties(width=side, height=side)
     if frame["head"].nunique() > 1:
-        return base.facet(column=alt.Column("head:O", title=None, header=alt.Header(labelExpr="'head ' + datum.value")))
+        return base.facet(facet=alt.Facet("head:O", title=None, header=alt.Header(labelExpr="'head ' + datum.value")),
+                          columns=2)  # two panels to a row at most: four heads wrap
     return base
 
 
 def pattern_chart(cells: pd.DataFrame, weights: pd.DataFrame, *, title: str, subtitle: str | list[str] = "",
                   x_title: str = "key", cells_x_title: str = "key",
                   weights_title: str = "Effective attention") -> alt.TopLevelMixin:
-    """Side by side: the cells a mechanism computes (blue; effective.attention_maps 'cells') and the weights it
+    """One above the other: the cells a mechanism computes (blue; effective.attention_maps 'cells') and the weights it
     applies, one panel per head ('weights'), each with its own colour scale."""
     left = _panels(cells, value="computed", value_title="", x_title=cells_x_title, binary=True).properties(
         title=alt.TitleParams("Cells computed (blue)", anchor="start"))
     right = _panels(weights, value="weight", value_title="weight", x_title=x_title, binary=False).properties(
         title=alt.TitleParams(weights_title, anchor="start"))
-    chart = alt.hconcat(left, right, spacing=30).resolve_scale(color="independent")
+    chart = alt.vconcat(left, right, spacing=30).resolve_scale(color="independent")  # one above the other: no
+    # wider than two panels (1280 px with the sidebar open holds that, not four)
     return _finish(chart.properties(title=alt.TitleParams(title, subtitle=subtitle, anchor="start")))
 
 
@@ -236,9 +239,12 @@ def theory_chart(frame: pd.DataFrame, metric: str = "flops", *, budgets: dict[st
         rules = pd.DataFrame({"budget": list(budgets), "y": [b / scale for b in budgets.values()]})
         rule = alt.Chart(rules).encode(y="y:Q")
         layers += [rule.mark_rule(color="black", strokeDash=[4, 3]),
-                   rule.mark_text(align="left", dx=4, dy=-6, x=0).encode(text="budget:N")]
+                   alt.Chart(budget_labels(budgets, scale)).mark_text(align="left", dx=4, dy=-6, x=0).encode(
+                       y="y:Q", text="budget:N")]
     invalid = sorted(set(frame.loc[frame["status"] != "ok", "label"]))
     subtitle = [f"not applicable at some n: {', '.join(invalid)}"] if invalid else []
+    if together := coinciding(kept, "y"):
+        subtitle.append("one line hides another (the same values): " + "; ".join(" = ".join(g) for g in together))
     if metric == "predicted_time_s":
         subtitle.insert(0, EXTRAPOLATION)
     if metric == "tokens_per_s":
@@ -248,6 +254,34 @@ def theory_chart(frame: pd.DataFrame, metric: str = "flops", *, budgets: dict[st
     return _finish(alt.layer(*layers).properties(width=600, height=380, title=alt.TitleParams(
         names[metric].split(" (")[0].removesuffix(", extrapolated") + f" vs {length.lower()}", subtitle=subtitle,
         anchor="start")))
+
+
+def coinciding(frame: pd.DataFrame, value: str) -> list[list[str]]:
+    """The groups of labels whose lines lie on one another (the same value at every n, to 1 part in 10⁶), each in
+    the frame's order; a line drawn last hides the others, so the chart says so."""
+    lines = {name: g.set_index("n")[value].sort_index() for name, g in frame.groupby("label", sort=False)}
+    groups: list[list[str]] = []
+    for name, line in lines.items():
+        for group in groups:
+            other = lines[group[0]]
+            if line.index.equals(other.index) and np.allclose(line.to_numpy(), other.to_numpy(), rtol=1e-6, atol=0):
+                group.append(name)
+                break
+        else:
+            groups.append([name])
+    return [g for g in groups if len(g) > 1]
+
+
+def budget_labels(budgets: dict[str, float], scale: float, apart: float = 1.4) -> pd.DataFrame:
+    """One label per group of budgets closer than a factor `apart` (their texts would print on one another on a log
+    axis): 'this device · 24 GB GPU' at the group's lowest rule."""
+    rows: list[dict] = []
+    for name, value in sorted(budgets.items(), key=lambda kv: kv[1]):
+        if rows and value / scale < rows[-1]["y"] * apart:
+            rows[-1]["budget"] += f" · {name}"
+        else:
+            rows.append({"budget": name, "y": value / scale})
+    return pd.DataFrame(rows, columns=["budget", "y"])
 
 
 def bar_domain(longest: float, low: float, room: float = 0.7) -> tuple[float, float]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 
 import altair as alt
@@ -30,7 +29,8 @@ MASK_DASHES = {"bidirectional": [1, 0], "causal": [14, 4, 3, 4]}
 # How the engine times a call on each device (env.device_timer), as the axis says it.
 TIME_METHODS = {"cuda": "median of CUDA-event timings", "mps": "median wall-clock, synchronized",
                 "cpu": "median wall-clock"}
-THEORY_HOW = ["Dashed: theory c·f(n), c fitted to the", "clean measured points (least squares, log space)"]
+THEORY_HOW = ["Dashed: theory, scaled to the clean points"]  # how: the page's "How this was measured"
+BUSY_FOOTNOTE = "Hollow points: timed while the computer was busy; left out of the dashed curves"
 ROOFLINE_HOW = ["Dotted: executed FLOPs at the device's", "measured matmul throughput"]
 EMPTY_DOMAIN = {True: (1.0, 10.0), False: (0.0, 1.0)}  # a y scale with nothing to draw (log, linear): keeps its height
 
@@ -158,12 +158,11 @@ def figure(df: pd.DataFrame, metric: str = "time_median_s", *, log: bool = True,
            curves: tuple[str, ...] = ("spec",), talk: bool = False, title: str | None = None,
            subtitle: str | None = None) -> alt.LayerChart:
     """The dashboard's chart of one metric as a file shows it: measured points, the chosen theory curves (kinds of
-    CURVES) and n*; a time chart with disturbed points says so in extra subtitle lines (a page says it beside)."""
+    CURVES) and n*; a time chart with disturbed points says so in one footnote line under its subtitle (the page
+    says how many beside)."""
     theory, crossings = analyse(df, metric, baseline, "roofline" in curves)
-    busy = analysis.contention_summary(df) if metric == "time_median_s" and df["disturbed"].any() else ""
-    if busy:
-        first = subtitle if subtitle is not None else default_subtitle(df)
-        subtitle = [first, *re.split(r"(?<=;) |(?<=\.) ", busy)]
+    if metric == "time_median_s" and df["disturbed"].any():
+        subtitle = [subtitle if subtitle is not None else default_subtitle(df), BUSY_FOOTNOTE]
     return scaling_chart(df, metric, theory=theory[theory["kind"].isin(curves)], crossovers=crossings, log=log,
                          talk=talk, title=title, subtitle=subtitle)
 
@@ -437,7 +436,7 @@ def _crossover_frame(crossovers, pts, metric):
     found["n"] = found["n_star"]
     found[column] = [_value_at(pts[pts["drawn"] & (pts["series"] == s)], column, n)
                      for s, n in zip(found["series"], found["n_star"])]
-    found["line_text"] = [f"{s} overtakes {labels.get(b, b)} at n* ≈ {n:,.0f}"
+    found["line_text"] = [f"{s} overtakes {labels.get(b, b)} at n* ≈ {analysis.rounded_n(n):,}"
                           for s, b, n in zip(found["series"], found["baseline"], found["n_star"])]
     return found.sort_values("n_star").reset_index(drop=True)
 

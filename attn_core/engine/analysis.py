@@ -229,7 +229,7 @@ def crossovers(df: pd.DataFrame, metric: str = "time_median_s", baseline: str = 
             n_star = _crossing(ns, ratio) if len(ns) >= 2 else math.nan
             if not math.isnan(n_star):
                 i = int(np.searchsorted(ns, n_star))
-                note = (f"{word} than {baseline} from n ≈ {n_star:.0f} (between n = {ns[max(i - 1, 0)]:.0f} "
+                note = (f"{word} than {baseline} from n ≈ {rounded_n(n_star)} (between n = {ns[max(i - 1, 0)]:.0f} "
                         f"and {ns[min(i, len(ns) - 1)]:.0f})")
             elif ratio[-1] < 1:
                 note = (f"not within the measured range: already {word} than {baseline} at the smallest "
@@ -239,6 +239,12 @@ def crossovers(df: pd.DataFrame, metric: str = "time_median_s", baseline: str = 
         rows.append({"mechanism": mechanism, "baseline": baseline, "metric": metric, "n_star": n_star,
                      "note": note, "params": params, "series": name})
     return pd.DataFrame(rows, columns=["mechanism", "baseline", "metric", "n_star", "note", "params", "series"])
+
+
+def rounded_n(n_star: float) -> int:
+    """n* to two significant figures: what interpolating between a sweep's log-spaced lengths can tell (identical
+    runs on one machine gave 215 to 218, and 280 when it was busy)."""
+    return int(float(f"{n_star:.2g}"))
 
 
 def first_series(rows: pd.DataFrame) -> pd.DataFrame:
@@ -316,13 +322,15 @@ def contention_summary(df: pd.DataFrame) -> str:
     lines = []
     if len(disturbed):
         cores = disturbed["foreign_cpu"].astype(float).mean()  # NaN-skipping; NaN when none was recorded
-        used = f"used {cores:.1f} cores (mean)" if math.isfinite(cores) else "were running"
-        lines.append(f"This machine was busy: {len(disturbed)} of {len(ok)} points were measured while other "
-                     f"programs {used}; they are drawn hollow on the time chart and left out of its fits.")
+        used = f" (they used about {cores:.1f} processor cores)" if math.isfinite(cores) else ""
+        lines.append(f"The computer was busy with other programs while {len(disturbed)} of {len(ok)} points were "
+                     f"timed{used}: those points are drawn hollow on the time chart and left out of the dashed "
+                     "curves and n*.")
     if len(retaken):
         samples = int(retaken["retaken"].sum())
-        lines.append(f"{len(retaken)} {'point was' if len(retaken) == 1 else 'points were'} re-measured clean "
-                     f"after {samples} disturbed {'sample was' if samples == 1 else 'samples were'} taken again.")
+        lines.append(f"{len(retaken)} {'point was' if len(retaken) == 1 else 'points were'} slowed by other "
+                     f"programs and timed again: {samples} slow {'run was' if samples == 1 else 'runs were'} "
+                     "repeated until clean.")
     return " ".join(lines)
 
 

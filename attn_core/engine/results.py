@@ -23,6 +23,7 @@ SCHEMA_VERSION = 3
 # are filled in (every head its own key/value head, no padding: all an older build could measure)
 READABLE_VERSIONS = (1, 2, 3)
 FORMAT = "attention-lab-run"
+STAMP = ("format", "schema_version", "env", "config")  # a CSV's last columns, the same on every line
 MAX_FILE_BYTES = 32 * 1024 * 1024  # ~100k points; larger files are refused before parsing
 
 ADDED_IN_2 = {"executed_flops": None, "foreign_cpu": None, "load_average": None, "disturbed": False, "retaken": 0}
@@ -102,19 +103,20 @@ def to_json_bytes(run: Run) -> bytes:
 
 
 def to_csv_bytes(run: Run) -> bytes:
-    """The run as CSV: '# attention-lab-run', '# schema_version: 1', '# env: {json}', '# config: {json}' lines,
-    then a header and one line per point; params and time_samples cells hold JSON. No cell can run as a
-    spreadsheet formula: text cells starting with =, +, -, @, tab or CR get a leading ' (`csv_cell`, taken off again
-    by load_run), and those characters inside the comment lines' JSON strings are \\u escapes (`csv_json`)."""
+    """The run as one clean CSV table (`pandas.read_csv` and a spreadsheet open it as is): a header, then one line per
+    point; the run's stamp in the last columns of every line: STAMP = format, schema_version, env and config (JSON).
+    params, time_samples, env and config cells hold JSON. No cell can run as a spreadsheet formula: text cells
+    starting with =, +, -, @, tab or CR get a leading ' (`csv_cell`, taken off again by load_run), and those
+    characters inside JSON strings are \\u escapes (`csv_json`). load_run also reads the older layout, whose stamp
+    stood in four '# ' lines above the table."""
+    stamp = [FORMAT, SCHEMA_VERSION, *(csv_json(json.dumps(part, allow_nan=False, default=_jsonable))
+                                      for part in (run.env, run.config))]
     out = io.StringIO()
-    out.write(f"# {FORMAT}\n# schema_version: {SCHEMA_VERSION}\n")
-    out.write(f"# env: {csv_json(json.dumps(run.env, allow_nan=False, default=_jsonable))}\n")
-    out.write(f"# config: {csv_json(json.dumps(run.config, allow_nan=False, default=_jsonable))}\n")
     writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180's line end: a CR inside a cell is quoted too, so it
-    writer.writerow(COLUMNS)  # cannot end the row (and start the next with a formula) in a spreadsheet
+    writer.writerow([*COLUMNS, *STAMP])  # cannot end the row (and start the next with a formula) in a spreadsheet
     for rec in _records(run.frame):
         rec["time_samples"] = json.dumps(rec["time_samples"])
-        writer.writerow(["" if rec[c] is None else csv_cell(rec[c]) for c in COLUMNS])
+        writer.writerow(["" if rec[c] is None else csv_cell(rec[c]) for c in COLUMNS] + stamp)
     return out.getvalue().encode("utf-8")
 
 
@@ -225,6 +227,28 @@ def _comment_json(line: str, key: str, label: str) -> dict:
 
 
 def _parse_csv(text: str, label: str) -> Run:
+    if text.startswith("# "):
+        return _parse_commented_csv(text, label)
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if reader.fieldnames is None or not set(STAMP) <= set(reader.fieldnames):
+        _check_header(None, None, label)
+    rows = [dict(r) for r in reader]
+    stamps = {tuple(r.pop(c, None) for c in STAMP) for r in rows}
+    if len(stamps) > 1:
+        raise RunFileError(f"{label} is malformed: its lines carry different stamps (format, schema_version, env, "
+                           "config); save each run to its own file")
+    fmt, version_text, env, config = stamps.pop() if stamps else (FORMAT, str(SCHEMA_VERSION), "{}", "{}")
+    version = int(version_text) if isinstance(version_text, str) and version_text.isdigit() else None
+    _check_header(fmt, version, label)
+    parts = [json.loads(env or "{}"), json.loads(config or "{}")]
+    if not all(isinstance(part, dict) for part in parts):
+        raise RunFileError(f"{label} is malformed: the env and config cells must hold JSON objects")
+    return Run(_validated(_csv_rows(rows, reader.fieldnames, version, label), label), *parts, SCHEMA_VERSION)
+
+
+def _parse_commented_csv(text: str, label: str) -> Run:
+    """The older layout: '# attention-lab-run', '# schema_version: N', '# env: {json}', '# config: {json}', then
+    the table."""
     lines = text.splitlines(keepends=True)  # kept: a quoted line break inside a cell reaches the reader as written
     if not lines or lines[0].strip() != f"# {FORMAT}":
         _check_header(None, None, label)
@@ -239,11 +263,16 @@ def _parse_csv(text: str, label: str) -> Run:
     env = _comment_json(meta["env"], "env", label) if "env" in meta else {}
     config = _comment_json(meta["config"], "config", label) if "config" in meta else {}
     reader = csv.DictReader(io.StringIO("".join(lines[body_start:]), newline=""))
-    rows = _upgraded([dict(r) for r in reader], version)
-    if reader.fieldnames is None:
+    rows = [dict(r) for r in reader]
+    return Run(_validated(_csv_rows(rows, reader.fieldnames, version, label), label), env, config, SCHEMA_VERSION)
+
+
+def _csv_rows(rows: list[dict], names: Any, version: int, label: str) -> list[dict]:
+    """A CSV table's rows as typed cells, upgraded from schema `version`."""
+    rows = _upgraded(rows, version)
+    if names is None:
         raise RunFileError(f"{label} is malformed: the header line of the table is missing")
-    _check_columns([*reader.fieldnames, *(ADDED_IN_2 if version == 1 else ()), *(ADDED_IN_3 if version < 3 else ())],
-                   label)
+    _check_columns([*names, *(ADDED_IN_2 if version == 1 else ()), *(ADDED_IN_3 if version < 3 else ())], label)
     for r in rows:
         if None in r:
             raise RunFileError(f"{label} is malformed: a line has more cells than the header")
@@ -252,7 +281,7 @@ def _parse_csv(text: str, label: str) -> Run:
             r[c] = csv_text(r[c]) if isinstance(r[c], str) else r[c]
         for c in FLOAT:
             r[c] = r[c] if r[c] not in ("", None) else None
-    return Run(_validated(rows, label), env, config, SCHEMA_VERSION)
+    return rows
 
 
 def _check_columns(names: Any, label: str) -> None:
