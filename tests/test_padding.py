@@ -216,8 +216,9 @@ def test_mechanisms_without_padding_refuse_with_a_sentence(key):
     spec = ac.MECHANISMS[key]
     q, k, v = qkv(37)
     with pytest.raises(ValueError, match=re.escape(spec.label) + " cannot take a key-padding mask: .+; choose one of"):
-        ac.attention(key, q, k, v, key_padding_mask=lengths_mask([37, 20], 37), **SMALL.get(key, {}))
-    layer = MultiHeadAttention(16, 2, key, **SMALL.get(key, {}))
+        ac.attention(key, q, k, v, causal=plain_causal(spec), key_padding_mask=lengths_mask([37, 20], 37),
+                     **SMALL.get(key, {}))
+    layer = MultiHeadAttention(16, 2, key, plain_causal(spec), **SMALL.get(key, {}))
     with pytest.raises(ValueError, match="cannot take a key-padding mask"):
         layer(torch.randn(2, 37, 16), key_padding_mask=lengths_mask([37, 20], 37))
 

@@ -9,7 +9,7 @@ import torch
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import Cache, Ring, kv_bytes, tensor_bytes
-from ._common import checked_shape, scale, trusted
+from ._common import check_key_padding, checked_shape, scale, trusted
 
 ROWS = 16  # queries per block of the forward pass: each gathers its own select_blocks × select_block keys
 GATES = ("g_cmp", "g_slc", "g_win")
@@ -64,6 +64,19 @@ def _selected(score: torch.Tensor, s: int, e: int, select_block: int, select_blo
     return order[..., :min(select_blocks, score.shape[-1])]
 
 
+def _take(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """x[b, h, pos[b, h, i]] for pos (B, Hk, …) → (B, Hk, R, D), R positions a head: one index_select of whole rows of x's storage, read
+    in place (a contiguous x, or a cache ring's view of one; any other x is copied contiguous first)."""
+    B, Hk, _, D = x.shape
+    s0, s1, s2, s3 = x.stride()
+    if s3 != 1 or s2 != D or s1 % D or s0 % D:
+        x = x.contiguous()
+        s0, s1, s2, _ = x.stride()
+    base = (torch.arange(B, device=x.device)[:, None] * (s0 // D) + torch.arange(Hk, device=x.device) * (s1 // D))
+    rows_ = x.as_strided(((B - 1) * (s0 // D) + (Hk - 1) * (s1 // D) + x.shape[2], D), (D, 1))
+    return rows_.index_select(0, (pos.flatten(2) + base[..., None]).flatten()).view(B, Hk, -1, D)
+
+
 def _softmax_rows(scores: torch.Tensor, dead_ok: bool) -> torch.Tensor:
     if not dead_ok:
         return torch.softmax(scores, dim=-1)
@@ -100,9 +113,7 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
     idx = _selected(score, s, e, select_block, select_blocks)  # (B, Hk, r, S')
     pos = (idx[..., None] * select_block + torch.arange(select_block, device=q.device)).flatten(-2)  # (B, Hk, r, L)
     L = pos.shape[-1]
-    flat = pos.clamp(max=e - 1).view(B, Hk, r * L, 1).expand(-1, -1, -1, D)
-    ks, vs = (torch.gather(x[:, :, :e], 2, flat).view(B, Hk, r, L, D) for x in (k, v))
-    del flat
+    ks, vs = (_take(x, pos.clamp(max=e - 1)).view(B, Hk, r, L, D) for x in (k, v))
     qg = qs.view(B, Hk, G, r, D).transpose(2, 3)  # (B, Hk, r, G, D)
     ss = qg @ ks.transpose(-2, -1)  # (B, Hk, r, G, L)
     del ks
@@ -184,8 +195,7 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
     checked_shape(SPEC, q, k, v, causal, block=block, stride=stride, select_block=select_block,
                   select_blocks=select_blocks, window=window)
     if key_padding_mask is not None:
-        raise ValueError(f"{SPEC.label} cannot take a key-padding mask: {SPEC.supports.no_padding}; run each sequence "
-                         f"at its own length")
+        check_key_padding(SPEC, key_padding_mask, q, k)  # refuses it with the spec's sentence
     p = {"block": block, "stride": stride, "select_block": select_block, "select_blocks": select_blocks,
          "window": window}
     gates = _gates(q, {"g_cmp": g_cmp, "g_slc": g_slc, "g_win": g_win}, seed)
@@ -212,17 +222,18 @@ class NSACache(Cache):
                            compressed(v, params["block"], params["stride"]),
                            reserve=visible_blocks(ahead - 1, params["block"], params["stride"]))
         self.gates, self.seed = gates, seed
+        self.next_gates(ahead)  # drawn now, so that no step up to max_len draws
 
-    def next_gates(self) -> list[torch.Tensor]:
-        """The gates of position `length`, (B, H, 1) views; past the stream, the seeded defaults of positions up to
-        twice as far are drawn first (amortized O(1) a token)."""
-        t = self.length
+    def next_gates(self, stop: int | None = None) -> list[torch.Tensor]:
+        """The gates of position `length`, (B, H, 1) views; past the stream (or short of `stop` positions), the
+        seeded defaults of positions up to twice as far are drawn first (amortized O(1) a token)."""
+        t = self.length if stop is None else stop - 1
         if t >= min(g.shape[-1] for g in self.gates):
             B, H, _ = self.gates[0].shape
             drawn = draw_gates(B, H, 2 * t + 1, seed=self.seed, device=self.device, dtype=self.gates[0].dtype)
             self.gates = [torch.cat([g, drawn[name][..., g.shape[-1]:]], -1) if g.shape[-1] <= t else g
                           for name, g in zip(GATES, self.gates)]
-        return [g[..., t:t + 1] for g in self.gates]
+        return [g[..., self.length:self.length + 1] for g in self.gates]
 
     def mark(self) -> tuple[int, ...]:
         return (self.length, self.tokens.length, self.blocks.length)
@@ -332,14 +343,16 @@ def _flops(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, win
 
 
 def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
-    """The output and the compressed keys and values, plus one query block's largest workspace: the gathered keys
-    and values of its selected tokens (and their int64 positions) beside its selection scores."""
+    """The output and the compressed keys and values, plus the last query block's workspace at its peak, while its
+    selected values are gathered: per key/value head and gathered token the keys and values (2·d numbers) and three
+    int64 positions (the positions, clamped, and as rows of the storage); beside them its compressed probabilities,
+    its scaled queries and compressed output (per query head), and its block scores."""
     m = visible_blocks(s.Nk - 1, block, stride)
-    fixed = s.output_bytes + kv_bytes(s, m)
-    r = min(ROWS, s.Nq)
-    L = min(select_blocks, -(-s.Nq // select_block)) * select_block
-    gathered = s.bk * r * L * (2 * s.D * s.elem + 8 + 8) + s.bh * r * L * s.elem
-    return fixed + gathered
+    r, nsel = min(ROWS, s.Nq), -(-s.Nq // select_block)
+    L = min(select_blocks, nsel) * select_block
+    gathered = s.bk * r * L * (2 * s.D * s.elem + 24)
+    beside = s.bh * r * (m + 2 * s.D) * s.elem + s.bk * r * nsel * s.elem
+    return s.output_bytes + kv_bytes(s, m) + gathered + beside
 
 
 def _effective(q, k, v, causal: bool, state: dict, block=32, stride=16, select_block=64, select_blocks=16,
@@ -357,7 +370,7 @@ def _effective(q, k, v, causal: bool, state: dict, block=32, stride=16, select_b
     ends = torch.arange(m) * stride + block - 1
     sc = (q @ kc.transpose(-2, -1)) * scale(D)
     sc = sc.masked_fill(ends > t[:, None], float("-inf"))
-    p = _softmax_rows(sc, dead_ok=True)  # (B, H, n, m)
+    p = _softmax_rows(sc, dead_ok=True) if m else sc  # (B, H, n, m)
     cover = ((torch.arange(n)[None, :] >= (ends - block + 1)[:, None]) & (torch.arange(n)[None, :] <= ends[:, None]))
     w_cmp = p @ (cover.to(q.dtype) / block)  # (B, H, n, n)
     score = (p.view(B, H // G, G, n, m).sum(2) @ cover.to(q.dtype)) if m else q.new_zeros(B, H // G, n, n)
