@@ -65,8 +65,9 @@ def _selected(score: torch.Tensor, s: int, e: int, select_block: int, select_blo
 
 
 def _take(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """x[b, h, pos[b, h, i]] for pos (B, Hk, …) → (B, Hk, R, D), R positions a head: one index_select of whole rows of x's storage, read
-    in place (a contiguous x, or a cache ring's view of one; any other x is copied contiguous first)."""
+    """x[b, h, pos[b, h, i]] for pos (B, Hk, …) → (B, Hk, R, D), R positions a head: one index_select of whole
+    rows of x's storage, read in place (a contiguous x, or a cache ring's view of one; any other x is copied
+    contiguous first)."""
     B, Hk, _, D = x.shape
     s0, s1, s2, s3 = x.stride()
     if s3 != 1 or s2 != D or s1 % D or s0 % D:
@@ -89,7 +90,8 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
     """The outputs of queries at positions s … e−1 (q (B, H, r, D), e = s + r) over keys and values k, v
     (B, Hk, ≥ e, D) in token order and their compressed kc, vc (B, Hk, ≥ visible, D); gates (B, H, r) each.
     Per key/value head, its H/Hk query heads stacked as rows: compression (softmax over the visible compressed
-    blocks), selection (softmax over the gathered tokens of the chosen blocks, ≤ t) and the window (t − window < j ≤ t)."""
+    blocks), selection (softmax over the gathered tokens of the chosen blocks, ≤ t) and the window
+    (t − window < j ≤ t)."""
     B, H, r, D = q.shape
     Hk, e = k.shape[1], s + q.shape[2]
     G = H // Hk
@@ -182,9 +184,9 @@ def _checked_gate(name: str, t, q: torch.Tensor, longer: bool) -> torch.Tensor:
 def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block: int = 32, stride: int = 16,
                   select_block: int = 64, select_blocks: int = 16, window: int = 512, g_cmp=None, g_slc=None,
                   g_win=None, seed: int = 0) -> torch.Tensor:
-    """o_t = g_cmp·Attn(q_t, K̃_{≤t}, Ṽ_{≤t}) + g_slc·Attn(q_t, K_sel(t), V_sel(t)) + g_win·Attn(q_t, K_win(t), V_win(t)),
-    causal only. K̃, Ṽ: means over blocks of `block` tokens every `stride` (`compressed`), a query seeing those that
-    end at or before it. K_sel(t): the tokens ≤ t of `select_blocks` blocks of `select_block` tokens, the first and
+    """o_t = g_cmp·Attn(q_t, K̃_{≤t}, Ṽ_{≤t}) + g_slc·Attn(q_t, K_sel(t), V_sel(t))
+    + g_win·Attn(q_t, K_win(t), V_win(t)), causal only. K̃, Ṽ: means over blocks of `block` tokens every `stride`
+    (`compressed`), a query seeing those that end at or before it. K_sel(t): the tokens ≤ t of `select_blocks` blocks of `select_block` tokens, the first and
     the query's own always, the rest by compressed attention spread back over the tokens it pooled, summed over the
     query heads sharing a key/value head (one selection per group, as the paper's kernel). K_win(t): t − window < j ≤ t.
 
