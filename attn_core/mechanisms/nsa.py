@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
-from ._cache import Cache, Ring, kv_bytes, tensor_bytes
+from ._cache import Cache, Ring, kv_bytes
 from ._common import check_key_padding, checked_shape, scale, trusted
 
 ROWS = 16  # queries per block of the forward pass: each gathers its own select_blocks × select_block keys
@@ -186,9 +186,10 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
                   g_win=None, seed: int = 0) -> torch.Tensor:
     """o_t = g_cmp·Attn(q_t, K̃_{≤t}, Ṽ_{≤t}) + g_slc·Attn(q_t, K_sel(t), V_sel(t))
     + g_win·Attn(q_t, K_win(t), V_win(t)), causal only. K̃, Ṽ: means over blocks of `block` tokens every `stride`
-    (`compressed`), a query seeing those that end at or before it. K_sel(t): the tokens ≤ t of `select_blocks` blocks of `select_block` tokens, the first and
-    the query's own always, the rest by compressed attention spread back over the tokens it pooled, summed over the
-    query heads sharing a key/value head (one selection per group, as the paper's kernel). K_win(t): t − window < j ≤ t.
+    (`compressed`), a query seeing those that end at or before it. K_sel(t): the tokens ≤ t of `select_blocks`
+    blocks of `select_block` tokens, the first and the query's own always, the rest by compressed attention spread
+    back over the tokens it pooled, summed over the query heads sharing a key/value head (one selection per group, as
+    the paper's kernel). K_win(t): t − window < j ≤ t.
 
     q (B, H, n, D), k, v (B, Hk, n, D) → (B, H, n, D); gates (B, H, n) in [0, 1] (seeded from `seed` when None).
     Queries in blocks of ROWS: O(n·(n/stride + select_blocks·select_block + window)·d) time, O(n·d) memory (each
