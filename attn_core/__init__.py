@@ -3,14 +3,14 @@ from . import generation, masks
 from .api import attention, get, make_state
 from .layers import MultiHeadAttention
 from .latent import MultiLatentAttention, LatentCache
-from . import rope
+from . import positional, rope
 from .mechanisms import MEASURED, MECHANISMS
 from .mechanisms.sdpa import sdpa_backend
 from .spec import MechanismSpec, Param, Shape
 
 __all__ = ["MEASURED", "MECHANISMS", "MechanismSpec", "MultiHeadAttention", "Param", "Shape", "attention", "generation",
            "get", "make_state", "masks", "sdpa_backend"]
-__all__ += ["LatentCache", "MultiLatentAttention", "rope"]
+__all__ += ["LatentCache", "MultiLatentAttention", "positional", "rope"]
 
 # engine
 from .engine import worker

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from .mechanisms import LATENT, MECHANISMS
-from .mechanisms._common import check_finite, check_key_padding, check_qkv
+from .mechanisms._common import check_finite, check_key_padding, check_qkv, check_score_bias
 from .spec import MechanismSpec, Shape
 
 
@@ -33,7 +33,8 @@ def make_state(key: str, shape: Shape, device=None, dtype=torch.float32, *, seed
 
 
 def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              key_padding_mask: torch.Tensor | None = None, **params: Any) -> torch.Tensor:
+              key_padding_mask: torch.Tensor | None = None, score_bias: torch.Tensor | None = None,
+              **params: Any) -> torch.Tensor:
     """Run mechanism `key` on q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D) with its keyword parameters.
     Hk < H: each key/value head serves H/Hk consecutive query heads (grouped-query attention; Hk = 1: multi-query),
     for a mechanism whose spec has `supports.shared_kv`; the others refuse it with a sentence.
@@ -43,13 +44,21 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     a batch; torch.nn.MultiheadAttention's convention), e.g. torch.arange(Nk) >= lengths[:, None]. Padded keys get
     no weight, combined with the mechanism's own pattern and causality; a query that sees no unpadded key (a batch
     element all padding, or causal attention before its first real key) outputs zeros. Mechanisms whose spec has
-    `padding` take it; the others refuse it with a sentence saying why."""
+    `padding` take it; the others refuse it with a sentence saying why.
+
+    `score_bias`: a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled scores (attn_core.positional's
+    ALiBi and relative biases); mechanisms whose spec has `score_bias` take it, the others refuse it with a
+    sentence."""
     spec = get(key)
     # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
     takes_mask = "mask" in inspect.signature(spec.fn).parameters
     spec.check_params(params, extra=(*spec.state.keys, "seed", *(("mask",) if takes_mask else ())))
     check_qkv(q, k, v)
     check_finite(q=q, k=k, v=v)
+    if score_bias is not None:
+        check_score_bias(spec, score_bias, q, k)
+        check_finite(score_bias=score_bias)
+        params["score_bias"] = score_bias
     if key_padding_mask is None:
         return spec.fn(q, k, v, causal=causal, **params)
     check_key_padding(spec, key_padding_mask, q, k)

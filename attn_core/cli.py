@@ -1,6 +1,7 @@
 """Command line: `python -m attn_core sweep ...` measures a sweep in the worker, shows progress on stderr, prints a
 summary table and saves the run as JSON or CSV; `python -m attn_core show RUN` prints a saved run's summary;
-`python -m attn_core plan MODEL --context N` prints what a model's attention holds and costs at N tokens."""
+`python -m attn_core plan MODEL --context N` prints what a model's attention holds and costs at N tokens;
+`python -m attn_core runs list|show|export|delete|import|prune|resume` works on the local run store."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,7 @@ import tempfile
 import threading
 from typing import Sequence, TextIO
 
-from . import planner
+from . import planner, store
 from .engine import analysis, env
 from .mechanisms import LATENT, MECHANISMS
 from .engine.measure import format_bytes, resolve_mechanisms
@@ -116,7 +117,7 @@ def _number(value: str) -> int | float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m attn_core", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{sweep,show,plan}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{sweep,show,plan,runs}")
     d = {**dataclasses.asdict(Problem()), **dataclasses.asdict(Settings())}  # the library's defaults
     s = sub.add_parser("sweep", help="measure time and peak memory over sequence lengths",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
@@ -172,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "exit code 3 (default %(default)s)")
     s.add_argument("--out", default=None, metavar="PATH", help="save the run; .json or .csv chooses the format")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_store_arguments(s)
     show = sub.add_parser("show", help="print the summary of a saved run")
     show.add_argument("path", help="a .json or .csv run file")
     pl = sub.add_parser("plan", help="a model's attention cache, prefill FLOPs and decode reads at a context length")
@@ -183,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--batch", type=int, default=1, help="sequences held at once (default 1)")
     pl.add_argument("--dtype", default=None, help="the cache's dtype: bf16, fp16, fp32 (default: the model's)")
     pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    add_runs_parser(sub)
     return parser
 
 
@@ -225,7 +228,7 @@ def run_plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _read_model(path: str) -> str:
     """A model file's text, at most 1 MiB (a model is a few hundred bytes)."""
     with open(path, encoding="utf-8") as f:
-        text = f.read(1 << 20 + 1)
+        text = f.read((1 << 20) + 1)  # one past the limit: enough to tell a larger file
     if len(text) > 1 << 20:
         raise ValueError(f"{path} is larger than 1 MiB: it is not a model file")
     return text
@@ -423,30 +426,23 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         problems += config.problems(resolve_mechanisms(extra))
     except ValueError as e:
         problems.append(str(e))
+    if not problems and (why := store_problem(args)):
+        problems.append(why)
     if problems:
         err.write("".join(f"error: {p}\n" for p in problems))
         return EXIT_USAGE
     err.write(f"measuring {_count(config.points, 'point')}: {_count(len(config.mechanisms), 'mechanism')} × "
               f"{_count(len(set(config.ns)), 'length')}\n")
     job = Job.measure(", ".join(key for key, _ in config.mechanisms), (config,), extra_mechanisms=extra,
-                      lock_wait_s=args.wait)
+                      lock_wait_s=args.wait, keep=not args.no_store, store_path=args.store)
     with StopSignals() as stops:
-        try:
-            follow(job, err, args.quiet)
-        except KeyboardInterrupt as e:  # Ctrl-C, or Interrupted by another stop signal
-            stops.received[:1] = [getattr(e, "signum", signal.SIGINT)]
-            out, err = _Lenient(out), _Lenient(err)
-            err.write(f"\n{signal.Signals(stops.received[0]).name}: cancelling; the points finished so far are "
-                      "kept…\n")
-            job.cancel()
-            job.wait()
-        finally:
-            stops.armed = False
+        out, err = follow_or_cancel(job, stops, out, err, args.quiet)
         if job.error:
             err.write(f"error: {job.error}\n")
             return EXIT_BUSY
         result = job.result()
         err.write(f"{len(result.frame)} points in {job.progress.elapsed_s:.1f} s\n")
+        report_kept(job, err)
         saved = save_or_fall_back(result, args.out, err) if args.out else True
         out.write(format_summary(result.frame) + "\n")
         if note := analysis.matmul_note(result.env):
@@ -456,6 +452,22 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if not saved:
         return EXIT_UNSAVED
     return EXIT_POINTS if result.frame["status"].isin(["failed", "oom"]).any() else EXIT_OK
+
+
+def follow_or_cancel(job: Job, stops: StopSignals, out: TextIO, err: TextIO, quiet: bool = False) -> tuple:
+    """Follow `job` to its end; a stop signal or Ctrl-C is noted in `stops`, said, and cancels the job, waited for.
+    The streams come back lenient after a signal (a hangup takes the terminal away)."""
+    try:
+        follow(job, err, quiet)
+    except KeyboardInterrupt as e:  # Ctrl-C, or Interrupted by another stop signal
+        out, err = _Lenient(out), _Lenient(err)
+        stops.received[:1] = [getattr(e, "signum", signal.SIGINT)]
+        err.write(f"\n{signal.Signals(stops.received[0]).name}: cancelling; the points finished so far are kept…\n")
+        job.cancel()
+        job.wait()
+    finally:
+        stops.armed = False
+    return out, err
 
 
 def _count(k: int, thing: str) -> str:
@@ -483,6 +495,154 @@ def run_show_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+# ---- the run store: `sweep --store/--no-store` and `runs list|show|export|delete|import|prune|resume` ----
+
+def add_store_arguments(p: argparse.ArgumentParser, *, sweeping: bool = True) -> None:
+    p.add_argument("--store", default=None, metavar="PATH",
+                   help=f"the run store's file (default: ${store.HOME_VARIABLE}/{store.FILE_NAME}, else "
+                        f"{store.default_path()} here)")
+    if sweeping:
+        p.add_argument("--no-store", action="store_true", help="keep nothing in the run store")
+
+
+def store_problem(args: argparse.Namespace) -> str | None:
+    """Why the sweep's run store cannot be opened (found before measuring); None when it can or is not used."""
+    if args.no_store:
+        return None
+    try:
+        store.Store(args.store).close()
+    except (store.StoreError, OSError) as e:
+        return f"{e} (or measure with --no-store)"
+    return None
+
+
+def report_kept(job: Job, err: TextIO) -> None:
+    if job.store_error:
+        err.write(f"warning: {job.store_error}\n")
+    elif job.run_id is not None:
+        err.write(f"kept in the run store as run {job.run_id} ({job.store_path or store.default_path()})\n")
+
+
+def add_runs_parser(sub) -> None:
+    r = sub.add_parser("runs", help="the runs kept in the local run store: list, show, export, delete, import, "
+                                    "prune, resume")
+    verbs = r.add_subparsers(dest="verb", required=True, metavar="{list,show,export,delete,import,prune,resume}")
+    ls = verbs.add_parser("list", help="every run, newest first")
+    ls.add_argument("--json", action="store_true", help="a JSON list: id, status, points and more for each run")
+    show = verbs.add_parser("show", help="a run's stamp and summary")
+    show.add_argument("id", type=int)
+    ex = verbs.add_parser("export", help="write a run as the usual run file (.json or .csv)")
+    ex.add_argument("id", type=int)
+    ex.add_argument("--out", required=True, metavar="PATH", help="a .json or .csv file")
+    de = verbs.add_parser("delete", help="delete runs and their points")
+    de.add_argument("ids", type=int, nargs="+", metavar="ID")
+    im = verbs.add_parser("import", help="keep a run file (JSON or CSV, checked as `show` reads it) as a new run")
+    im.add_argument("path")
+    im.add_argument("--name", default=None, help="the run's name (default: the file's name)")
+    pr = verbs.add_parser("prune", help="delete old runs: all but the newest --keep, or those older than --days")
+    pr.add_argument("--keep", type=int, default=None, metavar="N")
+    pr.add_argument("--days", type=float, default=None, metavar="D")
+    re_ = verbs.add_parser("resume", help="measure the points an interrupted or failed run lacks, into that run")
+    re_.add_argument("id", type=int)
+    re_.add_argument("--extra-mechanisms", default="", metavar="REFS", help="as for sweep, when the run used them")
+    re_.add_argument("--wait", type=float, default=LOCK_WAIT_S, metavar="SECONDS", help="as for sweep")
+    for p in (ls, show, ex, de, im, pr, re_):
+        add_store_arguments(p, sweeping=False)
+
+
+def run_runs_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """One verb on the run store; EXIT_USAGE with a sentence for a store, run or file that cannot be used."""
+    try:
+        if args.verb == "resume":
+            return _resume(args, out, err)
+        with store.Store(args.store, readonly=args.verb in ("list", "show", "export")) as kept:
+            return _RUNS_VERBS[args.verb](kept, args, out, err)
+    except (store.StoreError, RunFileError, OSError, ValueError) as e:
+        err.write(f"error: {e}\n")
+        return EXIT_USAGE
+
+
+def _runs_list(kept: store.Store, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    history = kept.history()
+    if args.json:
+        out.write(json.dumps(history.to_dict("records"), indent=1, default=int) + "\n")
+    elif history.empty:
+        err.write(f"no runs in {kept.path}\n")
+    else:
+        out.write(history.drop(columns="note").to_string(index=False) + "\n")
+    return EXIT_OK
+
+
+def _runs_show(kept: store.Store, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    info, run = kept.info(args.id), kept.run(args.id)
+    out.write(f"run {info['id']} {info['name']!r}, {info['status']}, created {info['created']}"
+              + (f"; note: {info['note']}" if info["note"] else "") + "\n")
+    out.write(format_summary(run.frame) + "\n")
+    return EXIT_OK
+
+
+def _runs_export(kept: store.Store, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if why := out_problem(args.out):
+        raise ValueError(why)
+    save_run(kept.run(args.id), args.out)
+    err.write(f"saved run {args.id} to {args.out}\n")
+    return EXIT_OK
+
+
+def _runs_delete(kept: store.Store, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    for run_id in args.ids:
+        kept.info(run_id)  # every id exists, or nothing is deleted
+    err.write(f"deleted {_count(kept.delete(args.ids), 'run')}\n")
+    return EXIT_OK
+
+
+def _runs_import(kept: store.Store, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    run = load_run(args.path, name=args.path)
+    run_id = kept.import_run(run, args.name if args.name is not None else os.path.basename(args.path))
+    err.write(f"imported {args.path} as run {run_id} ({_count(len(run.frame), 'point')})\n")
+    out.write(f"{run_id}\n")
+    return EXIT_OK
+
+
+def _runs_prune(kept: store.Store, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    before = kept.size_bytes()
+    gone = kept.prune(keep=args.keep, older_than_days=args.days)
+    err.write(f"deleted {_count(gone, 'run')}; the store went from {format_bytes(before)} to "
+              f"{format_bytes(kept.size_bytes())}\n")
+    return EXIT_OK
+
+
+_RUNS_VERBS = {"list": _runs_list, "show": _runs_show, "export": _runs_export, "delete": _runs_delete,
+               "import": _runs_import, "prune": _runs_prune}
+
+
+def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Measure what run `args.id` lacks into it; the exit codes of sweep."""
+    with store.Store(args.store, readonly=True) as kept:
+        first = kept.run(args.id).config
+        first = first.get("sweeps", [first])[0] if isinstance(first, dict) else {}
+        here = env.environment(env.resolve_device(first.get("device", "auto")), first.get("dtype", "float32"), None)
+        plan = store.resume_plan(kept, args.id, here)
+    for note in plan.notes:
+        err.write(f"note: {note}\n")
+    if not plan.sweeps:
+        err.write(f"run {args.id} lacks no point\n")
+        return EXIT_OK
+    err.write(f"measuring the {_count(plan.missing, 'point')} run {args.id} lacks\n")
+    extra = tuple(r.strip() for r in args.extra_mechanisms.split(",") if r.strip())
+    job = Job.measure(f"resume of run {args.id}", plan.sweeps, extra_mechanisms=extra, lock_wait_s=args.wait,
+                      store_path=args.store, resume=args.id)
+    with StopSignals() as stops:
+        out, err = follow_or_cancel(job, stops, out, err)
+    if job.error:
+        err.write(f"error: {job.error}\n")
+        return EXIT_BUSY
+    report_kept(job, err)
+    if stops.received:
+        return EXIT_SIGNALLED + stops.received[0]
+    return EXIT_POINTS if job.frame()["status"].isin(["failed", "oom"]).any() else EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Entry point; returns the exit code (see --help)."""
     out, err = out or sys.stdout, err or sys.stderr
@@ -492,5 +652,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
             args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
         return int(e.code or 0)
-    commands = {"sweep": run_sweep_command, "show": run_show_command, "plan": run_plan_command}
+    commands = {"sweep": run_sweep_command, "show": run_show_command, "plan": run_plan_command,
+                "runs": run_runs_command}
     return commands[args.command](args, out, err)

@@ -202,14 +202,13 @@ class Operands:
     """What a mechanism attends over when it is not q, k and v of D values a head (multi-head latent attention reads
     a latent per token): the engine draws and passes these instead, and `attention` does not call it.
 
-    `names`: the tensors `fn` takes positionally, in order; the first `queries` of them come from the queries, the
-    rest are what a generation cache is remembered from (`Generation.remember(*rest, ...)`), and a step takes one
-    new token of each (`Generation.step(*all, cache)`).
-    `draw(shape, device, dtype, *, seed, **params) -> tuple`: seeded tensors of one call of `shape`.
+    `draw(shape, device, dtype, *, seed, **params) -> tuple`: seeded tensors of one call of `shape`, in the order
+    `fn` takes them positionally. `queries`: how many of them come first from the queries; the rest are what a
+    generation cache is remembered from (`Generation.remember(*rest, ...)`), and a step takes one new token of each
+    (`Generation.step(*all, cache)`).
     `nbytes(shape, **params)`: their bytes (what q, k and v's are to the others: `Shape.input_bytes`).
     """
 
-    names: tuple[str, ...]
     queries: int
     draw: Callable[..., tuple[torch.Tensor, ...]]
     nbytes: Callable[..., float]
@@ -231,6 +230,8 @@ class Supports:
     ⌊i·Hk/H⌋ (grouped-query attention, Ainslie et al. 2023, arXiv 2305.13245; Hk = 1: multi-query attention, Shazeer
     2019, arXiv 1911.02150). `repeats_kv`: it does so by repeating each shared head for its query heads (the memory
     of multi-head attention); False: it reads the shared heads in place. `no_shared_kv`: why it cannot, when not.
+    `score_bias`: the function takes `score_bias=`, a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled
+    scores before the softmax (ALiBi, relative positions: attn_core.positional); `no_score_bias`: why not, when not.
     """
 
     causal: bool
@@ -244,6 +245,8 @@ class Supports:
     shared_kv: bool = False
     repeats_kv: bool = False
     no_shared_kv: str = ""
+    score_bias: bool = False
+    no_score_bias: str = ""
 
 
 @dataclass(frozen=True)

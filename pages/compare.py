@@ -1,10 +1,12 @@
-"""Compare runs: saved runs from several machines on one chart, a ratio between two, published figures beside."""
+"""Compare runs: kept and saved runs from several machines on one chart, a ratio between two, published figures
+beside; the history of the runs the local store keeps."""
 import streamlit as st
 
 from attn_core import MECHANISMS, untrusted
 from attn_core.charts import insight as insight_charts
 from attn_core.insight import published
 from attn_core.engine import analysis, results
+from pages import _run_store as history
 from pages._shared import ensure_routed, export_row, keyed, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first
@@ -31,13 +33,16 @@ def load(files) -> dict:
 
 
 st.title("Compare runs")
+history.confirmations()
+kept = history.history_panel()
+st.subheader("Run files")
 st.caption("Runs saved by `python -m attn_core sweep --out run.json` or by the Benchmark page's export, from this "
            "machine or others. Files are read as JSON or CSV data only; nothing in them is executed.")
 files = st.file_uploader(f"Saved runs (JSON or CSV, up to {results.MAX_FILE_BYTES // 2**20} MiB each)",
                          type=["json", "csv"], accept_multiple_files=True, key="cmp_upload")
-runs = load(files or [])
+runs = kept | load(files or [])
 if not runs:
-    st.info("Upload one or more saved runs to overlay them.", icon=":material/upload_file:")
+    st.info("Upload one or more saved runs to overlay them, or open kept runs above.", icon=":material/upload_file:")
     st.stop()
 
 frame = published.runs_frame(runs)

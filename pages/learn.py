@@ -3,7 +3,7 @@ import pandas as pd
 import streamlit as st
 
 from attn_core.charts import insight as insight_charts
-from attn_core.insight import lesson
+from attn_core.insight import further, lesson
 from attn_core import untrusted
 from pages._shared import ensure_routed, export_row, keyed, open_benchmark, show_chart
 
@@ -12,6 +12,8 @@ S = st.session_state
 SENTENCE, SOURCE = "the cat sat on the mat", "le chat était assis"
 D_KS = [1, 2, 4, 8, 16, 64, 128, 512]
 WALL = "The quadratic wall"  # the Benchmark preset that measures the cost live
+POSITION_VIEWS = ["permuted sentence", "sinusoidal table", "RoPE by offset", "ALiBi per head"]
+TEMPERATURES = [0.01, 0.03, 0.1, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0]
 
 
 def size(nbytes: float) -> str:
@@ -61,15 +63,22 @@ c.metric("Largest softmax weight", f"{read['max_weight']:.3f}", help="Near 1: th
          "takes all of a query's attention and the gradient through the others vanishes.")
 
 big = 64 if S.get("talk") else 48  # a cell that holds its number ("-0.18") in the page's type
-for number, step in enumerate(lesson.steps(walk), start=1):
-    st.subheader(f"{number}. {step.title}")
+
+
+def figure(step: lesson.Step, stem: str) -> None:
+    """A step's heatmap, its shape under its sentence, and its exports."""
     st.caption(f"{step.says} **{step.shape}**")
     per_head = (1100 // step.matrix.shape[0] - 140) // len(step.columns)  # heads side by side within ~1,100 px
-    cell = max(20, min(big, per_head))
+    cell = max(20, min(big, per_head, 640 // len(step.rows)))  # and no taller than ~640 px
     chart = insight_charts.step_chart(step, cell=cell, numbers=cell >= big * 0.85)
     show_chart(chart, width="content")
-    stem = f"learn-{number}-{step.key}"
     export_row(chart, insight_charts.step_frame(step), stem, f"learn_dl_{stem}", folded=True)
+
+
+shown = lesson.steps(walk)
+for number, step in enumerate(shown, start=1):
+    st.subheader(f"{number}. {step.title}")
+    figure(step, f"learn-{number}-{step.key}")
 
 st.subheader("What it costs")
 n = len(walk.queries)
@@ -84,3 +93,55 @@ st.caption("Time grows as O(n²·d) and memory as O(n²): doubling the sentence 
 if st.button(f"Measure it live: “{WALL}” on the Benchmark page", key="learn_wall", type="primary",
              icon=":material/speed:"):
     open_benchmark(WALL)
+
+st.divider()
+st.caption("The rest of the lesson, on the same sentence and weights. Positions and the stack of layers: "
+           "self-attention over the sentence with dot-product scores and no mask (a causal mask is itself a position); "
+           "the lookup and the Jain–Wallace check: the layer above, as set.")
+tokens = walk.queries
+number = len(shown) + 1
+st.subheader(f"{number}. Where words stand: positions")
+view = st.radio("Show", POSITION_VIEWS, horizontal=True, **keyed("learn_pos_view"))
+if view == POSITION_VIEWS[0]:
+    kind = st.radio("Permutation", further.PERMUTATIONS, horizontal=True, **keyed("learn_pos_perm"))
+    step = further.permutation_step(sentence, setup, kind)
+elif view == POSITION_VIEWS[1]:
+    step = further.sinusoidal_step()
+elif view == POSITION_VIEWS[2]:
+    left, right = st.columns(2)
+    q_at = left.selectbox("Query word", range(len(tokens)), format_func=tokens.__getitem__, **keyed("learn_rope_q"))
+    k_at = right.selectbox("Key word", range(len(tokens)), min(1, len(tokens) - 1), format_func=tokens.__getitem__,
+                           **keyed("learn_rope_k"))
+    step = further.rope_step(sentence, setup, min(q_at, len(tokens) - 1), min(k_at, len(tokens) - 1))
+else:
+    step = further.alibi_step(len(tokens))
+figure(step, f"learn-{number}-{step.key}")
+
+number += 1
+st.subheader(f"{number}. Attention as a soft dictionary lookup")
+left, right = st.columns(2)
+asked = left.selectbox("Query", range(len(tokens)), format_func=tokens.__getitem__, **keyed("learn_lookup_q"))
+temperature = right.select_slider("Temperature T", TEMPERATURES, 1.0, help="Scores are divided by T before the "
+                                  "softmax: T → 0 is the hard lookup, large T the mean of the values.",
+                                  **keyed("learn_lookup_t"))
+found = further.lookup(walk, min(asked, len(tokens) - 1), temperature)
+a, b = st.columns(2)
+a.metric("Soft vs hard output (relative distance)", f"{found.gap:.3g}")
+b.metric("Weight on the best-matching key", f"{float(found.soft.max()):.3f}")
+figure(found.step, f"learn-{number}-{found.step.key}")
+
+number += 1
+st.subheader(f"{number}. What the weights do and do not explain")
+left, mid = st.columns(2)
+layers = left.radio("Layers in the stack", further.LAYERS, horizontal=True, **keyed("learn_explain_layers"))
+token = mid.selectbox("Word explained", range(len(tokens)), format_func=tokens.__getitem__,
+                      **keyed("learn_explain_word"))
+view = st.radio("Show", further.EXPLAIN_VIEWS, horizontal=True, **keyed("learn_explain_view"))
+if view == further.EXPLAIN_VIEWS[-1]:
+    step, moved = further.reweight_step(walk)
+    a, b = st.columns(2)
+    a.metric("Weights moved (total variation, mean over words)", f"{moved.weight_change:.2f}")
+    b.metric("Output moved (relative)", f"{moved.output_change:.1%}")
+else:
+    step = further.explain_step(view, sentence, setup, layers, min(token, len(tokens) - 1))
+figure(step, f"learn-{number}-{step.key}")

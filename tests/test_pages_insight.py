@@ -401,7 +401,7 @@ def test_learn_page_walks_the_sentence_with_every_number_from_the_library():
     steps = lesson.steps(walk)
     assert [h.value for h in at.subheader][:len(steps)] == [f"{i}. {s.title}" for i, s in enumerate(steps, 1)]
     specs = charts(at)
-    assert len(specs) == len(steps)
+    assert len(specs) == len(steps) + 3  # and the rest of the lesson's three (tests/test_learn_further_page.py)
     weights = next(s for s in specs if s["title"]["text"].startswith("Weights"))
     cells = [r for r in records(weights, "weight")]
     by_cell = {(r["query"], r["key"]): r["weight"] for r in cells}
@@ -413,7 +413,7 @@ def test_learn_page_walks_the_sentence_with_every_number_from_the_library():
     assert shown["Spread of Q·K (standard deviation)"] == f"{read['raw_std']:.3g}"
     assert shown["Largest softmax weight"] == f"{read['max_weight']:.3f}"
     exports = {b.key for b in at.get("download_button") if b.key.startswith("learn_dl_")}
-    assert len(exports) == 3 * len(steps) and "learn_dl_learn-7-weights_png" in exports
+    assert len(exports) == 3 * (len(steps) + 3) and "learn_dl_learn-7-weights_png" in exports
     table = at.table[0].value
     assert list(table.index) == ["6 (this sentence)", "1,024", "32,768", "1,048,576"]
     assert list(table["score cells (heads · n²)"]) == ["36", "1,048,576", "1,073,741,824", "1,099,511,627,776"]

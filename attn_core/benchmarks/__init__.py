@@ -82,6 +82,25 @@ def ratio_verdict(rounds: list[float], target: float, at_most: bool = True) -> s
     return f"{spread(rounds)}×, {'meets' if good else 'MISSES'} {'≤' if at_most else '≥'} {target:g}"
 
 
+def machine_options(parser, threads: int | None = None) -> None:
+    """The options of where a script measures: --threads (`threads`; None: torch's default), --device, --clock.
+    Read them back with `machine(args)`."""
+    parser.add_argument("--threads", type=int, default=threads,
+                        help=f"intra-op threads ({threads})" if threads else "torch's default unless given")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
+    parser.add_argument("--clock", choices=CLOCKS, default="wall",
+                        help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
+
+
+def machine(args) -> None:
+    """Act on `machine_options`: args.device resolved ('auto' → the best present), the threads set, and the
+    allocator steadied as in the engine's worker (buffers below 32 MiB reused, not faulted in anew)."""
+    args.device = env.resolve_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    env.steady_allocator()
+
+
 def start(device: str, what: str) -> None:
     """The printout's first line: the device, threads, torch, the load average now (other programs inflate
     timings, so it is printed again at the end), and what is measured."""

@@ -2,6 +2,7 @@
 published references (pure Altair: DataFrame in, chart out)."""
 from __future__ import annotations
 
+import json
 import math
 from functools import partial
 
@@ -182,9 +183,9 @@ def step_chart(step, *, cell: int = 44, numbers: bool = True) -> alt.TopLevelMix
         layers.append(cells.mark_text().encode(
             text="text:N", color=alt.condition("datum.dark", alt.value("white"), alt.value("black"))))
     chart = alt.layer(*layers).properties(width=cell * len(step.columns), height=cell * len(step.rows))
-    if step.matrix.shape[0] > 1:
-        chart = chart.facet(column=alt.Column("head:O", title=None, header=alt.Header(
-            labelExpr="'head ' + datum.value")))
+    if step.matrix.shape[0] > 1:  # panels numbered from 1 (matrix_frame); named by step.panels when given
+        names = json.dumps(["", *step.panels]) + "[datum.value]" if step.panels else "'head ' + datum.value"
+        chart = chart.facet(column=alt.Column("head:O", title=None, header=alt.Header(labelExpr=names)))
     # "pad": the cells keep their size and the axes and legend are added around them (a page's "fit" squeezed all
     # of it into the cells' width)
     return _finish(chart.properties(title=alt.TitleParams(step.title, subtitle=[step.shape], anchor="start",
@@ -206,13 +207,14 @@ def n_axis(ns: pd.Series) -> alt.Axis:
 GENERATION_METRICS = ("cache_bytes", "tokens_per_s")  # theory.generation_costs: per context length n
 
 
-def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
-                 budgets: dict[str, float] | None = None) -> alt.TopLevelMixin:
+def theory_chart(frame: pd.DataFrame, metric: str = "flops", *, budgets: dict[str, float] | None = None,
+                 legend: str = "Mechanism") -> alt.TopLevelMixin:
     """A theory column (flops, total_bytes, memory_bytes, predicted_time_s) vs n, log-log, from theory.costs; or a
     generation column (cache_bytes, tokens_per_s) vs the context length, from theory.generation_costs.
 
     budgets (name → bytes), for a memory metric: horizontal rules, so the chart shows where each mechanism stops
-    fitting. Invalid points (status ≠ 'ok') are left out and named in the subtitle.
+    fitting. Invalid points (status ≠ 'ok') are left out and named in the subtitle. `legend`: what a line is
+    (planner.curves draws models).
     """
     names = {"flops": "FLOPs (theory, from the specs)", "memory_bytes": "Predicted peak above inputs (GiB)",
              "total_bytes": "Inputs + predicted peak (GiB)",
@@ -226,9 +228,9 @@ def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
     x = alt.X("n:Q", title=f"{length} n (tokens, log₂ scale; K = 1024)", scale=LOG2_X, axis=n_axis(kept["n"]))
     y = alt.Y("y:Q", title=names[metric], scale=alt.Scale(type="log"),
               axis=alt.Axis(format="~s" if metric == "flops" else ",~g"))  # FLOPs as 1G, 1T, 1P
-    base = alt.Chart(kept).encode(x=x, y=y, color=_colour(frame))
+    base = alt.Chart(kept).encode(x=x, y=y, color=_colour(frame, legend))
     layers = [base.mark_line(), base.mark_point(filled=True, size=30).encode(
-        tooltip=[alt.Tooltip("label:N", title="Mechanism"), alt.Tooltip("n:Q", format=","),
+        tooltip=[alt.Tooltip("label:N", title=legend), alt.Tooltip("n:Q", format=","),
                  alt.Tooltip("y:Q", title=names[metric], format=".4g")])]
     if budgets and metric.endswith("bytes"):
         rules = pd.DataFrame({"budget": list(budgets), "y": [b / scale for b in budgets.values()]})

@@ -20,6 +20,7 @@ from .measurement import Measurement, theory_of, unmeasured
 from .problem import Problem
 from .results import SCHEMA_VERSION, Run, frame_from_rows
 from .timing import MIN_SAMPLE_S
+from ..store import Store, StoreError
 from .worker import WorkerError, get_worker, prestart
 
 # A point normally ends by itself within about 2 × point_budget_s (a warm-up call and one sample past the budget);
@@ -47,7 +48,8 @@ class Job:
 
     def __init__(self, name: str, sweeps: Sequence[SweepConfig] = (), *, extra_mechanisms: tuple[str, ...] = (),
                  lock_wait_s: float | None = None, replay: Run | None = None, points_per_s: float = 3.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, keep: bool = True, store_path: str | None = None,
+                 resume: int | None = None):
         self.name = name
         self.sweeps = tuple(s.replaced(device=env.resolve_device(s.problem.device)) for s in sweeps)
         self.extra_mechanisms = tuple(extra_mechanisms)
@@ -74,23 +76,33 @@ class Job:
         self._threads = float("nan")
         self._replay = replay
         self.points_per_s = points_per_s
+        # The run store (attn_core.store): each point measured is committed as it arrives, into a new run or into
+        # run `resume`; store_error says why the store could not keep them (the sweep goes on regardless).
+        self.keep, self.store_path, self.run_id = keep and replay is None, store_path, resume
+        self.store_error: str | None = None
+        self._store: Store | None = None
+        self._resumed = resume is not None
+        self._unsaved: list[dict] = []
         if replay is not None:
             self._source = [Measurement.from_row(r) for r in replay.frame.to_dict("records")]
 
     # -- building --
     @classmethod
     def measure(cls, name: str, sweeps: Sequence[SweepConfig], *, stage=None, watcher: str = "",
-                extra_mechanisms: tuple[str, ...] = (), lock_wait_s: float | None = None) -> "Job":
+                extra_mechanisms: tuple[str, ...] = (), lock_wait_s: float | None = None, keep: bool = True,
+                store_path: str | None = None, resume: int | None = None) -> "Job":
         """Validate the sweeps (ValueError listing their problems, each a sentence) and start measuring them one
         after another, or queue them on `stage` (for `watcher`, a session) to start when the machine is free. If
         another sweep holds the machine's lock, the job waits up to `lock_wait_s` (default LOCK_WAIT_S) showing
-        'waiting for another sweep…', then ends with `error` saying that one is running."""
+        'waiting for another sweep…', then ends with `error` saying that one is running. Its points go to the run
+        store as they arrive (`keep`; at `store_path`, else store.default_path()), into run `resume` if given."""
         registry = resolve_mechanisms(tuple(extra_mechanisms))
         found = [p for s in sweeps for p in s.problems(registry)] if sweeps else ["no sweep is given"]
         if found:
             found = list(dict.fromkeys(found))
             raise ValueError(" ".join(p[0].upper() + p[1:] + ("" if p.endswith(".") else ".") for p in found))
-        job = cls(name, sweeps, extra_mechanisms=extra_mechanisms, lock_wait_s=lock_wait_s)
+        job = cls(name, sweeps, extra_mechanisms=extra_mechanisms, lock_wait_s=lock_wait_s, keep=keep,
+                  store_path=store_path, resume=resume)
         if stage is None:
             job.start()
         else:
@@ -175,11 +187,14 @@ class Job:
         frame = self.frame()
         if self.replaying:
             return Run(frame, self._replay.env, self._replay.config, SCHEMA_VERSION)
+        return Run(frame, self._stamp(frame), self._config(), SCHEMA_VERSION)
+
+    def _stamp(self, frame: pd.DataFrame) -> dict:
         backends = sorted({b for b in frame["sdpa_backend"] if b})
-        stamp = {**self.env, "sdpa_backend": ", ".join(backends)} if self.env else {}
-        config = (self.sweeps[0].to_dict() if len(self.sweeps) == 1 else
-                  {"sweeps": [s.to_dict() for s in self.sweeps]})
-        return Run(frame, stamp, config, SCHEMA_VERSION)
+        return {**self.env, "sdpa_backend": ", ".join(backends)} if self.env else {}
+
+    def _config(self) -> dict:
+        return self.sweeps[0].to_dict() if len(self.sweeps) == 1 else {"sweeps": [s.to_dict() for s in self.sweeps]}
 
     @property
     def progress(self) -> Progress:
@@ -287,6 +302,8 @@ class Job:
             why = "not measured: " + self.error if self.error else "cancelled before it was measured"
             for problem in self.problems[len(self.measurements):]:
                 self._add(self._unmeasured(problem, status if self.error else "cancelled", why))
+            self._close_record("failed" if status == "failed" else "interrupted" if self._cancel.is_set() else
+                               "complete")
             self._ended = self._clock()
             self._finished.set()
 
@@ -302,6 +319,7 @@ class Job:
         worker = self._ready_worker(settings.threads)
         stamp = worker.environment(sweep.problem.device, sweep.problem.dtype, settings.threads)
         self.env = self.env or stamp  # the first sweep's stamp stands for the job
+        self._open_record()
         budget = settings.point_budget_s
         limit = HARD_LIMIT_FACTOR * budget + HARD_LIMIT_GRACE_S
         over_budget: dict[tuple, str] = {}
@@ -310,7 +328,7 @@ class Job:
                 return
             series = _series(problem)
             if series in over_budget:
-                self._add(self._unmeasured(problem, "skipped", over_budget[series]))
+                self._add(self._kept(self._unmeasured(problem, "skipped", over_budget[series])))
                 continue
             self._set_current(problem.describe())
             outcome = worker.measure(problem, settings, self.extra_mechanisms, limit_s=limit,
@@ -321,12 +339,56 @@ class Job:
                 over_budget[series] = (f"at n = {problem.n} this mechanism took {outcome.elapsed_s:.1f} s, "
                                        f"over the per-point budget of {budget:g} s; raise the budget to measure "
                                        "larger n")
-            self._add(point, outcome.elapsed_s)
+            self._add(self._kept(point), outcome.elapsed_s)
             if outcome.failure in ("died", "timeout", "cancelled"):
                 if self._cancel.is_set():
                     prestart()  # a fresh worker for the next sweep, warming up in the background
                     return
                 worker = self._ready_worker(settings.threads)
+
+    # -- the run store --
+    def _open_record(self) -> None:
+        """Open the store and begin the run (or take up run `resume`) once the first stamp is known."""
+        if not self.keep or self._store is not None or self.store_error:
+            return
+        try:
+            self._store = Store(self.store_path)
+            if self.run_id is None:
+                self.run_id = self._store.begin(self._stamp(self.frame()), self._config(), name=self.name)
+            else:
+                self._store.resume(self.run_id)
+        except (StoreError, OSError) as e:
+            self.store_error = f"the run store cannot keep this sweep: {e}"
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+    def _kept(self, point: Measurement) -> Measurement:
+        """Commit `point` to the store (with any a busy store made wait) before it is shown: a point shown is kept."""
+        if self._store is not None:
+            self._unsaved.append(point.to_row())
+            self._flush()
+        return point
+
+    def _flush(self) -> None:
+        try:
+            self._store.add_points(self.run_id, self._unsaved)
+            self._unsaved, self.store_error = [], None
+        except StoreError as e:  # busy past its wait: kept in memory, tried again with the next point
+            self.store_error = f"the run store did not take {len(self._unsaved)} point(s) yet: {e}"
+
+    def _close_record(self, status: str) -> None:
+        if self._store is None:
+            return
+        try:
+            if self._unsaved:
+                self._flush()
+            self._store.finish(self.run_id, status, None if self._resumed else self._stamp(self.frame()))
+        except StoreError as e:
+            self.store_error = str(e)
+        finally:
+            self._store.close()
+            self._store = None
 
 
 def _point_seconds(c, call_s: float) -> float:
@@ -346,13 +408,15 @@ def ordinal(k: int) -> str:
 
 def run_sweep(config: SweepConfig, on_point: Callable[[Measurement], None] | None = None,
               cancel: Callable[[], bool] | threading.Event | None = None, *,
-              extra_mechanisms: tuple[str, ...] = (), lock_wait_s: float | None = None) -> pd.DataFrame:
+              extra_mechanisms: tuple[str, ...] = (), lock_wait_s: float | None = None, keep: bool = True,
+              store_path: str | None = None) -> pd.DataFrame:
     """Run a sweep to the end in the worker and return its tidy frame; `on_point(measurement)` is called in this
     thread as each point arrives; `cancel()` (or a set Event) stops it. Raises ValueError for an invalid config and
-    RuntimeError with the reason when the sweep could not run (e.g. another sweep holds the machine)."""
+    RuntimeError with the reason when the sweep could not run (e.g. another sweep holds the machine). Its points go to
+    the run store as they arrive (`keep`, `store_path`: see Job.measure)."""
     is_cancelled = cancel.is_set if isinstance(cancel, threading.Event) else cancel or (lambda: False)
     job = Job.measure(", ".join(key for key, _ in config.mechanisms), (config,), extra_mechanisms=extra_mechanisms,
-                      lock_wait_s=lock_wait_s)
+                      lock_wait_s=lock_wait_s, keep=keep, store_path=store_path)
     while True:
         finished = job.wait(0.05)
         for point in job.poll():

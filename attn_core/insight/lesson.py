@@ -187,7 +187,8 @@ def cost(n: int, setup: Setup, dtype: str = "float32") -> dict[str, float]:
 @dataclass(frozen=True)
 class Step:
     """One figure of the walk: its title, the formula and one sentence, the shape written out, and the matrix
-    (H, R, C) with its row and column labels. `masked` marks −∞ cells (scores after the mask)."""
+    (H, R, C) with its row and column labels. `masked` marks −∞ cells (scores after the mask). `panels` names the
+    H panels when they are not heads (layers, before and after); empty: "head 1" …"""
 
     key: str
     title: str
@@ -197,6 +198,7 @@ class Step:
     rows: list[str]
     columns: list[str]
     value: str = "value"
+    panels: tuple[str, ...] = ()
 
 
 SHOWN_DIMS = 16  # columns of a Q, K, V or embedding matrix drawn; the rest are said to be left out

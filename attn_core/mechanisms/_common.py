@@ -110,19 +110,53 @@ def checked_shape(spec: MechanismSpec, q: torch.Tensor, k: torch.Tensor, v: torc
     return shape
 
 
+def _refuse_unless(spec: MechanismSpec, capability: str, what: str, why: str, instead: str) -> None:
+    """ValueError "<label> cannot take <what>: <why>; choose one of <the mechanisms that can>, <instead>" unless
+    spec.supports.<capability>; the spec's own no_<capability> sentence, when it has one, replaces `why`."""
+    if getattr(spec.supports, capability):
+        return
+    from . import MECHANISMS  # the catalogue imports this module
+
+    takers = ", ".join(key for key, s in MECHANISMS.items() if getattr(s.supports, capability))
+    why = getattr(spec.supports, f"no_{capability}") or why
+    raise ValueError(f"{spec.label} cannot take {what}: {why}; choose one of {takers}, {instead}")
+
+
+def check_score_bias(spec: MechanismSpec, bias: Any, q: torch.Tensor, k: torch.Tensor) -> None:
+    """ValueError with a sentence unless `spec` takes an additive score bias and `bias` is one for these inputs (a
+    mechanism's `score_bias=`): a
+    floating tensor on q's device broadcastable to (B, H, Nq, Nk). Skipped inside `validated()`; called only when a
+    bias is given."""
+    if _VALIDATED.get():
+        return
+    _refuse_unless(spec, "score_bias", "an additive score bias (ALiBi, relative positions)",
+                   "it never forms the scores q·k one by one, so there is nothing to add to",
+                   "or apply RoPE to q and k instead (attn_core.positional.rope)")
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+        got = bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise ValueError(f"score_bias must be a floating-point tensor broadcastable to (batch, heads, queries, keys) = "
+                         f"{full}, got {got}; a boolean pattern goes in `mask` instead")
+    try:
+        fits = bias.dim() <= 4 and torch.broadcast_shapes(bias.shape, full) == full
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"score_bias {tuple(bias.shape)} does not broadcast to (batch, heads, queries, keys) = "
+                         f"{full}; e.g. alibi_bias(heads, Nq, Nk) of shape (heads, Nq, Nk) broadcasts as it is")
+    if bias.device != q.device:
+        raise ValueError(f"score_bias is on {bias.device} but q is on {q.device}; move it with "
+                         f"score_bias.to({str(q.device)!r})")
+
+
 def check_key_padding(spec: MechanismSpec, mask: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     """ValueError with a sentence unless `spec` takes a key-padding mask and `mask` is one for these inputs: a boolean
     (B, Nk) tensor on k's device, True where the key is padding. Skipped inside `validated()`. Callers call it only
     when a mask is given, so the default None costs nothing."""
     if _VALIDATED.get():
         return
-    if not spec.supports.padding:
-        from . import MECHANISMS  # the catalogue imports this module
-
-        takers = ", ".join(key for key, s in MECHANISMS.items() if s.supports.padding)
-        why = spec.supports.no_padding or "it has no masked form"
-        raise ValueError(f"{spec.label} cannot take a key-padding mask: {why}; choose one of {takers}, or run each "
-                         f"sequence at its own length")
+    _refuse_unless(spec, "padding", "a key-padding mask", "it has no masked form",
+                   "or run each sequence at its own length")
     B, Nk = k.shape[0], k.shape[-2]
     if not isinstance(mask, torch.Tensor):
         raise ValueError(f"key_padding_mask must be a boolean tensor of shape (batch, keys) = ({B}, {Nk}), got "

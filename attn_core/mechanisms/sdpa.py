@@ -7,14 +7,15 @@ import torch.nn.functional as F
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, kv_bytes
-from ._common import check_key_padding, checked_shape, first_key, fold, repeated, unfold
+from ._common import check_key_padding, check_score_bias, checked_shape, first_key, fold, repeated, unfold
 
 _BACKENDS = {0: "math", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overrideable"}
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                   key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(Q Kᵀ/√D) V through torch.nn.functional.scaled_dot_product_attention.
+                   key_padding_mask: torch.Tensor | None = None,
+                   score_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(Q Kᵀ/√D [+ score_bias]) V through torch.nn.functional.scaled_dot_product_attention.
 
     Shapes as softmax_attention. PyTorch picks the kernel (see `sdpa_backend`): flash on CPU and on recent GPUs,
     memory-efficient or cuDNN otherwise, the unfused math path as a fallback. Fused kernels never hold the n×n
@@ -25,18 +26,34 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     builds. A query that sees no unpadded key outputs zeros, whatever the backend does with an empty row.
     k and v with Hk < H heads (grouped-query attention) go in as they are, `enable_gqa=True` (torch ≥ 2.5; the CPU
     flash kernel reads each shared head in place); an older torch gets them repeated.
+    `score_bias`: float, broadcastable to (B, H, Nq, Nk), added to the scaled scores (ALiBi, relative positions:
+    attn_core.positional). It goes in as a float attn_mask, with −∞ where causality or padding forbids: flash
+    kernels take no mask, so PyTorch falls back to memory-efficient or math, and the mask is an (Nq, Nk) tensor
+    per head it varies over.
     """
     checked_shape(SPEC, q, k, v, causal)
-    if key_padding_mask is None:
+    if score_bias is not None:
+        check_score_bias(SPEC, score_bias, q, k)
+    if key_padding_mask is None and score_bias is None:
         return shared_sdpa(q, k, v, is_causal=causal)
-    check_key_padding(SPEC, key_padding_mask, q, k)
     Nq, Nk = q.shape[-2], k.shape[-2]
-    keep = ~key_padding_mask[:, None, None, :]
-    if causal:
-        keep = keep & torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril_()
+    keep = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril_() if causal else None
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
+        pad = ~key_padding_mask[:, None, None, :]
+        keep = pad if keep is None else keep & pad
+    if score_bias is not None:  # float: added to the scores, −∞ where keep is False; attn_mask needs (..., Nq, Nk)
+        bias = score_bias.to(q.dtype) if score_bias.dim() >= 2 else score_bias.to(q.dtype).expand(Nq, Nk)
+        keep = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
     out = shared_sdpa(q, k, v, attn_mask=keep)
+    return out if key_padding_mask is None else _zero_dead(out, key_padding_mask, causal)
+
+
+def _zero_dead(out: torch.Tensor, key_padding_mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    """out with zeros for the queries that see no unpadded key."""
+    Nq, Nk = out.shape[-2], key_padding_mask.shape[-1]
     # query i sees keys up to i (causal) or Nk − 1: none unpadded when the first unpadded key lies past that
-    last = torch.arange(Nq, device=q.device) if causal else torch.full((Nq,), Nk - 1, device=q.device)
+    last = torch.arange(Nq, device=out.device) if causal else torch.full((Nq,), Nk - 1, device=out.device)
     dead = first_key(key_padding_mask)[:, None] > last  # (B, Nq)
     return out.masked_fill(dead[:, None, :, None], 0.0)
 
@@ -157,6 +174,7 @@ SPEC = MechanismSpec(
         padding=True,
         shared_kv=True,
         repeats_kv=not GQA_NATIVE,
+        score_bias=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
                               cache_big_o="O(n·d)"),
     ),

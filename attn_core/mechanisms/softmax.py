@@ -6,12 +6,15 @@ import torch
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, kv_bytes, kv_step
-from ._common import check_key_padding, checked_shape, fold, grouped_matmul, scale, softmax_or_zeros
+from ._common import check_key_padding, check_score_bias, checked_shape, fold, grouped_matmul, scale, softmax_or_zeros
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None) -> torch.Tensor:
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None,
+            score_bias: torch.Tensor | None = None) -> torch.Tensor:
     B, H, Nq, _ = q.shape
     s = (fold(q * scale(q.shape[-1]), k.shape[1]) @ k.transpose(-2, -1)).view(B, H, Nq, k.shape[-2])
+    if score_bias is not None:
+        s = s + score_bias.to(s.dtype)
     if causal:
         s.masked_fill_(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu_(1), float("-inf"))
     if mask is not None:
@@ -20,8 +23,9 @@ def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor |
 
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                      mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(Q Kᵀ/√D [masked]) V.
+                      mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
+                      score_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(Q Kᵀ/√D [+ bias] [masked]) V.
 
     q (B, H, Nq, D), k and v (B, Hk, Nk, D) → (B, H, Nq, D). Hk < H: each key/value head is shared by H/Hk
     consecutive query heads, which are stacked as rows of one product (`fold`), so it is never repeated. `mask` is
@@ -30,15 +34,19 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     gives NaN, as in the textbook.
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those keys are filled with −inf too, and then
     a query that sees no key (its keys all padded or masked) outputs zeros instead of NaN.
+    `score_bias`: float, broadcastable to (B, H, Nq, Nk), added to the scaled scores before masking (ALiBi, relative
+    positions: attn_core.positional); one more (Nq, Nk) temporary per head when it broadcasts.
     """
     checked_shape(SPEC, q, k, v, causal)
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"mask must be boolean (True = attend), got {mask.dtype}")
+    if score_bias is not None:
+        check_score_bias(SPEC, score_bias, q, k)
     if key_padding_mask is None:
-        return grouped_matmul(torch.softmax(_scores(q, k, causal, mask), dim=-1), v)
+        return grouped_matmul(torch.softmax(_scores(q, k, causal, mask, score_bias), dim=-1), v)
     check_key_padding(SPEC, key_padding_mask, q, k)
     keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
-    return softmax_or_zeros(_scores(q, k, causal, keep if mask is None else mask & keep), v)
+    return softmax_or_zeros(_scores(q, k, causal, keep if mask is None else mask & keep, score_bias), v)
 
 
 def _flops(s: Shape) -> float:
@@ -80,6 +88,7 @@ SPEC = MechanismSpec(
         cross=True,
         padding=True,
         shared_kv=True,
+        score_bias=True,
         generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
                               cache_big_o="O(n·d)"),
     ),

@@ -1,0 +1,76 @@
+"""What positions cost: softmax and SDPA forward with no positions, with RoPE turning q and k in the call (Su et al.
+2021, arXiv 2104.09864), and with ALiBi's (H, n, n) score bias (Press et al. 2021, arXiv 2108.12409) passed as
+`score_bias=`. Interleaved calls (A B C A B C …), median with its spread, through `attn_core.attention` as a user
+calls it.
+
+    python -m attn_core.benchmarks.positions            # B=1, H=8, D=64, fp32, n = 1024 and 4096
+    python -m attn_core.benchmarks.positions --quick    # n = 512 and 1024, for a first look
+
+RoPE adds O(n·d) elementwise work to an O(n²·d) call: its ratio should fall towards 1 as n grows. ALiBi's bias is
+built once outside the timed call (a model caches it); inside, softmax adds it to the materialized scores, one more
+(H, n, n) pass, while SDPA takes it as a float attn_mask, which the flash kernels do not accept: PyTorch falls back
+to the memory-efficient or math kernel, and the ratio says what that fallback costs here.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from . import alternate, end, machine, machine_options, ratios, spread, start, timer
+from .. import attention, positional
+from ..engine import env
+
+KEYS = ("softmax", "sdpa")
+HEADS, HEAD_DIM = 8, 64
+
+
+def calls(key: str, n: int, device: str, causal: bool) -> dict:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, generator=g).to(device) for _ in range(3))
+    positions = torch.arange(n, device=device)
+    bias = positional.alibi_bias(HEADS, n, n).to(device)
+    return {"none": lambda: attention(key, q, k, v, causal=causal),
+            "RoPE": lambda: attention(key, positional.rope(q, positions), positional.rope(k, positions), v,
+                                      causal=causal),
+            "ALiBi": lambda: attention(key, q, k, v, causal=causal, score_bias=bias)}
+
+
+def measure(args: argparse.Namespace) -> None:
+    timed = timer(args.device, args.clock)
+    print(f"\nseconds per forward call, median (IQR, min–max) of {args.rounds} interleaved rounds; the ratio to no "
+          f"positions round by round:")
+    for key in KEYS:
+        for n in args.ns:
+            for causal in (False, True):
+                with torch.inference_mode():
+                    contestants = calls(key, n, args.device, causal)
+                    for call in contestants.values():  # the warm-up
+                        call()
+                    t = alternate({name: (lambda call=call: timed(call, 1)) for name, call in contestants.items()},
+                                  args.rounds)
+                label = f"  {key:8s} {'causal' if causal else 'full':6s} n={n:5d}"
+                versus = "  ".join(f"{name} {spread(ratios(t[name], t['none']))}×" for name in ("RoPE", "ALiBi"))
+                print(f"{label}  none {spread(t['none'], fmt='.3g')} s  {versus}", flush=True)
+        env.release_cached_memory(args.device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ns", type=int, nargs="+", default=[1024, 4096], help="sequence lengths")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of each line")
+    p.add_argument("--quick", action="store_true", help="n = 512 and 1024, 5 rounds")
+    machine_options(p)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.ns, args.rounds = [512, 1024], min(args.rounds, 5)
+    machine(args)
+    start(args.device, f"B=1, H={HEADS}, D={HEAD_DIM}, fp32, the public calls timed in torch.inference_mode "
+                       f"({args.clock} clock).")
+    measure(args)
+    end()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

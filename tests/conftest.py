@@ -1,0 +1,15 @@
+"""Fixtures every test shares: the run store kept in a private folder, never the user's own."""
+from __future__ import annotations
+
+import pytest
+
+from attn_core import store
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_run_store(tmp_path_factory):
+    """ATTN_LAB_HOME set to a temporary folder for the whole session, so that sweeps (and the worker and CLI
+    processes the tests start, which inherit it) keep their runs there."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(store.HOME_VARIABLE, str(tmp_path_factory.mktemp("attention-lab-home")))
+        yield
