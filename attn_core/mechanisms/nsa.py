@@ -10,8 +10,9 @@ import torch
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import Cache, Ring, kv_bytes
 from ._common import check_key_padding, checked_shape, scale, trusted
+from ._sparse import gathered_softmax, selected_softmax, sort_selection, work_dtype
 
-ROWS = 16  # queries per block of the forward pass: each gathers its own select_blocks × select_block keys
+ROWS = 64  # queries per block of the forward pass (the selections of a block are one sparse product a head)
 GATES = ("g_cmp", "g_slc", "g_win")
 GATE_LOGIT = 2.0  # default gates sigmoid(z), z uniform in [−2, 2]
 DEFAULTS = {"block": 32, "stride": 16, "select_block": 64, "select_blocks": 16, "window": 512}
@@ -64,20 +65,6 @@ def _selected(score: torch.Tensor, s: int, e: int, select_block: int, select_blo
     return order[..., :min(select_blocks, score.shape[-1])]
 
 
-def _take(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """x[b, h, pos[b, h, i]] for pos (B, Hk, …) → (B, Hk, R, D), R positions a head: one index_select of whole
-    rows of x's storage, read in place (a contiguous x, or a cache ring's view of one; any other x is copied
-    contiguous first)."""
-    B, Hk, _, D = x.shape
-    s0, s1, s2, s3 = x.stride()
-    if s3 != 1 or s2 != D or s1 % D or s0 % D:
-        x = x.contiguous()
-        s0, s1, s2, _ = x.stride()
-    base = (torch.arange(B, device=x.device)[:, None] * (s0 // D) + torch.arange(Hk, device=x.device) * (s1 // D))
-    rows_ = x.as_strided(((B - 1) * (s0 // D) + (Hk - 1) * (s1 // D) + x.shape[2], D), (D, 1))
-    return rows_.index_select(0, (pos.flatten(2) + base[..., None]).flatten()).view(B, Hk, -1, D)
-
-
 def _softmax_rows(scores: torch.Tensor, dead_ok: bool) -> torch.Tensor:
     if not dead_ok:
         return torch.softmax(scores, dim=-1)
@@ -86,9 +73,10 @@ def _softmax_rows(scores: torch.Tensor, dead_ok: bool) -> torch.Tensor:
 
 
 def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_block: int, select_blocks: int,
-         window: int) -> torch.Tensor:
+         window: int, selectable: tuple | None = None) -> torch.Tensor:
     """The outputs of queries at positions s … e−1 (q (B, H, r, D), e = s + r) over keys and values k, v
-    (B, Hk, ≥ e, D) in token order and their compressed kc, vc (B, Hk, ≥ visible, D); gates (B, H, r) each.
+    (B, Hk, ≥ e, D) in token order and their compressed kc, vc (B, Hk, ≥ visible, D); gates (B, H, r) each;
+    `selectable`: k and v padded to whole selection blocks (`nsa_attention`), else k and v.
     Per key/value head, its H/Hk query heads stacked as rows: compression (softmax over the visible compressed
     blocks), selection (softmax over the gathered tokens of the chosen blocks, ≤ t) and the window
     (t − window < j ≤ t)."""
@@ -108,20 +96,21 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
         p = _softmax_rows(sc, dead_ok=s < block - 1)
         out_cmp = (p.view(B, Hk, G * r, c) @ vc[:, :, :c]).view(B, H, r, D)
         score = _block_scores(p.sum(2), s, e, block, stride, select_block)
+        del sc, p
     else:
         score = q.new_zeros(B, Hk, r, -(-e // select_block))
 
-    # selection: one set of blocks per key/value head and query, gathered token by token (in place: no copy of k, v)
+    # selection: one set of blocks per key/value head and query, read in place by sparse products (no copy of k, v)
     idx = _selected(score, s, e, select_block, select_blocks)  # (B, Hk, r, S')
     pos = (idx[..., None] * select_block + torch.arange(select_block, device=q.device)).flatten(-2)  # (B, Hk, r, L)
-    L = pos.shape[-1]
-    ks, vs = (_take(x, pos.clamp(max=e - 1)).view(B, Hk, r, L, D) for x in (k, v))
-    qg = qs.view(B, Hk, G, r, D).transpose(2, 3)  # (B, Hk, r, G, D)
-    ss = qg @ ks.transpose(-2, -1)  # (B, Hk, r, G, L)
-    del ks
-    ss.masked_fill_((pos > t[:, None])[:, :, :, None, :], float("-inf"))
-    out_slc = (torch.softmax(ss, dim=-1) @ vs).transpose(2, 3).reshape(B, H, r, D)
-    del ss, vs
+    usable = pos <= t[:, None]  # not past the query
+    ks, vs = (k, v) if selectable is None else selectable
+    if -(-e // select_block) * select_block <= ks.shape[2]:  # every selected position is a key: sparse products
+        pos, usable = sort_selection(pos, usable)
+        out_slc = selected_softmax(q, ks, vs, pos, usable)
+    else:  # a step inside a block: its positions past the end read the last key, masked (one query: a small copy)
+        out_slc = gathered_softmax(q, ks, vs, pos.clamp_(max=ks.shape[2] - 1), usable)
+    del idx, pos, usable
 
     # sliding window: keys lo … e−1
     lo = max(0, s - window + 1)
@@ -204,10 +193,14 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
     gates = _gates(q, {"g_cmp": g_cmp, "g_slc": g_slc, "g_win": g_win}, seed)
     kc, vc = compressed(k, block, stride), compressed(v, block, stride)
     n = q.shape[2]
+    short = -n % select_block  # the last selection block's positions past the end: zero keys, always masked
+    work = work_dtype(q.dtype)  # the sparse products' (half k, v copied once, not a block at a time)
+    selectable = tuple(torch.nn.functional.pad(x.to(work), (0, 0, 0, short)) if short else x.to(work) for x in (k, v))
     out = torch.empty_like(q)
     for s in range(0, n, ROWS):
         e = min(n, s + ROWS)
-        out[:, :, s:e] = rows(q[:, :, s:e], k, v, kc, vc, s, [g[..., s:e] for g in gates], **p)
+        out[:, :, s:e] = rows(q[:, :, s:e], k, v, kc, vc, s, [g[..., s:e] for g in gates], **p,
+                              selectable=selectable)
     return out
 
 
@@ -346,16 +339,36 @@ def _flops(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, win
 
 
 def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
-    """The output and the compressed keys and values, plus the last query block's workspace at its peak, while its
-    selected values are gathered: per key/value head and gathered token the keys and values (2·d numbers) and three
-    int64 positions (the positions, clamped, and as rows of the storage); beside them its compressed probabilities,
-    its scaled queries and compressed output (per query head), and its block scores."""
-    m = visible_blocks(s.Nk - 1, block, stride)
-    r, nsel = min(ROWS, s.Nq), -(-s.Nq // select_block)
-    L = min(select_blocks, nsel) * select_block
-    gathered = s.bk * r * L * (2 * s.D * s.elem + 24)
-    beside = s.bh * r * (m + 2 * s.D) * s.elem + s.bk * r * nsel * s.elem
-    return s.output_bytes + kv_bytes(s, m) + gathered + beside
+    """Peak bytes above the inputs: the output, the compressed keys and values (and k and v for the selection, when
+    padded to whole selection blocks or copied from half precision), plus the largest stage of one query block, in the order `rows` makes
+    them: the compressed scores beside their probabilities; the selection's sort and positions (int64, with a flag
+    each); the sparse products as top-k's (`topk._memory`'s stages: sorted positions and flags, each chunk's indices
+    and their order, the scores, the probabilities, one key/value head's listing); the window's scores beside their
+    probabilities. Gates given (as the engine gives them), not drawn."""
+    e, w, g = s.elem, max(s.elem, 4), s.group
+    n, short = s.Nq, -s.Nq % select_block
+    mc = visible_blocks(n - 1, block, stride)
+    fixed = s.output_bytes + kv_bytes(s, mc) + (2 * s.bk * (n + short) * s.D * w if short or e < w else 0)
+    peak = 0.0
+    for a, end in _blocks(n):
+        r, c = end - a, visible_blocks(end - 1, block, stride)
+        nsel = -(-end // select_block)
+        L = min(select_blocks, nsel) * select_block
+        E, rows_ = s.bk * r * L, s.bh * r * s.D
+        scores, chosen = s.bh * r * L * w, s.bk * r * nsel
+        wn = end - max(0, a - window + 1)
+        base = rows_ * e + chosen * e  # the scaled queries, the block scores
+        kept = base + rows_ * e + chosen * 8  # and the compressed output; the ranked blocks' indices
+        held = 25 * E
+        peak = max(peak,
+                   base + 2 * s.bh * r * c * e + r * c + s.bk * r * c * e,  # compression
+                   kept + 26 * E,  # the positions sorted for CSR
+                   kept + held + rows_ * w * (2 if e < w else 1) + scores + r * L * (2 * w + 13),  # sampled products
+                   kept + held + 2 * scores + (s.bh * r * L if g > 1 else 0),  # softmax (the flags repeated)
+                   kept + held + scores + rows_ * w + g * r * L * w + (rows_ * e if e < w else 0),  # p · v
+                   kept + rows_ * e + 2 * s.bh * r * wn * e + 3 * r * wn,  # the window
+                   kept + 4 * rows_ * e)  # the gated sum
+    return fixed + peak
 
 
 def _effective(q, k, v, causal: bool, state: dict, block=32, stride=16, select_block=64, select_blocks=16,
