@@ -272,7 +272,7 @@ BIG_O = with_copies({"softmax": (2, 2), "sdpa": (2, 1), "local": (1, 1), "sparse
                      "sliding_window": (1, 1), "longformer": (1, 1), "bigbird": (1, 1), "linformer": (1, 1),
                      "performer": (1, 1), "linear": (1, 1), "reformer": (1.1, 1), "nystrom": (1, 1),
                      "additive": (2, 2), "differential": (2, 1), "sigmoid": (2, 1), "mamba2": (1, 1),
-                     "gated_deltanet": (1, 1), "topk": (2, 1)})
+                     "gated_deltanet": (1, 1), "topk": (1.5, 1)})  # topk: a cheap n² indexer beside n·top_k
 
 
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))

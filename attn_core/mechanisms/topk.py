@@ -268,18 +268,18 @@ def _executed_flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim
 
 
 def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
-    """The output blocks and their concatenation, the indexer's queries and keys, and the largest block's peak: its
-    raw scores beside their weighted sum, or its gathered keys and values (and the flat index) beside its scores and
-    probabilities."""
+    """The indexer's queries and keys, and the larger of: the output blocks so far beside the largest block's peak
+    (its raw scores beside their weighted sum, or its gathered keys and values, indices and usable flags beside its
+    scores, their masked copy and probabilities), or the output blocks beside their concatenation."""
     e, w = s.elem, max(s.elem, 4)
     fixed = s.B * (s.Nq * index_heads * index_dim + s.Nk * index_dim) * w
     peak = 0.0
     for r, m in _blocks(s, top_k, index_heads):
         kk = min(top_k, m)
         index = s.B * r * m * (index_heads + 1) * w
-        attend = s.B * r * kk * (2 * s.key_heads * s.D * e + s.key_heads * 8 + 9 + 2 * s.H * e) + s.bh * r * s.D * e
+        attend = s.B * r * kk * (2 * s.key_heads * s.D * e + 9) + s.bh * r * (3 * kk + s.D) * e
         peak = max(peak, index, attend)
-    return 2.0 * s.output_bytes + fixed + peak
+    return fixed + max(s.output_bytes + peak, 2.0 * s.output_bytes)
 
 
 def _effective(q, k, v, causal: bool, state: dict, top_k: int = 2048, index_heads: int = 4,
