@@ -20,8 +20,9 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def rows(s: Shape, top_k: int, index_heads: int) -> int:
     """Query rows per block: the block's indexer scores (index_heads + 1 numbers a key) and its gathered keys and
-    values with their scores (2·Hk·D + 2·H numbers a selected key), all batch elements, fill BLOCK_NUMBERS."""
-    per_row = s.B * ((index_heads + 1) * s.Nk + min(top_k, s.Nk) * (2 * s.key_heads * s.D + 2 * s.H))
+    values with their scores (2·H·D + 2·H numbers a selected key, counted as if each query head had its own key/value
+    head, so that sharing heads never enlarges a block), all batch elements, fill BLOCK_NUMBERS."""
+    per_row = s.B * ((index_heads + 1) * s.Nk + min(top_k, s.Nk) * 2 * s.H * (s.D + 1))
     return max(1, min(s.Nq, BLOCK_NUMBERS // per_row))
 
 
@@ -96,7 +97,7 @@ def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
         scores.masked_fill_(scores < tau, NEG).masked_fill_(scores > tau, float("inf"))
         scores.sub_(torch.arange(scores.shape[-1], device=scores.device, dtype=scores.dtype))
         vals, idx = scores.topk(kk, dim=-1, sorted=False)
-    return idx, vals > NEG
+    return idx, vals != NEG  # a NaN score (NaN in the input) is usable: the NaN reaches the output
 
 
 def _gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
