@@ -42,5 +42,6 @@ st.navigation([
     st.Page("pages/accuracy.py", title="Accuracy", icon=":material/target:", url_path="accuracy"),
     st.Page("pages/patterns.py", title="Patterns", icon=":material/grid_on:", url_path="patterns"),
     st.Page("pages/theory.py", title="Theory", icon=":material/functions:", url_path="theory"),
+    st.Page("pages/planner.py", title="Plan a model", icon=":material/stacks:", url_path="planner"),
     st.Page("pages/compare.py", title="Compare runs", icon=":material/compare_arrows:", url_path="compare"),
 ]).run()

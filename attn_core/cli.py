@@ -225,7 +225,7 @@ def run_plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _read_model(path: str) -> str:
     """A model file's text, at most 1 MiB (a model is a few hundred bytes)."""
     with open(path, encoding="utf-8") as f:
-        text = f.read(1 << 20 + 1)
+        text = f.read((1 << 20) + 1)  # one past the limit: enough to tell a larger file
     if len(text) > 1 << 20:
         raise ValueError(f"{path} is larger than 1 MiB: it is not a model file")
     return text

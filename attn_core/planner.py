@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
+
+import pandas as pd
 
 from .mechanisms import MEASURED
 from .spec import DTYPE_BYTES, Shape
@@ -252,6 +254,68 @@ def _kind(layer: Layer, context: int, batch: int, dtype: str) -> LayerPlan:
     prefill = MEASURED[layer.prefill_mechanism or layer.mechanism]
     flops = float(prefill.cost.flops(layer.shape(context, context, batch, dtype), **prefill.resolved(layer.params)))
     return LayerPlan(layer, kind, held, held * layer.count, flops * layer.count, held * layer.count)
+
+
+def curves(models: Sequence[Model], contexts: Sequence[int], *, batch: int = 1,
+           dtype: str | None = None) -> pd.DataFrame:
+    """Each model's totals at each context, for a chart: DataFrame[mechanism (the model's key), label, n,
+    cache_bytes (keys and values, or latents, plus states), kv_cache_bytes, state_bytes, prefill_flops, status]."""
+    rows = []
+    for model in models:
+        for n in contexts:
+            made = plan(model, n, batch=batch, dtype=dtype)
+            rows.append({"mechanism": model.name.lower(), "label": model.name, "n": n, "cache_bytes": made.total_bytes,
+                         "kv_cache_bytes": made.kv_cache_bytes, "state_bytes": made.state_bytes,
+                         "prefill_flops": made.prefill_flops, "status": "ok"})
+    return pd.DataFrame(rows)
+
+
+def kinds_table(made: Plan) -> pd.DataFrame:
+    """One row per layer kind of a plan, for a table."""
+    return pd.DataFrame([{"layers": p.layer.name, "mechanism": p.layer.mechanism, "count": p.layer.count,
+                          "holds": "keys and values" if p.kind == "kv" else "recurrent state",
+                          "bytes a layer": p.bytes_per_layer, "bytes in all": p.cache_bytes,
+                          "prefill FLOPs": p.prefill_flops} for p in made.kinds])
+
+
+def hybrid(model: Model, share: float, mechanism: str = "gated_deltanet") -> Model:
+    """`model` with `share` (0 … 1) of its layers of the first kind turned into `mechanism` layers of the same heads
+    and head dim (a linear-attention hybrid: Qwen3-Next keeps 1 full layer in 4, so share 0.75), rounded to whole
+    layers. The first kind stays first; the new kind is listed after it."""
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise ValueError(f"share must be a fraction from 0 to 1 of the layers, got {share!r}")
+    first, *rest = model.layers
+    turned = round(first.count * share)
+    kinds = [dataclasses.replace(first, count=first.count - turned)] if turned < first.count else []
+    if turned:
+        kinds.append(Layer(name=MEASURED[mechanism].label if mechanism in MEASURED else mechanism,
+                           mechanism=mechanism, count=turned, heads=first.heads, head_dim=first.head_dim,
+                           kv_heads=first.kv_heads))
+    made = dataclasses.replace(model, name=f"{model.name} ({turned} of {first.count} {first.name} → {mechanism})",
+                               layers=tuple(kinds + rest))
+    if found := made.problems():
+        raise ValueError("; ".join(found))
+    return made
+
+
+def crossover(a: Model, b: Model, *, batch: int = 1, dtype: str | None = None) -> int | None:
+    """The shortest context from which `a` holds no more than `b` (caches and states together), or None when `a`
+    holds more at MAX_CONTEXT. Checked at every power of two, then bisected after the last one where `a` held more
+    (between powers the totals are straight lines or flat, past a window)."""
+    def smaller(n: int) -> bool:
+        return plan(a, n, batch=batch, dtype=dtype).total_bytes <= plan(b, n, batch=batch, dtype=dtype).total_bytes
+
+    powers = [1 << k for k in range(MAX_CONTEXT.bit_length())]
+    if not smaller(MAX_CONTEXT):
+        return None
+    larger = [n for n in powers if not smaller(n)]
+    if not larger:
+        return 1
+    low, high = larger[-1], 2 * larger[-1]  # smaller(high) holds, smaller(low) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if smaller(mid) else (mid, high)
+    return high
 
 
 def find(name: str) -> Model:

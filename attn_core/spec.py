@@ -202,14 +202,13 @@ class Operands:
     """What a mechanism attends over when it is not q, k and v of D values a head (multi-head latent attention reads
     a latent per token): the engine draws and passes these instead, and `attention` does not call it.
 
-    `names`: the tensors `fn` takes positionally, in order; the first `queries` of them come from the queries, the
-    rest are what a generation cache is remembered from (`Generation.remember(*rest, ...)`), and a step takes one
-    new token of each (`Generation.step(*all, cache)`).
-    `draw(shape, device, dtype, *, seed, **params) -> tuple`: seeded tensors of one call of `shape`.
+    `draw(shape, device, dtype, *, seed, **params) -> tuple`: seeded tensors of one call of `shape`, in the order
+    `fn` takes them positionally. `queries`: how many of them come first from the queries; the rest are what a
+    generation cache is remembered from (`Generation.remember(*rest, ...)`), and a step takes one new token of each
+    (`Generation.step(*all, cache)`).
     `nbytes(shape, **params)`: their bytes (what q, k and v's are to the others: `Shape.input_bytes`).
     """
 
-    names: tuple[str, ...]
     queries: int
     draw: Callable[..., tuple[torch.Tensor, ...]]
     nbytes: Callable[..., float]

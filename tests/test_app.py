@@ -19,7 +19,8 @@ from attn_core.engine.job import Job
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = {"pages/home.py": "Attention Lab", "pages/learn.py": "Learn", "pages/benchmark.py": "Benchmark",
-         "pages/accuracy.py": "Accuracy", "pages/patterns.py": "Patterns", "pages/theory.py": "Theory", "pages/compare.py": "Compare runs"}
+         "pages/accuracy.py": "Accuracy", "pages/patterns.py": "Patterns", "pages/theory.py": "Theory",
+         "pages/planner.py": "Plan a model", "pages/compare.py": "Compare runs"}
 TINY = {"bench_exact": ["softmax"], "bench_approx": ["linear"], "bench_n": (64, 128), "bench_steps": 2,
         "bench_d_model": 64, "bench_heads": 2}
 

@@ -14,7 +14,7 @@ from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_serve
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 PAGES = {"": "Attention Lab", "learn": "Learn", "benchmark": "Benchmark", "accuracy": "Accuracy",
-         "patterns": "Patterns", "theory": "Theory", "compare": "Compare runs"}
+         "patterns": "Patterns", "theory": "Theory", "planner": "Plan a model", "compare": "Compare runs"}
 # A tiny sweep as a link: settings are bound to the URL (multiselects by their labels).
 TINY = ("bench_exact=Softmax+%28materialized%29&bench_approx=Linear+%28elu%2B1%29&bench_n=64&bench_n=128&bench_steps=2"
         "&bench_d_model=64&bench_heads=2")

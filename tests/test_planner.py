@@ -154,3 +154,27 @@ def test_the_cli_reads_a_model_file_and_refuses_a_bad_one(tmp_path):
                            (("plan", "llama-3-8b", "--context", "12q"), "is not a number of tokens")):
         code, _, err = run(*argv)
         assert code == 2 and sentence in err
+
+
+def test_a_hybrid_turns_a_share_of_the_first_kind_into_state_layers():
+    llama = planner.find("llama-3-8b")
+    mixed = planner.hybrid(llama, 0.75)
+    assert [(k.mechanism, k.count) for k in mixed.layers] == [("sdpa", 8), ("gated_deltanet", 24)]
+    made = planner.plan(mixed, 131072)
+    assert made.kv_cache_bytes == kv(8, 8, 128, 131072)
+    assert made.state_bytes == 24 * 8 * 128 * 128 * 4  # one 128 × 128 float32 state per key/value head
+    assert planner.hybrid(llama, 0).layers == llama.layers
+    assert [k.mechanism for k in planner.hybrid(llama, 1).layers] == ["gated_deltanet"]
+    with pytest.raises(ValueError, match="share must be a fraction from 0 to 1"):
+        planner.hybrid(llama, 1.5)
+
+
+def test_the_crossover_is_where_the_state_costs_what_the_cache_it_replaces_costs():
+    """A Gated DeltaNet layer of 8 key/value heads holds 8 · 128 · 128 · 4 bytes; the attention layer it replaces
+    holds 2 · 8 · 128 · 2 bytes a token: they cost the same at 128 tokens, and the hybrid holds less from there on."""
+    llama = planner.find("llama-3-8b")
+    mixed = planner.hybrid(llama, 0.75)
+    assert planner.crossover(mixed, llama) == 128
+    assert planner.crossover(llama, mixed) is None
+    for n in (127, 128, 129, 1 << 20):
+        assert (planner.plan(mixed, n).total_bytes <= planner.plan(llama, n).total_bytes) == (n >= 128)

@@ -206,13 +206,14 @@ def n_axis(ns: pd.Series) -> alt.Axis:
 GENERATION_METRICS = ("cache_bytes", "tokens_per_s")  # theory.generation_costs: per context length n
 
 
-def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
-                 budgets: dict[str, float] | None = None) -> alt.TopLevelMixin:
+def theory_chart(frame: pd.DataFrame, metric: str = "flops", *, budgets: dict[str, float] | None = None,
+                 legend: str = "Mechanism") -> alt.TopLevelMixin:
     """A theory column (flops, total_bytes, memory_bytes, predicted_time_s) vs n, log-log, from theory.costs; or a
     generation column (cache_bytes, tokens_per_s) vs the context length, from theory.generation_costs.
 
     budgets (name → bytes), for a memory metric: horizontal rules, so the chart shows where each mechanism stops
-    fitting. Invalid points (status ≠ 'ok') are left out and named in the subtitle.
+    fitting. Invalid points (status ≠ 'ok') are left out and named in the subtitle. `legend`: what a line is
+    (planner.curves draws models).
     """
     names = {"flops": "FLOPs (theory, from the specs)", "memory_bytes": "Predicted peak above inputs (GiB)",
              "total_bytes": "Inputs + predicted peak (GiB)",
@@ -226,9 +227,9 @@ def theory_chart(frame: pd.DataFrame, metric: str = "flops", *,
     x = alt.X("n:Q", title=f"{length} n (tokens, log₂ scale; K = 1024)", scale=LOG2_X, axis=n_axis(kept["n"]))
     y = alt.Y("y:Q", title=names[metric], scale=alt.Scale(type="log"),
               axis=alt.Axis(format="~s" if metric == "flops" else ",~g"))  # FLOPs as 1G, 1T, 1P
-    base = alt.Chart(kept).encode(x=x, y=y, color=_colour(frame))
+    base = alt.Chart(kept).encode(x=x, y=y, color=_colour(frame, legend))
     layers = [base.mark_line(), base.mark_point(filled=True, size=30).encode(
-        tooltip=[alt.Tooltip("label:N", title="Mechanism"), alt.Tooltip("n:Q", format=","),
+        tooltip=[alt.Tooltip("label:N", title=legend), alt.Tooltip("n:Q", format=","),
                  alt.Tooltip("y:Q", title=names[metric], format=".4g")])]
     if budgets and metric.endswith("bytes"):
         rules = pd.DataFrame({"budget": list(budgets), "y": [b / scale for b in budgets.values()]})

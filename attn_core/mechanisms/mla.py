@@ -312,7 +312,7 @@ PARAMS = (
 _NO_SHARED = ("Its heads already share one cached latent per token, of kv_rank + rope_dim values: set kv_rank to "
               "change what a token caches.")
 _PAPER = "DeepSeek-AI 2024, 'DeepSeek-V2', arXiv 2405.04434 (section 2.1); 'DeepSeek-V3', arXiv 2412.19437"
-_OPERANDS = Operands(names=("q_c", "q_r", "c_kv", "k_r"), queries=2, draw=_draw, nbytes=_operand_bytes)
+_OPERANDS = Operands(queries=2, draw=_draw, nbytes=_operand_bytes)  # q_c, q_r; then c_kv, k_r
 
 
 def _spec(fn, core, absorbed: bool) -> MechanismSpec:
