@@ -7,22 +7,18 @@ import torch
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import KVCache, kv_bytes, tensor_bytes
-from ._common import check_key_padding, checked_shape, fold, repeated, scale, trusted, unfold
+from ._common import check_key_padding, checked_shape, repeated, scale, trusted
+from ._sparse import selected_softmax, sort_selection, work_dtype
 
 BLOCK_NUMBERS = 1 << 23  # numbers one query block's working set holds (see `rows`)
 NEG = float("-inf")
 
 
-def work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The indexer's dtype: float32 for half inputs (bfloat16 scores tie too often to rank 2048 keys)."""
-    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
-
-
 def rows(s: Shape, top_k: int, index_heads: int) -> int:
-    """Query rows per block: the block's indexer scores (index_heads + 1 numbers a key) and its gathered keys and
-    values with their scores (2·H·D + 2·H numbers a selected key, counted as if each query head had its own key/value
-    head, so that sharing heads never enlarges a block), all batch elements, fill BLOCK_NUMBERS."""
-    per_row = s.B * ((index_heads + 1) * s.Nk + min(top_k, s.Nk) * 2 * s.H * (s.D + 1))
+    """Query rows per block: the block's indexer scores (index_heads + 1 numbers a key) or its selection (indices,
+    their sort and the scores and probabilities of every query head: 2·H + 8 numbers a selected key), all batch
+    elements, fill BLOCK_NUMBERS."""
+    per_row = s.B * max((index_heads + 1) * s.Nk, min(top_k, s.Nk) * (2 * s.H + 8))
     return max(1, min(s.Nq, BLOCK_NUMBERS // per_row))
 
 
@@ -77,54 +73,31 @@ def index_queries(q: torch.Tensor, index_q: torch.Tensor) -> torch.Tensor:
 
 
 def index_scores(qi: torch.Tensor, ki: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) for qi (B, r, IH·dI) and ki (B, m, dI) → (B, r, m): one product
-    over all indexer heads, ReLU in place, then the weighted sum as a batched product with w (1 × IH per query)."""
+    """I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) for qi (B, r, IH·dI) and ki (B, m, dI) → (B, r, m): the products
+    of each indexer head laid out head-major (B, IH, r, m), ReLU in place, then the weighted sum over heads as one
+    product of w (1 × IH) with the rows of all queries (a stream, not r small products)."""
     B, r, _ = qi.shape
     heads, m = w.shape[0], ki.shape[1]
-    raw = (qi.reshape(B, r * heads, -1) @ ki.transpose(1, 2)).relu_()  # (B, r·IH, m)
-    return (w.expand(B * r, 1, heads) @ raw.view(B * r, heads, m)).view(B, r, m)
+    qh = qi.reshape(B, r, heads, -1).transpose(1, 2).reshape(B, heads * r, -1)  # (B, IH·r, dI), head-major
+    raw = (qh @ ki.transpose(1, 2)).relu_()  # (B, IH·r, m)
+    del qh
+    return (w[None, None] @ raw.view(B, heads, r * m)).view(B, r, m)
 
 
 def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kk highest scores of each row (B, r, m), as (indices (B, r, kk), usable (B, r, kk): the key's score was
-    finite, so it is neither masked nor padded). Ties at the threshold go to the earlier keys: where a row holds more
-    keys at its kk-th score than fit, the scores are rewritten in place (+inf above the threshold, −inf below, and
+    """The kk highest scores of each row (B, r, m), as (indices (B, r, kk), increasing in each row as CSR takes them,
+    usable (B, r, kk): the key's score was finite, so it is neither masked nor padded). Ties at the threshold go to
+    the earlier keys: where a row holds more keys at its kk-th score than fit, the scores are rewritten in place (+inf above the threshold, −inf below, and
     threshold − position at it) and ranked again. Fills `scores` in place."""
     vals, idx = scores.topk(kk, dim=-1, sorted=False)
     tau = vals.amin(-1, keepdim=True)
-    if bool(((scores == tau).sum(-1) > (vals == tau).sum(-1)).logical_and_(tau[..., 0] > NEG).any()):
-        del vals, idx
+    extra = (scores == tau).scatter_(-1, idx, False)  # keys at the threshold left out (no count: that copies)
+    if bool(extra.any(-1).logical_and_(tau[..., 0] > NEG).any()):
+        del vals, idx, extra
         scores.masked_fill_(scores < tau, NEG).masked_fill_(scores > tau, float("inf"))
         scores.sub_(torch.arange(scores.shape[-1], device=scores.device, dtype=scores.dtype))
         vals, idx = scores.topk(kk, dim=-1, sorted=False)
-    return idx, vals != NEG  # a NaN score (NaN in the input) is usable: the NaN reaches the output
-
-
-def _gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """x (B, Hk, m, D) at the selected positions idx (B, r, kk), every key/value head: (B, Hk, r·kk, D), by one
-    index_select over x's rows read in place (one flat index of B·Hk·r·kk positions)."""
-    B, Hk, m, D = x.shape
-    base = (torch.arange(B * Hk, device=x.device) * m).view(B, Hk, 1)
-    flat = (base + idx.view(B, 1, -1)).view(-1)
-    return x.reshape(B * Hk * m, D).index_select(0, flat).view(B, Hk, -1, D)
-
-
-def _attend(q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor, usable: torch.Tensor) -> torch.Tensor:
-    """Softmax over each query's selected keys: q (B, H, r, D), k_sel and v_sel (B, Hk, r·kk, D), usable (B, r, kk)
-    → (B, H, r, D). The H/Hk query heads of a key/value head read its selection together: (B, Hk, r, H/Hk, D) times
-    (B, Hk, r, D, kk), batched products. A row with no usable key outputs zeros."""
-    B, H, r, D = q.shape
-    Hk, kk = k_sel.shape[1], usable.shape[-1]
-    qs = fold(q, Hk).view(B, Hk, H // Hk, r, D).transpose(2, 3).mul(scale(D))  # (B, Hk, r, g, D)
-    scores = qs @ k_sel.view(B, Hk, r, kk, D).transpose(-2, -1)  # (B, Hk, r, g, kk)
-    del qs
-    keep = usable[:, None, :, None, :]
-    dead = ~usable.any(-1)[:, None, :, None, None]
-    scores = scores.masked_fill(~keep, NEG).masked_fill(dead, 0.0)
-    p = torch.softmax(scores, dim=-1).masked_fill(dead, 0.0)
-    del scores
-    out = p @ v_sel.view(B, Hk, r, kk, D)  # (B, Hk, r, g, D)
-    return unfold(out.transpose(2, 3).reshape(B, Hk, (H // Hk) * r, D), H)
+    return sort_selection(idx, vals != NEG)  # a NaN score (NaN in the input) is usable: the NaN reaches the output
 
 
 def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -152,7 +125,9 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     with torch.no_grad():
         qi, ki = index_queries(q, wq), index_keys(k, wk)
     r = rows(s, top_k, index_heads)
-    outs = []
+    work = work_dtype(q.dtype)
+    kw, vw = k.to(work), v.to(work)  # once, not a block at a time (half inputs)
+    out = q.new_empty(q.shape)
     for a in range(0, s.Nq, r):
         e = min(a + r, s.Nq)
         m = e if causal else s.Nk
@@ -165,8 +140,9 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
                 scores.masked_fill_(key_padding_mask[:, None, :m], NEG)
             idx, usable = select(scores, min(top_k, m))
             del scores
-        outs.append(_attend(q[:, :, a:e], _gather(k, idx), _gather(v, idx), usable))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        out[:, :, a:e] = selected_softmax(q[:, :, a:e], kw[:, :, :m], vw[:, :, :m], idx[:, None], usable[:, None])
+        del idx, usable  # not alive beside the next block's indexer
+    return out
 
 
 # -- generation: a key-value cache beside the indexer's keys ------------------------------------------------
@@ -218,7 +194,7 @@ def _step(q, k, v, cache: TopkCache):
         scores = index_scores(index_queries(q, cache.index_q), cache.index[:, :cache.length], cache.index_w)
         idx, usable = select(scores, top_k)
         del scores
-    return _attend(q, _gather(keys, idx), _gather(values, idx), usable), cache
+    return selected_softmax(q, keys, values, idx[:, None], usable[:, None]), cache
 
 
 def _cache_bytes(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
@@ -269,18 +245,30 @@ def _executed_flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim
 
 
 def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
-    """The indexer's queries and keys, and the larger of: the output blocks so far beside the largest block's peak
-    (its raw scores beside their weighted sum, or its gathered keys and values, indices and usable flags beside its
-    scores, their masked copy and probabilities), or the output blocks beside their concatenation."""
+    """Peak bytes above the inputs: the indexer's queries and keys, the output (and float32 copies of half k, v), and
+    the largest stage of one query block, in the order the kernel makes them: the indexer's products of every head
+    beside their weighted sum; the selection (its values and int64 indices beside the scores and a flag per score);
+    its sort; then, held through the sparse products, the sorted indices and usable flags (9 bytes a selected key)
+    and each chunk's indices with their order (16): the scores beside each sampled product's output and its copy of
+    the indices, the probabilities beside the scores, and the output block beside one batch element's listing."""
     e, w = s.elem, max(s.elem, 4)
-    fixed = s.B * (s.Nq * index_heads * index_dim + s.Nk * index_dim) * w
+    fixed = s.B * (s.Nq * index_heads * index_dim + s.Nk * index_dim) * w + s.output_bytes
+    if e < w:
+        fixed += 2 * s.bk * s.Nk * s.D * w
     peak = 0.0
     for r, m in _blocks(s, top_k, index_heads):
         kk = min(top_k, m)
-        index = s.B * r * m * (index_heads + 1) * w
-        attend = s.B * r * kk * (2 * s.key_heads * s.D * e + 9) + s.bh * r * (3 * kk + s.D) * e
-        peak = max(peak, index, attend)
-    return fixed + max(s.output_bytes + peak, 2.0 * s.output_bytes)
+        E, scores = s.B * r * kk, s.B * r * m * w
+        probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
+        held = 25 * E  # sorted indices, usable flags, and each chunk's indices and their order
+        peak = max(peak,
+                   scores * index_heads + max(s.B * index_heads * r * index_dim * w, scores),  # the indexer
+                   scores + s.B * r * m + E * (w + 8),  # top-k with its tie check
+                   scores + E * (w + 25),  # the sort of the selection
+                   held + block * (2 if e < w else 1) + probs + r * kk * (2 * w + 13),  # the sampled products
+                   held + 2 * probs + E,  # softmax beside the scores
+                   held + probs + block + s.H * r * kk * w + (s.bh * r * s.D * e if e < w else 0))  # p · v
+    return fixed + peak
 
 
 def _effective(q, k, v, causal: bool, state: dict, top_k: int = 2048, index_heads: int = 4,
