@@ -28,12 +28,17 @@ def _heads(H: int, S: int, Hk: int, s: int) -> range:
     return range(H) if S == 1 else range(s * (H // Hk), (s + 1) * (H // Hk))
 
 
-def _rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """x (B, Hk, m, D) at positions idx (B, Hk, r, kk): (B, Hk, r·kk, D), one index_select of x's rows."""
-    B, Hk, m, D = x.shape
-    base = (torch.arange(B * Hk, device=x.device) * m).view(B, Hk, 1)
-    flat = (base + idx.reshape(B, Hk, -1)).view(-1)
-    return x.reshape(B * Hk * m, D).index_select(0, flat).view(B, Hk, -1, D)
+def _rows(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """x[b, h, pos[b, h, i]] for pos (B, Hk, …) → (B, Hk, R, D), R positions a head: one index_select of whole rows
+    of x's storage, read in place (a contiguous x, or a cache ring's view of one; any other x is copied first)."""
+    B, Hk, _, D = x.shape
+    s0, s1, s2, s3 = x.stride()
+    if s3 != 1 or s2 != D or s1 % D or s0 % D:
+        x = x.contiguous()
+        s0, s1, s2, _ = x.stride()
+    base = (torch.arange(B, device=x.device)[:, None] * (s0 // D) + torch.arange(Hk, device=x.device) * (s1 // D))
+    rows = x.as_strided(((B - 1) * (s0 // D) + (Hk - 1) * (s1 // D) + x.shape[2], D), (D, 1))
+    return rows.index_select(0, (pos.flatten(2) + base[..., None]).flatten()).view(B, Hk, -1, D)
 
 
 def gathered_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
@@ -103,9 +108,10 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
 
     q (B, H, r, D), k and v (B, Hk, m, D), idx and usable (B, S, r, kk) with S = 1 or Hk, idx sorted in each row
     (`sort_selection`) → (B, H, r, D); a row with no usable key outputs zeros. 4·r·kk·D FLOPs a head; never an r × m or r·kk × D tensor. Products in float32 or
-    float64 (`work_dtype`); differentiable in q, k and v. Devices without sparse products take `gathered_softmax`.
+    float64 (`work_dtype`); differentiable in q, k and v. Devices without sparse products, and rows of more entries
+    than keys (repeated ones, which CSR cannot hold), take `gathered_softmax`.
     """
-    if q.device.type not in ("cpu", "cuda"):
+    if q.device.type not in ("cpu", "cuda") or idx.shape[-1] > k.shape[2]:  # more entries a row than keys: repeats
         return gathered_softmax(q, k, v, idx, usable)
     B, H, r, D = q.shape
     Hk, m = k.shape[1], k.shape[2]
