@@ -266,7 +266,7 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
                    scores + s.B * r * m + E * (w + 8),  # top-k with its tie check
                    scores + E * (w + 25),  # the sort of the selection
                    held + block * (2 if e < w else 1) + probs + r * kk * (2 * w + 13),  # the sampled products
-                   held + 2 * probs + E,  # softmax beside the scores
+                   held + 2 * probs,  # softmax beside the scores (the flags inverted are freed by then)
                    held + probs + block + s.H * r * kk * w + (s.bh * r * s.D * e if e < w else 0))  # p · v
     return fixed + peak
 
