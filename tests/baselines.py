@@ -292,6 +292,30 @@ def gated_delta_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alp
     return out
 
 
+def topk_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, top_k: int, index_q: torch.Tensor,
+                   index_k: torch.Tensor, index_w: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+    """DeepSeek Sparse Attention (DeepSeek-V3.2, arXiv 2512.02556) by brute force in float64: the indexer's scores
+    I_ts = Σ_j w_j ReLU(q̄_t W_q,j · k̄_s W_k) for every pair (q̄, k̄: the mean query and key over heads), each row's
+    visible keys sorted by score (stable, descending: ties go to the earlier key), the first top_k kept, and softmax
+    of q·k/√D over them, head by head with each key/value head repeated for its query heads. No visible key: 0."""
+    B, H, n, D = q.shape
+    m, heads = k.shape[-2], index_w.shape[0]
+    qi = torch.einsum("bd,de->be", q.double().mean(1).reshape(-1, D), index_q.double()).view(B, n, heads, -1)
+    ki = torch.einsum("bd,de->be", k.double().mean(1).reshape(-1, D), index_k.double()).view(B, m, -1)
+    scores = torch.einsum("bthe,bse->bths", qi, ki).clamp_min(0).mul(index_w.double()[:, None]).sum(2)
+    vis = torch.as_tensor(_visible(n, m, causal, pad, B))  # (B, Nq, Nk)
+    keep = torch.zeros(B, n, m, dtype=torch.bool)
+    for b in range(B):
+        for t in range(n):
+            seen = vis[b, t].nonzero()[:, 0]
+            order = torch.sort(scores[b, t, seen], descending=True, stable=True).indices
+            keep[b, t, seen[order[:top_k]]] = True
+    kr, vr = (x.double().repeat_interleave(H // k.shape[1], dim=1) for x in (k, v))
+    logits = torch.einsum("bhid,bhjd->bhij", q.double(), kr) / D ** 0.5
+    w = torch.softmax(logits.masked_fill(~keep[:, None], float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.einsum("bhij,bhjd->bhid", w, vr)
+
+
 def nsa_reference(q, k, v, g_cmp, g_slc, g_win, *, block: int, stride: int, select_block: int, select_blocks: int,
                   window: int) -> torch.Tensor:
     """Native Sparse Attention (Yuan et al. 2025, arXiv 2502.11089) query by query in float64, each branch on its own:
