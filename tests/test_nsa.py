@@ -157,3 +157,13 @@ def test_the_costs_count_what_the_kernel_reads():
     assert useful <= executed <= 1.05 * useful
     assert executed < 0.26 * 4 * 8 * 16384 ** 2 * 64 / 2  # about n/32 + 1536 keys a query: a quarter of causal
     # softmax's useful FLOPs at this n
+
+
+def test_the_preset_learned_sparsity_is_causal_and_validates():
+    from attn_core.engine import presets
+
+    (config,) = presets.PRESETS["Learned sparsity"].for_device("cpu")
+    assert [key for key, _ in config.mechanisms] == ["softmax", "sliding_window", "topk", "nsa"]
+    assert dict(config.mechanisms)["topk"] == {"top_k": 256}
+    assert config.problem.causal and config.problems() == []
+    assert config.replaced(causal=False).problems()  # NSA refuses to run without the mask, saying why
