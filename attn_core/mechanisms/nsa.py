@@ -10,7 +10,7 @@ import torch
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import Cache, Ring, kv_bytes
 from ._common import check_key_padding, checked_shape, scale, trusted
-from ._sparse import gathered_softmax, selected_softmax, sort_selection, work_dtype
+from ._sparse import gathered_softmax, selected_softmax, work_dtype
 
 ROWS = 64  # queries per block of the forward pass (the selections of a block are one sparse product a head)
 GATES = ("g_cmp", "g_slc", "g_win")
@@ -101,12 +101,11 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
         score = q.new_zeros(B, Hk, r, -(-e // select_block))
 
     # selection: one set of blocks per key/value head and query, read in place by sparse products (no copy of k, v)
-    idx = _selected(score, s, e, select_block, select_blocks)  # (B, Hk, r, S')
+    idx = _selected(score, s, e, select_block, select_blocks).sort(-1).values  # (B, Hk, r, S'), blocks in order
     pos = (idx[..., None] * select_block + torch.arange(select_block, device=q.device)).flatten(-2)  # (B, Hk, r, L)
-    usable = pos <= t[:, None]  # not past the query
+    usable = pos <= t[:, None]  # not past the query; pos increases along each row, as CSR takes it
     ks, vs = (k, v) if selectable is None else selectable
     if -(-e // select_block) * select_block <= ks.shape[2]:  # every selected position is a key: sparse products
-        pos, usable = sort_selection(pos, usable)
         out_slc = selected_softmax(q, ks, vs, pos, usable)
     else:  # a step inside a block: its positions past the end read the last key, masked (one query: a small copy)
         out_slc = gathered_softmax(q, ks, vs, pos.clamp_(max=ks.shape[2] - 1), usable)
@@ -341,9 +340,9 @@ def _flops(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, win
 def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
     """Peak bytes above the inputs: the output, the compressed keys and values (and k and v for the selection, when
     padded to whole selection blocks or copied from half precision), plus the largest stage of one query block, in the order `rows` makes
-    them: the compressed scores beside their probabilities; the selection's sort and positions (int64, with a flag
-    each); the sparse products as top-k's (`topk._memory`'s stages: sorted positions and flags, each chunk's indices
-    and their order, the scores, the probabilities, one key/value head's listing); the window's scores beside their
+    them: the compressed scores beside their probabilities; the selection's positions (int64, with a flag each);
+    the sparse products as top-k's (`topk._memory`'s stages: positions and flags, each chunk's indices and their
+    order, the scores, the probabilities, one key/value head's listing); the window's scores beside their
     probabilities. Gates given (as the engine gives them), not drawn."""
     e, w, g = s.elem, max(s.elem, 4), s.group
     n, short = s.Nq, -s.Nq % select_block
@@ -362,7 +361,7 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
         held = 25 * E
         peak = max(peak,
                    base + 2 * s.bh * r * c * e + r * c + s.bk * r * c * e,  # compression
-                   kept + 26 * E,  # the positions sorted for CSR
+                   kept + 17 * E,  # the positions (int64, from the blocks' own) and their flags
                    kept + held + rows_ * w * (2 if e < w else 1) + scores + r * L * (2 * w + 13),  # sampled products
                    kept + held + 2 * scores + (s.bh * r * L if g > 1 else 0),  # softmax (the flags repeated)
                    kept + held + scores + rows_ * w + g * r * L * w + (rows_ * e if e < w else 0),  # p · v
