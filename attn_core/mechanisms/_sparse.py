@@ -107,10 +107,9 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     they read at random stay in the core's cache.
 
     q (B, H, r, D), k and v (B, Hk, m, D), idx and usable (B, S, r, kk) with S = 1 or Hk, idx sorted in each row
-    (`sort_selection`) → (B, H, r, D); a row with no usable key outputs zeros. 4·r·kk·D FLOPs a head; never an r × m or r·kk × D tensor. Products in float32 or
-    float64 (`work_dtype`); differentiable in q, k and v. Devices without sparse products, and rows of more entries
-    than keys (repeated ones, which CSR cannot hold), take `gathered_softmax`.
-    """
+    (`sort_selection`) → (B, H, r, D); a row with no usable key outputs zeros. 4·r·kk·D FLOPs a head; never an r × m or
+    r·kk × D tensor. Products in float32 or float64 (`work_dtype`); differentiable in q, k and v. Devices without sparse
+    products, and rows of more entries than keys (repeated ones, which CSR cannot hold), take `gathered_softmax`."""
     if q.device.type not in ("cpu", "cuda") or idx.shape[-1] > k.shape[2]:  # more entries a row than keys: repeats
         return gathered_softmax(q, k, v, idx, usable)
     B, H, r, D = q.shape

@@ -339,10 +339,10 @@ def _flops(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, win
 
 def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
     """Peak bytes above the inputs: the output, the compressed keys and values (and k and v for the selection, when
-    padded to whole selection blocks or copied from half precision), plus the largest stage of one query block, in the order `rows` makes
-    them: the compressed scores beside their probabilities; the selection's positions (int64, with a flag each);
-    the sparse products as top-k's (`topk._memory`'s stages: positions and flags, each chunk's indices and their
-    order, the scores, the probabilities, one key/value head's listing); the window's scores beside their
+    padded to whole selection blocks or copied from half precision), plus the largest stage of one query block, in the
+    order `rows` makes them: the compressed scores beside their probabilities; the selection's positions (int64, with a
+    flag each); the sparse products as top-k's (`topk._memory`'s stages: positions and flags, each chunk's indices and
+    their order, the scores, the probabilities, one key/value head's listing); the window's scores beside their
     probabilities. Gates given (as the engine gives them), not drawn."""
     e, w, g = s.elem, max(s.elem, 4), s.group
     n, short = s.Nq, -s.Nq % select_block

@@ -87,8 +87,8 @@ def index_scores(qi: torch.Tensor, ki: torch.Tensor, w: torch.Tensor) -> torch.T
 def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kk highest scores of each row (B, r, m), as (indices (B, r, kk), increasing in each row as CSR takes them,
     usable (B, r, kk): the key's score was finite, so it is neither masked nor padded). Ties at the threshold go to
-    the earlier keys: where a row holds more keys at its kk-th score than fit, the scores are rewritten in place (+inf above the threshold, −inf below, and
-    threshold − position at it) and ranked again. Fills `scores` in place."""
+    the earlier keys: where a row holds more keys at its kk-th score than fit, the scores are rewritten in place (+inf
+    above the threshold, −inf below, and threshold − position at it) and ranked again. Fills `scores` in place."""
     vals, idx = scores.topk(kk, dim=-1, sorted=False)
     tau = vals.amin(-1, keepdim=True)
     extra = (scores == tau).scatter_(-1, idx, False)  # keys at the threshold left out (no count: that copies)
