@@ -113,8 +113,8 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     attention never sees), so one selection per token serves every head, as DeepSeek Sparse Attention selects per
     token for all heads; mean heads are invariant to repeating shared heads. `index_q` (D, IH·dI), `index_k`
     (D, dI), `index_w` (IH,): the projections and weights (`init_state` draws seeded ones; None: drawn from `seed`).
-    Query blocks of `rows` queries: the indexer's scores of a block (≤ block × Nk, never n × n), then the block's
-    selected keys and values gathered (block × top_k × D per key/value head, read in place, never repeated).
+    Query blocks of `rows` queries: the indexer's scores of a block (≤ block × Nk, never n × n), then softmax over
+    the block's selected keys by sparse products that read k and v in place (`_sparse.selected_softmax`).
     O(n²·dI·IH + n·top_k·D·H) time, O(n·(D·H + IH·dI)) memory. Ties at a query's top_k-th score go to the earlier
     keys (`select`). The selection is not differentiable: gradients flow through the selected softmax only.
     """
@@ -187,7 +187,7 @@ def _remember(k, v, *, max_len: int | None = None, top_k: int = 2048, index_head
 
 def _step(q, k, v, cache: TopkCache):
     """The new token's key, value and indexer key written in place, then its top_k cached keys by the indexer's
-    score (all of them while fewer), gathered, and softmax over them."""
+    score (all of them while fewer), and softmax over them."""
     keys, values = cache.append(k, v)
     top_k = min(cache.params["top_k"], keys.shape[2])
     with torch.no_grad():
