@@ -349,7 +349,8 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
     mc = visible_blocks(n - 1, block, stride)
     fixed = s.output_bytes + kv_bytes(s, mc) + (2 * s.bk * (n + short) * s.D * w if short or e < w else 0)
     peak = 0.0
-    for a, end in _blocks(n):
+    full = n // ROWS * ROWS  # every stage grows with a block's end: the last full block, and the partial one
+    for a, end in ([(full - ROWS, full)] if full else []) + ([(full, n)] if full < n else []):
         r, c = end - a, visible_blocks(end - 1, block, stride)
         nsel = -(-end // select_block)
         L = min(select_blocks, nsel) * select_block

@@ -212,9 +212,13 @@ def _step_flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: in
 
 # -- what it costs ---------------------------------------------------------------------------------------------
 def _blocks(s: Shape, top_k: int, index_heads: int) -> list[tuple[int, int]]:
-    """(rows, keys the indexer scores) of each query block."""
+    """(rows, keys the indexer scores) of the blocks a peak can come from: every stage grows with a block's rows and
+    keys, so the last full block and the last, partial one (O(1), not a block at a time: the theory searches ask for
+    millions of tokens)."""
     r = rows(s, top_k, index_heads)
-    return [(min(a + r, s.Nq) - a, min(a + r, s.Nq) if s.causal else s.Nk) for a in range(0, s.Nq, r)]
+    full, rest = divmod(s.Nq, r)
+    last = [(r, full * r if s.causal else s.Nk)] if full else []
+    return last + ([(rest, s.Nq if s.causal else s.Nk)] if rest else [])
 
 
 def _projections(s: Shape, index_heads: int, index_dim: int) -> float:
@@ -237,11 +241,17 @@ def _flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 3
 
 def _executed_flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
     """The indexer over whole blocks (causal: each block against the keys up to its last query) and softmax over
-    min(top_k, those keys) per query, the masked selections included."""
-    total = _projections(s, index_heads, index_dim)
-    for r, m in _blocks(s, top_k, index_heads):
-        total += 2.0 * s.B * r * m * index_heads * (index_dim + 1) + 4.0 * s.bh * r * min(top_k, m) * s.D
-    return total
+    min(top_k, those keys) per query, the masked selections included: sums over the blocks in closed form."""
+    r = rows(s, top_k, index_heads)
+    full, rest = divmod(s.Nq, r)
+    if s.causal:  # full block i ends at (i + 1)·r; the partial one at Nq
+        scored = r * r * full * (full + 1) / 2 + rest * s.Nq
+        few = min(full, top_k // r)  # full blocks that end within top_k keys
+        selected = r * r * few * (few + 1) / 2 + (full - few) * r * top_k + rest * min(top_k, s.Nq)
+    else:
+        scored, selected = s.Nq * s.Nk, s.Nq * min(top_k, s.Nk)
+    return _projections(s, index_heads, index_dim) + 2.0 * s.B * scored * index_heads * (index_dim + 1) + \
+        4.0 * s.bh * selected * s.D
 
 
 def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
