@@ -290,3 +290,77 @@ def gated_delta_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alp
                         + beta[b, h, t] * v[b, h, t][:, None] @ kt.T
                 out[b, h, t] = S @ qn[b, h, t]
     return out
+
+
+def topk_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, top_k: int, index_q: torch.Tensor,
+                   index_k: torch.Tensor, index_w: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+    """DeepSeek Sparse Attention (DeepSeek-V3.2, arXiv 2512.02556) by brute force in float64: the indexer's scores
+    I_ts = Σ_j w_j ReLU(q̄_t W_q,j · k̄_s W_k) for every pair (q̄, k̄: the mean query and key over heads), each row's
+    visible keys sorted by score (stable, descending: ties go to the earlier key), the first top_k kept, and softmax
+    of q·k/√D over them, head by head with each key/value head repeated for its query heads. No visible key: 0."""
+    B, H, n, D = q.shape
+    m, heads = k.shape[-2], index_w.shape[0]
+    qi = torch.einsum("bd,de->be", q.double().mean(1).reshape(-1, D), index_q.double()).view(B, n, heads, -1)
+    ki = torch.einsum("bd,de->be", k.double().mean(1).reshape(-1, D), index_k.double()).view(B, m, -1)
+    scores = torch.einsum("bthe,bse->bths", qi, ki).clamp_min(0).mul(index_w.double()[:, None]).sum(2)
+    vis = torch.as_tensor(_visible(n, m, causal, pad, B))  # (B, Nq, Nk)
+    keep = torch.zeros(B, n, m, dtype=torch.bool)
+    for b in range(B):
+        for t in range(n):
+            seen = vis[b, t].nonzero()[:, 0]
+            order = torch.sort(scores[b, t, seen], descending=True, stable=True).indices
+            keep[b, t, seen[order[:top_k]]] = True
+    kr, vr = (x.double().repeat_interleave(H // k.shape[1], dim=1) for x in (k, v))
+    logits = torch.einsum("bhid,bhjd->bhij", q.double(), kr) / D ** 0.5
+    w = torch.softmax(logits.masked_fill(~keep[:, None], float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.einsum("bhij,bhjd->bhid", w, vr)
+
+
+def nsa_reference(q, k, v, g_cmp, g_slc, g_win, *, block: int, stride: int, select_block: int, select_blocks: int,
+                  window: int) -> torch.Tensor:
+    """Native Sparse Attention (Yuan et al. 2025, arXiv 2502.11089) query by query in float64, each branch on its own:
+    compression over means of `block` tokens every `stride` ending at or before t; selection of `select_blocks`
+    blocks of `select_block` tokens, the first and t's own forced, the rest ranked by the compressed probabilities
+    spread over their tokens and summed over the query heads that share a key/value head (ties: earlier block),
+    softmax over their tokens ≤ t; a window t − window < j ≤ t; mixed by the gates."""
+    B, H, n, D = q.shape
+    Hk = k.shape[1]
+    q, k, v = (t.double() for t in (q, k, v))
+    out = torch.zeros(B, H, n, D, dtype=torch.float64)
+
+    def attend(qt, keys, values):
+        w = torch.exp(keys @ qt / D ** 0.5 - (keys @ qt / D ** 0.5).max())
+        return (w / w.sum()) @ values
+
+    starts = list(range(0, n - block + 1, stride))
+    for b in range(B):
+        for kh in range(Hk):
+            heads = [h for h in range(H) if h * Hk // H == kh]
+            kc = [k[b, kh, a:a + block].mean(0) for a in starts]
+            vc = [v[b, kh, a:a + block].mean(0) for a in starts]
+            for t in range(n):
+                seen = [i for i, a in enumerate(starts) if a + block - 1 <= t]
+                density = torch.zeros(n, dtype=torch.float64)
+                cmp = {}
+                for h in heads:
+                    if seen:
+                        logits = torch.stack([kc[i] @ q[b, h, t] for i in seen]) / D ** 0.5
+                        p = torch.exp(logits - logits.max())
+                        p = p / p.sum()
+                        cmp[h] = sum(p[j] * vc[i] for j, i in enumerate(seen))
+                        for j, i in enumerate(seen):
+                            density[starts[i]:starts[i] + block] += p[j] / block
+                    else:
+                        cmp[h] = torch.zeros(D, dtype=torch.float64)
+                past = list(range(t // select_block + 1))
+                score = {j: float(density[j * select_block:(j + 1) * select_block].sum().detach()) for j in past}
+                forced = [0] + ([t // select_block] if t // select_block else [])
+                rest = sorted((j for j in past if j not in forced), key=lambda j: (-score[j], j))
+                chosen = (forced + rest)[:select_blocks]
+                tokens = sorted(i for j in chosen for i in range(j * select_block, (j + 1) * select_block) if i <= t)
+                win = list(range(max(0, t - window + 1), t + 1))
+                for h in heads:
+                    slc = attend(q[b, h, t], k[b, kh, tokens], v[b, kh, tokens])
+                    sw = attend(q[b, h, t], k[b, kh, win], v[b, kh, win])
+                    out[b, h, t] = g_cmp[b, h, t] * cmp[h] + g_slc[b, h, t] * slc + g_win[b, h, t] * sw
+    return out

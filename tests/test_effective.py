@@ -21,7 +21,8 @@ SIGNED = {"nystrom": 0.1}
 # Weights not meant to sum to 1, checked in the mechanism's own tests (tests/test_<key>.py).
 UNNORMALIZED = {"differential": "rows sum to 1 − λ, some entries negative", "sigmoid": "sigmoids nothing normalises",
                 "mamba2": "a recurrence's (q·k)·decay·dt: signed, rows not normalised",
-                "gated_deltanet": "a memory's decayed, delta-corrected mixing matrix: rows of any sum"}
+                "gated_deltanet": "a memory's decayed, delta-corrected mixing matrix: rows of any sum",
+                "nsa": "three attentions mixed by gates that need not sum to 1"}
 REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
             "sparse": "sparse", "longformer": "longformer", "bigbird": "bigbird"}
 # a copy is tested as its original

@@ -36,6 +36,32 @@ def _solve_triangular(a_shape, b_shape, *args, unitriangular=False, out_shape=No
     return math.prod(batch) * cells * b_shape[-1]
 
 
+def _raw(formula):
+    formula._get_raw = True  # FlopCounterMode hands a raw formula the tensors themselves, not their shapes
+    return formula
+
+
+def _entries(a: torch.Tensor) -> int:
+    """A matrix's multiply-adds a column: its stored entries if it is CSR, else all of it."""
+    return a._nnz() if a.layout == torch.sparse_csr else a.shape[-2] * a.shape[-1]
+
+
+@_raw
+def _mm(a, b, *args, out_val=None, **kwargs) -> int:
+    return 2 * _entries(a) * b.shape[-1]
+
+
+@_raw
+def _addmm(bias, a, b, *args, out_val=None, **kwargs) -> int:
+    return 2 * _entries(a) * b.shape[-1]
+
+
+@_raw
+def _sampled_addmm(pattern, a, b, *args, out_val=None, **kwargs) -> int:
+    """Top-k's and NSA's scores at a CSR pattern's entries only: 2·d each."""
+    return 2 * pattern._nnz() * a.shape[-1]
+
+
 class Seen:
     """The counter's extra formulas, and whether a call into the CPU flash kernel asked for its causal tiling."""
 
@@ -49,7 +75,8 @@ class Seen:
 
     def mapping(self) -> dict:
         return {aten.baddbmm_: baddbmm_flops, aten._scaled_dot_product_flash_attention_for_cpu: self.flash,
-                aten.linalg_solve_triangular: _solve_triangular}
+                aten.linalg_solve_triangular: _solve_triangular, aten.mm: _mm, aten.addmm: _addmm,
+                aten.sparse_sampled_addmm: _sampled_addmm}
 
 
 @pytest.mark.parametrize("kv_heads", [H, 2])

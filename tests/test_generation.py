@@ -11,8 +11,8 @@ import attn_core as ac
 from attn_core import generation as gen
 from attn_core.spec import Shape
 from tests.baselines import (allowed, differential_reference, elu_plus_one, gated_delta_reference, kernel_attention,
-                             masked_softmax, positive_random_features, sigmoid_reference, ssd_recurrence,
-                             trace_peak_bytes)
+                             masked_softmax, nsa_reference, positive_random_features, sigmoid_reference,
+                             ssd_recurrence, topk_reference, trace_peak_bytes)
 from tests.copies import with_copies
 
 GENERATES = [key for key, spec in ac.MECHANISMS.items() if spec.supports.generation is not None]
@@ -83,6 +83,8 @@ BASELINES = with_copies({  # key → out of (q, k, v, params, state) written ind
     "sigmoid": lambda q, k, v, p, s: sigmoid_reference(q, k, v, True, p["bias"]),
     "mamba2": lambda q, k, v, p, s: ssd_recurrence(q, k, v, s["dt"], s["A"]),
     "gated_deltanet": lambda q, k, v, p, s: gated_delta_reference(q, k, v, s["alpha"], s["beta"]),
+    "nsa": lambda q, k, v, p, s: nsa_reference(q, k, v, **s, **p),
+    "topk": lambda q, k, v, p, s: topk_reference(q, k, v, True, p["top_k"], s["index_q"], s["index_k"], s["index_w"]),
 })
 
 

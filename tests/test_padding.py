@@ -16,7 +16,8 @@ from attn_core.mechanisms._common import validated
 from attn_core.mechanisms.performer import base2, key_features
 from tests.baselines import (additive_reference, allowed, differential_reference, elu_plus_one,
                              gated_delta_reference, masked_softmax, nystrom_reference, plain_causal,
-                             positive_random_features, runs, sigmoid_reference, ssd_recurrence)
+                             positive_random_features, runs, sigmoid_reference, ssd_recurrence,
+                             topk_reference)
 from tests.copies import original, with_copies
 from tests.test_mechanisms import REF_KIND, SMALL, qkv
 
@@ -62,7 +63,7 @@ def exact_params(key: str, causal: bool = False, n: int = 37) -> dict:
 
 def test_every_padding_mechanism_is_tested_here():
     assert set(PADDED) == set(EXACT) | set(KERNEL) | set(OWN) | {"linformer", "additive", "nystrom", "mamba2",
-                                                                 "gated_deltanet"}, \
+                                                                 "gated_deltanet", "topk"}, \
         "add its reference here"
     assert not (set(PADDED) & set(REFUSING))
 
@@ -216,8 +217,9 @@ def test_mechanisms_without_padding_refuse_with_a_sentence(key):
     spec = ac.MECHANISMS[key]
     q, k, v = qkv(37)
     with pytest.raises(ValueError, match=re.escape(spec.label) + " cannot take a key-padding mask: .+; choose one of"):
-        ac.attention(key, q, k, v, key_padding_mask=lengths_mask([37, 20], 37), **SMALL.get(key, {}))
-    layer = MultiHeadAttention(16, 2, key, **SMALL.get(key, {}))
+        ac.attention(key, q, k, v, causal=plain_causal(spec), key_padding_mask=lengths_mask([37, 20], 37),
+                     **SMALL.get(key, {}))
+    layer = MultiHeadAttention(16, 2, key, plain_causal(spec), **SMALL.get(key, {}))
     with pytest.raises(ValueError, match="cannot take a key-padding mask"):
         layer(torch.randn(2, 37, 16), key_padding_mask=lengths_mask([37, 20], 37))
 
@@ -380,6 +382,10 @@ def test_gradients_equal_the_masked_reference(key, case):
             expected = ssd_recurrence(q, k, v, state["dt"], state["A"], pad)
         elif kind == "gated_deltanet":  # the recurrence skipping the padded tokens
             expected = gated_delta_reference(q, k, v, state["alpha"], state["beta"], pad)
+        elif kind == "topk":  # 5 of the keys by the indexer, some queries with fewer to choose from
+            out = ac.attention(key, q, k, v, causal=causal, key_padding_mask=pad, top_k=5, **state)
+            got = torch.autograd.grad((out * w).sum(), (q, k, v))
+            expected = topk_reference(q, k, v, causal, 5, state["index_q"], state["index_k"], state["index_w"], pad)
         else:
             expected = kernel_reference(key, q, k, v, pad, causal, state)
         torch.testing.assert_close(out.detach(), expected.detach(), atol=1e-9, rtol=1e-7)

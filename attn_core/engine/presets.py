@@ -77,6 +77,13 @@ PRESETS.update({p.name: p for p in (
            "Linear attention's fixed-size state learned to forget (Mamba-2's decay per head) and to overwrite what "
            "it stored (Gated DeltaNet's delta rule): all three grow as n, in chunks, while softmax bends up as n².",
            (_config(("softmax", "linear", "mamba2", "gated_deltanet"), 256, 4096, 5, causal=True),)),
+    Preset("Learned sparsity",
+           "Each query reads a few thousand chosen keys: a window of 256, the top 256 keys of DeepSeek's indexer "
+           "(a cheap n² pass picks them), NSA's compressed blocks, 16 selected blocks and a window of 512. Their "
+           "time grows near n while softmax bends up as n².",
+           (DEFAULT_SWEEP.replaced(mechanisms=(("softmax", {}), ("sliding_window", {}), ("topk", {"top_k": 256}),
+                                               ("nsa", {})),
+                                   ns=log_spaced(1024, 8192, 4), causal=True),)),
     # Llama 3 8B's attention width (Meta's config: hidden size 4096, 32 heads of 128, 8 key/value heads) with
     # DeepSeek-V2/V3's latent of 512 + 64 values a token (arXiv 2405.04434, 2412.19437), the MLA specs' defaults
     Preset("One cache, four sizes",

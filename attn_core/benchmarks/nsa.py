@@ -1,0 +1,107 @@
+"""NSA at the paper's settings against exact softmax, causal: seconds per forward call at n = 16384 from interleaved
+calls (A B A B …, so a busy spell of the machine hits all lines alike), median with its spread, the speed-up as each
+round's ratio; and the tokens one decode step reads at 8k … 64k of context (`nsa.decode_tokens`) beside the
+paper's Table 4.
+
+    python -m attn_core.benchmarks.nsa            # B=1, H=8, D=64, fp32, forward, causal, 2 threads
+    python -m attn_core.benchmarks.nsa --quick    # n = 4096, for a first look
+
+NSA: blocks of 32 every 16, 16 selected blocks of 64, a window of 512 (Yuan et al. 2025, arXiv 2502.11089, §4).
+The materialized softmax holds two n × n matrices (17 GiB at n = 16384, H = 8): it is left out where they would not
+leave 2 GiB of the machine's free memory, and PyTorch's fused exact kernel (`sdpa`) stands in beside it.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+import torch
+
+from .. import MECHANISMS
+from . import CLOCKS, end, interleaved, ratio_verdict, ratios, spread, start
+from ..engine import env
+from ..mechanisms import nsa
+from ..mechanisms._common import validated
+from ..spec import Shape
+
+KEY, BASELINES = "nsa", ("softmax", "sdpa")
+TARGET_SPEEDUP = 4.0
+PAPER = {8192: 2048, 16384: 2560, 32768: 3584, 65536: 5632}  # Table 4: expected tokens read per decode step
+
+
+def thunk(key: str, n: int, args: argparse.Namespace) -> Callable[[], object]:
+    """One causal forward call of `key` at its defaults on seeded inputs (B, H, n, D), its state drawn outside,
+    arguments checked once here and trusted inside the call (as the engine does)."""
+    spec = MECHANISMS[key]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, generator=g).to(args.device) for _ in range(3))
+    shape = Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=True)
+    spec.check(shape, {})
+    state = {} if spec.state.init is None else spec.state.init(shape, args.device, torch.float32, seed=0)
+
+    def call():
+        with torch.inference_mode(), validated():
+            return spec.fn(q, k, v, causal=True, **state)
+
+    return call
+
+
+HEADROOM = 2 << 30  # bytes left free beside a baseline's predicted peak
+
+
+def fits(key: str, n: int, args: argparse.Namespace) -> bool:
+    shape = Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=True)
+    return MECHANISMS[key].cost.memory_bytes(shape) < env.free_memory_bytes(args.device) - HEADROOM
+
+
+def versus_softmax(args: argparse.Namespace) -> None:
+    n = args.compare_n
+    lines = [key for key in BASELINES if fits(key, n, args)]
+    for key in set(BASELINES) - set(lines):
+        print(f"  {key}: left out at n = {n}, its spec's peak would not leave 2 GiB of the free memory")
+    calls = {key: thunk(key, n, args) for key in (*lines, KEY)}
+    samples = interleaved(calls, args.rounds, args.device, args.clock)
+    print(f"\nAt n = {n}, {args.rounds} interleaved rounds: seconds per call, median (IQR, min–max); speed-up of "
+          f"{KEY} as the median (IQR, min–max) of each round's ratio (target ≥ {TARGET_SPEEDUP}×):")
+    print(f"  {KEY:8s} {spread(samples[KEY], fmt='.3g'):>34s} s")
+    for key in lines:
+        print(f"  {key:8s} {spread(samples[key], fmt='.3g'):>34s} s   "
+              f"{ratio_verdict(ratios(samples[key], samples[KEY]), TARGET_SPEEDUP, at_most=False)}")
+
+
+def decode_counts() -> None:
+    print("\nTokens one decode step reads (compressed + selected + window; the paper's Table 4 beside):")
+    for n, paper in PAPER.items():
+        c = nsa.decode_tokens(n)
+        print(f"  n = {n:6d}: {c['compressed']:5d} + {c['selected']:5d} + {c['window']:4d} = {c['total']:5d}   "
+              f"paper {paper} (n/16 + 1024 + 512; blocks ending by n are n/16 − 1)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compare-n", type=int, default=16384)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the comparison")
+    p.add_argument("--clock", choices=CLOCKS, default="wall",
+                   help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
+    p.add_argument("--quick", action="store_true", help="the comparison at n = 4096")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.compare_n = 4096
+    args.device = env.resolve_device(args.device)
+    torch.set_num_threads(args.threads)
+    env.steady_allocator()
+    start(args.device, f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward, causal.")
+    print(f"  {KEY}: {', '.join(f'{k}={v}' for k, v in MECHANISMS[KEY].defaults.items())}")
+    versus_softmax(args)
+    decode_counts()
+    end()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,452 @@
+"""Native Sparse Attention: compressed, selected and sliding-window branches mixed by gates (Yuan et al. 2025,
+'Native Sparse Attention: Hardware-Aligned and Natively Trainable Sparse Attention', arXiv 2502.11089)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
+from ._cache import Cache, Ring, kv_bytes
+from ._common import check_key_padding, checked_shape, scale, trusted
+from ._sparse import gathered_softmax, selected_softmax, work_dtype
+
+ROWS = 64  # queries per block of the forward pass (the selections of a block are one sparse product a head)
+GATES = ("g_cmp", "g_slc", "g_win")
+GATE_LOGIT = 2.0  # default gates sigmoid(z), z uniform in [−2, 2]
+DEFAULTS = {"block": 32, "stride": 16, "select_block": 64, "select_blocks": 16, "window": 512}
+
+
+# -- the three branches over one block of queries -------------------------------------------------------------
+def compressed(x: torch.Tensor, block: int, stride: int) -> torch.Tensor:
+    """Mean of each block of `block` tokens starting every `stride`: x (B, Hk, n, D) → (B, Hk, m, D),
+    m = ⌊(n − block)/stride⌋ + 1 (0 when n < block). The paper compresses with a learned MLP (with an intra-block
+    position encoding); the mean is its parameter-free stand-in."""
+    n = x.shape[2]
+    if n < block:
+        return x.new_empty(*x.shape[:2], 0, x.shape[-1])
+    return x.unfold(2, block, stride).mean(-1)
+
+
+def visible_blocks(t: int, block: int, stride: int) -> int:
+    """Compressed blocks a query at position t sees: those ending at or before it, i·stride + block − 1 ≤ t."""
+    return 0 if t + 1 < block else (t + 1 - block) // stride + 1
+
+
+def _block_scores(p: torch.Tensor, s: int, e: int, block: int, stride: int, select_block: int) -> torch.Tensor:
+    """Selection-block importance from compressed attention p (B, Hk, r, c), summed over a group's query heads: each
+    compressed block's probability spread evenly over the tokens it pooled, then summed over each selection block of
+    `select_block` tokens (the paper's Eq. 9 weighs the overlapping blocks by their spatial relationship; this is that
+    overlap in tokens). Works in units of g = gcd(block, stride, select_block) tokens, sums of non-negative terms only,
+    so a block no compressed block covers scores exactly 0. → (B, Hk, r, ⌈e/select_block⌉)."""
+    g = math.gcd(block, stride, select_block)
+    nsel = -(-e // select_block)
+    units, per_sel = nsel * select_block // g, select_block // g
+    start = p.new_zeros(*p.shape[:-1], units)
+    c = p.shape[-1]
+    start[..., 0:c * (stride // g):stride // g] = p * (g / block)
+    mass = start.clone()
+    for o in range(1, block // g):  # a compressed block covers block/g units from its start
+        mass[..., o:] += start[..., :-o]
+    return mass.view(*p.shape[:-1], nsel, per_sel).sum(-1)
+
+
+def _selected(score: torch.Tensor, s: int, e: int, select_block: int, select_blocks: int) -> torch.Tensor:
+    """Indices (B, Hk, r, S') of the blocks each query reads, S' = min(select_blocks, blocks so far): the first
+    block and the query's own block always, then the highest scores, ties to the earlier block (a stable sort);
+    blocks past the query are ranked last and masked by the caller."""
+    t = torch.arange(s, e, device=score.device)
+    j = torch.arange(score.shape[-1], device=score.device)
+    score = score.masked_fill(j * select_block > t[:, None], float("-inf"))
+    score[..., 0] = float("inf")
+    score.scatter_(-1, (t // select_block)[:, None].expand(*score.shape[:-1], 1), float("inf"))
+    order = torch.sort(score, dim=-1, descending=True, stable=True).indices
+    return order[..., :min(select_blocks, score.shape[-1])]
+
+
+def _softmax_rows(scores: torch.Tensor, dead_ok: bool) -> torch.Tensor:
+    if not dead_ok:
+        return torch.softmax(scores, dim=-1)
+    dead = scores.amax(-1, keepdim=True) == float("-inf")
+    return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+
+
+def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_block: int, select_blocks: int,
+         window: int, selectable: tuple | None = None) -> torch.Tensor:
+    """The outputs of queries at positions s … e−1 (q (B, H, r, D), e = s + r) over keys and values k, v
+    (B, Hk, ≥ e, D) in token order and their compressed kc, vc (B, Hk, ≥ visible, D); gates (B, H, r) each;
+    `selectable`: k and v padded to whole selection blocks (`nsa_attention`), else k and v.
+    Per key/value head, its H/Hk query heads stacked as rows: compression (softmax over the visible compressed
+    blocks), selection (softmax over the gathered tokens of the chosen blocks, ≤ t) and the window
+    (t − window < j ≤ t)."""
+    B, H, r, D = q.shape
+    Hk, e = k.shape[1], s + q.shape[2]
+    G = H // Hk
+    t = torch.arange(s, e, device=q.device)
+    qs = (q * scale(D)).view(B, Hk, G * r, D)
+
+    # compression: the blocks visible to the last query; earlier queries mask those ending after them
+    c = visible_blocks(e - 1, block, stride)
+    out_cmp = None
+    if c:
+        sc = (qs @ kc[:, :, :c].transpose(-2, -1)).view(B, Hk, G, r, c)
+        ends = torch.arange(c, device=q.device) * stride + block - 1
+        sc.masked_fill_(ends > t[:, None], float("-inf"))
+        p = _softmax_rows(sc, dead_ok=s < block - 1)
+        out_cmp = (p.view(B, Hk, G * r, c) @ vc[:, :, :c]).view(B, H, r, D)
+        score = _block_scores(p.sum(2), s, e, block, stride, select_block)
+        del sc, p
+    else:
+        score = q.new_zeros(B, Hk, r, -(-e // select_block))
+
+    # selection: one set of blocks per key/value head and query, read in place by sparse products (no copy of k, v)
+    idx = _selected(score, s, e, select_block, select_blocks).sort(-1).values  # (B, Hk, r, S'), blocks in order
+    pos = (idx[..., None] * select_block + torch.arange(select_block, device=q.device)).flatten(-2)  # (B, Hk, r, L)
+    usable = pos <= t[:, None]  # not past the query; pos increases along each row, as CSR takes it
+    ks, vs = (k, v) if selectable is None else selectable
+    if -(-e // select_block) * select_block <= ks.shape[2]:  # every selected position is a key: sparse products
+        out_slc = selected_softmax(q, ks, vs, pos, usable)
+    else:  # a step inside a block: its positions past the end read the last key, masked (one query: a small copy)
+        out_slc = gathered_softmax(q, ks, vs, pos.clamp_(max=ks.shape[2] - 1), usable)
+    del idx, pos, usable
+
+    # sliding window: keys lo … e−1
+    lo = max(0, s - window + 1)
+    sw = (qs @ k[:, :, lo:e].transpose(-2, -1)).view(B, Hk, G, r, e - lo)
+    j = torch.arange(lo, e, device=q.device)
+    sw.masked_fill_((j > t[:, None]) | (j <= t[:, None] - window), float("-inf"))
+    out_win = (torch.softmax(sw, dim=-1).view(B, Hk, G * r, e - lo) @ v[:, :, lo:e]).view(B, H, r, D)
+    del sw
+
+    g_cmp, g_slc, g_win = (x[..., None] for x in gates)
+    out = out_slc * g_slc + out_win * g_win
+    return out if out_cmp is None else out + out_cmp * g_cmp
+
+
+# -- gates: seeded defaults drawn outside the kernel -------------------------------------------------------------
+def draw_gates(B: int, H: int, n: int, *, seed: int = 0, device=None, dtype=torch.float32) -> dict:
+    """{'g_cmp', 'g_slc', 'g_win'}, each (B, H, n) in (0, 1): sigmoid(z), z uniform in [−2, 2] (0.12 to 0.88), one
+    per query head and token. The paper computes them from the input with an MLP and a sigmoid; untrained, they are
+    seeded here. Drawn position by position from one stream, so the first m tokens' gates are the same whatever n."""
+    u = torch.rand(n, 3, B, H, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    z = torch.sigmoid(GATE_LOGIT * (2 * u - 1))
+    return {name: z[:, i].permute(1, 2, 0).to(device=device, dtype=dtype).contiguous() for i, name in enumerate(GATES)}
+
+
+def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, **params) -> dict:
+    """Seeded default gates for shape's tokens (`draw_gates`), each (B, H, Nq)."""
+    SPEC.check_params(params, shape)
+    return draw_gates(shape.B, shape.H, shape.Nq, seed=seed, device=device, dtype=dtype)
+
+
+def _gates(q: torch.Tensor, given: dict, seed: int, *, longer: bool = False) -> tuple[torch.Tensor, ...]:
+    """The three gates (B, H, ≥ n): those given (checked: shape, device, values in [0, 1], except inside
+    validated()), the seeded defaults for the others."""
+    B, H, n, _ = q.shape
+    drawn = draw_gates(B, H, n, seed=seed, device=q.device, dtype=q.dtype) if None in given.values() else {}
+    return tuple(drawn[name] if given[name] is None else _checked_gate(name, given[name], q, longer)
+                 for name in GATES)
+
+
+def _checked_gate(name: str, t, q: torch.Tensor, longer: bool) -> torch.Tensor:
+    if trusted():
+        return t
+    B, H, n, _ = q.shape
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 3 or tuple(t.shape[:2]) != (B, H) \
+            or (t.shape[2] < n if longer else t.shape[2] != n):
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a floating tensor of shape (batch, heads, tokens) = ({B}, {H}, "
+                         f"{'at least ' if longer else ''}{n}), one gate per query head and token, got {got}; "
+                         f"init_state draws one")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device} but the queries are on {q.device}; move it with "
+                         f"{name}.to({str(q.device)!r})")
+    if not bool(((t >= 0) & (t <= 1)).all()):
+        raise ValueError(f"{name} must lie in [0, 1] (a sigmoid's output); got values from {float(t.min()):.3g} to "
+                         f"{float(t.max()):.3g}")
+    return t
+
+
+# -- the mechanism -------------------------------------------------------------------------------------------------
+def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block: int = 32, stride: int = 16,
+                  select_block: int = 64, select_blocks: int = 16, window: int = 512, g_cmp=None, g_slc=None,
+                  g_win=None, seed: int = 0) -> torch.Tensor:
+    """o_t = g_cmp·Attn(q_t, K̃_{≤t}, Ṽ_{≤t}) + g_slc·Attn(q_t, K_sel(t), V_sel(t))
+    + g_win·Attn(q_t, K_win(t), V_win(t)), causal only. K̃, Ṽ: means over blocks of `block` tokens every `stride`
+    (`compressed`), a query seeing those that end at or before it. K_sel(t): the tokens ≤ t of `select_blocks`
+    blocks of `select_block` tokens, the first and the query's own always, the rest by compressed attention spread
+    back over the tokens it pooled, summed over the query heads sharing a key/value head (one selection per group, as
+    the paper's kernel). K_win(t): t − window < j ≤ t.
+
+    q (B, H, n, D), k, v (B, Hk, n, D) → (B, H, n, D); gates (B, H, n) in [0, 1] (seeded from `seed` when None).
+    Queries in blocks of ROWS: O(n·(n/stride + select_blocks·select_block + window)·d) time, O(n·d) memory (each
+    block's gathered keys are ROWS·select_blocks·select_block·d per key/value head; nothing n × n).
+    """
+    checked_shape(SPEC, q, k, v, causal, block=block, stride=stride, select_block=select_block,
+                  select_blocks=select_blocks, window=window)
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)  # refuses it with the spec's sentence
+    p = {"block": block, "stride": stride, "select_block": select_block, "select_blocks": select_blocks,
+         "window": window}
+    gates = _gates(q, {"g_cmp": g_cmp, "g_slc": g_slc, "g_win": g_win}, seed)
+    kc, vc = compressed(k, block, stride), compressed(v, block, stride)
+    n = q.shape[2]
+    short = -n % select_block  # the last selection block's positions past the end: zero keys, always masked
+    work = work_dtype(q.dtype)  # the sparse products' (half k, v copied once, not a block at a time)
+    selectable = tuple(torch.nn.functional.pad(x.to(work), (0, 0, 0, short)) if short else x.to(work) for x in (k, v))
+    out = torch.empty_like(q)
+    for s in range(0, n, ROWS):
+        e = min(n, s + ROWS)
+        out[:, :, s:e] = rows(q[:, :, s:e], k, v, kc, vc, s, [g[..., s:e] for g in gates], **p,
+                              selectable=selectable)
+    return out
+
+
+# -- generation: a key-value cache and the compressed blocks so far ------------------------------------------------
+class NSACache(Cache):
+    """`tokens`: every token's k, v (selection may pick any block); `blocks`: the compressed k, v of each block
+    completed so far; the gates of the tokens to come (inputs of future steps, not counted in `nbytes`)."""
+
+    def __init__(self, params: dict, k, v, gates, seed: int, max_len: int | None):
+        super().__init__(params, k)
+        n = k.shape[2]
+        self.tokens = Ring(k, v, reserve=max_len or 0)
+        ahead = max(max_len or 0, n)
+        self.blocks = Ring(compressed(k, params["block"], params["stride"]),
+                           compressed(v, params["block"], params["stride"]),
+                           reserve=visible_blocks(ahead - 1, params["block"], params["stride"]))
+        self.gates, self.seed = gates, seed
+        self.next_gates(ahead)  # drawn now, so that no step up to max_len draws
+
+    def next_gates(self, stop: int | None = None) -> list[torch.Tensor]:
+        """The gates of position `length`, (B, H, 1) views; past the stream (or short of `stop` positions), the
+        seeded defaults of positions up to twice as far are drawn first (amortized O(1) a token)."""
+        t = self.length if stop is None else stop - 1
+        if t >= min(g.shape[-1] for g in self.gates):
+            B, H, _ = self.gates[0].shape
+            drawn = draw_gates(B, H, 2 * t + 1, seed=self.seed, device=self.device, dtype=self.gates[0].dtype)
+            self.gates = [torch.cat([g, drawn[name][..., g.shape[-1]:]], -1) if g.shape[-1] <= t else g
+                          for name, g in zip(GATES, self.gates)]
+        return [g[..., self.length:self.length + 1] for g in self.gates]
+
+    def mark(self) -> tuple[int, ...]:
+        return (self.length, self.tokens.length, self.blocks.length)
+
+    def rewind(self, mark: tuple[int, ...]) -> None:
+        self.length, self.tokens.length, self.blocks.length = self._checked(mark)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (*self.tokens.tensors(), *self.blocks.tensors())
+
+    @property
+    def used_bytes(self) -> int:
+        return self.tokens.used_bytes + self.blocks.used_bytes
+
+
+def _params(block=32, stride=16, select_block=64, select_blocks=16, window=512) -> dict:
+    return {"block": block, "stride": stride, "select_block": select_block, "select_blocks": select_blocks,
+            "window": window}
+
+
+def _remember(k, v, *, max_len: int | None = None, g_cmp=None, g_slc=None, g_win=None, seed: int = 0,
+              **params) -> NSACache:
+    """The prompt's keys and values and its compressed blocks; gates given past the prompt are kept for the steps.
+    The gates are per query head: without queries, their head count is taken from the gates given, or the key/value
+    heads' (the steps' queries must then have as many heads)."""
+    p = _params(**params)
+    given = [g_cmp, g_slc, g_win]
+    like = next((g for g in given if g is not None), None)
+    B, Hk, n, D = k.shape
+    H = Hk if like is None else like.shape[1]
+    q = k.new_empty(B, H, n, D)
+    gates = _gates(q, dict(zip(GATES, given)), seed, longer=True)
+    return NSACache(p, k, v, list(gates), seed, max_len)
+
+
+def _prefill(q, k, v, *, max_len: int | None = None, g_cmp=None, g_slc=None, g_win=None, seed: int = 0, **params):
+    """The prompt's causal outputs and its cache."""
+    gates = _gates(q, {"g_cmp": g_cmp, "g_slc": g_slc, "g_win": g_win}, seed, longer=True)
+    n = q.shape[2]
+    out = nsa_attention(q, k, v, causal=True, **params, **{name: g[..., :n] for name, g in zip(GATES, gates)})
+    cache = NSACache(_params(**params), k, v, list(gates), seed, max_len)
+    return out, cache
+
+
+def _step(q, k, v, cache: NSACache):
+    """Append the token; close a compressed block when one ends here; then the three branches for the new query:
+    it reads `decode_tokens` tokens (compressed, selected, window), O((n/stride + S·l' + w)·d) whatever else."""
+    p, t = cache.params, cache.length
+    gates = cache.next_gates()
+    cache.tokens.append(k, v)
+    cache.length += 1
+    keys, values = cache.tokens.view()
+    block, stride = p["block"], p["stride"]
+    if t + 1 >= block and (t + 1 - block) % stride == 0:
+        cache.blocks.append(keys[:, :, t + 1 - block:].mean(2, keepdim=True),
+                            values[:, :, t + 1 - block:].mean(2, keepdim=True))
+    kc, vc = cache.blocks.view()
+    return rows(q, keys, values, kc, vc, t, gates, **p), cache
+
+
+def decode_tokens(n: int, block: int = 32, stride: int = 16, select_block: int = 64, select_blocks: int = 16,
+                  window: int = 512) -> dict[str, int]:
+    """Tokens one decode step reads at context n (the new token at position n − 1), branch by branch: the compressed
+    blocks ending by then (⌊(n − block)/stride⌋ + 1), the selected blocks' tokens (min(select_blocks, ⌈n/l'⌉) blocks,
+    the own block only up to the query) and the window (min(window, n)); 'total' their sum (a token in two branches
+    counts twice, as each branch reads it). The paper's Table 4 counts n/stride + select_blocks·select_block +
+    window: 2048, 2560, 3584, 5632 at 8k, 16k, 32k, 64k; this count is one less each (⌊(n − 32)/16⌋ + 1 = n/16 − 1)."""
+    t = n - 1
+    blocks = min(select_blocks, t // select_block + 1)
+    counts = {"compressed": visible_blocks(t, block, stride),
+              "selected": (blocks - 1) * select_block + t % select_block + 1,
+              "window": min(window, n)}
+    return {**counts, "total": sum(counts.values())}
+
+
+def _cache_bytes(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
+    return kv_bytes(s, s.Nk) + kv_bytes(s, visible_blocks(s.Nk - 1, block, stride))
+
+
+def _step_flops(s: Shape, **params) -> float:
+    """4·d per token read per query head (q·k and p·v)."""
+    return 4.0 * s.bh * s.D * decode_tokens(s.Nk, **params)["total"]
+
+
+# -- what it costs ---------------------------------------------------------------------------------------------
+def _blocks(n: int) -> list[tuple[int, int]]:
+    return [(s, min(n, s + ROWS)) for s in range(0, n, ROWS)]
+
+
+def _executed_flops(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
+    """Per query block [a, e): QKᵀ and PV over the compressed blocks the last query sees, over the gathered tokens of
+    min(select_blocks, ⌈e/l'⌉) blocks, and over the window's keys max(0, a − w + 1) … e − 1: 4·d per cell."""
+    cells = 0
+    for a, e in _blocks(s.Nq):
+        sel = min(select_blocks, -(-e // select_block)) * select_block
+        cells += (e - a) * (visible_blocks(e - 1, block, stride) + sel + e - max(0, a - window + 1))
+    return 4.0 * s.bh * s.D * cells
+
+
+def _flops(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
+    """Σ over queries t of 4·d per key read: the compressed blocks it sees, the selected tokens ≤ t, the window."""
+    t = np.arange(s.Nq)
+    cmp = np.where(t + 1 < block, 0, (t + 1 - block) // stride + 1)
+    sel = (np.minimum(select_blocks, t // select_block + 1) - 1) * select_block + t % select_block + 1
+    win = np.minimum(window, t + 1)
+    return 4.0 * s.bh * s.D * float((cmp + sel + win).sum())
+
+
+def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
+    """Peak bytes above the inputs: the output, the compressed keys and values (and k and v for the selection, when
+    padded to whole selection blocks or copied from half precision), plus the largest stage of one query block, in the
+    order `rows` makes them: the compressed scores beside their probabilities; the selection's positions (int64, with a
+    flag each); the sparse products as top-k's (`topk._memory`'s stages: positions and flags, each chunk's indices and
+    their order, the scores, the probabilities, one key/value head's listing); the window's scores beside their
+    probabilities. Gates given (as the engine gives them), not drawn."""
+    e, w, g = s.elem, max(s.elem, 4), s.group
+    n, short = s.Nq, -s.Nq % select_block
+    mc = visible_blocks(n - 1, block, stride)
+    fixed = s.output_bytes + kv_bytes(s, mc) + (2 * s.bk * (n + short) * s.D * w if short or e < w else 0)
+    peak = 0.0
+    full = n // ROWS * ROWS  # every stage grows with a block's end: the last full block, and the partial one
+    for a, end in ([(full - ROWS, full)] if full else []) + ([(full, n)] if full < n else []):
+        r, c = end - a, visible_blocks(end - 1, block, stride)
+        nsel = -(-end // select_block)
+        L = min(select_blocks, nsel) * select_block
+        E, rows_ = s.bk * r * L, s.bh * r * s.D
+        scores, chosen = s.bh * r * L * w, s.bk * r * nsel
+        wn = end - max(0, a - window + 1)
+        base = rows_ * e + chosen * e  # the scaled queries, the block scores
+        kept = base + rows_ * e + chosen * 8  # and the compressed output; the ranked blocks' indices
+        held = 25 * E
+        peak = max(peak,
+                   base + 2 * s.bh * r * c * e + r * c + s.bk * r * c * e,  # compression
+                   kept + 17 * E,  # the positions (int64, from the blocks' own) and their flags
+                   kept + held + rows_ * w * (2 if e < w else 1) + scores + r * L * (2 * w + 13),  # sampled products
+                   kept + held + 2 * scores + (s.bh * r * L if g > 1 else 0),  # softmax (the flags repeated)
+                   kept + held + scores + rows_ * w + g * r * L * w + (rows_ * e if e < w else 0),  # p · v
+                   kept + rows_ * e + 2 * s.bh * r * wn * e + 3 * r * wn,  # the window
+                   kept + 4 * rows_ * e)  # the gated sum
+    return fixed + peak
+
+
+def _effective(q, k, v, causal: bool, state: dict, block=32, stride=16, select_block=64, select_blocks=16,
+               window=512) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dense (B, H, n, n) weights g_cmp·W_cmp + g_slc·W_slc + g_win·W_win with W_cmp's weight on a compressed
+    block spread evenly over the tokens it averages (the mean pooling), W_slc and W_win softmax over the selected and
+    the window's tokens; values v (shared heads repeated: a picture, not a kernel)."""
+    B, H, n, D = q.shape
+    G = H // k.shape[1]
+    gates = _gates(q, {name: state.get(name) for name in GATES}, 0)
+    k, v = (x.repeat_interleave(G, dim=1) for x in (k, v))
+    kc = compressed(k, block, stride)
+    m = kc.shape[2]
+    t = torch.arange(n)
+    ends = torch.arange(m) * stride + block - 1
+    sc = (q @ kc.transpose(-2, -1)) * scale(D)
+    sc = sc.masked_fill(ends > t[:, None], float("-inf"))
+    p = _softmax_rows(sc, dead_ok=True) if m else sc  # (B, H, n, m)
+    cover = ((torch.arange(n)[None, :] >= (ends - block + 1)[:, None]) & (torch.arange(n)[None, :] <= ends[:, None]))
+    w_cmp = p @ (cover.to(q.dtype) / block)  # (B, H, n, n)
+    score = (p.view(B, H // G, G, n, m).sum(2) @ cover.to(q.dtype)) if m else q.new_zeros(B, H // G, n, n)
+    nsel = -(-n // select_block)
+    padded = torch.nn.functional.pad(score, (0, nsel * select_block - n)).view(B, H // G, n, nsel, select_block)
+    idx = _selected(padded.sum(-1), 0, n, select_block, select_blocks)
+    chosen = torch.zeros(B, H // G, n, nsel, dtype=torch.bool).scatter_(-1, idx, True)
+    chosen = chosen.repeat_interleave(select_block, -1)[..., :n].repeat_interleave(G, dim=1)
+    dense = (q @ k.transpose(-2, -1)) * scale(D)
+    future = t[None, :] > t[:, None]
+    w_slc = torch.softmax(dense.masked_fill(~chosen | future, float("-inf")), -1)
+    w_win = torch.softmax(dense.masked_fill(future | (t[None, :] <= t[:, None] - window), float("-inf")), -1)
+    g_cmp, g_slc, g_win = (g[..., :n, None] for g in gates)
+    return g_cmp * w_cmp + g_slc * w_slc + g_win * w_win, v
+
+
+SPEC = MechanismSpec(
+    label="NSA",
+    fn=nsa_attention,
+    description="Native Sparse Attention: each query reads compressed block means, the top-scoring blocks in full "
+                "(picked by the compressed scores) and a sliding window, mixed by gates; a bounded number of tokens "
+                "per decode step.",
+    paper="Yuan et al. 2025, 'Native Sparse Attention: Hardware-Aligned and Natively Trainable Sparse Attention', "
+          "arXiv 2502.11089",
+    params=(
+        Param("block", 32, 1, 1 << 16, "Tokens pooled into one compressed key and value (l).", log=True,
+              tokens=True, small=lambda n: 4),
+        Param("stride", 16, 1, 1 << 16, "Tokens between the starts of compressed blocks (d).", log=True,
+              small=lambda n: 2),
+        Param("select_block", 64, 1, 1 << 16, "Tokens per selection block (l').", log=True, tokens=True,
+              small=lambda n: 4),
+        Param("select_blocks", 16, 1, 1 << 12, "Blocks each query reads in full (n), the first and its own "
+              "included.", log=True, small=lambda n: 2),
+        Param("window", 512, 1, 1 << 20, "Tokens of the sliding window, the query's own included (w).", log=True,
+              tokens=True, small=lambda n: 4),
+    ),
+    exact=False,
+    state=State(init=init_state, keys=GATES),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory,
+              time_big_o="O(n·(n/stride + n_sel·l' + w)·d)", memory_big_o="O(n·d)"),
+    supports=Supports(
+        causal=True,
+        cross=False,
+        causal_only="its blocks are selected from the compressed blocks that end before the query and its window "
+                    "looks back only, as NSA is defined for decoding",
+        padding=False,
+        no_padding="its compressed blocks average whatever tokens they span, padding included, so a mask would "
+                   "have to reshape the blocks",
+        shared_kv=True,
+        generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, prefill=_prefill,
+                              step_flops=_step_flops, step_big_o="O((n/stride + n_sel·l' + w)·d)",
+                              cache_big_o="O(n·d)"),
+    ),
+    insight=Insight(
+        effective=_effective,
+        regime=("local", "gaussian", "NSA keeps a window and the blocks the compressed scores favour: with "
+                "unrelated tokens the weight softmax spreads over the whole sequence falls mostly on blocks it "
+                "does not read, and its gates (random, untrained here) mix three different distributions."),
+        accuracy_note="NSA is a model of its own: its gates, learned in the paper and random here, weigh three "
+                      "attentions whose rows do not sum to one together, so its distance from softmax is not an "
+                      "approximation error.",
+    ),
+)

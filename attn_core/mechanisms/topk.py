@@ -1,0 +1,336 @@
+"""Learned top-k selection in the form of DeepSeek Sparse Attention (DeepSeek-AI 2025, DeepSeek-V3.2, arXiv
+2512.02556): a lightning indexer scores every key for each query, each query keeps its top_k keys, and exact softmax
+runs over those only."""
+from __future__ import annotations
+
+import torch
+
+from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
+from ._cache import KVCache, kv_bytes, tensor_bytes
+from ._common import check_key_padding, checked_shape, repeated, scale, trusted
+from ._sparse import selected_softmax, sort_selection, work_dtype
+
+BLOCK_NUMBERS = 1 << 23  # numbers one query block's working set holds (see `rows`)
+NEG = float("-inf")
+
+
+def rows(s: Shape, top_k: int, index_heads: int) -> int:
+    """Query rows per block: the block's indexer scores (index_heads + 1 numbers a key) or its selection (indices,
+    their sort and the scores and probabilities of every query head: 2·H + 8 numbers a selected key), all batch
+    elements, fill BLOCK_NUMBERS."""
+    per_row = s.B * max((index_heads + 1) * s.Nk, min(top_k, s.Nk) * (2 * s.H + 8))
+    return max(1, min(s.Nq, BLOCK_NUMBERS // per_row))
+
+
+# -- the indexer: seeded projections drawn outside the kernel --------------------------------------------------
+def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, top_k: int = 2048,
+               index_heads: int = 4, index_dim: int = 32) -> dict:
+    """{'index_q': (D, index_heads·index_dim), 'index_k': (D, index_dim), 'index_w': (index_heads,)}: Gaussian
+    projections scaled by D^(−1/2) (unit-variance indexer queries and keys for unit-variance inputs) and weights
+    uniform in [0, 1], divided by index_heads. Float32 for half dtypes (the indexer's work dtype)."""
+    SPEC.check_params({"top_k": top_k, "index_heads": index_heads, "index_dim": index_dim}, shape)
+    g = torch.Generator().manual_seed(seed)
+    d = shape.D
+    wq = torch.randn(d, index_heads * index_dim, generator=g, dtype=torch.float64) / d ** 0.5
+    wk = torch.randn(d, index_dim, generator=g, dtype=torch.float64) / d ** 0.5
+    w = torch.rand(index_heads, generator=g, dtype=torch.float64) / index_heads
+    keep = work_dtype(dtype)
+    return {name: t.to(device=device, dtype=keep) for name, t in
+            (("index_q", wq), ("index_k", wk), ("index_w", w))}
+
+
+def _state(q: torch.Tensor, index_q, index_k, index_w, seed: int, index_heads: int, index_dim: int):
+    """The given projections (checked, except inside validated()) or the seeded defaults, in the work dtype."""
+    d = q.shape[-1]
+    if index_q is None or index_k is None or index_w is None:
+        drawn = init_state(Shape(1, 1, 1, 1, d), q.device, q.dtype, seed=seed, top_k=1, index_heads=index_heads,
+                           index_dim=index_dim)
+        index_q = drawn["index_q"] if index_q is None else index_q
+        index_k = drawn["index_k"] if index_k is None else index_k
+        index_w = drawn["index_w"] if index_w is None else index_w
+    if not trusted():
+        for name, t, want in (("index_q", index_q, (d, index_heads * index_dim)), ("index_k", index_k, (d, index_dim)),
+                              ("index_w", index_w, (index_heads,))):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or tuple(t.shape) != want:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be a floating tensor of shape {want} (head_dim {d}, index_heads "
+                                 f"{index_heads}, index_dim {index_dim}), got {got}; init_state draws one")
+            if t.device != q.device:
+                raise ValueError(f"{name} is on {t.device} but q is on {q.device}; move it with "
+                                 f"{name}.to({str(q.device)!r})")
+    work = work_dtype(q.dtype)
+    return index_q.to(work), index_k.to(work), index_w.to(work)
+
+
+def index_keys(k: torch.Tensor, index_k: torch.Tensor) -> torch.Tensor:
+    """k^I_s = mean over key/value heads of k_s, projected: (B, Hk, n, D) → (B, n, index_dim), the work dtype."""
+    return k.mean(1, dtype=index_k.dtype) @ index_k
+
+
+def index_queries(q: torch.Tensor, index_q: torch.Tensor) -> torch.Tensor:
+    """q^I_{t,j} = mean over query heads of q_t, projected per indexer head: (B, H, n, D) → (B, n, IH·index_dim)."""
+    return q.mean(1, dtype=index_q.dtype) @ index_q
+
+
+def index_scores(qi: torch.Tensor, ki: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) for qi (B, r, IH·dI) and ki (B, m, dI) → (B, r, m): the products
+    of each indexer head laid out head-major (B, IH, r, m), ReLU in place, then the weighted sum over heads as one
+    product of w (1 × IH) with the rows of all queries (a stream, not r small products)."""
+    B, r, _ = qi.shape
+    heads, m = w.shape[0], ki.shape[1]
+    qh = qi.reshape(B, r, heads, -1).transpose(1, 2).reshape(B, heads * r, -1)  # (B, IH·r, dI), head-major
+    raw = (qh @ ki.transpose(1, 2)).relu_()  # (B, IH·r, m)
+    del qh
+    return (w[None, None] @ raw.view(B, heads, r * m)).view(B, r, m)
+
+
+def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kk highest scores of each row (B, r, m), as (indices (B, r, kk), increasing in each row as CSR takes them,
+    usable (B, r, kk): the key's score was finite, so it is neither masked nor padded). Ties at the threshold go to
+    the earlier keys: where a row holds more keys at its kk-th score than fit, the scores are rewritten in place (+inf
+    above the threshold, −inf below, and threshold − position at it) and ranked again. Fills `scores` in place."""
+    vals, idx = scores.topk(kk, dim=-1, sorted=False)
+    tau = vals.amin(-1, keepdim=True)
+    extra = (scores == tau).scatter_(-1, idx, False)  # keys at the threshold left out (no count: that copies)
+    if bool(extra.any(-1).logical_and_(tau[..., 0] > NEG).any()):
+        del vals, idx, extra
+        scores.masked_fill_(scores < tau, NEG).masked_fill_(scores > tau, float("inf"))
+        scores.sub_(torch.arange(scores.shape[-1], device=scores.device, dtype=scores.dtype))
+        vals, idx = scores.topk(kk, dim=-1, sorted=False)
+    return sort_selection(idx, vals != NEG)  # a NaN score (NaN in the input) is usable: the NaN reaches the output
+
+
+def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                   key_padding_mask: torch.Tensor | None = None, top_k: int = 2048, index_heads: int = 4,
+                   index_dim: int = 32, index_q: torch.Tensor | None = None, index_k: torch.Tensor | None = None,
+                   index_w: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
+    """o_t = softmax over S_t of q_t·k_s/√D, times v_s, where S_t holds the top_k keys by the indexer's score
+    I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) (causal: among s ≤ t; padded keys never). With top_k ≥ the keys a
+    query sees, softmax attention.
+
+    q (B, H, Nq, D), k and v (B, Hk, Nk, D) → (B, H, Nq, D). The indexer reads the mean query of the H heads and the
+    mean key of the Hk heads (`index_queries`, `index_keys`: the paper projects the token's hidden state, which
+    attention never sees), so one selection per token serves every head, as DeepSeek Sparse Attention selects per
+    token for all heads; mean heads are invariant to repeating shared heads. `index_q` (D, IH·dI), `index_k`
+    (D, dI), `index_w` (IH,): the projections and weights (`init_state` draws seeded ones; None: drawn from `seed`).
+    Query blocks of `rows` queries: the indexer's scores of a block (≤ block × Nk, never n × n), then softmax over
+    the block's selected keys by sparse products that read k and v in place (`_sparse.selected_softmax`).
+    O(n²·dI·IH + n·top_k·D·H) time, O(n·(D·H + IH·dI)) memory. Ties at a query's top_k-th score go to the earlier
+    keys (`select`). The selection is not differentiable: gradients flow through the selected softmax only.
+    """
+    s = checked_shape(SPEC, q, k, v, causal, top_k=top_k, index_heads=index_heads, index_dim=index_dim)
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
+    wq, wk, w = _state(q, index_q, index_k, index_w, seed, index_heads, index_dim)
+    with torch.no_grad():
+        qi, ki = index_queries(q, wq), index_keys(k, wk)
+    r = rows(s, top_k, index_heads)
+    work = work_dtype(q.dtype)
+    kw, vw = k.to(work), v.to(work)  # once, not a block at a time (half inputs)
+    out = q.new_empty(q.shape)
+    for a in range(0, s.Nq, r):
+        e = min(a + r, s.Nq)
+        m = e if causal else s.Nk
+        with torch.no_grad():
+            scores = index_scores(qi[:, a:e], ki[:, :m], w)
+            if causal:  # only the block's own columns can lie after a query
+                scores[..., a:e].masked_fill_(torch.ones(e - a, e - a, dtype=torch.bool, device=q.device).triu_(1),
+                                              NEG)
+            if key_padding_mask is not None:
+                scores.masked_fill_(key_padding_mask[:, None, :m], NEG)
+            idx, usable = select(scores, min(top_k, m))
+            del scores
+        out[:, :, a:e] = selected_softmax(q[:, :, a:e], kw[:, :, :m], vw[:, :, :m], idx[:, None], usable[:, None])
+        del idx, usable  # not alive beside the next block's indexer
+    return out
+
+
+# -- generation: a key-value cache beside the indexer's keys ------------------------------------------------
+class TopkCache(KVCache):
+    """The tokens' keys and values (`rings['tokens']`) and their indexer keys `index` (B, capacity, dI), written in
+    place and doubling with the keys; the indexer's projections and weights (`index_q`, `index_k`, `index_w`) are the
+    layer's, not counted in `nbytes`."""
+
+    def __init__(self, params: dict, k, v, ki: torch.Tensor, state: tuple, *, max_len: int | None = None):
+        super().__init__(params, k, v, max_len=max_len)
+        self.index = ki.new_empty(ki.shape[0], self.rings["tokens"].capacity, ki.shape[-1])
+        self.index[:, :ki.shape[1]] = ki
+        self.index_q, self.index_k, self.index_w = state
+
+    def append(self, k, v):
+        keys, values = super().append(k, v)
+        if self.index.shape[1] < self.rings["tokens"].capacity:  # the ring doubled: so do the indexer keys
+            grown = self.index.new_empty(self.index.shape[0], self.rings["tokens"].capacity, self.index.shape[-1])
+            grown[:, :self.index.shape[1]] = self.index
+            self.index = grown
+        self.index[:, self.length - 1:self.length] = index_keys(k, self.index_k)
+        return keys, values
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (*super().tensors(), self.index)
+
+    @property
+    def used_bytes(self) -> int:
+        return super().used_bytes + tensor_bytes(self.index[:, :self.length])
+
+
+def _remember(k, v, *, max_len: int | None = None, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32,
+              index_q=None, index_k=None, index_w=None, seed: int = 0) -> TopkCache:
+    """Every token's key and value, and its indexer key k^I (B, n, dI): a step scores them all (O(n·dI·IH)) and
+    attends over top_k of them (O(top_k·D)); O(n·(D·Hk + dI)) kept."""
+    state = _state(k, index_q, index_k, index_w, seed, index_heads, index_dim)
+    with torch.no_grad():
+        ki = index_keys(k, state[1])
+    params = {"top_k": top_k, "index_heads": index_heads, "index_dim": index_dim}
+    return TopkCache(params, k, v, ki, state, max_len=max_len)
+
+
+def _step(q, k, v, cache: TopkCache):
+    """The new token's key, value and indexer key written in place, then its top_k cached keys by the indexer's
+    score (all of them while fewer), and softmax over them."""
+    keys, values = cache.append(k, v)
+    top_k = min(cache.params["top_k"], keys.shape[2])
+    with torch.no_grad():
+        scores = index_scores(index_queries(q, cache.index_q), cache.index[:, :cache.length], cache.index_w)
+        idx, usable = select(scores, top_k)
+        del scores
+    return selected_softmax(q, keys, values, idx[:, None], usable[:, None]), cache
+
+
+def _cache_bytes(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
+    """Keys and values of every token, and one indexer key per token (work dtype)."""
+    return kv_bytes(s, s.Nk) + s.B * s.Nk * index_dim * max(s.elem, 4)
+
+
+def _step_flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
+    """The new token's indexer query and key (2·D·dI·(IH + 1)), its scores over the n cached indexer keys
+    (2·n·dI·IH) and their weighted sum (2·n·IH), and softmax over min(top_k, n) keys per query head (4·top_k·D)."""
+    n, kk = s.Nk, min(top_k, s.Nk)
+    return s.B * (2.0 * s.D * index_dim * (index_heads + 1) + 2.0 * n * index_heads * (index_dim + 1)) + \
+        4.0 * s.bh * kk * s.D
+
+
+# -- what it costs ---------------------------------------------------------------------------------------------
+def _blocks(s: Shape, top_k: int, index_heads: int) -> list[tuple[int, int]]:
+    """(rows, keys the indexer scores) of the blocks a peak can come from: every stage grows with a block's rows and
+    keys, so the last full block and the last, partial one (O(1), not a block at a time: the theory searches ask for
+    millions of tokens)."""
+    r = rows(s, top_k, index_heads)
+    full, rest = divmod(s.Nq, r)
+    last = [(r, full * r if s.causal else s.Nk)] if full else []
+    return last + ([(rest, s.Nq if s.causal else s.Nk)] if rest else [])
+
+
+def _projections(s: Shape, index_heads: int, index_dim: int) -> float:
+    return 2.0 * s.B * s.D * index_dim * (s.Nq * index_heads + s.Nk)
+
+
+def _flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
+    """The indexer over the keys each query may see (causal: s ≤ t), then softmax over min(top_k, visible) keys per
+    query head: 2·IH·(dI + 1) per scored pair, 4·D per selected pair and head, and the projections."""
+    n = s.Nk
+    if s.causal:
+        pairs = n * (n + 1) / 2
+        kk = min(top_k, s.Nq)
+        selected = kk * (kk + 1) / 2 + (s.Nq - kk) * kk  # Σ_t min(top_k, t + 1)
+    else:
+        pairs, selected = s.Nq * n, s.Nq * min(top_k, n)
+    return _projections(s, index_heads, index_dim) + 2.0 * s.B * pairs * index_heads * (index_dim + 1) + \
+        4.0 * s.bh * selected * s.D
+
+
+def _executed_flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
+    """The indexer over whole blocks (causal: each block against the keys up to its last query) and softmax over
+    min(top_k, those keys) per query, the masked selections included: sums over the blocks in closed form."""
+    r = rows(s, top_k, index_heads)
+    full, rest = divmod(s.Nq, r)
+    if s.causal:  # full block i ends at (i + 1)·r; the partial one at Nq
+        scored = r * r * full * (full + 1) / 2 + rest * s.Nq
+        few = min(full, top_k // r)  # full blocks that end within top_k keys
+        selected = r * r * few * (few + 1) / 2 + (full - few) * r * top_k + rest * min(top_k, s.Nq)
+    else:
+        scored, selected = s.Nq * s.Nk, s.Nq * min(top_k, s.Nk)
+    return _projections(s, index_heads, index_dim) + 2.0 * s.B * scored * index_heads * (index_dim + 1) + \
+        4.0 * s.bh * selected * s.D
+
+
+def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
+    """Peak bytes above the inputs: the indexer's queries and keys, the output (and float32 copies of half k, v), and
+    the largest stage of one query block, in the order the kernel makes them: the indexer's products of every head
+    beside their weighted sum; the selection (its values and int64 indices beside the scores and a flag per score);
+    its sort; then, held through the sparse products, the sorted indices and usable flags (9 bytes a selected key)
+    and each chunk's indices with their order (16): the scores beside each sampled product's output and its copy of
+    the indices, the probabilities beside the scores, and the output block beside one batch element's listing."""
+    e, w = s.elem, max(s.elem, 4)
+    fixed = s.B * (s.Nq * index_heads * index_dim + s.Nk * index_dim) * w + s.output_bytes
+    if e < w:
+        fixed += 2 * s.bk * s.Nk * s.D * w
+    peak = 0.0
+    for r, m in _blocks(s, top_k, index_heads):
+        kk = min(top_k, m)
+        E, scores = s.B * r * kk, s.B * r * m * w
+        probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
+        held = 25 * E  # sorted indices, usable flags, and each chunk's indices and their order
+        peak = max(peak,
+                   scores * index_heads + max(s.B * index_heads * r * index_dim * w, scores),  # the indexer
+                   scores + s.B * r * m + E * (w + 8),  # top-k with its tie check
+                   scores + E * (w + 25),  # the sort of the selection
+                   held + block * (2 if e < w else 1) + probs + r * kk * (2 * w + 13),  # the sampled products
+                   held + 2 * probs,  # softmax beside the scores (the flags inverted are freed by then)
+                   held + probs + block + s.H * r * kk * w + (s.bh * r * s.D * e if e < w else 0))  # p · v
+    return fixed + peak
+
+
+def _effective(q, k, v, causal: bool, state: dict, top_k: int = 2048, index_heads: int = 4,
+               index_dim: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dense (B, H, Nq, Nk) weights: softmax over each query's selected keys, zero elsewhere; values repeated
+    for shared heads (a picture, not a kernel)."""
+    wq, wk, w = _state(q, state.get("index_q"), state.get("index_k"), state.get("index_w"), 0, index_heads,
+                       index_dim)
+    k, v = repeated(q, k, v)
+    scores = index_scores(index_queries(q, wq), index_keys(k, wk), w)
+    n, m = q.shape[2], k.shape[2]
+    if causal:
+        scores.masked_fill_(torch.ones(n, m, dtype=torch.bool, device=q.device).triu_(1), NEG)
+    idx, usable = select(scores, min(top_k, m))
+    keep = torch.zeros(scores.shape, dtype=torch.bool, device=q.device).scatter_(-1, idx, usable)
+    logits = (q @ k.transpose(-2, -1) * scale(q.shape[-1])).masked_fill(~keep[:, None], NEG)
+    return torch.softmax(logits, dim=-1), v
+
+
+SPEC = MechanismSpec(
+    label="Top-k (DeepSeek sparse)",
+    fn=topk_attention,
+    description="A small indexer (ReLU of dot products in index_dim, weighted over index_heads) scores every key for "
+                "each query; the query keeps its top_k keys and runs exact softmax over them: quadratic, but cheap "
+                "quadratic.",
+    paper="DeepSeek-AI 2025, 'DeepSeek-V3.2', arXiv 2512.02556 (DeepSeek Sparse Attention: lightning indexer and "
+          "top-k token selection)",
+    params=(Param("top_k", 2048, 1, 1 << 20, "Keys each query keeps, by the indexer's score (DeepSeek-V3.2: 2048).",
+                  log=True, tokens=True, small=lambda n: max(1, n // 4)),
+            Param("index_heads", 4, 1, 128, "Indexer heads, each a ReLU of dot products, weighted and summed "
+                  "(DeepSeek-V3.2: 64)."),
+            Param("index_dim", 32, 1, 512, "Width of the indexer's queries and keys (DeepSeek-V3.2: 128).",
+                  log=True)),
+    exact=False,
+    state=State(init=init_state, keys=("index_q", "index_k", "index_w")),
+    cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory,
+              time_big_o="O(n²·dI·IH + n·k·d)", memory_big_o="O(n·d)"),
+    supports=Supports(
+        causal=True,
+        cross=True,
+        padding=True,
+        shared_kv=True,
+        generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_flops=_step_flops,
+                              step_big_o="O(n·dI·IH + k·d)", cache_big_o="O(n·d)"),
+    ),
+    insight=Insight(
+        effective=_effective,
+        regime=("peaky", "gaussian", "Softmax over the top_k keys is exact where the weight sits on a few keys the "
+                "indexer ranks high; with weight spread over many keys the dropped ones carry mass, and an untrained "
+                "indexer ranks keys at random with respect to q·k."),
+        accuracy_note="Top-k approximates softmax by keeping the top_k keys that an untrained (random) indexer "
+                      "picks: DeepSeek-V3.2 trains its indexer to match the attention's own distribution, so these "
+                      "errors are larger than a trained indexer's; with top_k ≥ n it is softmax exactly.",
+    ),
+)

@@ -1,0 +1,73 @@
+"""Softmax over selected keys (attn_core/mechanisms/_sparse.py): the sparse-product form and the gathered form
+against a dense masked softmax written here in float64, one selection for every head or one per key/value head,
+key chunks of every width down to one key, rows with unusable and with no usable keys, gradients, half inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn_core.mechanisms import _sparse as sp
+
+
+def case(B=2, H=4, Hk=2, r=9, m=37, kk=6, D=8, S=1, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, r, D, generator=g, dtype=torch.float64).to(dtype)
+    k, v = (torch.randn(B, Hk, m, D, generator=g, dtype=torch.float64).to(dtype) for _ in "kv")
+    idx = torch.rand(B, S, r, m, generator=g).argsort(-1)[..., :kk]  # distinct keys, in no order
+    usable = torch.rand(B, S, r, kk, generator=g) > 0.3
+    usable[0, :, 1] = False  # a row that sees no key
+    return (q, k, v, *sp.sort_selection(idx, usable))
+
+
+def dense(q, k, v, idx, usable):
+    """Masked softmax over the whole (r, m) score matrix, the allowed cells scattered from the selection."""
+    B, H, r, D = q.shape
+    Hk, m, S = k.shape[1], k.shape[2], idx.shape[1]
+    allowed = torch.zeros(B, S, r, m, dtype=torch.bool).scatter_(-1, idx, usable)
+    heads = torch.arange(H) if S == 1 else torch.arange(H) // (H // Hk)
+    allowed = allowed[:, torch.zeros(H, dtype=torch.long) if S == 1 else heads]  # (B, H, r, m)
+    kh, vh = k[:, torch.arange(H) // (H // Hk)].double(), v[:, torch.arange(H) // (H // Hk)].double()
+    s = (q.double() @ kh.transpose(-2, -1)) / D ** 0.5
+    s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ vh
+
+
+@pytest.mark.parametrize("S", [1, 2])
+@pytest.mark.parametrize("chunk_keys", [1, 5, 64])
+def test_both_forms_equal_the_dense_masked_softmax(S, chunk_keys, monkeypatch):
+    monkeypatch.setattr(sp, "KEY_CHUNK_BYTES", chunk_keys * 8 * 8)  # float64 rows of D = 8
+    q, k, v, idx, usable = case(S=S)
+    want = dense(q, k, v, idx, usable)
+    torch.testing.assert_close(sp.selected_softmax(q, k, v, idx, usable), want, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(sp.gathered_softmax(q, k, v, idx, usable), want, atol=1e-12, rtol=1e-10)
+    assert want[0, :, 1].abs().max() == 0 and want.abs().max() > 0.1
+
+
+def test_chunks_list_every_entry_once_in_row_order_within_a_chunk():
+    idx = torch.tensor([[0, 3, 4, 9], [1, 2, 8, 9], [5, 6, 7, 8]])
+    chunks, order = sp.key_chunks(idx, 10, 4)  # chunks [0, 4), [4, 8), [8, 10)
+    assert sorted(order.tolist()) == list(range(12))
+    got = [(c0, crow.tolist(), col.tolist()) for c0, crow, col in chunks]
+    assert got == [(0, [0, 2, 4, 4], [0, 3, 1, 2]), (4, [0, 1, 1, 4], [0, 1, 2, 3]), (8, [0, 1, 3, 4], [1, 0, 1, 0])]
+    assert idx.reshape(-1)[order].tolist() == [0, 3, 1, 2, 4, 5, 6, 7, 9, 8, 9, 8]
+
+
+@pytest.mark.parametrize("S", [1, 2])
+def test_gradients_equal_the_dense_forms(S, monkeypatch):
+    monkeypatch.setattr(sp, "KEY_CHUNK_BYTES", 7 * 8 * 8)
+    q, k, v, idx, usable = case(S=S, r=5, m=19, kk=4)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    w = torch.randn(q.shape, dtype=torch.float64)
+    got = torch.autograd.grad((sp.selected_softmax(q, k, v, idx, usable) * w).sum(), (q, k, v))
+    want = torch.autograd.grad((dense(q, k, v, idx, usable) * w).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    assert all(t.abs().max() > 0 for t in got)
+
+
+def test_half_inputs_run_in_float32_and_come_back_in_their_dtype():
+    q, k, v, idx, usable = case(dtype=torch.bfloat16)
+    out = sp.selected_softmax(q, k, v, idx, usable)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), dense(q, k, v, idx, usable), atol=2e-2, rtol=2e-2)

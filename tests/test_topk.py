@@ -1,0 +1,207 @@
+"""Top-k selection in the form of DeepSeek Sparse Attention (arXiv 2512.02556) against a brute-force reference in
+float64 (tests/baselines.py: every indexer score materialized, rows sorted, masked softmax over the kept keys): block
+sizes that do and do not divide n, causal and not, padding, shared heads against repeated ones, ties, generation,
+gradients, the seeded state, refusals with a sentence."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attn_core as ac
+from attn_core import generation as gen
+from attn_core.insight import effective as ef
+from attn_core.mechanisms import topk as tk
+from attn_core.spec import Shape
+from tests.baselines import masked_softmax, topk_reference
+
+KEY = "topk"
+
+
+def inputs(n: int, *, B: int = 2, H: int = 4, Hk: int = 4, D: int = 8, m: int | None = None, seed: int = 0,
+           dtype=torch.float64, grad: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, n, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, Hk, m or n, D, generator=g, dtype=torch.float64) for _ in "kv")
+    return [t.to(dtype).requires_grad_(grad) for t in (q, k, v)]
+
+
+def state(q, k, seed: int = 1, **params) -> dict:
+    return ac.make_state(KEY, Shape.of(q, k), dtype=q.dtype, seed=seed, **params)
+
+
+@pytest.fixture(params=[1, 7, 1 << 23], ids=["block=1", "block=7", "one-block"])
+def blocks(request, monkeypatch):
+    """Query blocks of 1 row, of 7 rows (no n below divides by 7), or the whole sequence in one."""
+    monkeypatch.setattr(tk, "rows", lambda s, top_k, index_heads: max(1, min(s.Nq, request.param)))
+    return request.param
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n,top_k", [(1, 1), (37, 5), (37, 36), (64, 16), (29, 1)])
+def test_equals_the_brute_force_reference(n, top_k, causal, blocks):
+    q, k, v = inputs(n)
+    s = state(q, k, top_k=top_k)
+    out = ac.attention(KEY, q, k, v, causal=causal, top_k=top_k, **s)
+    torch.testing.assert_close(out, topk_reference(q, k, v, causal, top_k, **s), atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [1, 23, 50])
+def test_top_k_at_least_n_is_softmax(n, causal, blocks):
+    q, k, v = inputs(n, Hk=2)
+    out = ac.attention(KEY, q, k, v, causal=causal, top_k=n, **state(q, k, top_k=n))
+    torch.testing.assert_close(out, ac.attention("softmax", q, k, v, causal=causal), atol=1e-12, rtol=1e-10)
+    wide = ac.attention(KEY, q, k, v, causal=causal, top_k=n + 100, **state(q, k, top_k=n + 100))
+    torch.testing.assert_close(wide, out, atol=1e-12, rtol=1e-10)
+
+
+def test_small_top_k_differs_from_softmax():
+    """The test above could pass for a kernel that ignores top_k: here keeping 4 of 40 keys moves the output."""
+    q, k, v = inputs(40)
+    out = ac.attention(KEY, q, k, v, top_k=4, **state(q, k, top_k=4))
+    assert (out - ac.attention("softmax", q, k, v)).abs().max() > 0.1
+
+
+def test_cross_attention(blocks):
+    q, k, v = inputs(13, m=31, Hk=2)
+    s = state(q, k, top_k=6)
+    out = ac.attention(KEY, q, k, v, top_k=6, **s)
+    torch.testing.assert_close(out, topk_reference(q, k, v, False, 6, **s), atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ties_go_to_the_earlier_keys(causal, blocks):
+    """Zero indexer weights tie every key at score 0: each query keeps the first top_k keys it sees, i.e. a sliding
+    prefix; duplicated keys tie too, the earlier copy kept."""
+    q, k, v = inputs(30)
+    s = {**state(q, k, top_k=7), "index_w": torch.zeros(4, dtype=torch.float64)}
+    out = ac.attention(KEY, q, k, v, causal=causal, top_k=7, **s)
+    allowed = torch.zeros(30, 30, dtype=torch.bool)
+    allowed[:, :7] = True
+    if causal:
+        allowed &= torch.ones(30, 30, dtype=torch.bool).tril()
+    torch.testing.assert_close(out, masked_softmax(q, k, v, allowed.numpy()), atol=1e-12, rtol=1e-10)
+    # small integers everywhere: every indexer score is exact whatever the order of the sums, so ties are real
+    g = torch.Generator().manual_seed(5)
+    ints = lambda *shape: torch.randint(-2, 3, shape, generator=g).double()  # noqa: E731
+    k2 = ints(2, 4, 30, 8)
+    k2[:, :, 10:20] = k2[:, :, :10]  # keys 10–19 repeat keys 0–9
+    s = {"index_q": ints(8, 4 * 32), "index_k": ints(8, 32), "index_w": ints(4).abs()}
+    qi = ints(2, 4, 30, 8)
+    for top_k in (3, 12, 25):
+        out = ac.attention(KEY, qi, k2, v, causal=causal, top_k=top_k, **s)
+        torch.testing.assert_close(out, topk_reference(qi, k2, v, causal, top_k, **s), atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_keys_are_never_selected(causal, blocks):
+    q, k, v = inputs(21)
+    pad = torch.zeros(2, 21, dtype=torch.bool)
+    pad[0, 15:] = True  # a shorter sequence
+    pad[1, :4] = True  # left padding: causal queries 0–3 see no key and output zeros
+    s = state(q, k, top_k=6)
+    out = ac.attention(KEY, q, k, v, causal=causal, key_padding_mask=pad, top_k=6, **s)
+    torch.testing.assert_close(out, topk_reference(q, k, v, causal, 6, **s, pad=pad), atol=1e-12, rtol=1e-10)
+    if causal:
+        assert out[1, :, :4].abs().max() == 0
+    everything = torch.ones(2, 21, dtype=torch.bool)
+    assert ac.attention(KEY, q, k, v, causal=causal, key_padding_mask=everything, top_k=6, **s).abs().max() == 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_shared_heads_equal_repeated_heads(kv_heads, causal, blocks):
+    """One selection per token (the indexer reads the mean query and key over heads, which repeating a head does
+    not change): shared heads read in place give what each query head given its own copy gives."""
+    q, k, v = inputs(33, Hk=kv_heads)
+    s = state(q, k, top_k=9)
+    out = ac.attention(KEY, q, k, v, causal=causal, top_k=9, **s)
+    kr, vr = (t.repeat_interleave(4 // kv_heads, dim=1) for t in (k, v))
+    torch.testing.assert_close(out, ac.attention(KEY, q, kr, vr, causal=causal, top_k=9, **s), atol=1e-12,
+                               rtol=1e-10)
+    torch.testing.assert_close(out, topk_reference(q, k, v, causal, 9, **s), atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("n0", [1, 6, 19])
+def test_generation_steps_equal_the_causal_forward(n0):
+    q, k, v = inputs(19, Hk=2)
+    s = state(q, k, top_k=5)
+    expected = ac.attention(KEY, q, k, v, causal=True, top_k=5, **s)
+    out, cache = gen.prefill(KEY, q[:, :, :n0], k[:, :, :n0], v[:, :, :n0], top_k=5, **s)
+    outs = [out]
+    for i in range(n0, 19):
+        o, cache = gen.step(KEY, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], cache)
+        outs.append(o)
+    torch.testing.assert_close(torch.cat(outs, dim=2), expected, atol=1e-12, rtol=1e-10)
+    assert cache.index.shape[1] >= 19 and cache.used_bytes == gen.cache_bytes(KEY, Shape(2, 4, 19, 19, 8,
+                                                                                        dtype="float64", Hk=2),
+                                                                            top_k=5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_flow_through_the_selected_softmax(causal):
+    """The selection is a discrete choice (no gradient through the indexer); with it fixed, the gradients of q, k
+    and v are those of the brute-force reference's masked softmax."""
+    q, k, v = inputs(17, Hk=2, grad=True)
+    s = state(q, k, top_k=5)
+    g = torch.randn(2, 4, 17, 8, dtype=torch.float64)
+    got = torch.autograd.grad((ac.attention(KEY, q, k, v, causal=causal, top_k=5, **s) * g).sum(), (q, k, v))
+    want = torch.autograd.grad((topk_reference(q, k, v, causal, 5, **s) * g).sum(), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    assert all(t.abs().max() > 0 for t in got)
+
+
+def test_float32_and_bfloat16_run_near_the_float64_result():
+    q, k, v = inputs(40)
+    s = state(q, k, top_k=40)  # top_k ≥ n: the selection cannot differ with rounding
+    ref = ac.attention(KEY, q, k, v, causal=True, top_k=40, **s)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        out = ac.attention(KEY, *(t.to(dtype) for t in (q, k, v)), causal=True, top_k=40,
+                           **ac.make_state(KEY, Shape.of(q, k), dtype=dtype, seed=1, top_k=40))
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+
+
+def test_state_is_seeded_and_defaults_are_drawn_from_the_seed():
+    q, k, v = inputs(20)
+    a, b = state(q, k, seed=3), state(q, k, seed=3)
+    assert all(torch.equal(a[name], b[name]) for name in a) and set(a) == {"index_q", "index_k", "index_w"}
+    assert a["index_q"].shape == (8, 4 * 32) and a["index_k"].shape == (8, 32) and a["index_w"].shape == (4,)
+    assert not torch.equal(a["index_q"], state(q, k, seed=4)["index_q"])
+    torch.testing.assert_close(ac.attention(KEY, q, k, v, top_k=3, seed=3),
+                               ac.attention(KEY, q, k, v, top_k=3, **a))
+
+
+def test_effective_weights_are_softmax_over_the_selected_cells():
+    q, k, v = inputs(24, Hk=2)
+    s = state(q, k, top_k=6)
+    for causal in (False, True):
+        w, values = tk._effective(q, k, v, causal, s, top_k=6)
+        assert ((w > 0).sum(-1) == (6 if not causal else torch.arange(24).clamp_max(5) + 1)).all()
+        torch.testing.assert_close(w @ values, ac.attention(KEY, q, k, v, causal=causal, top_k=6, **s),
+                                   atol=1e-12, rtol=1e-10)
+    eff = ef.effective_attention(KEY, q.float(), k.float(), v.float(), causal=True, seed=2, top_k=6)
+    assert eff.weights.shape == (2, 4, 24, 24)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_indexer_scores_of_a_block_are_at_most_block_by_n(causal, monkeypatch):
+    """No n × n score tensor: every indexer product the kernel makes is (B, rows · index_heads, ≤ n)."""
+    seen = []
+    real = tk.index_scores
+    monkeypatch.setattr(tk, "index_scores", lambda qi, ki, w: seen.append(qi.shape[1] * ki.shape[1]) or real(qi, ki, w))
+    monkeypatch.setattr(tk, "BLOCK_NUMBERS", 1 << 14)
+    q, k, v = inputs(200, B=1, H=2, Hk=2)
+    ac.attention(KEY, q, k, v, causal=causal, top_k=8)
+    r = tk.rows(Shape.of(q, k, causal), 8, 4)
+    assert 1 < r < 200 and len(seen) == -(-200 // r) and max(seen) <= r * 200
+
+
+def test_bad_state_and_params_are_refused_with_a_sentence():
+    q, k, v = inputs(10)
+    with pytest.raises(ValueError, match="index_q must be a floating tensor of shape"):
+        ac.attention(KEY, q, k, v, top_k=3, index_q=torch.zeros(3, 3), index_k=torch.zeros(8, 32),
+                     index_w=torch.zeros(4))
+    with pytest.raises(ValueError, match="top_k = 0 is not allowed"):
+        ac.attention(KEY, q, k, v, top_k=0)
