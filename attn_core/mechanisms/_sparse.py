@@ -138,11 +138,11 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
                 at += nnz
                 del pattern
     del qs
-    scores = scores.view(B, H, r, kk)
-    keep = usable if S == 1 or g == 1 else usable.repeat_interleave(g, dim=1)  # (B, 1 or H, r, kk)
+    scores = scores.view(B, S, H // S, r, kk)  # the heads of each selection together: its flags broadcast, not copied
+    keep = usable[:, :, None]
     dead = ~keep.any(-1, keepdim=True)
     p = torch.softmax(scores.masked_fill_(~keep, NEG).masked_fill_(dead, 0.0), dim=-1)
-    p = p.masked_fill(dead, 0.0) if p.requires_grad else p.masked_fill_(dead, 0.0)  # autograd keeps softmax's own
+    p = (p.masked_fill(dead, 0.0) if p.requires_grad else p.masked_fill_(dead, 0.0)).view(B, H, r, kk)
     del scores
     out = q.new_zeros(B, H, r, D, dtype=work)
     for b in range(B):
