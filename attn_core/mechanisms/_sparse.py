@@ -62,12 +62,15 @@ def gathered_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
 
 
 def key_chunks(idx: torch.Tensor, m: int, width: int) -> tuple[list[tuple[int, torch.Tensor, torch.Tensor]],
-                                                                 torch.Tensor]:
+                                                                 torch.Tensor | None]:
     """A selection idx (r, kk), each row sorted, split by chunks of `width` keys [c0, c0 + width) of the m: each
     chunk's CSR pattern over the r rows as (c0, crow (r + 1,), col − c0), chunks with no entry left out, and `order`
     (r·kk,): the row-major positions of every chunk's entries, chunk after chunk (values listed chunk by chunk are
-    the row-major ones at `order`). O(r·kk), from each chunk's bounds in each row (`searchsorted`)."""
+    the row-major ones at `order`; None when one chunk holds them all, in their own order). O(r·kk), from each
+    chunk's bounds in each row (`searchsorted`)."""
     r, kk = idx.shape
+    if width >= m:  # one chunk: the entries in their own order
+        return [(0, torch.arange(0, r * kk + 1, kk, device=idx.device), idx.reshape(-1))], None
     edges = torch.arange(0, m + width, width, device=idx.device).clamp_(max=m)
     bounds = torch.searchsorted(idx, edges.expand(r, -1).contiguous())  # (r, chunks + 1)
     lengths = bounds[:, 1:] - bounds[:, :-1]  # (r, chunks)
@@ -99,12 +102,13 @@ def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tup
 
 
 def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
-                     usable: torch.Tensor) -> torch.Tensor:
+                     usable: torch.Tensor, *, scattered: bool = True) -> torch.Tensor:
     """softmax_s∈sel(t) (q_t·k_s/√D) v_s by sparse products that read the keys and values in place: per query head,
     the scores at the selected (t, s) only (`torch.sparse.sampled_addmm` over the selection as a CSR pattern, its
     indices sorted in each row), softmax over each row's kk, and those probabilities as a CSR matrix times v. The
     products run over chunks of keys (`key_chunks`, KEY_CHUNK_BYTES of a head's keys or values each), so the rows
-    they read at random stay in the core's cache.
+    they read at random stay in the core's cache; `scattered=False` (keys selected in runs, as NSA's blocks, which
+    the cache serves as they are) takes all keys as one chunk, a product a head.
 
     q (B, H, r, D), k and v (B, Hk, m, D), idx and usable (B, S, r, kk) with S = 1 or Hk, idx sorted in each row
     (`sort_selection`) → (B, H, r, D); a row with no usable key outputs zeros. 4·r·kk·D FLOPs a head; never an r × m or
@@ -116,7 +120,7 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     Hk, m = k.shape[1], k.shape[2]
     S, kk = idx.shape[1], idx.shape[-1]
     work = work_dtype(q.dtype)
-    width = max(1, KEY_CHUNK_BYTES // (D * torch.finfo(work).bits // 8))
+    width = max(1, KEY_CHUNK_BYTES // (D * torch.finfo(work).bits // 8)) if scattered else m
     qs = q.to(work) * scale(D)
     ks, vs = k.to(work), v.to(work)
     g = H // Hk
@@ -133,8 +137,12 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
                 nnz = col.shape[0]
                 pattern = _csr(crow, col, qs.new_zeros(nnz), shape(c0))
                 for h in _heads(H, S, Hk, s):
-                    scores[b, h].index_copy_(0, order[at:at + nnz], torch.sparse.sampled_addmm(
-                        pattern, qs[b, h], ks[b, h // g, c0:c0 + width].t(), beta=0.0).values())
+                    found = torch.sparse.sampled_addmm(pattern, qs[b, h], ks[b, h // g, c0:c0 + width].t(),
+                                                       beta=0.0).values()
+                    if order is None:
+                        scores[b, h].copy_(found)
+                    else:
+                        scores[b, h].index_copy_(0, order[at:at + nnz], found)
                 at += nnz
                 del pattern
     del qs
@@ -148,11 +156,13 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     for b in range(B):
         for s, (chunks, order) in enumerate(parts[b]):
             heads = _heads(H, S, Hk, s)
-            listed = p[b, heads.start:heads.stop].reshape(len(heads), r * kk).index_select(1, order)
+            listed = p[b, heads.start:heads.stop].reshape(len(heads), r * kk)
+            if order is not None:
+                listed = listed.index_select(1, order)
             at = 0
             for c0, crow, col in chunks:
                 nnz = col.shape[0]
                 for i, h in enumerate(heads):
-                    out[b, h] += _csr(crow, col, listed[i, at:at + nnz], shape(c0)) @ vs[b, h // g, c0:c0 + width]
+                    out[b, h].addmm_(_csr(crow, col, listed[i, at:at + nnz], shape(c0)), vs[b, h // g, c0:c0 + width])
                 at += nnz
     return out.to(q.dtype)

@@ -106,7 +106,7 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
     usable = pos <= t[:, None]  # not past the query; pos increases along each row, as CSR takes it
     ks, vs = (k, v) if selectable is None else selectable
     if -(-e // select_block) * select_block <= ks.shape[2]:  # every selected position is a key: sparse products
-        out_slc = selected_softmax(q, ks, vs, pos, usable)
+        out_slc = selected_softmax(q, ks, vs, pos, usable, scattered=False)  # runs of select_block keys
     else:  # a step inside a block: its positions past the end read the last key, masked (one query: a small copy)
         out_slc = gathered_softmax(q, ks, vs, pos.clamp_(max=ks.shape[2] - 1), usable)
     del idx, pos, usable
@@ -359,13 +359,13 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
         wn = end - max(0, a - window + 1)
         base = rows_ * e + chosen * e  # the scaled queries, the block scores
         kept = base + rows_ * e + chosen * 8  # and the compressed output; the ranked blocks' indices
-        held = 25 * E
+        held = 9 * E  # positions and flags; the keys are one chunk (runs of select_block), read in their order
         peak = max(peak,
                    base + 2 * s.bh * r * c * e + r * c + s.bk * r * c * e,  # compression
                    kept + 17 * E,  # the positions (int64, from the blocks' own) and their flags
                    kept + held + rows_ * w * (2 if e < w else 1) + scores + r * L * (2 * w + 13),  # sampled products
                    kept + held + 2 * scores,  # softmax beside the scores
-                   kept + held + scores + rows_ * w + g * r * L * w + (rows_ * e if e < w else 0),  # p · v
+                   kept + held + scores + rows_ * w + (rows_ * e if e < w else 0),  # p · v
                    kept + rows_ * e + 2 * s.bh * r * wn * e + 3 * r * wn,  # the window
                    kept + 4 * rows_ * e)  # the gated sum
     return fixed + peak

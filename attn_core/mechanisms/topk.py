@@ -8,7 +8,7 @@ import torch
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import KVCache, kv_bytes, tensor_bytes
 from ._common import check_key_padding, checked_shape, repeated, scale, trusted
-from ._sparse import selected_softmax, sort_selection, work_dtype
+from ._sparse import KEY_CHUNK_BYTES, selected_softmax, sort_selection, work_dtype
 
 BLOCK_NUMBERS = 1 << 23  # numbers one query block's working set holds (see `rows`)
 NEG = float("-inf")
@@ -270,14 +270,15 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
         kk = min(top_k, m)
         E, scores = s.B * r * kk, s.B * r * m * w
         probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
-        held = 25 * E  # sorted indices, usable flags, and each chunk's indices and their order
+        chunked = KEY_CHUNK_BYTES // (s.D * w) < m  # else one chunk: no indices or order of its own, no listing
+        held = (25 if chunked else 9) * E  # sorted indices, usable flags (and each chunk's indices and order)
         peak = max(peak,
                    scores * index_heads + max(s.B * index_heads * r * index_dim * w, scores),  # the indexer
                    scores + s.B * r * m + E * (w + 8),  # top-k with its tie check
                    scores + E * (w + 25),  # the sort of the selection
-                   held + block * (2 if e < w else 1) + probs + r * kk * (2 * w + 13),  # the sampled products
+                   held + block * (2 if e < w else 1) + probs + r * kk * (2 * w + 24),  # the sampled products
                    held + 2 * probs,  # softmax beside the scores (the flags inverted are freed by then)
-                   held + probs + block + s.H * r * kk * w + (s.bh * r * s.D * e if e < w else 0))  # p · v
+                   held + probs + block + chunked * s.H * r * kk * w + (s.bh * r * s.D * e if e < w else 0))  # p·v
     return fixed + peak
 
 
