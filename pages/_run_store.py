@@ -47,7 +47,7 @@ def history_panel() -> dict:
                    "here.")
         _import_panel()
         return {}
-    words = st.text_input("Filter", placeholder="a mechanism, machine, status, name or note",
+    words = st.text_input("Filter", placeholder="a mechanism, machine, status, name or note", max_chars=200,
                           key="cmp_filter").strip().lower()
     shown = history[history[SHOWN].astype(str).agg(" ".join, axis=1).str.lower().str.contains(words, regex=False)]
     st.dataframe(shown[SHOWN], hide_index=True, key="cmp_history")

@@ -247,7 +247,7 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
                     wait_idle(page)
                 page.locator(".st-key-home_demo button").click()
                 page.wait_for_selector(CHART, timeout=120_000)
-                page.wait_for_function(IN_VIEW, timeout=10_000)  # drawn in view, no scroll asked
+                page.wait_for_function(IN_VIEW, timeout=30_000)  # drawn in view, no scroll asked
                 page.screenshot(path=ARTIFACTS / f"browser-first-chart-{width}x{height}{'-talk' * talk}.png")
                 page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
                 wait_idle(page)

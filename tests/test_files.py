@@ -103,8 +103,9 @@ def test_a_dangling_link_a_folder_and_a_pipe_are_refused_and_nothing_is_created(
     assert sorted(os.listdir(tmp_path)) == ["dir.json", "link.json", "pipe.json"]
 
 
-# open(…, 'w'/'wb'/'a'/'x') but not of os.devnull; to_csv/to_json given a path (not only keywords)
-WRITES = re.compile(r"""open\((?!os\.devnull)[^)]*["'][wax]b?\+?["']|\.write_bytes\(|\.write_text\(|\.save\(|"""
+# open(…, 'w'/'wb'/'a'/'x') but not of os.devnull; .save(…) but not into io.BytesIO; to_csv/to_json given a path
+WRITES = re.compile(r"""open\((?!os\.devnull)[^)]*["'][wax]b?\+?["']|\.write_bytes\(|\.write_text\(|"""
+                    r"""\.save\((?!\w+ := io\.BytesIO\(\))|"""  # an image saved into memory is not a file
                     r"""\.to_(csv|json)\((?!\)|\w+=)|savefig\(""")
 
 

@@ -75,7 +75,7 @@ class Seen:
 
     def mapping(self) -> dict:
         return {aten.baddbmm_: baddbmm_flops, aten._scaled_dot_product_flash_attention_for_cpu: self.flash,
-                aten.linalg_solve_triangular: _solve_triangular, aten.mm: _mm, aten.addmm: _addmm,
+                aten.linalg_solve_triangular: _solve_triangular, aten.mm: _mm, aten.addmm: _addmm, aten.addmm_: _addmm,
                 aten.sparse_sampled_addmm: _sampled_addmm}
 
 

@@ -61,7 +61,10 @@ def test_points_are_in_the_store_as_the_sweep_shows_them_and_the_run_reads_back_
             kept_when_shown.append((int(history["points"][0]), history["status"][0]))
 
     measured = run_sweep(CONFIG, on_point, store_path=str(path), lock_wait_s=0)
-    assert kept_when_shown == [(1, "running"), (2, "running"), (3, "running"), (4, "running")]
+    # a point shown is a point kept: the store holds it (and those after it, when the sweep outruns the display)
+    assert len(kept_when_shown) == 4
+    assert all(kept >= shown for shown, (kept, _) in enumerate(kept_when_shown, 1)), kept_when_shown
+    assert all(status in ("running", "complete") for _, status in kept_when_shown)
     with store.Store(path, readonly=True) as reader:
         (entry,) = reader.history().to_dict("records")
         run = reader.run(entry["id"])

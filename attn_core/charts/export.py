@@ -53,8 +53,7 @@ def chart_slide_png(chart: alt.TopLevelMixin | dict, size: tuple[int, int] = SLI
     drawn = Image.open(io.BytesIO(vlc.vegalite_to_png(spec, scale=scale))).convert("RGB")
     slide = Image.new("RGB", size, "white")
     slide.paste(drawn.crop((0, 0, min(drawn.width, size[0]), min(drawn.height, size[1]))))
-    out = io.BytesIO()
-    slide.save(out, format="PNG")
+    slide.save(out := io.BytesIO(), format="PNG")  # into memory: the caller writes it (write_atomic) or serves it
     return out.getvalue()
 
 

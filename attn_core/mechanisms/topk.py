@@ -277,7 +277,7 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
                    scores + s.B * r * m + E * (w + 8),  # top-k with its tie check
                    scores + E * (w + 25),  # the sort of the selection
                    held + block * (2 if e < w else 1) + probs + r * kk * (2 * w + 24),  # the sampled products
-                   held + 2 * probs,  # softmax beside the scores (the flags inverted are freed by then)
+                   held + 2 * probs + r * kk * w,  # softmax beside the scores and the last sampled product's values
                    held + probs + block + chunked * s.H * r * kk * w + (s.bh * r * s.D * e if e < w else 0))  # p·v
     return fixed + peak
 
