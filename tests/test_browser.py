@@ -41,8 +41,9 @@ def _need_chromium() -> None:
 
 @pytest.fixture
 def private_tmp(tmp_path) -> dict:
-    """The server's temp folder, so its sweep lock is its own: a sweep running elsewhere must not stall this test."""
-    return {"TMPDIR": str(tmp_path)}
+    """The server's temp folder and run store, so its sweep lock and its history are its own: a sweep running
+    elsewhere must not stall this test, nor runs kept by other tests change the page it sees."""
+    return {"TMPDIR": str(tmp_path), "ATTN_LAB_HOME": str(tmp_path / "store")}
 
 
 @pytest.fixture
