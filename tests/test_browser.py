@@ -69,7 +69,7 @@ def test_tiny_sweep_draws_the_chart_without_an_exception(page, private_tmp):
         run.click()
         page.wait_for_selector(CHART)
         page.locator(".st-key-bench_stop button[disabled]").wait_for()
-        page.get_by_text("Export").first.click()
+        page.locator("summary:visible", has_text="Export").first.click()  # the Export expander, not hidden text
         wait_idle(page)
         page.screenshot(path=ARTIFACTS / "browser-benchmark-tiny-sweep.png", full_page=True)
         for key, magic in (("bench_dl_time_png", b"\x89PNG"), ("bench_dl_json", b"{")):
