@@ -33,6 +33,20 @@ def style() -> None:
     st.html(STILL_CSS + TOP_CSS + f"<style>{CHART_CSS.replace('HEIGHT', CHART_HEIGHT[talk()])}</style>")
 
 
+# The window back to the top, where the chart of a run just started is drawn. A page opened from a scrolled page
+# (Home's demo button, below the fold in talk mode) keeps that page's scroll; the browser's scroll anchoring then
+# follows the folding panel down, and the chart would be off screen.
+TO_TOP = "<script>document.querySelector('[data-testid=\"stMain\"]')?.scrollTo({top: 0});</script>"
+
+
+def to_top(job) -> None:
+    """Scroll the page to its top once for each job shown (not at every redraw: a user may scroll while it runs)."""
+    state = bench_state()
+    if job is not None and state.scrolled_for != id(job):
+        state.scrolled_for = id(job)
+        st.html(TO_TOP, unsafe_allow_javascript=True)
+
+
 def live(job, chart_place=st) -> None:
     """Draw a running job: the worker is held while this run draws (no timed sample competes with it), the progress
     ticks in a fragment between full runs, and the next full run is paced (engine.pacing)."""

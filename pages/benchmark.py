@@ -18,6 +18,7 @@ job = state.job
 running, busy = state.running, state.busy  # the job shown ticks and Stop stops it; this session's own blocks a second
 talk = form.talk()
 view.style()
+view.to_top(job)
 st.title("Benchmark")
 for note in notes:
     st.warning(note, icon=":material/link_off:")
