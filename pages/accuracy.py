@@ -66,9 +66,10 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
     right.caption(accuracy.INPUT_HELP[inputs])
     if hard:
         flip = easy if inputs == hard else hard
-        right.button(f"Show the {'working' if inputs == hard else 'hard'} case ({flip} inputs)",
-                     key="acc_flip", on_click=S.__setitem__, args=(f"acc_inputs_{key}", flip),
-                     icon=":material/swap_horiz:")
+        right.button(f"{'Working' if inputs == hard else 'Hard'} case: {flip}", key="acc_flip",
+                     on_click=S.__setitem__, args=(f"acc_inputs_{key}", flip), icon=":material/swap_horiz:",
+                     help=f"Show {label(key)} on {flip} inputs, where it "
+                          + ("works as designed." if inputs == hard else "fails: " + why_hard))
     seed = right.number_input("Seed", 0, 2**31 - 1, 0, **keyed("acc_seed"))
     causal = right.toggle("Causal mask", **keyed("acc_causal"))
     dtype = right.selectbox("dtype of the mechanism", ["float32", "float64"], **keyed("acc_dtype"))

@@ -35,7 +35,9 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
     inputs = mid.selectbox("Embeddings", accuracy.INPUTS, **keyed("pat_inputs"))
     seed = right.number_input("Seed", 0, 2**31 - 1, 0, **keyed("pat_seed"))
     causal = right.toggle("Causal mask", **keyed("pat_causal"))
-    pull_back = right.toggle("Linformer: pull its weights back to the n keys (W·F)", **keyed("pat_pull_back"))
+    pull_back = right.toggle("Linformer on the n keys (W·F)", **keyed("pat_pull_back"),
+                             help="Linformer weighs k projected rows, not the n keys: W·F pulls its weights back to "
+                                  "the n keys, so its panel reads like the others.")
     count_n = right.number_input("Count computed cells at n =", 2, COUNT_MAX, 1024, **keyed("pat_count_n"),
                                  help=f"Counted cell by cell, up to n = {COUNT_MAX:,}; the Theory page goes further.")
 

@@ -46,7 +46,8 @@ if model.source:
     st.caption(f"Configuration: {literal(model.source)}")
 here = env.device_info(env.resolve_device("auto"))["total_memory_bytes"]
 a, b, c, d = st.columns(4)
-a.metric("KV cache (keys and values, latents)", format_bytes(made.kv_cache_bytes))
+a.metric("KV cache", format_bytes(made.kv_cache_bytes),
+         help="The attention layers' keys and values, or their latents (MLA), for every token of the context.")
 b.metric("Recurrent state", format_bytes(made.state_bytes))
 c.metric("Prefill attention FLOPs", f"{made.prefill_flops:.3g}")
 d.metric("A new token reads", format_bytes(made.decode_bytes))

@@ -40,9 +40,9 @@ st.caption("Costs from each mechanism's spec: nothing is run, so n can be a mill
            "call's predicted peak above its inputs, plus the inputs.")
 device = env.resolve_device("auto")
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
+    keys = st.multiselect("Mechanisms", list(MECHANISMS), list(MECHANISMS), format_func=label,  # whole names
+                          **keyed("th_mechanisms"))
     left, mid, right = st.columns(3)
-    keys = left.multiselect("Mechanisms", list(MECHANISMS), list(MECHANISMS), format_func=label,
-                            **keyed("th_mechanisms"))
     n_min, n_max = left.select_slider("Sequence lengths n", NS, (1024, 1 << 20), format_func="{:,}".format,
                                       **keyed("th_n"))
     d_model = mid.number_input("d_model", 1, 65536, 1024, step=64, **keyed("th_d_model"))

@@ -28,7 +28,7 @@ def metrics(at: AppTest) -> dict[str, str]:
 def test_llama_3_8b_at_128k_shows_its_16_gib_cache_and_every_model_s_curve():
     at = planner_page(plan_model="llama-3-8b", plan_n=131072)
     assert not at.exception and [t.value for t in at.title] == ["Plan a model"]
-    assert metrics(at)["KV cache (keys and values, latents)"] == "16.0 GiB"
+    assert metrics(at)["KV cache"] == "16.0 GiB"
     assert metrics(at)["Recurrent state"] == "0 B"
     assert any("past the 8,192 the model was trained for" in c.value.replace("\\", "") for c in at.caption)
     (spec,) = chart_specs(at)
