@@ -239,6 +239,10 @@ def _checked(model: Model, budget_s: Any, device: str, dtype: str | None, heads:
     return device, dtype
 
 
+def _threads(count: int) -> str:
+    return f"{count} thread{'s' * (count != 1)}"
+
+
 def _same_kind(a: Layer, b: Layer) -> bool:
     return dataclasses.replace(a, count=1, name="") == dataclasses.replace(b, count=1, name="")
 
@@ -319,12 +323,15 @@ def predict(made: Plan, timings: Timings) -> Prediction:
                                         methods["decode"]))
     if missing:
         raise ValueError(f"no measured point for {', '.join(missing)}; measure with a larger budget")
-    where = f"{timings.device}{f', {timings.threads} thread' + 's' * (timings.threads != 1) if timings.device == 'cpu' else ''}, {timings.dtype}"
+    where = f"{timings.device}, {timings.dtype}" + (f", {_threads(timings.threads)}" if timings.device == "cpu" else "")
     total = (f"predicted, not measured: each kind's measured times ({where}) fitted as t = a + b·FLOPs, read at the "
              f"full layer's FLOPs at {made.context:,} tokens × {made.batch}, times its layer count, summed over "
              f"{made.model.layer_count} layers; attention only")
-    notes = tuple(n for k in timings.kinds for n in k.notes)
-    return Prediction(made.context, made.batch, tuple(kinds), f"prefill {total}", f"decode step {total}", notes)
+    notes = [n for k in timings.kinds for n in k.notes]
+    if made.dtype != timings.dtype:
+        notes.append(f"timed in {timings.dtype}, not the plan's {made.dtype}: a kernel reading half the bytes may "
+                     "run faster than predicted")
+    return Prediction(made.context, made.batch, tuple(kinds), total, total, tuple(notes))
 
 
 def _method(layer: Layer, timed: KindTiming, mode: str, line: Fit, context: int) -> str:
@@ -333,7 +340,10 @@ def _method(layer: Layer, timed: KindTiming, mode: str, line: Fit, context: int)
     ns = [p.n for p in timed.points(mode)]
     span = f"{ns[0]:,}" if len(ns) == 1 else f"{ns[0]:,}–{ns[-1]:,}"
     heads = "" if timed.measured.heads == layer.heads else f" on {timed.measured.heads} of {layer.heads} heads"
-    form = "fitted t = a + b·FLOPs" if line.how == "line" else "taken as proportional to the FLOPs"
+    used = min(len(ns), FIT_POINTS)
+    through = "" if used == len(ns) else f" (the longest {used})"
+    form = (f"fitted t = a + b·FLOPs{through}" if line.how == "line"
+            else f"taken as proportional to the FLOPs{through}")
     within = ns[0] <= context <= ns[-1] and not heads
     how = "read" if within else "extrapolated along the spec's FLOPs"
     what = "causal prefill" if mode == "prefill" else "decode step"
@@ -410,7 +420,8 @@ def check_stack(timings: Timings, *, prefill_n: int | None = None, decode_n: int
     if not longest["prefill"] or not longest["decode"]:
         raise ValueError("the timings lack prefill or decode points; measure with a larger budget")
     if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s <= MAX_BUDGET_S:
-        raise ValueError(f"budget_s must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got {budget_s!r}")
+        raise ValueError(f"budget_s must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got "
+                         f"{budget_s!r}")
     lengths = {"prefill": prefill_n, "decode": decode_n}
     predicted = {}
     for m in MODES:
@@ -438,7 +449,8 @@ def check_stack(timings: Timings, *, prefill_n: int | None = None, decode_n: int
                 raise RuntimeError(f"the scaled-down stack's {m} did not run: {why}")
             measured[m] = seconds
     note = (f"{small.layer_count} layers ({', '.join(f'{k.count} × {k.name}' for k in small.layers)}) on "
-            f"{timings.device} ({timings.threads} thread{'s' * (timings.threads != 1)}) in {timings.dtype}; attention cores only, each layer on its own seeded inputs")
+            f"{timings.device} ({_threads(timings.threads)}) in {timings.dtype}; attention cores only, each layer on "
+            "its own seeded inputs")
     return StackCheck(small, prefill_n, decode_n, predicted["prefill"].prefill_s, measured["prefill"],
                       predicted["decode"].decode_s, measured["decode"], (note,))
 
