@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import pandas as pd
 import torch
 
 from .engine import env, measure
@@ -349,6 +350,18 @@ def _method(layer: Layer, timed: KindTiming, mode: str, line: Fit, context: int)
     what = "causal prefill" if mode == "prefill" else "decode step"
     return (f"{what} measured at {span} tokens{heads}, {form}, {how} at {layer.heads} heads and {context:,} tokens, "
             f"× {layer.count} layer{'s' * (layer.count != 1)}")
+
+
+def decode_curves(model: Model, timings: Timings, contexts: Sequence[int], *, batch: int = 1,
+                  dtype: str | None = None) -> pd.DataFrame:
+    """The predicted decode tokens per second of `model` at each context, for a chart (charts.insight.theory_chart
+    'tokens_per_s'): DataFrame[mechanism, label, n, tokens_per_s, decode_s, status]."""
+    rows = []
+    for n in contexts:
+        got = predict(plan(model, n, batch=batch, dtype=dtype), timings)
+        rows.append({"mechanism": model.name.lower(), "label": f"{model.name} (predicted)", "n": n,
+                     "tokens_per_s": got.tokens_per_s, "decode_s": got.decode_s, "status": "ok"})
+    return pd.DataFrame(rows)
 
 
 # -- the check: a scaled-down stack run for real --
