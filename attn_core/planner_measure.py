@@ -1,13 +1,14 @@
 """The planner measured, not only computed: each layer kind of a model timed here with the engine (a causal prefill
-at a few n, one decode step at a few contexts), on fewer heads where the whole layer would not fit or take too long,
-and the whole model's prefill time and decode tokens per second predicted from those times; then the prediction's own
-check, a scaled-down stack of the model's kinds run for real against what was predicted for it.
+at a few n, one decode step at a few contexts) on about 4 heads (a whole layer of 32 or 128 would fit neither the
+budget nor, at long contexts, the machine), and the whole model's prefill time and decode tokens per second
+predicted from those times; then the prediction's own check, a scaled-down stack of the model's kinds run for real
+against what was predicted for it.
 
 A kind's time is read as t = a + b · F: F the FLOPs the kernel executes (the spec's `cost.executed` of a causal
 prefill, `Generation.flops` of a decode step), a ≥ 0 a fixed cost per call, b seconds per FLOP, fitted by least
-squares to the measured points. The full layer's time is that line at the full layer's F (all its heads, the batch,
-the plan's context): "extrapolated along the spec's FLOPs". Attention only, as in the plan: projections, MLPs and
-weights are left out.
+squares to the kind's longest measured points. The full layer's time is that line at the full layer's F (all its
+heads, the batch, the plan's context): "extrapolated along the spec's FLOPs". Attention only, as in the plan:
+projections, MLPs and weights are left out.
 
     timings = measure_kinds(find("llama-3-8b"), budget_s=10)
     predict(plan(find("llama-3-8b"), 32768), timings).tokens_per_s
@@ -26,7 +27,7 @@ import torch
 
 from .engine import env, measure
 from .engine.measurement import median_iqr, theory_of
-from .engine.problem import Problem, Settings
+from .engine.problem import MAX_THREADS, Problem, Settings
 from .mechanisms import MEASURED
 from .mechanisms._common import validated
 from .planner import Layer, Model, Plan, plan
@@ -150,14 +151,18 @@ def measure_kinds(model: Model, *, budget_s: float = 10.0, device: str = "cpu", 
                   heads: int = MEASURED_HEADS, prefill_ns: Sequence[int] = PREFILL_NS,
                   decode_ns: Sequence[int] = DECODE_NS, repeats: int = REPEATS, threads: int | None = 1,
                   progress: Callable[[str], None] | None = None) -> Timings:
-    """Time each kind of `model` here (in this process, through the engine's `measure`): a causal prefill at each
+    """Time each kind of `model` here (in this process, the engine's own calls: `timed`): a causal prefill at each
     of `prefill_ns` and a decode step at each context of `decode_ns`, ascending, on `scaled(layer, heads)`. Each
     kind and mode gets an equal share of `budget_s`; a series stops when its next point, as the points so far
     predict it, would overrun that share (one point is always taken), or when a point is skipped or fails (said in
     the kind's notes). `dtype`: None takes float32 on CPU (the dtype every kernel runs fast in there), the model's
-    elsewhere. `threads`: torch's CPU threads while timing (None: as they are). ValueError with a sentence for a
-    budget, device or size that cannot be used."""
+    elsewhere. `threads`: torch's CPU threads while timing (None: as they are); `repeats`: samples a point.
+    ValueError with a sentence for a budget, device or size that cannot be used."""
     device, dtype = _checked(model, budget_s, device, dtype, heads, prefill_ns, decode_ns)
+    for name, value, high in (("repeats", repeats, 100), ("threads", threads, MAX_THREADS)):
+        if (value is not None or name == "repeats") and (isinstance(value, bool) or not isinstance(value, int)
+                                                         or not 1 <= value <= high):
+            raise ValueError(f"{name} must be a whole number from 1 to {high}, got {value!r}")
     began, share = time.perf_counter(), budget_s / (2 * len(model.layers))
     with cpu_threads(threads if device == "cpu" else None):
         kinds = [_kind(layer, heads, prefill_ns, decode_ns, share, device, dtype, repeats, progress)
@@ -426,8 +431,6 @@ def check_stack(timings: Timings, *, prefill_n: int | None = None, decode_n: int
     comes from `timings` like any plan's (`predict`). None lengths: twice the longest measured (an extrapolation,
     as the full model's is), halved while the stack's predicted time would overrun half of `budget_s`. ValueError
     when a kind lacks points, RuntimeError (a sentence) when the stack cannot run."""
-
-
     small = stack_model(timings, layers)
     longest = {m: max((p.n for k in timings.kinds for p in k.points(m)), default=0) for m in MODES}
     if not longest["prefill"] or not longest["decode"]:
@@ -435,18 +438,9 @@ def check_stack(timings: Timings, *, prefill_n: int | None = None, decode_n: int
     if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s <= MAX_BUDGET_S:
         raise ValueError(f"budget_s must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got "
                          f"{budget_s!r}")
-    lengths = {"prefill": prefill_n, "decode": decode_n}
-    predicted = {}
-    for m in MODES:
-        n = lengths[m] or 2 * longest[m]
-        while True:
-            predicted[m] = predict(plan(small, n, dtype=timings.dtype), timings)
-            took = predicted[m].prefill_s if m == "prefill" else predicted[m].decode_s
-            if lengths[m] or (repeats + 2) * took <= budget_s / 2 or n <= 64:
-                break
-            n //= 2
-        lengths[m] = n
-    prefill_n, decode_n = lengths["prefill"], lengths["decode"]
+    predicted = {m: _within(small, timings, m, given, 2 * longest[m], (budget_s / 2) / (repeats + 2))
+                 for m, given in (("prefill", prefill_n), ("decode", decode_n))}
+    prefill_n, decode_n = predicted["prefill"].context, predicted["decode"].context
     order = stack_order(small)
     problems = [problem_of(layer, m, n, device=timings.device, dtype=timings.dtype, seed=i)
                 for m, n in (("prefill", prefill_n), ("decode", decode_n)) for i, layer in enumerate(order)]
@@ -466,6 +460,18 @@ def check_stack(timings: Timings, *, prefill_n: int | None = None, decode_n: int
             "its own seeded inputs")
     return StackCheck(small, prefill_n, decode_n, predicted["prefill"].prefill_s, measured["prefill"],
                       predicted["decode"].decode_s, measured["decode"], (note,))
+
+
+def _within(stack: Model, timings: Timings, mode: str, given: int | None, longest: int,
+            call_s: float) -> Prediction:
+    """The prediction for `stack` at `given` tokens, or at `longest` halved until one call of `mode` is predicted to
+    take at most `call_s` (64 tokens at least)."""
+    n = given or longest
+    while True:
+        got = predict(plan(stack, n, dtype=timings.dtype), timings)
+        if given or (got.prefill_s if mode == "prefill" else got.decode_s) <= call_s or n <= 64:
+            return got
+        n //= 2
 
 
 def timed(problems: Sequence[Problem], repeats: int = REPEATS) -> tuple[float, str]:
