@@ -103,6 +103,15 @@ def test_a_kind_without_points_or_not_measured_is_refused_with_a_sentence():
         pm.predict(planner.plan(planner.find("llama-3-8b"), 1024), bare)
 
 
+def test_the_decode_curve_is_the_prediction_at_each_context():
+    model = Model(name="fake", layers=(SOFTMAX,), dtype="float32", max_context=1 << 20)
+    timings = fake_timings(model, SOFTMAX, 0.0, 1e-10, decode_a=1e-3, decode_b=1e-9)
+    frame = pm.decode_curves(model, timings, [1024, 4096])
+    assert list(frame["label"]) == ["fake (predicted)"] * 2 and set(frame["status"]) == {"ok"}
+    want = [1 / (10 * (1e-3 + 1e-9 * 4 * 8 * n * 64)) for n in (1024, 4096)]
+    assert list(frame["tokens_per_s"]) == pytest.approx(want)
+
+
 def test_a_plan_in_another_dtype_than_the_timing_says_so():
     model = Model(name="fake", layers=(SOFTMAX,), dtype="bfloat16")
     got = pm.predict(planner.plan(model, 1024), fake_timings(model, SOFTMAX, 0, 1e-10, decode_a=0, decode_b=1e-9))
@@ -184,6 +193,8 @@ def test_the_cli_measures_a_model_file_and_adds_the_predicted_figures(tmp_path):
     ({"decode_ns": (0,)}, "decode_ns must list lengths"),
     ({"device": "tpu"}, "device 'tpu' is unknown"),
     ({"dtype": "int8"}, "dtype 'int8' is not one cpu runs"),
+    ({"repeats": 0}, "repeats must be a whole number from 1 to 100"),
+    ({"threads": 10**6}, "threads must be a whole number from 1 to"),
 ])
 def test_bad_measurement_inputs_are_refused_with_a_sentence(kwargs, sentence):
     with pytest.raises(ValueError, match=sentence):
