@@ -315,15 +315,15 @@ def predict(made: Plan, timings: Timings) -> Prediction:
     full layer's FLOPs, times its layer count, summed. ValueError when a kind or a mode was not measured."""
     kinds, missing = [], []
     for layer in made.model.layers:
-        timed = timings.of(layer)
+        kind = timings.of(layer)
         figures, methods = {}, {}
         for mode in MODES:
-            line = timed.fit(mode)
+            line = kind.fit(mode)
             if line is None:
                 missing.append(f"{layer.name} ({mode})")
                 continue
             figures[mode] = line.at(full_flops(layer, mode, made.context, made.batch, made.dtype))
-            methods[mode] = _method(layer, timed, mode, line, made.context)
+            methods[mode] = _method(layer, kind, mode, line, made.context)
         if len(figures) == 2:
             kinds.append(KindPrediction(layer, figures["prefill"], figures["decode"], methods["prefill"],
                                         methods["decode"]))
@@ -340,12 +340,12 @@ def predict(made: Plan, timings: Timings) -> Prediction:
     return Prediction(made.context, made.batch, tuple(kinds), total, total, tuple(notes))
 
 
-def _method(layer: Layer, timed: KindTiming, mode: str, line: Fit, context: int) -> str:
+def _method(layer: Layer, kind: KindTiming, mode: str, line: Fit, context: int) -> str:
     """'decode step measured at 1,024–16,384 tokens on 4 of 32 heads, fitted t = a + b·FLOPs, extrapolated along the
     spec's FLOPs to 32 heads at 131,072 tokens, × 32 layers'."""
-    ns = [p.n for p in timed.points(mode)]
+    ns = [p.n for p in kind.points(mode)]
     span = f"{ns[0]:,}" if len(ns) == 1 else f"{ns[0]:,}–{ns[-1]:,}"
-    heads = "" if timed.measured.heads == layer.heads else f" on {timed.measured.heads} of {layer.heads} heads"
+    heads = "" if kind.measured.heads == layer.heads else f" on {kind.measured.heads} of {layer.heads} heads"
     used = min(len(ns), FIT_POINTS)
     through = "" if used == len(ns) else f" (the longest {used})"
     form = (f"fitted t = a + b·FLOPs{through}" if line.how == "line"
