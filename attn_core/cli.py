@@ -21,7 +21,7 @@ import tempfile
 import threading
 from typing import Sequence, TextIO
 
-from . import planner, recall, store
+from . import planner, planner_measure, recall, store
 from .files import write_atomic
 from .engine import analysis, env
 from .mechanisms import LATENT, MECHANISMS
@@ -190,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--batch", type=int, default=1, help="sequences held at once (default 1)")
     pl.add_argument("--dtype", default=None, help="the cache's dtype: bf16, fp16, fp32 (default: the model's)")
     pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    pl.add_argument("--measure", action="store_true",
+                    help="time each layer kind here and predict the model's prefill time and decode tokens/s")
+    pl.add_argument("--budget", type=float, default=10.0, metavar="S",
+                    help="seconds the timing of the kinds may take, about (default 10)")
     add_runs_parser(sub)
     add_recall_parser(sub)
     add_distributed_parser(sub)
@@ -295,11 +299,13 @@ def run_plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         else:
             model = planner.find(args.model)
         made = planner.plan(model, args.context, batch=args.batch, dtype=args.dtype)
+        predicted = _measured_plan(made, args.budget, err) if args.measure else None
     except (ValueError, OSError) as e:
         err.write(f"error: {e}\n")
         return EXIT_USAGE
     if args.json:
-        out.write(json.dumps(made.as_dict(), indent=2) + "\n")
+        out.write(json.dumps({**made.as_dict(), **({"predicted": predicted.as_dict()} if predicted else {})},
+                             indent=2) + "\n")
         return EXIT_OK
     out.write(f"{model.name} at {made.context:,} tokens, batch {made.batch}, cache in {made.dtype}"
               f"{f' ({model.source})' if model.source else ''}\n")
@@ -312,7 +318,23 @@ def run_plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
               f"{format_bytes(made.decode_bytes)}\n")
     for note in made.notes:
         out.write(f"note: {note}\n")
+    if predicted:
+        out.write(f"  predicted prefill of {made.context:,} tokens: {predicted.prefill_s:.3g} s "
+                  f"({predicted.prefill_method})\n"
+                  f"  predicted decode: {predicted.tokens_per_s:.3g} tokens/s, {predicted.decode_s:.3g} s a step "
+                  f"({predicted.decode_method})\n")
+        for kind in predicted.kinds:
+            out.write(f"    {kind.layer.name}: {kind.prefill_method}; {kind.decode_method}\n")
+        for note in predicted.notes:
+            out.write(f"note: {note}\n")
     return EXIT_OK
+
+
+def _measured_plan(made: planner.Plan, budget_s: float, err: TextIO) -> planner_measure.Prediction:
+    """Time the plan's layer kinds here (about `budget_s` seconds, progress on `err`) and predict from them."""
+    timings = planner_measure.measure_kinds(made.model, budget_s=budget_s,
+                                            progress=lambda what: err.write(f"timing {what}\n"))
+    return planner_measure.predict(made, timings)
 
 
 def _read_model(path: str) -> str:

@@ -1,8 +1,9 @@
 """Plan a model: what a whole model's attention holds and costs at a context length, from the specs (planner.py)."""
+import pandas as pd
 import streamlit as st
 
-from attn_core import planner
-from attn_core.charts import insight as insight_charts
+from attn_core import planner, planner_measure
+from attn_core.charts import insight as insight_charts, planner as planner_charts
 from attn_core.engine import env
 from attn_core.engine.measure import format_bytes
 from attn_core.insight import theory
@@ -86,5 +87,63 @@ models = [*planner.MODELS.values(), *([model] if upload is not None else []), *(
 frame = planner.curves(models, NS, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
 chart = insight_charts.theory_chart(frame, "cache_bytes", legend="Model",
                                     budgets={"this machine": here, "the GPU": gpu_gib * theory.GIB})
+if share:  # the hybrid is drawn: mark where it starts to hold less than the model
+    chart = planner_charts.marked(chart, where, "the hybrid holds less from here")
 show_chart(chart)
 export_row(chart, frame, "plan-cache", "plan_dl_cache")
+
+st.subheader("Measured on this machine")
+st.caption("Each kind of layer timed here, on fewer heads where it has many (its group of key/value heads kept), "
+           "one CPU thread; the whole model's prefill time and decode speed predicted from those times along each "
+           "spec's FLOPs. Attention only: a prediction, labelled as one.")
+left, mid, right = st.columns([2, 2, 3])
+budget = left.number_input("Seconds to spend, about", 1.0, 120.0, 10.0, step=1.0, **keyed("plan_budget"))
+measured = st.session_state.setdefault("plan_measured", {"model": None, "timings": None, "check": None})
+if mid.button("Measure on this machine", type="primary", key="plan_measure"):
+    try:
+        with st.spinner("Timing each kind of layer…"):
+            measured.update(model=model.to_json(), check=None,
+                            timings=planner_measure.measure_kinds(model, budget_s=float(budget)))
+    except Exception as e:  # a kernel or the machine failing is a sentence here, never a page taken down
+        measured.update(model=None, timings=None, check=None)
+        st.error(f"The measurement did not run: {literal(str(e)[:300])}", icon=":material/error:")
+timings = measured["timings"] if measured["model"] == model.to_json() else None
+if timings is None:
+    st.info("Measure to predict this model's prefill time and decode tokens per second here.", icon=":material/timer:")
+    st.stop()
+try:
+    predicted = planner_measure.predict(made, timings)
+except ValueError as e:
+    st.warning(f"No prediction: {literal(e)}", icon=":material/edit:")
+    st.stop()
+a, b = st.columns(2)
+a.metric(f"Predicted prefill of {made.context:,} tokens", f"{predicted.prefill_s:.3g} s")
+b.metric("Predicted decode", f"{predicted.tokens_per_s:.3g} tokens/s")
+st.caption(f"Method: {literal(predicted.prefill_method)}. Timed in {timings.spent_s:.1f} s (load average "
+           f"{timings.load_average}: other programs slow a busy machine's timings).")
+st.dataframe(pd.DataFrame([{"layers": k.layer.name, "count": k.layer.count, "prefill s a layer": k.prefill_s,
+                            "decode s a layer": k.decode_s, "how (prefill)": k.prefill_method,
+                            "how (decode)": k.decode_method} for k in predicted.kinds]), hide_index=True)
+for note in predicted.notes:
+    st.caption(f"Note: {literal(note)}")
+speeds = planner_measure.decode_curves(model, timings, NS, batch=batch,
+                                       dtype=None if dtype == DTYPES[0] else dtype)
+speed_chart = insight_charts.theory_chart(speeds, "tokens_per_s", legend="Model")
+show_chart(speed_chart)
+export_row(speed_chart, speeds, "plan-decode", "plan_dl_decode")
+
+st.caption("The prediction's own check: a scaled-down stack of this model's kinds in its proportions, run for real "
+           "at twice the longest length timed (shorter if the budget asks), against what the same timings predict.")
+if st.button("Check the prediction", key="plan_check"):
+    try:
+        with st.spinner("Running the scaled-down stack…"):
+            measured["check"] = planner_measure.check_stack(timings, budget_s=float(budget))
+    except Exception as e:  # as above: a sentence, never a page taken down
+        st.error(f"The check did not run: {literal(str(e)[:300])}", icon=":material/error:")
+if (check := measured["check"]) is not None:
+    a, b = st.columns(2)
+    a.metric(f"Stack prefill of {check.prefill_n:,}: measured", f"{check.prefill_measured_s * 1e3:.3g} ms",
+             f"{check.prefill_ratio:.2f}× the predicted {check.prefill_predicted_s * 1e3:.3g} ms", delta_color="off")
+    b.metric(f"Stack decode step at {check.decode_n:,}: measured", f"{check.decode_measured_s * 1e3:.3g} ms",
+             f"{check.decode_ratio:.2f}× the predicted {check.decode_predicted_s * 1e3:.3g} ms", delta_color="off")
+    st.caption(f"{literal(check.notes[0])}. Within ×1.5 is the target; a busy machine spreads single timings.")

@@ -2,9 +2,11 @@
 sentence, and the chart of every built-in model's cache."""
 from __future__ import annotations
 
+import json
+
 from streamlit.testing.v1 import AppTest
 
-from attn_core import planner
+from attn_core import planner, planner_measure
 from tests.apptest_helpers import chart_specs
 from tests.test_app import APP, routed  # noqa: F401
 
@@ -61,3 +63,27 @@ def test_the_hybrid_control_turns_layers_into_states_and_says_where_it_holds_les
     assert shown["Hybrid: cache and state"] == f"{want / 2**30:.1f} GiB"
     (spec,) = chart_specs(at)
     assert "Llama-3-8B (24 of 32 full attention → gated_deltanet)" in str(spec)
+    assert "the hybrid holds less from here" in json.dumps(spec)  # the crossover, marked
+
+
+def test_measure_on_this_machine_predicts_with_its_method_the_check_runs_and_a_failure_is_a_sentence(monkeypatch):
+    at = planner_page(plan_model="llama-3-8b", plan_n=8192, plan_budget=1.0)
+    assert "Predicted decode" not in metrics(at)
+    at.button(key="plan_measure").click().run()
+    assert not at.exception and not at.error
+    shown = metrics(at)
+    assert shown["Predicted decode"].endswith("tokens/s") and shown["Predicted prefill of 8,192 tokens"].endswith(" s")
+    said = " ".join(c.value.replace("\\", "") for c in at.caption)
+    assert "Method: predicted, not measured" in said and "timed on 4 of its 32 heads" in said
+    assert len(chart_specs(at)) == 2  # the caches, and the predicted decode speed
+    at.button(key="plan_check").click().run()
+    assert not at.exception and not at.error
+    assert any(label.startswith("Stack decode step at") for label in metrics(at))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the kernel fell over")
+    monkeypatch.setattr(planner_measure, "measure_kinds", broken)
+    at.button(key="plan_measure").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == ["The measurement did not run: the kernel fell over"]
+    assert "Predicted decode" not in metrics(at)
