@@ -284,8 +284,8 @@ def measured_beside_model(results: Sequence[Result], flops_per_s: float):
     """One row a result (pandas): the bytes a process sent, counted at the calls, beside the cost model's (the most
     of any rank); the slower rank's seconds and its seconds waiting on transfers, beside the model's compute time for
     the layer (schemes_table's FLOPs at `flops_per_s`, this machine's matmul rate, which its P processes share: each
-    computes at flops_per_s / P); and the rate the transfers reached here, bytes ÷ seconds waiting (a lower bound:
-    the wait includes the other rank's lag). A skipped result has its reason instead."""
+    computes at flops_per_s / P), and the share of its time it waited (a transfer hidden behind compute costs no
+    wait; the wait includes the other rank's lag). A skipped result has its reason instead."""
     import pandas as pd
 
     rows = []
@@ -298,11 +298,10 @@ def measured_beside_model(results: Sequence[Result], flops_per_s: float):
         model = schemes_table(t.n, t.heads, t.head_dim, t.procs, batch=t.batch, elem=t.elem,
                               flops_per_s=flops_per_s / t.procs).set_index("scheme").loc[t.scheme]
         slow = max(range(t.procs), key=lambda rank: r.time_s[rank])
-        sent = max(r.bytes_sent)
-        rows.append({**row, "bytes_sent": sent, "bytes_predicted": max(r.bytes_predicted),
+        rows.append({**row, "bytes_sent": max(r.bytes_sent), "bytes_predicted": max(r.bytes_predicted),
                      "time_ms": r.time_s[slow] * 1e3, "waiting_ms": r.comm_s[slow] * 1e3,
                      "model_compute_ms": float(model["compute_s"]) * 1e3,
-                     "transfer_GB_s": sent / r.comm_s[slow] / 1e9 if sent and r.comm_s[slow] > 0 else float("nan"),
+                     "waiting_share": r.comm_s[slow] / r.time_s[slow],
                      "max_abs_diff": r.max_abs_diff, "reason": ""})
     return pd.DataFrame(rows)
 
@@ -694,12 +693,26 @@ def run_tasks(tasks: Sequence[Task], *, timeout_s: float = DEFAULT_TIMEOUT_S, de
 def _context():
     """forkserver where the platform has it: one server process imports torch and this module once (the preload)
     and every launch forks its ranks from it in milliseconds, where spawn has each rank import torch afresh
-    (seconds, P at once on the same cores). spawn elsewhere (Windows). The server lives as long as the caller."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = torch.multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload([__name__])
-        return ctx
-    return torch.multiprocessing.get_context("spawn")
+    (seconds, P at once on the same cores). spawn elsewhere (Windows). The server lives as long as the caller. It
+    starts with Ctrl-C and hangups ignored (a disposition kept through exec, which Python honours): they reach the
+    whole process group but are the launcher's to handle, and one during its seconds of imports would otherwise end
+    it with a traceback."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return torch.multiprocessing.get_context("spawn")
+    from multiprocessing import forkserver
+
+    ctx = torch.multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    main = threading.current_thread() is threading.main_thread()  # elsewhere Python cannot set handlers
+    quiet = [getattr(signal, name) for name in ("SIGINT", "SIGHUP") if hasattr(signal, name)] if main else []
+    held = {signum: signal.signal(signum, signal.SIG_IGN) for signum in quiet}  # for the fork and exec alone
+    try:
+        with _bare_main():
+            forkserver.ensure_running()
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+    return ctx
 
 
 def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure, stopped) -> dict:
@@ -711,7 +724,7 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure,
                for r in range(procs)]
     got: dict = {}
     try:
-        with _bare_main():
+        with _bare_main(), _stops_held():
             for w in workers:
                 if stopped():
                     break
@@ -736,6 +749,27 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure,
     finally:
         _stop(workers)
         results.close()
+
+
+@contextlib.contextmanager
+def _stops_held():
+    """Ctrl-C, SIGTERM and hangups noted, not acted on, while the ranks start, then raised again once they have (to
+    the handlers that were there): a stop that interrupted a start could leave a rank started but unrecorded, or a
+    start request queued at the forkserver (the first launch waits there for its imports) to run on unstopped. In
+    the main thread only, where Python runs its signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    held = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    before = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        if noted:
+            signal.raise_signal(noted[0])
 
 
 @contextlib.contextmanager

@@ -206,6 +206,7 @@ def test_the_small_case_beside_the_model(results):
     assert table.loc["state", "model_compute_ms"] == pytest.approx(4 * 8 * 1024 * 64**2 / 1e9 * 1e3)
     slow = max(results[SMALL[0]].time_s)
     assert table.loc["ring", "time_ms"] == slow * 1e3 and table.loc["ring", "reason"] == ""
+    assert 0 <= table.loc["ring", "waiting_share"] <= 1
     skipped = D.measured_beside_model([D.run_tasks([SMALL[0]], memory_limit_bytes=1)[0]], 1e9)
     assert skipped["reason"][0].startswith("would need") and "bytes_sent" not in skipped
 
