@@ -282,6 +282,19 @@ def test_sigterm_stops_the_cli_and_every_process(results, monkeypatch):
     assert descendants() <= others
 
 
+def test_a_stop_while_the_ranks_start_is_raised_once_they_have():
+    got = []
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        with D._stops_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert got == []  # held: a start is never cut in two
+        assert got == [signal.SIGTERM]  # then raised to the handler that was there
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def test_memory_that_would_not_fit_is_skipped_with_the_reason_and_nothing_starts():
     others = descendants()
     got = D.run_tasks([D.Task("ring", n=64, **SHAPE)], memory_limit_bytes=10 * 1024)[0]
