@@ -755,20 +755,26 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure,
 def _stops_held():
     """Ctrl-C, SIGTERM and hangups noted, not acted on, while the ranks start, then raised again once they have (to
     the handlers that were there): a stop that interrupted a start could leave a rank started but unrecorded, or a
-    start request queued at the forkserver (the first launch waits there for its imports) to run on unstopped. In
-    the main thread only, where Python runs its signal handlers."""
+    start request queued at the forkserver (the first launch waits there for its imports) to run on unstopped. A
+    second stop acts at once (a start that never ends). In the main thread only, where Python runs its handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     noted: list[int] = []
+
+    def note(signum: int, frame) -> None:
+        noted.append(signum)
+        if len(noted) > 1:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
     held = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
-    before = {signum: signal.signal(signum, lambda signum, frame: noted.append(signum)) for signum in held}
+    before = {signum: signal.signal(signum, note) for signum in held}
     try:
         yield
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
-        if noted:
+        if len(noted) == 1:
             signal.raise_signal(noted[0])
 
 
