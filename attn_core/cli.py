@@ -777,27 +777,53 @@ def add_distributed_parser(sub) -> None:
                         "(default %(default)s)")
     p.add_argument("--device", default=None, help="cpu (gloo) or cuda (NCCL); default cuda where present")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory run of each process")
+    p.add_argument("--memory-margin", type=float, default=0.2, metavar="FRACTION",
+                   help="safety margin of the memory guard: skip the run when its predicted bytes (P processes and "
+                        "the single-process reference) × (1 + margin) exceed the free memory (default %(default)s)")
+    p.add_argument("--memory-limit", type=_size, default=None, metavar="SIZE",
+                   help="treat the machine as having at most this much free memory, e.g. 8GiB")
+    p.add_argument("--wait", type=float, default=LOCK_WAIT_S, metavar="SECONDS",
+                   help="if a sweep is running on this machine, wait this long for it, then give up with exit code 3 "
+                        "(default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
 def run_distributed_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Run one distributed task; EXIT_USAGE for a task refused, EXIT_BUSY for a run that could not finish."""
+    """Run one distributed task; EXIT_USAGE for a task refused, EXIT_BUSY for a run that could not finish (another
+    sweep holds the machine, a rank died or stalled), 128 + the signal for a stop (Ctrl-C, SIGTERM, SIGHUP), which
+    ends every process first. A task the memory guard skips is a result: its reason, EXIT_OK, as in a sweep."""
     from . import distributed
 
-    try:
-        result = distributed.run(args.scheme, args.mechanism, args.procs, args.n, causal=args.causal,
-                                 batch=args.batch, heads=args.heads, head_dim=args.head_dim, seed=args.seed,
-                                 timeout_s=args.timeout, device=args.device, memory=not args.no_memory)
-    except ValueError as e:
-        err.write(f"error: {e}\n")
+    if (why := _wait_problem(args.wait)) is not None:
+        err.write(f"error: {why}\n")
         return EXIT_USAGE
-    except distributed.DistributedError as e:
-        err.write(f"error: {e}\n")
-        return EXIT_BUSY
+    with StopSignals() as stops:
+        try:
+            result = distributed.run(args.scheme, args.mechanism, args.procs, args.n, causal=args.causal,
+                                     batch=args.batch, heads=args.heads, head_dim=args.head_dim, seed=args.seed,
+                                     timeout_s=args.timeout, device=args.device, memory=not args.no_memory,
+                                     lock_wait_s=args.wait, memory_margin=args.memory_margin,
+                                     memory_limit_bytes=args.memory_limit)
+        except ValueError as e:
+            err.write(f"error: {e}\n")
+            return EXIT_USAGE
+        except distributed.DistributedError as e:
+            err.write(f"error: {e}\n")
+            return EXIT_BUSY
+        except KeyboardInterrupt as e:  # Ctrl-C, or Interrupted by another stop signal: the ranks are ended by now
+            signum = getattr(e, "signum", signal.SIGINT)
+            _Lenient(err).write(f"\n{signal.Signals(signum).name}: stopped; all {args.procs} processes were "
+                                "ended\n")
+            return EXIT_SIGNALLED + signum
+        finally:
+            stops.armed = False
     if args.json:
         out.write(json.dumps(result.to_dict(), indent=2) + "\n")
         return EXIT_OK
     t = result.task
+    if result.status == "skipped":
+        out.write(f"{t.scheme} of {t.mechanism} over {t.procs} processes, n = {t.n}: skipped, {result.reason}\n")
+        return EXIT_OK
     out.write(f"{t.scheme} of {t.mechanism} over {t.procs} processes ({result.backend}), n = {t.n}, "
               f"{'causal' if t.causal else 'not causal'}: max |Δ| from one process {result.max_abs_diff:.3g}\n")
     for rank in range(t.procs):

@@ -3,24 +3,29 @@
 linear attention (Katharopoulos et al. 2020, arXiv 2006.16236, eq. 8–9), with the bytes each process sends counted
 at the calls and a cost model that predicts them.
 
-One launch spawns P worker processes on this machine (gloo on CPU, NCCL on CUDA), each a rank of one process group
-whose every collective carries a timeout; a rank that dies or stalls ends the run with a `DistributedError`, and no
-process outlives the launch.
+One launch starts P worker processes on this machine (gloo on CPU, NCCL on CUDA with a GPU a process), each a rank
+of one process group whose every collective carries a timeout. It is guarded as a sweep is: a task refused with a
+sentence, one whose predicted memory would not fit skipped with the reason, the machine's sweep lock held while it
+runs, and a stop (`cancel`, Ctrl-C, SIGTERM) that ends every rank within seconds. A rank that dies or stalls ends the
+run with a `DistributedError`, and no process outlives the launch.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import datetime
+import multiprocessing
 import os
 import queue
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 import types
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -29,11 +34,16 @@ SCHEMES = ("ring", "ulysses", "state")
 STATE_MECHANISMS = ("linear", "mamba2", "gated_deltanet")  # causal forms with a running state `state` passes on
 BLOCK = 64  # positions per block of the chunked causal linear form inside one rank's chunk
 DEFAULT_TIMEOUT_S = 60.0
+STOP_GRACE_S = 2.0  # a rank that has not ended this long after SIGTERM is killed
 
 
 class DistributedError(RuntimeError):
-    """A distributed run that could not finish: a rank died, raised or outlived the timeout (the sentence says
-    which)."""
+    """A distributed run that could not finish: a rank died, raised or outlived the timeout, another sweep held the
+    machine, or it was stopped (the sentence says which)."""
+
+
+class Cancelled(DistributedError):
+    """The run was stopped by its caller (`cancel`); every rank was ended."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,7 @@ class Result:
     task: Task
     backend: str
     device: str
-    max_abs_diff: float
+    max_abs_diff: float | None
     time_s: tuple[float, ...]
     comm_s: tuple[float, ...]
     peak_bytes: tuple[int | None, ...]
@@ -114,6 +124,8 @@ class Result:
     bytes_sent: tuple[int, ...]
     bytes_predicted: tuple[int, ...]
     output: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    status: str = "ok"  # or "skipped": the memory guard's reason in `reason`, nothing run
+    reason: str = ""
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("task", "output")}
@@ -160,6 +172,62 @@ def memory_predicted(scheme: str, shape: tuple[int, int, int, int], procs: int, 
     raise ValueError(f"scheme {scheme!r} is unknown; choose one of {', '.join(SCHEMES)}")
 
 
+def required_bytes(task: Task) -> tuple[int, int]:
+    """(bytes one rank needs, bytes the launcher needs), for the memory guard, in the task's element size e with
+    whole = B·H·n·D and local = whole/P. A rank: q, k, v drawn whole (3·whole: every rank draws the seeded inputs,
+    then keeps its positions), its shards, output and the copy it sends back (5·local), and its scheme's work —
+    ring: the K, V block held and the one arriving (4·local) and a block pair's scores, their exponentials and the
+    masked copy, 3·B·H·c² for blocks of c = n/P positions (n/(2P) causal); ulysses: the mechanism's own need (its
+    spec's memory model) over H/P heads of the whole sequence and the exchange back (2·local); state: the
+    mechanism's own need over the n/P positions of its chunk and the (D + 1)-wide state. The launcher: the
+    single-process mechanism it compares with (its spec's need over the whole problem) and the gathered output."""
+    from .engine.measure import required_bytes as needed
+    from .engine.problem import Problem
+    from .mechanisms import MECHANISMS
+
+    B, H, n, D, P, e = task.batch, task.heads, task.n, task.head_dim, task.procs, task.elem
+    whole, local = B * H * n * D, B * H * n * D // P
+    spec = MECHANISMS[task.mechanism]
+
+    def problem(heads: int, length: int) -> Problem:
+        return Problem(mechanism=task.mechanism, params=task.params, batch=B, heads=heads, n=length,
+                       d_model=heads * D, dtype=task.dtype, causal=task.causal)
+
+    rank = e * (3 * whole + 5 * local)
+    if task.scheme == "ring":
+        c = n // (2 * P) if task.causal else n // P
+        rank += e * (4 * local + 3 * B * H * c * c)
+    elif task.scheme == "ulysses":
+        rank += int(needed(spec, problem(H // P, n))) + e * 2 * local
+    else:
+        rank += int(needed(spec, problem(H, n // P))) + max(e, 4) * B * H * (D * D + D)
+    return rank, int(needed(spec, problem(H, n))) + e * 2 * whole
+
+
+def memory_guard(task: Task, device: str, margin: float = 0.2, limit: int | None = None) -> str | None:
+    """A reason to skip `task` when its need (required_bytes) × (1 + margin) exceeds the free memory, capped at
+    `limit`: on the CPU the P ranks and the launcher share the machine's memory; on CUDA each rank has a GPU of its
+    own and the launcher's reference stays on the CPU. None when it fits."""
+    from .engine import env
+    from .engine.measure import format_bytes
+
+    rank, launcher = required_bytes(task)
+    checks = ([(task.procs * rank + launcher, "cpu", f"{task.procs} processes × {format_bytes(rank)} and "
+                                                    f"{format_bytes(launcher)} for the single-process reference")]
+              if device == "cpu" else
+              [(rank, device, f"{format_bytes(rank)} on each process's GPU"),
+               (launcher, "cpu", f"{format_bytes(launcher)} for the single-process reference on the CPU")])
+    for need, where, what in checks:
+        free = env.free_memory_bytes(where)
+        capped = limit is not None and limit < free
+        free = limit if capped else free
+        if need * (1 + margin) > free:
+            note = " under the memory limit set" if capped else ""
+            return (f"would need {format_bytes(need * (1 + margin))} ({what}, with a {margin:.0%} safety margin), "
+                    f"{format_bytes(free)} free{note}; choose a smaller n, fewer heads or a smaller batch")
+    return None
+
+
 def overlap_block(flops_per_s: float, link_bytes_per_s: float, elem: int = 2) -> float:
     """Ring attention hides the transfer when a step's compute, 4·c²·H·D FLOPs for a block of c positions, outlasts
     passing one K, V block, 2·c·H·D·elem bytes: c ≥ flops_per_s·elem / (2·link_bytes_per_s) positions a rank.
@@ -202,6 +270,39 @@ def schemes_table(n: int, heads: int, head_dim: int, procs: int, *, batch: int =
         if scheme == "ring":
             row.update(block=n // procs, block_to_hide_transfer=overlap_block(flops_per_s, link_bytes_per_s, elem))
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def small_case(procs: int = 2, n: int = 1024, heads: int = 8, head_dim: int = 64) -> tuple[Task, ...]:
+    """The three schemes of one causal layer, small enough to run on any machine in seconds: ring and Ulysses over
+    softmax, state passing over linear attention; float32, seed 0."""
+    shape = dict(procs=procs, n=n, causal=True, heads=heads, head_dim=head_dim)
+    return Task("ring", "softmax", **shape), Task("ulysses", "softmax", **shape), Task("state", "linear", **shape)
+
+
+def measured_beside_model(results: Sequence[Result], flops_per_s: float):
+    """One row a result (pandas): the bytes a process sent, counted at the calls, beside the cost model's (the most
+    of any rank); the slower rank's seconds and its seconds waiting on transfers, beside the model's compute time for
+    the layer (schemes_table's FLOPs at `flops_per_s`, this machine's matmul rate, which its P processes share: each
+    computes at flops_per_s / P), and the share of its time it waited (a transfer hidden behind compute costs no
+    wait; the wait includes the other rank's lag). A skipped result has its reason instead."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        t = r.task
+        row = {"scheme": t.scheme, "mechanism": t.mechanism, "n": t.n, "processes": t.procs, "backend": r.backend}
+        if r.status != "ok":
+            rows.append({**row, "reason": r.reason})
+            continue
+        model = schemes_table(t.n, t.heads, t.head_dim, t.procs, batch=t.batch, elem=t.elem,
+                              flops_per_s=flops_per_s / t.procs).set_index("scheme").loc[t.scheme]
+        slow = max(range(t.procs), key=lambda rank: r.time_s[rank])
+        rows.append({**row, "bytes_sent": max(r.bytes_sent), "bytes_predicted": max(r.bytes_predicted),
+                     "time_ms": r.time_s[slow] * 1e3, "waiting_ms": r.comm_s[slow] * 1e3,
+                     "model_compute_ms": float(model["compute_s"]) * 1e3,
+                     "waiting_share": r.comm_s[slow] / r.time_s[slow],
+                     "max_abs_diff": r.max_abs_diff, "reason": ""})
     return pd.DataFrame(rows)
 
 
@@ -451,7 +552,11 @@ def _compute(task: Task, link: Link, q, k, v) -> torch.Tensor:
 
 def _worker(rank: int, tasks: tuple[Task, ...], procs: int, port: int, timeout_s: float, device: str,
             warmup: int, memory: bool, fail_rank: int | None, failure: str, results) -> None:
-    """One rank: join the group, run each task (after `warmup` untimed calls), report shards and counts."""
+    """One rank: join the group, run each task (after `warmup` untimed calls), report shards and counts. Ctrl-C
+    and a hangup reach the whole process group: they are the launcher's to handle (it stops every rank)."""
+    for name in ("SIGINT", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     try:
         backend = "nccl" if device == "cuda" else "gloo"
         if device == "cuda":
@@ -501,44 +606,117 @@ def free_port() -> int:
 
 
 def run(scheme: str, mechanism: str = "softmax", procs: int = 2, n: int = 256, **kwargs) -> Result:
-    """One distributed run (see `run_tasks`): Task(scheme, mechanism, procs, n, **task fields), launcher options
-    timeout_s, device, warmup, memory, fail_rank, failure."""
-    options = {key: kwargs.pop(key) for key in ("timeout_s", "device", "warmup", "memory", "fail_rank", "failure")
-               if key in kwargs}
+    """One distributed run (see `run_tasks`): Task(scheme, mechanism, procs, n, **task fields), and the launcher's
+    options by name."""
+    options = {key: kwargs.pop(key) for key in LAUNCH_OPTIONS if key in kwargs}
     params = tuple(sorted((kwargs.pop("params", None) or {}).items()))
     return run_tasks([Task(scheme, mechanism, procs, n, params=params, **kwargs)], **options)[0]
 
 
+LAUNCH_OPTIONS = ("timeout_s", "device", "warmup", "memory", "cancel", "lock_wait_s", "memory_margin",
+                  "memory_limit_bytes", "fail_rank", "failure")
+
+
+def default_device(procs: int) -> str:
+    """cuda (NCCL) where there is a GPU for each of the `procs` processes, else cpu (gloo)."""
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= procs else "cpu"
+
+
 def run_tasks(tasks: Sequence[Task], *, timeout_s: float = DEFAULT_TIMEOUT_S, device: str | None = None,
-              warmup: int = 1, memory: bool = True, fail_rank: int | None = None,
-              failure: str = "exit") -> list[Result]:
-    """Spawn P processes (one process group for all `tasks`, which share P), run each task on them and compare the
-    gathered output with the single-process mechanism on the same seeded inputs. `timeout_s` bounds every
-    collective and the whole launch's wait for a result; `fail_rank` is a test hook: that rank exits abruptly at its
-    first transfer of the timed call (`failure` "exit"), or stalls there, alive and silent ("stall"). A dead,
-    failing or stalled rank ends the run with a DistributedError; every process is joined or terminated before this
-    returns or raises."""
+              warmup: int = 1, memory: bool = True, cancel: Callable[[], bool] | threading.Event | None = None,
+              lock_wait_s: float | None = None, memory_margin: float = 0.2, memory_limit_bytes: int | None = None,
+              fail_rank: int | None = None, failure: str = "exit") -> list[Result]:
+    """Start P processes (one process group for all `tasks`, which share P), run each task on them and compare the
+    gathered output with the single-process mechanism on the same seeded inputs; guarded as a sweep is.
+
+    Guards, before anything starts: a task or option that cannot run is refused (ValueError, a sentence); a task
+    whose predicted memory × (1 + memory_margin) exceeds the free memory (or `memory_limit_bytes`) comes back
+    `skipped` with the reason (memory_guard); the machine's sweep lock is held while the ranks run (waiting up to
+    `lock_wait_s`, default the sweep's, then DistributedError saying who holds it). `timeout_s` bounds every
+    collective and the launch's wait for each result. Stop: `cancel()` (or a set Event) turning true, Ctrl-C or
+    another exception in the caller ends every rank within seconds (Cancelled for `cancel`); every process is
+    joined or killed before this returns or raises. `fail_rank` is a test hook: that rank exits abruptly at its
+    first transfer of the timed call (`failure` "exit"), or stalls there, alive and silent ("stall")."""
+    from .engine.lock import LOCK_WAIT_S, SweepBusyError, SweepLockError, sweep_lock
+
     tasks = [t.check() for t in tasks]
+    if not tasks:
+        raise ValueError("no task is given; give at least one")
     if failure not in ("exit", "stall"):
         raise ValueError(f"failure {failure!r}: the test hook's failures are 'exit' and 'stall'")
     if len({t.procs for t in tasks}) != 1:
         raise ValueError("tasks of one launch share their number of processes; launch each number apart")
-    if not dist.is_available() or not dist.is_gloo_available():
-        raise DistributedError("torch.distributed with the gloo backend is not available in this torch build")
-    device = device or ("cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= 1 else "cpu")
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 86400):
+        raise ValueError(f"timeout_s = {timeout_s!r}: give a number of seconds above 0 (at most a day)")
+    if not (isinstance(warmup, int) and 0 <= warmup <= 100):
+        raise ValueError(f"warmup = {warmup!r}: give 0 to 100 untimed calls")
+    if not (isinstance(memory_margin, (int, float)) and 0 <= memory_margin <= 10):
+        raise ValueError(f"memory_margin = {memory_margin!r}: give a fraction from 0 to 10 (0.2 = 20%)")
+    if memory_limit_bytes is not None and not (isinstance(memory_limit_bytes, int) and memory_limit_bytes > 0):
+        raise ValueError(f"memory_limit_bytes = {memory_limit_bytes!r}: give a positive number of bytes, or None")
     procs = tasks[0].procs
+    device = device or default_device(procs)
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: distributed runs take cpu (gloo) or cuda (NCCL)")
     if device == "cuda" and procs > torch.cuda.device_count():
         raise ValueError(f"NCCL takes one GPU a process: {procs} processes, {torch.cuda.device_count()} GPU(s) here; "
                          "give fewer processes or device='cpu' (gloo)")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r}: distributed runs take cpu (gloo) or cuda (NCCL)")
-    shards = _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure)
+    if not dist.is_available() or not (dist.is_nccl_available() if device == "cuda" else dist.is_gloo_available()):
+        raise DistributedError(f"torch.distributed with the {'nccl' if device == 'cuda' else 'gloo'} backend is not "
+                               "available in this torch build")
+    skipped = {i: why for i, t in enumerate(tasks)
+               if (why := memory_guard(t, device, memory_margin, memory_limit_bytes))}
+    runnable = [t for i, t in enumerate(tasks) if i not in skipped]
+    stopped = cancel.is_set if isinstance(cancel, threading.Event) else cancel or (lambda: False)
+    shards: dict = {}
+    if runnable:
+        try:
+            with sweep_lock(LOCK_WAIT_S if lock_wait_s is None else lock_wait_s, stopped):
+                if stopped():
+                    raise Cancelled("the run was cancelled before it started")
+                shards = _launch(runnable, procs, timeout_s, device, warmup, memory, fail_rank, failure, stopped)
+        except (SweepBusyError, SweepLockError) as e:
+            if stopped():
+                raise Cancelled("the run was cancelled while it waited for another sweep") from None
+            raise DistributedError(f"{e} (a distributed run takes the machine as a sweep does)") from None
     references: dict[Task, torch.Tensor] = {}  # a task repeated (timing rounds) is compared with one reference
-    return [_result(task, device, [shards[(r, i)] for r in range(procs)], references) for i, task in enumerate(tasks)]
+    results, index = [], 0
+    for i, task in enumerate(tasks):
+        if i in skipped:
+            results.append(_skipped(task, device, skipped[i]))
+            continue
+        results.append(_result(task, device, [shards[(r, index)] for r in range(procs)], references))
+        index += 1
+    return results
 
 
-def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure) -> dict:
-    ctx = torch.multiprocessing.get_context("spawn")
+def _context():
+    """forkserver where the platform has it: one server process imports torch and this module once (the preload)
+    and every launch forks its ranks from it in milliseconds, where spawn has each rank import torch afresh
+    (seconds, P at once on the same cores). spawn elsewhere (Windows). The server lives as long as the caller. It
+    starts with Ctrl-C and hangups ignored (a disposition kept through exec, which Python honours): they reach the
+    whole process group but are the launcher's to handle, and one during its seconds of imports would otherwise end
+    it with a traceback."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return torch.multiprocessing.get_context("spawn")
+    from multiprocessing import forkserver
+
+    ctx = torch.multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    main = threading.current_thread() is threading.main_thread()  # elsewhere Python cannot set handlers
+    quiet = [getattr(signal, name) for name in ("SIGINT", "SIGHUP") if hasattr(signal, name)] if main else []
+    held = {signum: signal.signal(signum, signal.SIG_IGN) for signum in quiet}  # for the fork and exec alone
+    try:
+        with _bare_main():
+            forkserver.ensure_running()
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+    return ctx
+
+
+def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure, stopped) -> dict:
+    ctx = _context()
     results = ctx.Queue()
     port = free_port()
     workers = [ctx.Process(target=_worker, args=(r, tuple(tasks), procs, port, timeout_s, device, warmup, memory,
@@ -546,11 +724,15 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure)
                for r in range(procs)]
     got: dict = {}
     try:
-        with _bare_main():
+        with _bare_main(), _stops_held():
             for w in workers:
+                if stopped():
+                    break
                 w.start()
         deadline = time.monotonic() + timeout_s * (1 + len(tasks)) + 30  # the start (imports) and each task
         while len(got) < procs * len(tasks):
+            if stopped():
+                raise Cancelled(f"the run was cancelled; its {procs} processes were stopped")
             try:
                 message = results.get(timeout=0.2)
             except queue.Empty:
@@ -567,6 +749,33 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure)
     finally:
         _stop(workers)
         results.close()
+
+
+@contextlib.contextmanager
+def _stops_held():
+    """Ctrl-C, SIGTERM and hangups noted, not acted on, while the ranks start, then raised again once they have (to
+    the handlers that were there): a stop that interrupted a start could leave a rank started but unrecorded, or a
+    start request queued at the forkserver (the first launch waits there for its imports) to run on unstopped. A
+    second stop acts at once (a start that never ends). In the main thread only, where Python runs its handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+
+    def note(signum: int, frame) -> None:
+        noted.append(signum)
+        if len(noted) > 1:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    held = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    before = {signum: signal.signal(signum, note) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        if len(noted) == 1:
+            signal.raise_signal(noted[0])
 
 
 @contextlib.contextmanager
@@ -605,16 +814,29 @@ def _check_alive(workers, deadline: float, timeout_s: float) -> None:
 
 
 def _stop(workers) -> None:
-    """Terminate, then kill, every worker still alive, and reap them all: no stray process."""
+    """Terminate (SIGTERM) every worker still alive, kill (SIGKILL) any left after STOP_GRACE_S, and reap them
+    all: no stray process."""
     workers = [w for w in workers if w.pid is not None]  # started ones
     for w in workers:
         if w.is_alive():
             w.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
     for w in workers:
-        w.join(5)
+        w.join(max(0.0, deadline - time.monotonic()))
+    for w in workers:
         if w.is_alive():
             w.kill()
             w.join(5)
+
+
+def _skipped(task: Task, device: str, reason: str) -> Result:
+    from .engine.env import peak_memory_probe
+
+    shape = (task.batch, task.heads, task.n, task.head_dim)
+    return Result(task=task, backend="nccl" if device == "cuda" else "gloo", device=device, max_abs_diff=None,
+                  time_s=(), comm_s=(), peak_bytes=(), memory_method=peak_memory_probe(device)[0], bytes_sent=(),
+                  bytes_predicted=bytes_predicted(task.scheme, shape, task.procs, task.causal, task.elem,
+                                                  task.mechanism), status="skipped", reason=reason)
 
 
 def _result(task: Task, device: str, shards: list, references: dict) -> Result:

@@ -167,5 +167,28 @@ with devices_tab:
     st.caption(f"{link}: {link_rate / 1e9:,.0f} GB/s a direction ({link_source}). Compute at {gflops:,.0f} GFLOP/s "
                "a device. The ring hides its transfers behind compute when its block n/P reaches "
                "block_to_hide_transfer.")
+    st.markdown("**Measured on this machine: the small case**")
+    small = distributed.small_case()
+    here = distributed.default_device(small[0].procs)
+    st.caption(f"The three schemes of one causal layer at n = {small[0].n:,}, {small[0].heads} heads of "
+               f"{small[0].head_dim}, float32, over {small[0].procs} processes ({here}), beside the cost model: bytes "
+               "sent as counted at the calls and as predicted; time as measured (the slower process) and the "
+               "model's compute time at this machine's matmul rate, shared by the processes. On a machine of few "
+               "cores the processes share them: this shows what splitting costs, not a speed-up.")
+    if st.button("Run the small case here", icon=":material/play_arrow:", key="th_sp_run"):
+        with st.spinner(f"Running over {small[0].procs} processes…"):
+            try:
+                runs = distributed.run_tasks(small, device=here, timeout_s=30, lock_wait_s=0, memory=False)
+                st.session_state["th_sp_measured"] = distributed.measured_beside_model(
+                    runs, measured_gflops(here, "float32") * 1e9)
+            except (ValueError, distributed.DistributedError) as e:
+                st.session_state["th_sp_measured"] = f"The small case could not run: {e}"
+            except Exception as e:  # noqa: BLE001 - a run that breaks says so; the page stays up
+                st.session_state["th_sp_measured"] = f"The small case could not run: {type(e).__name__}: {e}"
+    measured = st.session_state.get("th_sp_measured")
+    if isinstance(measured, str):
+        st.warning(measured, icon=":material/warning:")
+    elif measured is not None:
+        st.dataframe(measured, hide_index=True)
 with big_o_tab:
     st.dataframe(theory.big_o_table(), hide_index=True)

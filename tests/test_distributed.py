@@ -1,16 +1,25 @@
 """Sequence parallelism over 2 processes on CPU (gloo): ring, Ulysses and state passing against baselines written
-here in float64, the counted bytes against the cost model, refusals, and a rank that dies mid-run."""
+here in float64, the counted bytes against the cost model, the guards (refusals, memory, the sweep lock), a stop
+mid-run (a cancel, SIGTERM on the CLI), and a rank that dies or stalls; NCCL where there are 2 GPUs. One launch runs
+every correctness task; the ranks fork from one preloaded server, so each further launch costs well under a second."""
 from __future__ import annotations
 
-import multiprocessing
+import io
+import json
+import os
+import signal
+import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
 
+from attn_core import cli
 from attn_core import distributed as D
+from attn_core.engine.lock import sweep_lock
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with the gloo backend is not in this torch build")
@@ -20,12 +29,24 @@ TASKS = (D.Task("ring", n=64, **SHAPE), D.Task("ring", n=72, causal=True, **SHAP
          D.Task("ulysses", n=64, causal=True, **SHAPE), D.Task("ulysses", "sliding_window", n=64, **SHAPE),
          D.Task("state", "linear", n=200, causal=True, **SHAPE), D.Task("state", "mamba2", n=96, causal=True, **SHAPE),
          D.Task("state", "gated_deltanet", n=72, causal=True, **SHAPE))
+SMALL = D.small_case()  # what the Theory page runs
 
 
 @pytest.fixture(scope="module")
 def results():
-    """One process group of 2 ranks runs every task (a spawn costs seconds; one for them all)."""
-    return dict(zip(TASKS, D.run_tasks(TASKS, memory=False, warmup=0, timeout_s=30)))
+    """One process group of 2 ranks runs every task, the Theory page's small case among them."""
+    tasks = TASKS + SMALL
+    return dict(zip(tasks, D.run_tasks(tasks, memory=False, warmup=0, timeout_s=30)))
+
+
+def descendants() -> set[int]:
+    """Every process below this one, the ranks' server's children included."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def stalled(**options):
+    """D.run of a ring whose rank 1 stalls, alive and silent, at its first transfer: mid-run until stopped."""
+    return D.run("ring", n=64, memory=False, warmup=0, fail_rank=1, failure="stall", **options)
 
 
 def softmax64(q, k, v, causal):
@@ -141,21 +162,16 @@ def test_refused_with_a_sentence(task, words):
         D.run_tasks([task])
 
 
-def test_a_rank_that_dies_ends_the_run_with_a_sentence():
-    others = set(multiprocessing.active_children())  # started by other tests (a page's measuring worker)
+def test_a_rank_that_dies_ends_the_run_with_a_sentence(results):
+    others = descendants()  # the ranks' server, and what other tests started (a page's measuring worker)
     start = time.monotonic()
     with pytest.raises(D.DistributedError, match="rank 1 died"):
         D.run("ring", n=64, memory=False, warmup=0, timeout_s=10, fail_rank=1)
     assert time.monotonic() - start < 25
-    assert set(multiprocessing.active_children()) <= others  # every worker joined: none left behind
+    assert descendants() <= others  # every rank ended and reaped: none left behind
 
 
-def test_cli_prints_the_counts_beside_the_model():
-    import io
-    import json
-
-    from attn_core import cli
-
+def test_cli_prints_the_counts_beside_the_model(results):
     out, err = io.StringIO(), io.StringIO()
     # three processes: the ring takes two steps, each block passing through a rank that did not make it
     code = cli.main(["distributed", "--scheme", "ring", "--procs", "3", "--n", "96", "--causal", "--heads", "4",
@@ -181,10 +197,31 @@ def test_the_schemes_table_follows_the_cost_model():
     assert "do not divide" in refused.loc["ulysses", "reason"] and refused.loc["ring", "reason"] == ""
 
 
-def test_the_theory_page_shows_the_schemes_across_devices():
+def test_the_small_case_beside_the_model(results):
+    table = D.measured_beside_model([results[t] for t in SMALL], flops_per_s=1e9).set_index("scheme")
+    assert list(table.index) == ["ring", "ulysses", "state"] and (table["max_abs_diff"] < 1e-5).all()
+    assert (table["bytes_sent"] == table["bytes_predicted"]).all()
+    # causal softmax: 2·B·H·n²·D FLOPs, linear attention's state 4·B·H·n·D², each process at 1e9 / P FLOP/s
+    assert table.loc["ring", "model_compute_ms"] == pytest.approx(2 * 8 * 1024**2 * 64 / 2 / (1e9 / 2) * 1e3)
+    assert table.loc["state", "model_compute_ms"] == pytest.approx(4 * 8 * 1024 * 64**2 / 1e9 * 1e3)
+    slow = max(results[SMALL[0]].time_s)
+    assert table.loc["ring", "time_ms"] == slow * 1e3 and table.loc["ring", "reason"] == ""
+    assert 0 <= table.loc["ring", "waiting_share"] <= 1
+    skipped = D.measured_beside_model([D.run_tasks([SMALL[0]], memory_limit_bytes=1)[0]], 1e9)
+    assert skipped["reason"][0].startswith("would need") and "bytes_sent" not in skipped
+
+
+def test_the_theory_page_shows_the_schemes_and_runs_the_small_case(results):
     from streamlit.testing.v1 import AppTest, app_test
 
     from tests.test_app import APP, Routed, widget
+
+    def launched(tasks, **options):  # the page's launch, answered by the one this file made of the same tasks
+        assert tuple(tasks) == SMALL and options["lock_wait_s"] == 0
+        return [results[t] for t in tasks]
+
+    def busy(tasks, **options):
+        raise D.DistributedError("another sweep is running on this machine (pid 1, started 10:00:00)")
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(app_test, "PagesManager", Routed)
@@ -192,16 +229,123 @@ def test_the_theory_page_shows_the_schemes_across_devices():
         at.switch_page("pages/theory.py").run()
         widget(at, "th_sp_procs").set_value(4)
         at.run()
+        tables = [t.value for t in at.dataframe if "bytes_sent_per_layer" in t.value.columns]
+        assert len(tables) == 1 and list(tables[0]["scheme"]) == ["ring", "ulysses", "state"]
+        assert any("NVLink 4 (H100 SXM): 450 GB/s" in c.value for c in at.caption)
+        mp.setattr(D, "run_tasks", launched)
+        at.button(key="th_sp_run").click().run()
+        measured = [t.value for t in at.dataframe if "bytes_predicted" in t.value.columns]
+        assert len(measured) == 1 and list(measured[0]["bytes_sent"]) == list(measured[0]["bytes_predicted"])
+        mp.setattr(D, "run_tasks", busy)
+        at.button(key="th_sp_run").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    tables = [t.value for t in at.dataframe if "bytes_sent_per_layer" in t.value.columns]
-    assert len(tables) == 1 and list(tables[0]["scheme"]) == ["ring", "ulysses", "state"]
-    assert any("NVLink 4 (H100 SXM): 450 GB/s" in c.value for c in at.caption)
+    assert any(w.value.startswith("The small case could not run: another sweep is running") for w in at.warning)
 
 
-def test_a_rank_that_stalls_ends_the_run_at_the_timeout():
-    others = set(multiprocessing.active_children())
+def test_a_rank_that_stalls_ends_the_run_at_the_timeout(results):
+    others = descendants()
     start = time.monotonic()
     with pytest.raises(D.DistributedError, match="rank 0 failed"):
-        D.run("ring", n=64, memory=False, warmup=0, timeout_s=2, fail_rank=1, failure="stall")
+        stalled(timeout_s=2)
     assert time.monotonic() - start < 20
-    assert set(multiprocessing.active_children()) <= others
+    assert descendants() <= others
+
+
+def test_a_stop_mid_run_ends_every_process_within_seconds(results):
+    """A cancel (the dashboard's) while rank 1 stalls and rank 0 waits on it, 30 s from their timeout."""
+    others, stop = descendants(), threading.Event()
+    timer = threading.Timer(1.5, stop.set)
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(D.Cancelled, match="cancelled; its 2 processes were stopped"):
+        stalled(timeout_s=30, cancel=stop)
+    assert time.monotonic() - start < 1.5 + 5
+    assert descendants() <= others
+
+
+def test_sigterm_stops_the_cli_and_every_process(results, monkeypatch):
+    """SIGTERM (`timeout`, `kill`) reaches the CLI mid-run: every rank ended, a sentence, exit code 128 + 15."""
+    run = D.run
+    monkeypatch.setattr(D, "run", lambda *a, **k: run(*a, **k, fail_rank=1, failure="stall"))
+    others, out, err = descendants(), io.StringIO(), io.StringIO()
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+    start = time.monotonic()
+    timer.start()
+    try:
+        code = cli.main(["distributed", "--scheme", "ring", "--n", "64", "--heads", "2", "--head-dim", "8",
+                         "--timeout", "30", "--no-memory"], out, err)
+    finally:
+        timer.cancel()
+    assert code == cli.EXIT_SIGNALLED + signal.SIGTERM and "SIGTERM: stopped; all 2 processes were ended" in \
+        err.getvalue()
+    assert time.monotonic() - start < 1.5 + 5
+    assert descendants() <= others
+
+
+def test_a_stop_while_the_ranks_start_is_raised_once_they_have():
+    got = []
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        with D._stops_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert got == []  # held: a start is never cut in two
+        assert got == [signal.SIGTERM]  # then raised to the handler that was there
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def test_memory_that_would_not_fit_is_skipped_with_the_reason_and_nothing_starts():
+    others = descendants()
+    got = D.run_tasks([D.Task("ring", n=64, **SHAPE)], memory_limit_bytes=10 * 1024)[0]
+    assert got.status == "skipped" and got.max_abs_diff is None and got.time_s == ()
+    assert got.reason.startswith("would need") and "10.0 KiB free under the memory limit set" in got.reason
+    assert got.bytes_predicted == (2 * 4 * 32 * 16 * 4,) * 2  # the model still says what it would send
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(["distributed", "--scheme", "state", "--mechanism", "linear", "--causal", "--n", "1024",
+                     "--memory-limit", "1MiB"], out, err) == cli.EXIT_OK
+    assert "skipped, would need" in out.getvalue()
+    assert descendants() <= others
+
+
+def test_the_memory_model_by_hand():
+    # ring, B = 1, H = 4, n = 64, D = 16, P = 2, float32: whole = 4096 values, local 2048, blocks of 32 positions
+    rank, launcher = D.required_bytes(D.Task("ring", n=64, **SHAPE))
+    assert rank == 4 * (3 * 4096 + 5 * 2048 + 4 * 2048 + 3 * 4 * 32 * 32)
+    assert launcher >= 4 * (4 * 64 * 64 + 2 * 4096)  # the reference's n × n scores a head, and the output twice
+    causal, _ = D.required_bytes(D.Task("ring", n=64, causal=True, **SHAPE))
+    assert rank - causal == 4 * 3 * 4 * (32 * 32 - 16 * 16)  # zig-zag blocks of n/(2P)
+
+
+def test_a_sweep_holding_the_machine_refuses_the_run_with_a_sentence():
+    with sweep_lock():
+        with pytest.raises(D.DistributedError, match="another sweep is running.*as a sweep does"):
+            D.run("ring", n=64, memory=False, lock_wait_s=0)
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(timeout_s=0), "timeout_s = 0"), (dict(warmup=-1), "warmup = -1"),
+    (dict(memory_margin=-0.5), "memory_margin"), (dict(memory_limit_bytes=0), "memory_limit_bytes"),
+    (dict(device="mps"), "cpu \\(gloo\\) or cuda"), (dict(failure="hang"), "'exit' and 'stall'"),
+])
+def test_launch_options_refused_with_a_sentence(options, words):
+    with pytest.raises(ValueError, match=words):
+        D.run_tasks([D.Task("ring", n=64)], **options)
+    with pytest.raises(ValueError, match="no task is given"):
+        D.run_tasks([])
+
+
+def test_nccl_is_the_default_where_each_process_has_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert D.default_device(2) == "cuda" and D.default_device(3) == "cpu"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert D.default_device(2) == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"NCCL takes a GPU a process: 2 needed, "
+                                                          f"{torch.cuda.device_count()} here")
+def test_ring_over_nccl_equals_softmax():
+    got = D.run("ring", n=128, causal=True, memory=False, timeout_s=60, **SHAPE)
+    assert got.backend == "nccl" and got.device == "cuda" and got.max_abs_diff < 1e-4
+    assert got.bytes_sent == got.bytes_predicted

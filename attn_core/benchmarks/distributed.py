@@ -62,6 +62,9 @@ def main(argv=None) -> None:
     for n in ns:
         task = dist_attn.Task("ring", n=n, causal=args.causal, heads=HEADS, head_dim=HEAD_DIM, procs=PROCS)
         results = dist_attn.run_tasks([task] * rounds, memory=False, warmup=1)
+        if results[0].status != "ok":
+            print(f"{n:6d} skipped: {results[0].reason}", flush=True)
+            continue
         ring = [max(r.time_s) for r in results]
         share = median([max(c / t for c, t in zip(r.comm_s, r.time_s)) for r in results])
         base = single(task, rounds)
