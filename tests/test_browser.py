@@ -229,13 +229,15 @@ OVERFLOW = """() => { const main = document.querySelector('[data-testid="stMain"
 IN_VIEW = """() => { const c = document.querySelector('[data-testid="stVegaLiteChart"]');
     if (!c) return false; const b = c.getBoundingClientRect();
     return b.top >= 0 && b.top < window.innerHeight / 2; }"""
-SCROLL_DOWN = """() => { const m = document.querySelector('[data-testid="stMain"]'); m.scrollTo({top: m.scrollHeight}); }"""
+SCROLL_DOWN = """() => { const m = document.querySelector('[data-testid="stMain"]');
+    m.scrollTo({top: m.scrollHeight}); }"""
 
 
 def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_window(private_tmp):
     """Issue 30, on one server: the quick demo's chart in view as soon as it is drawn, at 1280×720 and 1920×1080 and
-    in talk mode (no scrolling, though Home was scrolled down); the Learn page's export popovers hold their buttons and none lies on the page;
-    nothing wider than the window and no label cut short at 1280×720 on every page with settings."""
+    in talk mode (no scrolling, though Home was scrolled down); the Learn page's export popovers hold their buttons
+    and none lies on the page; nothing wider than the window and no label cut short at 1280×720 on every page with
+    settings, normal and talk."""
     _need_chromium()
     with app_server(private_tmp) as server:
         for width, height, talk in ((1280, 720, False), (1920, 1080, False), (1280, 720, True)):
@@ -275,4 +277,9 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
                 wait_idle(page)
                 assert page.evaluate(OVERFLOW) == [False, 0], path
                 assert page.evaluate(CUT_SHORT) == [], path  # labels, chips and buttons whole at 1280×720
+                page.locator(".st-key-talk label p").click()  # and in talk mode's large type
+                page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'")
+                wait_idle(page)
+                assert page.evaluate(OVERFLOW) == [False, 0], (path, "talk")
+                assert page.evaluate(CUT_SHORT) == [], (path, "talk")
                 assert page.locator(EXCEPTION).count() == 0
