@@ -12,6 +12,7 @@ import attn_core as ac
 from attn_core import generation as gen
 from attn_core.insight import effective as ef
 from attn_core.mechanisms import gated_deltanet as gdn
+from attn_core.mechanisms._linear_core import causal_chunks
 from attn_core.spec import Shape
 from tests.baselines import gated_delta_reference
 from tests.test_mechanisms import profiled_peak
@@ -238,6 +239,26 @@ def test_spec_costs_count_the_chunk_forms_work():
     useful = per_chunk - 2 * d * (c * c - c * (c - 1) / 2) - 4 * d * (c * c - c * (c + 1) / 2)
     assert spec.cost.flops(s, chunk=c) == 2 * useful
     assert spec.supports.generation.flops(s) == 7 * d * d  # 5·d² to update the state, 2·d² to read it
+
+
+def looped_segments(s: Shape, chunk: int) -> list[tuple[int, int, int]]:
+    """The plain reference: every chunk the kernel runs, listed one by one as `chunked` loops over them."""
+    rows = gdn.segment_rows(s.bk, s.D, chunk)
+    return [(1, e - a, c) for a, e, c in causal_chunks(s.Nk, rows, chunk)]
+
+
+# n: a few tokens, a chunk either side, a segment either side (256 tokens at B·Hk = 8, d = 64, C = 32), segments
+# and a remainder; B·Hk and d change the segment's length, C the chunk's; half inputs and shared heads the terms.
+@pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 255, 256, 257, 1000, 4097, 65_536 + 77])
+@pytest.mark.parametrize("B,H,Hk,d,chunk,dtype", [(1, 8, 8, 64, 32, "float32"), (2, 4, 1, 16, 7, "float16"),
+                                                   (1, 32, 8, 128, 64, "bfloat16"), (3, 2, 2, 8, 1, "float64")])
+def test_the_cost_models_segments_are_the_kernels_chunks(monkeypatch, n, B, H, Hk, d, chunk, dtype):
+    s = Shape(B, H, n, n, d, dtype=dtype, causal=True, Hk=Hk)
+    looped = looped_segments(s, chunk)
+    assert sorted((r, c) for m, r, c in gdn._segments(s, chunk) for _ in range(m)) == sorted(k[1:] for k in looped)
+    closed = gdn._memory(s, chunk), gdn._flops(s, chunk), gdn._executed_flops(s, chunk)
+    monkeypatch.setattr(gdn, "_segments", looped_segments)
+    assert closed == (gdn._memory(s, chunk), gdn._flops(s, chunk), gdn._executed_flops(s, chunk))
 
 
 def test_the_preset_linear_attention_grew_gates_is_causal_and_validates():

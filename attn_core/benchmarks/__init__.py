@@ -15,6 +15,7 @@ from ..engine.measurement import median_iqr
 from ..engine.problem import Problem, Settings
 from ..mechanisms import MECHANISMS
 from ..mechanisms._common import validated
+from ..spec import Shape
 
 Timer = Callable[[Callable[[], object], int], float]  # (thunk, calls) → seconds for that many back-to-back calls
 CLOCKS = ("wall", "cpu")
@@ -53,6 +54,26 @@ def interleaved(calls: dict[str, Callable[[], object]], rounds: int, device: str
         for call in calls.values():
             call()
         return alternate({name: (lambda call=call: timed(call, 1)) for name, call in calls.items()}, rounds)
+
+
+def forward_call(key: str, n: int, args, params: dict | None = None,
+                 causal: bool | None = None) -> Callable[[], object]:
+    """One forward call of mechanism `key` with `params` on seeded fp32 inputs (args.batch, args.heads, n,
+    args.head_dim) on args.device, causal as given (None: args.causal): its random state drawn outside, its
+    arguments checked once here and trusted inside the call, as the engine does. `timer` synchronizes the device."""
+    spec, params = MECHANISMS[key], params or {}
+    causal = args.causal if causal is None else causal
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, generator=g).to(args.device) for _ in range(3))
+    shape = Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=causal)
+    spec.check(shape, params)
+    state = {} if spec.state.init is None else spec.state.init(shape, args.device, torch.float32, seed=0, **params)
+
+    def call():
+        with torch.inference_mode(), validated():
+            return spec.fn(q, k, v, causal=causal, **params, **state)
+
+    return call
 
 
 def powers(low: int, high: int) -> list[int]:

@@ -13,37 +13,18 @@ leave 2 GiB of the machine's free memory, and PyTorch's fused exact kernel (`sdp
 from __future__ import annotations
 
 import argparse
-from typing import Callable
 
 import torch
 
 from .. import MECHANISMS
-from . import CLOCKS, end, interleaved, ratio_verdict, ratios, spread, start
+from . import CLOCKS, end, forward_call, interleaved, ratio_verdict, ratios, spread, start
 from ..engine import env
 from ..mechanisms import nsa
-from ..mechanisms._common import validated
 from ..spec import Shape
 
 KEY, BASELINES = "nsa", ("softmax", "sdpa")
 TARGET_SPEEDUP = 4.0
 PAPER = {8192: 2048, 16384: 2560, 32768: 3584, 65536: 5632}  # Table 4: expected tokens read per decode step
-
-
-def thunk(key: str, n: int, args: argparse.Namespace) -> Callable[[], object]:
-    """One causal forward call of `key` at its defaults on seeded inputs (B, H, n, D), its state drawn outside,
-    arguments checked once here and trusted inside the call (as the engine does)."""
-    spec = MECHANISMS[key]
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, generator=g).to(args.device) for _ in range(3))
-    shape = Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=True)
-    spec.check(shape, {})
-    state = {} if spec.state.init is None else spec.state.init(shape, args.device, torch.float32, seed=0)
-
-    def call():
-        with torch.inference_mode(), validated():
-            return spec.fn(q, k, v, causal=True, **state)
-
-    return call
 
 
 HEADROOM = 2 << 30  # bytes left free beside a baseline's predicted peak
@@ -59,7 +40,7 @@ def versus_softmax(args: argparse.Namespace) -> None:
     lines = [key for key in BASELINES if fits(key, n, args)]
     for key in set(BASELINES) - set(lines):
         print(f"  {key}: left out at n = {n}, its spec's peak would not leave 2 GiB of the free memory")
-    calls = {key: thunk(key, n, args) for key in (*lines, KEY)}
+    calls = {key: forward_call(key, n, args, causal=True) for key in (*lines, KEY)}
     samples = interleaved(calls, args.rounds, args.device, args.clock)
     print(f"\nAt n = {n}, {args.rounds} interleaved rounds: seconds per call, median (IQR, min–max); speed-up of "
           f"{KEY} as the median (IQR, min–max) of each round's ratio (target ≥ {TARGET_SPEEDUP}×):")

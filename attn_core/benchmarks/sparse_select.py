@@ -11,14 +11,12 @@ FLOPs are the cheap quadratic part, the selected softmax's 4 · n · top_k · D 
 from __future__ import annotations
 
 import argparse
-from typing import Callable
 
 import torch
 
 from .. import MECHANISMS
-from . import CLOCKS, end, interleaved, ratio_verdict, ratios, spread, start
+from . import CLOCKS, end, forward_call, interleaved, ratio_verdict, ratios, spread, start
 from ..engine import env
-from ..mechanisms._common import validated
 from ..spec import Shape
 
 KEY, BASELINE = "topk", "softmax"
@@ -26,27 +24,10 @@ PARAMS = {"top_k": 2048, "index_heads": 4, "index_dim": 32}
 TARGET_SPEEDUP = 4.0
 
 
-def thunk(key: str, params: dict, n: int, args: argparse.Namespace) -> Callable[[], object]:
-    """One forward call of `key` on seeded inputs (B, H, n, D), its random state drawn outside, arguments checked
-    once here and trusted inside the call (as the engine does). The timer synchronizes the device."""
-    spec = MECHANISMS[key]
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, generator=g).to(args.device) for _ in range(3))
-    shape = Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=args.causal)
-    spec.check(shape, params)
-    state = {} if spec.state.init is None else spec.state.init(shape, args.device, torch.float32, seed=0, **params)
-
-    def call():
-        with torch.inference_mode(), validated():
-            return spec.fn(q, k, v, causal=args.causal, **params, **state)
-
-    return call
-
-
 def versus_baseline(args: argparse.Namespace, params: dict) -> None:
     n = args.compare_n
     shape = Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=args.causal)
-    calls = {KEY: thunk(KEY, params, n, args), BASELINE: thunk(BASELINE, {}, n, args)}
+    calls = {KEY: forward_call(KEY, n, args, params), BASELINE: forward_call(BASELINE, n, args)}
     samples = interleaved(calls, args.rounds, args.device, args.clock)
     base = samples[BASELINE]
     print(f"\nAt n = {n}, {args.rounds} interleaved rounds: seconds per call, median (IQR, min–max), and the spec's "

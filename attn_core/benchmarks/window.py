@@ -11,39 +11,20 @@ of 64 and a window of 9 blocks (its own and 4 = 256 tokens each side), 2 global 
 from __future__ import annotations
 
 import argparse
-from typing import Callable
 
 import torch
 
 from .. import MECHANISMS
-from . import CLOCKS, end, interleaved, powers, median, ratio_verdict, ratios, spread, start
+from . import CLOCKS, end, forward_call, interleaved, powers, median, ratio_verdict, ratios, spread, start
 from ..engine import env
 from ..engine.analysis import loglog_slope
 from ..engine.measure import format_bytes
-from ..mechanisms._common import validated
 from ..spec import Shape
 
 LINES = {"longformer": {"window": 256, "global_tokens": 2},
          "bigbird": {"block": 64, "window_blocks": 9, "global_blocks": 2, "random_blocks": 3}}
 BASELINE = "sdpa"
 TARGET_SLOPE, TARGET_SPEEDUP = 1.15, 8.0
-
-
-def thunk(key: str, params: dict, n: int, args: argparse.Namespace) -> Callable[[], object]:
-    """One forward call of `key` on seeded inputs (B, H, n, D), its random state drawn outside, arguments checked
-    once here and trusted inside the call (as the engine does). The timer synchronizes the device."""
-    spec = MECHANISMS[key]
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, generator=g).to(args.device) for _ in range(3))
-    shape = Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=args.causal)
-    spec.check(shape, params)
-    state = {} if spec.state.init is None else spec.state.init(shape, args.device, torch.float32, seed=0, **params)
-
-    def call():
-        with torch.inference_mode(), validated():
-            return spec.fn(q, k, v, causal=args.causal, **params, **state)
-
-    return call
 
 
 def slopes(args: argparse.Namespace) -> None:
@@ -54,7 +35,7 @@ def slopes(args: argparse.Namespace) -> None:
     print(f"Time ({args.clock} clock): median (IQR, min–max) of {args.rounds} interleaved calls; memory: peak bytes "
           f"above the inputs ({method}), beside the spec's prediction.")
     for n in ns:
-        calls = {key: thunk(key, params, n, args) for key, params in LINES.items()}
+        calls = {key: forward_call(key, n, args, params) for key, params in LINES.items()}
         samples = interleaved(calls, args.rounds, args.device, args.clock)
         for key, call in calls.items():
             env.release_cached_memory(args.device)
@@ -74,8 +55,8 @@ def slopes(args: argparse.Namespace) -> None:
 
 def versus_baseline(args: argparse.Namespace) -> None:
     n = args.compare_n
-    calls = {key: thunk(key, params, n, args) for key, params in LINES.items()}
-    calls[BASELINE] = thunk(BASELINE, {}, n, args)
+    calls = {key: forward_call(key, n, args, params) for key, params in LINES.items()}
+    calls[BASELINE] = forward_call(BASELINE, n, args)
     samples = interleaved(calls, args.compare_rounds, args.device, args.clock)
     base = samples[BASELINE]
     print(f"\nAt n = {n}, {args.compare_rounds} interleaved rounds: seconds per call, median (IQR, min–max); "

@@ -96,9 +96,19 @@ def sort_selection(idx: torch.Tensor, usable: torch.Tensor) -> tuple[torch.Tenso
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    with warnings.catch_warnings():  # torch's once-a-process note that CSR is beta: these two products are tested
+    return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+
+
+def _take_beta_note() -> None:
+    """torch notes once a process that sparse CSR is beta (a warn-once): taken here, at import, under a filter for
+    that one warning, so that no CSR build on the hot path needs a filter and the process's filters stay untouched
+    (pytest restores them after collecting, and would show the note). The two products are tested."""
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
-        return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+        _csr(torch.zeros(1, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0), (0, 0))
+
+
+_take_beta_note()
 
 
 def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,

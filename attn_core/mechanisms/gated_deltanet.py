@@ -306,16 +306,21 @@ def _chunk_flops(s: Shape, c: int, useful: bool) -> float:
     return s.bk * keys + s.bh * queries
 
 
-def _chunks(s: Shape, chunk: int) -> list[tuple[int, int, int]]:
-    return causal_chunks(s.Nk, segment_rows(s.bk, s.D, chunk), chunk)
+def _segments(s: Shape, chunk: int) -> list[tuple[int, int, int]]:
+    """(how many, tokens, chunk) of each kind of segment `chunked` runs (`causal_chunks`): the whole segments (a
+    whole number of chunks each), then the last one's whole chunks and its remainder as one short chunk. O(1)."""
+    rows = segment_rows(s.bk, s.D, chunk)
+    whole, rest = divmod(s.Nk, rows)
+    kinds = [(whole, rows, chunk), (1, rest // chunk * chunk, chunk), (1, rest % chunk, rest % chunk)]
+    return [kind for kind in kinds if kind[0] and kind[1]]
 
 
 def _flops(s: Shape, chunk: int = 32) -> float:
-    return sum((e - a) // c * _chunk_flops(s, c, True) for a, e, c in _chunks(s, chunk))
+    return sum(m * (r // c) * _chunk_flops(s, c, True) for m, r, c in _segments(s, chunk))
 
 
 def _executed_flops(s: Shape, chunk: int = 32) -> float:
-    return sum((e - a) // c * _chunk_flops(s, c, False) for a, e, c in _chunks(s, chunk))
+    return sum(m * (r // c) * _chunk_flops(s, c, False) for m, r, c in _segments(s, chunk))
 
 
 def _memory(s: Shape, chunk: int = 32) -> float:
@@ -328,7 +333,7 @@ def _memory(s: Shape, chunk: int = 32) -> float:
     cp = d if s.elem < w else 0  # a segment's float32 copy of k, v or q rows
     cq = d if cp or g > 1 else 0
     alive = 0.0
-    for r, c in {(e - a, c) for a, e, c in _chunks(s, chunk)}:
+    for _, r, c in _segments(s, chunk):
         keys = max(cp + d + 1,  # k̂ of the segment's rows, from a float32 copy of half rows
                    2 * d + 1 + 3 * c,  # k̂, g, Γ, β k̂, (β k̂) K̂ᵀ and L
                    3 * d + 2 * c + 1 + cp,  # then β v from v's float32 copy
