@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import torch
 
+from . import positions
 from .problem import Problem
 from ..spec import MechanismSpec
 
@@ -21,6 +22,7 @@ SCHEMA = (
     ("mechanism", "text"), ("label", "text"), ("exact", "bool"), ("params", "text"), ("n", "int"),
     ("batch", "int"), ("heads", "int"), ("kv_heads", "int"), ("d_model", "int"), ("head_dim", "int"),
     ("dtype", "text"), ("device", "text"), ("mode", "text"), ("causal", "bool"), ("padding", "int"),
+    ("positions", "text"),
     ("status", "text"), ("reason", "text"),
     ("time_median_s", "float"), ("time_iqr_s", "float"), ("time_samples", "samples"), ("repeats", "int"),
     ("peak_bytes", "float"), ("memory_method", "text"), ("predicted_bytes", "float"), ("theory_flops", "float"),
@@ -32,7 +34,8 @@ SCHEMA = (
 # figure gflops and pct_of_device use. foreign_cpu: cores other processes used during the kept timed samples;
 # disturbed: the point stayed contended after its bounded retakes (retaken: samples taken again for contention).
 # threads is a float so that an unknown count can be NaN. kv_heads: key/value heads (= heads in multi-head attention);
-# padding: the padded keys at the end of each sequence.
+# padding: the padded keys at the end of each sequence. positions: none, rope or alibi (engine/positions.py); a file
+# saved before it was a column reads as none.
 COLUMNS = tuple(name for name, _ in SCHEMA)
 KINDS = {kind: tuple(name for name, k in SCHEMA if k == kind) for kind in ("text", "bool", "int", "float")}
 
@@ -110,6 +113,7 @@ class Measurement:
                 "params": json.dumps(t.params, sort_keys=True), "n": p.n, "batch": p.batch, "heads": p.heads,
                 "kv_heads": p.key_heads, "d_model": p.d_model, "head_dim": p.head_dim, "dtype": p.dtype,
                 "device": p.device, "mode": p.mode, "causal": p.is_causal, "padding": p.padding,
+                "positions": p.positions,
                 "status": self.status, "reason": self.reason, "time_median_s": s.median_s,
                 "time_iqr_s": s.iqr_s, "time_samples": list(self.samples), "repeats": s.repeats,
                 "peak_bytes": self.peak_bytes, "memory_method": self.memory_method,
@@ -125,7 +129,8 @@ class Measurement:
         problem = Problem(mechanism=row["mechanism"], params=tuple(sorted(params.items())), batch=row["batch"],
                           heads=row["heads"], kv_heads=None if row["kv_heads"] == row["heads"] else row["kv_heads"],
                           n=row["n"], d_model=row["d_model"], dtype=row["dtype"], device=row["device"],
-                          mode=row["mode"], causal=bool(row["causal"]), padding=row["padding"])
+                          mode=row["mode"], causal=bool(row["causal"]), padding=row["padding"],
+                          positions=row.get("positions") or "none")
         return cls(problem=problem,
                    theory=Theory(row["label"], bool(row["exact"]), params, row["theory_flops"],
                                  row["executed_flops"], row["predicted_bytes"]),
@@ -150,11 +155,13 @@ def theory_of(spec: MechanismSpec, problem: Problem) -> Theory:
         gen = spec.supports.generation
         if gen is None:
             return Theory(spec.label, spec.exact, params)
-        step = gen.flops(shape, **params)
+        step = gen.flops(shape, **params) + positions.step_flops(shape, problem.positions)
         return Theory(spec.label, spec.exact, params, step, step, float(gen.cache_bytes(shape, **params)))
     factor = BACKWARD_FLOP_FACTOR if problem.mode == "forward+backward" else 1
-    return Theory(spec.label, spec.exact, params, factor * float(cost.flops(shape, **params)),
-                  factor * float(cost.executed(shape, **params)), float(cost.memory_bytes(shape, **params)))
+    added = positions.added_flops(shape, problem.positions)  # with positions: their work too (positions.py)
+    return Theory(spec.label, spec.exact, params, factor * (float(cost.flops(shape, **params)) + added),
+                  factor * (float(cost.executed(shape, **params)) + added),
+                  positions.peak_bytes(spec, shape, problem.positions, **params))
 
 
 def unmeasured(spec: MechanismSpec, problem: Problem, status: str, reason: str = "", **conditions: Any) -> Measurement:
