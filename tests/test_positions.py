@@ -13,7 +13,7 @@ from attn_core import MECHANISMS
 from attn_core.cli import build_parser, config_from_args
 from attn_core.engine import analysis, env, measure, positions, results
 from attn_core.engine.config import SweepConfig
-from attn_core.engine.measurement import theory_of
+from attn_core.engine.measurement import Measurement, Theory, theory_of
 from attn_core.engine.problem import Problem, Settings
 from attn_core.mechanisms import MEASURED
 from attn_core.spec import Shape
@@ -125,7 +125,8 @@ def test_an_unknown_positions_value_and_a_sweep_that_cannot_take_it_are_refused(
 def test_the_cli_carries_positions_into_the_sweep_and_the_series_name():
     args = build_parser().parse_args(["sweep", "--mechanisms", "softmax", "--n", "64", "--positions", "rope"])
     assert config_from_args(args).problem.positions == "rope"
-    assert analysis.series_name("softmax", "Softmax (materialized)", "{}", 8, 8, "rope") == "Softmax (materialized) + RoPE"
+    named = analysis.series_name("softmax", "Softmax (materialized)", "{}", 8, 8, "rope")
+    assert named == "Softmax (materialized) + RoPE"
     assert analysis.series_name("sdpa", "Softmax (fused SDPA)", "{}", 8, 2, "alibi") == (
         "Softmax (fused SDPA) + ALiBi · GQA-2")
 
@@ -183,7 +184,8 @@ def test_a_measured_point_says_what_the_positions_add(fast_stamp):
     assert rope.flops - plain.flops == 3 * (2 * 64 + 2 * 64) * 16  # 6 FLOPs a feature pair of q and k
     assert alibi.flops - plain.flops == 2 * 64 * 64  # one addition a score
     assert rope.predicted_bytes == plain.predicted_bytes + 2 * 2 * 64 * 16 * 4  # the turned q and k held
-    point, _ = measure.measure(spec, dataclasses.replace(base, positions="alibi"), Settings(min_repeats=1, min_time_s=0))
+    point, _ = measure.measure(spec, dataclasses.replace(base, positions="alibi"),
+                               Settings(min_repeats=1, min_time_s=0))
     row = point.to_row()
     assert row["status"] == "ok" and row["positions"] == "alibi" and row["theory_flops"] == alibi.flops
 
@@ -208,3 +210,31 @@ def test_the_predicted_peak_with_positions_matches_the_allocator(key, where, cau
         call()  # first-call workspaces are not the mechanism's
         measured = trace_peak_bytes(call)
     assert theory_of(spec, problem).predicted_bytes == pytest.approx(measured, rel=0.02)
+
+
+def test_a_store_made_before_positions_is_migrated_and_read_only_reads_them_as_none(tmp_path):
+    """Schema version 1 of the store (its first migration, as it was) with one point: a read-only open reads its
+    positions as none and leaves the file as it is; a writing open adds the column."""
+    import sqlite3
+
+    from attn_core import store
+    path = tmp_path / "runs.sqlite3"
+    with sqlite3.connect(path) as db:
+        for statement in store.MIGRATIONS[0]:
+            db.execute(statement)
+        db.execute("PRAGMA user_version = 1")
+    row = {c: v for c, v in Measurement(Problem(n=16), Theory("Softmax (materialized)", True)).to_row().items()
+           if c != "positions"}
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO runs (created, status, env, config, row_schema) VALUES ('now', 'complete', '{}', "
+                   "'{}', 3)")
+        db.execute(f"INSERT INTO points (run_id, seq, {', '.join(row)}) VALUES (1, 0, {', '.join('?' * len(row))})",
+                   [json.dumps(v) if isinstance(v, list) else v for v in row.values()])
+    before = path.read_bytes()
+    with store.Store(path, readonly=True) as reader:
+        assert list(reader.run(1).frame["positions"]) == ["none"]
+    assert path.read_bytes() == before
+    with store.Store(path) as writer:
+        assert list(writer.run(1).frame["positions"]) == ["none"]
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 2

@@ -22,20 +22,19 @@ SCHEMA = (
     ("mechanism", "text"), ("label", "text"), ("exact", "bool"), ("params", "text"), ("n", "int"),
     ("batch", "int"), ("heads", "int"), ("kv_heads", "int"), ("d_model", "int"), ("head_dim", "int"),
     ("dtype", "text"), ("device", "text"), ("mode", "text"), ("causal", "bool"), ("padding", "int"),
-    ("positions", "text"),
     ("status", "text"), ("reason", "text"),
     ("time_median_s", "float"), ("time_iqr_s", "float"), ("time_samples", "samples"), ("repeats", "int"),
     ("peak_bytes", "float"), ("memory_method", "text"), ("predicted_bytes", "float"), ("theory_flops", "float"),
     ("executed_flops", "float"), ("gflops", "float"), ("device_gflops", "float"), ("pct_of_device", "float"),
     ("sdpa_backend", "text"), ("threads", "float"), ("foreign_cpu", "float"), ("load_average", "float"),
-    ("disturbed", "bool"), ("retaken", "int"),
+    ("disturbed", "bool"), ("retaken", "int"), ("positions", "text"),
 )
 # theory_flops: the pattern's useful FLOPs; executed_flops: what the kernel computes (padding, masked halves), the
 # figure gflops and pct_of_device use. foreign_cpu: cores other processes used during the kept timed samples;
 # disturbed: the point stayed contended after its bounded retakes (retaken: samples taken again for contention).
 # threads is a float so that an unknown count can be NaN. kv_heads: key/value heads (= heads in multi-head attention);
 # padding: the padded keys at the end of each sequence. positions: none, rope or alibi (engine/positions.py); a file
-# saved before it was a column reads as none.
+# saved before it was a column reads as none. A column added later goes last (the store appends it: store.py).
 COLUMNS = tuple(name for name, _ in SCHEMA)
 KINDS = {kind: tuple(name for name, k in SCHEMA if k == kind) for kind in ("text", "bool", "int", "float")}
 
@@ -113,14 +112,14 @@ class Measurement:
                 "params": json.dumps(t.params, sort_keys=True), "n": p.n, "batch": p.batch, "heads": p.heads,
                 "kv_heads": p.key_heads, "d_model": p.d_model, "head_dim": p.head_dim, "dtype": p.dtype,
                 "device": p.device, "mode": p.mode, "causal": p.is_causal, "padding": p.padding,
-                "positions": p.positions,
                 "status": self.status, "reason": self.reason, "time_median_s": s.median_s,
                 "time_iqr_s": s.iqr_s, "time_samples": list(self.samples), "repeats": s.repeats,
                 "peak_bytes": self.peak_bytes, "memory_method": self.memory_method,
                 "predicted_bytes": t.predicted_bytes, "theory_flops": t.flops, "executed_flops": t.executed_flops,
                 "gflops": s.gflops, "device_gflops": c.device_gflops, "pct_of_device": s.pct_of_device,
                 "sdpa_backend": c.sdpa_backend, "threads": c.threads, "foreign_cpu": c.foreign_cpu,
-                "load_average": c.load_average, "disturbed": c.disturbed, "retaken": c.retaken}
+                "load_average": c.load_average, "disturbed": c.disturbed, "retaken": c.retaken,
+                "positions": p.positions}
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Measurement":
