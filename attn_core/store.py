@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import pandas as pd
 
 from .engine.measurement import COLUMNS, SCHEMA
-from .engine.results import SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows
+from .engine.results import OPTIONAL, SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows
 
 HOME_VARIABLE = "ATTN_LAB_HOME"  # a folder: the store is FILE_NAME in it
 FILE_NAME = "runs.sqlite3"
@@ -262,7 +262,9 @@ class Store:
         return cursor.lastrowid
 
     def add_points(self, run_id: int, rows: Iterable[Mapping]) -> None:
-        """Rows of the saved schema (Measurement.to_row) appended to a run, committed together."""
+        """Rows of the saved schema (Measurement.to_row) appended to a run, committed together (a row without a
+        column added later, results.OPTIONAL, gets its default)."""
+        rows = [{**OPTIONAL, **row} for row in rows]
         marks = ", ".join("?" * (len(COLUMNS) + 2))
         with self._errors(), self._transaction():
             seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM points WHERE run_id = ?", (run_id,)).fetchone()[0]
