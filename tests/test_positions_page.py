@@ -25,6 +25,8 @@ def test_rope_from_the_form_reaches_every_measured_row():
     frame = run_to_end(at, deadline_s=600).session_state["bench"].job.frame()  # a busy machine: minutes
     assert set(frame["positions"]) == {"rope"} and set(frame["status"]) == {"ok"}
     assert any("Linear (elu+1) runs on RoPE-turned q and k" in c.value for c in at.caption)
+    assert any(c.value.startswith("Positions: RoPE. RoPE: the cos and sin tables are built once outside the timed")
+               for c in at.caption)  # How this was measured
     assert not at.exception
 
 

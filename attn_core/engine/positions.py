@@ -61,6 +61,17 @@ def note(spec: MechanismSpec, positions: str) -> str:
             f"i − j only): {spec.supports.no_rope_relative}")
 
 
+def method_note(frame: Any) -> str:
+    """What a results frame's positions were, for the page's "How this was measured": METHOD and the RoPE notes of
+    its mechanisms; '' when it has none."""
+    used = [p for p in POSITIONS[1:] if "positions" in frame and (frame["positions"] == p).any()]
+    if not used:
+        return ""
+    notes = [note(MEASURED[key], "rope") for key in dict.fromkeys(frame["mechanism"]) if key in MEASURED]
+    return " ".join([f"Positions: {', '.join(NAMES[p] for p in used)}. {METHOD}",
+                     *(filter(None, notes) if "rope" in used else ())])
+
+
 # -- the work, outside and inside the timed call --
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
