@@ -156,7 +156,7 @@ def fast_stamp(monkeypatch):
 
 def test_run_files_keep_positions_and_read_files_without_them_as_none(tmp_path, fast_stamp):
     problem = Problem(mechanism="softmax", n=32, heads=2, d_model=16, positions="rope")
-    point, _ = measure.measure(MEASURED["softmax"], problem, Settings(min_repeats=1, min_time_s=0))
+    point, _ = measure.measure(MEASURED["softmax"], problem, Settings(min_repeats=1, min_time_s=0, measure_memory=False))
     config = SweepConfig(mechanisms=(("softmax", {}),), ns=(32,), problem=problem)
     run = results.Run(results.frame_from_rows([point.to_row()]), {}, config.to_dict())
     for fmt in ("json", "csv"):
@@ -185,24 +185,26 @@ def test_a_measured_point_says_what_the_positions_add(fast_stamp):
     assert alibi.flops - plain.flops == 2 * 64 * 64  # one addition a score
     assert rope.predicted_bytes == plain.predicted_bytes + 2 * 2 * 64 * 16 * 4  # the turned q and k held
     point, _ = measure.measure(spec, dataclasses.replace(base, positions="alibi"),
-                               Settings(min_repeats=1, min_time_s=0))
+                               Settings(min_repeats=1, min_time_s=0, measure_memory=False))
     row = point.to_row()
     assert row["status"] == "ok" and row["positions"] == "alibi" and row["theory_flops"] == alibi.flops
 
 
 # The allocator check of tests/test_mechanisms.py, through the engine's call with positions, at a smaller shape of
-# no power of two (B=2, H=3, n=700, D=40): RoPE on a quadratic, a fused and a linear-memory mechanism, ALiBi on
-# the two that take it.
-MEMORY_CASES = [("softmax", "rope"), ("sdpa", "rope"), ("sliding_window", "rope"), ("softmax", "alibi"),
-                ("sdpa", "alibi")]
+# no power of two (B=2, H=3, n=700, D=40): RoPE on a quadratic, a fused and a linear-memory mechanism, ALiBi on the
+# two that take it; bfloat16 where the path changes with it (RoPE's upcast copy, SDPA's math fallback upcasting), and
+# one key/value head shared by the three (the fallback repeats it).
+MEMORY_CASES = [("softmax", "rope", "float32", None), ("softmax", "rope", "bfloat16", None),
+                ("sdpa", "rope", "float32", 1), ("sliding_window", "rope", "float32", None),
+                ("softmax", "alibi", "float32", None), ("sdpa", "alibi", "float32", None),
+                ("sdpa", "alibi", "bfloat16", None), ("sdpa", "alibi", "bfloat16", 1)]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("key,where", MEMORY_CASES)
-def test_the_predicted_peak_with_positions_matches_the_allocator(key, where, causal, dtype):
-    problem = Problem(mechanism=key, n=700, batch=2, heads=3, d_model=120, dtype=dtype, causal=causal,
-                      positions=where)
+@pytest.mark.parametrize("key,where,dtype,kv_heads", MEMORY_CASES)
+def test_the_predicted_peak_with_positions_matches_the_allocator(key, where, dtype, kv_heads, causal):
+    problem = Problem(mechanism=key, n=700, batch=2, heads=3, kv_heads=kv_heads, d_model=120, dtype=dtype,
+                      causal=causal, positions=where)
     spec = MEASURED[key]
     tensors = problem.inputs()
     with torch.inference_mode():
