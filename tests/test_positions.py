@@ -156,7 +156,8 @@ def fast_stamp(monkeypatch):
 
 def test_run_files_keep_positions_and_read_files_without_them_as_none(tmp_path, fast_stamp):
     problem = Problem(mechanism="softmax", n=32, heads=2, d_model=16, positions="rope")
-    point, _ = measure.measure(MEASURED["softmax"], problem, Settings(min_repeats=1, min_time_s=0, measure_memory=False))
+    quick = Settings(min_repeats=1, min_time_s=0, measure_memory=False)
+    point, _ = measure.measure(MEASURED["softmax"], problem, quick)
     config = SweepConfig(mechanisms=(("softmax", {}),), ns=(32,), problem=problem)
     run = results.Run(results.frame_from_rows([point.to_row()]), {}, config.to_dict())
     for fmt in ("json", "csv"):
