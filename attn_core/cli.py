@@ -32,6 +32,7 @@ from .engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 from .engine.job import Job, Progress
 from .engine.lock import LOCK_WAIT_S
 from .engine.measurement import Measurement
+from .engine.positions import NAMES, POSITIONS
 from .engine.problem import MODES, Problem, Settings, sharing
 
 EXIT_OK, EXIT_POINTS, EXIT_USAGE, EXIT_BUSY, EXIT_UNSAVED, EXIT_SIGNALLED = 0, 1, 2, 3, 4, 128  # 128 + signal
@@ -143,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "own, e.g. --mechanisms sdpa,sdpa:kv_heads=2,sdpa:kv_heads=1")
     s.add_argument("--padding", type=int, default=d["padding"], metavar="KEYS",
                    help="the last KEYS keys of every sequence are padding (a key-padding mask; default 0)")
+    s.add_argument("--positions", default=d["positions"], choices=list(POSITIONS),
+                   help="add positions to every mechanism, their cost measured in the call: rope (q and k turned "
+                        "inside it) or alibi (its bias passed as score_bias; mechanisms that take one); default none")
     s.add_argument("--d-model", type=int, default=d["d_model"],
                    help="model width; head_dim = d_model / heads (default %(default)s)")
     s.add_argument("--dtype", default=d["dtype"], choices=list(DTYPE_BYTES), help="(default %(default)s)")
@@ -349,7 +353,7 @@ def _read_model(path: str) -> str:
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
     problem = Problem(batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, d_model=args.d_model,
                       dtype=args.dtype, device=args.device, mode=args.mode, causal=args.causal, padding=args.padding,
-                      seed=args.seed)
+                      seed=args.seed, positions=args.positions)
     settings = Settings(warmup=args.warmup, min_repeats=args.min_repeats, min_time_s=args.min_time,
                         point_budget_s=args.point_budget, measure_memory=not args.no_memory,
                         memory_margin=args.memory_margin, memory_limit_bytes=args.memory_limit, threads=args.threads)
@@ -367,7 +371,8 @@ def _bar(progress: Progress, width: int = 24) -> str:
 def _row_line(point: Measurement) -> str:
     row = point.to_row()
     shared = f" {sharing(row['heads'], row['kv_heads'])}" if row["kv_heads"] != row["heads"] else ""
-    what = f"{row['mechanism']}{shared} n={row['n']}"
+    where = f" + {NAMES[row['positions']]}" if row["positions"] != "none" else ""
+    what = f"{row['mechanism']}{shared}{where} n={row['n']}"
     if row["status"] != "ok":
         return f"{what}: {row['status']}: {row['reason']}"
     per, memory = (" a token", "cache") if row["mode"] == "generate" else ("", "peak")

@@ -169,6 +169,8 @@ class Cost:
     `memory_bytes(shape, **params)`: predicted peak bytes the forward call allocates above its inputs, the output
     included when it is alive at the peak; the figure a measured peak is compared against.
     `time_big_o`, `memory_big_o`: the same in the sequence length n and the parameters, for tables and charts.
+    `biased_memory_bytes(shape, **params)`: the peak when the call is given a (H, Nq, Nk) `score_bias` (ALiBi), for a
+    mechanism whose path changes with one; None: `memory_bytes` (the bias is added into scores it holds anyway).
     """
 
     flops: Callable[..., float]
@@ -177,6 +179,7 @@ class Cost:
     memory_big_o: str
     executed_flops: Callable[..., float] | None = None
     elementwise_flops: Callable[..., float] | None = None
+    biased_memory_bytes: Callable[..., float] | None = None
 
     def executed(self, shape: Shape, **params: Any) -> float:
         """Forward FLOPs the kernel computes for `shape`: `executed_flops`, or `flops` where they are the same."""
@@ -232,6 +235,8 @@ class Supports:
     of multi-head attention); False: it reads the shared heads in place. `no_shared_kv`: why it cannot, when not.
     `score_bias`: the function takes `score_bias=`, a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled
     scores before the softmax (ALiBi, relative positions: attn_core.positional); `no_score_bias`: why not, when not.
+    `no_rope_relative`: why, given RoPE-rotated q and k, its output is not a function of the offsets i − j alone (a
+    feature map or projection that does not commute with the rotation); empty: RoPE stays relative.
     """
 
     causal: bool
@@ -247,6 +252,7 @@ class Supports:
     no_shared_kv: str = ""
     score_bias: bool = False
     no_score_bias: str = ""
+    no_rope_relative: str = ""
 
 
 @dataclass(frozen=True)

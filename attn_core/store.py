@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import pandas as pd
 
 from .engine.measurement import COLUMNS, SCHEMA
-from .engine.results import SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows
+from .engine.results import OPTIONAL, SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows
 
 HOME_VARIABLE = "ATTN_LAB_HOME"  # a folder: the store is FILE_NAME in it
 FILE_NAME = "runs.sqlite3"
@@ -33,13 +33,16 @@ _SQL_TYPES = {"text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REA
 
 # Migration k takes a store of schema version k − 1 to version k; the list only grows. A change of the saved row
 # schema (measurement.SCHEMA) needs a migration here too: test_store checks that the two agree.
+_LATER = ("positions",)  # row columns added after the first schema, each by its migration below (appended)
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (f"PRAGMA application_id = {APPLICATION_ID}",
      "CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT NOT NULL, name TEXT NOT NULL DEFAULT '',"
      " note TEXT NOT NULL DEFAULT '', status TEXT NOT NULL, env TEXT NOT NULL, config TEXT NOT NULL,"
      " host TEXT NOT NULL DEFAULT '', pid INTEGER NOT NULL DEFAULT 0, row_schema INTEGER NOT NULL)",
      "CREATE TABLE points (run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE, seq INTEGER NOT NULL, "
-     + ", ".join(f'"{name}" {_SQL_TYPES[kind]}' for name, kind in SCHEMA) + ", PRIMARY KEY (run_id, seq))"),
+     + ", ".join(f'"{name}" {_SQL_TYPES[kind]}' for name, kind in SCHEMA if name not in _LATER)
+     + ", PRIMARY KEY (run_id, seq))"),
+    ("ALTER TABLE points ADD COLUMN \"positions\" TEXT NOT NULL DEFAULT 'none'",),  # points measured before
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -132,6 +135,7 @@ class Store:
     def __init__(self, path: str | os.PathLike | None = None, *, readonly: bool = False, busy_s: float = BUSY_S):
         self.path = os.path.abspath(os.fspath(path) if path is not None else default_path())
         self.readonly, self.busy_s = readonly, busy_s
+        self._absent: set[str] = set()  # row columns an older store opened to read only lacks
         self._db: sqlite3.Connection | None = None
         if os.path.isdir(self.path):
             raise StoreError(f"{self.path} is a folder; name the store's file, e.g. "
@@ -186,7 +190,10 @@ class Store:
 
     def _check_tables(self) -> None:
         found = {row[1] for row in self._db.execute("PRAGMA table_info(points)")}
-        if {"run_id", "seq", *COLUMNS} - found or not self._db.execute("PRAGMA table_info(runs)").fetchall():
+        # an older store opened to read only keeps its schema: a later column reads as empty (its default)
+        self._absent = set(_LATER) - found if self.readonly else set()
+        if ({"run_id", "seq", *COLUMNS} - found - self._absent
+                or not self._db.execute("PRAGMA table_info(runs)").fetchall()):
             raise StoreError(f"{self.path} lacks the tables of a run store (damaged, or another program's); it was "
                              f"left as it is: move it aside, or choose another store with --store or {HOME_VARIABLE}")
 
@@ -255,7 +262,9 @@ class Store:
         return cursor.lastrowid
 
     def add_points(self, run_id: int, rows: Iterable[Mapping]) -> None:
-        """Rows of the saved schema (Measurement.to_row) appended to a run, committed together."""
+        """Rows of the saved schema (Measurement.to_row) appended to a run, committed together (a row without a
+        column added later, results.OPTIONAL, gets its default)."""
+        rows = [{**OPTIONAL, **row} for row in rows]
         marks = ", ".join("?" * (len(COLUMNS) + 2))
         with self._errors(), self._transaction():
             seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM points WHERE run_id = ?", (run_id,)).fetchone()[0]
@@ -349,8 +358,9 @@ class Store:
             head = self._db.execute("SELECT env, config FROM runs WHERE id = ?", (int(run_id),)).fetchone()
             if head is None:
                 raise self._missing(run_id)
+            names = ", ".join(f'NULL AS "{c}"' if c in self._absent else f'"{c}"' for c in COLUMNS)
             rows = [dict(r) for r in self._db.execute(
-                f"SELECT {_NAMES} FROM points "
+                f"SELECT {names} FROM points "
                 "WHERE run_id = ? ORDER BY seq", (int(run_id),))]
         for row in rows:
             row["time_samples"] = json.loads(row["time_samples"] or "[]")

@@ -8,7 +8,7 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 from attn_core import MEASURED, untrusted
-from attn_core.engine import env, presets
+from attn_core.engine import env, positions, presets
 from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 from attn_core.engine.problem import sharing
 from pages import _shared as shared
@@ -22,6 +22,8 @@ NUMBERS = {"bench_steps": (1, 16), "bench_d_model": (1, 16384), "bench_heads": (
            "bench_speed": (0.5, 20.0)}
 MODES, AXES = ["forward", "forward+backward", "generate"], ["log-log", "linear"]
 BASELINES = ["softmax", "sdpa", "mla_naive"]  # the last: where absorbed MLA overtakes the naive form of the same layer
+POSITIONS_HELP = ("Added to every mechanism, its cost measured in the same call: RoPE turns q and k inside it; ALiBi "
+                  "passes its bias to mechanisms that take a score bias. " + positions.METHOD)
 MODE_HELP = ("forward+backward counts 3× the forward FLOPs. generate: one new token's step against the cache of n "
              "tokens (time per token) and the bytes that cache holds, as a model generating text; always causal, "
              "and only for mechanisms that can generate token by token")
@@ -103,7 +105,7 @@ def show_settings(config: SweepConfig) -> list[str]:
     left += [f"each series' own key/value heads ({', '.join(own)})"] if own else []
     S.update({"bench_exact": [k for k in keys if MEASURED[k].exact],
               "bench_approx": [k for k in keys if not MEASURED[k].exact], "bench_n": tuple(near),
-              "bench_causal": p.causal, "bench_mode": p.mode})
+              "bench_causal": p.causal, "bench_mode": p.mode, "bench_positions": p.positions})
     if log_spaced(*near, len(config.ns)) != tuple(config.ns):
         left.append(f"n = {', '.join(f'{n:,}' for n in config.ns)}")
     if p.device in DEVICES:
@@ -174,8 +176,13 @@ def settings(folded: bool = False) -> tuple[SweepConfig, list[str]]:
         mode = where.radio("Mode", MODES, **keyed("bench_mode"), help=MODE_HELP)
         causal = where.toggle("Causal mask", p.causal, **keyed("bench_causal"), disabled=mode == "generate",
                               help="generating is causal: a new token has no future" if mode == "generate" else None)
+        where_ = where.selectbox("Positions", positions.POSITIONS, format_func=positions.NAMES.get,
+                                 help=POSITIONS_HELP, **keyed("bench_positions"))
+        for note in filter(None, (positions.note(MEASURED[key], where_) for key in exact + approx)):
+            st.caption(note)
     config = d.replaced(mechanisms=mechanisms, ns=log_spaced(n_min, n_max, steps), batch=batch, heads=heads,
-                        kv_heads=kv_heads, d_model=d_model, dtype=dtype, device=device, mode=mode, causal=causal)
+                        kv_heads=kv_heads, d_model=d_model, dtype=dtype, device=device, mode=mode, causal=causal,
+                        positions=where_)
     return config, config.problems()
 
 
@@ -199,6 +206,7 @@ def link_choices() -> dict[str, tuple[list[str], bool]]:
             "bench_kv_heads": ([kv_text(g) for g in range(NUMBERS["bench_heads"][1] - 1, -1, -1)], False),
             "bench_device": (DEVICES, False),
             "bench_dtype": (dtypes, False), "bench_causal": (["true", "false"], False), "bench_mode": (MODES, False),
+            "bench_positions": ([positions.NAMES[k] for k in positions.POSITIONS], False),
             "bench_axes": (AXES, False), "bench_curves": (list(CURVES.values()), True),
             "bench_baseline": ([label(k) for k in BASELINES], False)}
 

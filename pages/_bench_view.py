@@ -7,7 +7,7 @@ import streamlit as st
 
 from attn_core import untrusted
 from attn_core.charts import export, scaling
-from attn_core.engine import analysis, results, worker
+from attn_core.engine import analysis, positions, results, worker
 from pages._bench_form import AXES, BASELINES, CURVES, NUMBERS, keyed, talk
 from pages._shared import bench_state, label
 
@@ -125,7 +125,8 @@ def results_view(job, chart_place=st) -> None:
     if job.done and (stopped := analysis.stopped_note(df)):
         st.info(stopped, icon=":material/stop_circle:")
     busy = analysis.contention_summary(df)
-    notes = [analysis.mode_note(df), busy, *notes, analysis.matmul_note(job.result().env) if job.done else ""]
+    notes = [analysis.mode_note(df), positions.method_note(df), busy, *notes,
+             analysis.matmul_note(job.result().env) if job.done else ""]
     with st.expander("How this was measured" + (" (the computer was busy: hollow points left out)"
                                                  if df["disturbed"].any() else ""), icon=":material/science:"):
         st.markdown("Each point is the median of repeated timed calls after warm-up runs; the dashed theory curves "

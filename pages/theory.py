@@ -4,7 +4,7 @@ import streamlit as st
 
 from attn_core import MECHANISMS, distributed
 from attn_core.spec import DTYPE_BYTES
-from attn_core.engine import env
+from attn_core.engine import env, positions
 from attn_core.charts import insight as insight_charts
 from attn_core.insight import theory
 from pages._shared import ALL_HEADS, KV_HELP, ensure_routed, export_row, keyed, kv_choices, kv_text, label, show_chart
@@ -51,6 +51,10 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
     batch = mid.number_input("Batch", 1, 4096, 1, **keyed("th_batch"))
     dtype = right.selectbox("dtype", ["float32", "bfloat16", "float16", "float64"], **keyed("th_dtype"))
     causal = right.toggle("Causal mask", **keyed("th_causal"))
+    where = right.selectbox("Positions", positions.POSITIONS, format_func=positions.NAMES.get,
+                            help="What RoPE (q and k turned in the call) or ALiBi (a score bias) adds to each "
+                                 "mechanism's FLOPs and memory; the Benchmark page measures it",
+                            **keyed("th_positions"))
     mode = right.radio("FLOPs of", list(theory.MODES), horizontal=True, **keyed("th_mode"),
                        help="Forward + backward counts 3× the forward FLOPs; memory stays the forward call's.")
     budget_gib = right.number_input("Custom memory budget (GiB, 0 = none)", 0.0, 1e6, 0.0, **keyed("th_budget"))
@@ -79,11 +83,23 @@ if problems:
 
 gflops = measured_gflops(device, dtype) if source.startswith("this device") else typed
 settings = dict(d_model=int(d_model), heads=int(heads), kv_heads=kv_heads, batch=int(batch), dtype=dtype,
-                causal=causal)
+                causal=causal, positions=where)
+refused = {key: why for key in keys if (why := positions.spec_problem(MECHANISMS[key], where, generating=False,
+                                                                     head_dim=int(d_model) // int(heads)))}
+if refused:  # one line for them all: with ALiBi most mechanisms are refused
+    why = (f"They take no additive score bias; ALiBi needs one ({', '.join(positions.biased())})" if where == "alibi"
+           else next(iter(refused.values())))
+    st.warning(f"Not drawn with {positions.NAMES[where]}: {', '.join(label(k) for k in refused)}. {why}.",
+               icon=":material/info:")
+    keys = [key for key in keys if key not in refused]
+    if not keys:
+        st.stop()
 frame = theory.costs(keys, theory.log_ns(n_min, n_max), mode=mode, params=params, gflops=gflops, **settings)
 budgets = theory.budgets(env.device_info(device)["total_memory_bytes"], budget_gib * GIB)
 for reason in sorted(set(frame.loc[frame["status"] != "ok", "reason"])):
     st.warning(f"Not drawn where it applies: {reason}", icon=":material/info:")
+for note in filter(None, (positions.note(MECHANISMS[key], where) for key in keys)):
+    st.caption(note)
 
 flops_tab, memory_tab, time_tab, fit_tab, generation_tab, devices_tab, big_o_tab = st.tabs(
     ["FLOPs", "Memory", "Time (extrapolated)", "What fits", "Generation: the cache", "Across devices", "Big-O"])

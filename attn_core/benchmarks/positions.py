@@ -6,6 +6,10 @@ calls it.
     python -m attn_core.benchmarks.positions            # B=1, H=8, D=64, fp32, n = 1024 and 4096
     python -m attn_core.benchmarks.positions --quick    # n = 512 and 1024, for a first look
 
+Then the same three through the engine, as the Benchmark page and `python -m attn_core sweep --positions` measure
+them (engine/positions.py: RoPE's tables and ALiBi's bias built outside the timed call, q and k turned inside it):
+each point alone, its median, and its peak beside the spec's prediction with the positions' share.
+
 RoPE adds O(n·d) elementwise work to an O(n²·d) call: its ratio should fall towards 1 as n grows. ALiBi's bias is
 built once outside the timed call (a model caches it); inside, softmax adds it to the materialized scores, one more
 (H, n, n) pass, while SDPA takes it as a float attn_mask, which the flash kernels do not accept: PyTorch falls back
@@ -17,9 +21,11 @@ import argparse
 
 import torch
 
-from . import alternate, end, machine, machine_options, ratios, spread, start, timer
+from . import alternate, end, machine, machine_options, point, ratios, spread, start, timer
 from .. import attention, positional
 from ..engine import env
+from ..engine.measure import format_bytes
+from ..engine.problem import Problem, Settings
 
 KEYS = ("softmax", "sdpa")
 HEADS, HEAD_DIM = 8, 64
@@ -55,6 +61,25 @@ def measure(args: argparse.Namespace) -> None:
         env.release_cached_memory(args.device)
 
 
+def through_engine(args: argparse.Namespace) -> None:
+    """Each (mechanism, n, positions) measured alone by the engine (benchmarks.point), non-causal."""
+    print("\nthrough the engine, one point at a time (median of its samples; peak measured / predicted):")
+    settings = Settings(warmup=1, min_repeats=args.rounds, min_time_s=0.2)
+    for key in KEYS:
+        for n in args.ns:
+            cells = []
+            for where in ("none", "rope", "alibi"):
+                problem = Problem(mechanism=key, n=n, heads=HEADS, d_model=HEADS * HEAD_DIM, device=args.device,
+                                  positions=where)
+                row, _ = point(problem, settings)
+                if row["status"] != "ok":
+                    cells.append(f"{where} {row['status']}: {row['reason']}")
+                    continue
+                cells.append(f"{where} {row['time_median_s'] * 1e3:.2f} ms, {format_bytes(row['peak_bytes'])} / "
+                             f"{format_bytes(row['predicted_bytes'])}")
+            print(f"  {key:8s} n={n:5d}  " + "  ".join(cells), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ns", type=int, nargs="+", default=[1024, 4096], help="sequence lengths")
@@ -68,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     start(args.device, f"B=1, H={HEADS}, D={HEAD_DIM}, fp32, the public calls timed in torch.inference_mode "
                        f"({args.clock} clock).")
     measure(args)
+    through_engine(args)
     end()
     return 0
 

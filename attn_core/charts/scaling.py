@@ -39,8 +39,9 @@ def with_series(df: pd.DataFrame) -> pd.DataFrame:
     """Adds `line` (the mechanism with any non-default parameters: one colour) and `series` (the line, plus the mask
     when the frame mixes causal and bidirectional rows: one drawn line)."""
     out = df.copy()
+    where = df["positions"] if "positions" in df else ["none"] * len(df)
     out["line"] = pd.Series([analysis.series_name(*row) for row in
-                             zip(df["mechanism"], df["label"], df["params"], df["heads"], df["kv_heads"])],
+                             zip(df["mechanism"], df["label"], df["params"], df["heads"], df["kv_heads"], where)],
                             index=df.index, dtype=object)
     out["mask"] = df["causal"].map({True: "causal", False: "bidirectional"}).astype(object)
     out["series"] = out["line"] + (" · " + out["mask"] if df["causal"].nunique() > 1 else "")

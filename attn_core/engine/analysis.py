@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..mechanisms import MEASURED
 from ..spec import MechanismSpec, Shape
+from .positions import NAMES
 from .problem import sharing
 
 METRICS = {"time_median_s": "time", "peak_bytes": "memory"}
@@ -55,21 +56,24 @@ def _too_few(clean: int, disturbed: int) -> str:
 
 
 def series_name(mechanism: str, label: str, params: str, heads: int | None = None,
-                kv_heads: int | None = None) -> str:
+                kv_heads: int | None = None, positions: str = "none") -> str:
     """'Sliding window (window=128)': the label, plus the parameters that differ from the spec's defaults, and
-    'GQA-2' or 'MQA' where the key/value heads are shared ('Softmax (fused SDPA) · GQA-2')."""
+    'GQA-2' or 'MQA' where the key/value heads are shared ('Softmax (fused SDPA) · GQA-2'), and ' + RoPE' or
+    ' + ALiBi' with positions."""
     values = json.loads(params or "{}")
     spec = MEASURED.get(mechanism)
     defaults = spec.defaults if spec is not None else {}
     changed = {k: v for k, v in values.items() if defaults.get(k) != v}
     name = f"{label} ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else label
+    name += f" + {NAMES[positions]}" if positions in ("rope", "alibi") else ""
     shared = heads is not None and kv_heads is not None and int(kv_heads) != int(heads)
     return f"{name} · {sharing(int(heads), int(kv_heads))}" if shared else name
 
 
 def row_series_name(row: pd.Series) -> str:
     """series_name of a result row."""
-    return series_name(row["mechanism"], row["label"], row["params"], row["heads"], row["kv_heads"])
+    return series_name(row["mechanism"], row["label"], row["params"], row["heads"], row["kv_heads"],
+                       row.get("positions", "none"))
 
 
 def _groups(df: pd.DataFrame):

@@ -9,8 +9,9 @@ from typing import Any, Callable
 
 import torch
 
-from . import env
+from . import env, positions
 from ..mechanisms import MEASURED, load
+from ..rope import rotate as rope
 from ..mechanisms._common import checked_shape, validated
 from ..mechanisms.sdpa import sdpa_backend
 from .measurement import Conditions, Measurement, Summary, theory_of, unmeasured
@@ -82,9 +83,9 @@ def operands(spec: MechanismSpec, problem: Problem) -> tuple[torch.Tensor, ...]:
 
 
 def input_bytes(spec: MechanismSpec, problem: Problem) -> float:
-    """Bytes of those tensors."""
+    """Bytes of those tensors, and of ALiBi's bias (built outside the call)."""
     if spec.operands is None:
-        return problem.shape.input_bytes
+        return problem.shape.input_bytes + positions.input_bytes(problem.shape, problem.positions)
     return spec.operands.nbytes(problem.shape, **spec.resolved(problem.kwargs))
 
 
@@ -98,15 +99,21 @@ def make_state(spec: MechanismSpec, problem: Problem) -> dict:
 
 def call_of(spec: MechanismSpec, problem: Problem, *tensors: torch.Tensor, state: dict) -> Callable[[], Any]:
     """The thunk that is timed: the forward call on `tensors` (q, k, v, or the spec's operands), or forward then
-    the gradients of every one of them."""
+    the gradients of every one of them. With RoPE, q and k are turned inside it; ALiBi's bias is passed to it
+    (both built here, outside: positions.METHOD)."""
     kwargs = {**problem.kwargs, **state}
     if (mask := problem.key_padding_mask()) is not None:
         kwargs["key_padding_mask"] = mask
+    device, dtype = problem.device, getattr(torch, problem.dtype)
+    if problem.positions == "alibi":
+        kwargs["score_bias"] = positions.alibi(problem.heads, problem.n, problem.keys, device=device, dtype=dtype)
+    turn = (positions.turner(problem.n, problem.keys, problem.head_dim, device=device, dtype=dtype)
+            if problem.positions == "rope" else lambda *t: t)
     if problem.mode == "forward":
-        return lambda: spec.fn(*tensors, causal=problem.causal, **kwargs)
+        return lambda: spec.fn(*turn(*tensors), causal=problem.causal, **kwargs)
     tensors = tuple(t.requires_grad_(True) for t in tensors)
     grad_out = torch.randn_like(tensors[0])  # the output has q's shape
-    return lambda: torch.autograd.grad(spec.fn(*tensors, causal=problem.causal, **kwargs), tensors, grad_out)
+    return lambda: torch.autograd.grad(spec.fn(*turn(*tensors), causal=problem.causal, **kwargs), tensors, grad_out)
 
 
 def measure(spec: MechanismSpec, problem: Problem, settings: Settings, cancelled: Callable[[], bool] = lambda: False,
@@ -140,17 +147,22 @@ def step_call(spec: MechanismSpec, problem: Problem, state: dict) -> tuple[Calla
     """(the thunk that is timed when generating, the cache it steps): the cache of n seeded prompt tokens
     (generation.remember: the prompt's own attention is not the point, and would cost O(n²) for softmax), with room
     for one more; the thunk takes one seeded new token's step against it and rewinds it to n tokens, so every timed
-    step sees a context of exactly n (Cache.rewind: positions only)."""
+    step sees a context of exactly n (Cache.rewind: positions only). RoPE: positions.METHOD."""
     gen = spec.supports.generation
     queries = 1 if spec.operands is None else spec.operands.queries
     kept = operands(spec, problem)[queries:]  # k and v, or what the spec's cache holds
+    turn = lambda *t: t  # noqa: E731
+    if problem.positions == "rope":  # the cache holds keys turned at 0 … n − 1; the step turns its token at n
+        kept = (rope(kept[0], torch.arange(problem.n, device=problem.device)), *kept[1:])
+        turn = positions.turner(1, 1, problem.head_dim, device=problem.device, dtype=getattr(torch, problem.dtype),
+                                first=problem.n)
     cache = gen.remember(*kept, max_len=problem.n + 1, **spec.resolved(problem.kwargs), **state)
     del kept
     token = operands(spec, dataclasses.replace(problem, n=1, n_kv=None, seed=(problem.seed + 1) % (MAX_SEED + 1)))
     mark = cache.mark()
 
     def one_step() -> torch.Tensor:
-        out, _ = gen.step(*token, cache)
+        out, _ = gen.step(*turn(*token), cache)
         cache.rewind(mark)
         return out
     return one_step, cache

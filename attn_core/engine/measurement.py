@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import torch
 
+from . import positions
 from .problem import Problem
 from ..spec import MechanismSpec
 
@@ -26,13 +27,14 @@ SCHEMA = (
     ("peak_bytes", "float"), ("memory_method", "text"), ("predicted_bytes", "float"), ("theory_flops", "float"),
     ("executed_flops", "float"), ("gflops", "float"), ("device_gflops", "float"), ("pct_of_device", "float"),
     ("sdpa_backend", "text"), ("threads", "float"), ("foreign_cpu", "float"), ("load_average", "float"),
-    ("disturbed", "bool"), ("retaken", "int"),
+    ("disturbed", "bool"), ("retaken", "int"), ("positions", "text"),
 )
 # theory_flops: the pattern's useful FLOPs; executed_flops: what the kernel computes (padding, masked halves), the
 # figure gflops and pct_of_device use. foreign_cpu: cores other processes used during the kept timed samples;
 # disturbed: the point stayed contended after its bounded retakes (retaken: samples taken again for contention).
 # threads is a float so that an unknown count can be NaN. kv_heads: key/value heads (= heads in multi-head attention);
-# padding: the padded keys at the end of each sequence.
+# padding: the padded keys at the end of each sequence. positions: none, rope or alibi (engine/positions.py); a file
+# saved before it was a column reads as none. A column added later goes last (the store appends it: store.py).
 COLUMNS = tuple(name for name, _ in SCHEMA)
 KINDS = {kind: tuple(name for name, k in SCHEMA if k == kind) for kind in ("text", "bool", "int", "float")}
 
@@ -116,7 +118,8 @@ class Measurement:
                 "predicted_bytes": t.predicted_bytes, "theory_flops": t.flops, "executed_flops": t.executed_flops,
                 "gflops": s.gflops, "device_gflops": c.device_gflops, "pct_of_device": s.pct_of_device,
                 "sdpa_backend": c.sdpa_backend, "threads": c.threads, "foreign_cpu": c.foreign_cpu,
-                "load_average": c.load_average, "disturbed": c.disturbed, "retaken": c.retaken}
+                "load_average": c.load_average, "disturbed": c.disturbed, "retaken": c.retaken,
+                "positions": p.positions}
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Measurement":
@@ -125,7 +128,8 @@ class Measurement:
         problem = Problem(mechanism=row["mechanism"], params=tuple(sorted(params.items())), batch=row["batch"],
                           heads=row["heads"], kv_heads=None if row["kv_heads"] == row["heads"] else row["kv_heads"],
                           n=row["n"], d_model=row["d_model"], dtype=row["dtype"], device=row["device"],
-                          mode=row["mode"], causal=bool(row["causal"]), padding=row["padding"])
+                          mode=row["mode"], causal=bool(row["causal"]), padding=row["padding"],
+                          positions=row.get("positions") or "none")
         return cls(problem=problem,
                    theory=Theory(row["label"], bool(row["exact"]), params, row["theory_flops"],
                                  row["executed_flops"], row["predicted_bytes"]),
@@ -150,11 +154,13 @@ def theory_of(spec: MechanismSpec, problem: Problem) -> Theory:
         gen = spec.supports.generation
         if gen is None:
             return Theory(spec.label, spec.exact, params)
-        step = gen.flops(shape, **params)
+        step = gen.flops(shape, **params) + positions.step_flops(shape, problem.positions)
         return Theory(spec.label, spec.exact, params, step, step, float(gen.cache_bytes(shape, **params)))
     factor = BACKWARD_FLOP_FACTOR if problem.mode == "forward+backward" else 1
-    return Theory(spec.label, spec.exact, params, factor * float(cost.flops(shape, **params)),
-                  factor * float(cost.executed(shape, **params)), float(cost.memory_bytes(shape, **params)))
+    added = positions.added_flops(shape, problem.positions)  # with positions: their work too (positions.py)
+    return Theory(spec.label, spec.exact, params, factor * (float(cost.flops(shape, **params)) + added),
+                  factor * (float(cost.executed(shape, **params)) + added),
+                  positions.peak_bytes(spec, shape, problem.positions, **params))
 
 
 def unmeasured(spec: MechanismSpec, problem: Problem, status: str, reason: str = "", **conditions: Any) -> Measurement:

@@ -112,11 +112,12 @@ def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
     ns = tuple(sorted({int(n) for n in frame["n"]}))
     config = DEFAULT_SWEEP.replaced(mechanisms=mechanisms, ns=ns, batch=int(first["batch"]),
                                     heads=int(first["heads"]), kv_heads=kv_heads, d_model=int(first["d_model"]),
-                                    padding=int(first["padding"]),
+                                    padding=int(first["padding"]), positions=str(first["positions"]),
                                     dtype=str(first["dtype"]), device=str(first["device"]), mode=str(first["mode"]),
                                     causal=bool(first["causal"]))
     left = [f"{column} {', '.join(map(str, frame[column].unique()))}" for column in
-            ("batch", "heads", "d_model", "dtype", "device", "mode", "padding") if frame[column].nunique() > 1]
+            ("batch", "heads", "d_model", "dtype", "device", "mode", "padding", "positions")
+            if frame[column].nunique() > 1]
     left += ["both masks (causal and bidirectional)"] if frame["causal"].nunique() > 1 else []
     left += [f"{key} (not in this build)" for key in dict.fromkeys(seen["mechanism"]) if key not in MEASURED]
     return config, left

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from . import env
+from . import env, positions as _positions
 from ..mechanisms._common import divisors
 from ..spec import DTYPE_BYTES, MechanismSpec, Shape
 
@@ -29,7 +29,8 @@ class Problem:
     `seed`. `kv_heads` None: one key/value head per query head; fewer: shared by groups of query heads. `n_kv` None:
     self-attention (n keys). `padding`: the last `padding` keys of every sequence are padding (key_padding_mask).
     `mode`: the forward pass, forward and backward, or "generate": one new token's step against the cache of n
-    tokens (causal whatever `causal` says)."""
+    tokens (causal whatever `causal` says). `positions`: "none", "rope" (q and k turned inside the measured call)
+    or "alibi" (its score bias passed to it): engine/positions.py."""
 
     mechanism: str = "softmax"
     params: tuple[tuple[str, Any], ...] = ()
@@ -45,6 +46,7 @@ class Problem:
     causal: bool = False
     padding: int = 0
     seed: int = 0
+    positions: str = "none"
 
     @property
     def head_dim(self) -> int:
@@ -85,7 +87,8 @@ class Problem:
     def describe(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.params)
         heads = f", {sharing(self.heads, self.key_heads)}" if self.key_heads != self.heads else ""
-        return f"{self.mechanism}{extra}{heads} at n = {self.n}"
+        where = f" + {_positions.NAMES[self.positions]}" if self.positions in ("rope", "alibi") else ""
+        return f"{self.mechanism}{extra}{heads}{where} at n = {self.n}"
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Seeded q (B, H, n, D), k and v (B, H_kv, n_kv, D) on the problem's device and dtype."""
@@ -122,6 +125,8 @@ class Problem:
             found.append(f"dtype {self.dtype!r} is not supported on {device}; choose {choices}")
         if not (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED):
             found.append(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
+        if why := _positions.field_problem(self.positions):
+            found.append(why)
         if found or spec is None:
             return found
         return self.spec_problems(spec)
@@ -154,6 +159,9 @@ class Problem:
             found.append(f"{spec.label} cannot take padding. {why} Set padding to 0, or choose another mechanism.")
         if self.padding and self.mode == "generate":
             found.append("generating measures a context without padding; set padding to 0")
+        if why := _positions.spec_problem(spec, self.positions, head_dim=self.head_dim,
+                                          generating=self.mode == "generate"):
+            found.append(why)
         try:
             # the shared heads refused above, in the words of a problem, not again in those of a call
             spec.check(self.shape if spec.supports.shared_kv else dataclasses.replace(self.shape, Hk=None),

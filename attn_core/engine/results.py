@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from ..files import write_atomic
+from . import positions
 from .measurement import COLUMNS, KINDS, STATUSES
 from ..mechanisms import MEASURED
 from .problem import MAX_COUNT
@@ -28,6 +29,7 @@ MAX_FILE_BYTES = 32 * 1024 * 1024  # ~100k points; larger files are refused befo
 
 ADDED_IN_2 = {"executed_flops": None, "foreign_cpu": None, "load_average": None, "disturbed": False, "retaken": 0}
 ADDED_IN_3 = ("kv_heads", "padding")
+OPTIONAL = {"positions": "none"}  # a column added without a new version: a file of any version may lack it
 TEXT, BOOL, INT, FLOAT = (KINDS[kind] for kind in ("text", "bool", "int", "float"))
 # The most characters a loaded row's text keeps (longer is cut, ending "…"); params are JSON, so longer is refused.
 TEXT_CHARS = {"label": 200, "reason": 500, "memory_method": 200}
@@ -55,6 +57,7 @@ def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
     its heads as key/value heads and no padding."""
     df = pd.DataFrame([{c: r.get(c, ADDED_IN_2.get(c)) for c in COLUMNS}
                        | {"kv_heads": r.get("kv_heads", r.get("heads")), "padding": r.get("padding", 0)}
+                       | {c: r.get(c) or value for c, value in OPTIONAL.items()}
                        for r in rows], columns=list(COLUMNS))
     return _typed(df)
 
@@ -216,7 +219,7 @@ def _upgraded(rows: list[dict], version: int) -> list[dict]:
         rows = [{**ADDED_IN_2, **r, "executed_flops": r.get("theory_flops")} for r in rows]
     if version < 3:
         rows = [{**r, "kv_heads": r.get("heads"), "padding": 0} for r in rows]
-    return rows
+    return [{**OPTIONAL, **r} for r in rows]
 
 
 def _comment_json(line: str, key: str, label: str) -> dict:
@@ -285,7 +288,7 @@ def _csv_rows(rows: list[dict], names: Any, version: int, label: str) -> list[di
 
 
 def _check_columns(names: Any, label: str) -> None:
-    missing = [c for c in COLUMNS if c not in names]
+    missing = [c for c in COLUMNS if c not in names and c not in OPTIONAL]
     if missing:
         raise RunFileError(f"{label} is malformed: columns {', '.join(missing)} are missing; save the run again")
 
@@ -309,6 +312,9 @@ def _validated(rows: list[dict], label: str) -> pd.DataFrame:
             raise RunFileError(f"{label} is malformed: row {i} has kv_heads = {cells['kv_heads']} for "
                                f"{cells['heads']} heads and padding = {cells['padding']} at n = {cells['n']}; "
                                "key/value heads must divide the heads, and padding be less than n")
+        if positions.field_problem(r["positions"] or "none"):
+            raise RunFileError(f"{label} is malformed: row {i}, positions = {_shown(r['positions'])} is not allowed; "
+                               f"positions must be {', '.join(positions.POSITIONS)}, or empty for none")
         if why := _params_problem(r["mechanism"], cells["params"]):
             raise RunFileError(f"{label} is malformed: row {i}, params of {r['mechanism']}: {why}")
         clean.append({**cells, **{column: _text(column, r[column]) for column in TEXT if column != "params"}})

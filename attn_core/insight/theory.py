@@ -9,6 +9,7 @@ import pandas as pd
 
 from .. import generation, latent
 from ..api import get
+from ..engine import positions as _positions
 from ..mechanisms import MECHANISMS
 from ..mechanisms._common import divisors
 from ..spec import DTYPE_BYTES, Shape
@@ -34,8 +35,10 @@ def shape_for(n: int, *, d_model: int, heads: int, batch: int = 1, dtype: str = 
 
 def costs(keys: Iterable[str], ns: Iterable[int], *, d_model: int = 512, heads: int = 8, batch: int = 1,
           dtype: str = "float32", causal: bool = False, kv_heads: int | None = None, mode: str = "forward",
-          params: Mapping[str, Mapping[str, Any]] | None = None, gflops: float | None = None) -> pd.DataFrame:
-    """One row per (mechanism, n): theory FLOPs and memory from the specs.
+          params: Mapping[str, Mapping[str, Any]] | None = None, gflops: float | None = None,
+          positions: str = "none") -> pd.DataFrame:
+    """One row per (mechanism, n): theory FLOPs and memory from the specs, with what `positions` ("rope",
+    "alibi") adds (engine/positions.py; a mechanism that cannot take them gives 'invalid' rows with the sentence).
 
     Columns: mechanism, label, n, flops (forward, ×3 for forward+backward), memory_bytes (predicted peak above
     the inputs, forward), input_bytes (q, k, v), total_bytes (their sum), predicted_time_s (flops / gflops when
@@ -54,15 +57,18 @@ def costs(keys: Iterable[str], ns: Iterable[int], *, d_model: int = 512, heads: 
             row = {"mechanism": key, "label": spec.label, "n": int(n), "status": "ok", "reason": ""}
             try:
                 spec.check(shape, resolved)
+                if why := _positions.spec_problem(spec, positions, head_dim=shape.D, generating=False):
+                    raise ValueError(why)
             except ValueError as e:
                 rows.append({**row, "status": "invalid", "reason": str(e), "flops": math.nan,
                              "memory_bytes": math.nan, "input_bytes": math.nan, "total_bytes": math.nan,
                              "predicted_time_s": math.nan})
                 continue
-            flops = spec.cost.flops(shape, **resolved) * MODES[mode]
-            memory = float(spec.cost.memory_bytes(shape, **resolved))
-            rows.append({**row, "flops": flops, "memory_bytes": memory, "input_bytes": float(shape.input_bytes),
-                         "total_bytes": memory + shape.input_bytes,
+            flops = (spec.cost.flops(shape, **resolved) + _positions.added_flops(shape, positions)) * MODES[mode]
+            memory = _positions.peak_bytes(spec, shape, positions, **resolved)
+            inputs = shape.input_bytes + _positions.input_bytes(shape, positions)
+            rows.append({**row, "flops": flops, "memory_bytes": memory, "input_bytes": inputs,
+                         "total_bytes": memory + inputs,
                          "predicted_time_s": flops / (gflops * 1e9) if gflops else math.nan})
     return pd.DataFrame(rows)
 
@@ -86,9 +92,10 @@ def budgets(this_device_bytes: float | None = None, custom_bytes: float | None =
 
 def largest_n(key: str, budget_bytes: float, *, d_model: int = 512, heads: int = 8, batch: int = 1,
               dtype: str = "float32", causal: bool = False, kv_heads: int | None = None,
-              params: Mapping[str, Any] | None = None, n_max: int = 1 << 24) -> int:
-    """The largest n ≤ n_max whose inputs plus predicted peak fit in `budget_bytes` (0 if none does), searched
-    from the shortest n these settings can run at (`largest_within`: Nyström's 64 landmarks need n ≥ 64)."""
+              params: Mapping[str, Any] | None = None, n_max: int = 1 << 24, positions: str = "none") -> int:
+    """The largest n ≤ n_max whose inputs plus predicted peak (with `positions`) fit in `budget_bytes` (0 if none
+    does, or the mechanism cannot take them), searched from the shortest n these settings can run at
+    (`largest_within`: Nyström's 64 landmarks need n ≥ 64)."""
     spec = get(key)
     resolved = spec.resolved(params or {})
 
@@ -99,7 +106,10 @@ def largest_n(key: str, budget_bytes: float, *, d_model: int = 512, heads: int =
             spec.check(shape, resolved)
         except ValueError:
             return None
-        return spec.cost.memory_bytes(shape, **resolved) + shape.input_bytes
+        if _positions.spec_problem(spec, positions, head_dim=shape.D, generating=False):
+            return None
+        return (_positions.peak_bytes(spec, shape, positions, **resolved) + shape.input_bytes
+                + _positions.input_bytes(shape, positions))
 
     return largest_within(total, budget_bytes, n_max)
 

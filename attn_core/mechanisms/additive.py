@@ -211,6 +211,7 @@ SPEC = MechanismSpec(
               time_big_o="O(n²·(a + d))",
               memory_big_o="O(n²)"),
     supports=Supports(
+        no_rope_relative="Its score w·tanh(W q + U k) is no dot product: the rotations of q and k do not cancel.",
         causal=True,
         cross=True,
         padding=True,

@@ -95,6 +95,8 @@ SPEC = MechanismSpec(
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·d²)",
               memory_big_o="O(n·d)"),
     supports=Supports(
+        no_rope_relative=("Its feature map elu(x) + 1 acts on each rotated feature separately, and φ(q)·φ(k) is not a "
+                          "function of q·k: the rotation no longer cancels to the offset i − j."),
         causal=True,
         cross=True,
         padding=True,

@@ -214,6 +214,9 @@ SPEC = MechanismSpec(
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·m·d)",
               memory_big_o="O(n·d)"),
     supports=Supports(
+        no_rope_relative=("Its random features exp(ω·x) project the rotated q and k on fixed directions ω: φ(q)·φ(k) "
+                          "matches exp(q·k) only on average, so the offset property holds in expectation, not call by "
+                          "call."),
         causal=True,
         cross=True,
         padding=True,

@@ -270,6 +270,8 @@ SPEC = MechanismSpec(
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·log n)",
               memory_big_o="O(n·r·(c + d))"),
     supports=Supports(
+        no_rope_relative=("Its hashes project q on fixed random rotations: the buckets, and so which keys a query "
+                          "sees, change when every position shifts."),
         causal=True,
         cross=False,
         no_padding="its padding tokens are hashed and sorted with the real ones and take places in the chunks, so even "

@@ -141,6 +141,20 @@ def _memory(s: Shape) -> float:
     return float(s.output_bytes + s.bh * s.Nq * 4 + scratch + packed)
 
 
+
+def _biased_memory(s: Shape) -> float:
+    """With a float score bias (H, Nq, Nk) and no padding, the CPU dispatcher leaves flash for the math path
+    (torch's _scaled_dot_product_attention_math; allocations measured op by op, torch 2.13): in its work dtype w
+    (float32 for half inputs, which it upcasts first) the scores and the probabilities, (B, H, Nq, Nk) each, and a
+    byte per score (the rows left with no key), and the output; shared key/value heads repeated for every query
+    head; causal, the bias with −∞ above the diagonal, one more (H, Nq, Nk) in the input dtype. O(n²): a GPU's
+    memory-efficient kernel takes the bias without the scores, so this overestimates there."""
+    w = 8 if s.dtype == "float64" else 4
+    upcast = (s.bh * s.Nq + 2 * s.bk * s.Nk) * s.D * w if s.elem < w else 0
+    repeat = 2 * s.bh * s.Nk * s.D * w if s.key_heads != s.H else 0
+    masked = s.H * s.Nq * s.Nk * s.elem if s.causal else 0
+    return float(s.bh * s.Nq * s.Nk * (2 * w + 1) + s.bh * s.Nq * s.D * w + upcast + repeat + masked)
+
 def _remember(k, v, *, max_len: int | None = None) -> KVCache:
     """Key-value cache of every token, as softmax's."""
     return KVCache({}, k, v, max_len=max_len)
@@ -167,7 +181,7 @@ SPEC = MechanismSpec(
     params=(),
     exact=True,
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n²·d)",
-              memory_big_o="O(n·d)"),
+              memory_big_o="O(n·d)", biased_memory_bytes=_biased_memory),
     supports=Supports(
         causal=True,
         cross=True,

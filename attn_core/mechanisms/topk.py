@@ -318,6 +318,8 @@ SPEC = MechanismSpec(
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory,
               time_big_o="O(n²·dI·IH + n·k·d)", memory_big_o="O(n·d)"),
     supports=Supports(
+        no_rope_relative=("Its indexer scores keys through fixed projections and a ReLU: which keys are kept changes "
+                          "when every position shifts, though the softmax over them is relative."),
         causal=True,
         cross=True,
         padding=True,
