@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import pandas as pd
 
 from .engine.measurement import COLUMNS, SCHEMA
-from .engine.results import SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows
+from .engine.results import OPTIONAL, SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows
 
 HOME_VARIABLE = "ATTN_LAB_HOME"  # a folder: the store is FILE_NAME in it
 FILE_NAME = "runs.sqlite3"
@@ -31,6 +31,9 @@ _MAGIC = b"SQLite format 3\x00"
 _NAMES = ", ".join(f'"{c}"' for c in COLUMNS)  # the row schema's columns, quoted for SQL
 _SQL_TYPES = {"text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REAL", "samples": "TEXT"}
 
+# Row columns store version 2 added, with the default a point stored before them holds (our own kernel, NULL: no
+# one-time cost measured).
+_ADDED_IN_2 = {"implementation": " NOT NULL DEFAULT 'ours'", "compile_s": "", "mask_s": ""}
 # Migration k takes a store of schema version k − 1 to version k; the list only grows. A change of the saved row
 # schema (measurement.SCHEMA) needs a migration here too: test_store checks that the two agree.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -39,7 +42,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
      " note TEXT NOT NULL DEFAULT '', status TEXT NOT NULL, env TEXT NOT NULL, config TEXT NOT NULL,"
      " host TEXT NOT NULL DEFAULT '', pid INTEGER NOT NULL DEFAULT 0, row_schema INTEGER NOT NULL)",
      "CREATE TABLE points (run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE, seq INTEGER NOT NULL, "
-     + ", ".join(f'"{name}" {_SQL_TYPES[kind]}' for name, kind in SCHEMA) + ", PRIMARY KEY (run_id, seq))"),
+     + ", ".join(f'"{name}" {_SQL_TYPES[kind]}' for name, kind in SCHEMA if name not in _ADDED_IN_2)
+     + ", PRIMARY KEY (run_id, seq))"),
+    tuple(f'ALTER TABLE points ADD COLUMN "{name}" {_SQL_TYPES[kind]}{_ADDED_IN_2[name]}' for name, kind in SCHEMA
+          if name in _ADDED_IN_2),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -260,7 +266,7 @@ class Store:
         with self._errors(), self._transaction():
             seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM points WHERE run_id = ?", (run_id,)).fetchone()[0]
             self._db.executemany(f"INSERT INTO points (run_id, seq, {_NAMES}) VALUES ({marks})",
-                                 [(run_id, seq + i, *(_cell(row[c]) for c in COLUMNS))
+                                 [(run_id, seq + i, *(_cell(row[c] if c in row else OPTIONAL[c]) for c in COLUMNS))
                                   for i, row in enumerate(rows, 1)])
 
     def resume(self, run_id: int) -> None:

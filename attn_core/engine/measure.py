@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from typing import Any, Callable
 
 import torch
 
 from . import env
+from .. import flex
+from ..flex import OneTime
 from ..mechanisms import MEASURED, load
 from ..mechanisms._common import checked_shape, validated
 from ..mechanisms.sdpa import sdpa_backend
@@ -102,11 +105,26 @@ def call_of(spec: MechanismSpec, problem: Problem, *tensors: torch.Tensor, state
     kwargs = {**problem.kwargs, **state}
     if (mask := problem.key_padding_mask()) is not None:
         kwargs["key_padding_mask"] = mask
+    return _timed(lambda *t: spec.fn(*t, causal=problem.causal, **kwargs), problem, tensors)
+
+
+def implemented_call(spec: MechanismSpec, problem: Problem, *tensors: torch.Tensor,
+                     state: dict) -> tuple[Callable[[], Any], float]:
+    """(the thunk that is timed, seconds spent building its mask once) of a mechanism defined by a mask, run by
+    the problem's implementation (compiled Flex, SDPA with a dense mask) under the mechanism's own pattern."""
+    masking = flex.masking_of(spec.key, problem.causal, problem.kwargs, state, problem.key_padding_mask())
+    forward, mask_s = flex.forward_of(problem.implementation, masking, problem.n, problem.keys, problem.batch,
+                                      problem.device)
+    return _timed(forward, problem, tensors), mask_s
+
+
+def _timed(fn: Callable[..., torch.Tensor], problem: Problem, tensors: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    """fn on `tensors`, or fn then the gradients of every one of them."""
     if problem.mode == "forward":
-        return lambda: spec.fn(*tensors, causal=problem.causal, **kwargs)
+        return lambda: fn(*tensors)
     tensors = tuple(t.requires_grad_(True) for t in tensors)
     grad_out = torch.randn_like(tensors[0])  # the output has q's shape
-    return lambda: torch.autograd.grad(spec.fn(*tensors, causal=problem.causal, **kwargs), tensors, grad_out)
+    return lambda: torch.autograd.grad(fn(*tensors), tensors, grad_out)
 
 
 def measure(spec: MechanismSpec, problem: Problem, settings: Settings, cancelled: Callable[[], bool] = lambda: False,
@@ -165,8 +183,15 @@ def _measured(spec: MechanismSpec, problem: Problem, settings: Settings, cancell
         tensors = operands(spec, problem)
         if spec.operands is None:
             checked_shape(spec, *tensors, problem.causal, **problem.kwargs)  # once: no timed call checks again
-        thunk = call_of(spec, problem, *tensors, state=state)
+        if problem.implementation == "ours":
+            thunk = call_of(spec, problem, *tensors, state=state)
+        else:
+            thunk, mask_s = implemented_call(spec, problem, *tensors, state=state)
+    one_time = OneTime()
     with torch.inference_mode(problem.mode != "forward+backward"), validated():
+        if problem.implementation != "ours" and not generating:  # paid once, before timing, and kept apart
+            compile_s = flex.first_call(thunk)[1].compile_s if problem.implementation == "flex" else math.nan
+            one_time = OneTime(mask_s, compile_s)
         if generating:  # checked by spec_problems in measure; the cache's tensors made in inference mode
             thunk, cache = step_call(spec, problem, state)
             if settings.measure_memory:  # what the cache holds, read from its tensors: exact, no profiler needed
@@ -193,7 +218,7 @@ def _measured(spec: MechanismSpec, problem: Problem, settings: Settings, cancell
                             env.load_average() or float("nan"), timing.disturbed, timing.retaken)
     return Measurement(problem, theory, "ok", samples=tuple(timing.samples),
                        summary=Summary.of(timing.samples, theory.executed_flops, device_gflops),
-                       peak_bytes=peak, memory_method=method, conditions=conditions), timing.waited_s
+                       peak_bytes=peak, memory_method=method, conditions=conditions, one_time=one_time), timing.waited_s
 
 
 def _peak(thunk: Callable[[], Any], device: str, cancelled: Callable[[], bool]) -> tuple[str, float]:

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from . import env
+from ..flex import IMPLEMENTATIONS, implementation_problem
 from ..mechanisms._common import divisors
 from ..spec import DTYPE_BYTES, MechanismSpec, Shape
 
@@ -45,6 +46,7 @@ class Problem:
     causal: bool = False
     padding: int = 0
     seed: int = 0
+    implementation: str = "ours"
 
     @property
     def head_dim(self) -> int:
@@ -85,7 +87,8 @@ class Problem:
     def describe(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.params)
         heads = f", {sharing(self.heads, self.key_heads)}" if self.key_heads != self.heads else ""
-        return f"{self.mechanism}{extra}{heads} at n = {self.n}"
+        by = f" by {self.implementation}" if self.implementation != "ours" else ""
+        return f"{self.mechanism}{extra}{heads}{by} at n = {self.n}"
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Seeded q (B, H, n, D), k and v (B, H_kv, n_kv, D) on the problem's device and dtype."""
@@ -122,6 +125,8 @@ class Problem:
             found.append(f"dtype {self.dtype!r} is not supported on {device}; choose {choices}")
         if not (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED):
             found.append(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
+        if self.implementation not in IMPLEMENTATIONS:
+            found.append(f"implementation {self.implementation!r} is unknown; choose {' or '.join(IMPLEMENTATIONS)}")
         if found or spec is None:
             return found
         return self.spec_problems(spec)
@@ -145,6 +150,8 @@ class Problem:
         if self.mode == "generate" and (why := generation_problem(spec)):
             return [why]
         found = []
+        if why := implementation_problem(self.implementation, spec.key, self.mode, _resolved(self.device)):
+            found.append(why)
         if self.key_heads != self.heads and not spec.supports.shared_kv:
             why = spec.supports.no_shared_kv or "It takes one key/value head per query head."
             found.append(f"{spec.label} cannot share key/value heads between query heads. {why} Set key/value "
@@ -220,6 +227,14 @@ def generation_problem(spec: MechanismSpec) -> str | None:
         return None
     why = spec.supports.no_generation or "Its spec gives no generation form."
     return f"{spec.label} cannot generate token by token. {why} Leave it out, or choose the forward mode."
+
+
+def _resolved(device: str) -> str:
+    """The device "auto" stands for here; a device that cannot be resolved as given (refused elsewhere)."""
+    try:
+        return env.resolve_device(device)
+    except ValueError:
+        return device
 
 
 def _is_int(x: Any) -> bool:
