@@ -1,0 +1,160 @@
+"""One mask, three implementations (attn_core.flex): ours, compiled FlexAttention and SDPA with a dense mask against
+a float64 masked softmax written here, over masks built cell by cell (tests/baselines.allowed); Flex's mask_mod
+against the same masks; the refusals; the implementation carried by the engine's problem, row, run file and CLI."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from attn_core import flex, masks
+from attn_core.engine.config import SweepConfig
+from attn_core.engine.measure import measure
+from attn_core.engine.measurement import Measurement
+from attn_core.engine.problem import Problem, Settings
+from attn_core.engine.results import frame_from_rows
+from attn_core.insight.effective import make_state
+from attn_core.mechanisms import MECHANISMS
+from attn_core.spec import Shape
+from tests.baselines import allowed
+
+B, H, N, D = 2, 2, 200, 16  # N: not a multiple of Flex's 128-token blocks, and more than one of them
+PARAMS = {"softmax": {}, "sliding_window": {"window": 20}, "local": {"block": 32, "lookback": 1, "lookahead": 1},
+          "sparse": {"stride": 16}, "longformer": {"window": 16, "global_tokens": 3},
+          "bigbird": {"block": 16, "window_blocks": 3, "global_blocks": 2, "random_blocks": 2}}
+KIND = {"softmax": "full"}  # baselines.allowed's name where it differs from the key
+
+
+def reference(q, k, v, keep: np.ndarray) -> torch.Tensor:
+    """softmax(q kᵀ/√d) v in float64 over the kept cells, keep (B or 1, nq, nk); a row that keeps nothing gives 0."""
+    keep = torch.as_tensor(keep)[:, None]  # (B, 1, nq, nk)
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    w = torch.where(keep, torch.exp(s - s.amax(-1, keepdim=True)), 0.0)
+    total = w.sum(-1, keepdim=True)
+    return torch.where(total > 0, w / total.clamp_min(1e-300), 0.0) @ v.double()
+
+
+def inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, N, D, generator=g) for _ in range(3))
+
+
+def padding() -> torch.Tensor:
+    """(B, N) True on padding: the last 30 keys of the first sequence, the last 150 of the second."""
+    return torch.arange(N)[None, :] >= torch.tensor([N - 30, N - 150])[:, None]
+
+
+def case(key: str, causal: bool, padded: bool):
+    """(state, key_padding_mask, the kept cells (B, N, N) built without attn_core)."""
+    state = (make_state(key, Shape(B, H, N, N, D, causal=causal), seed=0, **PARAMS[key])
+             if MECHANISMS[key].state.init else {})
+    cells = allowed(KIND.get(key, key), N, N, causal, **PARAMS[key], **state)[None].repeat(B, 0)
+    pad = padding() if padded else None
+    if padded:
+        cells &= ~pad.numpy()[:, None, :]
+    return state, pad, cells
+
+
+@pytest.fixture(scope="module")
+def compiled_flex():
+    """One compiled FlexAttention call for the whole module (a compile takes seconds): packed documents with key
+    padding, its output and its one-time costs; the module's compiled tests skip, with the reason, where
+    torch.compile cannot run."""
+    q, k, v = inputs(1)
+    pattern = masks.document([50, 70, 80])
+    try:
+        forward, mask_s = flex.forward_of("flex", flex.Masking(pattern, padding()), N, N, B, "cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out, once = flex.first_call(lambda: forward(q, k, v))
+    except flex.FlexUnavailable as e:
+        pytest.skip(str(e))
+    return q, k, v, pattern, forward, out, dataclasses.replace(once, mask_s=mask_s)
+
+
+@pytest.mark.parametrize("key", flex.MASKED)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_ours_and_the_dense_mask_match_masked_softmax_and_flex_s_mask_mod_keeps_the_same_cells(key, causal, padded):
+    from torch.nn.attention.flex_attention import create_mask
+    q, k, v = inputs()
+    state, pad, cells = case(key, causal, padded)
+    expected = reference(q, k, v, cells)
+    for implementation in ("ours", "dense-mask"):
+        got = flex.masked_attention(q, k, v, key, implementation=implementation, causal=causal,
+                                    key_padding_mask=pad, state=state, **PARAMS[key])
+        torch.testing.assert_close(got.double(), expected, atol=2e-6, rtol=0, msg=implementation)
+    mask_mod = flex.masking_of(key, causal, PARAMS[key], state, pad).mask_mod()
+    assert torch.equal(create_mask(mask_mod, B, 1, N, N, device="cpu")[:, 0], torch.as_tensor(cells))
+
+
+def test_the_document_mask_keeps_each_packed_sequence_to_itself():
+    doc = np.repeat([0, 1, 2], [50, 70, 80])
+    expected = doc[:, None] == doc[None, :]
+    assert torch.equal(masks.dense_mask(masks.document([50, 70, 80]), N, N), torch.as_tensor(expected))
+    q, k, v = inputs()
+    for implementation in ("ours", "dense-mask"):
+        got = flex.pattern_attention(q, k, v, masks.document([50, 70, 80]), implementation=implementation)
+        torch.testing.assert_close(got.double(), reference(q, k, v, expected[None]), atol=2e-6, rtol=0)
+    with pytest.raises(ValueError, match="positive integers"):
+        masks.document([50, 0])
+
+
+def test_compiled_flex_matches_masked_softmax_and_keeps_its_one_time_costs_apart(compiled_flex):
+    q, k, v, pattern, forward, out, once = compiled_flex
+    doc = np.repeat([0, 1, 2], [50, 70, 80])
+    cells = (doc[:, None] == doc[None, :])[None] & ~padding().numpy()[:, None, :]
+    torch.testing.assert_close(out.double(), reference(q, k, v, cells), atol=2e-6, rtol=0)
+    assert once.mask_s > 0 and (math.isnan(once.compile_s) or once.compile_s > 0)
+    again, later = flex.first_call(lambda: forward(q, k, v))  # the graph is built: nothing compiles again
+    assert torch.equal(again, out) and math.isnan(later.compile_s)
+
+
+def test_a_flex_call_run_outside_the_compiler_is_refused_as_an_eager_fallback():
+    q, k, v = inputs()
+    with pytest.raises(flex.EagerFallback, match="not Flex's time"):
+        flex._flex_call(q, k, v, None, False)  # what Dynamo does after its recompile limit: run the frame as Python
+
+
+def test_refusals_say_what_to_change():
+    q, k, v = inputs()
+    with pytest.raises(ValueError, match="only our kernel runs it"):
+        flex.masked_attention(q, k, v, "linear", implementation="flex")
+    with pytest.raises(ValueError, match="no backward on CPU"):
+        flex.masked_attention(q.requires_grad_(), k, v, "sliding_window", implementation="flex")
+    with pytest.raises(ValueError, match="choose ours or flex or dense-mask"):
+        flex.pattern_attention(q, k, v, masks.causal, implementation="triton")
+    linear = Problem(mechanism="linear", implementation="dense-mask")
+    assert "only our kernel runs it" in linear.problems(MECHANISMS["linear"])[0]
+    backward = Problem(mechanism="local", implementation="flex", mode="forward+backward", device="cpu")
+    assert backward.problems(MECHANISMS["local"]) == [flex.implementation_problem("flex", "local", "forward+backward",
+                                                                                  "cpu")]
+    generating = Problem(mechanism="softmax", implementation="flex", mode="generate")
+    assert any("token by token" in why for why in generating.problems(MECHANISMS["softmax"]))
+    assert "implementation 'x' is unknown" in Problem(implementation="x").problems()[0]
+    assert Problem(mechanism="local", implementation="dense-mask").problems(MECHANISMS["local"]) == []
+
+
+def test_the_implementation_travels_through_the_sweep_config_and_the_saved_row():
+    config = SweepConfig(mechanisms=(("sliding_window", {"window": 8}),), ns=(64,),
+                         problem=Problem(implementation="dense-mask"))
+    data = config.to_dict()
+    assert data["implementation"] == "dense-mask" and SweepConfig.from_dict(data) == config
+    data.pop("implementation")  # a file saved before implementations were a setting
+    assert SweepConfig.from_dict(data).problem.implementation == "ours"
+    point = Problem(mechanism="sliding_window", params=(("window", 8),), n=64, heads=2, d_model=16,
+                    implementation="dense-mask", padding=5)
+    measured, _ = measure(MECHANISMS["sliding_window"], point, Settings(min_repeats=1, min_time_s=0.0,
+                                                                       measure_memory=False))
+    assert measured.ok and measured.one_time.mask_s > 0 and math.isnan(measured.one_time.compile_s)
+    row = measured.to_row()
+    assert row["implementation"] == "dense-mask" and "by dense-mask" in point.describe()
+    back = Measurement.from_row(frame_from_rows([row]).iloc[0].to_dict())
+    assert back.problem == point and back.one_time.mask_s == measured.one_time.mask_s
+    assert math.isnan(back.one_time.compile_s)
+    old = {c: v for c, v in row.items() if c not in ("implementation", "compile_s", "mask_s")}
+    assert frame_from_rows([old]).iloc[0]["implementation"] == "ours"
