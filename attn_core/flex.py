@@ -219,8 +219,9 @@ _COMPILED: dict[bool, Callable[..., torch.Tensor]] = {}
 def _compiled(dynamic: bool) -> Callable[..., torch.Tensor]:
     """flex_attention compiled once per process, fullgraph=True (a graph break is an error, not a slow split).
     dynamic=True: one graph serves every n (dynamic=False recompiles per n and meets Dynamo's recompile limit within
-    one sweep). Inductor's dynamic-size CPU template fails to build for some masks (torch 2.13: a causal window with
-    key padding, a C++ compile error), which then compile for their static sizes, through a frame of their own."""
+    one sweep). Inductor's dynamic-size CPU template fails to build some masks (torch 2.13: floor divisions, as in
+    block-local, sparse and BigBird, raise a LoweringException; a causal window with key padding, a C++ compile
+    error): those compile for their static sizes instead, once per n, through a frame of their own."""
     if dynamic not in _COMPILED:
         own_frame = _flex_call if dynamic else (lambda q, k, v, block_mask, gqa: _flex_call(q, k, v, block_mask, gqa))
         _COMPILED[dynamic] = torch.compile(own_frame, dynamic=dynamic, fullgraph=True)
