@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from attn_core import flex, masks
+from attn_core.charts.scaling import with_series
+from attn_core.engine import analysis
 from attn_core.engine.config import SweepConfig
 from attn_core.engine.measure import measure
 from attn_core.engine.measurement import Measurement
@@ -158,3 +160,14 @@ def test_the_implementation_travels_through_the_sweep_config_and_the_saved_row()
     assert math.isnan(back.one_time.compile_s)
     old = {c: v for c, v in row.items() if c not in ("implementation", "compile_s", "mask_s")}
     assert frame_from_rows([old]).iloc[0]["implementation"] == "ours"
+    both = frame_from_rows([row, old])  # one mechanism, two implementations: two series, named apart
+    assert analysis.summary(both)["series"].tolist() == ["Sliding window (window=8) · dense-mask SDPA",
+                                                         "Sliding window (window=8)"]
+    assert sorted(with_series(both)["line"]) == sorted(analysis.summary(both)["series"])
+
+
+def test_the_preset_runs_one_mask_by_each_implementation():
+    from attn_core.engine import presets
+    configs = presets.PRESETS["One mask, three kernels"].for_device("cpu")
+    assert [c.problem.implementation for c in configs] == list(flex.IMPLEMENTATIONS)
+    assert all(c.problems() == [] and c.mechanisms == configs[0].mechanisms for c in configs)
