@@ -220,9 +220,10 @@ def _compiled(dynamic: bool) -> Callable[..., torch.Tensor]:
     """flex_attention compiled once per process, fullgraph=True (a graph break is an error, not a slow split).
     dynamic=True: q, k and v's length is symbolic (dynamic=False recompiles per n and meets Dynamo's default
     recompile limit within one sweep); on CPU (torch 2.13) the block mask's block counts still specialize, so each
-    n of 128 tokens or more compiles once, a one-time cost measured as such. Inductor's dynamic-size CPU template fails to build some masks (torch 2.13: floor divisions, as in
-    block-local, sparse and BigBird, raise a LoweringException; a causal window with key padding, a C++ compile
-    error): those compile for their static sizes instead, once per n, through a frame of their own."""
+    n of 128 tokens or more compiles once, a one-time cost measured as such. Inductor's dynamic-size CPU template
+    fails to build some masks (torch 2.13: floor divisions, as in block-local, sparse and BigBird, raise a
+    LoweringException; a causal window with key padding, a C++ compile error): those compile for their static sizes
+    instead, through a frame of their own."""
     if dynamic not in _COMPILED:
         own_frame = _flex_call if dynamic else (lambda q, k, v, block_mask, gqa: _flex_call(q, k, v, block_mask, gqa))
         _COMPILED[dynamic] = torch.compile(own_frame, dynamic=dynamic, fullgraph=True)
