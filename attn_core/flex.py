@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from . import masks
+from . import masks, positional
 from .mechanisms import MECHANISMS
 from .mechanisms.sdpa import shared_sdpa
 from .mechanisms.softmax import softmax_attention
@@ -112,12 +112,31 @@ def implementation_problem(implementation: str, key: str, mode: str, device: str
     return None
 
 
+def alibi_score_mod(heads: int, nq: int, nk: int) -> Callable[..., torch.Tensor]:
+    """Flex's score_mod of ALiBi (Press et al. 2021, arXiv 2108.12409): score − m_h·|i + nk − nq − j|, the slopes and
+    positions of positional.alibi_bias (our score_bias for softmax and SDPA), computed per cell, no (H, n, n) bias."""
+    slopes, shift = positional.alibi_slopes(heads).float(), nk - nq
+    return lambda score, b, h, i, j: score - slopes[h] * (i + shift - j).abs()
+
+
+def softcap_score_mod(cap: float) -> Callable[..., torch.Tensor]:
+    """Flex's score_mod of tanh soft-capping: cap·tanh(score / cap), the scaled scores bounded to (−cap, cap) (Gemma 2
+    caps attention logits at 50: Gemma Team 2024, arXiv 2408.00118). Our kernels have no such form."""
+    if not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap > 0):
+        raise ValueError(f"the soft cap must be a positive number, got {cap!r}; Gemma 2 uses 50")
+    return lambda score, b, h, i, j: cap * torch.tanh(score / cap)
+
+
 def forward_of(implementation: str, masking: Masking, nq: int, nk: int, batch: int, device: torch.device | str,
-               ) -> tuple[Forward, float]:
+               score_mod: Callable[..., torch.Tensor] | None = None) -> tuple[Forward, float]:
     """(the forward call q, k, v → out under `masking`, seconds spent building its mask once). "flex": compiled
     flex_attention with the block mask of create_block_mask (128 × 128 blocks; blocks the predicate leaves empty
     are skipped, O(kept blocks · 128² · d) time, O(n·d) memory); "dense-mask": SDPA with the (B, 1, nq, nk)
-    boolean mask (O(nq·nk·d) time, the mask O(nq·nk) memory). A query that sees no key outputs zeros in both."""
+    boolean mask (O(nq·nk·d) time, the mask O(nq·nk) memory). A query that sees no key outputs zeros in both.
+    `score_mod` (flex only: `alibi_score_mod`, `softcap_score_mod`): applied to each scaled score before the mask."""
+    if score_mod is not None and implementation != "flex":
+        raise ValueError("a score_mod is Flex's; for ALiBi with our kernels or SDPA pass score_bias="
+                         "positional.alibi_bias(...) to softmax or sdpa, or choose implementation 'flex'")
     began = time.perf_counter()
     if implementation == "flex":
         from torch.nn.attention.flex_attention import create_block_mask
@@ -129,14 +148,14 @@ def forward_of(implementation: str, masking: Masking, nq: int, nk: int, batch: i
         def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 try:
-                    return chosen[0](q, k, v, block_mask, k.shape[1] != q.shape[1])
+                    return chosen[0](q, k, v, block_mask, k.shape[1] != q.shape[1], score_mod)
                 except EagerFallback:
                     raise
                 except Exception:  # noqa: BLE001 - see _compiled: compile this mask for its static sizes instead
                     if chosen[0] is _compiled(dynamic=False):
                         raise
                     chosen[0] = _compiled(dynamic=False)
-                    return chosen[0](q, k, v, block_mask, k.shape[1] != q.shape[1])
+                    return chosen[0](q, k, v, block_mask, k.shape[1] != q.shape[1], score_mod)
         return forward, took
     if implementation == "dense-mask":
         keep = masking.dense(nq, nk, device)
@@ -202,7 +221,8 @@ def pattern_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern
     return first_call(lambda: forward(q, k, v))[0] if implementation == "flex" else forward(q, k, v)
 
 
-def _flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any, gqa: bool) -> torch.Tensor:
+def _flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any, gqa: bool,
+               score_mod: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
     # Traced by Dynamo, is_compiling() is True and this test vanishes from the graph; run by Python, the frame was
     # not compiled (recompile limit, a skipped frame) and flex_attention would take its unfused eager path.
     if not torch.compiler.is_compiling():
@@ -210,7 +230,7 @@ def _flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: An
                             "reached or the frame was skipped); this point is not Flex's time: restart the process "
                             "or measure fewer masks in one process")
     from torch.nn.attention.flex_attention import flex_attention
-    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=gqa)
 
 
 _COMPILED: dict[bool, Callable[..., torch.Tensor]] = {}
@@ -225,6 +245,6 @@ def _compiled(dynamic: bool) -> Callable[..., torch.Tensor]:
     LoweringException; a causal window with key padding, a C++ compile error): those compile for their static sizes
     instead, through a frame of their own."""
     if dynamic not in _COMPILED:
-        own_frame = _flex_call if dynamic else (lambda q, k, v, block_mask, gqa: _flex_call(q, k, v, block_mask, gqa))
+        own_frame = _flex_call if dynamic else (lambda *args: _flex_call(*args))
         _COMPILED[dynamic] = torch.compile(own_frame, dynamic=dynamic, fullgraph=True)
     return _COMPILED[dynamic]

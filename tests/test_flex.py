@@ -171,3 +171,19 @@ def test_the_preset_runs_one_mask_by_each_implementation():
     configs = presets.PRESETS["One mask, three kernels"].for_device("cpu")
     assert [c.problem.implementation for c in configs] == list(flex.IMPLEMENTATIONS)
     assert all(c.problems() == [] and c.mechanisms == configs[0].mechanisms for c in configs)
+
+
+def test_score_mods_are_alibi_s_bias_and_a_tanh_cap_cell_by_cell():
+    h, i, j = torch.arange(4)[:, None, None], torch.arange(6)[None, :, None], torch.arange(9)[None, None, :]
+    alibi = flex.alibi_score_mod(4, 6, 9)(torch.zeros(()), 0, h, i, j)
+    slopes = torch.tensor([2.0 ** (-2 * (k + 1)) for k in range(4)])  # 2^(−8(h+1)/H), H = 4 (arXiv 2108.12409)
+    expected = -slopes[:, None, None] * (i + 3 - j).abs()  # the 6 queries are the last 6 of the 9 positions
+    torch.testing.assert_close(alibi, expected.expand(4, 6, 9))
+    scores = torch.tensor([-1e4, -3.0, 0.0, 3.0, 1e4])
+    capped = flex.softcap_score_mod(50.0)(scores, 0, 0, 0, 0)
+    assert capped.abs().max() <= 50.0
+    torch.testing.assert_close(capped, torch.tensor([50.0 * math.tanh(x / 50.0) for x in scores.tolist()]))
+    with pytest.raises(ValueError, match="positive number"):
+        flex.softcap_score_mod(0)
+    with pytest.raises(ValueError, match="score_mod is Flex's"):
+        flex.forward_of("dense-mask", flex.Masking(masks.causal), 8, 8, 1, "cpu", score_mod=flex.softcap_score_mod(5))
