@@ -192,7 +192,9 @@ class Store:
 
     def _check_tables(self) -> None:
         found = {row[1] for row in self._db.execute("PRAGMA table_info(points)")}
-        if {"run_id", "seq", *COLUMNS} - found or not self._db.execute("PRAGMA table_info(runs)").fetchall():
+        # a store of version 1 opened to read only lacks the later columns: its points read with their defaults
+        self._read = ", ".join(f'"{c}"' for c in COLUMNS if c in found)
+        if {"run_id", "seq", *COLUMNS} - set(_ADDED_IN_2) - found or not self._db.execute("PRAGMA table_info(runs)").fetchall():
             raise StoreError(f"{self.path} lacks the tables of a run store (damaged, or another program's); it was "
                              f"left as it is: move it aside, or choose another store with --store or {HOME_VARIABLE}")
 
@@ -356,7 +358,7 @@ class Store:
             if head is None:
                 raise self._missing(run_id)
             rows = [dict(r) for r in self._db.execute(
-                f"SELECT {_NAMES} FROM points "
+                f"SELECT {self._read} FROM points "
                 "WHERE run_id = ? ORDER BY seq", (int(run_id),))]
         for row in rows:
             row["time_samples"] = json.loads(row["time_samples"] or "[]")

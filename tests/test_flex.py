@@ -16,7 +16,7 @@ from attn_core.charts.scaling import with_series
 from attn_core.engine import analysis
 from attn_core.engine.config import SweepConfig
 from attn_core.engine.measure import measure
-from attn_core.engine.measurement import Measurement
+from attn_core.engine.measurement import Measurement, unmeasured
 from attn_core.engine.problem import Problem, Settings
 from attn_core.engine.results import frame_from_rows
 from attn_core.insight.effective import make_state
@@ -187,3 +187,28 @@ def test_score_mods_are_alibi_s_bias_and_a_tanh_cap_cell_by_cell():
         flex.softcap_score_mod(0)
     with pytest.raises(ValueError, match="score_mod is Flex's"):
         flex.forward_of("dense-mask", flex.Masking(masks.causal), 8, 8, 1, "cpu", score_mod=flex.softcap_score_mod(5))
+
+
+def test_a_store_of_the_first_version_reads_as_ours_and_migrates_on_writing(tmp_path):
+    import contextlib
+    import sqlite3
+
+    from attn_core import store
+    path = tmp_path / "runs.sqlite3"
+    with contextlib.closing(sqlite3.connect(path)) as db:  # as the first version of the store left it
+        for statement in store.MIGRATIONS[0]:
+            db.execute(statement)
+        db.execute("PRAGMA user_version = 1")
+        db.execute("INSERT INTO runs (created, status, env, config, row_schema) VALUES ('2026', 'complete', '{}', "
+                   "'{}', 3)")
+        row = {c: v for c, v in unmeasured(MECHANISMS["softmax"], Problem(n=16), "skipped", "by hand").to_row().items()
+               if c not in ("implementation", "compile_s", "mask_s")}
+        db.execute(f"INSERT INTO points (run_id, seq, {', '.join(row)}) VALUES (1, 1, {', '.join('?' * len(row))})",
+                   [store._cell(v) for v in row.values()])
+        db.commit()
+    with store.Store(path, readonly=True) as reader:
+        assert reader.run(1).frame["implementation"].tolist() == ["ours"]
+    with store.Store(path) as writer:
+        assert writer.run(1).frame["implementation"].tolist() == ["ours"]
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert {"implementation", "compile_s", "mask_s"} <= {r[1] for r in db.execute("PRAGMA table_info(points)")}
