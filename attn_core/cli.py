@@ -23,6 +23,7 @@ from typing import Sequence, TextIO
 
 from . import planner, planner_measure, recall, store
 from .files import write_atomic
+from .flex import IMPLEMENTATIONS
 from .engine import analysis, env
 from .mechanisms import LATENT, MECHANISMS
 from .engine.measure import format_bytes, resolve_mechanisms
@@ -158,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "generate (one new token's step against the cache of n tokens: time per token, and the "
                         "cache's bytes as memory; always causal)")
     s.add_argument("--causal", action="store_true", help="causal masking (mechanisms that cannot are refused)")
+    s.add_argument("--implementation", default="ours", choices=IMPLEMENTATIONS,
+                   help="who runs a mechanism defined by a mask: our kernel (default), compiled FlexAttention "
+                        "(forward only on CPU; its compile and block mask are timed apart) or SDPA with a dense "
+                        "boolean mask")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
     s.add_argument("--warmup", type=int, default=d["warmup"], help="untimed calls before timing (default %(default)s)")
     s.add_argument("--min-repeats", type=int, default=d["min_repeats"],
@@ -353,7 +358,7 @@ def _read_model(path: str) -> str:
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
     problem = Problem(batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, d_model=args.d_model,
                       dtype=args.dtype, device=args.device, mode=args.mode, causal=args.causal, padding=args.padding,
-                      seed=args.seed, positions=args.positions)
+                      seed=args.seed, positions=args.positions, implementation=args.implementation)
     settings = Settings(warmup=args.warmup, min_repeats=args.min_repeats, min_time_s=args.min_time,
                         point_budget_s=args.point_budget, measure_memory=not args.no_memory,
                         memory_margin=args.memory_margin, memory_limit_bytes=args.memory_limit, threads=args.threads)
@@ -372,12 +377,16 @@ def _row_line(point: Measurement) -> str:
     row = point.to_row()
     shared = f" {sharing(row['heads'], row['kv_heads'])}" if row["kv_heads"] != row["heads"] else ""
     where = f" + {NAMES[row['positions']]}" if row["positions"] != "none" else ""
-    what = f"{row['mechanism']}{shared}{where} n={row['n']}"
+    by = f" by {row['implementation']}" if row["implementation"] != "ours" else ""
+    what = f"{row['mechanism']}{shared}{where}{by} n={row['n']}"
     if row["status"] != "ok":
         return f"{what}: {row['status']}: {row['reason']}"
     per, memory = (" a token", "cache") if row["mode"] == "generate" else ("", "peak")
     line = (f"{what}: {row['time_median_s'] * 1e3:.3f} ms{per} (IQR {row['time_iqr_s'] * 1e3:.3f}), "
             f"{memory} {format_bytes(row['peak_bytes']) if row['peak_bytes'] == row['peak_bytes'] else 'n/a'}")
+    once = [f"{what} {row[column]:.2f} s" for what, column in (("compile", "compile_s"), ("mask", "mask_s"))
+            if row[column] == row[column]]
+    line += f"; once, not timed: {', '.join(once)}" if once else ""
     if row["disturbed"]:
         return line + f"  DISTURBED: other programs used {row['foreign_cpu']:.2f} cores while it was timed"
     return line + (f"  ({row['retaken']} samples retaken: other programs took CPU)" if row["retaken"] else "")

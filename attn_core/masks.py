@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -75,6 +75,20 @@ def random_blocks(block: int, table: torch.Tensor) -> Pattern:
         return (rows == torch.div(j, block, rounding_mode="floor").unsqueeze(-1)).any(-1)
 
     return Pattern(f"random blocks: block {block}, {table.shape[-1]} per query block", pred)
+
+
+def document(lengths: Sequence[int]) -> Pattern:
+    """Packed sequences: documents of `lengths` tokens laid end to end; query i sees key j iff both lie in the same
+    document. Defined on the sum(lengths) positions the documents cover."""
+    if not lengths or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in lengths):
+        raise ValueError(f"document lengths must be positive integers, got {list(lengths)!r}; give e.g. [300, 200]")
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # (sum,) document of each token
+
+    def pred(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        of = ids.to(i.device)
+        return of[i] == of[j]
+
+    return Pattern(f"documents: lengths {list(lengths)}", pred)
 
 
 def dense_mask(pattern: Pattern, nq: int, nk: int, device: torch.device | str | None = None) -> torch.Tensor:

@@ -33,7 +33,11 @@ _SQL_TYPES = {"text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REA
 
 # Migration k takes a store of schema version k − 1 to version k; the list only grows. A change of the saved row
 # schema (measurement.SCHEMA) needs a migration here too: test_store checks that the two agree.
-_LATER = ("positions",)  # row columns added after the first schema, each by its migration below (appended)
+# Row columns added after the first schema, appended by migrations 2, 3, …, each with the value a point stored
+# before it holds (no positions; our own kernel; NULL: no one-time cost measured).
+_LATER = {"positions": " NOT NULL DEFAULT 'none'", "implementation": " NOT NULL DEFAULT 'ours'", "compile_s": "",
+          "mask_s": ""}
+_ADDED = (("positions",), ("implementation", "compile_s", "mask_s"))  # the columns of migration 2, of 3
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (f"PRAGMA application_id = {APPLICATION_ID}",
      "CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT NOT NULL, name TEXT NOT NULL DEFAULT '',"
@@ -42,7 +46,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
      "CREATE TABLE points (run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE, seq INTEGER NOT NULL, "
      + ", ".join(f'"{name}" {_SQL_TYPES[kind]}' for name, kind in SCHEMA if name not in _LATER)
      + ", PRIMARY KEY (run_id, seq))"),
-    ("ALTER TABLE points ADD COLUMN \"positions\" TEXT NOT NULL DEFAULT 'none'",),  # points measured before
+    *(tuple(f'ALTER TABLE points ADD COLUMN "{name}" {_SQL_TYPES[kind]}{_LATER[name]}' for name, kind in SCHEMA
+            if name in added) for added in _ADDED),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -269,7 +274,7 @@ class Store:
         with self._errors(), self._transaction():
             seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM points WHERE run_id = ?", (run_id,)).fetchone()[0]
             self._db.executemany(f"INSERT INTO points (run_id, seq, {_NAMES}) VALUES ({marks})",
-                                 [(run_id, seq + i, *(_cell(row[c]) for c in COLUMNS))
+                                 [(run_id, seq + i, *(_cell(row[c] if c in row else OPTIONAL[c]) for c in COLUMNS))
                                   for i, row in enumerate(rows, 1)])
 
     def resume(self, run_id: int) -> None:

@@ -11,6 +11,7 @@ from attn_core import MEASURED, untrusted
 from attn_core.engine import env, positions, presets
 from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 from attn_core.engine.problem import sharing
+from attn_core.flex import IMPLEMENTATIONS
 from pages import _shared as shared
 from pages._shared import ALL_HEADS, KV_HELP, bench_state, kv_choices, kv_text, label
 
@@ -27,6 +28,10 @@ POSITIONS_HELP = ("Added to every mechanism, its cost measured in the same call:
 MODE_HELP = ("forward+backward counts 3× the forward FLOPs. generate: one new token's step against the cache of n "
              "tokens (time per token) and the bytes that cache holds, as a model generating text; always causal, "
              "and only for mechanisms that can generate token by token")
+IMPLEMENTATION_HELP = ("Who runs a mechanism defined by a mask (softmax, sliding window, block-local, sparse, "
+                       "Longformer, BigBird): our kernel, PyTorch's compiled FlexAttention, or SDPA with a dense "
+                       "boolean mask, all under the same pattern. Flex's compile and block mask are one-time costs, "
+                       "kept apart from its time; on CPU it runs forward only")
 SHOWN_PRESETS = {**presets.PRESETS, presets.QUICK_DEMO.name: presets.QUICK_DEMO}
 CURVES = {"spec": "each mechanism's own", "n²": "O(n²)", "n": "O(n)", "roofline": "hardware limit (matmul)"}
 keyed = functools.partial(shared.keyed, link=True)  # every setting lives in the URL: a link reproduces a setup
@@ -106,6 +111,7 @@ def show_settings(config: SweepConfig) -> list[str]:
     S.update({"bench_exact": [k for k in keys if MEASURED[k].exact],
               "bench_approx": [k for k in keys if not MEASURED[k].exact], "bench_n": tuple(near),
               "bench_causal": p.causal, "bench_mode": p.mode, "bench_positions": p.positions})
+    S["bench_implementation"] = p.implementation
     if log_spaced(*near, len(config.ns)) != tuple(config.ns):
         left.append(f"n = {', '.join(f'{n:,}' for n in config.ns)}")
     if p.device in DEVICES:
@@ -180,9 +186,11 @@ def settings(folded: bool = False) -> tuple[SweepConfig, list[str]]:
                                  help=POSITIONS_HELP, **keyed("bench_positions"))
         for note in filter(None, (positions.note(MEASURED[key], where_) for key in exact + approx)):
             st.caption(note)
+        implementation = where.selectbox("Implementation", IMPLEMENTATIONS, help=IMPLEMENTATION_HELP,
+                                         **keyed("bench_implementation"))
     config = d.replaced(mechanisms=mechanisms, ns=log_spaced(n_min, n_max, steps), batch=batch, heads=heads,
                         kv_heads=kv_heads, d_model=d_model, dtype=dtype, device=device, mode=mode, causal=causal,
-                        positions=where_)
+                        positions=where_, implementation=implementation)
     return config, config.problems()
 
 
@@ -208,7 +216,8 @@ def link_choices() -> dict[str, tuple[list[str], bool]]:
             "bench_dtype": (dtypes, False), "bench_causal": (["true", "false"], False), "bench_mode": (MODES, False),
             "bench_positions": ([positions.NAMES[k] for k in positions.POSITIONS], False),
             "bench_axes": (AXES, False), "bench_curves": (list(CURVES.values()), True),
-            "bench_baseline": ([label(k) for k in BASELINES], False)}
+            "bench_baseline": ([label(k) for k in BASELINES], False),
+            "bench_implementation": (list(IMPLEMENTATIONS), False)}
 
 
 def link_notes() -> list[str]:

@@ -204,6 +204,7 @@ def test_a_finished_sweep_survives_slider_moves_and_page_switches(swept):
     ({"bench_approx": ["linformer"], "bench_causal": True}, "Linformer cannot be causal"),
     ({"bench_approx": ["linformer"], "bench_n": (64, 128)}, "rank = 256 is larger than the shortest sequence length"),
     ({"bench_exact": [], "bench_approx": []}, "no mechanism is selected; choose at least one"),
+    ({"bench_implementation": "flex"}, "linear is not defined by a mask, so only our kernel runs it"),
 ])
 def test_impossible_settings_say_what_to_change_and_disable_run(settings, sentence):
     at = benchmark(**settings)

@@ -40,8 +40,9 @@ def with_series(df: pd.DataFrame) -> pd.DataFrame:
     when the frame mixes causal and bidirectional rows: one drawn line)."""
     out = df.copy()
     where = df["positions"] if "positions" in df else ["none"] * len(df)
+    by = df["implementation"] if "implementation" in df.columns else ["ours"] * len(df)
     out["line"] = pd.Series([analysis.series_name(*row) for row in
-                             zip(df["mechanism"], df["label"], df["params"], df["heads"], df["kv_heads"], where)],
+                             zip(df["mechanism"], df["label"], df["params"], df["heads"], df["kv_heads"], where, by)],
                             index=df.index, dtype=object)
     out["mask"] = df["causal"].map({True: "causal", False: "bidirectional"}).astype(object)
     out["series"] = out["line"] + (" · " + out["mask"] if df["causal"].nunique() > 1 else "")
@@ -397,14 +398,17 @@ class LiveSpec:
 
 
 def _attach(frame: pd.DataFrame, pts: pd.DataFrame) -> pd.DataFrame:
-    """Analysis rows joined to the chart's line and series names (by mechanism, params and mask where present)."""
+    """Analysis rows joined to the chart's line and series names (by mechanism, params and mask where present, and
+    by the analysis' series name, which is the chart's line: it tells implementations of one mechanism apart)."""
     keys = [k for k in ("mechanism", "params", "causal") if k in frame.columns]
-    names = pts.drop_duplicates(keys)[keys + ["line", "series", "label"]]
-    return frame.drop(columns=[c for c in ("series", "label") if c in frame.columns]).merge(names, on=keys)
+    if "series" in frame.columns:
+        frame, keys = frame.rename(columns={"series": "line"}), keys + ["line"]
+    names = pts.drop_duplicates(keys)[list(dict.fromkeys(keys + ["line", "series", "label"]))]
+    return frame.drop(columns=[c for c in ("label",) if c in frame.columns]).merge(names, on=keys)
 
 
 def _theory_frames(theory, pts, column, divisor):
-    curves = _attach(theory[[c for c in ("mechanism", "params", "causal", "curve", "kind", "n", "value")
+    curves = _attach(theory[[c for c in ("mechanism", "params", "causal", "curve", "kind", "n", "value", "series")
                              if c in theory.columns]], pts)
     curves[column] = curves["value"] / divisor
     curves = curves[curves[column] > 0]
@@ -430,7 +434,8 @@ def _theory_layers(shape, x, y, cscale, column):
 
 def _crossover_frame(crossovers, pts, metric):
     found = _attach(crossovers.loc[crossovers["n_star"].notna(), [c for c in ("mechanism", "params", "causal",
-                                                                                "baseline", "n_star", "note")
+                                                                                "baseline", "n_star", "note",
+                                                                                "series")
                                                                       if c in crossovers.columns]], pts)
     column = METRICS[metric][0]
     labels = pts.drop_duplicates("mechanism").set_index("mechanism")["label"]

@@ -18,6 +18,7 @@ from .problem import sharing
 METRICS = {"time_median_s": "time", "peak_bytes": "memory"}
 # one line of a chart: a mechanism with one setting of its parameters and of its key/value heads
 SERIES = ["mechanism", "params", "kv_heads"]
+IMPLEMENTED_BY = {"flex": "compiled Flex", "dense-mask": "dense-mask SDPA"}  # series names; "ours" says nothing
 MIN_FIT_POINTS = 3  # two points give a slope whatever their noise: a sweep stopped after two once gave n^-4.36
 ABOVE_DEVICE = ("above the device's measured matmul throughput: the matmul figure or this point was disturbed, or "
                 "the kernel takes a faster path than a dense matmul")
@@ -56,10 +57,10 @@ def _too_few(clean: int, disturbed: int) -> str:
 
 
 def series_name(mechanism: str, label: str, params: str, heads: int | None = None,
-                kv_heads: int | None = None, positions: str = "none") -> str:
-    """'Sliding window (window=128)': the label, plus the parameters that differ from the spec's defaults, and
-    'GQA-2' or 'MQA' where the key/value heads are shared ('Softmax (fused SDPA) · GQA-2'), and ' + RoPE' or
-    ' + ALiBi' with positions."""
+                kv_heads: int | None = None, positions: str = "none", implementation: str = "ours") -> str:
+    """'Sliding window (window=128)': the label, plus the parameters that differ from the spec's defaults, ' + RoPE'
+    or ' + ALiBi' with positions, 'GQA-2' or 'MQA' where the key/value heads are shared ('Softmax (fused SDPA) ·
+    GQA-2'), and who ran it when not our kernel ('Sliding window · compiled Flex')."""
     values = json.loads(params or "{}")
     spec = MEASURED.get(mechanism)
     defaults = spec.defaults if spec is not None else {}
@@ -67,18 +68,24 @@ def series_name(mechanism: str, label: str, params: str, heads: int | None = Non
     name = f"{label} ({', '.join(f'{k}={v}' for k, v in changed.items())})" if changed else label
     name += f" + {NAMES[positions]}" if positions in ("rope", "alibi") else ""
     shared = heads is not None and kv_heads is not None and int(kv_heads) != int(heads)
-    return f"{name} · {sharing(int(heads), int(kv_heads))}" if shared else name
+    name = f"{name} · {sharing(int(heads), int(kv_heads))}" if shared else name
+    return f"{name} · {IMPLEMENTED_BY[implementation]}" if implementation in IMPLEMENTED_BY else name
 
 
 def row_series_name(row: pd.Series) -> str:
     """series_name of a result row."""
     return series_name(row["mechanism"], row["label"], row["params"], row["heads"], row["kv_heads"],
-                       row.get("positions", "none"))
+                       row.get("positions", "none"), row.get("implementation", "ours"))
+
+
+def _series(df: pd.DataFrame) -> list[str]:
+    """The columns that tell series apart: SERIES, and the positions and implementation where the frame has them."""
+    return SERIES + [c for c in ("positions", "implementation") if c in df.columns]
 
 
 def _groups(df: pd.DataFrame):
-    for key, g in df.groupby(SERIES, sort=False):
-        yield *key, row_series_name(g.iloc[0]), g.sort_values("n")
+    for key, g in df.groupby(_series(df), sort=False):
+        yield *key[:3], row_series_name(g.iloc[0]), g.sort_values("n")
 
 
 def loglog_slope(n, y) -> float:
@@ -106,9 +113,11 @@ def fit_slopes(df: pd.DataFrame, metric: str = "time_median_s", n_min: int | Non
                      "n_min": int(n.min()) if len(n) else 0, "n_max": int(n.max()) if len(n) else 0,
                      "points": len(n), "disturbed": len(ok) - len(clean),
                      "why": "" if enough else _too_few(len(set(n)), len(ok) - len(clean)),
-                     "params": params, "kv_heads": kv_heads, "series": name})
+                     "params": params, "kv_heads": kv_heads, "series": name,
+                     "positions": g.iloc[0].get("positions", "none"),
+                     "implementation": g.iloc[0].get("implementation", "ours")})
     return pd.DataFrame(rows, columns=["mechanism", "metric", "slope", "n_min", "n_max", "points", "disturbed",
-                                       "why", "params", "kv_heads", "series"])
+                                       "why", "params", "kv_heads", "series", "positions", "implementation"])
 
 
 def _own_curve(spec: MechanismSpec, metric: str, row: pd.Series) -> tuple[str, Callable[[int], float]]:
@@ -274,11 +283,11 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     memory saving (baseline ÷ mechanism, > 1 is better) against softmax and SDPA at the largest n both measured
     clean, GFLOP/s on executed and on useful FLOPs and % of the device's matmul throughput at the largest clean n,
     the memory method, how many points are ok, and a note saying why a figure is missing or above 100 %."""
-    fits = {metric: fit_slopes(df, metric).set_index(SERIES) for metric in METRICS}
+    fits = {metric: fit_slopes(df, metric).set_index(_series(df)) for metric in METRICS}
     clean = {metric: clean_points(df, metric) for metric in METRICS}
     rows = []
-    for key, g in df.groupby(SERIES, sort=False):
-        mechanism, params, _ = key
+    for key, g in df.groupby(_series(df), sort=False):
+        mechanism, params, *_ = key
         row = {"mechanism": mechanism, "series": row_series_name(g.iloc[0]),
                "params": params, "time_exponent": fits["time_median_s"]["slope"].get(key, math.nan),
                "memory_exponent": fits["peak_bytes"]["slope"].get(key, math.nan)}

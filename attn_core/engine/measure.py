@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from typing import Any, Callable
 
 import torch
 
 from . import env, positions
+from .. import flex
+from ..flex import OneTime
 from ..mechanisms import MEASURED, load
 from ..rope import rotate as rope
 from ..mechanisms._common import checked_shape, validated
@@ -109,11 +112,26 @@ def call_of(spec: MechanismSpec, problem: Problem, *tensors: torch.Tensor, state
         kwargs["score_bias"] = positions.alibi(problem.heads, problem.n, problem.keys, device=device, dtype=dtype)
     turn = (positions.turner(problem.n, problem.keys, problem.head_dim, device=device, dtype=dtype)
             if problem.positions == "rope" else lambda *t: t)
+    return _timed(lambda *t: spec.fn(*turn(*t), causal=problem.causal, **kwargs), problem, tensors)
+
+
+def implemented_call(spec: MechanismSpec, problem: Problem, *tensors: torch.Tensor,
+                     state: dict) -> tuple[Callable[[], Any], float]:
+    """(the thunk that is timed, seconds spent building its mask once) of a mechanism defined by a mask, run by
+    the problem's implementation (compiled Flex, SDPA with a dense mask) under the mechanism's own pattern."""
+    masking = flex.masking_of(spec.key, problem.causal, problem.kwargs, state, problem.key_padding_mask())
+    forward, mask_s = flex.forward_of(problem.implementation, masking, problem.n, problem.keys, problem.batch,
+                                      problem.device)
+    return _timed(forward, problem, tensors), mask_s
+
+
+def _timed(fn: Callable[..., torch.Tensor], problem: Problem, tensors: tuple[torch.Tensor, ...]) -> Callable[[], Any]:
+    """fn on `tensors`, or fn then the gradients of every one of them."""
     if problem.mode == "forward":
-        return lambda: spec.fn(*turn(*tensors), causal=problem.causal, **kwargs)
+        return lambda: fn(*tensors)
     tensors = tuple(t.requires_grad_(True) for t in tensors)
     grad_out = torch.randn_like(tensors[0])  # the output has q's shape
-    return lambda: torch.autograd.grad(spec.fn(*turn(*tensors), causal=problem.causal, **kwargs), tensors, grad_out)
+    return lambda: torch.autograd.grad(fn(*tensors), tensors, grad_out)
 
 
 def measure(spec: MechanismSpec, problem: Problem, settings: Settings, cancelled: Callable[[], bool] = lambda: False,
@@ -131,7 +149,9 @@ def measure(spec: MechanismSpec, problem: Problem, settings: Settings, cancelled
         if reason:
             return unmeasured(spec, problem, "skipped", reason, threads=torch.get_num_threads()), 0.0
         point, waited = _measured(spec, problem, settings, cancelled, turns)
-        return point, time.perf_counter() - start - waited  # waits for quiet do not count against the budget
+        once = sum(s for s in (point.one_time.compile_s, point.one_time.mask_s) if not math.isnan(s))
+        # neither waits for quiet nor one-time costs (a compile, a block mask) count against the budget
+        return point, time.perf_counter() - start - waited - once
     except Cancelled:
         return unmeasured(spec, problem, "cancelled", "cancelled while this point was measured"), 0.0
     except Exception as e:  # a mechanism's failure is a result, not a crash of the sweep
@@ -177,8 +197,15 @@ def _measured(spec: MechanismSpec, problem: Problem, settings: Settings, cancell
         tensors = operands(spec, problem)
         if spec.operands is None:
             checked_shape(spec, *tensors, problem.causal, **problem.kwargs)  # once: no timed call checks again
-        thunk = call_of(spec, problem, *tensors, state=state)
+        if problem.implementation == "ours":
+            thunk = call_of(spec, problem, *tensors, state=state)
+        else:
+            thunk, mask_s = implemented_call(spec, problem, *tensors, state=state)
+    one_time = OneTime()
     with torch.inference_mode(problem.mode != "forward+backward"), validated():
+        if problem.implementation != "ours" and not generating:  # paid once, before timing, and kept apart
+            compile_s = flex.first_call(thunk)[1].compile_s if problem.implementation == "flex" else math.nan
+            one_time = OneTime(mask_s, compile_s)
         if generating:  # checked by spec_problems in measure; the cache's tensors made in inference mode
             thunk, cache = step_call(spec, problem, state)
             if settings.measure_memory:  # what the cache holds, read from its tensors: exact, no profiler needed
@@ -205,7 +232,7 @@ def _measured(spec: MechanismSpec, problem: Problem, settings: Settings, cancell
                             env.load_average() or float("nan"), timing.disturbed, timing.retaken)
     return Measurement(problem, theory, "ok", samples=tuple(timing.samples),
                        summary=Summary.of(timing.samples, theory.executed_flops, device_gflops),
-                       peak_bytes=peak, memory_method=method, conditions=conditions), timing.waited_s
+                       peak_bytes=peak, memory_method=method, conditions=conditions, one_time=one_time), timing.waited_s
 
 
 def _peak(thunk: Callable[[], Any], device: str, cancelled: Callable[[], bool]) -> tuple[str, float]:

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import torch
 
 from . import positions
+from ..flex import OneTime, cost_of
 from .problem import Problem
 from ..spec import MechanismSpec
 
@@ -28,13 +29,16 @@ SCHEMA = (
     ("executed_flops", "float"), ("gflops", "float"), ("device_gflops", "float"), ("pct_of_device", "float"),
     ("sdpa_backend", "text"), ("threads", "float"), ("foreign_cpu", "float"), ("load_average", "float"),
     ("disturbed", "bool"), ("retaken", "int"), ("positions", "text"),
+    ("implementation", "text"), ("compile_s", "float"), ("mask_s", "float"),
 )
 # theory_flops: the pattern's useful FLOPs; executed_flops: what the kernel computes (padding, masked halves), the
 # figure gflops and pct_of_device use. foreign_cpu: cores other processes used during the kept timed samples;
 # disturbed: the point stayed contended after its bounded retakes (retaken: samples taken again for contention).
 # threads is a float so that an unknown count can be NaN. kv_heads: key/value heads (= heads in multi-head attention);
-# padding: the padded keys at the end of each sequence. positions: none, rope or alibi (engine/positions.py); a file
-# saved before it was a column reads as none. A column added later goes last (the store appends it: store.py).
+# padding: the padded keys at the end of each sequence. positions: none, rope or alibi (engine/positions.py).
+# implementation: who ran a mechanism defined by a mask (ours, flex, dense-mask); compile_s and mask_s: its one-time
+# costs (attn_core.flex.OneTime), never part of the time. A file saved before a column existed reads it as its
+# default (results.OPTIONAL). A column added later goes last (the store appends it by a migration: store.py).
 COLUMNS = tuple(name for name, _ in SCHEMA)
 KINDS = {kind: tuple(name for name, k in SCHEMA if k == kind) for kind in ("text", "bool", "int", "float")}
 
@@ -89,7 +93,7 @@ class Conditions:
 class Measurement:
     """One point: what was measured (`problem`), how it ended (`status`, and `reason` unless ok), the raw seconds
     per call (`samples`) and their `summary`, the peak bytes and the method behind them, the spec's `theory` and the
-    `conditions`."""
+    `conditions`; `one_time`: the costs paid once before timing (Flex's compile and block mask, a dense mask)."""
 
     problem: Problem
     theory: Theory
@@ -100,6 +104,7 @@ class Measurement:
     peak_bytes: float = NAN
     memory_method: str = ""
     conditions: Conditions = Conditions()
+    one_time: OneTime = OneTime()
 
     @property
     def ok(self) -> bool:
@@ -119,7 +124,8 @@ class Measurement:
                 "gflops": s.gflops, "device_gflops": c.device_gflops, "pct_of_device": s.pct_of_device,
                 "sdpa_backend": c.sdpa_backend, "threads": c.threads, "foreign_cpu": c.foreign_cpu,
                 "load_average": c.load_average, "disturbed": c.disturbed, "retaken": c.retaken,
-                "positions": p.positions}
+                "positions": p.positions, "implementation": p.implementation,
+                "compile_s": self.one_time.compile_s, "mask_s": self.one_time.mask_s}
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Measurement":
@@ -129,7 +135,8 @@ class Measurement:
                           heads=row["heads"], kv_heads=None if row["kv_heads"] == row["heads"] else row["kv_heads"],
                           n=row["n"], d_model=row["d_model"], dtype=row["dtype"], device=row["device"],
                           mode=row["mode"], causal=bool(row["causal"]), padding=row["padding"],
-                          positions=row.get("positions") or "none")
+                          positions=row.get("positions") or "none",
+                          implementation=row.get("implementation") or "ours")
         return cls(problem=problem,
                    theory=Theory(row["label"], bool(row["exact"]), params, row["theory_flops"],
                                  row["executed_flops"], row["predicted_bytes"]),
@@ -139,7 +146,8 @@ class Measurement:
                    peak_bytes=row["peak_bytes"], memory_method=row["memory_method"],
                    conditions=Conditions(row["threads"], row["device_gflops"], row["sdpa_backend"],
                                          row["foreign_cpu"], row["load_average"], bool(row["disturbed"]),
-                                         row["retaken"]))
+                                         row["retaken"]),
+                   one_time=OneTime(row["mask_s"], row["compile_s"]))
 
 
 BACKWARD_FLOP_FACTOR = 3  # backward ≈ 2× forward (a product for each operand's gradient): 3× in all
@@ -157,6 +165,10 @@ def theory_of(spec: MechanismSpec, problem: Problem) -> Theory:
         step = gen.flops(shape, **params) + positions.step_flops(shape, problem.positions)
         return Theory(spec.label, spec.exact, params, step, step, float(gen.cache_bytes(shape, **params)))
     factor = BACKWARD_FLOP_FACTOR if problem.mode == "forward+backward" else 1
+    if problem.implementation != "ours":  # another kernel's work and memory under the same pattern (no positions)
+        flops = float(cost.flops(shape, **params))
+        executed, peak = cost_of(problem.implementation, shape, flops)
+        return Theory(spec.label, spec.exact, params, factor * flops, factor * executed, peak)
     added = positions.added_flops(shape, problem.positions)  # with positions: their work too (positions.py)
     return Theory(spec.label, spec.exact, params, factor * (float(cost.flops(shape, **params)) + added),
                   factor * (float(cost.executed(shape, **params)) + added),

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ..flex import IMPLEMENTATIONS
 from ..mechanisms import MEASURED
 from .config import DEFAULT_SWEEP, SweepConfig, log_spaced
 
@@ -95,6 +96,15 @@ PRESETS.update({p.name: p for p in (
                                    ns=log_spaced(512, 16384, 6), mode="generate", heads=32, d_model=4096),),
            metric="peak_bytes"),
 )})
+PRESETS.update({p.name: p for p in (
+    Preset("One mask, three kernels",
+           "One sliding window of 256, three implementations with the same answer: our banded kernel, PyTorch's "
+           "compiled FlexAttention and SDPA with a dense boolean mask. The dense mask grows as n²; Flex's compile "
+           "and block mask are paid once, before timing, and shown apart.",
+           tuple(DEFAULT_SWEEP.replaced(mechanisms=(("sliding_window", {"window": 256}),),
+                                        ns=log_spaced(1024, 8192, 4), implementation=implementation)
+                 for implementation in IMPLEMENTATIONS)),
+)})
 QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short sequences.",
                     (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),))
 
@@ -114,9 +124,9 @@ def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
                                     heads=int(first["heads"]), kv_heads=kv_heads, d_model=int(first["d_model"]),
                                     padding=int(first["padding"]), positions=str(first["positions"]),
                                     dtype=str(first["dtype"]), device=str(first["device"]), mode=str(first["mode"]),
-                                    causal=bool(first["causal"]))
+                                    causal=bool(first["causal"]), implementation=str(first["implementation"]))
     left = [f"{column} {', '.join(map(str, frame[column].unique()))}" for column in
-            ("batch", "heads", "d_model", "dtype", "device", "mode", "padding", "positions")
+            ("batch", "heads", "d_model", "dtype", "device", "mode", "padding", "positions", "implementation")
             if frame[column].nunique() > 1]
     left += ["both masks (causal and bidirectional)"] if frame["causal"].nunique() > 1 else []
     left += [f"{key} (not in this build)" for key in dict.fromkeys(seen["mechanism"]) if key not in MEASURED]

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from . import env, positions as _positions
+from ..flex import IMPLEMENTATIONS, implementation_problem
 from ..mechanisms._common import divisors
 from ..spec import DTYPE_BYTES, MechanismSpec, Shape
 
@@ -47,6 +48,7 @@ class Problem:
     padding: int = 0
     seed: int = 0
     positions: str = "none"
+    implementation: str = "ours"
 
     @property
     def head_dim(self) -> int:
@@ -88,7 +90,8 @@ class Problem:
         extra = "".join(f", {k}={v}" for k, v in self.params)
         heads = f", {sharing(self.heads, self.key_heads)}" if self.key_heads != self.heads else ""
         where = f" + {_positions.NAMES[self.positions]}" if self.positions in ("rope", "alibi") else ""
-        return f"{self.mechanism}{extra}{heads}{where} at n = {self.n}"
+        by = f" by {self.implementation}" if self.implementation != "ours" else ""
+        return f"{self.mechanism}{extra}{heads}{where}{by} at n = {self.n}"
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Seeded q (B, H, n, D), k and v (B, H_kv, n_kv, D) on the problem's device and dtype."""
@@ -127,6 +130,11 @@ class Problem:
             found.append(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
         if why := _positions.field_problem(self.positions):
             found.append(why)
+        if self.implementation not in IMPLEMENTATIONS:
+            found.append(f"implementation {self.implementation!r} is unknown; choose {' or '.join(IMPLEMENTATIONS)}")
+        if self.positions != "none" and self.implementation != "ours":
+            found.append(f"positions ({self.positions}) are added to our own kernels only; choose the implementation "
+                         "'ours', or no positions")
         if found or spec is None:
             return found
         return self.spec_problems(spec)
@@ -150,6 +158,8 @@ class Problem:
         if self.mode == "generate" and (why := generation_problem(spec)):
             return [why]
         found = []
+        if why := implementation_problem(self.implementation, spec.key, self.mode, _resolved(self.device)):
+            found.append(why)
         if self.key_heads != self.heads and not spec.supports.shared_kv:
             why = spec.supports.no_shared_kv or "It takes one key/value head per query head."
             found.append(f"{spec.label} cannot share key/value heads between query heads. {why} Set key/value "
@@ -228,6 +238,14 @@ def generation_problem(spec: MechanismSpec) -> str | None:
         return None
     why = spec.supports.no_generation or "Its spec gives no generation form."
     return f"{spec.label} cannot generate token by token. {why} Leave it out, or choose the forward mode."
+
+
+def _resolved(device: str) -> str:
+    """The device "auto" stands for here; a device that cannot be resolved as given (refused elsewhere)."""
+    try:
+        return env.resolve_device(device)
+    except ValueError:
+        return device
 
 
 def _is_int(x: Any) -> bool:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..files import write_atomic
 from . import positions
+from ..flex import IMPLEMENTATIONS
 from .measurement import COLUMNS, KINDS, STATUSES
 from ..mechanisms import MEASURED
 from .problem import MAX_COUNT
@@ -29,7 +30,9 @@ MAX_FILE_BYTES = 32 * 1024 * 1024  # ~100k points; larger files are refused befo
 
 ADDED_IN_2 = {"executed_flops": None, "foreign_cpu": None, "load_average": None, "disturbed": False, "retaken": 0}
 ADDED_IN_3 = ("kv_heads", "padding")
-OPTIONAL = {"positions": "none"}  # a column added without a new version: a file of any version may lack it
+# Columns added without a new file version: a file of any version may lack them (no positions, our own kernels'
+# points, no one-time costs).
+OPTIONAL = {"positions": "none", "implementation": "ours", "compile_s": None, "mask_s": None}
 TEXT, BOOL, INT, FLOAT = (KINDS[kind] for kind in ("text", "bool", "int", "float"))
 # The most characters a loaded row's text keeps (longer is cut, ending "…"); params are JSON, so longer is refused.
 TEXT_CHARS = {"label": 200, "reason": 500, "memory_method": 200}
@@ -55,9 +58,9 @@ def frame_from_rows(rows: list[dict]) -> pd.DataFrame:
     """The tidy DataFrame of rows, columns in schema order and dtypes fixed (an empty frame keeps its columns); a row
     without the columns schema 2 added gets ADDED_IN_2's values (contention unknown), one without those of schema 3
     its heads as key/value heads and no padding."""
-    df = pd.DataFrame([{c: r.get(c, ADDED_IN_2.get(c)) for c in COLUMNS}
+    df = pd.DataFrame([{c: r.get(c, ADDED_IN_2.get(c, OPTIONAL.get(c))) for c in COLUMNS}
                        | {"kv_heads": r.get("kv_heads", r.get("heads")), "padding": r.get("padding", 0)}
-                       | {c: r.get(c) or value for c, value in OPTIONAL.items()}
+                       | {c: value if r.get(c) in ('', None) else r.get(c) for c, value in OPTIONAL.items()}
                        for r in rows], columns=list(COLUMNS))
     return _typed(df)
 
@@ -299,6 +302,10 @@ def _validated(rows: list[dict], label: str) -> pd.DataFrame:
     clean = []
     for i, r in enumerate(rows, 1):
         _check_columns(r, label)
+        r = {**OPTIONAL, **{c: v for c, v in r.items() if not (c in OPTIONAL and v in ("", None))}}
+        if r["implementation"] not in IMPLEMENTATIONS:
+            raise RunFileError(f"{label} is malformed: row {i}, implementation {_shown(r['implementation'])} is not "
+                               f"one of {', '.join(IMPLEMENTATIONS)}")
         if r["status"] not in STATUSES:
             raise RunFileError(f"{label} is malformed: status {r['status']!r} is not one of {', '.join(STATUSES)}")
         cells = dict(r)
