@@ -66,13 +66,13 @@ def slopes(args: argparse.Namespace) -> None:
                 Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=args.causal), **LINES[key])
             times[key].append(median(samples[key]))
             peaks[key].append(peak)
-            print(f"  {key:10s} n={n:6d}  {spread(samples[key], 1e3, '.3g'):>34s} ms   "
+            print(f"  {key:14s} n={n:6d}  {spread(samples[key], 1e3, '.3g'):>34s} ms   "
                   f"peak {format_bytes(peak):>10s} (spec {format_bytes(predicted)})", flush=True)
     print(f"\nLog-log slopes, n = {ns[0]}…{ns[-1]} (target ≤ {TARGET_SLOPE} each):")
     for key in LINES:
         t, m = loglog_slope(ns, times[key]), loglog_slope(ns, peaks[key])
         verdict = "meets target" if t <= TARGET_SLOPE and m <= TARGET_SLOPE else "MISSES target"
-        print(f"  {key:10s} time {t:5.2f}   memory {m:5.2f}   {verdict}")
+        print(f"  {key:14s} time {t:5.2f}   memory {m:5.2f}   {verdict}")
 
 
 def versus_baseline(args: argparse.Namespace) -> None:
@@ -83,9 +83,9 @@ def versus_baseline(args: argparse.Namespace) -> None:
     base = samples[BASELINE]
     print(f"\nAt n = {n}, {args.compare_rounds} interleaved rounds: seconds per call, median (IQR, min–max); "
           f"speed-up over {BASELINE} as the median (IQR, min–max) of each round's ratio:")
-    print(f"  {BASELINE:10s} {spread(base, fmt='.3g'):>34s} s")
+    print(f"  {BASELINE:14s} {spread(base, fmt='.3g'):>34s} s")
     for key in LINES:
-        print(f"  {key:10s} {spread(samples[key], fmt='.3g'):>34s} s   "
+        print(f"  {key:14s} {spread(samples[key], fmt='.3g'):>34s} s   "
               f"{ratio_verdict(ratios(base, samples[key]), SPEEDUP.get(key, TARGET_SPEEDUP), at_most=False)}")
 
 
