@@ -145,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     if peer is None:
         print("linear-attention-transformer is not installed (pip install linear-attention-transformer==0.19.1): "
               "ours are timed alone, without ratios.")
+    least = "" if args.clock == "wall" else "min, "
     start("cpu", f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, {args.rounds} interleaved rounds; "
-                 f"{'wall' if args.clock == 'wall' else 'CPU'} ms: {'' if args.clock == 'wall' else 'min, '}median (IQR, min–max)")
+                 f"{'wall' if args.clock == 'wall' else 'CPU'} ms: {least}median (IQR, min–max)")
     print("Whole calls, feature maps included. peer: linear_attn (softmax features, no normalizer) and "
           "causal_linear_attn (buckets of 64 see the buckets before them, not their own); ours: exact causal.")
     figures = measure(args, peer)

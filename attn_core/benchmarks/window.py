@@ -1,6 +1,6 @@
-"""The sliding window, Longformer and BigBird as the sequence grows: time and peak-memory slopes from n = 4096 to 32768, and their
-speed-up over PyTorch's fused exact kernel (`sdpa`) at n = 16384, every figure from interleaved calls
-(A B A B …, so a busy spell of the machine hits all lines alike), median with its spread.
+"""The sliding window, Longformer and BigBird as the sequence grows: time and peak-memory slopes from n = 4096 to
+32768, and their speed-up over PyTorch's fused exact kernel (`sdpa`) at n = 16384, every figure from interleaved
+calls (A B A B …, so a busy spell of the machine hits all lines alike), median with its spread.
 
     python -m attn_core.benchmarks.window            # B=1, H=8, D=64, fp32, forward, 2 threads
     python -m attn_core.benchmarks.window --quick    # n = 1024…4096, sdpa at 4096, for a first look
