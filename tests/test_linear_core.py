@@ -223,3 +223,31 @@ def test_heads_split_from_the_model_dimension_are_not_copied_whole(small_chunks,
         peak = trace_peak_bytes(lambda: ac.get(key).fn(q, k, v, causal=causal, **state))
     predicted = ac.get(key).cost.memory_bytes(shape, **({"features": 64} if w is not None else {}))
     assert peak < predicted + q.numel() * 4 / 2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads,split", [(2, False), (1, False), (2, True)])
+def test_whole_tensor_form_equals_the_chunks(small_chunks, causal, kv_heads, split):
+    """`elu_attention` (few whole-tensor operations) against the cache-blocked chunks it stands in for, float64, with
+    a last partial block (n = 300, blocks of 16) and shared or split heads; a call that fits takes it."""
+    g = torch.Generator().manual_seed(2)
+    if split:
+        q, k, v = (torch.randn(2, 300, h, 16, generator=g, dtype=torch.float64).transpose(1, 2) for h in (2, 2, 2))
+    else:
+        q, k, v = (torch.randn(2, h, 300, 16, generator=g, dtype=torch.float64) for h in (4, kv_heads, kv_heads))
+    whole = core.elu_attention(q, k, v, causal)
+    chunked = core.linear_attention_core(q, k, v, causal, linear.feature_map, linear._key_map, 16)
+    torch.testing.assert_close(whole, chunked, atol=1e-12, rtol=1e-10)
+    assert core.whole_ready(q, k, v) and not core.whole_ready(q.float().requires_grad_(), k.float(), v.float())
+    assert not core.whole_ready(*(x.half() for x in (q, k, v)))
+    assert not core.whole_fits(8, 32768, 64) and core.whole_fits(8, 8192, 64)
+
+
+def test_whole_tensor_form_zeroes_a_query_whose_features_underflow():
+    """elu(−10⁴) + 1 = 0 in every feature: the normalizer is 0, the output row 0 (not NaN), the others untouched."""
+    q, k, v = qkv(70, D=8)
+    q[0, 1, 5] = -1e4
+    for causal in (False, True):
+        out = core.elu_attention(q, k, v, causal)
+        assert torch.equal(out[0, 1, 5], torch.zeros(8)) and out.isfinite().all()
+        torch.testing.assert_close(out[0, 0], explicit("linear", q, k, v, causal)[0, 0].float(), atol=1e-5, rtol=1e-4)

@@ -36,17 +36,39 @@ def chunk_blocks(heads: int, block: int, span: int) -> int:
 
 def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0) -> float:
     """Predicted peak bytes of banded_attention above its inputs (s.Nq = n; r = H/Hk query heads a key/value head):
-    reached in the first chunk, which holds the output, the (block, S) mask, its scaled queries, zero-padded key and
-    value slabs of the Hk heads when it touches an edge, its edge mask, and the scores and probabilities (B·H·rows·S
-    each), or the probabilities, the values' windows copied for P V (`window_copy`, Hk heads) and their product.
-    With `extra` keys (`_merged`) instead of those: the extra keys' copies and masks, the chunk's bias with a row
-    for each of its r·rows folded query rows, its joined keys and values (Hk heads) and what the fused kernel
-    allocates (the sdpa spec's prediction for that call: B·Hk problems of c blocks of r·block rows)."""
+    the output and the (block, S) mask with its bias held throughout, then the largest of the phases. Without
+    `extra` keys: a fused call on the interior blocks (`_fused`: what the fused kernel allocates, the sdpa spec's
+    prediction for B·Hk problems of c blocks of block rows against S keys), then each edge's chunks
+    (`_chunk_bytes`). With `extra` keys (`_merged`): the
+    first chunk's, as `_chunk_bytes` says."""
     span, elem, d = left + block + right, s.elem, s.D
-    rows = min(chunk_blocks(s.bh, block, span + extra), -(-s.Nq // block)) * block
-    edge = left > 0 or rows + right > s.Nq
-    slabs = 2 * s.bk * (rows + left + right) * d * elem + rows * span * elem if edge else 0
-    held = s.bh * s.Nq * d * elem + block * span * (elem + 1) + s.bh * rows * d * elem + slabs
+    n_blocks = -(-s.Nq // block)
+    base = s.bh * s.Nq * d * elem + block * span * (elem + 1)
+    lo, hi = interior(s.Nq, block, left, right) if not extra else (0, 0)
+    if hi <= lo:  # every block in chunks: the first holds most, and passes an end when it starts before 0 or
+        # reaches past n
+        rows = min(chunk_blocks(s.bh, block, span + extra), n_blocks) * block
+        return base + _chunk_bytes(s, n_blocks, block, left, right, extra, left > 0 or rows + right > s.Nq)
+    peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype))
+    if lo:
+        peak = max(peak, _chunk_bytes(s, lo, block, left, right, 0, left > 0))
+    if n_blocks > hi:
+        peak = max(peak, _chunk_bytes(s, n_blocks - hi, block, left, right, 0, n_blocks * block + right > s.Nq))
+    return base + peak
+
+
+def _chunk_bytes(s: Shape, blocks: int, block: int, left: int, right: int, extra: int, padded: bool) -> float:
+    """Peak bytes of the first of `blocks` query blocks' chunks beside the output and mask (`_chunk`): its scaled
+    queries, zero-padded key and value slabs of the Hk heads and its edge mask when it passes an end (`padded`),
+    and the scores and probabilities (B·H·rows·S each), or the probabilities, the values' windows copied for P V
+    (`window_copy`, Hk heads) and their product. With `extra` keys (`_merged`) instead of those: the extra keys'
+    copies and masks, the chunk's bias with a row for each of its r·rows folded query rows, its joined keys and
+    values (Hk heads) and what the fused kernel allocates (the sdpa spec's prediction for that call: B·Hk problems
+    of c blocks of r·block rows)."""
+    span, elem, d = left + block + right, s.elem, s.D
+    rows = min(chunk_blocks(s.bh, block, span + extra), blocks) * block
+    slabs = 2 * s.bk * (rows + left + right) * d * elem + rows * span * elem if padded else 0
+    held = s.bh * rows * d * elem + slabs
     if not extra:  # the scores beside their probabilities, or the probabilities beside P V and the values it reads
         scores, c = s.bh * rows * span * elem, rows // block
         return held + scores + max(scores, window_copy(s.bk, c, span * d * elem) + s.bh * rows * d * elem)
@@ -156,11 +178,43 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     out = q.new_empty(B, H, n, D)
     step = chunk_blocks(B * H, block, span + (0 if extra is None else len(extra.positions)))
     pad = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype)
-    for first in range(0, n_blocks, step):
-        c, qs = min(step, n_blocks - first), first * block
-        qc = query_blocks(q, k.shape[1], qs, c, block)
-        write_blocks(out, _chunk(qc, k, v, qs, block, left, inner_bias, pattern, extra, pad), qs, block)
+    lo, hi = interior(n, block, left, right) if extra is None and pad is None else (0, 0)
+    if hi > lo:
+        _fused(q, k, v, out, lo, hi - lo, block, left, inner_bias)
+    for a, b in ((0, lo), (hi, n_blocks)) if hi > lo else ((0, n_blocks),):
+        for first in range(a, b, step):
+            c, qs = min(step, b - first), first * block
+            qc = query_blocks(q, k.shape[1], qs, c, block)
+            write_blocks(out, _chunk(qc, k, v, qs, block, left, inner_bias, pattern, extra, pad), qs, block)
     return out
+
+
+def interior(n: int, block: int, left: int, right: int) -> tuple[int, int]:
+    """Query blocks [lo, hi) whose whole window [β·block − left, (β+1)·block + right) lies inside [0, n): the blocks
+    `_fused` takes in one call (hi ≤ lo: none)."""
+    return -(-left // block), (n - right) // block
+
+
+def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lo: int, c: int, block: int,
+           left: int, inner_bias: torch.Tensor) -> None:
+    """Query blocks lo … lo + c − 1 (all inside, `interior`) in one call of PyTorch's fused kernel
+    (`F.scaled_dot_product_attention`: no scores held, one parallel operation for all of them) per query head of a
+    group: each block's window of S keys a strided view of k and v (overlapping windows, no copy), its (block, S)
+    bias the same for every block, B·Hk problems of c "heads" of block rows; the j-th query heads of all groups are
+    a strided view of q too, and each result is copied into `out`. Every parallel operation of a call costs a
+    synchronisation of the threads, which a busy core stretches to a time slice: H/Hk calls instead of chunks of
+    about eight operations each hold up under load."""
+    B, H, n, D = q.shape
+    Hk, span = k.shape[1], inner_bias.shape[-1]
+    r, qs = H // Hk, lo * block
+    ks = qs - left
+    keys, values = (x[:, :, ks:ks + (c - 1) * block + span].unfold(2, span, block).transpose(-1, -2)
+                    .reshape(B * Hk, c, span, D) for x in (k, v))  # (B·Hk, c, S, D), views of k and v
+    for j in range(r):  # query heads j, r + j, 2r + j, …: one of each group
+        queries = q[:, j::r, qs:qs + c * block].reshape(B * Hk, c, block, D)  # a view unless q's heads are split
+        rows = F.scaled_dot_product_attention(queries, keys, values, attn_mask=inner_bias)
+        out[:, j::r, qs:qs + c * block].copy_(rows.view(B, Hk, c * block, D))
+        del rows
 
 
 def _chunk(qc: torch.Tensor, k, v, qs: int, block: int, left: int, inner_bias: torch.Tensor, pattern: Pattern,

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import StateCache
 from ._common import check_key_padding, checked_shape, repeated, row_normalized
-from ._linear_core import LOG2E, linear_attention_core, linear_core_flops, linear_core_memory, mapped, work_dtype
+from ._linear_core import (LOG2E, elu_attention, elu_flops, elu_memory, linear_attention_core, linear_core_flops,
+                           linear_core_memory, mapped, whole_fits, whole_ready, work_dtype)
 
 
 def feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -27,14 +28,18 @@ def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D). Not softmax: a different, cheaper similarity. Hk < H
     (grouped-query attention): φ(K) and the sums over keys are made once per key/value head, read in place by the
     H/Hk query heads sharing it, so sharing costs less than multi-head attention.
-    O(n·D²) time; O(n·D) memory, the output and a cache-sized chunk (causal by chunked prefix sums). φ is applied
-    chunk by chunk, in float32 for half inputs (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
+    O(n·D²) time; O(n·D) memory. float32/float64 forward calls whose tensors fit the shared cache run in a few
+    whole-tensor operations (`elu_attention`: steady when another process holds a core); longer or half-precision
+    inputs, and calls autograd records, run cache-blocked chunk by chunk (`linear_attention_core`), half inputs in
+    float32 (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zeroed, so they add
     nothing to the numerator or the normaliser, the same as leaving those keys out (exact masking); a query that
     sees no unpadded key outputs zeros.
     """
     checked_shape(SPEC, q, k, v, causal)
     if key_padding_mask is None:
+        if whole_ready(q, k, v):
+            return elu_attention(q, k, v, causal)
         return linear_attention_core(q, k, v, causal, feature_map, _key_map, q.shape[-1])
     check_key_padding(SPEC, key_padding_mask, q, k)
     work = work_dtype(v.dtype)
@@ -53,11 +58,20 @@ def _flops(s: Shape) -> float:
     return linear_core_flops(s, s.D)  # φ = elu + 1 is elementwise: no matmul
 
 
+def _whole(s: Shape) -> bool:
+    """The call runs `elu_attention` (float32/float64 inputs that `whole_fits`; forward, as the engine times it)."""
+    return s.elem >= 4 and whole_fits(s.bh, max(s.Nq, s.Nk), s.D)
+
+
 def _executed_flops(s: Shape) -> float:
+    if _whole(s):
+        return elu_flops(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal)
     return linear_core_flops(s, s.D, executed=True)
 
 
 def _memory(s: Shape) -> float:
+    if _whole(s):
+        return elu_memory(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal) * s.elem
     # φ = elu + 1 of a chunk: two (rows, D) tensors at its peak, the features and the other of clamp(x, max=0)
     return linear_core_memory(s, s.D, 2 * s.D, 2 * s.D)
 
