@@ -1,4 +1,5 @@
-"""What a mechanism is: its knobs, its support, and its theoretical cost (the single source for UI, tests and guards)."""
+"""What a mechanism is: its knobs, its support, and its theoretical cost (the single source for UI, tests and
+guards)."""
 from __future__ import annotations
 
 import math

@@ -264,7 +264,8 @@ def chart_frames(df: pd.DataFrame, metric: str, *, theory: pd.DataFrame | None =
     drawn = pts[pts["drawn"]]
     spread = ["iqr_low", "iqr_high"] if metric == "time_median_s" else []
     frames = {"lines": drawn[["n", column, *spread, "line", "series", "mask"]],
-              "points": drawn.loc[~drawn["hollow"], keep], "disturbed": drawn.loc[drawn["hollow"], keep], "missing": pts.loc[~pts["drawn"], keep]}
+              "points": drawn.loc[~drawn["hollow"], keep], "disturbed": drawn.loc[drawn["hollow"], keep],
+              "missing": pts.loc[~pts["drawn"], keep]}
     pts = pts[keep]
     if theory is not None and len(theory):
         frames["theory"] = _theory_frames(theory, pts, column, divisor)
@@ -301,7 +302,8 @@ def layered(shape: ChartShape, frames: dict[str, pd.DataFrame] | None = None) ->
     y = alt.Y(f"{column}:Q", title=list(shape.y_title), scale=yscale)
     talk = shape.talk
     # the masks' points differ in shape too; the line style's legend names them
-    marker = {"shape": alt.Shape("mask:N", legend=None) if shape.masks else alt.value("circle"), "tooltip": tooltip(shape.generate)}
+    marker = {"shape": alt.Shape("mask:N", legend=None) if shape.masks else alt.value("circle"),
+              "tooltip": tooltip(shape.generate)}
     layers = []
     if "lines" in shape.datasets:
         drawn = alt.Chart(alt.NamedData(name="lines")).encode(x=x, y=y, color=colour)

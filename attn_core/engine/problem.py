@@ -97,7 +97,8 @@ class Problem:
         """Seeded q (B, H, n, D), k and v (B, H_kv, n_kv, D) on the problem's device and dtype."""
         g = torch.Generator().manual_seed(self.seed)
         sizes = ((self.heads, self.n), (self.key_heads, self.keys), (self.key_heads, self.keys))
-        return tuple(torch.randn(self.batch, h, n, self.head_dim, generator=g).to(self.device, getattr(torch, self.dtype))
+        dtype = getattr(torch, self.dtype)
+        return tuple(torch.randn(self.batch, h, n, self.head_dim, generator=g).to(self.device, dtype)
                      for h, n in sizes)
 
     def key_padding_mask(self) -> torch.Tensor | None:
