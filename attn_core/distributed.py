@@ -598,6 +598,59 @@ def _measured(task: Task, rank: int, timeout, device: str, warmup: int, memory: 
     return out.cpu().numpy(), elapsed, link.comm_s, peak, link.bytes_sent
 
 
+def _probe_worker(rank: int, procs: int, port: int, timeout_s: float, results) -> None:
+    """One bare rank of `check_launch`: join a gloo group on localhost and all-reduce a one, nothing else."""
+    for name in ("SIGINT", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=procs,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        one = torch.ones(1)
+        dist.all_reduce(one)
+        dist.destroy_process_group()
+        results.put(("done", rank, float(one)))
+    except BaseException as e:  # reported to check_launch, which raises it as a sentence
+        results.put(("error", rank, f"{type(e).__name__}: {str(e).strip()[:200]}"))
+        raise SystemExit(1)
+
+
+def check_launch(procs: int = 2, timeout_s: float = 20.0) -> None:
+    """Start `procs` bare ranks (the launch's start method) that meet on localhost over gloo and all-reduce a one:
+    returns when they did, raises DistributedError with the cause where this machine cannot (no loopback
+    networking, no second process, no rendezvous within `timeout_s`). Runs none of the schemes; every rank ends."""
+    try:
+        port = free_port()
+        ctx = _context()
+        results = ctx.Queue()
+    except OSError as e:
+        raise DistributedError(f"{procs} processes cannot start and meet on localhost here ({e})") from None
+    workers = [ctx.Process(target=_probe_worker, args=(r, procs, port, timeout_s, results), daemon=True)
+               for r in range(procs)]
+    try:
+        try:
+            with _bare_main(), _stops_held():
+                for w in workers:
+                    w.start()
+        except OSError as e:
+            raise DistributedError(f"{procs} processes cannot start here ({e})") from None
+        deadline, sums = time.monotonic() + timeout_s + 30, []  # the start (imports), then the rendezvous
+        while len(sums) < procs:
+            try:
+                message = results.get(timeout=0.2)
+            except queue.Empty:
+                _check_alive(workers, deadline, timeout_s)
+                continue
+            if message[0] == "error":
+                raise DistributedError(f"rank {message[1]} could not join a gloo group on localhost: {message[2]}")
+            sums.append(message[2])
+        if sums != [float(procs)] * procs:
+            raise DistributedError(f"the {procs} ranks' all-reduce of ones gave {sums}, not {procs}")
+    finally:
+        _stop(workers)
+        results.close()
+
+
 def free_port() -> int:
     """A TCP port free on localhost now (the OS picks it)."""
     with socket.socket() as s:

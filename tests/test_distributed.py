@@ -30,6 +30,22 @@ TASKS = (D.Task("ring", n=64, **SHAPE), D.Task("ring", n=72, causal=True, **SHAP
          D.Task("state", "linear", n=200, causal=True, **SHAPE), D.Task("state", "mamba2", n=96, causal=True, **SHAPE),
          D.Task("state", "gated_deltanet", n=72, causal=True, **SHAPE))
 SMALL = D.small_case()  # what the Theory page runs
+LAUNCH_FAILURES = (D.DistributedError, OSError, RuntimeError)
+
+
+def launch_or_skip(check=D.check_launch) -> None:
+    """Skip, with the cause, where 2 ranks cannot start and meet on localhost (no loopback, no second process): a
+    start-up failure only, so that a failure of the schemes once a launch works still fails its test."""
+    try:
+        check(2)
+    except LAUNCH_FAILURES as e:
+        pytest.skip(f"2 processes cannot be launched here to meet over gloo on localhost: {e}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def launchable():
+    """One tiny 2-rank gloo launch, probed once before any test of this file starts processes."""
+    launch_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -321,6 +337,20 @@ def test_a_sweep_holding_the_machine_refuses_the_run_with_a_sentence():
     with sweep_lock():
         with pytest.raises(D.DistributedError, match="another sweep is running.*as a sweep does"):
             D.run("ring", n=64, memory=False, lock_wait_s=0)
+
+
+def test_a_launch_that_cannot_start_skips_with_the_cause(monkeypatch):
+    def no_loopback():
+        raise OSError(99, "Cannot assign requested address")
+
+    monkeypatch.setattr(D, "free_port", no_loopback)
+    with pytest.raises(D.DistributedError, match="cannot start and meet on localhost here.*Cannot assign"):
+        D.check_launch()
+    with pytest.raises(pytest.skip.Exception, match="cannot be launched here.*Cannot assign requested address"):
+        launch_or_skip()
+    monkeypatch.undo()
+    D.check_launch()  # here it can: the probe itself passes
+    launch_or_skip()
 
 
 @pytest.mark.parametrize("options, words", [
