@@ -244,15 +244,19 @@ LINKS = {
 
 
 def schemes_table(n: int, heads: int, head_dim: int, procs: int, *, batch: int = 1, elem: int = 2,
-                  link_bytes_per_s: float = LINKS["NVLink 4 (H100 SXM)"][0], flops_per_s: float = 1e12):
+                  link_bytes_per_s: float = LINKS["NVLink 4 (H100 SXM)"][0], flops_per_s: float = 1e12,
+                  kv_heads: int | None = None, layers: int = 1):
     """The three schemes for one attention layer of context n split over `procs` devices, from the cost model: bytes
     each device holds and sends, the transfer's time at the link's rate, the compute time a device at `flops_per_s`
     (causal softmax 2·B·H·n²·D/P; linear attention's state 4·B·H·(n/P)·D²), and for the ring the block it needs to
-    hide the transfer behind compute (`overlap_block`) beside the block it has (n/P). One row a scheme (pandas); a
-    scheme that cannot split this shape has its reason instead of figures."""
+    hide the transfer behind compute (`overlap_block`) beside the block it has (n/P). `kv_heads` (None: one a query
+    head) shrink what the ring passes and Ulysses exchanges of K and V by kv_heads/heads (state passing keeps a state
+    a query head); `bytes_sent_all_layers` is a layer's bytes × `layers`. One row a scheme (pandas); a scheme that
+    cannot split this shape has its reason instead of figures."""
     import pandas as pd
 
     shape = (batch, heads, n, head_dim)
+    kv = heads if kv_heads is None else kv_heads
     flops = 2.0 * batch * heads * n * n * head_dim  # causal softmax: Q Kᵀ and P V over the kept half
     linear_flops = 4.0 * batch * heads * n * head_dim ** 2  # linear attention: its states built, then read
     rows = []
@@ -260,17 +264,37 @@ def schemes_table(n: int, heads: int, head_dim: int, procs: int, *, batch: int =
                          ("ulysses", "any mechanism, heads exchanged by all-to-all"),
                          ("state", "linear attention, the prefix state passed on (causal)")):
         row = {"scheme": scheme, "what": what}
-        if scheme == "ulysses" and heads % procs:
-            rows.append({**row, "reason": f"{heads} heads do not divide among {procs} devices"})
+        if scheme == "ulysses" and (heads % procs or kv % procs):
+            which = f"{heads} heads" if heads % procs else f"{kv} key/value heads"
+            rows.append({**row, "reason": f"{which} do not divide among {procs} devices"})
             continue
-        sent = max(bytes_predicted(scheme, shape, procs, True, elem))
-        row.update(memory_per_device_bytes=memory_predicted(scheme, shape, procs, elem), bytes_sent_per_layer=sent,
-                   transfer_s=sent / link_bytes_per_s, reason="",
+        sent, held = max(bytes_predicted(scheme, shape, procs, True, elem)), memory_predicted(scheme, shape, procs,
+                                                                                             elem)
+        if kv != heads and scheme != "state":  # K and V carry kv heads: the ring's whole traffic, half Ulysses'
+            local = batch * (n // procs) * head_dim * elem
+            sent = sent * kv // heads if scheme == "ring" else sent // 2 + sent // 2 * kv // heads
+            held -= 4 * (heads - kv) * local  # k and v, and the ring's block arriving or Ulysses' exchanged pair
+        row.update(memory_per_device_bytes=held, bytes_sent_per_layer=sent, layers=layers,
+                   bytes_sent_all_layers=sent * layers, transfer_s=sent / link_bytes_per_s, reason="",
                    compute_s=(linear_flops if scheme == "state" else flops) / procs / flops_per_s)
         if scheme == "ring":
             row.update(block=n // procs, block_to_hide_transfer=overlap_block(flops_per_s, link_bytes_per_s, elem))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def attention_shape(model) -> dict:
+    """The attention layers of a planner model (attn_core.planner.Model) as schemes_table takes them: the query
+    heads, key/value heads and head dim of its most numerous kind of layer that is not a state mechanism (every kind
+    where all are), and the count of its layers of that shape. E.g. Llama-3-8B: 32 layers of 32 heads, 8 key/value
+    heads of 128."""
+    kinds = [layer for layer in model.layers if layer.mechanism not in STATE_MECHANISMS] or list(model.layers)
+    shape_of = lambda layer: (layer.heads, layer.kv_heads, layer.head_dim)  # noqa: E731
+    counts: dict = {}
+    for layer in kinds:
+        counts[shape_of(layer)] = counts.get(shape_of(layer), 0) + layer.count
+    (heads, kv_heads, head_dim), layers = max(counts.items(), key=lambda item: item[1])
+    return dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, layers=layers)
 
 
 def small_case(procs: int = 2, n: int = 1024, heads: int = 8, head_dim: int = 64) -> tuple[Task, ...]:

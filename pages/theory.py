@@ -2,7 +2,7 @@
 import pandas as pd
 import streamlit as st
 
-from attn_core import MECHANISMS, distributed
+from attn_core import MECHANISMS, distributed, planner
 from attn_core.spec import DTYPE_BYTES
 from attn_core.engine import env, positions
 from attn_core.charts import insight as insight_charts
@@ -171,14 +171,25 @@ with devices_tab:
                "bytes it predicts are the bytes its runs count): ring attention (arXiv 2310.01889), DeepSpeed-Ulysses "
                "(arXiv 2309.14509) and state passing. Measure a small run here with `python -m attn_core "
                "distributed --scheme ring --procs 2 --n 4096 --causal`.")
-    a, b, c = st.columns(3)
+    a, b, c, e = st.columns(4)
     sp_n = a.select_slider("Context n", NS, n_max, format_func="{:,}".format, **keyed("th_sp_n"))
     procs = b.number_input("Devices P", 2, 1024, 8, **keyed("th_sp_procs"))
     link = c.selectbox("Link", list(distributed.LINKS), index=1, **keyed("th_sp_link"))
+    sp_model = e.selectbox("Shape of", [""] + [m.name for m in planner.MODELS.values()],
+                           format_func=lambda name: name or "the settings above (one layer)",
+                           help="A built-in model of the planner: its attention layers' query and key/value heads, "
+                                "head dim, count and dtype", **keyed("th_sp_model"))
     link_rate, link_source = distributed.LINKS[link]
-    table = distributed.schemes_table(int(sp_n), int(heads), int(d_model) // int(heads), int(procs),
-                                      batch=int(batch), elem=DTYPE_BYTES[dtype], link_bytes_per_s=link_rate,
-                                      flops_per_s=gflops * 1e9)
+    if sp_model:
+        chosen = planner.find(sp_model)
+        shape, sp_dtype = distributed.attention_shape(chosen), chosen.dtype
+        st.caption(f"{chosen.name}: {shape['layers']} attention layers of {shape['heads']} query heads, "
+                   f"{shape['kv_heads'] or shape['heads']} key/value heads of {shape['head_dim']}, {sp_dtype} "
+                   f"({chosen.source}).")
+    else:
+        shape, sp_dtype = dict(heads=int(heads), kv_heads=kv_heads, head_dim=int(d_model) // int(heads)), dtype
+    table = distributed.schemes_table(int(sp_n), procs=int(procs), batch=int(batch), elem=DTYPE_BYTES[sp_dtype],
+                                      link_bytes_per_s=link_rate, flops_per_s=gflops * 1e9, **shape)
     st.dataframe(table, hide_index=True)
     st.caption(f"{link}: {link_rate / 1e9:,.0f} GB/s a direction ({link_source}). Compute at {gflops:,.0f} GFLOP/s "
                "a device. The ring hides its transfers behind compute when its block n/P reaches "

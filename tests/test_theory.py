@@ -221,3 +221,48 @@ def test_the_whole_model_cache_follows_the_key_value_heads_and_latent_attention_
     assert theory.latent_costs([4096], layers=1, heads=8, head_dim=30).empty  # rope_dim 15 is no even integer
     row = theory.latent_context({"1 GiB": theory.GIB}, layers=1, heads=8, head_dim=64, dtype="float32")
     assert row["1 GiB"] == f"{theory.GIB // (288 * 4):,} tokens"
+
+
+def test_the_schemes_table_takes_key_value_heads_and_layers():
+    from attn_core import distributed as D
+
+    # Llama 3 8B's attention at 1M tokens over 8 devices, bf16: K and V of 8 heads, q and the output of 32
+    got = D.schemes_table(1 << 20, 32, 128, 8, kv_heads=8, layers=32).set_index("scheme")
+    block = (1 << 20) // 8 * 128 * 2  # one head's n/P positions, bytes
+    assert got.loc["ring", "bytes_sent_per_layer"] == 2 * 7 * 8 * block
+    assert got.loc["ulysses", "bytes_sent_per_layer"] == 7 * (2 * 32 + 2 * 8) // 8 * block
+    assert got.loc["ring", "memory_per_device_bytes"] == (2 * 32 + 4 * 8) * block
+    assert got.loc["ring", "bytes_sent_all_layers"] == 32 * 2 * 7 * 8 * block
+    assert got.loc["state", "bytes_sent_per_layer"] == 32 * (128 * 128 + 128) * 4  # a state a query head
+    refused = D.schemes_table(4096, 16, 256, 8, kv_heads=2).set_index("scheme")
+    assert refused.loc["ulysses", "reason"] == "2 key/value heads do not divide among 8 devices"
+
+
+def test_the_across_devices_tab_takes_a_planner_models_shape():
+    from streamlit.testing.v1 import AppTest, app_test
+
+    from tests.test_app import APP, Routed, widget
+
+    def ring_row(at):
+        tables = [t.value for t in at.dataframe if "bytes_sent_per_layer" in t.value.columns]
+        assert len(tables) == 1
+        return tables[0].set_index("scheme").loc["ring"]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(app_test, "PagesManager", Routed)
+        at = AppTest.from_file(APP, default_timeout=120).run()
+        at.switch_page("pages/theory.py").run()
+        n, procs = 1 << 20, 8  # the tab's defaults: the longest n of the settings, 8 devices
+        own = ring_row(at)  # the page's settings: 16 heads of 1024 / 16 = 64, float32, one layer
+        assert own["bytes_sent_per_layer"] == 2 * 7 * 16 * (n // procs) * 64 * 4 and own["layers"] == 1
+        assert widget(at, "th_sp_model").value == ""
+        widget(at, "th_sp_model").set_value("Llama-3-8B").run()
+        llama = ring_row(at)  # 32 layers, 32 query heads, 8 key/value heads of 128, bfloat16 (its config.json)
+        assert llama["bytes_sent_per_layer"] == 2 * 7 * 8 * (n // procs) * 128 * 2
+        assert llama["layers"] == 32 and llama["bytes_sent_all_layers"] == 32 * llama["bytes_sent_per_layer"]
+        assert any(c.value.startswith("Llama-3-8B: 32 attention layers of 32 query heads, 8 key/value heads of 128")
+                   for c in at.caption)
+        widget(at, "th_sp_model").set_value("Qwen3-Next-80B-A3B").run()
+        qwen = ring_row(at)  # its 12 gated attention layers: 16 query heads, 2 key/value heads of 256
+        assert qwen["layers"] == 12 and qwen["bytes_sent_per_layer"] == 2 * 7 * 2 * (n // procs) * 256 * 2
+    assert not at.exception, [e.value for e in at.exception]
