@@ -244,7 +244,8 @@ def add_recall_parser(sub) -> None:
     r.add_argument("--json", action="store_true", help="print one JSON list, an object per mechanism")
     r.add_argument("--out", default=None, metavar="PATH",
                    help="also save the results as a JSON file with the command, the machine and the versions (the "
-                        "form of the page's reference table)")
+                        "form of the page's reference table); Ctrl-C or SIGTERM saves the mechanisms finished, the one "
+                        "in flight marked stopped, and exits 128 + the signal")
     r.add_argument("--note", default="", help="a sentence saved with --out (e.g. how busy the machine was)")
 
 
@@ -271,25 +272,40 @@ def run_recall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> in
         err.write(f"error: {problem}\n")
         return EXIT_USAGE
     results = []
-    for key, params in args.mechanisms:
-        result = recall.train(key, params, setup)
-        err.write(f"{result.name}: accuracy {result.accuracy:.3f} (lr {result.best_lr:g}) in {result.train_s:.1f} s\n")
-        results.append(result)
+    with StopSignals() as stops:
+        stops.armed = False  # a stop is asked for between steps (train's `stop`): the one in flight ends marked
+        for key, params in args.mechanisms:
+            if stops.received:
+                break
+            result = recall.train(key, params, setup, stop=lambda: bool(stops.received))
+            results.append(result)
+            if not stops.received:
+                err.write(f"{result.name}: accuracy {result.accuracy:.3f} (lr {result.best_lr:g}) in "
+                          f"{result.train_s:.1f} s\n")
+    if stops.received:  # Ctrl-C, SIGTERM or a hangup (the terminal may be gone): what finished is kept
+        out, err = _Lenient(out), _Lenient(err)
+        finished = sum(not r.stopped for r in results)
+        err.write(f"\n{signal.Signals(stops.received[0]).name}: stopped; {_count(finished, 'mechanism')} finished "
+                  f"{'is' if finished == 1 else 'are'} kept" + (", the one in flight marked stopped\n"
+                                                              if finished < len(results) else "\n"))
     if args.out:
         stamp = env.environment(setup.device, "float32", setup.threads)
+        note = args.note + (f" (stopped by {signal.Signals(stops.received[0]).name})" if stops.received else "")
         made = recall.provenance(results, setup, command=shlex.join(["python", "-m", "attn_core", *args.argv]),
-                                 stamp=stamp, note=args.note)
+                                 stamp=stamp, note=note.strip())
         write_atomic(args.out, (json.dumps(made, indent=1) + "\n").encode())
         err.write(f"saved to {args.out}\n")
+    code = EXIT_SIGNALLED + stops.received[0] if stops.received else EXIT_OK  # 130 Ctrl-C, 143 SIGTERM
     if args.json:
         out.write(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
-        return EXIT_OK
+        return code
     out.write(f"{'mechanism':32s} {'accuracy':>8s} {'state a layer':>14s} {'train':>8s}\n")
     for r in results:
         state = format_bytes(r.state_bytes) if r.state_bytes == r.state_bytes else "n/a"
-        out.write(f"{r.name:32s} {r.accuracy:8.3f} {state:>14s} {r.train_s:7.1f}s\n")
+        mark = " (stopped)" if r.stopped else ""
+        out.write(f"{r.name:32s} {r.accuracy:8.3f} {state:>14s} {r.train_s:7.1f}s{mark}\n")
     out.write(f"chance: {setup.task.chance:.3f} (one of {setup.task.vocab - setup.task.vocab // 2} values)\n")
-    return EXIT_OK
+    return code
 
 
 def parse_context(text: str) -> int:

@@ -3,6 +3,10 @@ from the mask, softmax learning a tiny case, and the refusals."""
 import io
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -170,3 +174,55 @@ def test_a_saved_file_reads_back_and_a_bad_one_is_refused_with_a_sentence():
             recall.read_saved(bad if isinstance(bad, str) else json.dumps(bad))
     shipped = recall.reference()
     assert shipped["command"].startswith("python -m attn_core recall") and shipped["results"]
+
+
+TINY_ARGS = ["--seq", "16", "--pairs", "2", "--vocab", "16", "--d-model", "32", "--batch", "16", "--lrs", "1e-2",
+             "--eval", "16"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_keeps_the_mechanisms_finished_and_marks_the_one_in_flight(signum, monkeypatch, tmp_path):
+    train, started = recall.train, []
+
+    def stopped_in_the_second(key, params, setup, **options):  # the stop arrives as the second one starts
+        started.append(key)
+        if len(started) == 2:
+            os.kill(os.getpid(), signum)
+        return train(key, params, setup, **options)
+
+    monkeypatch.setattr(recall, "train", stopped_in_the_second)
+    out, err, path = io.StringIO(), io.StringIO(), tmp_path / "recall.json"
+    code = main(["recall", "--mechanisms", "softmax,linear,sdpa", "--steps", "5", *TINY_ARGS, "--out", str(path)],
+                out, err)
+    assert code == 128 + signum and started == ["softmax", "linear"]
+    assert f"{signal.Signals(signum).name}: stopped; 1 mechanism finished is kept, the one in flight marked" \
+        in err.getvalue()
+    saved = json.loads(path.read_text())
+    assert [(r["mechanism"], r["stopped"]) for r in saved["results"]] == [("softmax", False), ("linear", True)]
+    assert recall.read_saved(path.read_text())["results"][0]["mechanism"] == "softmax"
+    assert "linear" in out.getvalue() and "(stopped)" in out.getvalue().splitlines()[2]
+
+
+def test_sigterm_to_the_cli_process_saves_what_finished(tmp_path):
+    """A real process, stopped by SIGTERM once its first mechanism has printed its accuracy."""
+    path = tmp_path / "recall.json"
+    names = ["softmax", "linear", "sliding_window:window=4"]
+    process = subprocess.Popen([sys.executable, "-m", "attn_core", "recall", "--mechanisms", ",".join(names),
+                                "--steps", "60", *TINY_ARGS, "--out", str(path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = process.stderr.readline()  # blocks until softmax has finished (or the process ended)
+        assert first.startswith("softmax: accuracy"), first + process.stderr.read()
+        process.send_signal(signal.SIGTERM)
+        _, rest = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 128 + signal.SIGTERM, rest
+    assert "SIGTERM: stopped" in rest
+    results = json.loads(path.read_text())["results"]
+    assert results[0]["mechanism"] == "softmax" and results[0]["stopped"] is False and results[0]["accuracy"] > 0
+    assert [r["mechanism"] for r in results] == names[:len(results)]
+    assert len(results) < len(names) or results[-1]["stopped"]  # the stop came before the last one finished
+    assert not any(r["stopped"] for r in results[:-1])  # only the one in flight, if one was, is marked
