@@ -389,6 +389,18 @@ def provenance(results: list[Result], setup: Setup, *, command: str, stamp: dict
             "results": [r.as_dict() for r in results]}
 
 
+def command_line(names: list[str], setup: Setup) -> str:
+    """The `python -m attn_core recall` command that trains `names` (as Result.name writes them) with `setup`: what
+    a run made elsewhere (the page) saves as its command, so that it can be made again."""
+    flags = {"--mechanisms": ",".join(names), "--seq": setup.task.seq, "--pairs": setup.task.pairs,
+             "--vocab": setup.task.vocab, "--d-model": setup.d_model, "--layers": setup.layers,
+             "--heads": setup.heads, "--steps": setup.steps, "--batch": setup.batch,
+             "--lrs": ",".join(map(str, setup.lrs)), "--eval": setup.eval_sequences, "--seed": setup.seed}
+    threads = [] if setup.threads is None else [f"--threads {setup.threads}"]
+    return " ".join(["python -m attn_core recall", *(f"{k} {v}" for k, v in flags.items()), *threads,
+                     f"--device {setup.device}"])
+
+
 SAVED_LIMITS = {"accuracy": (0.0, 1.0), "state_bytes": (0.0, 1e18), "train_s": (0.0, 1e7), "best_lr": (0.0, 1.0)}
 SETUP_KEYS = ("vocab", "seq", "pairs", "d_model", "layers", "heads", "steps", "batch", "eval_sequences", "seed")
 MAX_SAVED = 64  # results a saved file may hold

@@ -1,11 +1,13 @@
 """Associative recall: what a mechanism can still learn, trained live, beside what it holds and the time it took
 (attn_core.recall; MQAR, Zoology, Arora et al. 2023, arXiv 2312.04927)."""
+import json
 import time
 
 import streamlit as st
 
 from attn_core import MECHANISMS, recall
 from attn_core.charts import recall as recall_charts, style
+from attn_core.engine import env
 from attn_core.untrusted import literal
 from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
@@ -86,6 +88,7 @@ if clicked:
                                   theme=None)
                 drawn_at[0] = time.monotonic()
         state["results"].append(recall.train(key, params, setup, progress=arrived))
+    state["stamp"] = env.environment(setup.device, "float32", setup.threads)  # the machine, as recall --out saves
     st.rerun()
 
 shown = state["setup"] or setup
@@ -102,3 +105,8 @@ if state["results"]:
                                             title="Recall against the time it took", subtitle=where))
     st.dataframe(table[["mechanism", "accuracy", "state_bytes", "train_s", "best_lr"]], hide_index=True)
     export_row(by_state, table, "recall", "rc_export")
+    made = recall.provenance(state["results"], shown, stamp=state.get("stamp") or {}, note="trained on the page",
+                             command=recall.command_line([r.name for r in state["results"]], shown))
+    st.download_button("Download the run (JSON, as recall --out writes: it opens above)",
+                       lambda: (json.dumps(made, indent=1) + "\n").encode(), "recall-run.json", "application/json",
+                       key="rc_download", on_click="ignore", icon=":material/download:")

@@ -60,3 +60,41 @@ def test_curves_so_far_stay_after_a_stop():
     assert not at.exception
     assert drawn(chart_specs(at)[1]) == {"softmax"}
     assert any("Stopped" in c.value for c in at.caption)
+
+
+def test_a_run_trained_here_downloads_as_the_file_recall_out_writes_and_opens_again(monkeypatch):
+    import json
+    import shlex
+
+    from streamlit.runtime.media_file_manager import MediaFileManager
+
+    from attn_core import cli
+
+    made, original = {}, MediaFileManager.add_deferred
+
+    def record(self, data, mimetype, coordinates, file_name=None, **kwargs):
+        made[file_name] = data
+        return original(self, data, mimetype, coordinates, file_name=file_name, **kwargs)
+
+    monkeypatch.setattr(MediaFileManager, "add_deferred", record)
+    at = recall_page(rc_mechs=["softmax", "sliding_window"], rc_seq=16, rc_pairs=2, rc_vocab=16, rc_width=16,
+                     rc_steps=3)
+    at.button(key="rc_train").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = at.dataframe[-1].value
+    text = made["recall-run.json"]().decode()
+    back = recall.read_saved(text)
+    assert [r["mechanism"] for r in back["results"]] == list(shown["mechanism"])
+    assert [r["accuracy"] for r in back["results"]] == list(shown["accuracy"])
+    assert [r["state_bytes"] for r in back["results"]] == list(shown["state_bytes"])
+    assert (back["setup"]["seq"], back["setup"]["pairs"], back["setup"]["d_model"], back["setup"]["steps"]) == \
+        (16, 2, 16, 3)
+    assert json.loads(text)["results"][0]["stopped"] is False and back["machine"] and back["versions"]["torch"]
+    # its command makes the same run again: the CLI reads it back to the page's settings
+    args = cli.build_parser().parse_args(shlex.split(back["command"])[3:])
+    assert (args.seq, args.pairs, args.vocab, args.d_model, args.steps) == (16, 2, 16, 16, 3)
+    assert args.mechanisms == (("softmax", {}), ("sliding_window", {"window": 4}))
+    # and the file opens on the page, in place of the reference
+    at.file_uploader(key="rc_upload").set_value([("recall-run.json", text.encode(), "application/json")]).run()
+    assert not at.exception and not at.error
+    assert list(at.dataframe[0].value["mechanism"]) == list(shown["mechanism"])
