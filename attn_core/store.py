@@ -367,9 +367,15 @@ class Store:
             rows = [dict(r) for r in self._db.execute(
                 f"SELECT {names} FROM points "
                 "WHERE run_id = ? ORDER BY seq", (int(run_id),))]
-        for row in rows:
-            row["time_samples"] = json.loads(row["time_samples"] or "[]")
-        return Run(frame_from_rows(rows), json.loads(head["env"]), json.loads(head["config"]))
+        try:
+            for row in rows:
+                row["time_samples"] = json.loads(row["time_samples"] or "[]")
+            stamp, config = json.loads(head["env"]), json.loads(head["config"])
+        except (ValueError, TypeError) as e:
+            raise StoreError(f"run {run_id} in {self.path} is damaged: its points, stamp or configuration are not "
+                             f"the JSON the store wrote ({str(e)[:80]}); delete it, or restore the file from a copy"
+                             ) from None
+        return Run(frame_from_rows(rows), stamp, config)
 
     def info(self, run_id: int) -> dict:
         """A run's own row: id, created, name, note, status (as history shows it), host, pid."""

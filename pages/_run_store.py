@@ -55,12 +55,12 @@ def history_panel() -> dict:
     opened = st.multiselect("Open together", list(shown["id"]), format_func=lambda i: _title(entries[i]),
                             key="cmp_open")
     runs = {}
-    with store.Store(readonly=True) as kept:
-        for run_id in opened:
-            try:
+    for run_id in opened:
+        try:
+            with store.Store(readonly=True) as kept:
                 runs[_title(entries[run_id])] = kept.run(run_id)
-            except store.StoreError as e:
-                st.error(untrusted.literal(e), icon=":material/block:")
+        except (store.StoreError, OSError) as e:
+            st.error(f"Run #{run_id} cannot be opened: {untrusted.literal(e)}", icon=":material/block:")
     _manage(entries, list(shown["id"]))
     _import_panel()
     _prune_panel(len(history))
@@ -79,15 +79,19 @@ def _manage(entries: dict, ids: list[int]) -> None:
         if (name, note) != (entry["name"], entry["note"]):
             st.button("Save name and note", key="cmp_save", on_click=_act,
                       args=(lambda kept: (kept.rename(run_id, name), kept.set_note(run_id, note)),))
-        with store.Store(readonly=True) as kept:
-            run = kept.run(run_id)
-        stem = f"run-{run_id}"
         left, mid, right = st.columns(3)
+        right.button("Delete…", key="cmp_delete", on_click=S.__setitem__, args=("cmp_confirm", ("delete", run_id)))
+        try:
+            with store.Store(readonly=True) as kept:
+                run = kept.run(run_id)
+        except (store.StoreError, OSError) as e:  # changed or damaged since it was listed, or busy: said, not raised
+            st.error(f"Run #{run_id} cannot be opened: {untrusted.literal(e)}", icon=":material/block:")
+            return
+        stem = f"run-{run_id}"
         left.download_button("JSON", to_json_bytes(run), f"{stem}.json", "application/json", key="cmp_export_json",
                              on_click="ignore")
         mid.download_button("CSV", to_csv_bytes(run), f"{stem}.csv", "text/csv", key="cmp_export_csv",
                             on_click="ignore")
-        right.button("Delete…", key="cmp_delete", on_click=S.__setitem__, args=("cmp_confirm", ("delete", run_id)))
         if entry["status"] in ("interrupted", "failed"):
             _resume(run_id, run.config)
 

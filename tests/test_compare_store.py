@@ -150,3 +150,37 @@ def test_measure_what_is_missing_queues_the_points_into_the_run_and_opens_the_be
     finally:
         job.cancel()
         job.wait(30)
+
+
+def test_a_run_damaged_after_it_was_listed_is_said_when_opened(kept):
+    import sqlite3
+
+    at = compare()
+    assert errors(at) == []  # listed, and the newest run opened for its export
+    with sqlite3.connect(kept["path"]) as db:  # another hand spoils one run's configuration (history never reads it)
+        db.execute("UPDATE runs SET config = '{not json' WHERE id = ?", (kept["laptop"],))
+    db.close()
+    at.selectbox(key="cmp_pick").set_value(kept["laptop"]).run()
+    assert not at.exception, [e.value for e in at.exception]
+    said = [e for e in errors(at) if e.startswith(f"Run #{kept['laptop']} cannot be opened")]
+    assert len(said) == 1 and "is damaged" in said[0] and "delete it, or restore the file" in said[0]
+    assert [b for b in at.get("download_button") if b.key == "cmp_export_json"] == []
+    assert [b.key for b in at.button if b.key == "cmp_delete"] == ["cmp_delete"]  # it can still be deleted
+    at.multiselect(key="cmp_open").set_value([kept["laptop"], kept["server"]]).run()
+    assert not at.exception and sum("cannot be opened" in e for e in errors(at)) == 2  # opening it together too
+
+
+@pytest.mark.parametrize("failure", [store.StoreBusyError("runs.sqlite3 is being written by another process"),
+                                     store.StoreError("runs.sqlite3 is damaged (file is not a database)"),
+                                     PermissionError(13, "Permission denied")])
+def test_a_store_error_while_opening_a_run_is_a_sentence(kept, monkeypatch, failure):
+    at = compare()
+
+    def refuses(self, run_id):
+        raise failure
+
+    monkeypatch.setattr(store.Store, "run", refuses)
+    at.selectbox(key="cmp_pick").set_value(kept["server"]).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(e.startswith(f"Run #{kept['server']} cannot be opened: ") and str(failure)[:20] in e
+               for e in errors(at))
