@@ -167,7 +167,8 @@ with generation_tab:
     show_chart(chart)
     export_row(chart, cache, "theory-tokens", "th_dl_theory-tokens")
 with devices_tab:
-    st.caption("One causal attention layer split over P devices, from attn_core.distributed's cost model (the "
+    st.caption("One causal attention layer split over P devices (and its bytes over all of a planner model's "
+               "attention layers when one is chosen), from attn_core.distributed's cost model (the "
                "bytes it predicts are the bytes its runs count): ring attention (arXiv 2310.01889), DeepSpeed-Ulysses "
                "(arXiv 2309.14509) and state passing. Measure a small run here with `python -m attn_core "
                "distributed --scheme ring --procs 2 --n 4096 --causal`.")
