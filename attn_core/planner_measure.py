@@ -191,6 +191,10 @@ def _kind(layer: Layer, heads: int, prefill_ns: Sequence[int], decode_ns: Sequen
     notes = [] if small == layer else [f"{layer.name}: timed on {small.heads} of its {layer.heads} heads"
                                        + (f" ({small.kv_heads} of {layer.kv_heads} key/value heads)"
                                           if layer.kv_heads else "")]
+    if layer.state_width != layer.head_dim:
+        notes.append(f"{layer.name}: timed at the {layer.mechanism} kernel's own state, {layer.head_dim} × "
+                     f"{layer.head_dim} a head, not the model's {layer.head_dim} × {layer.state_width}, and predicted "
+                     "along that kernel's FLOPs")
     series = {}
     for mode, ns in (("prefill", prefill_ns), ("decode", decode_ns)):
         if progress:

@@ -45,6 +45,34 @@ def test_qwen3_next_keeps_keys_and_values_in_a_quarter_of_its_layers_and_a_flat_
         assert [k.kind for k in made.kinds] == ["state", "kv"]
 
 
+def test_the_mamba_2_hybrid_holds_4_attention_layers_of_keys_and_24_mamba_2_states_of_64_by_128():
+    """NVIDIA's Mamba-2-Hybrid 8B from its published configuration: 4 self-attention layers of 8 key/value groups of
+    128 (32 query heads over a width of 4096); 24 Mamba-2 layers of 2 · 4096 / 64 = 128 heads, each holding a
+    head_dim 64 × d_state 128 state, in float32 (the mamba2 kernel's state dtype for half inputs). Counted: the SSM
+    states only; the convolutions' 4 cached tokens of (8192 + 2 · 8 · 128) channels are left out."""
+    model = planner.find("Mamba-2-Hybrid-8B")
+    heads, head_dim, d_state = 2 * 4096 // 64, 64, 128
+    assert model.layer_count == 28  # 24 + 4 of the 56: the 28 MLP layers hold nothing across tokens
+    for context in (4096, 131072):
+        made = planner.plan(model, context)
+        assert made.kv_cache_bytes == kv(4, 8, 4096 // 32, context)  # 2 GiB at 128k
+        assert made.state_bytes == 24 * heads * head_dim * d_state * 4  # 96 MiB, whatever the context
+        assert made.decode_bytes == made.kv_cache_bytes + made.state_bytes
+    assert planner.plan(model, 131072).kv_cache_bytes == 2 * GIB
+    assert any("64 × 128 state a head is counted in the bytes" in note for note in planner.plan(model, 8).notes)
+
+
+def test_a_state_dim_scales_the_state_bytes_and_leaves_the_square_state_as_it_was():
+    square = planner.Layer(name="m", mechanism="mamba2", count=3, heads=4, head_dim=32)
+    model = planner.Model(name="m", layers=(square,), dtype="float32")
+    assert planner.plan(model, 64).state_bytes == 3 * 4 * 32 * 32 * 4
+    for mechanism, per_head in (("mamba2", 32 * 48), ("gated_deltanet", 32 * 48), ("linear", 48 * (32 + 1))):
+        wide = planner.Layer(name="m", mechanism=mechanism, count=3, heads=4, head_dim=32, state_dim=48)
+        made = planner.plan(planner.Model(name="m", layers=(wide,), dtype="float32"), 64)
+        assert made.state_bytes == 3 * 4 * per_head * 4  # linear attention: S (48 × 32) and its normaliser z (48)
+    assert planner.Layer(name="m", mechanism="mamba2", count=1, heads=1, head_dim=32, state_dim=32).state_width == 32
+
+
 def test_llama_3_8b_holds_16_gib_at_128k_in_bf16_and_32_in_fp32():
     model = planner.find("Llama-3-8B")
     assert planner.plan(model, 131072).kv_cache_bytes == 16 * GIB
@@ -91,6 +119,9 @@ def test_a_model_file_reads_back_as_the_same_model(name):
     ({"kv_rank": 64}, "kv_rank is set, but Softmax (fused SDPA) has no latent"),
     ({"mechanism": "linformer"}, "cannot generate token by token"),
     ({"colour": "red"}, "layers[0] has no field 'colour'"),
+    ({"state_dim": 128}, "state_dim is set, but Softmax (fused SDPA) keeps no state of a width to set"),
+    ({"state_dim": 0, "mechanism": "mamba2"}, "state_dim must be a whole number from 1"),
+    ({"state_dim": "wide", "mechanism": "mamba2"}, "state_dim must be a whole number from 1"),
 ])
 def test_impossible_layers_are_refused_with_a_sentence_naming_the_field(change, sentence):
     data = json.loads(planner.find("llama-3-8b").to_json())

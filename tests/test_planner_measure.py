@@ -166,6 +166,18 @@ def test_a_tiny_model_is_timed_predicted_and_checked_end_to_end():
     assert json.loads(json.dumps(check.as_dict()))["layers"] == 8
 
 
+def test_a_wider_state_than_the_kernel_keeps_is_timed_at_the_kernel_s_own_and_said_so():
+    mamba = Model(name="mamba", max_context=4096, dtype="float32",
+                  layers=(Layer(name="Mamba-2", mechanism="mamba2", count=3, heads=2, head_dim=16, state_dim=32),))
+    timings = pm.measure_kinds(mamba, budget_s=2, prefill_ns=(64,), decode_ns=(64,), repeats=1)
+    said = " ".join(timings.kinds[0].notes)
+    assert "timed at the mamba2 kernel's own state, 16 × 16 a head, not the model's 16 × 32" in said
+    got = pm.predict(planner.plan(mamba, 1024), timings)
+    assert 0 < got.tokens_per_s < math.inf and any("not the model's 16 × 32" in n for n in got.notes)
+    plain = pm.measure_kinds(TINY, budget_s=1, prefill_ns=(64,), decode_ns=(64,), repeats=1)
+    assert not any("kernel's own state" in n for k in plain.kinds for n in k.notes)
+
+
 def test_the_cli_measures_a_model_file_and_adds_the_predicted_figures(tmp_path):
     path = tmp_path / "tiny.json"
     path.write_text(TINY.to_json())
