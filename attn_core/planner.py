@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -337,6 +338,47 @@ def crossover(a: Model, b: Model, *, batch: int = 1, dtype: str | None = None) -
     return high
 
 
+_WHOLE_FIELDS = ("count", "heads", "head_dim", "kv_heads", "window", "kv_rank", "rope_dim", "state_dim")
+
+
+def layers_frame(model: Model) -> pd.DataFrame:
+    """The model's layer kinds as a table to edit: a row per kind, a column per Layer field, blank where unset (the
+    size columns nullable whole numbers). `from_rows` reads it back."""
+    frame = pd.DataFrame([{f: getattr(layer, f) for f in _LAYER_FIELDS} for layer in model.layers],
+                         columns=list(_LAYER_FIELDS))
+    return frame.astype({f: "Int64" for f in _WHOLE_FIELDS})
+
+
+def from_rows(rows: Sequence[dict[str, Any]], *, name: str, dtype: str = "bfloat16", max_context: int = 131072,
+              source: str = "") -> Model:
+    """A model from table rows (layers_frame's columns, as an editor gives them back): a blank cell is an unset
+    field, a whole float a whole number, other keys ignored. ValueError with every sentence of Model.problems (each
+    naming the field) when the model cannot be planned."""
+    bad = ["a model lists at most 64 kinds of layer"] if len(rows) > 64 else []
+    layers = tuple(Layer(**{f: _cell(row.get(f)) for f in _LAYER_FIELDS}) for row in rows[:64])
+    model = Model(name=_cell(name), layers=layers, dtype=_cell(dtype), max_context=_cell(max_context), source=source)
+    if found := bad + model.problems():
+        raise ValueError("; ".join(found))
+    return model
+
+
+def _cell(value: Any) -> Any:
+    """A table cell as a field's value: None for a blank (None, NaN, pandas' NA, empty text), int for a whole number
+    of any numeric type; anything else as it is, for Model.problems to name."""
+    if isinstance(value, str):
+        return value.strip() or None
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):  # a list or another value without one truth
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        return int(value)
+    return value
+
+
 def find(name: str) -> Model:
     """A built-in model by name, case-insensitive ('Llama-3-8B', 'llama-3-8b'); ValueError listing them otherwise."""
     key = str(name).strip().lower()
@@ -410,4 +452,6 @@ _BUILT_IN = (
           source="a baseline, not a released model: Llama 3 8B's width with one key/value head per query head"),
 )
 MODELS: dict[str, Model] = {m.name.lower(): m for m in _BUILT_IN}
+NEW_MODEL = Model(name="My model", max_context=8192,
+                  layers=(Layer(name="attention", mechanism="sdpa", count=1, heads=8, head_dim=64),))  # a start
 

@@ -6,6 +6,8 @@ import io
 import json
 import re
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from attn_core import cli, planner
@@ -209,3 +211,28 @@ def test_the_crossover_is_where_the_state_costs_what_the_cache_it_replaces_costs
     assert planner.crossover(llama, mixed) is None
     for n in (127, 128, 129, 1 << 20):
         assert (planner.plan(mixed, n).total_bytes <= planner.plan(llama, n).total_bytes) == (n >= 128)
+
+
+@pytest.mark.parametrize("name", list(planner.MODELS))
+def test_a_model_read_back_from_its_table_is_the_same_model(name):
+    model = planner.MODELS[name]
+    rows = planner.layers_frame(model).to_dict("records")
+    again = planner.from_rows(rows, name=model.name, dtype=model.dtype, max_context=model.max_context,
+                              source=model.source)
+    assert again == model
+
+
+def test_table_cells_are_read_as_fields_blanks_unset_and_whole_floats_whole():
+    rows = [{"name": " local ", "mechanism": "sliding_window", "count": 2.0, "heads": np.int64(8), "head_dim": 64,
+             "kv_heads": float("nan"), "window": pd.NA, "prefill_mechanism": "", "colour": "red"}]
+    model = planner.from_rows(rows, name="m", max_context=4096)
+    assert model.layers == (planner.Layer(name="local", mechanism="sliding_window", count=2, heads=8, head_dim=64),)
+    rows[0].update(window=512.0, count=2.5)
+    with pytest.raises(ValueError, match=r"layers\[0\] \(local\): count must be a whole number from 1 to .*, got 2.5"):
+        planner.from_rows(rows, name="m", max_context=4096)
+    rows[0]["count"] = 2
+    assert planner.from_rows(rows, name="m", max_context=4096).layers[0].window == 512
+    with pytest.raises(ValueError, match="name must be a text of 1 to 80 characters"):
+        planner.from_rows(rows, name="  ")
+    with pytest.raises(ValueError, match="a model lists at most 64 kinds of layer"):
+        planner.from_rows(rows * 65, name="m", max_context=4096)

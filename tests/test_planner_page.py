@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.testing.v1 import AppTest
 
 from attn_core import planner, planner_measure
@@ -27,6 +29,16 @@ def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
+def edit(at: AppTest, key: str, edited=None, added=(), deleted=()) -> AppTest:
+    """Edit the layer table as its editor reports edits (st.data_editor's state: rows by position)."""
+    at.session_state[key] = {"edited_rows": edited or {}, "added_rows": list(added), "deleted_rows": list(deleted)}
+    return at.run()
+
+
+def said(elements) -> list[str]:
+    return [e.value.replace("\\", "") for e in elements]
+
+
 def test_llama_3_8b_at_128k_shows_its_16_gib_cache_and_every_model_s_curve():
     at = planner_page(plan_model="llama-3-8b", plan_n=131072)
     assert not at.exception and [t.value for t in at.title] == ["Plan a model"]
@@ -42,7 +54,7 @@ def test_llama_3_8b_at_128k_shows_its_16_gib_cache_and_every_model_s_curve():
 def test_qwen3_next_holds_a_flat_state_beside_its_cache_in_fp32():
     at = planner_page(plan_model="qwen3-next-80b-a3b", plan_n=4096, plan_dtype="float32")
     assert metrics(at)["Recurrent state"] == "72.0 MiB"
-    table = at.dataframe[0].value
+    table = next(d.value for d in at.dataframe if "holds" in d.value)  # after the editor's own table
     assert list(table["holds"]) == ["recurrent state", "keys and values"]
 
 
@@ -87,3 +99,50 @@ def test_measure_on_this_machine_predicts_with_its_method_the_check_runs_and_a_f
     assert not at.exception
     assert [e.value for e in at.error] == ["The measurement did not run: the kernel fell over"]
     assert "Predicted decode" not in metrics(at)
+
+
+def test_an_edited_field_changes_the_plan_the_chart_and_the_file_offered(monkeypatch):
+    files = {}
+    original = MediaFileManager.add
+
+    def record(self, data, mimetype, coordinates, file_name=None, **kwargs):
+        files[file_name] = data
+        return original(self, data, mimetype, coordinates, file_name=file_name, **kwargs)
+    monkeypatch.setattr(MediaFileManager, "add", record)
+    at = planner_page(plan_model="llama-3-8b", plan_n=131072)
+    at = edit(at, "plan_layers_llama-3-8b", {0: {"kv_heads": 4}})
+    assert not at.exception and not at.error
+    assert metrics(at)["KV cache"] == "8.0 GiB"  # 2 · 32 layers · 4 heads · 128 · 2 bytes · 131,072
+    assert "Configuration: edited here from Llama-3-8B" in said(at.caption)
+    saved = planner.Model.from_json(files["llama-3-8b.json"])
+    assert saved.layers[0].kv_heads == 4 and saved.source == "edited here from Llama-3-8B"
+    assert "Llama-3-8B (yours)" in json.dumps(chart_specs(at)[0])  # beside the built-in one, told apart
+    at = edit(at, "plan_layers_llama-3-8b", {0: {"kv_heads": 4}}, added=[
+        {"name": "Mamba-2", "mechanism": "mamba2", "count": 8, "heads": 32, "head_dim": 64, "state_dim": 128}])
+    assert metrics(at)["Recurrent state"] == "8.0 MiB"  # 8 layers · 32 heads · 64 · 128 · 4 bytes
+
+
+@pytest.mark.parametrize("edited, added, sentence", [
+    ({0: {"kv_heads": 3}}, [], "layers[0] (full attention): kv_heads 3 does not divide the 32 heads; choose a divisor"),
+    ({0: {"window": 512}}, [], "window is set, but Softmax (fused SDPA) takes no window"),
+    ({}, [{"name": "half a row", "mechanism": "mamba2"}], "layers[1] (half a row): count must be a whole number"),
+    ({0: {"state_dim": 64}}, [], "state_dim is set, but Softmax (fused SDPA) keeps no state of a width to set"),
+])
+def test_a_bad_edit_shows_the_sentence_naming_the_field_and_nothing_else(edited, added, sentence):
+    at = edit(planner_page(plan_model="llama-3-8b"), "plan_layers_llama-3-8b", edited, added)
+    assert not at.exception
+    (error,) = said(at.error)
+    assert error.startswith("This model cannot be planned: ") and sentence in error
+    assert not at.metric and not chart_specs(at)
+
+
+def test_a_new_model_starts_from_scratch_and_is_built_field_by_field():
+    at = planner_page(plan_model="new", plan_n=131072)
+    assert not at.exception and [s.value for s in at.subheader][0] == "My model"
+    assert metrics(at)["KV cache"] == "256.0 MiB"  # 1 layer · 2 · 8 heads · 64 · 2 bytes · 131,072
+    at.text_input(key="plan_name_new").set_value("Tiny recurrent").run()
+    at = edit(at, "plan_layers_new", {0: {"mechanism": "gated_deltanet", "count": 4}})
+    assert [s.value for s in at.subheader][0] == "Tiny recurrent"
+    assert metrics(at)["KV cache"] == "0 B" and metrics(at)["Recurrent state"] == "512.0 KiB"  # 4 · 8 · 64² · 4
+    at.text_input(key="plan_name_new").set_value("").run()
+    assert said(at.error) == ["This model cannot be planned: name must be a text of 1 to 80 characters"]
