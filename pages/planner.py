@@ -106,18 +106,32 @@ left, right = st.columns(2)
 kind = left.selectbox("Turned into", STATE_KINDS, format_func=label, **keyed("plan_hybrid_kind"))
 share = right.select_slider("Share of those layers", SHARES, 0.75, format_func="{:.1%}".format,
                             **keyed("plan_hybrid_share"))
-try:
-    mixed = planner.hybrid(model, share, kind)
+try:  # the hybrid at the share chosen, and all turned (its new kind, to time)
+    mixed, turned = planner.hybrid(model, share, kind), planner.hybrid(model, 1.0, kind)
 except ValueError as e:  # an edited first kind the new one cannot copy: said, and no layer turned
     st.warning(f"No hybrid of this model into {label(kind)}: {literal(e)}", icon=":material/edit:")
-    mixed, share = model, 0
+    mixed, turned, share = model, model, 0
 hybrid_plan = planner.plan(mixed, context, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
 where = planner.crossover(mixed, model, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
-a, b, c = st.columns(3)
+a, b, c, d, speed = st.columns(5)
 a.metric("Hybrid: cache and state", format_bytes(hybrid_plan.total_bytes),
          f"{hybrid_plan.total_bytes / made.total_bytes - 1:+.0%}" if made.total_bytes else None, delta_color="inverse")
 b.metric("Hybrid: prefill attention FLOPs", f"{hybrid_plan.prefill_flops:.3g}")
-c.metric("Holds less from", "never (within 1M tokens)" if where is None else f"{where:,} tokens")
+c.metric("Hybrid: a new token reads", format_bytes(hybrid_plan.decode_bytes),
+         f"{hybrid_plan.decode_bytes / made.decode_bytes - 1:+.0%}" if made.decode_bytes else None,
+         delta_color="inverse")
+d.metric("Holds less from", "never (within 1M tokens)" if where is None else f"{where:,} tokens")
+measured = st.session_state.setdefault("plan_measured", {"model": None, "timings": None, "hybrid": {}, "check": None})
+timings = measured["timings"] if measured["model"] == model.to_json() else None
+both = measured.get("hybrid", {}).get(kind) if timings is not None else None  # the model's kinds and the new one
+if both is None:
+    speed.caption(f"Hybrid decode tokens/s: measure below to time this model and {label(kind)} layers.")
+else:
+    try:
+        fast, slow = (planner_measure.predict(p, t).tokens_per_s for p, t in ((hybrid_plan, both), (made, timings)))
+        speed.metric("Hybrid: predicted decode", f"{fast:.3g} tokens/s", f"{fast / slow - 1:+.0%}")
+    except ValueError as e:  # a kind without points
+        speed.caption(f"Hybrid decode tokens/s: {literal(e)}")
 
 st.subheader("Cache against context, every built-in model")
 yours = dataclasses.replace(model, name=f"{model.name} (yours)") if model.name.lower() in planner.MODELS else model
@@ -137,16 +151,17 @@ st.caption("Each kind of layer timed here, on fewer heads where it has many (its
            "spec's FLOPs. Attention only: a prediction, labelled as one.")
 left, mid, right = st.columns([2, 2, 3])
 budget = left.number_input("Seconds to spend, about", 1.0, 120.0, 10.0, step=1.0, **keyed("plan_budget"))
-measured = st.session_state.setdefault("plan_measured", {"model": None, "timings": None, "check": None})
 if mid.button("Measure on this machine", type="primary", key="plan_measure"):
     try:
-        with st.spinner("Timing each kind of layer…"):
-            measured.update(model=model.to_json(), check=None,
-                            timings=planner_measure.measure_kinds(model, budget_s=float(budget)))
+        with st.spinner("Timing each kind of layer, and the hybrid's…"):
+            timings, both = planner_measure.measure_hybrid(model, turned, budget_s=float(budget))
     except Exception as e:  # a kernel or the machine failing is a sentence here, never a page taken down
-        measured.update(model=None, timings=None, check=None)
+        measured.update(model=None, timings=None, hybrid={}, check=None)
         st.error(f"The measurement did not run: {literal(str(e)[:300])}", icon=":material/error:")
-timings = measured["timings"] if measured["model"] == model.to_json() else None
+        timings = None
+    else:
+        measured.update(model=model.to_json(), timings=timings, hybrid={kind: both}, check=None)
+        st.rerun()  # from the top: the hybrid's figures above read these timings too
 if timings is None:
     st.info("Measure to predict this model's prefill time and decode tokens per second here.", icon=":material/timer:")
     st.stop()

@@ -35,7 +35,7 @@ def edit(at: AppTest, key: str, edited=None, added=(), deleted=()) -> AppTest:
     return at.run()
 
 
-def said(elements) -> list[str]:
+def texts(elements) -> list[str]:
     return [e.value.replace("\\", "") for e in elements]
 
 
@@ -80,11 +80,21 @@ def test_the_hybrid_control_turns_layers_into_states_and_says_where_it_holds_les
 
 def test_measure_on_this_machine_predicts_with_its_method_the_check_runs_and_a_failure_is_a_sentence(monkeypatch):
     at = planner_page(plan_model="llama-3-8b", plan_n=8192, plan_budget=1.0)
-    assert "Predicted decode" not in metrics(at)
+    assert "Predicted decode" not in metrics(at) and "Hybrid: predicted decode" not in metrics(at)
+    # 8 attention layers' keys and values (8 · 2 · 8 heads · 128 · 2 bytes · 8,192 = 256 MiB) and 24 Gated DeltaNet
+    # states (24 · 8 · 128 · 128 · 4 bytes = 12 MiB), read whole by a new token, against Llama's 1 GiB
+    assert metrics(at)["Hybrid: a new token reads"] == "268.0 MiB"
+    assert [m.delta for m in at.metric if m.label == "Hybrid: a new token reads"] == ["-74%"]
+    assert any("Hybrid decode tokens/s: measure below" in c for c in texts(at.caption))
     at.button(key="plan_measure").click().run()
     assert not at.exception and not at.error
     shown = metrics(at)
     assert shown["Predicted decode"].endswith("tokens/s") and shown["Predicted prefill of 8,192 tokens"].endswith(" s")
+    assert shown["Hybrid: predicted decode"].endswith("tokens/s")  # the model's kinds and Gated DeltaNet, timed
+    at.selectbox(key="plan_hybrid_kind").set_value("mamba2").run()  # a kind not timed: said, not predicted
+    assert "Hybrid: predicted decode" not in metrics(at) and "Predicted decode" in metrics(at)
+    assert any("measure below to time this model and Mamba-2 (SSD) layers" in c for c in texts(at.caption))
+    at.selectbox(key="plan_hybrid_kind").set_value("gated_deltanet").run()
     said = " ".join(c.value.replace("\\", "") for c in at.caption)
     assert "Method: predicted, not measured" in said and "timed on 4 of its 32 heads" in said
     assert len(chart_specs(at)) == 2  # the caches, and the predicted decode speed
@@ -113,7 +123,7 @@ def test_an_edited_field_changes_the_plan_the_chart_and_the_file_offered(monkeyp
     at = edit(at, "plan_layers_llama-3-8b", {0: {"kv_heads": 4}})
     assert not at.exception and not at.error
     assert metrics(at)["KV cache"] == "8.0 GiB"  # 2 · 32 layers · 4 heads · 128 · 2 bytes · 131,072
-    assert "Configuration: edited here from Llama-3-8B" in said(at.caption)
+    assert "Configuration: edited here from Llama-3-8B" in texts(at.caption)
     saved = planner.Model.from_json(files["llama-3-8b.json"])
     assert saved.layers[0].kv_heads == 4 and saved.source == "edited here from Llama-3-8B"
     assert "Llama-3-8B (yours)" in json.dumps(chart_specs(at)[0])  # beside the built-in one, told apart
@@ -131,7 +141,7 @@ def test_an_edited_field_changes_the_plan_the_chart_and_the_file_offered(monkeyp
 def test_a_bad_edit_shows_the_sentence_naming_the_field_and_nothing_else(edited, added, sentence):
     at = edit(planner_page(plan_model="llama-3-8b"), "plan_layers_llama-3-8b", edited, added)
     assert not at.exception
-    (error,) = said(at.error)
+    (error,) = texts(at.error)
     assert error.startswith("This model cannot be planned: ") and sentence in error
     assert not at.metric and not chart_specs(at)
 
@@ -145,4 +155,4 @@ def test_a_new_model_starts_from_scratch_and_is_built_field_by_field():
     assert [s.value for s in at.subheader][0] == "Tiny recurrent"
     assert metrics(at)["KV cache"] == "0 B" and metrics(at)["Recurrent state"] == "512.0 KiB"  # 4 · 8 · 64² · 4
     at.text_input(key="plan_name_new").set_value("").run()
-    assert said(at.error) == ["This model cannot be planned: name must be a text of 1 to 80 characters"]
+    assert texts(at.error) == ["This model cannot be planned: name must be a text of 1 to 80 characters"]
