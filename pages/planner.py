@@ -95,7 +95,8 @@ st.dataframe(planner.kinds_table(made), hide_index=True,
              column_config={"bytes a layer": st.column_config.NumberColumn(format="compact"),
                             "bytes in all": st.column_config.NumberColumn(format="compact"),
                             "prefill FLOPs": st.column_config.NumberColumn(format="scientific")})
-st.download_button("This model as a file (JSON)", model.to_json(), f"{slug[:40]}.json", "application/json",
+stem = "".join(c if c.isalnum() or c in ".-" else "-" for c in model.name.lower())[:40]  # a file name of its name
+st.download_button("This model as a file (JSON)", model.to_json(), f"{stem}.json", "application/json",
                    key="plan_dl_model", on_click="ignore")
 
 st.subheader("A hybrid of it")

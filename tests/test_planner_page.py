@@ -111,14 +111,19 @@ def test_measure_on_this_machine_predicts_with_its_method_the_check_runs_and_a_f
     assert "Predicted decode" not in metrics(at)
 
 
-def test_an_edited_field_changes_the_plan_the_chart_and_the_file_offered(monkeypatch):
-    files = {}
-    original = MediaFileManager.add
+@pytest.fixture
+def files(monkeypatch) -> dict:
+    """What the page's download buttons offer, by file name."""
+    offered, original = {}, MediaFileManager.add
 
     def record(self, data, mimetype, coordinates, file_name=None, **kwargs):
-        files[file_name] = data
+        offered[file_name] = data
         return original(self, data, mimetype, coordinates, file_name=file_name, **kwargs)
     monkeypatch.setattr(MediaFileManager, "add", record)
+    return offered
+
+
+def test_an_edited_field_changes_the_plan_the_chart_and_the_file_offered(files):
     at = planner_page(plan_model="llama-3-8b", plan_n=131072)
     at = edit(at, "plan_layers_llama-3-8b", {0: {"kv_heads": 4}})
     assert not at.exception and not at.error
@@ -146,13 +151,15 @@ def test_a_bad_edit_shows_the_sentence_naming_the_field_and_nothing_else(edited,
     assert not at.metric and not chart_specs(at)
 
 
-def test_a_new_model_starts_from_scratch_and_is_built_field_by_field():
+def test_a_new_model_starts_from_scratch_and_is_built_field_by_field(files):
     at = planner_page(plan_model="new", plan_n=131072)
     assert not at.exception and [s.value for s in at.subheader][0] == "My model"
     assert metrics(at)["KV cache"] == "256.0 MiB"  # 1 layer · 2 · 8 heads · 64 · 2 bytes · 131,072
     at.text_input(key="plan_name_new").set_value("Tiny recurrent").run()
     at = edit(at, "plan_layers_new", {0: {"mechanism": "gated_deltanet", "count": 4}})
     assert [s.value for s in at.subheader][0] == "Tiny recurrent"
+    built = planner.Model.from_json(files["tiny-recurrent.json"])
+    assert [(k.mechanism, k.count, k.heads, k.head_dim) for k in built.layers] == [("gated_deltanet", 4, 8, 64)]
     assert metrics(at)["KV cache"] == "0 B" and metrics(at)["Recurrent state"] == "512.0 KiB"  # 4 · 8 · 64² · 4
     at.text_input(key="plan_name_new").set_value("").run()
     assert texts(at.error) == ["This model cannot be planned: name must be a text of 1 to 80 characters"]
