@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -22,7 +23,11 @@ MAX_CONTEXT = 1 << 20  # 1,048,576 tokens: the longest context a plan is made fo
 MAX_SIZE = 1 << 20  # heads, head sizes, windows, ranks and counts above this are typos, not models
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
 _LAYER_FIELDS = ("name", "mechanism", "count", "heads", "head_dim", "kv_heads", "window", "kv_rank", "rope_dim",
-                 "prefill_mechanism")
+                 "state_dim", "prefill_mechanism")
+# Mechanisms whose state per head is (key width) × head_dim, so a layer may set the key width (`state_dim`): the spec's
+# bytes, for a head_dim × head_dim state, scale exactly by state_dim / head_dim (linear attention's normaliser is
+# key-wide too). Performer's state is as wide as its features instead: its own parameter sets it.
+STATE_DIM_KINDS = ("mamba2", "gated_deltanet", "linear")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +36,8 @@ class Layer:
     `head_dim`, sharing `kv_heads` key/value heads (None: one each). `window`: the tokens a query sees, itself
     included, as model cards give it (Mistral's 4096): the sliding_window mechanism's `window` is one less (|i − j| ≤
     window). `kv_rank`, `rope_dim`: the latent and shared rotary widths of multi-head latent attention.
+    `state_dim`: the key side of a recurrent state a head (Mamba-2's d_state), for the kinds of STATE_DIM_KINDS, whose
+    state is then state_dim × head_dim a head; None: head_dim, the square state the mechanisms here keep.
     `prefill_mechanism`: where the prompt runs another form of the same layer than decoding does (multi-head latent
     attention: the naive form costs fewer FLOPs over a whole prompt, the absorbed one reads less per new token)."""
 
@@ -43,6 +50,7 @@ class Layer:
     window: int | None = None
     kv_rank: int | None = None
     rope_dim: int | None = None
+    state_dim: int | None = None
     prefill_mechanism: str | None = None
 
     @property
@@ -52,6 +60,11 @@ class Layer:
                  "rope_dim": self.rope_dim}
         return {k: v for k, v in given.items() if v is not None}
 
+    @property
+    def state_width(self) -> int:
+        """The key side of the layer's recurrent state a head: `state_dim`, or head_dim."""
+        return self.state_dim or self.head_dim
+
     def shape(self, queries: int, keys: int, batch: int, dtype: str) -> Shape:
         return Shape(batch, self.heads, queries, keys, self.head_dim, dtype=dtype, causal=True, Hk=self.kv_heads)
 
@@ -59,7 +72,7 @@ class Layer:
         """Every reason this layer cannot be planned, each a sentence naming the field; [] when it can."""
         at = f"{where}: " if where else ""
         found = [f"{at}{name} must be a whole number from 1 to {MAX_SIZE:,}, got {getattr(self, name)!r}"
-                 for name in ("count", "heads", "head_dim", "kv_heads", "window", "kv_rank", "rope_dim")
+                 for name in ("count", "heads", "head_dim", "kv_heads", "window", "kv_rank", "rope_dim", "state_dim")
                  if (getattr(self, name) is not None or name in ("count", "heads", "head_dim"))
                  and not _size(getattr(self, name))]
         if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 80:
@@ -79,6 +92,9 @@ class Layer:
         for name in ("kv_rank", "rope_dim"):
             if getattr(self, name) is not None and name not in spec.defaults:
                 found.append(f"{at}{name} is set, but {spec.label} has no latent; remove it or choose mla")
+        if self.state_dim is not None and self.mechanism not in STATE_DIM_KINDS:
+            found.append(f"{at}state_dim is set, but {spec.label} keeps no state of a width to set; remove it or "
+                         f"choose {', '.join(STATE_DIM_KINDS)}")
         if spec.supports.generation is None:
             found.append(f"{at}{spec.label} cannot generate token by token, so no cache can be planned for it")
         if not found:
@@ -241,6 +257,9 @@ def plan(model: Model, context: int, *, batch: int = 1, dtype: str | None = None
     if context > model.max_context:
         notes.append(f"{context:,} tokens is past the {model.max_context:,} the model was trained for: the figures "
                      "are what its attention would hold, not a promise that it works there")
+    notes += [f"{layer.name}: its {layer.head_dim} × {layer.state_width} state a head is counted in the bytes; its "
+              f"prefill FLOPs are the {layer.mechanism} kernel's, which keeps a {layer.head_dim} × {layer.head_dim} "
+              "one" for layer in model.layers if layer.state_width != layer.head_dim]
     notes.append("predicted from the specs' cost models, not measured: weights, MLPs and activations are left out")
     return Plan(model, context, batch, name, kinds, tuple(notes))
 
@@ -251,6 +270,7 @@ def _kind(layer: Layer, context: int, batch: int, dtype: str) -> LayerPlan:
     held = float(gen.cache_bytes(layer.shape(1, context, batch, dtype), **params))
     one, two = (gen.cache_bytes(layer.shape(1, n, batch, dtype), **params) for n in (1, 2))
     kind = "kv" if two > one else "state"  # a cache that grows by a token's entries, or a fixed-size state
+    held *= layer.state_width / layer.head_dim  # the spec's state is head_dim wide on the key side too
     prefill = MEASURED[layer.prefill_mechanism or layer.mechanism]
     flops = float(prefill.cost.flops(layer.shape(context, context, batch, dtype), **prefill.resolved(layer.params)))
     return LayerPlan(layer, kind, held, held * layer.count, flops * layer.count, held * layer.count)
@@ -318,6 +338,47 @@ def crossover(a: Model, b: Model, *, batch: int = 1, dtype: str | None = None) -
     return high
 
 
+_WHOLE_FIELDS = ("count", "heads", "head_dim", "kv_heads", "window", "kv_rank", "rope_dim", "state_dim")
+
+
+def layers_frame(model: Model) -> pd.DataFrame:
+    """The model's layer kinds as a table to edit: a row per kind, a column per Layer field, blank where unset (the
+    size columns nullable whole numbers). `from_rows` reads it back."""
+    frame = pd.DataFrame([{f: getattr(layer, f) for f in _LAYER_FIELDS} for layer in model.layers],
+                         columns=list(_LAYER_FIELDS))
+    return frame.astype({f: "Int64" for f in _WHOLE_FIELDS})
+
+
+def from_rows(rows: Sequence[dict[str, Any]], *, name: str, dtype: str = "bfloat16", max_context: int = 131072,
+              source: str = "") -> Model:
+    """A model from table rows (layers_frame's columns, as an editor gives them back): a blank cell is an unset
+    field, a whole float a whole number, other keys ignored. ValueError with every sentence of Model.problems (each
+    naming the field) when the model cannot be planned."""
+    bad = ["a model lists at most 64 kinds of layer"] if len(rows) > 64 else []
+    layers = tuple(Layer(**{f: _cell(row.get(f)) for f in _LAYER_FIELDS}) for row in rows[:64])
+    model = Model(name=_cell(name), layers=layers, dtype=_cell(dtype), max_context=_cell(max_context), source=source)
+    if found := bad + model.problems():
+        raise ValueError("; ".join(found))
+    return model
+
+
+def _cell(value: Any) -> Any:
+    """A table cell as a field's value: None for a blank (None, NaN, pandas' NA, empty text), int for a whole number
+    of any numeric type; anything else as it is, for Model.problems to name."""
+    if isinstance(value, str):
+        return value.strip() or None
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):  # a list or another value without one truth
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        return int(value)
+    return value
+
+
 def find(name: str) -> Model:
     """A built-in model by name, case-insensitive ('Llama-3-8B', 'llama-3-8b'); ValueError listing them otherwise."""
     key = str(name).strip().lower()
@@ -371,8 +432,26 @@ _BUILT_IN = (
                  "DeltaNet, 1 gated attention); attention 16 query and 2 key/value heads of 256; Gated DeltaNet 32 "
                  "value heads and 16 query-key heads of 128 (q and k are repeated to the 32 value heads, so each "
                  "holds a 128 × 128 state); the short convolutions' few cached tokens are left out"),
+    # The paper's abstract gives the shares (43% Mamba-2, 7% attention, 50% MLP); Megatron-LM's examples/mamba README
+    # the counts, 24, 4 and 28 of 56 layers in its --hybrid-layer-pattern for the report's 8B hybrid; its script for
+    # those checkpoints the sizes: --hidden-size 4096 --num-attention-heads 32
+    # --num-query-groups 8, and the Mamba-2 sizes it leaves at megatron.core's HybridConfig and MambaMixer defaults
+    # (mamba_state_dim 128, mamba_head_dim 64, mamba_num_groups 8, expand 2), the same as state-spaces/mamba's
+    # Mamba2 defaults (d_state 128, headdim 64, expand 2): 2 · 4096 / 64 = 128 heads, each a 64 × 128 state.
+    Model(name="Mamba-2-Hybrid-8B", max_context=131072,
+          layers=(Layer(name="Mamba-2", mechanism="mamba2", count=24, heads=128, head_dim=64, state_dim=128),
+                  _attention(4, 32, 8, name="self-attention")),
+          source="Waleffe et al. 2024, 'An Empirical Study of Mamba-based Language Models', arXiv 2406.07887: 56 "
+                 "layers, 24 Mamba-2, 4 self-attention, 28 MLP; NVIDIA Megatron-LM examples/mamba (README, "
+                 "run_text_gen_server_8b.sh): width 4096, attention 32 heads of 128 over 8 key/value groups; Mamba-2 "
+                 "at the code's defaults, state 128, head 64, expand 2: 128 heads, each a 64 × 128 state; context "
+                 "128k for nvidia/mamba2-hybrid-8b-3t-128k. States counted as this build's mamba2 kernel holds them, "
+                 "in float32 (state-spaces/mamba keeps them in the weights' dtype); the 4-token convolution states "
+                 "are left out"),
     Model(name="MHA-8B", layers=(_attention(32, 32, None, name="multi-head attention"),), max_context=8192,
           source="a baseline, not a released model: Llama 3 8B's width with one key/value head per query head"),
 )
 MODELS: dict[str, Model] = {m.name.lower(): m for m in _BUILT_IN}
+NEW_MODEL = Model(name="My model", max_context=8192,
+                  layers=(Layer(name="attention", mechanism="sdpa", count=1, heads=8, head_dim=64),))  # a start
 

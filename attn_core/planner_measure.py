@@ -124,6 +124,34 @@ class Timings:
         raise ValueError(f"the layer kind {layer.name[:40]!r} was not measured; measure this model first")
 
 
+def joined(timings: Timings, more: Timings) -> Timings:
+    """`timings` with the kinds of `more` beside its own, to predict a model that mixes kinds timed apart (a hybrid
+    of the model and another kind); its model stays `timings.model` (a stack check runs that one). ValueError when
+    the two were timed on another device, dtype or number of threads."""
+    if (more.device, more.dtype, more.threads) != (timings.device, timings.dtype, timings.threads):
+        raise ValueError(f"the kinds were timed apart on {more.device} in {more.dtype} ({_threads(more.threads)}) "
+                         f"and on {timings.device} in {timings.dtype} ({_threads(timings.threads)}); time them alike")
+    return dataclasses.replace(timings, kinds=timings.kinds + more.kinds, spent_s=timings.spent_s + more.spent_s)
+
+
+def measure_hybrid(model: Model, hybrid: Model, *, budget_s: float = 10.0,
+                   **options: Any) -> tuple[Timings, Timings]:
+    """`model`'s kinds timed (`measure_kinds`, `options` passed on) and the kinds of `hybrid` that `model` lacks (the
+    kind its layers turn into) timed apart, `budget_s` shared by all the kinds: (the model's timings, those joined
+    with the new kinds', to predict the hybrid at any share; the model's own when it adds no kind)."""
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)):
+        raise ValueError(f"budget_s must be a number of seconds above 0 and at most {MAX_BUDGET_S:g}, got "
+                         f"{budget_s!r}")
+    new = tuple(layer for layer in hybrid.layers if not any(_same_kind(layer, k) for k in model.layers))
+    share = budget_s / (len(model.layers) + len(new))
+    timings = measure_kinds(model, budget_s=share * len(model.layers), **options)
+    if not new:
+        return timings, timings
+    more = measure_kinds(dataclasses.replace(hybrid, name=f"{hybrid.name[:50]}, its new kinds", layers=new),
+                         budget_s=share * len(new), **options)
+    return timings, joined(timings, more)
+
+
 def scaled(layer: Layer, heads: int = MEASURED_HEADS) -> Layer:
     """`layer` on fewer query heads, about `heads` (at least one group: Llama 3's 32 heads over 8 key/value heads
     become 4 over 1), its key/value heads cut by the same factor, so the group, head dim and window stay; the layer
@@ -191,6 +219,10 @@ def _kind(layer: Layer, heads: int, prefill_ns: Sequence[int], decode_ns: Sequen
     notes = [] if small == layer else [f"{layer.name}: timed on {small.heads} of its {layer.heads} heads"
                                        + (f" ({small.kv_heads} of {layer.kv_heads} key/value heads)"
                                           if layer.kv_heads else "")]
+    if layer.state_width != layer.head_dim:
+        notes.append(f"{layer.name}: timed at the {layer.mechanism} kernel's own state, {layer.head_dim} × "
+                     f"{layer.head_dim} a head, not the model's {layer.head_dim} × {layer.state_width}, and predicted "
+                     "along that kernel's FLOPs")
     series = {}
     for mode, ns in (("prefill", prefill_ns), ("decode", decode_ns)):
         if progress:

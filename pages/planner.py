@@ -1,4 +1,7 @@
 """Plan a model: what a whole model's attention holds and costs at a context length, from the specs (planner.py)."""
+import dataclasses
+import hashlib
+
 import pandas as pd
 import streamlit as st
 
@@ -7,6 +10,8 @@ from attn_core.charts import insight as insight_charts, planner as planner_chart
 from attn_core.engine import env
 from attn_core.engine.measure import format_bytes
 from attn_core.insight import theory
+from attn_core.mechanisms import MEASURED
+from attn_core.spec import DTYPE_BYTES
 from attn_core.untrusted import literal
 from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
@@ -16,6 +21,13 @@ NS = [2**k for k in range(10, 21)]
 DTYPES = ["model's own", "bfloat16", "float16", "float32"]
 STATE_KINDS = ["gated_deltanet", "mamba2", "linear"]  # mechanisms whose generation keeps a fixed-size state
 SHARES = [i / 8 for i in range(9)]
+NEW = "new"  # the model list's entry for a model built from scratch (planner.NEW_MODEL)
+BASES = {**planner.MODELS, NEW: planner.NEW_MODEL}
+KINDS = [k for k, spec in MEASURED.items() if spec.supports.generation is not None]  # what a layer can be
+SIZE_HELP = {"count": "layers of this kind", "heads": "query heads", "kv_heads": "key/value heads (blank: one each)",
+             "head_dim": "a head's width", "window": "tokens a query sees, itself included (sliding_window)",
+             "kv_rank": "the latent's width (mla)", "rope_dim": "the shared rotary key's width (mla)",
+             "state_dim": "a recurrent state's key side (Mamba-2's d_state; blank: head_dim)"}
 
 st.title("Plan a model")
 st.caption("A model's attention as a stack of layer kinds: what it holds at a context length (keys and values, "
@@ -23,8 +35,8 @@ st.caption("A model's attention as a stack of layer kinds: what it holds at a co
            "spec, not measured; weights, MLPs and activations are left out.")
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
     left, mid, right = st.columns(3)
-    name = left.selectbox("Model", list(planner.MODELS), format_func=lambda k: planner.MODELS[k].name,
-                          **keyed("plan_model"))
+    name = left.selectbox("Model", [*planner.MODELS, NEW], format_func=lambda k: BASES[k].name if k != NEW else
+                          "A new model (build it below)", **keyed("plan_model"))
     upload = left.file_uploader("Or a model file (JSON, as the download below writes)", type=["json"],
                                 key="plan_upload")
     context = mid.select_slider("Context n (tokens)", NS, 131072, format_func="{:,}".format, **keyed("plan_n"))
@@ -32,14 +44,35 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
     dtype = right.selectbox("Cache dtype", DTYPES, **keyed("plan_dtype"))
     gpu_gib = right.number_input("A GPU's memory (GiB)", 1.0, 4096.0, 80.0, **keyed("plan_gpu"))
 
-model = planner.MODELS[name]
+base, slug = BASES[name], name
 if upload is not None:
+    text = upload.getvalue()[: 1 << 20]
     try:
-        model = planner.Model.from_json(upload.getvalue()[: 1 << 20].decode("utf-8", errors="replace"))
+        base, slug = planner.Model.from_json(text.decode("utf-8", errors="replace")), hashlib.sha1(text).hexdigest()
     except ValueError as e:
         st.error(f"The file {literal(upload.name[:80])} is not a model this page can plan: {literal(e)}",
                  icon=":material/edit:")
         st.stop()
+with st.expander("Edit the model: any field, any layer kind (a row each; add or delete rows)", icon=":material/edit:"):
+    left, mid, right = st.columns(3)  # keyed by the model edited: another model starts from its own fields
+    title = left.text_input("Name", base.name, max_chars=80, key=f"plan_name_{slug}")
+    longest = mid.number_input("Trained context (tokens)", 1, planner.MAX_CONTEXT * 16, base.max_context,
+                               key=f"plan_context_{slug}")
+    own = right.selectbox("Its cache dtype", list(DTYPE_BYTES), list(DTYPE_BYTES).index(base.dtype),
+                          key=f"plan_own_{slug}")
+    rows = st.data_editor(
+        planner.layers_frame(base), key=f"plan_layers_{slug}", num_rows="dynamic", hide_index=True,
+        column_config={"mechanism": st.column_config.SelectboxColumn(options=KINDS, required=True),
+                       "prefill_mechanism": st.column_config.SelectboxColumn(options=KINDS),
+                       **{f: st.column_config.NumberColumn(help=h, min_value=1, step=1) for f, h in SIZE_HELP.items()}})
+try:
+    model = planner.from_rows(rows.to_dict("records"), name=title, dtype=own, max_context=int(longest),
+                              source=base.source)
+except ValueError as e:
+    st.error(f"This model cannot be planned: {literal(e)}", icon=":material/edit:")
+    st.stop()
+if model != base:
+    model = dataclasses.replace(model, source=f"edited here from {base.name}")
 made = planner.plan(model, context, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
 
 st.subheader(model.name)
@@ -62,7 +95,8 @@ st.dataframe(planner.kinds_table(made), hide_index=True,
              column_config={"bytes a layer": st.column_config.NumberColumn(format="compact"),
                             "bytes in all": st.column_config.NumberColumn(format="compact"),
                             "prefill FLOPs": st.column_config.NumberColumn(format="scientific")})
-st.download_button("This model as a file (JSON)", model.to_json(), f"{name}.json", "application/json",
+stem = "".join(c if c.isalnum() or c in ".-" else "-" for c in model.name.lower())[:40]  # a file name of its name
+st.download_button("This model as a file (JSON)", model.to_json(), f"{stem}.json", "application/json",
                    key="plan_dl_model", on_click="ignore")
 
 st.subheader("A hybrid of it")
@@ -73,17 +107,37 @@ left, right = st.columns(2)
 kind = left.selectbox("Turned into", STATE_KINDS, format_func=label, **keyed("plan_hybrid_kind"))
 share = right.select_slider("Share of those layers", SHARES, 0.75, format_func="{:.1%}".format,
                             **keyed("plan_hybrid_share"))
-mixed = planner.hybrid(model, share, kind)
+try:  # the hybrid at the share chosen, and all turned (its new kind, to time)
+    mixed, turned = planner.hybrid(model, share, kind), planner.hybrid(model, 1.0, kind)
+except ValueError as e:  # an edited first kind the new one cannot copy: said, and no layer turned
+    st.warning(f"No hybrid of this model into {label(kind)}: {literal(e)}", icon=":material/edit:")
+    mixed, turned, share = model, model, 0
 hybrid_plan = planner.plan(mixed, context, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
 where = planner.crossover(mixed, model, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
-a, b, c = st.columns(3)
+a, b, c, d, speed = st.columns(5)
 a.metric("Hybrid: cache and state", format_bytes(hybrid_plan.total_bytes),
          f"{hybrid_plan.total_bytes / made.total_bytes - 1:+.0%}" if made.total_bytes else None, delta_color="inverse")
 b.metric("Hybrid: prefill attention FLOPs", f"{hybrid_plan.prefill_flops:.3g}")
-c.metric("Holds less from", "never (within 1M tokens)" if where is None else f"{where:,} tokens")
+c.metric("Hybrid: a new token reads", format_bytes(hybrid_plan.decode_bytes),
+         f"{hybrid_plan.decode_bytes / made.decode_bytes - 1:+.0%}" if made.decode_bytes else None,
+         delta_color="inverse")
+d.metric("Holds less from", "never (within 1M tokens)" if where is None else f"{where:,} tokens")
+measured = st.session_state.setdefault("plan_measured", {"model": None, "timings": None, "hybrid": {}, "check": None})
+timings = measured["timings"] if measured["model"] == model.to_json() else None
+both = measured.get("hybrid", {}).get(kind) if timings is not None else None  # the model's kinds and the new one
+if both is None:
+    speed.caption(f"Hybrid decode tokens/s: measure below to time this model and {label(kind)} layers.")
+else:
+    try:
+        fast, slow = (planner_measure.predict(p, t).tokens_per_s for p, t in ((hybrid_plan, both), (made, timings)))
+        speed.metric("Hybrid: predicted decode", f"{fast:.3g} tokens/s", f"{fast / slow - 1:+.0%}")
+    except ValueError as e:  # a kind without points
+        speed.caption(f"Hybrid decode tokens/s: {literal(e)}")
 
 st.subheader("Cache against context, every built-in model")
-models = [*planner.MODELS.values(), *([model] if upload is not None else []), *([mixed] if share else [])]
+yours = dataclasses.replace(model, name=f"{model.name} (yours)") if model.name.lower() in planner.MODELS else model
+models = [*planner.MODELS.values(), *([yours] if model not in planner.MODELS.values() else []),
+          *([mixed] if share else [])]
 frame = planner.curves(models, NS, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
 chart = insight_charts.theory_chart(frame, "cache_bytes", legend="Model",
                                     budgets={"this machine": here, "the GPU": gpu_gib * theory.GIB})
@@ -98,16 +152,17 @@ st.caption("Each kind of layer timed here, on fewer heads where it has many (its
            "spec's FLOPs. Attention only: a prediction, labelled as one.")
 left, mid, right = st.columns([2, 2, 3])
 budget = left.number_input("Seconds to spend, about", 1.0, 120.0, 10.0, step=1.0, **keyed("plan_budget"))
-measured = st.session_state.setdefault("plan_measured", {"model": None, "timings": None, "check": None})
 if mid.button("Measure on this machine", type="primary", key="plan_measure"):
     try:
-        with st.spinner("Timing each kind of layer…"):
-            measured.update(model=model.to_json(), check=None,
-                            timings=planner_measure.measure_kinds(model, budget_s=float(budget)))
+        with st.spinner("Timing each kind of layer, and the hybrid's…"):
+            timings, both = planner_measure.measure_hybrid(model, turned, budget_s=float(budget))
     except Exception as e:  # a kernel or the machine failing is a sentence here, never a page taken down
-        measured.update(model=None, timings=None, check=None)
+        measured.update(model=None, timings=None, hybrid={}, check=None)
         st.error(f"The measurement did not run: {literal(str(e)[:300])}", icon=":material/error:")
-timings = measured["timings"] if measured["model"] == model.to_json() else None
+        timings = None
+    else:
+        measured.update(model=model.to_json(), timings=timings, hybrid={kind: both}, check=None)
+        st.rerun()  # from the top: the hybrid's figures above read these timings too
 if timings is None:
     st.info("Measure to predict this model's prefill time and decode tokens per second here.", icon=":material/timer:")
     st.stop()

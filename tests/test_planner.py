@@ -6,6 +6,8 @@ import io
 import json
 import re
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from attn_core import cli, planner
@@ -43,6 +45,34 @@ def test_qwen3_next_keeps_keys_and_values_in_a_quarter_of_its_layers_and_a_flat_
         assert made.kv_cache_bytes == kv(12, 2, 256, context)
         assert made.state_bytes == 36 * 32 * 128 * 128 * 4
         assert [k.kind for k in made.kinds] == ["state", "kv"]
+
+
+def test_the_mamba_2_hybrid_holds_4_attention_layers_of_keys_and_24_mamba_2_states_of_64_by_128():
+    """NVIDIA's Mamba-2-Hybrid 8B from its published configuration: 4 self-attention layers of 8 key/value groups of
+    128 (32 query heads over a width of 4096); 24 Mamba-2 layers of 2 · 4096 / 64 = 128 heads, each holding a
+    head_dim 64 × d_state 128 state, in float32 (the mamba2 kernel's state dtype for half inputs). Counted: the SSM
+    states only; the convolutions' 4 cached tokens of (8192 + 2 · 8 · 128) channels are left out."""
+    model = planner.find("Mamba-2-Hybrid-8B")
+    heads, head_dim, d_state = 2 * 4096 // 64, 64, 128
+    assert model.layer_count == 28  # 24 + 4 of the 56: the 28 MLP layers hold nothing across tokens
+    for context in (4096, 131072):
+        made = planner.plan(model, context)
+        assert made.kv_cache_bytes == kv(4, 8, 4096 // 32, context)  # 2 GiB at 128k
+        assert made.state_bytes == 24 * heads * head_dim * d_state * 4  # 96 MiB, whatever the context
+        assert made.decode_bytes == made.kv_cache_bytes + made.state_bytes
+    assert planner.plan(model, 131072).kv_cache_bytes == 2 * GIB
+    assert any("64 × 128 state a head is counted in the bytes" in note for note in planner.plan(model, 8).notes)
+
+
+def test_a_state_dim_scales_the_state_bytes_and_leaves_the_square_state_as_it_was():
+    square = planner.Layer(name="m", mechanism="mamba2", count=3, heads=4, head_dim=32)
+    model = planner.Model(name="m", layers=(square,), dtype="float32")
+    assert planner.plan(model, 64).state_bytes == 3 * 4 * 32 * 32 * 4
+    for mechanism, per_head in (("mamba2", 32 * 48), ("gated_deltanet", 32 * 48), ("linear", 48 * (32 + 1))):
+        wide = planner.Layer(name="m", mechanism=mechanism, count=3, heads=4, head_dim=32, state_dim=48)
+        made = planner.plan(planner.Model(name="m", layers=(wide,), dtype="float32"), 64)
+        assert made.state_bytes == 3 * 4 * per_head * 4  # linear attention: S (48 × 32) and its normaliser z (48)
+    assert planner.Layer(name="m", mechanism="mamba2", count=1, heads=1, head_dim=32, state_dim=32).state_width == 32
 
 
 def test_llama_3_8b_holds_16_gib_at_128k_in_bf16_and_32_in_fp32():
@@ -91,6 +121,9 @@ def test_a_model_file_reads_back_as_the_same_model(name):
     ({"kv_rank": 64}, "kv_rank is set, but Softmax (fused SDPA) has no latent"),
     ({"mechanism": "linformer"}, "cannot generate token by token"),
     ({"colour": "red"}, "layers[0] has no field 'colour'"),
+    ({"state_dim": 128}, "state_dim is set, but Softmax (fused SDPA) keeps no state of a width to set"),
+    ({"state_dim": 0, "mechanism": "mamba2"}, "state_dim must be a whole number from 1"),
+    ({"state_dim": "wide", "mechanism": "mamba2"}, "state_dim must be a whole number from 1"),
 ])
 def test_impossible_layers_are_refused_with_a_sentence_naming_the_field(change, sentence):
     data = json.loads(planner.find("llama-3-8b").to_json())
@@ -178,3 +211,28 @@ def test_the_crossover_is_where_the_state_costs_what_the_cache_it_replaces_costs
     assert planner.crossover(llama, mixed) is None
     for n in (127, 128, 129, 1 << 20):
         assert (planner.plan(mixed, n).total_bytes <= planner.plan(llama, n).total_bytes) == (n >= 128)
+
+
+@pytest.mark.parametrize("name", list(planner.MODELS))
+def test_a_model_read_back_from_its_table_is_the_same_model(name):
+    model = planner.MODELS[name]
+    rows = planner.layers_frame(model).to_dict("records")
+    again = planner.from_rows(rows, name=model.name, dtype=model.dtype, max_context=model.max_context,
+                              source=model.source)
+    assert again == model
+
+
+def test_table_cells_are_read_as_fields_blanks_unset_and_whole_floats_whole():
+    rows = [{"name": " local ", "mechanism": "sliding_window", "count": 2.0, "heads": np.int64(8), "head_dim": 64,
+             "kv_heads": float("nan"), "window": pd.NA, "prefill_mechanism": "", "colour": "red"}]
+    model = planner.from_rows(rows, name="m", max_context=4096)
+    assert model.layers == (planner.Layer(name="local", mechanism="sliding_window", count=2, heads=8, head_dim=64),)
+    rows[0].update(window=512.0, count=2.5)
+    with pytest.raises(ValueError, match=r"layers\[0\] \(local\): count must be a whole number from 1 to .*, got 2.5"):
+        planner.from_rows(rows, name="m", max_context=4096)
+    rows[0]["count"] = 2
+    assert planner.from_rows(rows, name="m", max_context=4096).layers[0].window == 512
+    with pytest.raises(ValueError, match="name must be a text of 1 to 80 characters"):
+        planner.from_rows(rows, name="  ")
+    with pytest.raises(ValueError, match="a model lists at most 64 kinds of layer"):
+        planner.from_rows(rows * 65, name="m", max_context=4096)

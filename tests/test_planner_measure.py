@@ -3,6 +3,7 @@ timings (no clock read), how a kind is scaled down and a stack is made of the ki
 stack check end to end (figures finite, no timing asserted), and bad inputs refused with a sentence."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -164,6 +165,36 @@ def test_a_tiny_model_is_timed_predicted_and_checked_end_to_end():
     assert check.stack.layer_count == 8 and (check.prefill_n, check.decode_n) == (128, 256)
     assert check.prefill_measured_s > 0 and check.decode_predicted_s > 0 and math.isfinite(check.decode_ratio)
     assert json.loads(json.dumps(check.as_dict()))["layers"] == 8
+
+
+def test_a_wider_state_than_the_kernel_keeps_is_timed_at_the_kernel_s_own_and_said_so():
+    mamba = Model(name="mamba", max_context=4096, dtype="float32",
+                  layers=(Layer(name="Mamba-2", mechanism="mamba2", count=3, heads=2, head_dim=16, state_dim=32),))
+    timings = pm.measure_kinds(mamba, budget_s=2, prefill_ns=(64,), decode_ns=(64,), repeats=1)
+    said = " ".join(timings.kinds[0].notes)
+    assert "timed at the mamba2 kernel's own state, 16 × 16 a head, not the model's 16 × 32" in said
+    got = pm.predict(planner.plan(mamba, 1024), timings)
+    assert 0 < got.tokens_per_s < math.inf and any("not the model's 16 × 32" in n for n in got.notes)
+    plain = pm.measure_kinds(TINY, budget_s=1, prefill_ns=(64,), decode_ns=(64,), repeats=1)
+    assert not any("kernel's own state" in n for k in plain.kinds for n in k.notes)
+
+
+def test_a_hybrid_s_new_kind_is_timed_apart_and_predicts_the_hybrid_at_any_share():
+    turned = planner.hybrid(TINY, 1.0, "mamba2")  # TINY's 2 full layers become Mamba-2 ones
+    timings, both = pm.measure_hybrid(TINY, turned, budget_s=2, prefill_ns=(64,), decode_ns=(64,), repeats=1)
+    assert [k.layer.mechanism for k in timings.kinds] == ["sdpa", "gated_deltanet"]
+    assert [k.layer.mechanism for k in both.kinds] == ["sdpa", "gated_deltanet", "mamba2"] and both.model == TINY
+    half = planner.plan(planner.hybrid(TINY, 0.5, "mamba2"), 1024)
+    assert 0 < pm.predict(half, both).tokens_per_s < math.inf
+    with pytest.raises(ValueError, match="'Mamba-2 \\(SSD\\)' was not measured"):
+        pm.predict(half, timings)
+    same, again = pm.measure_hybrid(TINY, planner.hybrid(TINY, 1.0, "sdpa"), budget_s=1,
+                                    prefill_ns=(64,), decode_ns=(64,), repeats=1)
+    assert again is same  # the full layers turned into full layers of the same heads: no new kind to time
+    with pytest.raises(ValueError, match="time them alike"):
+        pm.joined(timings, dataclasses.replace(timings, dtype="float64"))
+    with pytest.raises(ValueError, match="budget_s must be a number of seconds"):
+        pm.measure_hybrid(TINY, turned, budget_s="10")
 
 
 def test_the_cli_measures_a_model_file_and_adds_the_predicted_figures(tmp_path):
