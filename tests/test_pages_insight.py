@@ -17,6 +17,7 @@ from attn_core.engine import results
 from tests.apptest_helpers import chart_specs as charts, displayed
 
 ROOT = Path(__file__).resolve().parents[1]
+SENTENCE_WORDS = "the cat sat on the mat because it was tired and warm".split()
 FAST_ACCURACY = {"acc_n": 32, "acc_d_model": 32, "acc_heads": 2, "acc_scatter": False}
 
 
@@ -149,6 +150,29 @@ def test_patterns_page_counts_cells_and_pulls_linformer_back():
     assert "Sliding window, window=64, n=1024: 12.2% of the n² cells" in subtitles
     linformer = charts(at)[-1]
     assert "pulled back through F" in json.dumps(linformer)
+
+
+def test_patterns_page_draws_the_cells_topk_and_nsa_read():
+    at = page("patterns", pat_mechanisms=["topk", "nsa"], pat_causal=True, pat_heads=1, pat_count_n=256)
+    assert errors(at) == []
+    specs = charts(at)
+    subtitles = [t for s in specs for t in s["title"]["subtitle"]]
+    assert not any("implicitly" in t for t in subtitles)
+    topk = next(t for t in subtitles if t.startswith("Top-k"))
+    assert "read by softmax (each query's top_k keys); the indexer scores every earlier key" in topk
+    nsa = next(t for t in subtitles if t.startswith("NSA"))
+    assert "of the n² cells read in full (the selected blocks and the window" in nsa
+    assert "compressed block means a query" in nsa
+
+    def drawn(spec):  # the cells panel's computed flags, by (query, key) label
+        return {(r["query"], r["key"]): r["computed"] for r in records(spec, "computed")}
+
+    words = len(SENTENCE_WORDS)
+    topk_cells, nsa_cells = drawn(specs[1]), drawn(specs[2])
+    kept = sum(topk_cells.values())  # small top_k = n // 4 = 3 keys a query, fewer while fewer are seen
+    assert kept == sum(min(3, t + 1) for t in range(words)) < words * (words + 1) // 2
+    assert any(key.startswith("c0 ") for _, key in nsa_cells)  # the compressed blocks, after the keys
+    assert "compressed blocks" in json.dumps(specs[2])
 
 
 @pytest.mark.parametrize("state,sentence", [
