@@ -136,6 +136,9 @@ class Generation:
     a key-value cache (q·k over each cached key, p·v over each cached value: 4·L·d for L tokens). A fixed-size state
     is read and updated in each step and gives its own.
     `step_big_o`, `cache_big_o`: a step's time and the cache's size in the context length n, for charts.
+    `step_tokens(n, **params) -> {branch: tokens, ..., 'total': tokens}`: for a mechanism whose step reads a bounded
+    part of its cache (NSA), the tokens a step at context n reads, branch by branch; `step_tokens_note`: how that
+    count stands to the paper's, with its source. None: a key-value cache read whole, or a fixed-size state.
     """
 
     remember: Callable[..., Any]
@@ -145,6 +148,8 @@ class Generation:
     step_flops: Callable[..., float] | None = None
     step_big_o: str = "O(cache)"
     cache_big_o: str = "O(cache)"
+    step_tokens: Callable[..., dict[str, int]] | None = None
+    step_tokens_note: str = ""
 
     def flops(self, shape: Shape, **params: Any) -> float:
         """FLOPs of one step after shape.Nk tokens: `step_flops`, or 2 per number the cache holds."""

@@ -214,6 +214,20 @@ def test_theory_page_shows_a_whole_models_cache_and_what_fits():
     assert len(cache) == 1 and "Context length n" in json.dumps(cache[0])
 
 
+def test_theory_page_shows_the_tokens_an_nsa_decode_step_reads():
+    at = page("theory", th_mechanisms=["softmax", "nsa"], th_n=(1024, 65536))
+    assert errors(at) == []
+    reads = [d.value for d in at.dataframe if "tokens_read" in d.value.columns]
+    assert len(reads) == 1
+    # the paper's Table 4 less one compressed block each: 2048, 2560, 3584, 5632 at 8K … 64K
+    assert reads[0]["context"].tolist() == [8192, 16384, 32768, 65536]
+    assert reads[0]["tokens_read"].tolist() == [2047, 2559, 3583, 5631]
+    assert reads[0]["mechanism"].unique().tolist() == ["NSA"]
+    assert any(c.value.startswith("NSA: The paper's Table 4") and "one less each" in c.value for c in at.caption)
+    softmax = page("theory", th_mechanisms=["softmax"], th_n=(1024, 65536))
+    assert not any("tokens_read" in d.value.columns for d in softmax.dataframe)
+
+
 @pytest.mark.parametrize("state,sentence", [
     ({"th_heads": 6}, "d_model 1024 is not divisible by 6 heads; choose a multiple of 6"),
     ({"th_mechanisms": []}, "Choose at least one mechanism."),

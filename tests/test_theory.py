@@ -221,3 +221,15 @@ def test_the_whole_model_cache_follows_the_key_value_heads_and_latent_attention_
     assert theory.latent_costs([4096], layers=1, heads=8, head_dim=30).empty  # rope_dim 15 is no even integer
     row = theory.latent_context({"1 GiB": theory.GIB}, layers=1, heads=8, head_dim=64, dtype="float32")
     assert row["1 GiB"] == f"{theory.GIB // (288 * 4):,} tokens"
+
+
+def test_step_reads_count_nsa_decode_tokens_by_branch_and_leave_out_whole_cache_reads():
+    table = theory.step_reads(["softmax", "linear", "nsa"], params={"nsa": {"window": 256}})
+    assert table["mechanism"].tolist() == ["NSA"] * 4  # softmax reads its whole cache; linear, its state
+    # n = 8192, window 256: ⌊(8192 − 32)/16⌋ + 1 = 511 compressed, 16 blocks of 64 selected, 256 in the window
+    first = table.iloc[0]
+    assert (first["context"], first["tokens_read"]) == (8192, 511 + 1024 + 256)
+    assert first["branches"] == "compressed 511 + selected 1,024 + window 256"
+    assert first["of_context"] == (511 + 1024 + 256) / 8192
+    assert theory.step_reads(["nsa"])["tokens_read"].tolist() == [2047, 2559, 3583, 5631]
+    assert theory.step_reads(["softmax"]).empty
