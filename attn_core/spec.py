@@ -136,6 +136,9 @@ class Generation:
     a key-value cache (q·k over each cached key, p·v over each cached value: 4·L·d for L tokens). A fixed-size state
     is read and updated in each step and gives its own.
     `step_big_o`, `cache_big_o`: a step's time and the cache's size in the context length n, for charts.
+    `step_tokens(n, **params) -> {branch: tokens, ..., 'total': tokens}`: for a mechanism whose step reads a bounded
+    part of its cache (NSA), the tokens a step at context n reads, branch by branch; `step_tokens_note`: how that
+    count stands to the paper's, with its source. None: a key-value cache read whole, or a fixed-size state.
     """
 
     remember: Callable[..., Any]
@@ -145,6 +148,8 @@ class Generation:
     step_flops: Callable[..., float] | None = None
     step_big_o: str = "O(cache)"
     cache_big_o: str = "O(cache)"
+    step_tokens: Callable[..., dict[str, int]] | None = None
+    step_tokens_note: str = ""
 
     def flops(self, shape: Shape, **params: Any) -> float:
         """FLOPs of one step after shape.Nk tokens: `step_flops`, or 2 per number the cache holds."""
@@ -268,6 +273,12 @@ class Insight:
     Accuracy pages draw it; it takes precedence over the pattern's masked softmax).
     `projected`: the parameter counting the weights' columns when they are projected keys, not the n keys
     (Linformer's rank); `pull_back(weights, state)` then maps them back onto the n keys.
+    `selected(q, k, causal, state, **params) -> (cells, extra)`: for a mechanism that selects from its inputs which
+    cells it reads (top-k, NSA), those cells for batch element 0: `cells` (S, Nq, Nk + len(extra)) boolean, S = 1
+    (one selection for every head) or H (one a query head); `extra` names the columns past the n keys that it also
+    reads (NSA's compressed blocks), `extra_columns` says what they are ("compressed blocks").
+    `reads(n, causal, **params) -> (cells, words)`: its count at n without inputs (the cells it reads, or at most
+    reads where that depends on the inputs) and the words that say so, for effective.cells_computed.
     `regime`: for the Accuracy page, the inputs (accuracy.INPUTS) where it works as designed, the inputs that show
     its limit, and why; `accuracy_note`: a sentence shown beside its errors.
     """
@@ -276,6 +287,9 @@ class Insight:
     effective: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     projected: str | None = None
     pull_back: Callable[[torch.Tensor, dict], torch.Tensor] | None = None
+    selected: Callable[..., tuple[torch.Tensor, tuple[str, ...]]] | None = None
+    extra_columns: str = ""
+    reads: Callable[..., tuple[float, str]] | None = None
     regime: tuple[str, str, str] | None = None
     accuracy_note: str = ""
 

@@ -80,7 +80,7 @@ for key in ["softmax"] + chosen:
     chart = insight_charts.pattern_chart(
         maps["cells"], maps["weights"], title=spec.label, subtitle=[spec.description, counted(key, int(count_n),
                                                                                                causal, p, int(seed))],
-        x_title=maps["columns"], cells_x_title=effective.PROJECTED if spec.insight.projected else effective.KEYS,
+        x_title=maps["columns"], cells_x_title=maps["cells_columns"],
         weights_title=note)
     show_chart(chart, width="content")
     export_row(chart, maps["weights"], f"pattern-{key}", f"pat_dl_{key}")

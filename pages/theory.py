@@ -166,6 +166,17 @@ with generation_tab:
     chart = insight_charts.theory_chart(cache, "tokens_per_s")
     show_chart(chart)
     export_row(chart, cache, "theory-tokens", "th_dl_theory-tokens")
+    reads = theory.step_reads(keys, params=params)
+    if len(reads):
+        st.markdown("**Tokens one decode step reads, against the context** (the rest of the cache stays unread; the "
+                    "tokens per second above assume a step reads all of it)")
+        st.dataframe(reads, hide_index=True, column_config={
+            "context": st.column_config.NumberColumn("context n", format="localized"),
+            "tokens_read": st.column_config.NumberColumn("tokens a step reads", format="localized"),
+            "of_context": st.column_config.NumberColumn("of the context", format="percent")})
+        for key in keys:
+            if (form := MECHANISMS[key].supports.generation) is not None and form.step_tokens_note:
+                st.caption(f"{label(key)}: {form.step_tokens_note}")
 with devices_tab:
     st.caption("One causal attention layer split over P devices (and its bytes over all of a planner model's "
                "attention layers when one is chosen), from attn_core.distributed's cost model (the "

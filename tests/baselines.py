@@ -364,3 +364,57 @@ def nsa_reference(q, k, v, g_cmp, g_slc, g_win, *, block: int, stride: int, sele
                     sw = attend(q[b, h, t], k[b, kh, win], v[b, kh, win])
                     out[b, h, t] = g_cmp[b, h, t] * cmp[h] + g_slc[b, h, t] * slc + g_win[b, h, t] * sw
     return out
+
+
+def topk_cells(q: torch.Tensor, k: torch.Tensor, causal: bool, top_k: int, index_q: torch.Tensor,
+               index_k: torch.Tensor, index_w: torch.Tensor) -> np.ndarray:
+    """The keys each query of batch element 0 keeps (Nq, Nk), brute force in float64: the indexer's score of every
+    pair written as a sum over its heads, each query's visible keys ranked by (score descending, position), the first
+    top_k kept."""
+    n, m = q.shape[2], k.shape[2]
+    qm, km = q[0].double().mean(0), k[0].double().mean(0)  # (n, D), (m, D): the mean query and key over heads
+    heads = index_w.shape[0]
+    wq = index_q.double().view(q.shape[-1], heads, -1)
+    kept = np.zeros((n, m), dtype=bool)
+    for t in range(n):
+        seen = [s for s in range(m) if not causal or s <= t]
+        score = {s: sum(float(index_w[j]) * max(0.0, float((qm[t] @ wq[:, j]) @ (km[s] @ index_k.double())))
+                        for j in range(heads)) for s in seen}
+        for s in sorted(seen, key=lambda s: (-score[s], s))[:top_k]:
+            kept[t, s] = True
+    return kept
+
+
+def nsa_cells(q: torch.Tensor, k: torch.Tensor, *, block: int, stride: int, select_block: int, select_blocks: int,
+              window: int) -> np.ndarray:
+    """What each query head of batch element 0 reads in NSA, (H, n, n + m) brute force in float64: its group's
+    selected blocks (first and own forced, the rest ranked by the compressed probabilities of the group's heads spread
+    over the tokens each compressed block pools, ties to the earlier block), their tokens ≤ t, the window
+    t − window < j ≤ t, then the m compressed blocks ending at or before t."""
+    H, n, D = q.shape[1:]
+    Hk = k.shape[1]
+    starts = list(range(0, n - block + 1, stride))
+    cells = np.zeros((H, n, n + len(starts)), dtype=bool)
+    for kh in range(Hk):
+        heads = [h for h in range(H) if h * Hk // H == kh]
+        kc = [k[0, kh, a:a + block].double().mean(0) for a in starts]
+        for t in range(n):
+            seen = [i for i, a in enumerate(starts) if a + block - 1 <= t]
+            density = [0.0] * n
+            for h in heads:
+                if seen:
+                    p = torch.softmax(torch.stack([kc[i] @ q[0, h, t].double() for i in seen]) / D ** 0.5, 0)
+                    for j, i in enumerate(seen):
+                        for x in range(starts[i], starts[i] + block):
+                            density[x] += float(p[j]) / block
+            past = list(range(t // select_block + 1))
+            score = {j: sum(density[j * select_block:(j + 1) * select_block]) for j in past}
+            forced = [0] + ([t // select_block] if t // select_block else [])
+            chosen = (forced + sorted((j for j in past if j not in forced), key=lambda j: (-score[j], j)))
+            for h in heads:
+                for j in chosen[:select_blocks]:
+                    cells[h, t, j * select_block:min(t + 1, (j + 1) * select_block)] = True
+                cells[h, t, max(0, t - window + 1):t + 1] = True
+                for i in seen:
+                    cells[h, t, n + i] = True
+    return cells

@@ -7,7 +7,7 @@ import torch
 
 import attn_core as ac
 from attn_core.insight import effective as ef
-from tests.baselines import allowed, runs
+from tests.baselines import allowed, nsa_cells, runs, topk_cells
 from tests.copies import with_copies
 
 SMALL = {"sliding_window": {"window": 3}, "local": {"block": 4, "lookback": 1, "lookahead": 1},
@@ -125,3 +125,47 @@ def test_matrix_frame_and_token_labels():
         ef.token_labels("   ")
     with pytest.raises(ValueError, match="at most 4"):
         ef.token_labels("a b c d e", limit=4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_topk_cells_are_the_keys_a_brute_force_indexer_keeps(causal):
+    q, k, _ = qkv(17, seed=3)
+    params = {"top_k": 5, "index_heads": 3, "index_dim": 4}
+    state = ac.make_state("topk", ac.Shape.of(q, k, causal), dtype=q.dtype, seed=7, **params)
+    expected = topk_cells(q, k, causal, 5, **state)
+    cells = ef.computed_cells("topk", 17, 17, causal, q=q, k=k, seed=7, **params)
+    np.testing.assert_array_equal(cells.numpy(), expected)
+    assert (cells.sum(1) == (torch.arange(17).clamp_max(4) + 1 if causal else 5)).all()
+    with pytest.raises(ValueError, match="pass q= and k="):
+        ef.computed_cells("topk", 17, 17, causal, **params)
+
+
+@pytest.mark.parametrize("kv_heads,params", [
+    (3, {"block": 4, "stride": 2, "select_block": 4, "select_blocks": 2, "window": 3}),
+    (1, {"block": 4, "stride": 4, "select_block": 2, "select_blocks": 3, "window": 2}),
+    (3, {"block": 2, "stride": 2, "select_block": 4, "select_blocks": 1, "window": 5}),
+])
+def test_nsa_cells_are_a_brute_force_selection_window_and_compressed_blocks(kv_heads, params):
+    q, k, _ = qkv(19, seed=5)
+    k = k[:, :kv_heads]
+    expected = nsa_cells(q, k, **params)
+    cells, names = ef.selected_cells("nsa", q, k, True, **params)
+    np.testing.assert_array_equal(cells.numpy(), expected)
+    m = (19 - params["block"]) // params["stride"] + 1
+    assert len(names) == m and names[0] == f"c0 0–{params['block'] - 1}"
+    # the count without inputs bounds these reads from above, and is the reads exactly where a query's window lies
+    # inside its own block (nothing chosen can overlap it)
+    count = ef.cells_computed("nsa", 19, True, **params)
+    assert count["cells"] >= expected[:, :, :19].sum((1, 2)).max() and "at most" in count["sentence"]
+    inside = {**params, "window": 1}
+    exact = nsa_cells(q, k, **inside)[:, :, :19].sum((1, 2))
+    assert ef.cells_computed("nsa", 19, True, **inside)["cells"] == exact.min() == exact.max()
+
+
+def test_topk_counts_what_softmax_reads_and_says_what_the_indexer_scores():
+    c = ef.cells_computed("topk", 8, True, top_k=3, index_heads=2, index_dim=4)
+    assert c["cells"] == 1 + 2 + 3 * 6 and not c["implicit"]  # Σ_t min(3, t + 1)
+    assert c["sentence"] == ("Top-k (DeepSeek sparse), top_k=3, index_heads=2, index_dim=4, n=8: 32.8% of the n² "
+                             "cells read by softmax (each query's top_k keys); the indexer scores every earlier key "
+                             "(56.2% of the cells), cheaply: 2 heads × 4 products a cell, once for all heads")
+    assert ef.cells_computed("topk", 8, top_k=3, index_heads=2, index_dim=4)["cells"] == 24

@@ -17,6 +17,7 @@ from attn_core.engine import results
 from tests.apptest_helpers import chart_specs as charts, displayed
 
 ROOT = Path(__file__).resolve().parents[1]
+SENTENCE_WORDS = "the cat sat on the mat because it was tired and warm".split()
 FAST_ACCURACY = {"acc_n": 32, "acc_d_model": 32, "acc_heads": 2, "acc_scatter": False}
 
 
@@ -151,6 +152,29 @@ def test_patterns_page_counts_cells_and_pulls_linformer_back():
     assert "pulled back through F" in json.dumps(linformer)
 
 
+def test_patterns_page_draws_the_cells_topk_and_nsa_read():
+    at = page("patterns", pat_mechanisms=["topk", "nsa"], pat_causal=True, pat_heads=1, pat_count_n=256)
+    assert errors(at) == []
+    specs = charts(at)
+    subtitles = [t for s in specs for t in s["title"]["subtitle"]]
+    assert not any("implicitly" in t for t in subtitles)
+    topk = next(t for t in subtitles if t.startswith("Top-k"))
+    assert "read by softmax (each query's top_k keys); the indexer scores every earlier key" in topk
+    nsa = next(t for t in subtitles if t.startswith("NSA"))
+    assert "of the n² cells read in full (the selected blocks and the window" in nsa
+    assert "compressed block means a query" in nsa
+
+    def drawn(spec):  # the cells panel's computed flags, by (query, key) label
+        return {(r["query"], r["key"]): r["computed"] for r in records(spec, "computed")}
+
+    words = len(SENTENCE_WORDS)
+    topk_cells, nsa_cells = drawn(specs[1]), drawn(specs[2])
+    kept = sum(topk_cells.values())  # small top_k = n // 4 = 3 keys a query, fewer while fewer are seen
+    assert kept == sum(min(3, t + 1) for t in range(words)) < words * (words + 1) // 2
+    assert any(key.startswith("c0 ") for _, key in nsa_cells)  # the compressed blocks, after the keys
+    assert "compressed blocks" in json.dumps(specs[2])
+
+
 @pytest.mark.parametrize("state,sentence", [
     ({"pat_sentence": "   "}, "The sentence is empty"),
     ({"pat_linformer_rank": 40}, "choose rank ≤ 12 (the sentence has 12 words)"),
@@ -188,6 +212,20 @@ def test_theory_page_shows_a_whole_models_cache_and_what_fits():
     assert "Linformer" not in " ".join(fits.index)
     cache = [c for c in charts(at) if "Cache of the whole model" in json.dumps(c)]
     assert len(cache) == 1 and "Context length n" in json.dumps(cache[0])
+
+
+def test_theory_page_shows_the_tokens_an_nsa_decode_step_reads():
+    at = page("theory", th_mechanisms=["softmax", "nsa"], th_n=(1024, 65536))
+    assert errors(at) == []
+    reads = [d.value for d in at.dataframe if "tokens_read" in d.value.columns]
+    assert len(reads) == 1
+    # the paper's Table 4 less one compressed block each: 2048, 2560, 3584, 5632 at 8K … 64K
+    assert reads[0]["context"].tolist() == [8192, 16384, 32768, 65536]
+    assert reads[0]["tokens_read"].tolist() == [2047, 2559, 3583, 5631]
+    assert reads[0]["mechanism"].unique().tolist() == ["NSA"]
+    assert any(c.value.startswith("NSA: The paper's Table 4") and "one less each" in c.value for c in at.caption)
+    softmax = page("theory", th_mechanisms=["softmax"], th_n=(1024, 65536))
+    assert not any("tokens_read" in d.value.columns for d in softmax.dataframe)
 
 
 @pytest.mark.parametrize("state,sentence", [

@@ -266,3 +266,15 @@ def test_the_across_devices_tab_takes_a_planner_models_shape():
         qwen = ring_row(at)  # its 12 gated attention layers: 16 query heads, 2 key/value heads of 256
         assert qwen["layers"] == 12 and qwen["bytes_sent_per_layer"] == 2 * 7 * 2 * (n // procs) * 256 * 2
     assert not at.exception, [e.value for e in at.exception]
+
+
+def test_step_reads_count_nsa_decode_tokens_by_branch_and_leave_out_whole_cache_reads():
+    table = theory.step_reads(["softmax", "linear", "nsa"], params={"nsa": {"window": 256}})
+    assert table["mechanism"].tolist() == ["NSA"] * 4  # softmax reads its whole cache; linear, its state
+    # n = 8192, window 256: ⌊(8192 − 32)/16⌋ + 1 = 511 compressed, 16 blocks of 64 selected, 256 in the window
+    first = table.iloc[0]
+    assert (first["context"], first["tokens_read"]) == (8192, 511 + 1024 + 256)
+    assert first["branches"] == "compressed 511 + selected 1,024 + window 256"
+    assert first["of_context"] == (511 + 1024 + 256) / 8192
+    assert theory.step_reads(["nsa"])["tokens_read"].tolist() == [2047, 2559, 3583, 5631]
+    assert theory.step_reads(["softmax"]).empty

@@ -76,6 +76,23 @@ def forward_call(key: str, n: int, args, params: dict | None = None,
     return call
 
 
+HEADROOM = 2 << 30  # bytes left free beside a contestant's predicted peak
+GIB = float(1 << 30)
+
+
+def room(key: str, shape: Shape, device: str, params: dict | None = None) -> str:
+    """'' when mechanism `key`'s predicted peak at `shape` (its inputs, and its spec's memory above them) leaves
+    HEADROOM of `device`'s free memory; else the sentence saying why it is skipped (the materialized softmax at
+    n = 16384, H = 8 holds two n × n fp32 matrices, 16 GiB: a 24 GiB machine cannot spare them)."""
+    need = shape.input_bytes + MECHANISMS[key].cost.memory_bytes(shape, **(params or {}))
+    free = env.free_memory_bytes(device)
+    if need < free - HEADROOM:
+        return ""
+    return (f"skipped: its spec's peak at n = {shape.Nq}, {'causal' if shape.causal else 'not causal'}, is "
+            f"{need / GIB:.1f} GiB, which would not leave {HEADROOM / GIB:.0f} GiB of the {free / GIB:.1f} GiB free "
+            f"on {device}; run on a machine with more memory, or lower --compare-n")
+
+
 def powers(low: int, high: int) -> list[int]:
     """The powers of two from low to high (each rounded down to one): the sequence lengths of a scaling run."""
     return [2**e for e in range(int(math.log2(low)), int(math.log2(high)) + 1)]

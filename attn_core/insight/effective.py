@@ -49,13 +49,35 @@ def pattern_of(key: str, nq: int, nk: int, causal: bool = False, *, state: dict[
                                 **{name: t for name, t in state.items() if name in spec.state.keys})
 
 
+def selected_cells(key: str, q: torch.Tensor, k: torch.Tensor, causal: bool = False, *,
+                   state: dict[str, torch.Tensor] | None = None, seed: int = 0,
+                   **params: Any) -> tuple[torch.Tensor, tuple[str, ...]]:
+    """For a mechanism that selects its cells from q (B, H, Nq, D) and k (B, Hk, Nk, D) (spec.insight.selected):
+    the cells batch element 0 reads, (Nq, C) when one selection serves every head, else (H, Nq, C), C = Nk + the
+    extra columns it also reads, and those columns' names. State from `state`, or drawn from `seed`."""
+    spec = get(key)
+    if spec.insight.selected is None:
+        raise ValueError(f"{spec.label} does not select its cells from its inputs; use computed_cells")
+    resolved = spec.resolved(params)
+    if state is None:
+        state = make_state(key, Shape.of(q, k, causal), q.device, q.dtype, seed=seed, **resolved)
+    cells, extra = spec.insight.selected(q, k, causal, state, **resolved)
+    return (cells[0] if cells.shape[0] == 1 else cells), extra
+
+
 def computed_cells(key: str, nq: int, nk: int, causal: bool = False, *, state: dict[str, torch.Tensor] | None = None,
-                   seed: int = 0, **params: Any) -> torch.Tensor:
+                   seed: int = 0, q: torch.Tensor | None = None, k: torch.Tensor | None = None,
+                   **params: Any) -> torch.Tensor:
     """(Nq, C) boolean: the cells the mechanism scores. Exact mechanisms: their pattern (with its state: `state`, or
-    drawn from `seed`); a mechanism over projected keys (spec.insight.projected): all Nq × C cells; one scoring through
-    features or landmarks: every allowed (i, j), implicitly."""
+    drawn from `seed`); a mechanism over projected keys (spec.insight.projected): all Nq × C cells; one that selects
+    its cells from q and k (spec.insight.selected, which then needs them): the cells it reads (`selected_cells`);
+    one scoring through features or landmarks: every allowed (i, j), implicitly."""
     spec = get(key)
     resolved = spec.resolved(params)
+    if spec.insight.selected is not None:
+        if q is None or k is None:
+            raise ValueError(f"{spec.label} selects the cells it reads from q and k; pass q= and k=")
+        return selected_cells(key, q, k, causal, state=state, seed=seed, **resolved)[0]
     if spec.insight.pattern is not None:
         return masks.dense_mask(pattern_of(key, nq, nk, causal, state=state, seed=seed, **resolved), nq, nk)
     if spec.insight.projected is not None:
@@ -68,20 +90,26 @@ def cells_computed(key: str, n: int, causal: bool = False, *, seed: int = 0, **p
     n×n matrix, but O(n²) time: about a second at n = 8192). A pattern with random state is counted for the state
     drawn from `seed`.
 
+    A mechanism that selects its cells from its inputs counts them itself (spec.insight.reads), without inputs.
+
     Returns {'cells', 'total' (= n²), 'fraction', 'implicit' (True when scored only through features or landmarks,
     never stored), 'sentence'}, e.g. "Sliding window, window=64, n=1024: 12.6% of the n² cells".
     """
     spec = get(key)
     resolved = spec.resolved(params)
     spec.check(Shape(1, 1, n, n, 1, causal=causal), resolved)
+    settings = ", ".join(f"{k}={v}" for k, v in resolved.items())
+    head = f"{spec.label}{', ' + settings if settings else ''}, n={n}"
+    if spec.insight.reads is not None:
+        cells, words = spec.insight.reads(n, causal, **resolved)
+        return {"cells": round(cells), "total": n * n, "fraction": cells / (n * n), "implicit": False,
+                "sentence": f"{head}: {words}"}
     if spec.insight.pattern is not None:
         fraction = masks.density(pattern_of(key, n, n, causal, seed=seed, **resolved), n, n)
     elif spec.insight.projected is not None:
         fraction = resolved[spec.insight.projected] / n
     else:
         fraction = masks.density(masks.causal, n, n) if causal else 1.0
-    settings = ", ".join(f"{k}={v}" for k, v in resolved.items())
-    head = f"{spec.label}{', ' + settings if settings else ''}, n={n}"
     if spec.insight.projected is not None:
         columns = resolved[spec.insight.projected]
         tail = f"{fraction:.1%} of the n² cells ({n}×{columns} scores against projected keys)"
@@ -167,19 +195,28 @@ def token_labels(text: str, limit: int = 64) -> list[str]:
 def attention_maps(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tokens: list[str], *,
                    causal: bool = False, seed: int = 0, pull_back: bool = False,
                    **params: Any) -> dict[str, Any]:
-    """Heatmap frames of one mechanism on one sequence (batch 0): {'cells': matrix_frame of computed_cells,
-    'weights': matrix_frame of the effective weights, one panel per head, 'columns': what the columns index}.
+    """Heatmap frames of one mechanism on one sequence (batch 0): {'cells': matrix_frame of computed_cells (one panel
+    per head where each head selects its own), 'weights': matrix_frame of the effective weights, one panel per head,
+    'columns': what the weights' columns index, 'cells_columns': what the cells' columns index}.
 
     Linformer's columns are its projected keys ("p0", "p1", …), or the n keys with `pull_back` (W·F: a linear
-    map of v, entries may be negative).
+    map of v, entries may be negative). A mechanism that selects its cells (spec.insight.selected) shows the cells
+    it reads from these q and k, and after the keys any further columns it reads (NSA's compressed blocks).
     """
     n = q.shape[-2]
-    state = make_state(key, Shape.of(q, k, causal), q.device, q.dtype, seed=seed, **get(key).resolved(params))
+    spec = get(key)
+    state = make_state(key, Shape.of(q, k, causal), q.device, q.dtype, seed=seed, **spec.resolved(params))
     eff = effective_attention(key, q, k, v, causal=causal, state=state, **params)
-    cells = computed_cells(key, n, k.shape[-2], causal, state=state, **params)
     projected = [f"p{r}" for r in range(eff.weights.shape[-1])] if eff.columns == PROJECTED else tokens
+    if spec.insight.selected is not None:
+        cells, extra = selected_cells(key, q, k, causal, state=state, **params)
+        cell_columns = tokens + list(extra)
+        cells_title = f"{KEYS}, then {spec.insight.extra_columns}" if extra else KEYS
+    else:
+        cells = computed_cells(key, n, k.shape[-2], causal, state=state, **params)
+        cell_columns, cells_title = projected, PROJECTED if spec.insight.projected else KEYS
     shown = tokens if pull_back else projected
     weights = pulled_back(eff, state) if pull_back else eff.weights
-    return {"cells": matrix_frame(cells, tokens, projected, value="computed"),
+    return {"cells": matrix_frame(cells, tokens, cell_columns, value="computed"),
             "weights": matrix_frame(weights[0], tokens, shown),
-            "columns": KEYS if shown is tokens else PROJECTED}
+            "columns": KEYS if shown is tokens else PROJECTED, "cells_columns": cells_title}

@@ -214,6 +214,29 @@ def model_cache_bytes(key: str, n: int, *, layers: int, heads: int, head_dim: in
     return layers * float(one_layer)
 
 
+STEP_CONTEXTS = (8192, 16384, 32768, 65536)  # the contexts of NSA's Table 4 (arXiv 2502.11089)
+
+
+def step_reads(keys: Iterable[str], ns: Iterable[int] = STEP_CONTEXTS, *,
+               params: Mapping[str, Mapping[str, Any]] | None = None) -> pd.DataFrame:
+    """For each of `keys` whose decode step reads a bounded part of its cache (spec Generation.step_tokens), one row
+    per context n: the tokens a step reads ('tokens_read', each branch's reads counted), their share of the context
+    and the branches ('compressed 511 + selected 1,024 + window 512'). Empty when none of them bounds its read."""
+    rows = []
+    for key in keys:
+        spec = get(key)
+        form = spec.supports.generation
+        if form is None or form.step_tokens is None:
+            continue
+        resolved = spec.resolved((params or {}).get(key) or {})
+        for n in ns:
+            counts = form.step_tokens(int(n), **resolved)
+            parts = " + ".join(f"{branch} {count:,}" for branch, count in counts.items() if branch != "total")
+            rows.append({"mechanism": spec.label, "context": int(n), "tokens_read": int(counts["total"]),
+                         "of_context": counts["total"] / n, "branches": parts})
+    return pd.DataFrame(rows, columns=["mechanism", "context", "tokens_read", "of_context", "branches"])
+
+
 def cannot_generate(keys: Iterable[str]) -> list[str]:
     """For each of `keys` that has no generation form, the sentence saying why ('Linformer: Its projections …')."""
     return [f"{get(key).label}: {get(key).supports.no_generation}" for key in keys

@@ -304,6 +304,14 @@ def decode_tokens(n: int, block: int = 32, stride: int = 16, select_block: int =
     return {**counts, "total": sum(counts.values())}
 
 
+STEP_TOKENS_NOTE = ("The paper's Table 4 (Yuan et al. 2025, arXiv 2502.11089) counts n/stride + select_blocks·"
+                    "select_block + window tokens a decode step: 2,048, 2,560, 3,584 and 5,632 at 8K, 16K, 32K and "
+                    "64K with its settings (block 32, stride 16, select_block 64, select_blocks 16, window 512). "
+                    "Counted block by block, blocks of 32 every 16 that end by n number ⌊(n − 32)/16⌋ + 1 = n/16 − 1, "
+                    "so these counts are one less each: 2,047, 2,559, 3,583 and 5,631. A token two branches read "
+                    "counts twice, as each branch reads it.")
+
+
 def _cache_bytes(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
     return kv_bytes(s, s.Nk) + kv_bytes(s, visible_blocks(s.Nk - 1, block, stride))
 
@@ -371,15 +379,13 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
     return fixed + peak
 
 
-def _effective(q, k, v, causal: bool, state: dict, block=32, stride=16, select_block=64, select_blocks=16,
-               window=512) -> tuple[torch.Tensor, torch.Tensor]:
-    """The dense (B, H, n, n) weights g_cmp·W_cmp + g_slc·W_slc + g_win·W_win with W_cmp's weight on a compressed
-    block spread evenly over the tokens it averages (the mean pooling), W_slc and W_win softmax over the selected and
-    the window's tokens; values v (shared heads repeated: a picture, not a kernel)."""
+def _branches(q, k, block: int, stride: int, select_block: int, select_blocks: int):
+    """Over all n queries at once (small n): the compressed probabilities p (B, H, n, m) (zero before a query sees a
+    block), `cover` (m, n), which tokens each compressed block pools, and `chosen` (B, H, n, n), the tokens of the
+    blocks each query's group selects (past the query included: the caller masks them). k repeated to H heads."""
     B, H, n, D = q.shape
     G = H // k.shape[1]
-    gates = _gates(q, {name: state.get(name) for name in GATES}, 0)
-    k, v = (x.repeat_interleave(G, dim=1) for x in (k, v))
+    k = k.repeat_interleave(G, dim=1)
     kc = compressed(k, block, stride)
     m = kc.shape[2]
     t = torch.arange(n)
@@ -387,20 +393,70 @@ def _effective(q, k, v, causal: bool, state: dict, block=32, stride=16, select_b
     sc = (q @ kc.transpose(-2, -1)) * scale(D)
     sc = sc.masked_fill(ends > t[:, None], float("-inf"))
     p = _softmax_rows(sc, dead_ok=True) if m else sc  # (B, H, n, m)
-    cover = ((torch.arange(n)[None, :] >= (ends - block + 1)[:, None]) & (torch.arange(n)[None, :] <= ends[:, None]))
-    w_cmp = p @ (cover.to(q.dtype) / block)  # (B, H, n, n)
+    cover = (t[None, :] >= (ends - block + 1)[:, None]) & (t[None, :] <= ends[:, None])
     score = (p.view(B, H // G, G, n, m).sum(2) @ cover.to(q.dtype)) if m else q.new_zeros(B, H // G, n, n)
     nsel = -(-n // select_block)
     padded = torch.nn.functional.pad(score, (0, nsel * select_block - n)).view(B, H // G, n, nsel, select_block)
     idx = _selected(padded.sum(-1), 0, n, select_block, select_blocks)
     chosen = torch.zeros(B, H // G, n, nsel, dtype=torch.bool).scatter_(-1, idx, True)
-    chosen = chosen.repeat_interleave(select_block, -1)[..., :n].repeat_interleave(G, dim=1)
+    return p, cover, chosen.repeat_interleave(select_block, -1)[..., :n].repeat_interleave(G, dim=1)
+
+
+def _effective(q, k, v, causal: bool, state: dict, block=32, stride=16, select_block=64, select_blocks=16,
+               window=512) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dense (B, H, n, n) weights g_cmp·W_cmp + g_slc·W_slc + g_win·W_win with W_cmp's weight on a compressed
+    block spread evenly over the tokens it averages (the mean pooling), W_slc and W_win softmax over the selected and
+    the window's tokens; values v (shared heads repeated: a picture, not a kernel)."""
+    n, D = q.shape[2], q.shape[3]
+    G = q.shape[1] // k.shape[1]
+    gates = _gates(q, {name: state.get(name) for name in GATES}, 0)
+    p, cover, chosen = _branches(q, k, block, stride, select_block, select_blocks)
+    k, v = (x.repeat_interleave(G, dim=1) for x in (k, v))
+    w_cmp = p @ (cover.to(q.dtype) / block)  # (B, H, n, n)
+    t = torch.arange(n)
     dense = (q @ k.transpose(-2, -1)) * scale(D)
     future = t[None, :] > t[:, None]
     w_slc = torch.softmax(dense.masked_fill(~chosen | future, float("-inf")), -1)
     w_win = torch.softmax(dense.masked_fill(future | (t[None, :] <= t[:, None] - window), float("-inf")), -1)
     g_cmp, g_slc, g_win = (g[..., :n, None] for g in gates)
     return g_cmp * w_cmp + g_slc * w_slc + g_win * w_win, v
+
+
+def _read(q, k, causal: bool, state: dict, block=32, stride=16, select_block=64, select_blocks=16,
+          window=512) -> tuple[torch.Tensor, tuple[str, ...]]:
+    """The cells batch 0's queries read, per query head (H, n, n + m): the selected blocks' tokens ≤ t and the
+    window's in full, then the m compressed blocks, those ending at or before t; the blocks named "c0 0–31" by the
+    tokens they pool."""
+    with torch.no_grad():
+        _, _, chosen = _branches(q[:1], k[:1], block, stride, select_block, select_blocks)
+    n = q.shape[2]
+    t = torch.arange(n)
+    window_cells = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - window)
+    tokens = (chosen[0] & (t[None, :] <= t[:, None])) | window_cells
+    m = visible_blocks(n - 1, block, stride)
+    ends = torch.arange(m) * stride + block - 1
+    blocks = (ends[None, :] <= t[:, None]).expand(q.shape[1], n, m)
+    names = tuple(f"c{i} {i * stride}–{i * stride + block - 1}" for i in range(m))
+    return torch.cat([tokens, blocks], -1), names
+
+
+def _reads(n: int, causal: bool, block=32, stride=16, select_block=64, select_blocks=16,
+           window=512) -> tuple[float, str]:
+    """At most the cells a query reads in full, Σ_t: its own block's tokens ≤ t and the window (both end at t: the
+    longer holds the other), the first block, and the other chosen blocks whole, as if none lay in the window (the
+    inputs decide); the compressed blocks beside them (decode_tokens counts each branch's reads)."""
+    t = np.arange(n)
+    own = t // select_block
+    lo = np.maximum(0, t - window + 1)  # the window: [lo, t]
+    if select_blocks > 1:
+        lo = np.minimum(own * select_block, lo)  # with the own block, another suffix: the longer holds the other
+    union = t - lo + 1 + np.minimum(np.minimum(select_block, t + 1), lo)  # and the first block
+    others = np.maximum(0, np.minimum(select_blocks, own + 1) - np.where(own > 0, 2, 1)) * select_block
+    cells = float(np.minimum(union + others, t + 1).sum())
+    cmp = visible_blocks(n - 1, block, stride)
+    return cells, (f"at most {cells / (n * n):.1%} of the n² cells read in full (the selected blocks and the "
+                   f"window; fewer where a chosen block lies in the window), and up to {cmp:,} compressed block "
+                   f"means a query")
 
 
 SPEC = MechanismSpec(
@@ -438,10 +494,13 @@ SPEC = MechanismSpec(
         shared_kv=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, prefill=_prefill,
                               step_flops=_step_flops, step_big_o="O((n/stride + n_sel·l' + w)·d)",
-                              cache_big_o="O(n·d)"),
+                              cache_big_o="O(n·d)", step_tokens=decode_tokens, step_tokens_note=STEP_TOKENS_NOTE),
     ),
     insight=Insight(
         effective=_effective,
+        selected=_read,
+        extra_columns="compressed blocks",
+        reads=_reads,
         regime=("local", "gaussian", "NSA keeps a window and the blocks the compressed scores favour: with "
                 "unrelated tokens the weight softmax spreads over the whole sequence falls mostly on blocks it "
                 "does not read, and its gates (random, untrained here) mix three different distributions."),

@@ -282,19 +282,44 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
     return fixed + peak
 
 
+def _keep(q, k, causal: bool, state: dict, top_k: int = 2048, index_heads: int = 4,
+          index_dim: int = 32) -> torch.Tensor:
+    """(B, Nq, Nk) boolean: the keys each query keeps, the kernel's selection over all rows at once (small n)."""
+    wq, wk, w = _state(q, state.get("index_q"), state.get("index_k"), state.get("index_w"), 0, index_heads,
+                       index_dim)
+    with torch.no_grad():
+        scores = index_scores(index_queries(q, wq), index_keys(k, wk), w)
+        n, m = q.shape[2], k.shape[2]
+        if causal:
+            scores.masked_fill_(torch.ones(n, m, dtype=torch.bool, device=q.device).triu_(1), NEG)
+        idx, usable = select(scores, min(top_k, m))
+        return torch.zeros(scores.shape, dtype=torch.bool, device=q.device).scatter_(-1, idx, usable)
+
+
+def _selected(q, k, causal: bool, state: dict, **params) -> tuple[torch.Tensor, tuple[str, ...]]:
+    """The cells softmax reads: batch 0's kept keys, one selection for every head (1, Nq, Nk); no further columns."""
+    return _keep(q, k, causal, state, **params)[:1], ()
+
+
+def _reads(n: int, causal: bool, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> tuple[float, str]:
+    """Σ_t min(top_k, keys t sees) cells read by softmax; the indexer scores all of those keys."""
+    if causal:
+        kk = min(top_k, n)
+        cells, scored = kk * (kk + 1) / 2 + (n - kk) * kk, n * (n + 1) / 2
+    else:
+        cells, scored = n * min(top_k, n), n * n
+    every = "every earlier key" if causal else "every key"
+    return cells, (f"{cells / (n * n):.1%} of the n² cells read by softmax (each query's top_k keys); the indexer "
+                   f"scores {every} ({scored / (n * n):.1%} of the cells), cheaply: {index_heads} heads × "
+                   f"{index_dim} products a cell, once for all heads")
+
+
 def _effective(q, k, v, causal: bool, state: dict, top_k: int = 2048, index_heads: int = 4,
                index_dim: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """The dense (B, H, Nq, Nk) weights: softmax over each query's selected keys, zero elsewhere; values repeated
     for shared heads (a picture, not a kernel)."""
-    wq, wk, w = _state(q, state.get("index_q"), state.get("index_k"), state.get("index_w"), 0, index_heads,
-                       index_dim)
+    keep = _keep(q, k, causal, state, top_k, index_heads, index_dim)
     k, v = repeated(q, k, v)
-    scores = index_scores(index_queries(q, wq), index_keys(k, wk), w)
-    n, m = q.shape[2], k.shape[2]
-    if causal:
-        scores.masked_fill_(torch.ones(n, m, dtype=torch.bool, device=q.device).triu_(1), NEG)
-    idx, usable = select(scores, min(top_k, m))
-    keep = torch.zeros(scores.shape, dtype=torch.bool, device=q.device).scatter_(-1, idx, usable)
     logits = (q @ k.transpose(-2, -1) * scale(q.shape[-1])).masked_fill(~keep[:, None], NEG)
     return torch.softmax(logits, dim=-1), v
 
@@ -329,6 +354,8 @@ SPEC = MechanismSpec(
     ),
     insight=Insight(
         effective=_effective,
+        selected=_selected,
+        reads=_reads,
         regime=("peaky", "gaussian", "Softmax over the top_k keys is exact where the weight sits on a few keys the "
                 "indexer ranks high; with weight spread over many keys the dropped ones carry mass, and an untrained "
                 "indexer ranks keys at random with respect to q·k."),
