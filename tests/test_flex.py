@@ -267,3 +267,14 @@ def test_flex_on_the_sigmoid_inputs_gives_our_sigmoid_attention_not_a_softmax(ca
     assert (normalised[..., :-1] - got).abs().max() > 0.1  # Flex's own division, undone: not the same numbers
     with pytest.raises(ValueError, match="no backward on CPU"):
         flex.sigmoid_attention_flex(q.requires_grad_(), k, v)
+
+
+def test_equal_packed_documents_are_the_engine_s_block_local_mask_with_no_neighbours():
+    """What the README says of masks.document: packing equal documents of L tokens is `local` with block L,
+    lookback 0 and lookahead 0, which every implementation runs; unequal lengths are the library's alone."""
+    local = {"block": 50, "lookback": 0, "lookahead": 0}
+    pattern = MECHANISMS["local"].insight.pattern(False, **local)
+    assert torch.equal(masks.dense_mask(masks.document([50] * 4), N, N), masks.dense_mask(pattern, N, N))
+    for implementation in flex.IMPLEMENTATIONS:
+        problem = Problem(mechanism="local", params=tuple(local.items()), n=N, implementation=implementation)
+        assert problem.problems(MECHANISMS["local"]) == []
