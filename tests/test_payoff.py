@@ -82,3 +82,15 @@ def test_the_one_time_table_lists_only_other_implementations_with_their_costs():
     assert flex["compile (s, once, not in the time)"] == 12.0 and flex["time per call (ms, median)"] == 6.0
     assert payoff.payoff_ns(frame()) == [1024, 4096]
     assert payoff.payoff_ns(frame_from_rows([row("ours", 4096, 0.01)])) == []
+
+
+def test_the_chart_exports_as_the_other_figures_do_with_its_marks_and_data():
+    from attn_core.charts import insight
+    chart = payoff.payoff_chart(frame(), 4096)
+    made = {fmt: (data, name) for fmt, data, name, _ in insight.downloads(chart, payoff.payoff_frame(frame(), 4096),
+                                                                          "attention-payoff")}
+    svg = made["SVG"][0]()
+    svg = svg.decode() if isinstance(svg, bytes) else svg
+    assert "When does compiling pay off? n = 4,096" in svg and "k* ≈ 3,100" in svg
+    csv = made["CSV"][0]()
+    assert made["CSV"][1] == "attention-payoff.csv" and b"total_s" in (csv if isinstance(csv, bytes) else csv.encode())
