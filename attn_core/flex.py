@@ -127,6 +127,60 @@ def softcap_score_mod(cap: float) -> Callable[..., torch.Tensor]:
     return lambda score, b, h, i, j: cap * torch.tanh(score / cap)
 
 
+def sigmoid_score_mod(offsets: torch.Tensor, sink: int) -> Callable[..., torch.Tensor]:
+    """Flex's score_mod for sigmoid attention (Ramapuram et al. 2024, arXiv 2409.04431): log σ(score + b_i), so
+    that Flex's exp gives each weight σ(score + b_i), with b (1 or B, Nq) our sigmoid mechanism's offsets
+    (mechanisms.sigmoid.offsets: bias − ln of the keys query i sees); key `sink` (one appended after the nk real
+    keys) scores 0, a weight of exactly 1. Flex always divides by the weights' sum and sigmoid attention never does:
+    the sink's weight and an extra value column give that sum back (`sigmoid_flex_inputs`, `sigmoid_from_flex`)."""
+    per_row = offsets.shape[0] > 1  # (B, Nq) with key padding: each sequence counts its own keys
+
+    def score_mod(score, b, h, i, j):
+        return torch.where(j == sink, 0.0, torch.nn.functional.logsigmoid(score + offsets[b if per_row else 0, i]))
+    return score_mod
+
+
+def sigmoid_flex_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                        bias: float = 0.0, key_padding_mask: torch.Tensor | None = None) -> tuple[Any, ...]:
+    """What Flex needs to compute our `sigmoid` mechanism exactly: (k with a sink key appended (B, Hk, nk + 1, D),
+    v with a column of zeros and a sink row (0, …, 0, 1) (B, Hk, nk + 1, D + 1), the block mask of causal and
+    padding with the sink always seen, `sigmoid_score_mod`). Flex's output is then
+    [Σ_j σ_ij v_j, Σ_j σ_ij·0 + 1] ÷ (1 + Σ_j σ_ij) row by row."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    from .mechanisms.sigmoid import offsets
+    (batch, key_heads, nk, d), nq = k.shape, q.shape[-2]
+    k = torch.cat([k, k.new_zeros(batch, key_heads, 1, d)], 2)
+    sink_row = torch.cat([v.new_zeros(batch, key_heads, 1, d), v.new_ones(batch, key_heads, 1, 1)], -1)
+    v = torch.cat([torch.cat([v, v.new_zeros(batch, key_heads, nk, 1)], -1), sink_row], 2)
+    pad = None if key_padding_mask is None else torch.nn.functional.pad(key_padding_mask, (0, 1), value=False)
+    seen = Masking((masks.causal if causal else masks.full) | masks.Pattern("the sink", lambda i, j: j == nk), pad)
+    block_mask = create_block_mask(seen.mask_mod(), None if pad is None else batch, None, nq, nk + 1,
+                                   device=q.device)
+    return k, v, block_mask, sigmoid_score_mod(offsets(nq, nk, causal, bias, q, key_padding_mask), nk)
+
+
+def sigmoid_from_flex(out: torch.Tensor) -> torch.Tensor:
+    """Sigmoid attention from Flex's output (B, H, Nq, D + 1) on `sigmoid_flex_inputs`: its first D columns ÷ its
+    last, Σ_j σ_ij v_j. A query that sees no real key gets 0 (the sink alone: 0 ÷ 1)."""
+    return out[..., :-1] / out[..., -1:]
+
+
+def sigmoid_attention_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                           bias: float = 0.0, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Our `sigmoid` mechanism, out_i = Σ_j σ(q_i·k_j/√D + b_i) v_j, run by compiled FlexAttention on
+    `sigmoid_flex_inputs` (one more key, one more value column). q (B, H, n, D), k and v (B, Hk, n, D) →
+    (B, H, n, D); forward only on CPU. Compiles for these sizes on its first call (seconds to a minute on CPU).
+    (On CPU, torch 2.13's compiled Flex cannot return its log-sum-exp, the other way to the weights' sum.)"""
+    if q.requires_grad and q.device.type == "cpu":
+        raise ValueError(implementation_problem("flex", "softmax", "forward+backward", "cpu"))
+    k, v, block_mask, score_mod = sigmoid_flex_inputs(q, k, v, causal=causal, bias=bias,
+                                                      key_padding_mask=key_padding_mask)
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        out = first_call(lambda: _compiled(dynamic=False)(q, k, v, block_mask, k.shape[1] != q.shape[1],
+                                                          score_mod))[0]
+    return sigmoid_from_flex(out)
+
+
 def forward_of(implementation: str, masking: Masking, nq: int, nk: int, batch: int, device: torch.device | str,
                score_mod: Callable[..., torch.Tensor] | None = None) -> tuple[Forward, float]:
     """(the forward call q, k, v → out under `masking`, seconds spent building its mask once). "flex": compiled

@@ -6,10 +6,10 @@ import time
 import streamlit as st
 
 from attn_core import untrusted
-from attn_core.charts import export, scaling
+from attn_core.charts import export, payoff, scaling
 from attn_core.engine import analysis, positions, results, worker
 from pages._bench_form import AXES, BASELINES, CURVES, NUMBERS, keyed, talk
-from pages._shared import bench_state, label
+from pages._shared import bench_state, export_row, label, show_chart
 
 S = st.session_state
 # No animation while points are timed: a browser easing a progress bar draws for the whole transition.
@@ -145,8 +145,29 @@ def results_view(job, chart_place=st) -> None:
             st.dataframe(table, hide_index=True)
         for note in analysis.summary_notes(df):
             st.caption(note)
+        one_time(df)
     else:
         st.caption("The summary table (fitted exponents, speed-ups, GFLOP/s) comes when the sweep ends.")
+
+
+def one_time(df) -> None:
+    """A run with Flex or dense-mask points: where Flex is faster than ours, their one-time costs (compile, mask)
+    beside the time per call, and when compiling pays off at a chosen n, exported like the other charts."""
+    ns = payoff.payoff_ns(df)
+    if not ns:
+        return
+    if faster := analysis.flex_faster(df):
+        st.info(untrusted.literal(faster), icon=":material/bolt:")
+    st.markdown("**Paid once, not in the time**: compiling FlexAttention and building its block mask (or the dense "
+                "mask), measured once per point before the timed calls.")
+    st.dataframe(payoff.one_time_table(df), hide_index=True)
+    n = st.selectbox("When does compiling pay off, at n =", ns, index=len(ns) - 1, format_func="{:,}".format,
+                     key="bench_payoff_n")
+    chart = payoff.payoff_chart(df, n, talk=talk())
+    show_chart(chart)
+    for series, note in payoff.break_even(df, n)[["series", "note"]].itertuples(index=False):
+        st.caption(untrusted.literal(f"{series}: {note}"))
+    export_row(chart, payoff.payoff_frame(df, n), "attention-payoff", "bench_dl_payoff")
 
 
 def chart_options(metric: str) -> dict:

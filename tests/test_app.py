@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest, app_test
 
 from attn_core import cli, MECHANISMS
 from attn_core.engine import job as sweep, presets, results
-from tests.apptest_helpers import chart_specs
+from tests.apptest_helpers import chart_specs, displayed
 from attn_core.engine.job import Job
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -523,3 +523,22 @@ def test_the_one_cache_four_sizes_preset_sets_four_caches_in_one_click():
     at.button(key="bench_stop").click().run()
     run_to_end(at)
     assert not at.exception
+
+
+def test_a_run_with_flex_points_shows_its_one_time_costs_when_compiling_pays_off_and_that_flex_is_faster():
+    from tests.test_payoff import frame
+    at = benchmark()
+    at.file_uploader(key="bench_upload").upload("flex.json", results.to_json_bytes(results.Run(frame())),
+                                                "application/json")
+    at.run()
+    at.button(key="bench_show").click().run()
+    assert not at.exception
+    assert any("Compiled FlexAttention is faster per call than our kernel here: Sliding window at n = 4,096"
+               in displayed(i.value) for i in at.info)
+    once = next(d.value for d in at.dataframe if "compile (s, once, not in the time)" in d.value)
+    assert once["compile (s, once, not in the time)"].dropna().tolist() == [10.0, 12.0]
+    assert at.selectbox(key="bench_payoff_n").value == 4096
+    assert any("compiled Flex: pays off after k ≈ 3,100 calls" in displayed(c.value) for c in at.caption)
+    at.selectbox(key="bench_payoff_n").set_value(1024).run()
+    assert not any("pays off after" in displayed(c.value) for c in at.caption)
+    assert any("never pays off" in displayed(c.value) for c in at.caption) and not at.exception

@@ -212,3 +212,69 @@ def test_a_store_of_the_first_version_reads_as_ours_and_migrates_on_writing(tmp_
         assert writer.run(1).frame["implementation"].tolist() == ["ours"]
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert {"implementation", "compile_s", "mask_s"} <= {r[1] for r in db.execute("PRAGMA table_info(points)")}
+
+
+def sigmoid_reference(q, k, v, causal: bool, bias: float, pad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights (B, H, N, N), output) of sigmoid attention in float64, written here: w_ij = σ(q_i·k_j/√D + bias −
+    ln m_i) on the kept cells, m_i the unpadded keys query i sees (j ≤ i when causal), at least 1; 0 elsewhere."""
+    keep = ~pad.numpy()[:, None, :].repeat(N, 1)  # (B, N, N)
+    if causal:
+        keep &= np.tril(np.ones((N, N), bool))[None]
+    m = np.maximum(keep.sum(-1), 1)  # (B, N)
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(D)
+    w = torch.sigmoid(s + bias - torch.as_tensor(np.log(m))[:, None, :, None])
+    w = torch.where(torch.as_tensor(keep)[:, None], w, 0.0)
+    return w, w @ v.double()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_sigmoid_score_mod_gives_our_sigmoid_weights_cell_by_cell_and_the_sink_weight_1(causal):
+    from attn_core.mechanisms.sigmoid import offsets, sigmoid_weights
+    q, k, v = inputs(2)
+    pad = padding()
+    expected, _ = sigmoid_reference(q, k, v, causal, 0.5, pad)
+    score_mod = flex.sigmoid_score_mod(offsets(N, N, causal, 0.5, q, pad), N)
+    b, h = torch.arange(B)[:, None, None, None], torch.arange(H)[None, :, None, None]
+    i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
+    weights = score_mod((q @ k.transpose(-1, -2)) / math.sqrt(D), b, h, i, j).exp()  # what Flex's exp makes
+    kept = expected > 0
+    torch.testing.assert_close(weights.double()[kept], expected[kept], atol=1e-6, rtol=1e-5)
+    sink = score_mod(torch.tensor(7.0), *map(torch.tensor, (0, 0, 3, N)))
+    assert torch.equal(sink, torch.tensor(0.0))  # the sink scores 0: a weight e⁰ = 1
+    if not causal:  # our mechanism's own weights, without padding: the same cells
+        ours = sigmoid_weights(q, k, causal, 0.5)
+        unpadded = flex.sigmoid_score_mod(offsets(N, N, causal, 0.5, q), N)
+        torch.testing.assert_close(unpadded((q @ k.transpose(-1, -2)) / math.sqrt(D), b, h, i, j).exp(), ours)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flex_on_the_sigmoid_inputs_gives_our_sigmoid_attention_not_a_softmax(causal):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from attn_core.mechanisms.sigmoid import sigmoid_attention
+    q, k, v = inputs(3)
+    pad = padding()
+    k2, v2, block_mask, score_mod = flex.sigmoid_flex_inputs(q, k, v, causal=causal, bias=0.5,
+                                                             key_padding_mask=pad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Flex's unfused path: the arithmetic the compiled kernel fuses
+        normalised = flex_attention(q, k2, v2, score_mod=score_mod, block_mask=block_mask)
+    got = flex.sigmoid_from_flex(normalised)
+    _, expected = sigmoid_reference(q, k, v, causal, 0.5, pad)
+    torch.testing.assert_close(got.double(), expected, atol=2e-6, rtol=0)
+    ours = sigmoid_attention(q, k, v, causal=causal, bias=0.5, key_padding_mask=pad)
+    torch.testing.assert_close(got, ours, atol=2e-6, rtol=0)
+    assert (normalised[..., :-1] - got).abs().max() > 0.1  # Flex's own division, undone: not the same numbers
+    with pytest.raises(ValueError, match="no backward on CPU"):
+        flex.sigmoid_attention_flex(q.requires_grad_(), k, v)
+
+
+def test_equal_packed_documents_are_the_engine_s_block_local_mask_with_no_neighbours():
+    """What the README says of masks.document: packing equal documents of L tokens is `local` with block L,
+    lookback 0 and lookahead 0, which every implementation runs; unequal lengths are the library's alone."""
+    local = {"block": 50, "lookback": 0, "lookahead": 0}
+    pattern = MECHANISMS["local"].insight.pattern(False, **local)
+    assert torch.equal(masks.dense_mask(masks.document([50] * 4), N, N), masks.dense_mask(pattern, N, N))
+    for implementation in flex.IMPLEMENTATIONS:
+        problem = Problem(mechanism="local", params=tuple(local.items()), n=N, implementation=implementation)
+        assert problem.problems(MECHANISMS["local"]) == []

@@ -1,27 +1,64 @@
-"""One mask, three kernels: a sliding window run by our banded kernel, by compiled FlexAttention and by SDPA with a
-dense boolean mask (attn_core.flex), from interleaved calls (A B C A B C …, so a busy spell of the machine hits all
-three alike), median with its spread; the one-time costs (Flex's compile and block mask, the dense mask) printed
-apart, never inside a time.
+"""One mask, three kernels: a mechanism defined by a mask (a sliding window by default) run by our kernel, by
+compiled FlexAttention and by SDPA with a dense boolean mask (attn_core.flex), from interleaved calls (A B C A B C …,
+so a busy spell of the machine hits all three alike), median with its spread; the one-time costs (Flex's compile and
+block mask, the dense mask) printed apart, never inside a time. Each n ends with the load average and a verdict on
+ours ÷ compiled Flex against issue 25's targets: ≤ 1.0× on a quiet machine, ≤ 1.5× with one core busy (--busy: a
+process spinning on one core for the whole run, stopped at the end whatever happens).
 
     python -m attn_core.benchmarks.flex            # window 256, B=1, H=8, D=64, fp32, forward, n = 1k, 4k, 16k
     python -m attn_core.benchmarks.flex --quick    # n = 1k and 4k, fewer rounds, for a first look
+    python -m attn_core.benchmarks.flex --mechanism bigbird --busy   # BigBird's defaults, one core kept busy
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+import subprocess
+import sys
 import warnings
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
-from .. import MECHANISMS, flex
-from . import end, interleaved, machine, machine_options, ratios, spread, start
+from .. import MECHANISMS, flex, make_state
+from . import end, interleaved, machine, machine_options, ratio_verdict, ratios, spread, start
 from ..engine import env
 from ..engine.measure import format_bytes
 from ..spec import Shape
 
-KEY = "sliding_window"
+CHOICES = ("sliding_window", "local", "longformer", "bigbird", "softmax")  # softmax: causal, the mask Flex skips
+TARGETS = {False: 1.0, True: 1.5}  # ours ÷ compiled Flex at most, quiet and with one core busy (issue 25)
+BUSY_FROM = 4096  # the busy target is set at 4k and 16k
+
+
+def params_of(args: argparse.Namespace) -> dict:
+    """The mechanism's parameters: its spec's defaults, with --window where it has a window."""
+    params = dict(MECHANISMS[args.mechanism].defaults)
+    if args.window is not None:
+        if "window" not in params:
+            raise SystemExit(f"--window: {args.mechanism} has no window; its parameters are {', '.join(params)}")
+        params["window"] = args.window
+    return params
+
+
+@contextlib.contextmanager
+def spinning(busy: bool) -> Iterator[None]:
+    """With `busy`, one process spinning on the machine's last core for the duration, always stopped at the end
+    (an error, Ctrl-C); nothing otherwise."""
+    if not busy:
+        yield
+        return
+    core = (os.cpu_count() or 1) - 1
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                               preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    print(f"A process spinning on core {core} (pid {spinner.pid}) until the end.", flush=True)
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def calls(n: int, args: argparse.Namespace) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
@@ -29,11 +66,13 @@ def calls(n: int, args: argparse.Namespace) -> tuple[dict[str, Callable[[], obje
     ({implementation: call}, {implementation: its one-time costs, or why it cannot run})."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(args.batch, args.heads, n, args.head_dim, generator=g).to(args.device) for _ in range(3))
-    params = {"window": args.window}
-    MECHANISMS[KEY].check(Shape(args.batch, args.heads, n, n, args.head_dim, causal=args.causal), params)
-    masking = flex.masking_of(KEY, args.causal, params)
+    key, params = args.mechanism, params_of(args)
+    shape = Shape(args.batch, args.heads, n, n, args.head_dim, causal=args.causal)
+    MECHANISMS[key].check(shape, params)
+    state = make_state(key, shape, args.device, seed=0, **params)  # BigBird's random blocks, drawn once
+    masking = flex.masking_of(key, args.causal, params, state)
     found: dict[str, Callable[[], object]] = {
-        "ours": lambda: MECHANISMS[KEY].fn(q, k, v, causal=args.causal, **params)}
+        "ours": lambda: MECHANISMS[key].fn(q, k, v, causal=args.causal, **params, **state)}
     once: dict[str, str] = {}
     for implementation in ("flex", "dense-mask"):
         try:
@@ -73,28 +112,50 @@ def compare(args: argparse.Namespace) -> None:
                       f"   ours ÷ it {spread(ratios(samples['ours'], samples[implementation]))}×")
             print(f"  {implementation:10s} {spread(samples[implementation], 1e3, '.3g'):>34s} ms   peak "
                   f"{format_bytes(peak):>10s}{versus}   {once.get(implementation, '')}", flush=True)
+        print(f"  {verdict(samples, n, args.busy)}", flush=True)
+
+
+def verdict(samples: dict[str, list[float]], n: int, busy: bool) -> str:
+    """Ours ÷ compiled Flex per round against the target of this machine's state (quiet or one core busy)."""
+    if "flex" not in samples:
+        return "verdict: none, compiled Flex did not run"
+    target = TARGETS[busy]
+    said = f"ours ÷ compiled Flex {ratio_verdict(ratios(samples['ours'], samples['flex']), target)}"
+    aside = f" (the busy target is set from n = {BUSY_FROM:,})" if busy and n < BUSY_FROM else ""
+    load, cores = env.load_average(), os.cpu_count() or 1
+    if not busy and load is not None and load > cores:
+        aside += f" (load {load} on {cores} cores: the machine was not quiet)"
+    return f"verdict ({'one core busy' if busy else 'quiet'}): {said}{aside}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 4096, 16384],
                    help="comma-separated sequence lengths (default 1024,4096,16384)")
-    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--mechanism", choices=CHOICES, default="sliding_window",
+                   help="the mask, with its spec's defaults (softmax: causal)")
+    p.add_argument("--window", type=int, default=None, help="the window, where the mechanism has one (default: its "
+                   "spec's, 256)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--rounds", type=int, default=9, help="interleaved calls per implementation and n")
     p.add_argument("--quick", action="store_true", help="n = 1024 and 4096, 5 rounds")
+    p.add_argument("--busy", action="store_true", help="one process spinning on one core for the whole run")
     machine_options(p, threads=2)
     args = p.parse_args(argv)
     if args.quick:
         args.ns, args.rounds = [1024, 4096], 5
+    args.causal = args.causal or args.mechanism == "softmax"
     machine(args)
-    start(args.device, f"sliding window {args.window}{', causal' if args.causal else ''}, B={args.batch}, "
-                       f"H={args.heads}, D={args.head_dim}, fp32, forward: ours, compiled Flex, dense-mask SDPA.")
-    compare(args)
-    end()
+    setting = ", ".join(f"{k}={v}" for k, v in params_of(args).items())
+    with spinning(args.busy):
+        start(args.device, f"{args.mechanism}{f' ({setting})' if setting else ''}{', causal' if args.causal else ''}, "
+                           f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward: ours, compiled Flex, "
+                           f"dense-mask SDPA{'; one core busy' if args.busy else ''}.")
+        compare(args)
+        end()
     return 0
 
 

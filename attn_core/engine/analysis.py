@@ -405,3 +405,41 @@ def generating(df: pd.DataFrame) -> bool:
 def mode_note(df: pd.DataFrame) -> str:
     """What a run's points measure when that is not one forward call: the sentence for generate mode, else ''."""
     return GENERATE_NOTE if generating(df) else ""
+
+
+# One kernel's problem, whoever runs it: the rows that ours, compiled Flex and the dense mask share at each n.
+SAME_PROBLEM = ["mechanism", "params", "kv_heads", "causal", "padding"]
+ONCE_COLUMNS = ("compile_s", "mask_s")  # attn_core.flex.OneTime: paid once before timing, never in the time
+
+
+def one_time_costs(df: pd.DataFrame) -> pd.DataFrame:
+    """The ok points run by an implementation other than ours, with the costs paid once before their timing beside
+    their time per call: DataFrame[series, mechanism, implementation, n, compile_s, mask_s, time_median_s]
+    (compile_s NaN: nothing compiled at that point, the graph came from the process's cache). Empty for a run of
+    our kernels alone."""
+    columns = ["series", "mechanism", "implementation", "n", *ONCE_COLUMNS, "time_median_s"]
+    if "implementation" not in df:
+        return pd.DataFrame(columns=columns)
+    ok = ok_points(df[df["implementation"] != "ours"], "time_median_s")
+    out = ok.assign(series=[row_series_name(r) for _, r in ok.iterrows()])
+    return out[columns].sort_values(["series", "n"], kind="stable").reset_index(drop=True)
+
+
+def flex_faster(df: pd.DataFrame) -> str:
+    """The sentence saying where compiled Flex's median time per call is below our kernel's on the same problem and
+    n (ok points, disturbed ones too: the faster way is never hidden); '' where it nowhere is."""
+    if "implementation" not in df:
+        return ""
+    ok = ok_points(df, "time_median_s")
+    flex = ok[ok["implementation"] == "flex"]
+    ours = ok[ok["implementation"] == "ours"]
+    both = flex.merge(ours, on=[*SAME_PROBLEM, "n"], suffixes=("", "_ours"))
+    faster = both[both["time_median_s"] < both["time_median_s_ours"]].sort_values("n", kind="stable")
+    if faster.empty:
+        return ""
+    where = "; ".join(
+        f"{row_series_name(r).removesuffix(' · compiled Flex')} at n = {int(r['n']):,} "
+        f"({r['time_median_s'] * 1e3:.3g} ms against ours {r['time_median_s_ours'] * 1e3:.3g} ms, "
+        f"{r['time_median_s_ours'] / r['time_median_s']:.2f}× faster)" for _, r in faster.iterrows())
+    return (f"Compiled FlexAttention is faster per call than our kernel here: {where}. Medians; its compile and "
+            "block mask are paid once, apart (see when compiling pays off).")
