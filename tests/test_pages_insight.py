@@ -171,7 +171,8 @@ def test_theory_page_runs_with_defaults():
     assert at.multiselect(key="th_mechanisms").value == ["softmax", "sliding_window", "linear"]
     assert at.multiselect(key="th_mechanisms").options == [s.label for s in MECHANISMS.values()]
     flops = next(c for c in charts(at) if "FLOP" in json.dumps(c.get("title", "")))
-    assert {r["label"] for r in records(flops, "label")} == {MECHANISMS[k].label for k in ("softmax", "sliding_window", "linear")}
+    story = {MECHANISMS[k].label for k in ("softmax", "sliding_window", "linear")}
+    assert {r["label"] for r in records(flops, "label")} == story
     assert len(charts(at)) == 6  # FLOPs, memory, time, what fits; the model's cache, its tokens per second
     assert any("An extrapolation, not a measurement" in w.value for w in at.warning)
     assert any("each generated token reads the whole cache once" in w.value for w in at.warning)
