@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from attn_core import MECHANISMS
+from attn_core.charts import scaling
 from attn_core.engine import lock, presets
 from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_server, browser_page, wait_idle
 
@@ -234,6 +235,33 @@ SCROLL_DOWN = """() => { const m = document.querySelector('[data-testid="stMain"
     m.scrollTo({top: m.scrollHeight}); }"""
 
 
+# A line of the page that says only "None": an expression statement written by Streamlit's magic.
+STRAY_NONE = """() => document.querySelector('[data-testid="stMain"]').innerText.split('\\n')
+    .filter(line => line.trim() === 'None').length"""
+FIT_JARGON = ("least squares", "log space", "fitted")  # the method, kept behind "How this was measured"
+
+
+def finished_run_reads_plainly(page, *, export: bool) -> None:
+    """A finished run's page: no stray "None" under its summary, no fitting method in a chart's legend; `export`: the
+    exported SVG carries no fit either, and the one-line busy footnote exactly when the page says the computer was
+    busy."""
+    import html
+
+    page.locator('[data-testid="stDataFrame"], [data-testid="stTable"]').first.wait_for()  # the summary is drawn
+    assert page.evaluate(STRAY_NONE) == 0
+    legend = " ".join(text for text, _ in page.evaluate(CHART_TEXT)).lower()
+    assert legend and not [words for words in FIT_JARGON if words in legend], legend
+    if not export:
+        return
+    busy = page.get_by_text("the computer was busy: hollow points left out").count() > 0
+    page.locator("summary:visible", has_text="Export").first.click()
+    with page.expect_download() as download:
+        page.locator(".st-key-bench_dl_time_svg button").click()
+    svg = html.unescape(Path(download.value.path()).read_text(encoding="utf-8"))
+    assert not [words for words in FIT_JARGON if words in svg.lower()]
+    assert (scaling.BUSY_FOOTNOTE in svg) == busy, busy
+
+
 def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_window(private_tmp):
     """Issue 30, on one server: the quick demo's chart in view as soon as it is drawn, at 1280×720 and 1920×1080,
     normal and talk mode (no scrolling, though Home was scrolled down), and so is the chart of a preset started from
@@ -264,6 +292,7 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
                 wait_idle(page)
                 assert page.evaluate(CUT_SHORT) == [], (width, talk)  # preset names, options, tables whole
                 assert page.evaluate(OVERFLOW) == [False, 0], (width, talk)
+                finished_run_reads_plainly(page, export=not talk)
                 # a preset from the Benchmark page, its buttons below the finished run's chart: the new chart comes up
                 page.evaluate(SCROLL_DOWN)
                 button = page.locator(f".st-key-bench_preset_{preset.lower().replace(' ', '_')} button")
