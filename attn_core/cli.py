@@ -24,7 +24,7 @@ from typing import Sequence, TextIO
 from . import planner, planner_measure, recall, store
 from .files import write_atomic
 from .flex import IMPLEMENTATIONS
-from .engine import analysis, env
+from .engine import analysis, env, job as sweep_job, worker
 from .mechanisms import LATENT, MECHANISMS
 from .engine.measure import format_bytes, resolve_mechanisms
 from .engine.results import Run, RunFileError, load_run, save_run
@@ -573,8 +573,13 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if problems:
         err.write("".join(f"error: {p}\n" for p in problems))
         return EXIT_USAGE
+    try:
+        estimate = estimate_text(config, resolve_mechanisms(extra))
+    except KeyboardInterrupt:  # Ctrl-C while the worker starts: nothing measured, nothing to save
+        err.write("\nSIGINT: cancelled before the first point; nothing was measured\n")
+        return EXIT_SIGNALLED + signal.SIGINT
     err.write(f"measuring {_count(config.points, 'point')}: {_count(len(config.mechanisms), 'mechanism')} × "
-              f"{_count(len(set(config.ns)), 'length')}\n")
+              f"{_count(len(set(config.ns)), 'length')}{estimate}\n")
     job = Job.measure(", ".join(key for key, _ in config.mechanisms), (config,), extra_mechanisms=extra,
                       lock_wait_s=args.wait, keep=not args.no_store, store_path=args.store)
     with StopSignals() as stops:
@@ -594,6 +599,34 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if not saved:
         return EXIT_UNSAVED
     return EXIT_POINTS if result.frame["status"].isin(["failed", "oom"]).any() else EXIT_OK
+
+
+def estimate_text(config: SweepConfig, registry) -> str:
+    """'; estimated 2 s–9 s (...)': the sweep's time from its specs' FLOPs at the matmul rate the measurement worker
+    measures now (that process, not this one: no device context is made here beside it); '' when it cannot start."""
+    device, settings = env.resolve_device(config.problem.device), config.settings
+    try:
+        running = worker.get_worker()
+        running.wait_ready()
+        stamp = running.environment(device, config.problem.dtype, settings.threads)
+    except worker.WorkerError:
+        return ""  # the sweep says why, when it starts the worker
+    gflops = stamp["device_gflops"]
+    fast, slow = sweep_job.estimate_s(config, gflops, registry)
+    low, high = _duration(fast), _duration(slow)
+    busy = ("; other programs are taking CPU now, which makes it longer (samples they slow are timed again)"
+            if stamp.get("device_gflops_disturbed") else "")
+    return (f"; estimated {low if low == high else f'{low}–{high}'} on a quiet machine (from the specs' FLOPs at "
+            f"this machine's measured matmul rate, {gflops:,.0f} GFLOP/s, down to a tenth of it){busy}")
+
+
+def _duration(seconds: float) -> str:
+    """'under 1 s', '40 s', '2 min', '1.5 h': a duration as an estimate is read."""
+    if seconds < 1:
+        return "under 1 s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def follow_or_cancel(job: Job, stops: StopSignals, out: TextIO, err: TextIO, quiet: bool = False) -> tuple:

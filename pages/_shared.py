@@ -128,7 +128,7 @@ class BenchState:
         default_factory=lambda: {m: scaling.LiveSpec() for m in scaling.METRICS})  # each chart's spec, points swapped
     summary: tuple[Any, Any] = (None, None)  # (job, its summary table): made once per finished job
     drawing: bool = False  # a full run is drawing: the progress ticker inside it leaves the worker's hold alone
-    scrolled_for: int | None = None  # id of the job the page was last scrolled to the top for (once per run)
+    scrolled_for: tuple[Any, str] = (None, "")  # the job shown and its token: the browser scrolls once per token
 
     @property
     def running(self) -> bool:

@@ -12,6 +12,8 @@ from pages._shared import ALL_HEADS, KV_HELP, ensure_routed, export_row, keyed, 
 ensure_routed()  # a deep link as a server's first request: let the router run first
 
 NS = [2**k for k in range(7, 21)]
+# The default selection tells one story: quadratic (softmax), windowed, linear; every other mechanism is one click away.
+STORY = ["softmax", "sliding_window", "linear"]
 GIB = theory.GIB
 
 
@@ -40,7 +42,8 @@ st.caption("Costs from each mechanism's spec: nothing is run, so n can be a mill
            "call's predicted peak above its inputs, plus the inputs.")
 device = env.resolve_device("auto")
 with st.expander("Settings", expanded=True, icon=":material/tune:"):
-    keys = st.multiselect("Mechanisms", list(MECHANISMS), list(MECHANISMS), format_func=label,  # whole names
+    keys = st.multiselect("Mechanisms", list(MECHANISMS), STORY, format_func=label,  # whole names
+                          help="Three to start: softmax's n², a window's and linear attention's n. Add any other.",
                           **keyed("th_mechanisms"))
     left, mid, right = st.columns(3)
     n_min, n_max = left.select_slider("Sequence lengths n", NS, (1024, 1 << 20), format_func="{:,}".format,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -180,7 +181,7 @@ def test_a_stop_signal_cancels_the_sweep_and_saves_the_points_finished(tmp_path,
 def test_the_point_count_is_said_before_measuring_and_a_sweep_of_thousands_is_refused(tmp_path):
     """Before, `--n` with 10,000 values started a sweep of 20,000 points without a word."""
     code, _, err = run_main("sweep", "--mechanisms", "softmax,linear", "--n", "16,32", *TINY)
-    assert code == 0 and err.startswith("measuring 4 points: 2 mechanisms × 2 lengths\n")
+    assert code == 0 and err.startswith("measuring 4 points: 2 mechanisms × 2 lengths; estimated ")
     many = ",".join(str(n) for n in range(16, 10_016))
     out = tmp_path / "run.json"
     code, _, err = run_main("sweep", "--mechanisms", "softmax,linear", "--n", many, *TINY, "--out", str(out))
@@ -188,3 +189,30 @@ def test_the_point_count_is_said_before_measuring_and_a_sweep_of_thousands_is_re
                                  "1,000 a sweep may have; give fewer lengths (at most 500 with 2 mechanisms, e.g. "
                                  "256:65536:9) or fewer mechanisms\n")
     assert not out.exists()
+
+
+def test_the_estimate_is_each_points_calls_at_its_spec_flops_over_the_matmul_rate():
+    """Two points of softmax, timed as 1 warm-up + 1 memory call + 3 samples of one call each (no time floor): the
+    estimate at 50 GFLOP/s is 5 calls of each point's executed FLOPs, and 10× that at a tenth of the rate."""
+    import dataclasses
+
+    from attn_core import MECHANISMS
+    from attn_core.engine.config import DEFAULT_SWEEP, plan
+    from attn_core.engine.problem import Settings
+
+    settings = Settings(warmup=1, min_repeats=3, min_time_s=0.0, point_budget_s=1e9, measure_memory=True)
+    config = dataclasses.replace(DEFAULT_SWEEP.replaced(mechanisms=(("softmax", {}),), ns=(1024, 2048), device="cpu"),
+                                 settings=settings)
+    spec = MECHANISMS["softmax"]
+    calls = [spec.cost.executed(p.shape, **spec.defaults) / 50e9 for p in plan(config)]
+    assert min(calls) > 1e-3  # each call past the 1 ms a sample is made of: 5 calls a point, nothing else
+    fast, slow = sweep_module.estimate_s(config, 50.0, MECHANISMS)
+    assert fast == pytest.approx(5 * sum(calls)) and slow == pytest.approx(50 * sum(calls))
+
+
+def test_a_sweep_says_its_estimated_time_and_how_before_measuring():
+    code, _, err = run_main("sweep", "--mechanisms", "softmax,linear", "--n", "16,32", *TINY)
+    first = err.splitlines()[0]
+    assert code == 0 and first.startswith("measuring 4 points: 2 mechanisms × 2 lengths; estimated "), first
+    assert re.search(r"; estimated (under 1 s|\d+ s)(–\d+ s)? on a quiet machine \(from the specs' FLOPs at this "
+                     r"machine's measured matmul rate, [\d,]+ GFLOP/s, down to a tenth of it\)", first), first

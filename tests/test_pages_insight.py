@@ -191,6 +191,12 @@ def test_patterns_page_refuses_invalid_settings(state, sentence):
 def test_theory_page_runs_with_defaults():
     at = page("theory")
     assert errors(at) == []
+    # the default selection tells one story (quadratic, windowed, linear); every mechanism stays on offer
+    assert at.multiselect(key="th_mechanisms").value == ["softmax", "sliding_window", "linear"]
+    assert at.multiselect(key="th_mechanisms").options == [s.label for s in MECHANISMS.values()]
+    flops = next(c for c in charts(at) if "FLOP" in json.dumps(c.get("title", "")))
+    story = {MECHANISMS[k].label for k in ("softmax", "sliding_window", "linear")}
+    assert {r["label"] for r in records(flops, "label")} == story
     assert len(charts(at)) == 6  # FLOPs, memory, time, what fits; the model's cache, its tokens per second
     assert any("An extrapolation, not a measurement" in w.value for w in at.warning)
     assert any("each generated token reads the whole cache once" in w.value for w in at.warning)
@@ -240,7 +246,8 @@ def test_theory_page_refuses_invalid_settings(state, sentence):
 
 
 def test_theory_page_with_a_typed_throughput_and_a_custom_budget():
-    at = page("theory", th_source="a figure I type", th_gflops=1000.0, th_budget=2.0, th_causal=True)
+    at = page("theory", th_source="a figure I type", th_gflops=1000.0, th_budget=2.0, th_causal=True,
+              th_mechanisms=["softmax", "sdpa", "linformer", "linear"])
     assert errors(at) == []
     assert any("Linformer cannot be causal" in w.value for w in at.warning)
     fits = at.dataframe[0].value

@@ -391,6 +391,20 @@ class Job:
             self._store = None
 
 
+# Before a sweep: each point's calls at its spec's executed FLOPs at the device's matmul rate (no attention kernel
+# beats a dense matmul) and at a tenth of it (small or irregular work reaches a fraction), capped at the point budget.
+ESTIMATE_SHARES = (1.0, 0.1)
+
+
+def estimate_s(config: SweepConfig, gflops: float, registry, shares: tuple[float, ...] = ESTIMATE_SHARES) -> tuple:
+    """Seconds a sweep's points will take, one figure for each share of the matmul rate `gflops` (GFLOP/s), from
+    the specs alone: a point is its warm-up and memory calls and its samples (`_point_seconds`); a point the spec
+    cannot price (NaN) counts its fixed minimum time."""
+    flops = [theory_of(registry[p.mechanism], p).executed_flops for p in plan(config)]
+    return tuple(sum(_point_seconds(config.settings, (0.0 if np.isnan(f) else f) / 1e9 / (share * gflops))
+                     for f in flops) for share in shares)
+
+
 def _point_seconds(c, call_s: float) -> float:
     """A point's expected seconds under settings `c` at `call_s` a call: warm-up and memory calls, then the samples,
     capped at the point budget."""
