@@ -114,14 +114,15 @@ except ValueError as e:  # an edited first kind the new one cannot copy: said, a
     mixed, turned, share = model, model, 0
 hybrid_plan = planner.plan(mixed, context, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
 where = planner.crossover(mixed, model, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
-a, b, c, d, speed = st.columns(5)
+a, b, c = st.columns(3)  # the hybrid's figures, three to a row: no label cut short at 1280 px
 a.metric("Hybrid: cache and state", format_bytes(hybrid_plan.total_bytes),
          f"{hybrid_plan.total_bytes / made.total_bytes - 1:+.0%}" if made.total_bytes else None, delta_color="inverse")
-b.metric("Hybrid: prefill attention FLOPs", f"{hybrid_plan.prefill_flops:.3g}")
-c.metric("Hybrid: a new token reads", format_bytes(hybrid_plan.decode_bytes),
+b.metric("Hybrid: prefill FLOPs", f"{hybrid_plan.prefill_flops:.3g}", help="Attention FLOPs of the whole prompt")
+c.metric("Holds less from", "never (within 1M tokens)" if where is None else f"{where:,} tokens")
+d, speed, _ = st.columns(3)
+d.metric("Hybrid: a new token reads", format_bytes(hybrid_plan.decode_bytes),
          f"{hybrid_plan.decode_bytes / made.decode_bytes - 1:+.0%}" if made.decode_bytes else None,
          delta_color="inverse")
-d.metric("Holds less from", "never (within 1M tokens)" if where is None else f"{where:,} tokens")
 measured = st.session_state.setdefault("plan_measured", {"model": None, "timings": None, "hybrid": {}, "check": None})
 timings = measured["timings"] if measured["model"] == model.to_json() else None
 both = measured.get("hybrid", {}).get(kind) if timings is not None else None  # the model's kinds and the new one

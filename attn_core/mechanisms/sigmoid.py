@@ -13,6 +13,7 @@ from ._common import check_key_padding, checked_shape, fold, repeated, scale, un
 
 # The score workspace held at once, in elements over all batch·heads: one chunk of query rows against its keys.
 CHUNK_ELEMS = 1 << 20
+HALF = (torch.float16, torch.bfloat16)
 
 
 def chunk_rows(bk: int, nq: int, nk: int) -> int:
@@ -70,9 +71,17 @@ def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
         for member in range(s.group):  # the query heads sharing a key/value head, one at a time: views, no copy
             w = _chunk_weights(grouped_q[:, :, member, start:stop], k[:, :, :keys], b[..., start:stop, :],
                                start if causal else None, key_padding_mask)
-            grouped_out[:, :, member, start:stop] = w @ v[:, :, :keys]
+            grouped_out[:, :, member, start:stop] = _weighted(w, v[:, :, :keys])
             del w  # before the next one is made
     return out
+
+
+def _weighted(w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """w @ v; half inputs in float32 products (more exact, and no hidden workspace: the CPU's oneDNN half-precision
+    product packs its operands in scratch that no allocator record outlives, and copies a batch-strided v first)."""
+    if w.dtype in HALF:
+        return w.float() @ v.float()
+    return w @ v
 
 
 def _chunk_weights(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, first: int | None,
@@ -127,9 +136,17 @@ def _executed_flops(s: Shape, bias: float = 0.0) -> float:
 
 def _memory(s: Shape, bias: float = 0.0) -> float:
     """The output, the offsets b_i (Nq), and one chunk's weights and its product with V for one query head of each
-    group (B·Hk of each)."""
+    group (B·Hk of each). Half inputs: the weights and the chunk's keys of V also in float32, and the product in
+    float32 (`_weighted`), at the chunk where that is largest."""
     rows = chunk_rows(s.bk, s.Nq, s.Nk)
-    return float(s.elem * (s.bh * s.Nq * s.D + s.Nq + s.bk * (_chunk_cells(s)[1] + rows * s.D)))
+    fixed = s.elem * (s.bh * s.Nq * s.D + s.Nq)
+    if s.dtype not in ("float16", "bfloat16"):
+        return float(fixed + s.elem * s.bk * (_chunk_cells(s)[1] + rows * s.D))
+    full, rest = divmod(s.Nq, rows)
+    chunks = [(rows, full * rows if s.causal else s.Nk)] if full else []  # (rows, keys) of the largest whole chunk
+    if rest:
+        chunks.append((rest, s.Nq if s.causal else s.Nk))
+    return float(fixed + s.bk * max(r * k * (s.elem + 4) + 4 * k * s.D + 4 * r * s.D for r, k in chunks))
 
 
 def _remember(k, v, *, max_len: int | None = None, bias: float = 0.0) -> KVCache:
