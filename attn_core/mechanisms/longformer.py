@@ -12,7 +12,13 @@ from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State
 from ._banded import Extra, banded_attention, banded_flops, banded_memory, dense_rows, dense_rows_memory
 from ._cache import KVCache, Ring, attend, kv_bytes
 from ._common import check_key_padding, checked_shape, trusted
-from .sliding_window import tile
+
+
+def tile(window: int, n: int) -> int:
+    """Query rows per block: window/2 within [32, 128]. Its blocks run in chunks that copy each block's window of
+    keys beside the global ones (`_banded._merged`), window + block (+ window) keys for every block of rows, so
+    larger blocks than the sliding window's 32 copy fewer keys per row."""
+    return max(1, min(n, 128, max(32, window // 2)))
 
 
 def longformer_attention(q, k, v, *, causal: bool = False, window: int = 256, global_tokens: int = 2,
