@@ -22,6 +22,20 @@ def readable(table):
     return table.rename(columns={**accuracy.METRIC_LABELS, **COLUMNS})
 
 
+# Headers short enough that every column shows at 1280 px; the full name is the header's help.
+SHORT = {"relative Frobenius error": "rel. Frobenius", "max absolute error": "max |error|",
+         "mean cosine similarity": "cosine", "KL(softmax ‖ mechanism), mean over rows": "KL, row mean",
+         "softmax mass on cells the mechanism ignores": "mass ignored", "predicted memory (MiB)": "memory (MiB)",
+         "on the Pareto front": "Pareto"}
+
+
+def shown(table) -> None:
+    """A readable table as a data grid whose headers fit: short labels, the full names in their help."""
+    table = readable(table)
+    config = {c: st.column_config.Column(SHORT[c], help=c) for c in table.columns if c in SHORT}
+    st.dataframe(table, hide_index=True, column_config=config)
+
+
 def parse_values(text: str) -> list[int | float]:
     """'16, 64, 256' → [16, 64, 256]; ValueError with a sentence otherwise."""
     parts = [p.strip() for p in text.replace(";", ",").split(",") if p.strip()]
@@ -100,7 +114,7 @@ if param:
     chart = insight_charts.error_chart(frame, metric)
     show_chart(chart)
     export_row(chart, frame, f"accuracy-{key}-{param}", "acc_dl_error")
-st.dataframe(readable(frame[["params", *accuracy.METRICS, "time_s", "predicted_bytes"]]), hide_index=True)
+shown(frame[["params", *accuracy.METRICS, "time_s", "predicted_bytes"]])
 st.caption("KL(softmax ‖ mechanism) is infinite when the mechanism gives zero weight to a key softmax weights "
            "(sparse patterns): the dropped mass says how much. Weights over projected keys "
            f"({', '.join(s.label for s in MECHANISMS.values() if s.insight.projected)}) have neither, and weights that "
@@ -117,5 +131,4 @@ if st.toggle("Time every mechanism at these settings (a few seconds)", False, **
             literal(why.rstrip(".") + ".") for why in missing.values()))
     st.caption("Time: median of a few in-process calls on this machine, state built outside; memory: the spec's "
                "prediction. Errors below 100 × machine epsilon count as exact for the Pareto front.")
-    st.dataframe(readable(table[["label", "params", "rel_fro", "time_s", "predicted_bytes", "pareto"]]),
-                 hide_index=True)
+    shown(table[["label", "params", "rel_fro", "time_s", "predicted_bytes", "pareto"]])

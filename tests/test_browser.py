@@ -142,6 +142,9 @@ CUT_SHORT = """() => [...document.querySelectorAll('[data-testid="stMain"] *')].
     return e.offsetParent !== null && e.textContent.trim() && e.scrollWidth > e.clientWidth + 1
         && (cs.textOverflow === 'ellipsis' || ['hidden', 'clip'].includes(cs.overflowX));
 }).map(e => e.textContent.trim().slice(0, 60))"""
+GRID_WIDE = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')].filter(g => g.offsetParent !== null)
+    .map(g => { const s = g.querySelector('.dvn-scroller'); return s ? s.scrollWidth - s.clientWidth : 0; })
+    .filter(wider => wider > 1)"""  # data grids draw on a canvas: a column cut off shows only as a wider scroller
 CHART_TEXT = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg text')]
     .filter(t => t.textContent.trim()).map(t => [t.textContent, parseFloat(getComputedStyle(t).fontSize)])"""
 
@@ -291,6 +294,7 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
                 page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
                 wait_idle(page)
                 assert page.evaluate(CUT_SHORT) == [], (width, talk)  # preset names, options, tables whole
+                assert page.evaluate(GRID_WIDE) == [], (width, talk)
                 assert page.evaluate(OVERFLOW) == [False, 0], (width, talk)
                 finished_run_reads_plainly(page, export=not talk)
                 # a preset from the Benchmark page, its buttons below the finished run's chart: the new chart comes up
@@ -326,6 +330,7 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
                 wait_idle(page)
                 assert page.evaluate(OVERFLOW) == [False, 0], path
                 assert page.evaluate(CUT_SHORT) == [], path  # labels, chips and buttons whole at 1280×720
+                assert page.evaluate(GRID_WIDE) == [], path  # and every column of a table in view
                 page.locator(".st-key-talk label p").click()  # and in talk mode's large type
                 page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'")
                 wait_idle(page)
