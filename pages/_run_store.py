@@ -14,6 +14,10 @@ from pages import _shared as shared
 
 S = st.session_state
 SHOWN = ["id", "created", "name", "machine", "mechanisms", "sizes", "status", "points", "note"]
+# Widths (px) that keep the history within the page at 1280 px: a long name, machine, mechanism list or note ends in
+# its cell (the whole text on hover), and the grid never scrolls sideways.
+WIDTHS = {"id": 40, "created": 125, "name": 100, "machine": 120, "mechanisms": 150, "sizes": 95, "status": 85,
+          "points": 50, "note": 45}
 
 
 def _title(entry: dict) -> str:
@@ -50,7 +54,9 @@ def history_panel() -> dict:
     words = st.text_input("Filter", placeholder="a mechanism, machine, status, name or note", max_chars=200,
                           key="cmp_filter").strip().lower()
     shown = history[history[SHOWN].astype(str).agg(" ".join, axis=1).str.lower().str.contains(words, regex=False)]
-    st.dataframe(shown[SHOWN], hide_index=True, key="cmp_history")
+    table = shown[SHOWN].assign(created=shown["created"].astype(str).str[:16].str.replace("T", " "))
+    st.dataframe(table, hide_index=True, key="cmp_history",
+                 column_config={c: st.column_config.Column(width=w) for c, w in WIDTHS.items()})
     entries = {int(e["id"]): e for e in history.to_dict("records")}
     opened = st.multiselect("Open together", list(shown["id"]), format_func=lambda i: _title(entries[i]),
                             key="cmp_open")
