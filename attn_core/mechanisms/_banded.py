@@ -69,9 +69,12 @@ def _chunk_bytes(s: Shape, blocks: int, block: int, left: int, right: int, extra
     rows = min(chunk_blocks(s.bh, block, span + extra), blocks) * block
     slabs = 2 * s.bk * (rows + left + right) * d * elem + rows * span * elem if padded else 0
     held = s.bh * rows * d * elem + slabs
-    if not extra:  # the scores beside their probabilities, or the probabilities beside P V and the values it reads
-        scores, c = s.bh * rows * span * elem, rows // block
-        return held + scores + max(scores, window_copy(s.bk, c, span * d * elem) + s.bh * rows * d * elem)
+    if not extra:  # the mask written out for the folded rows (unless it is already: an edge's, one head a group,
+        # or one block) and what the fused kernel allocates (`_windows_fused`)
+        c = rows // block
+        fused = SDPA.cost.memory_bytes(Shape(s.bk, c, s.group * block, span, d, dtype=s.dtype))
+        written = s.group == 1 and (padded or c == 1)
+        return held + (0 if written else s.group * rows * span * elem) + fused
     c, keys = rows // block, span + extra
     masks = rows * (8 + extra * (elem + 1)) + s.group * rows * keys * elem  # positions, extra mask, folded bias
     fused = SDPA.cost.memory_bytes(Shape(s.bk, c, s.group * block, keys, d, dtype=s.dtype))
@@ -234,10 +237,9 @@ def _chunk(qc: torch.Tensor, k, v, qs: int, block: int, left: int, inner_bias: t
         bias = inner_bias.masked_fill((pos < 0) | (pos >= n), floor(qc.dtype))  # (c, 1, block, S)
     if extra is not None and pad is None:
         return _merged(qc, kw, vw, bias, qs, block, pattern, extra)
+    if pad is None:  # the fused kernel over the chunk's windows, as the interior's: no scores held
+        return _windows_fused(qc, kw, vw, bias)
     by_row = (B, Hk, c, rows // block, block, -1)  # a block's rows as (head of the group, row): the mask's rows
-    if pad is None:  # no named scores: they die inside softmax, as the memory prediction assumes
-        p = torch.softmax((qc @ kw).view(by_row).add_(bias), dim=-1)  # (B, Hk, c, r, block, S)
-        return p.flatten(3, 4) @ vw.transpose(-1, -2)
     s = (qc @ kw).view(by_row).add_(bias)
     s.add_(_key_slab(pad, ks, ke).unfold(2, span, block)[:, :, :, None])  # (B, 1, c, 1, 1, S): each block's keys
     if extra is None:
@@ -247,6 +249,18 @@ def _chunk(qc: torch.Tensor, k, v, qs: int, block: int, left: int, inner_bias: t
     t.add_(pad[:, :, extra.positions].view(B, 1, 1, 1, 1, -1))  # the extra keys' padding
     values = torch.cat([vw.transpose(-1, -2), extra.v[:, :, None].expand(B, Hk, c, -1, D)], dim=-2)
     return softmax_seen(torch.cat([s, t], dim=-1).flatten(3, 4), values)
+
+
+def _windows_fused(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A chunk's c query blocks against their windows in one call of PyTorch's fused kernel: qc (B, Hk, c, r·block, D)
+    already scaled, kw and vw (B, Hk, c, D, S) strided views read in place, bias (block, S) or (c, 1, block, S) (the
+    edge blocks' keys past an end masked) written out for each of a block's r·block rows → (B, Hk, c, r·block, D)."""
+    B, Hk, c, D, S = kw.shape
+    rows, block = qc.shape[-2], bias.shape[-2]
+    mask = bias.expand(c, rows // block, block, S).reshape(c, rows, S).contiguous()  # 4-D below: 3-D leaves flash
+    keys, values = (w.transpose(-1, -2).reshape(B * Hk, c, S, D) for w in (kw, vw))  # views: B and Hk merge
+    return F.scaled_dot_product_attention(qc.view(B * Hk, c, rows, D), keys, values, attn_mask=mask[None],
+                                          scale=1.0).view(qc.shape)
 
 
 def _extra_bias(qs: int, rows: int, pattern: Pattern, extra: Extra, dtype: torch.dtype) -> torch.Tensor:

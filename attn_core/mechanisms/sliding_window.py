@@ -12,13 +12,12 @@ from ._common import check_key_padding, checked_shape
 
 
 def tile(window: int, n: int) -> int:
-    """Query rows per block: 64, whatever the window. A block of b rows scores window + b (+ window) keys, so smaller
-    blocks waste fewer cells, and PyTorch's CPU flash kernel, which runs the interior blocks, splits queries shorter
-    than 192 rows into tiles of 32 anyway: at n = 16384, B = 1, H = 8, D = 64 (2 threads, this CPU), a window of 256
-    took 141 ms in blocks of 64 where blocks of 128 took 154 ms (causal: 84 against 97 ms; windows of 64 and 512
-    alike). Blocks of 32 were a few percent faster still, but the edge blocks' chunked products then hold less than
-    the workspace oneDNN's half-precision product keeps unseen, and the memory model would miss it."""
-    return max(1, min(n, 64))
+    """Query rows per block: 32, whatever the window. A block of b rows scores window + b (+ window) keys, so smaller
+    blocks waste fewer cells, and PyTorch's CPU flash kernel, which runs every block (`_banded`), splits queries
+    shorter than 192 rows into tiles of 32 anyway: at n = 16384, B = 1, H = 8, D = 64 (2 threads, this CPU), a
+    window of 256 took 136–142 ms in blocks of 32 where blocks of 64, 128 and 16 took 141–149, 154–161 and 158 ms
+    (causal: 79–88 against 84–92, 97–106 and 86 ms; windows of 64 and 512 alike)."""
+    return max(1, min(n, 32))
 
 
 def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
