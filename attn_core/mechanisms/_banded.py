@@ -163,8 +163,9 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     outside [0, n) are masked per block. The r = H/Hk query heads sharing a key/value head are one block of r·block
     rows (`query_blocks`): each window is cut once per key/value head and read in place by its group. The blocks
     whose window lies inside [0, n) go to PyTorch's fused kernel in one call (`_fused`), the edge blocks in chunks
-    of the same kernel (`_windows_fused`); chunks of query blocks bound the workspace to about CHUNK_ELEMS scores. O(n·S·D) time, O(n·D) memory. `extra` adds g
-    keys every block is scored against too, in the same softmax (`_merged`): O(n·(S + g)·D) time.
+    of the same kernel (`_windows_fused`); chunks of query blocks bound the workspace to about CHUNK_ELEMS scores.
+    O(n·S·D) time, O(n·D) memory. `extra` adds g keys every block is scored against too, in the same softmax
+    (`_merged`): O(n·(S + g)·D) time.
     `key_padding_mask` (B, n) boolean, True where the key is padding: a per-key bias (`padding_bias`), cut into
     windows as the keys are (and taken at the extra keys' positions), is added to each block's scores, which are
     then held per chunk (the fused kernel takes no per-batch bias here); a query that sees no unpadded key outputs
