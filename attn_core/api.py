@@ -38,7 +38,8 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     """Run mechanism `key` on q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D) with its keyword parameters.
     Hk < H: each key/value head serves H/Hk consecutive query heads (grouped-query attention; Hk = 1: multi-query),
     for a mechanism whose spec has `supports.shared_kv`; the others refuse it with a sentence.
-    NaN or inf in q, k or v is refused here (`check_finite`), outside the timed mechanism function.
+    NaN or inf in q, k or v is refused here (`check_finite`), outside the timed mechanism function, or by the
+    function itself where its spec `supports.checks_finite` (linear attention notices them in its sums).
 
     `key_padding_mask`: a boolean (B, Nk) tensor on k's device, True where the key is padding (variable lengths in
     a batch; torch.nn.MultiheadAttention's convention), e.g. torch.arange(Nk) >= lengths[:, None]. Padded keys get
@@ -54,7 +55,8 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     takes_mask = "mask" in inspect.signature(spec.fn).parameters
     spec.check_params(params, extra=(*spec.state.keys, "seed", *(("mask",) if takes_mask else ())))
     check_qkv(q, k, v)
-    check_finite(q=q, k=k, v=v)
+    if not spec.supports.checks_finite:
+        check_finite(q=q, k=k, v=v)
     if score_bias is not None:
         check_score_bias(spec, score_bias, q, k)
         check_finite(score_bias=score_bias)

@@ -243,6 +243,8 @@ class Supports:
     scores before the softmax (ALiBi, relative positions: attn_core.positional); `no_score_bias`: why not, when not.
     `no_rope_relative`: why, given RoPE-rotated q and k, its output is not a function of the offsets i − j alone (a
     feature map or projection that does not commute with the rotation); empty: RoPE stays relative.
+    `checks_finite`: the function refuses NaN and ±inf in q, k and v itself (outside `validated()`), most cheaply
+    from values it computes anyway, so `attn_core.attention` does not read the inputs once more to check them.
     """
 
     causal: bool
@@ -259,6 +261,7 @@ class Supports:
     score_bias: bool = False
     no_score_bias: str = ""
     no_rope_relative: str = ""
+    checks_finite: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import torch
 
 import attn_core as ac
 from attn_core.mechanisms import linformer, performer
+from attn_core.mechanisms._common import validated
 from attn_core.spec import Shape
 from tests.baselines import elu_plus_one, kernel_attention, plain_causal, positive_random_features, runs
 from tests.copies import with_copies
@@ -156,13 +157,39 @@ def test_nan_or_inf_in_the_input_is_refused_naming_the_tensor(call, words):
 
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
 def test_the_finite_check_runs_at_the_entry_point_not_in_the_timed_function(key):
-    """attn_core.engine.measure times spec.fn; the check (1.7–1.8% of a sliding-window call at n = 4096 on the CPU, and a
-    host sync on a GPU) stays out of it, so spec.fn passes NaN through as before."""
+    """attn_core.engine.measure times spec.fn inside validated(); the check (1.7–1.8% of a sliding-window call at
+    n = 4096 on the CPU, and a host sync on a GPU) stays out of it, so there spec.fn passes NaN through. A mechanism
+    whose spec says it checks its own inputs (`checks_finite`) refuses NaN outside validated() too."""
     name = "q" if ac.get(key).supports.shared_qk else "k"  # a mechanism whose keys are its queries never reads k
     q, k, v = spoiled(name, float("nan"), 1)
     params = {**SMALL.get(key, {}), "causal": plain_causal(ac.get(key))}
     assert f"{name} holds 1 NaN" in message(lambda: ac.attention(key, q, k, v, **params))
-    assert torch.isnan(ac.get(key).fn(q, k, v, **params)).any()
+    with validated():
+        assert torch.isnan(ac.get(key).fn(q, k, v, **params)).any()
+    if ac.get(key).supports.checks_finite:
+        assert f"{name} holds 1 NaN" in message(lambda: ac.get(key).fn(q, k, v, **params))
+    else:
+        assert torch.isnan(ac.get(key).fn(q, k, v, **params)).any()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("n,heads", [(64, (4, 4)), (4096, (8, 8)), (300, (8, 2))])
+def test_linear_notices_every_non_finite_value_in_its_sums(causal, name, value, n, heads):
+    """Linear attention checks its own inputs (its non-causal whole form from its sums and normalizers, not a
+    reading of q, k and v): one NaN, +inf or −inf anywhere in one tensor is refused with the count, at a size that
+    runs in one group of heads and one that runs in several, with shared heads, causal or not; huge finite inputs
+    whose sums overflow are not refused."""
+    H, Hk = heads
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(1, h, n, 16, generator=g) for h in (H, Hk, Hk))
+    t = {"q": q, "k": k, "v": v}[name]
+    t.view(-1)[int(torch.randint(t.numel(), (1,), generator=g))] = value
+    kind = "1 NaN" if value != value else "0 NaN and 1 infinite"
+    assert f"{name} holds {kind}" in message(lambda: ac.attention("linear", q, k, v, causal=causal))
+    t.nan_to_num_(0.0, 0.0, 0.0).mul_(1e37)
+    ac.attention("linear", q, k, v, causal=causal)  # overflows inside, but the input is finite: no refusal
 
 
 # --- half precision of the kernelized mechanisms --------------------------------------------------------------------

@@ -3,6 +3,7 @@ performer-pytorch 1.1.4's FastAttention (same m, same projection), interleaved i
 
     python -m attn_core.benchmarks.linear            # n = 4096…32768, causal and not, 5 rounds
     python -m attn_core.benchmarks.linear --quick    # n = 4096 and 8192, 3 rounds
+    python -m attn_core.benchmarks.linear --n 8192 --rounds 15 --linear-only   # the issue's target, no Performer
 
 B = 1, H = 8, D = 64, float32, forward, 2 torch threads, glibc's allocator fixed as the engine's worker fixes it
 (env.steady_allocator: blocks of 32 MiB or more come fresh on every call); q, k, v (and Performer's projection) are
@@ -14,7 +15,8 @@ waiting for a descheduled thread then costs nothing, which a 2-thread wall clock
 `attention('linear')` is the public call a user makes, `attn_core.attention("linear", q, k, v)`, every check a user
 pays included (its arguments, the finiteness scan, the mechanism's own checks); the targets (≤ 1.0× the peer at
 n = 8192, ≤ 0.8× at 32768, causal and not, on a quiet machine) are for it. `linear` is the mechanism's function
-alone, as the engine times it (checked once, outside). With another process on one of the two cores, each parallel
+alone, as the engine times it (checked once, outside). Linear attention's finiteness check reads no input again
+where its whole-tensor form runs: NaN or inf there reaches its sums and normalizers (`_linear_core.phi_into`). With another process on one of the two cores, each parallel
 operation waits for its descheduled thread: the figures then follow the number of operations a call makes, which
 is why calls of n·B·H·D ≤ 4 Mi numbers run in a few whole-tensor operations (`_linear_core.elu_attention`).
 
@@ -69,12 +71,12 @@ def performer_peer(features: int, causal: bool, projection: torch.Tensor):
     return attention
 
 
-def contestants(n: int, causal: bool, heads: int, head_dim: int, peer) -> dict:
+def contestants(n: int, causal: bool, heads: int, head_dim: int, peer, ours=OURS) -> dict:
     """name → thunk of one forward call, inputs and state built here, outside the calls."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, head_dim, generator=g) for _ in range(3))
     calls = {}
-    for key, params in OURS:
+    for key, params in ours:
         spec = MECHANISMS[key]
         state = make_state(key, Shape(1, heads, n, n, head_dim, dtype="float32", causal=causal), **params)
         name = key + "".join(f" m={v}" for v in params.values())
@@ -97,7 +99,8 @@ def measure(args: argparse.Namespace, peer) -> dict[tuple[str, bool, int], float
     figures = {}
     for causal in (False, True):
         for n in args.ns:
-            times = interleaved(contestants(n, causal, args.heads, args.head_dim, peer), args.rounds, clock=clock)
+            calls = contestants(n, causal, args.heads, args.head_dim, peer, OURS[:1] if args.linear_only else OURS)
+            times = interleaved(calls, args.rounds, clock=clock)
             fig = {name: pick(t) for name, t in times.items()}
             least = {name: f"min {fig[name] * 1e3:.1f}, " if pick is min else "" for name in fig}
             cells = [f"{name} {least[name]}{spread(t, 1e3, '.1f')}" for name, t in times.items()]
@@ -135,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clock", choices=["wall", "process"], default="wall",
                    help="wall: medians of elapsed time; process: minima of this process's CPU time (use --threads 1)")
     p.add_argument("--quick", action="store_true", help="n = 4096 and 8192, 3 rounds")
+    p.add_argument("--linear-only", action="store_true",
+                   help="linear (kernel and public call) and its peer only, without Performer and performer-pytorch")
     args = p.parse_args(argv)
     if args.quick:
         args.n, args.rounds = "4096,8192", 3

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import StateCache
-from ._common import check_key_padding, checked_shape, repeated, row_normalized
+from ._common import check_finite, check_has_values, check_key_padding, checked_shape, repeated, row_normalized, trusted
 from ._linear_core import (LOG2E, elu_attention, elu_flops, elu_memory, linear_attention_core, linear_core_flops,
                            linear_core_memory, mapped, whole_fits, whole_ready, work_dtype)
 
@@ -35,11 +35,17 @@ def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zeroed, so they add
     nothing to the numerator or the normaliser, the same as leaving those keys out (exact masking); a query that
     sees no unpadded key outputs zeros.
+    NaN or ±inf in q, k or v: a ValueError naming the tensor (outside `validated()`, where the caller checked them);
+    the whole-tensor form notices them in its sums and normalizers instead of reading the inputs again.
     """
     checked_shape(SPEC, q, k, v, causal)
+    if not trusted():
+        check_has_values(q=q, k=k, v=v)
+    if key_padding_mask is None and whole_ready(q, k, v):
+        return elu_attention(q, k, v, causal)  # notices NaN and inf in its sums and normalizers
+    if not trusted():
+        check_finite(q=q, k=k, v=v)
     if key_padding_mask is None:
-        if whole_ready(q, k, v):
-            return elu_attention(q, k, v, causal)
         return linear_attention_core(q, k, v, causal, feature_map, _key_map, q.shape[-1])
     check_key_padding(SPEC, key_padding_mask, q, k)
     work = work_dtype(v.dtype)
@@ -71,7 +77,7 @@ def _executed_flops(s: Shape) -> float:
 
 def _memory(s: Shape) -> float:
     if _whole(s):
-        return elu_memory(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal) * s.elem
+        return elu_memory(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal, s.elem) * s.elem
     # φ = elu + 1 of a chunk: two (rows, D) tensors at its peak, the features and the other of clamp(x, max=0)
     return linear_core_memory(s, s.D, 2 * s.D, 2 * s.D)
 
@@ -117,6 +123,7 @@ SPEC = MechanismSpec(
         shared_kv=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_flops=_step_flops,
                               step_big_o="O(d²)", cache_big_o="O(d²)"),
+        checks_finite=True,
     ),
     insight=Insight(
         effective=_effective,
