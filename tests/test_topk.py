@@ -187,15 +187,22 @@ def test_effective_weights_are_softmax_over_the_selected_cells():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_indexer_scores_of_a_block_are_at_most_block_by_n(causal, monkeypatch):
-    """No n × n score tensor: every indexer product the kernel makes is (B, rows · index_heads, ≤ n)."""
+    """No n × n score tensor: every indexer product the kernel makes is (B, rows · index_heads, ≤ n), its rows an
+    indexer step's (`index_rows`: (index_heads + 1) · rows · keys ≤ INDEX_NUMBERS), several steps to a block of the
+    selected softmax (`rows`), and every query scored once."""
     seen = []
     real = tk.index_scores
-    monkeypatch.setattr(tk, "index_scores", lambda qi, ki, w: seen.append(qi.shape[1] * ki.shape[1]) or real(qi, ki, w))
-    monkeypatch.setattr(tk, "BLOCK_NUMBERS", 1 << 14)
+    monkeypatch.setattr(tk, "index_scores", lambda qi, ki, w: seen.append((qi.shape[1], ki.shape[1])) or real(qi, ki, w))
+    monkeypatch.setattr(tk, "INDEX_NUMBERS", 1 << 12)
+    monkeypatch.setattr(tk, "SELECT_NUMBERS", 1 << 12)
     q, k, v = inputs(200, B=1, H=2, Hk=2)
-    ac.attention(KEY, q, k, v, causal=causal, top_k=8)
-    r = tk.rows(Shape.of(q, k, causal), 8, 4)
-    assert 1 < r < 200 and len(seen) == -(-200 // r) and max(seen) <= r * 200
+    out = ac.attention(KEY, q, k, v, causal=causal, top_k=8)
+    shape = Shape.of(q, k, causal)
+    r, step = tk.rows(shape, 8, 4), tk.index_rows(shape, 4, 200)
+    assert 1 < step < r < 200 and len(seen) > -(-200 // r)
+    assert sum(rows for rows, _ in seen) == 200 and max(5 * rows * keys for rows, keys in seen) <= 1 << 12
+    monkeypatch.undo()
+    torch.testing.assert_close(out, ac.attention(KEY, q, k, v, causal=causal, top_k=8), atol=1e-12, rtol=0)
 
 
 def test_bad_state_and_params_are_refused_with_a_sentence():

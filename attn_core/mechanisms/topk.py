@@ -10,16 +10,28 @@ from ._cache import KVCache, kv_bytes, tensor_bytes
 from ._common import check_key_padding, checked_shape, repeated, scale, trusted
 from ._sparse import KEY_CHUNK_BYTES, selected_softmax, sort_selection, work_dtype
 
-BLOCK_NUMBERS = 1 << 23  # numbers one query block's working set holds (see `rows`)
+SELECT_NUMBERS = 1 << 24  # numbers one query block's selected softmax holds (see `rows`)
+INDEX_NUMBERS = 1 << 23  # numbers one indexer step's scores hold (see `index_rows`)
+SELECT_KEYS = 1 << 14  # the most keys a row counted in sizing a block (see `rows`)
 NEG = float("-inf")
 
 
 def rows(s: Shape, top_k: int, index_heads: int) -> int:
-    """Query rows per block: the block's indexer scores (index_heads + 1 numbers a key) or its selection (indices,
-    their sort and the scores and probabilities of every query head: 2·H + 8 numbers a selected key), all batch
-    elements, fill BLOCK_NUMBERS."""
-    per_row = s.B * max((index_heads + 1) * s.Nk, min(top_k, s.Nk) * (2 * s.H + 8))
-    return max(1, min(s.Nq, BLOCK_NUMBERS // per_row))
+    """Query rows per block of the selected softmax: its selection (indices, their sort and the scores and
+    probabilities of every query head: 2·H + 8 numbers a selected key), all batch elements, fill SELECT_NUMBERS
+    (16 Mi: below glibc's 32 MiB threshold, past which each block's buffers come as fresh pages) at top_k keys a
+    row, counted up to SELECT_KEYS (a huge top_k still leaves blocks of tens of rows). top_k, not the fewer keys of
+    a short sequence, so that the peak grows with n, as the theory's searches for the largest n that fits take it.
+    Large blocks read k and v fewer times: at n = 16384 (k and v 32 MiB each, the size of the shared cache) blocks
+    of 409 rows ran the sparse products in 2.3 s, of 102 rows (the indexer's steps, once the blocks too) in 5.2 s."""
+    return max(1, min(s.Nq, SELECT_NUMBERS // (s.B * min(top_k, SELECT_KEYS) * (2 * s.H + 8))))
+
+
+def index_rows(s: Shape, index_heads: int, m: int) -> int:
+    """Query rows per indexer step within a block: their products with m keys for every indexer head and the
+    weighted sum ((index_heads + 1)·m numbers a row, all batch elements) fill INDEX_NUMBERS (n = 16384: 102 rows a
+    step; steps of 12 to 51 rows ran the whole call 0.5–1 s slower, their selections many small ones)."""
+    return max(1, INDEX_NUMBERS // (s.B * (index_heads + 1) * m))
 
 
 # -- the indexer: seeded projections drawn outside the kernel --------------------------------------------------
@@ -92,8 +104,10 @@ def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
     vals, idx = scores.topk(kk, dim=-1, sorted=False)
     tau = vals.amin(-1, keepdim=True)
     extra = (scores == tau).scatter_(-1, idx, False)  # keys at the threshold left out (no count: that copies)
-    if bool(extra.any(-1).logical_and_(tau[..., 0] > NEG).any()):
-        del vals, idx, extra
+    tied = bool(extra.any(-1).logical_and_(tau[..., 0] > NEG).any())
+    del extra
+    if tied:
+        del vals, idx
         scores.masked_fill_(scores < tau, NEG).masked_fill_(scores > tau, float("inf"))
         scores.sub_(torch.arange(scores.shape[-1], device=scores.device, dtype=scores.dtype))
         vals, idx = scores.topk(kk, dim=-1, sorted=False)
@@ -113,8 +127,9 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     attention never sees), so one selection per token serves every head, as DeepSeek Sparse Attention selects per
     token for all heads; mean heads are invariant to repeating shared heads. `index_q` (D, IH·dI), `index_k`
     (D, dI), `index_w` (IH,): the projections and weights (`init_state` draws seeded ones; None: drawn from `seed`).
-    Query blocks of `rows` queries: the indexer's scores of a block (≤ block × Nk, never n × n), then softmax over
-    the block's selected keys by sparse products that read k and v in place (`_sparse.selected_softmax`).
+    Query blocks of `rows` queries: the indexer's scores a few rows at a time (`index_rows` × the block's keys,
+    never n × n), each step's selection written into the block's, then softmax over the block's selected keys by
+    sparse products that read k and v in place (`_sparse.selected_softmax`).
     O(n²·dI·IH + n·top_k·D·H) time, O(n·(D·H + IH·dI)) memory. Ties at a query's top_k-th score go to the earlier
     keys (`select`). The selection is not differentiable: gradients flow through the selected softmax only.
     """
@@ -131,15 +146,21 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     for a in range(0, s.Nq, r):
         e = min(a + r, s.Nq)
         m = e if causal else s.Nk
+        kk = min(top_k, m)
+        idx = torch.empty(s.B, e - a, kk, dtype=torch.long, device=q.device)
+        usable = torch.empty(s.B, e - a, kk, dtype=torch.bool, device=q.device)
+        step = index_rows(s, index_heads, m)
         with torch.no_grad():
-            scores = index_scores(qi[:, a:e], ki[:, :m], w)
-            if causal:  # only the block's own columns can lie after a query
-                scores[..., a:e].masked_fill_(torch.ones(e - a, e - a, dtype=torch.bool, device=q.device).triu_(1),
-                                              NEG)
-            if key_padding_mask is not None:
-                scores.masked_fill_(key_padding_mask[:, None, :m], NEG)
-            idx, usable = select(scores, min(top_k, m))
-            del scores
+            for i in range(a, e, step):  # the indexer a few rows at a time, their scores in cache
+                j = min(i + step, e)
+                scores = index_scores(qi[:, i:j], ki[:, :m], w)
+                if causal:  # keys after a query: from its own position on, within the block's m
+                    scores[..., i:].masked_fill_(torch.ones(j - i, m - i, dtype=torch.bool, device=q.device)
+                                                 .triu_(1), NEG)
+                if key_padding_mask is not None:
+                    scores.masked_fill_(key_padding_mask[:, None, :m], NEG)
+                idx[:, i - a:j - a], usable[:, i - a:j - a] = select(scores, kk)
+                del scores
         out[:, :, a:e] = selected_softmax(q[:, :, a:e], kw[:, :, :m], vw[:, :, :m], idx[:, None], usable[:, None])
         del idx, usable  # not alive beside the next block's indexer
     return out
@@ -256,10 +277,11 @@ def _executed_flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim
 
 def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
     """Peak bytes above the inputs: the indexer's queries and keys, the output (and float32 copies of half k, v), and
-    the largest stage of one query block, in the order the kernel makes them: the indexer's products of every head
-    beside their weighted sum; the selection (its values and int64 indices beside the scores and a flag per score);
-    its sort; then, held through the sparse products, the sorted indices and usable flags (9 bytes a selected key)
-    and each chunk's indices with their order (16): the scores beside each sampled product's output and its copy of
+    the largest stage of one query block, in the order the kernel makes them: beside the block's selection (int64
+    indices and a flag, 9 bytes a selected key), an indexer step's (`index_rows`) products of every head beside
+    their weighted sum, its causal mask, its selection (values and int64 indices beside the scores and a flag per
+    score) and that selection's sort; then, held through the sparse products, the sorted indices and usable flags
+    (9 bytes a selected key) and each chunk's indices with their order (16): the scores beside each sampled product's output and its copy of
     the indices, the probabilities beside the scores, and the output block beside one batch element's listing."""
     e, w = s.elem, max(s.elem, 4)
     fixed = s.B * (s.Nq * index_heads * index_dim + s.Nk * index_dim) * w + s.output_bytes
@@ -268,15 +290,21 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
     peak = 0.0
     for r, m in _blocks(s, top_k, index_heads):
         kk = min(top_k, m)
-        E, scores = s.B * r * kk, s.B * r * m * w
+        E = s.B * r * kk
+        ri = min(r, index_rows(s, index_heads, m))  # an indexer step's rows
+        Ei, scores = s.B * ri * kk, s.B * ri * m * w
         probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
         chunked = KEY_CHUNK_BYTES // (s.D * w) < m  # else one chunk: no indices or order of its own, no listing
         held = (25 if chunked else 9) * E  # sorted indices, usable flags (and each chunk's indices and order)
         peak = max(peak,
-                   scores * index_heads + max(s.B * index_heads * r * index_dim * w, scores),  # the indexer
-                   scores + s.B * r * m + E * (w + 8),  # top-k with its tie check
-                   scores + E * (w + 25),  # the sort of the selection
-                   held + block * (2 if e < w else 1) + probs + r * kk * (2 * w + 24),  # the sampled products
+                   9 * E + scores + max(scores * (index_heads - 1) + max(s.B * index_heads * ri * index_dim * w,
+                                                                          scores),  # the indexer
+                                        ri * m * s.causal,  # its causal mask
+                                        s.B * ri * m + Ei * (w + 8),  # top-k with its tie check
+                                        Ei * (w + 26)),  # the sort: values, indices, flags, their sort
+                   # the sampled products: the pattern's zeros, each product's values and its copies of the indices
+                   # (2·w + 20 bytes an entry, as the allocator records them at that stage)
+                   held + block * (2 if e < w else 1) + probs + r * kk * (2 * w + 20),
                    held + 2 * probs + r * kk * w,  # softmax beside the scores and the last sampled product's values
                    held + probs + block + chunked * s.H * r * kk * w + (s.bh * r * s.D * e if e < w else 0))  # p·v
     return fixed + peak
