@@ -192,7 +192,8 @@ def test_the_indexer_scores_of_a_block_are_at_most_block_by_n(causal, monkeypatc
     selected softmax (`rows`), and every query scored once."""
     seen = []
     real = tk.index_scores
-    monkeypatch.setattr(tk, "index_scores", lambda qi, ki, w: seen.append((qi.shape[1], ki.shape[1])) or real(qi, ki, w))
+    monkeypatch.setattr(tk, "index_scores",
+                        lambda qi, ki, w: seen.append((qi.shape[1], ki.shape[1])) or real(qi, ki, w))
     monkeypatch.setattr(tk, "INDEX_NUMBERS", 1 << 12)
     monkeypatch.setattr(tk, "SELECT_NUMBERS", 1 << 12)
     q, k, v = inputs(200, B=1, H=2, Hk=2)

@@ -12,13 +12,14 @@ machine falls on all of them; the figures are medians over the rounds, the sprea
 other programs share, `--threads 1 --clock process` counts this process's CPU time instead (min over the rounds):
 waiting for a descheduled thread then costs nothing, which a 2-thread wall clock there charges to every op.
 
-`attention('linear')` is the public call a user makes, `attn_core.attention("linear", q, k, v)`, every check a user
-pays included (its arguments, the finiteness scan, the mechanism's own checks); the targets (≤ 1.0× the peer at
-n = 8192, ≤ 0.8× at 32768, causal and not, on a quiet machine) are for it. `linear` is the mechanism's function
-alone, as the engine times it (checked once, outside). Linear attention's finiteness check reads no input again
-where its whole-tensor form runs: NaN or inf there reaches its sums and normalizers (`_linear_core.phi_into`). With another process on one of the two cores, each parallel
-operation waits for its descheduled thread: the figures then follow the number of operations a call makes, which
-is why calls of n·B·H·D ≤ 4 Mi numbers run in a few whole-tensor operations (`_linear_core.elu_attention`).
+`attention('linear')` is the public call a user makes, `attn_core.attention("linear", q, k, v)`, every check a user pays
+included (its arguments, the finiteness scan, the mechanism's own checks); the targets (≤ 1.0× the peer at n = 8192, ≤
+0.8× at 32768, causal and not, on a quiet machine) are for it. `linear` is the mechanism's function alone, as the engine
+times it (checked once, outside). Linear attention's finiteness check reads no input again where its whole-tensor form
+runs: NaN or inf there reaches its sums and normalizers (`_linear_core.phi_into`). With another process on one of the
+two cores, each parallel operation waits for its descheduled thread: the figures then follow the number of operations a
+call makes, which is why calls of n·B·H·D ≤ 4 Mi numbers run in a few whole-tensor operations
+(`_linear_core.elu_attention`).
 
 What is compared: the peer's `linear_attn(q, k, v)` (non-causal: softmax of q over features, of k over positions,
 q·D^-½, then (kᵀv) and q·(kᵀv); its softmax over positions normalizes, so it has no normalizer of its own) and

@@ -157,10 +157,13 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
                 del pattern
     del qs
     scores = scores.view(B, S, H // S, r, kk)  # the heads of each selection together: its flags broadcast, not copied
-    keep = usable[:, :, None]
-    dead = ~keep.any(-1, keepdim=True)
-    p = torch.softmax(scores.masked_fill_(~keep, NEG).masked_fill_(dead, 0.0), dim=-1)
-    p = (p.masked_fill(dead, 0.0) if p.requires_grad else p.masked_fill_(dead, 0.0)).view(B, H, r, kk)
+    if bool(usable.all()):  # every selected key counts (no mask, no padding): three passes over the scores fewer
+        p = torch.softmax(scores, dim=-1).view(B, H, r, kk)
+    else:
+        keep = usable[:, :, None]
+        dead = ~keep.any(-1, keepdim=True)
+        p = torch.softmax(scores.masked_fill_(~keep, NEG).masked_fill_(dead, 0.0), dim=-1)
+        p = (p.masked_fill(dead, 0.0) if p.requires_grad else p.masked_fill_(dead, 0.0)).view(B, H, r, kk)
     del scores
     out = q.new_zeros(B, H, r, D, dtype=work)
     for b in range(B):
