@@ -1,7 +1,9 @@
 """The real app in a real browser: `streamlit run app.py` on 127.0.0.1, driven through Debian's headless chromium.
 
 Screenshots go to test-artifacts/. Without chromium this skips, except under CI, where it fails."""
+import contextlib
 import importlib.util
+import json
 import os
 from urllib.parse import quote_plus
 from pathlib import Path
@@ -147,6 +149,18 @@ GRID_WIDE = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]'
     .filter(wider => wider > 1)"""  # data grids draw on a canvas: a column cut off shows only as a wider scroller
 CHART_TEXT = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg text')]
     .filter(t => t.textContent.trim()).map(t => [t.textContent, parseFloat(getComputedStyle(t).fontSize)])"""
+
+
+def settled(page, probe: str, want, timeout_ms: int = 10_000):
+    """The probe's value once the page has settled: waited on until it reads `want` or the timeout passes (a
+    rerun's layout, a sidebar folding, talk mode's fonts growing, which a loaded machine draws late), then read
+    once more for the caller's assertion, so a layout that stays wrong still fails."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    expected = json.dumps(json.dumps(want, separators=(",", ":")))  # as JSON.stringify writes it, quoted for JS
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(f"JSON.stringify(({probe})()) === {expected}", timeout=timeout_ms)
+    return page.evaluate(probe)
 
 
 @pytest.mark.parametrize("width, height", [(1280, 720), (1920, 1080)])
@@ -328,12 +342,12 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
                 if path not in ("recall", "compare"):  # these two open on a table, not a chart
                     page.locator(CHART).first.wait_for(state="attached", timeout=120_000)
                 wait_idle(page)
-                assert page.evaluate(OVERFLOW) == [False, 0], path
-                assert page.evaluate(CUT_SHORT) == [], path  # labels, chips and buttons whole at 1280×720
+                assert settled(page, OVERFLOW, [False, 0]) == [False, 0], path
+                assert settled(page, CUT_SHORT, []) == [], path  # labels, chips and buttons whole at 1280×720
                 assert page.evaluate(GRID_WIDE) == [], path  # and every column of a table in view
                 page.locator(".st-key-talk label p").click()  # and in talk mode's large type
                 page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'")
                 wait_idle(page)
-                assert page.evaluate(OVERFLOW) == [False, 0], (path, "talk")
-                assert page.evaluate(CUT_SHORT) == [], (path, "talk")
+                assert settled(page, OVERFLOW, [False, 0]) == [False, 0], (path, "talk")
+                assert settled(page, CUT_SHORT, []) == [], (path, "talk")
                 assert page.locator(EXCEPTION).count() == 0
