@@ -175,12 +175,16 @@ def test_the_finite_check_runs_at_the_entry_point_not_in_the_timed_function(key)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", ["q", "k", "v"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
-@pytest.mark.parametrize("n,heads", [(64, (4, 4)), (4096, (8, 8)), (300, (8, 2))])
-def test_linear_notices_every_non_finite_value_in_its_sums(causal, name, value, n, heads):
-    """Linear attention checks its own inputs (its non-causal whole form from its sums and normalizers, not a
-    reading of q, k and v): one NaN, +inf or −inf anywhere in one tensor is refused with the count, at a size that
-    runs in one group of heads and one that runs in several, with shared heads, causal or not; huge finite inputs
-    whose sums overflow are not refused."""
+@pytest.mark.parametrize("n,heads,group_bytes", [(64, (4, 4), None), (4096, (8, 8), 1 << 16), (300, (8, 2), 1 << 14)])
+def test_linear_notices_every_non_finite_value_in_its_sums(causal, name, value, n, heads, group_bytes, monkeypatch):
+    """Linear attention checks its own inputs (its whole form from its sums and normalizers, not a reading of q,
+    k and v): one NaN, +inf or −inf anywhere in one tensor is refused with the count, in one group of heads and, with
+    GROUP_BYTES lowered, in a group a key/value head (φ a head at a time too), with shared heads, causal or not;
+    huge finite inputs whose sums overflow are not refused."""
+    from attn_core.mechanisms import _linear_core
+
+    if group_bytes is not None:
+        monkeypatch.setattr(_linear_core, "GROUP_BYTES", group_bytes)
     H, Hk = heads
     g = torch.Generator().manual_seed(n)
     q, k, v = (torch.randn(1, h, n, 16, generator=g) for h in (H, Hk, Hk))

@@ -225,11 +225,17 @@ def test_heads_split_from_the_model_dimension_are_not_copied_whole(small_chunks,
     assert peak < predicted + q.numel() * 4 / 2
 
 
+@pytest.mark.parametrize("groups", ["one", "several"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kv_heads,split", [(2, False), (1, False), (2, True)])
-def test_whole_tensor_form_equals_the_chunks(small_chunks, causal, kv_heads, split):
-    """`elu_attention` (few whole-tensor operations) against the cache-blocked chunks it stands in for, float64, with
-    a last partial block (n = 300, blocks of 16) and shared or split heads; a call that fits takes it."""
+def test_whole_tensor_form_equals_the_chunks(small_chunks, monkeypatch, causal, kv_heads, split, groups):
+    """`elu_attention` (few large operations) against the cache-blocked chunks it stands in for and the explicit
+    kernel form, float64, with a last partial block (n = 300, blocks of 16) and shared or split heads; in one group
+    of heads or, with GROUP_BYTES at 4 KiB, a key/value head a group and φ a head at a time (several groups, within
+    each batch element where heads are split); a call that fits takes it."""
+    if groups == "several":
+        monkeypatch.setattr(core, "GROUP_BYTES", 1 << 12)
+        assert core.group_heads(2 * kv_heads, 4 // kv_heads * 300, 16, 8) == 1
     g = torch.Generator().manual_seed(2)
     if split:
         q, k, v = (torch.randn(2, 300, h, 16, generator=g, dtype=torch.float64).transpose(1, 2) for h in (2, 2, 2))
@@ -238,6 +244,10 @@ def test_whole_tensor_form_equals_the_chunks(small_chunks, causal, kv_heads, spl
     whole = core.elu_attention(q, k, v, causal)
     chunked = core.linear_attention_core(q, k, v, causal, linear.feature_map, linear._key_map, 16)
     torch.testing.assert_close(whole, chunked, atol=1e-12, rtol=1e-10)
+    shared = q.shape[1] // k.shape[1]  # the query heads of a key/value head, written out for the explicit form
+    explicit_form = kernel_attention(elu_plus_one(q), elu_plus_one(k.repeat_interleave(shared, 1)),
+                                     v.repeat_interleave(shared, 1), causal)
+    torch.testing.assert_close(whole, explicit_form, atol=1e-12, rtol=1e-10)
     assert core.whole_ready(q, k, v) and not core.whole_ready(q.float().requires_grad_(), k.float(), v.float())
     assert not core.whole_ready(*(x.half() for x in (q, k, v)))
     assert not core.whole_fits(8, 32768, 64) and core.whole_fits(8, 8192, 64)

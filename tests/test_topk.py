@@ -199,7 +199,7 @@ def test_the_indexer_scores_of_a_block_are_at_most_block_by_n(causal, monkeypatc
     q, k, v = inputs(200, B=1, H=2, Hk=2)
     out = ac.attention(KEY, q, k, v, causal=causal, top_k=8)
     shape = Shape.of(q, k, causal)
-    r, step = tk.rows(shape, 8, 4), tk.index_rows(shape, 4, 200)
+    r, step = tk.rows(shape, 8, 4), tk.index_rows(shape.B, 4, 200)
     assert 1 < step < r < 200 and len(seen) > -(-200 // r)
     assert sum(rows for rows, _ in seen) == 200 and max(5 * rows * keys for rows, keys in seen) <= 1 << 12
     monkeypatch.undo()

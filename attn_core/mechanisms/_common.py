@@ -10,6 +10,8 @@ import torch
 
 from ..spec import MechanismSpec, Shape
 
+HALF = (torch.float16, torch.bfloat16)  # half precisions, whose sums and products run in float32
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 

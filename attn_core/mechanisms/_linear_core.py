@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from ..spec import Shape
-from ._common import check_finite, trusted
+from ._common import HALF, check_finite, trusted
 
-HALF = (torch.float16, torch.bfloat16)
 LOG2E = 1 / math.log(2)  # exp(x) = 2^(x·log₂e): torch's exp2 runs 2.5× faster than its exp on the CPU
 CHUNK_BYTES = 2 << 20  # one chunk's rows of φ and V, all heads, float32 (see chunk_rows)
 MIN_ROWS = 64  # fewer rows per chunk and the per-op overhead (a few µs a call) outweighs what the cache saves
@@ -268,7 +267,8 @@ WHOLE_BYTES = 16 << 20  # the largest (B·H, n, D) query tensor the whole-tensor
 
 def whole_fits(bh: int, n: int, d: int) -> bool:
     """True when B·H query rows of n positions, D wide, fill at most WHOLE_BYTES in float32: such tensors stay in the
-    shared cache between operations, so `elu_attention` loses nothing by making them whole. Longer inputs go to the
+    shared cache between operations, so `elu_attention` loses little by making them whole (and groups the heads
+    where that keeps a group in cache, `_non_causal_groups`). Longer inputs go to the
     cache-blocked chunks, whose tensors stay in each core's own cache (B = 1, H = 8, D = 64 on the benchmark's two
     cores, CPU time of one thread against linear-attention-transformer's calls: whole 1.18× at n = 8192 and 0.85×
     at 32768, chunked 1.54× and 0.70×; causal 1.41× and 0.93×, chunked 1.28× and 0.51×)."""
@@ -373,9 +373,10 @@ def _non_causal_groups(q, k, v, out) -> None:
 
 
 def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    """linear_attention_core's result for φ = elu + 1 in a few whole-tensor operations (no chunk loop): each
-    parallel operation of a call costs a synchronisation of the threads, which a busy core stretches to a time
-    slice, so fewer and larger operations hold up under load. Same formula, same shapes; `whole_ready` says when.
+    """linear_attention_core's result for φ = elu + 1 in few, large operations (no loop over chunks of rows; a
+    few groups of heads or slices of φ at most): each parallel operation of a call costs a synchronisation of the
+    threads, which a busy core stretches to a time slice, so fewer and larger operations hold up under load. Same
+    formula, same shapes; `whole_ready` says when.
 
     Non-causal: a group of heads at a time (`_non_causal_groups`, which also notices NaN and inf in the input).
     Causal: blocks of C = `causal_block` positions; each block's state φ(K_b)ᵀ[V_b, 1], their exclusive prefix sum

@@ -29,9 +29,9 @@ def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     (grouped-query attention): φ(K) and the sums over keys are made once per key/value head, read in place by the
     H/Hk query heads sharing it, so sharing costs less than multi-head attention.
     O(n·D²) time; O(n·D) memory. float32/float64 forward calls whose tensors fit the shared cache run in a few
-    whole-tensor operations (`elu_attention`: steady when another process holds a core); longer or half-precision
-    inputs, and calls autograd records, run cache-blocked chunk by chunk (`linear_attention_core`), half inputs in
-    float32 (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
+    large operations (`elu_attention`, by groups of heads: steady when another process holds a core); longer or
+    half-precision inputs, and calls autograd records, run cache-blocked chunk by chunk (`linear_attention_core`),
+    half inputs in float32 (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zeroed, so they add
     nothing to the numerator or the normaliser, the same as leaving those keys out (exact masking); a query that
     sees no unpadded key outputs zeros.

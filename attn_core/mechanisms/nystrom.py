@@ -8,9 +8,7 @@ import torch
 
 from ..spec import Cost, Insight, MechanismSpec, Param, Shape, Supports
 from ._banded import floor, padding_bias
-from ._common import check_key_padding, checked_shape, fold, repeated, scale, unfold
-
-HALF = (torch.float16, torch.bfloat16)
+from ._common import HALF, check_key_padding, checked_shape, fold, repeated, scale, unfold
 # Scores held at once per chunk of keys or of query rows, in elements over all batch·heads (4 MiB in float32: a
 # chunk stays in cache; whole (n, m) scores at n = 32768 ran at half the speed per element).
 CHUNK_ELEMS = 1 << 20

@@ -9,11 +9,10 @@ import torch
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
 from ._cache import KVCache, kv_bytes
-from ._common import check_key_padding, checked_shape, fold, repeated, scale, unfold
+from ._common import HALF, check_key_padding, checked_shape, fold, repeated, scale, unfold
 
 # The score workspace held at once, in elements over all batch·heads: one chunk of query rows against its keys.
 CHUNK_ELEMS = 1 << 20
-HALF = (torch.float16, torch.bfloat16)
 
 
 def chunk_rows(bk: int, nq: int, nk: int) -> int:

@@ -30,11 +30,11 @@ def rows(s: Shape, top_k: int, index_heads: int) -> int:
     return max(1, min(s.Nq, SELECT_NUMBERS // (s.B * min(top_k, SELECT_KEYS) * (2 * s.H + 8))))
 
 
-def index_rows(s: Shape, index_heads: int, m: int) -> int:
+def index_rows(batch: int, index_heads: int, m: int) -> int:
     """Query rows per indexer step within a block: their products with m keys for every indexer head and the
     weighted sum ((index_heads + 1)·m numbers a row, all batch elements) fill INDEX_NUMBERS (n = 16384: 102 rows a
     step; steps of 12 to 51 rows ran the whole call 0.5–1 s slower, their selections many small ones)."""
-    return max(1, INDEX_NUMBERS // (s.B * (index_heads + 1) * m))
+    return max(1, INDEX_NUMBERS // (batch * (index_heads + 1) * m))
 
 
 # -- the indexer: seeded projections drawn outside the kernel --------------------------------------------------
@@ -210,6 +210,7 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     r = rows(s, top_k, index_heads)
     work = work_dtype(q.dtype)
     kw, vw = k.to(work), v.to(work)  # once, not a block at a time (half inputs)
+    # finite indexer inputs make scores without NaN (short of overflow past 3·10³⁸): the sampled selection may run
     finite = bool(torch.isfinite(qi).all() and torch.isfinite(ki).all() and torch.isfinite(w).all())
     out = q.new_empty(q.shape)
     for a in range(0, s.Nq, r):
@@ -218,7 +219,7 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         kk = min(top_k, m)
         idx = torch.empty(s.B, e - a, kk, dtype=torch.long, device=q.device)
         usable = torch.empty(s.B, e - a, kk, dtype=torch.bool, device=q.device)
-        step = index_rows(s, index_heads, m)
+        step = index_rows(s.B, index_heads, m)
         with torch.no_grad():
             for i in range(a, e, step):  # the indexer a few rows at a time, their scores in cache
                 j = min(i + step, e)
@@ -394,12 +395,12 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
     for r, m in _blocks(s, top_k, index_heads):
         kk = min(top_k, m)
         E = s.B * r * kk
-        ri = min(r, index_rows(s, index_heads, m))  # an indexer step's rows
+        ri = min(r, index_rows(s.B, index_heads, m))  # an indexer step's rows
         rr = min(ri, product_rows(s.B, index_heads, m))  # an indexer product's rows
         Ei, scores = s.B * ri * kk, s.B * ri * m * w
         held = 9 * E  # the block's sorted indices and usable flags
         peak = max(peak,
-                   9 * E + scores + max(s.B * rr * (index_heads * m + max(index_heads * index_dim, m)) * w,  # indexer
+                   held + scores + max(s.B * rr * (index_heads * m + max(index_heads * index_dim, m)) * w,  # indexer
                                         ri * m * s.causal,  # its causal mask
                                         s.B * ri * m + Ei * (w + 8),  # top-k with its tie check
                                         _sampled_bytes(s.B * ri, m, kk, w),  # or the sampled selection
