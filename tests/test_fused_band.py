@@ -1,5 +1,7 @@
 """The banded kernels' fused interior (`_banded._fused`: one fused call per query head of a group over strided
-windows) against their chunk-by-chunk form, the same code with no interior (every block in chunks)."""
+windows) against the same code with no interior (all rows one region, `_banded._edge`); each end's bias against the
+pattern at absolute positions; Longformer's global keys joined afterwards against the chunked form that scores them
+beside each block's band."""
 from __future__ import annotations
 
 import pytest
@@ -41,3 +43,68 @@ def test_interior_blocks_keep_their_whole_window_inside():
     assert _banded.interior(1000, 128, 256, 0) == (2, 7)  # causal: no keys to the right; block 7 is partial
     lo, hi = _banded.interior(300, 128, 256, 256)
     assert hi <= lo  # no interior block: all in chunks
+    assert _banded.edges(300, 128, 256, 256) == [(0, 300)]  # then one region, every row against every key
+    assert _banded.edges(1000, 128, 256, 256) == [(0, 256), (640, 1000)]
+    assert _banded.edge_keys(1000, 640, 1000, 256, 256) == (384, 1000)
+
+
+def pattern_bias(pattern, a: int, e: int, ka: int, ke: int) -> torch.Tensor:
+    """0 where the pattern keeps (i, j), the floor elsewhere, from the predicate at every absolute position."""
+    keep = pattern(torch.arange(a, e)[:, None], torch.arange(ka, ke)[None, :])
+    return torch.zeros(keep.shape, dtype=torch.float64).masked_fill_(~keep, _banded.floor(torch.float64))
+
+
+@pytest.mark.parametrize("n", [64, 1000, 1003])
+@pytest.mark.parametrize("name,pattern,block,left,right", [
+    ("local", ac.masks.block_local(16, 1, 1), 16, 16, 16),
+    ("local wide", ac.masks.block_local(16, 2, 3), 16, 32, 48),
+    ("local causal", ac.masks.block_local(16, 2, 0) & ac.masks.causal, 16, 32, 0),
+    ("window", ac.masks.sliding_window(40), 32, 40, 40),
+    ("causal window", ac.masks.sliding_window(40) & ac.masks.causal, 32, 40, 0),
+])
+def test_each_end_s_bias_is_the_pattern_at_its_positions(name, pattern, block, left, right, n):
+    """`edge_bias` lays the shift-invariant (block, S) bias at each block's window: the same cells as the predicate
+    evaluated at absolute positions, and None only where that keeps every cell."""
+    span = left + block + right
+    base = block * -(-left // block)
+    keep = pattern(base + torch.arange(block)[:, None], base - left + torch.arange(span)[None, :])
+    inner = torch.zeros(block, span, dtype=torch.float64).masked_fill_(~keep, _banded.floor(torch.float64))
+    for a, e in _banded.edges(n, block, left, right):
+        ka, ke = _banded.edge_keys(n, a, e, left, right)
+        want = pattern_bias(pattern, a, e, ka, ke)
+        got = _banded.edge_bias(inner, bool(keep.all()), a, e, ka, ke, block, left)
+        if got is None:
+            assert bool((want == 0).all()), (name, a, e)
+        else:
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("params", [{"window": 37, "global_tokens": 3}, {"window": 100, "global_tokens": 2},
+                                    {"window": 16, "global_tokens": 4, "global_positions": torch.tensor([5, 300, 301,
+                                                                                                      699])}])
+def test_longformer_joins_its_global_keys_as_the_chunks_score_them(monkeypatch, causal, kv_heads, params):
+    """The band's rows with the global keys joined through its log-sum-exp (`_join_extra`, what runs on a CPU
+    without gradients) equal the chunked form, each block's band and the global keys in one softmax (what runs with
+    gradients); a global key inside a row's band is counted once either way."""
+    q, k, v = qkv(4, kv_heads)
+    joined = []
+    real = _banded._join_extra
+    monkeypatch.setattr(_banded, "_join_extra", lambda *a: joined.append(1) or real(*a))
+    fast = ac.attention("longformer", q, k, v, causal=causal, **params)
+    assert joined  # the join ran
+    monkeypatch.setattr(_banded, "joins", lambda *a: False)
+    monkeypatch.setattr("attn_core.mechanisms.longformer.joins", lambda *a: False)
+    chunked = ac.attention("longformer", q, k, v, causal=causal, **params)
+    torch.testing.assert_close(fast, chunked, atol=1e-12, rtol=1e-10)
+
+
+def test_the_join_waits_for_no_gradient():
+    """The log-sum-exp the join reads carries no gradient: with inputs that ask for one, the chunked form runs."""
+    q, k, v = qkv(2, 2, n=64)
+    assert _banded.joins(q, k, v)
+    q.requires_grad_(True)
+    assert not _banded.joins(q, k, v)
+    with torch.no_grad():
+        assert _banded.joins(q, k, v)

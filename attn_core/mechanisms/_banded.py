@@ -34,63 +34,83 @@ def chunk_blocks(heads: int, block: int, span: int) -> int:
     return max(1, CHUNK_ELEMS // (heads * block * span))
 
 
-def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0) -> float:
+def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0, joined: bool = True) -> float:
     """Predicted peak bytes of banded_attention above its inputs (s.Nq = n; r = H/Hk query heads a key/value head):
-    the output and the (block, S) mask with its bias held throughout, then the largest of the phases. Without
-    `extra` keys: a fused call on the interior blocks (`_fused`: what the fused kernel allocates, the sdpa spec's
-    prediction for B·Hk problems of c blocks of block rows against S keys), then each edge's chunks
-    (`_chunk_bytes`). With `extra` keys (`_merged`): the
-    first chunk's, as `_chunk_bytes` says."""
+    the output and the (block, S) mask with its bias held throughout, then the largest of the phases: a fused call
+    on the interior blocks (`_fused`: what the fused kernel allocates, the sdpa spec's prediction for B·Hk problems
+    of c blocks of block rows against S keys), then each end's region (`_edge_bytes`). With `extra` keys joined
+    afterwards (`joined`, as on a CPU without gradients): their keys and values and each row's log-sum-exp held
+    throughout, and the join (`_join_bytes`); not joined (`_merged`): the first chunk's, as `_chunk_bytes` says."""
     span, elem, d = left + block + right, s.elem, s.D
     n_blocks = -(-s.Nq // block)
     base = s.bh * s.Nq * d * elem + block * span * (elem + 1)
-    lo, hi = interior(s.Nq, block, left, right) if not extra else (0, 0)
-    if hi <= lo:  # every block in chunks: the first holds most, and passes an end when it starts before 0 or
-        # reaches past n
+    if extra and not joined:  # every block in chunks: the first holds most, and passes an end when it starts
+        # before 0 or reaches past n
         rows = min(chunk_blocks(s.bh, block, span + extra), n_blocks) * block
         return base + _chunk_bytes(s, n_blocks, block, left, right, extra, left > 0 or rows + right > s.Nq)
-    peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype))
-    if lo:
-        peak = max(peak, _chunk_bytes(s, lo, block, left, right, 0, left > 0))
-    if n_blocks > hi:
-        peak = max(peak, _chunk_bytes(s, n_blocks - hi, block, left, right, 0, n_blocks * block + right > s.Nq))
+    lo, hi = interior(s.Nq, block, left, right)
+    peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype)) if hi > lo else 0.0
+    for a, e in edges(s.Nq, block, left, right):
+        peak = max(peak, _edge_bytes(s, a, e, left, right, bool(extra)))
+    if extra:  # the extra keys and values (B, Hk, g, D) and each row's log-sum-exp held throughout
+        peak = max(peak, _join_bytes(s, extra)) + s.bh * s.Nq * _lse_bytes(s) + 2 * s.bk * extra * d * elem
     return base + peak
 
 
+def _lse_bytes(s: Shape) -> int:
+    return 8 if s.dtype == "float64" else 4
+
+
+def _join_bytes(s: Shape, g: int) -> float:
+    """Peak bytes of `_join_extra` beside the output and the log-sum-exp: the (n, g) pattern's index arithmetic
+    (two int64 tables and a few flags) beside its bias, then the bias beside the scores (B·H·n·g, in the inputs'
+    dtype, then the log-sum-exp's) and two (B, H, n) rows: the maxima, then m, then the totals."""
+    n, w = s.Nq, _lse_bytes(s)
+    copy = s.elem if s.elem != w else 0
+    return max(n * g * (16 + 3 + w), n * g * w + s.bh * n * g * (w + copy) + 2 * s.bh * n * w)
+
+
+def _edge_bytes(s: Shape, a: int, e: int, left: int, right: int, joined: bool = False) -> float:
+    """Peak bytes of `_edge` on rows [a, e): its (rows, keys) bias beside what the fused kernel allocates (the sdpa
+    spec's prediction, its output included). The bias is taken as written (a band that keeps its whole window, as
+    block-local attention's not causal, writes none at most ends). `joined`: a call for each query head of a group,
+    Hk problems each, its log-sum-exp copied out."""
+    ka, ke = edge_keys(s.Nq, a, e, left, right)
+    heads = s.key_heads if joined else s.H  # joined: a call for each query head of a group
+    sums = s.B * heads * (e - a) * _lse_bytes(s) if joined else 0  # its log-sum-exp copied out
+    return (e - a) * (ke - ka) * s.elem + sums + SDPA.cost.memory_bytes(
+        Shape(s.B, heads, e - a, ke - ka, s.D, dtype=s.dtype, Hk=None if joined else s.Hk))
+
+
 def _chunk_bytes(s: Shape, blocks: int, block: int, left: int, right: int, extra: int, padded: bool) -> float:
-    """Peak bytes of the first of `blocks` query blocks' chunks beside the output and mask (`_chunk`): its scaled
-    queries, zero-padded key and value slabs of the Hk heads and its edge mask when it passes an end (`padded`),
-    and the scores and probabilities (B·H·rows·S each), or the probabilities, the values' windows copied for P V
-    (`window_copy`, Hk heads) and their product. With `extra` keys (`_merged`) instead of those: the extra keys'
-    copies and masks, the chunk's bias with a row for each of its r·rows folded query rows, its joined keys and
-    values (Hk heads) and what the fused kernel allocates (the sdpa spec's prediction for that call: B·Hk problems
-    of c blocks of r·block rows)."""
+    """Peak bytes of the first of `blocks` query blocks' chunks with `extra` keys (`_merged`) beside the output and
+    mask: its scaled queries, zero-padded key and value slabs of the Hk heads and its edge mask when it passes an end
+    (`padded`), the extra keys' copies and masks, the chunk's bias with a row for each of its r·rows folded query
+    rows, its joined keys and values (Hk heads) and what the fused kernel allocates (the sdpa spec's prediction for
+    that call: B·Hk problems of c blocks of r·block rows)."""
     span, elem, d = left + block + right, s.elem, s.D
     rows = min(chunk_blocks(s.bh, block, span + extra), blocks) * block
     slabs = 2 * s.bk * (rows + left + right) * d * elem + rows * span * elem if padded else 0
     held = s.bh * rows * d * elem + slabs
-    if not extra:  # the mask written out for the folded rows (unless it is already: an edge's, one head a group,
-        # or one block) and what the fused kernel allocates (`_windows_fused`)
-        c = rows // block
-        fused = SDPA.cost.memory_bytes(Shape(s.bk, c, s.group * block, span, d, dtype=s.dtype))
-        written = s.group == 1 and (padded or c == 1)
-        return held + (0 if written else s.group * rows * span * elem) + fused
     c, keys = rows // block, span + extra
     masks = rows * (8 + extra * (elem + 1)) + s.group * rows * keys * elem  # positions, extra mask, folded bias
     fused = SDPA.cost.memory_bytes(Shape(s.bk, c, s.group * block, keys, d, dtype=s.dtype))
     return held + 2 * s.bk * extra * d * elem + masks + 2 * s.bk * c * keys * d * elem + fused
 
 
-def window_copy(batch: int, c: int, nbytes: int) -> int:
-    """Bytes a batched matmul copies of c overlapping windows (strided views) of each of `batch` key/value heads,
-    `nbytes` each: torch.matmul flattens the batch dimensions, which a view allows only when one of them is 1."""
-    return batch * c * nbytes if batch > 1 and c > 1 else 0
-
-
-def banded_flops(heads: int, n: int, d: int, *, block: int, left: int, right: int) -> float:
-    """FLOPs banded_attention executes: Q Kᵀ and P V for every query block, the last zero-padded to `block` rows,
-    against its whole window of S = left + block + right keys, masked cells and zero keys past the ends included."""
-    return 4.0 * heads * math.ceil(n / block) * block * (left + block + right) * d
+def banded_flops(heads: int, n: int, d: int, *, block: int, left: int, right: int, chunked: bool = False) -> float:
+    """FLOPs banded_attention executes, Q Kᵀ and P V over every cell it scores, masked ones included: each interior
+    block (`interior`) against its window of S = left + block + right keys, and each end's rows against the keys they
+    may see (`edges`, `edge_keys`). `chunked` (extra keys, Longformer's): every block, the last zero-padded to
+    `block` rows, against a whole window, zero keys past the ends included."""
+    if chunked:
+        return 4.0 * heads * math.ceil(n / block) * block * (left + block + right) * d
+    lo, hi = interior(n, block, left, right)
+    cells = max(0, hi - lo) * block * (left + block + right)
+    for a, e in edges(n, block, left, right):
+        ka, ke = edge_keys(n, a, e, left, right)
+        cells += (e - a) * (ke - ka)
+    return 4.0 * heads * cells * d
 
 
 def _key_slab(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -162,10 +182,11 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     every block (the pattern is invariant under shifts by `block`), so one (block, S) mask serves all; keys
     outside [0, n) are masked per block. The r = H/Hk query heads sharing a key/value head are one block of r·block
     rows (`query_blocks`): each window is cut once per key/value head and read in place by its group. The blocks
-    whose window lies inside [0, n) go to PyTorch's fused kernel in one call (`_fused`), the edge blocks in chunks
-    of the same kernel (`_windows_fused`); chunks of query blocks bound the workspace to about CHUNK_ELEMS scores.
-    O(n·S·D) time, O(n·D) memory. `extra` adds g keys every block is scored against too, in the same softmax
-    (`_merged`): O(n·(S + g)·D) time.
+    whose window lies inside [0, n) go to PyTorch's fused kernel in one call (`_fused`), the rows at each end in one
+    call of it against the keys they may see (`_edge`): few operations, which a busy core delays least.
+    O(n·S·D) time, O(n·D) memory. `extra` adds g keys every row is scored against too, in the same softmax:
+    joined to the band's rows afterwards through each row's log-sum-exp (`_join_extra`, on a CPU without
+    gradients: `joins`), else beside each block's window in chunks (`_merged`). O(n·(S + g)·D) time.
     `key_padding_mask` (B, n) boolean, True where the key is padding: a per-key bias (`padding_bias`), cut into
     windows as the keys are (and taken at the extra keys' positions), is added to each block's scores, which are
     then held per chunk (the fused kernel takes no per-batch bias here); a query that sees no unpadded key outputs
@@ -183,14 +204,24 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     out = q.new_empty(B, H, n, D)
     step = chunk_blocks(B * H, block, span + (0 if extra is None else len(extra.positions)))
     pad = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype)
-    lo, hi = interior(n, block, left, right) if extra is None and pad is None else (0, 0)
-    if hi > lo:
-        _fused(q, k, v, out, lo, hi - lo, block, left, inner_bias)
-    for a, b in ((0, lo), (hi, n_blocks)) if hi > lo else ((0, n_blocks),):
-        for first in range(a, b, step):
-            c, qs = min(step, b - first), first * block
-            qc = query_blocks(q, k.shape[1], qs, c, block)
-            write_blocks(out, _chunk(qc, k, v, qs, block, left, inner_bias, pattern, extra, pad), qs, block)
+    if pad is None and (extra is None or joins(q, k, v)):
+        lse = None
+        if extra is not None:  # the log-sum-exp kernel reads rows of unit stride only (the public call copies)
+            q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+            lse = q.new_empty(B, H, n, dtype=lse_dtype(q.dtype))
+        whole = bool(keep.all())
+        lo, hi = interior(n, block, left, right)
+        if hi > lo:  # no bias where the band keeps every key of its window (block-local, not causal): none is added
+            _fused(q, k, v, out, lo, hi - lo, block, left, span, None if whole else inner_bias, lse)
+        for qa, qe in edges(n, block, left, right):
+            _edge(q, k, v, out, qa, qe, block, left, right, inner_bias, whole, lse)
+        if extra is not None:
+            _join_extra(q, out, lse, extra, pattern)
+        return out
+    for first in range(0, n_blocks, step):  # extra keys or padding: every block in chunks, its scores held
+        c, qs = min(step, n_blocks - first), first * block
+        qc = query_blocks(q, k.shape[1], qs, c, block)
+        write_blocks(out, _chunk(qc, k, v, qs, block, left, inner_bias, pattern, extra, pad), qs, block)
     return out
 
 
@@ -200,24 +231,122 @@ def interior(n: int, block: int, left: int, right: int) -> tuple[int, int]:
     return -(-left // block), (n - right) // block
 
 
+FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)  # (out, log-sum-exp)
+
+
+def joins(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether extra keys can join the band afterwards (`_join_extra`): on a CPU whose torch has the flash kernel
+    that returns each row's log-sum-exp, and with no gradient asked for (that log-sum-exp carries none)."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return FLASH_CPU is not None and q.device.type == "cpu" and not grad
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The flash kernel's log-sum-exp dtype: float64 for float64 inputs, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _join_extra(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, extra: Extra, pattern: Pattern) -> None:
+    """The g extra keys joined to the band's softmax afterwards, in place: with the band's output o_b and
+    log-sum-exp ℓ_b of each row and the extra keys' scores s (the band's keys left out, `_extra_bias`),
+    m = max(ℓ_b, max s), the row's total Z = e^(ℓ_b − m) + Σ e^(s − m), and
+    o = o_b · e^(ℓ_b − m)/Z + Σ_p (e^(s_p − m)/Z) v_p: a scaling and a product of k = g over out, the query heads of
+    a group as rows of one problem (`fold`). O(n·g·D) a head; the (n, g) scores and weights are the only new
+    tensors."""
+    B, H, n, D = q.shape
+    Hk, g = extra.k.shape[1], extra.k.shape[2]
+    work = lse.dtype
+    bias = _extra_bias(0, n, pattern, extra, work)  # (n, g)
+    s = (fold(q, Hk) @ extra.k.transpose(-2, -1)).to(work).mul_(1.0 / math.sqrt(D))  # (B, Hk, r·n, g)
+    s = s.view(B, H, n, g).add_(bias)
+    m = torch.maximum(s.amax(-1), lse)
+    band = lse.sub_(m).exp_()  # e^(ℓ_b − m), in lse's place
+    weights = s.sub_(m[..., None]).exp_()  # e^(s − m)
+    total = weights.sum(-1).add_(band)
+    out.mul_(band.div_(total)[..., None].to(out.dtype))
+    weights = weights.div_(total[..., None]).to(out.dtype)
+    folded = fold(out, Hk)  # a view of out
+    folded.view(B * Hk, -1, D).baddbmm_(weights.view(B * Hk, -1, g), extra.v.reshape(B * Hk, g, D))
+
+
+def edges(n: int, block: int, left: int, right: int) -> list[tuple[int, int]]:
+    """The query rows [a, e) outside the interior blocks (`interior`), as `_edge` takes them: the rows before the
+    first interior block and those after the last, or all n rows when no block is interior."""
+    lo, hi = interior(n, block, left, right)
+    if hi <= lo:
+        return [(0, n)]
+    return [(a, e) for a, e in ((0, lo * block), (hi * block, n)) if e > a]
+
+
+def edge_keys(n: int, a: int, e: int, left: int, right: int) -> tuple[int, int]:
+    """The keys [ka, ke) that query rows [a, e) may see: from a − left to e + right, cut at the ends."""
+    return max(0, a - left), min(n, e + right)
+
+
+def _edge(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, a: int, e: int, block: int,
+          left: int, right: int, inner_bias: torch.Tensor, whole: bool, lse: torch.Tensor | None = None) -> None:
+    """Query rows [a, e) of an end of the sequence in one call of PyTorch's fused kernel against the keys they may
+    see (`edge_keys`, cut at the end, so no key is padded or masked for lying outside [0, n)), rows written into
+    `out`, with `edge_bias` (None where it would add nothing). A block's window reaches at most left + right keys
+    past its rows: the region costs about what its blocks' windows would. `lse` (B, H, n): the rows' log-sum-exp
+    written there too (by a kernel without shared heads: one call for each query head of a group)."""
+    ka, ke = edge_keys(k.shape[-2], a, e, left, right)
+    bias = edge_bias(inner_bias, whole, a, e, ka, ke, block, left)
+    if lse is None:
+        out[:, :, a:e] = shared_sdpa(q[:, :, a:e], k[:, :, ka:ke], v[:, :, ka:ke], attn_mask=bias)
+        return
+    B, H, _, D = q.shape
+    Hk = k.shape[1]
+    r = H // Hk
+    for j in range(r):  # query heads j, r + j, 2r + j, …: one of each group, as `_fused` takes them
+        found, sums = FLASH_CPU(q[:, j::r, a:e], k[:, :, ka:ke], v[:, :, ka:ke], 0.0, False, attn_mask=bias)
+        out[:, j::r, a:e] = found
+        lse[:, j::r, a:e] = sums.reshape(B, Hk, e - a)
+
+
+def edge_bias(inner_bias: torch.Tensor, whole: bool, a: int, e: int, ka: int, ke: int, block: int,
+              left: int) -> torch.Tensor | None:
+    """(e − a, ke − ka) additive bias of query rows [a, e) (a a multiple of `block`) against keys [ka, ke): block β's
+    rows take the (block, S) `inner_bias` at their window's keys [β·block − left, β·block − left + S), the floor
+    elsewhere. None where the band keeps its whole window (`whole`) and every window covers [ka, ke). A copy a
+    block, no (rows, keys) index arithmetic."""
+    span = inner_bias.shape[-1]
+    starts = range(a, e, block)
+    if whole and all(b - left <= ka and b - left + span >= ke for b in starts):
+        return None
+    bias = inner_bias.new_full((e - a, ke - ka), floor(inner_bias.dtype))
+    for b in starts:
+        w0 = b - left  # the window's first key
+        lo, hi = max(w0, ka), min(w0 + span, ke)
+        rows = min(block, e - b)
+        if hi > lo:
+            bias[b - a:b - a + rows, lo - ka:hi - ka] = inner_bias[:rows, lo - w0:hi - w0]
+    return bias
+
+
 def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lo: int, c: int, block: int,
-           left: int, inner_bias: torch.Tensor) -> None:
+           left: int, span: int, inner_bias: torch.Tensor | None, lse: torch.Tensor | None = None) -> None:
     """Query blocks lo … lo + c − 1 (all inside, `interior`) in one call of PyTorch's fused kernel
     (`F.scaled_dot_product_attention`: no scores held, one parallel operation for all of them) per query head of a
     group: each block's window of S keys a strided view of k and v (overlapping windows, no copy), its (block, S)
-    bias the same for every block, B·Hk problems of c "heads" of block rows; the j-th query heads of all groups are
-    a strided view of q too, and each result is copied into `out`. Every parallel operation of a call costs a
+    bias the same for every block (None: every key of the window counts, and the kernel adds nothing), B·Hk
+    problems of c "heads" of block rows; the j-th query heads of all groups are a strided view of q too, and each
+    result is copied into `out`. Every parallel operation of a call costs a
     synchronisation of the threads, which a busy core stretches to a time slice: H/Hk calls instead of chunks of
-    about eight operations each hold up under load."""
+    about eight operations each hold up under load. `lse` (B, H, n): each row's log-sum-exp written there too."""
     B, H, n, D = q.shape
-    Hk, span = k.shape[1], inner_bias.shape[-1]
+    Hk = k.shape[1]
     r, qs = H // Hk, lo * block
     ks = qs - left
     keys, values = (x[:, :, ks:ks + (c - 1) * block + span].unfold(2, span, block).transpose(-1, -2)
                     .reshape(B * Hk, c, span, D) for x in (k, v))  # (B·Hk, c, S, D), views of k and v
     for j in range(r):  # query heads j, r + j, 2r + j, …: one of each group
         queries = q[:, j::r, qs:qs + c * block].reshape(B * Hk, c, block, D)  # a view unless q's heads are split
-        rows = F.scaled_dot_product_attention(queries, keys, values, attn_mask=inner_bias)
+        if lse is None:
+            rows = F.scaled_dot_product_attention(queries, keys, values, attn_mask=inner_bias)
+        else:
+            rows, sums = FLASH_CPU(queries, keys, values, 0.0, False, attn_mask=inner_bias)
+            lse[:, j::r, qs:qs + c * block] = sums.reshape(B, Hk, c * block)
         out[:, j::r, qs:qs + c * block].copy_(rows.view(B, Hk, c * block, D))
         del rows
 
@@ -239,8 +368,6 @@ def _chunk(qc: torch.Tensor, k, v, qs: int, block: int, left: int, inner_bias: t
         bias = inner_bias.masked_fill((pos < 0) | (pos >= n), floor(qc.dtype))  # (c, 1, block, S)
     if extra is not None and pad is None:
         return _merged(qc, kw, vw, bias, qs, block, pattern, extra)
-    if pad is None:  # the fused kernel over the chunk's windows, as the interior's: no scores held
-        return _windows_fused(qc, kw, vw, bias)
     by_row = (B, Hk, c, rows // block, block, -1)  # a block's rows as (head of the group, row): the mask's rows
     s = (qc @ kw).view(by_row).add_(bias)
     s.add_(_key_slab(pad, ks, ke).unfold(2, span, block)[:, :, :, None])  # (B, 1, c, 1, 1, S): each block's keys
@@ -251,18 +378,6 @@ def _chunk(qc: torch.Tensor, k, v, qs: int, block: int, left: int, inner_bias: t
     t.add_(pad[:, :, extra.positions].view(B, 1, 1, 1, 1, -1))  # the extra keys' padding
     values = torch.cat([vw.transpose(-1, -2), extra.v[:, :, None].expand(B, Hk, c, -1, D)], dim=-2)
     return softmax_seen(torch.cat([s, t], dim=-1).flatten(3, 4), values)
-
-
-def _windows_fused(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """A chunk's c query blocks against their windows in one call of PyTorch's fused kernel: qc (B, Hk, c, r·block, D)
-    already scaled, kw and vw (B, Hk, c, D, S) strided views read in place, bias (block, S) or (c, 1, block, S) (the
-    edge blocks' keys past an end masked) written out for each of a block's r·block rows → (B, Hk, c, r·block, D)."""
-    B, Hk, c, D, S = kw.shape
-    rows, block = qc.shape[-2], bias.shape[-2]
-    mask = bias.expand(c, rows // block, block, S).reshape(c, rows, S).contiguous()  # 4-D below: 3-D leaves flash
-    keys, values = (w.transpose(-1, -2).reshape(B * Hk, c, S, D) for w in (kw, vw))  # views: B and Hk merge
-    return F.scaled_dot_product_attention(qc.view(B * Hk, c, rows, D), keys, values, attn_mask=mask[None],
-                                          scale=1.0).view(qc.shape)
 
 
 def _extra_bias(qs: int, rows: int, pattern: Pattern, extra: Extra, dtype: torch.dtype) -> torch.Tensor:

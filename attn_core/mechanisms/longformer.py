@@ -9,15 +9,19 @@ import torch
 
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
-from ._banded import Extra, banded_attention, banded_flops, banded_memory, dense_rows, dense_rows_memory
+from ._banded import Extra, banded_attention, banded_flops, banded_memory, dense_rows, dense_rows_memory, joins
 from ._cache import KVCache, Ring, attend, kv_bytes
 from ._common import check_key_padding, checked_shape, trusted
+from .sliding_window import tile as band_tile
 
 
-def tile(window: int, n: int) -> int:
-    """Query rows per block: window/2 within [32, 128]. Its blocks run in chunks that copy each block's window of
-    keys beside the global ones (`_banded._merged`), window + block (+ window) keys for every block of rows, so
-    larger blocks than the sliding window's 32 copy fewer keys per row."""
+def tile(window: int, n: int, *, joined: bool = True) -> int:
+    """Query rows per block. `joined` (the global keys joined to the band afterwards, `_banded.joins`): the sliding
+    window's, whose band runs the same way. Otherwise (padding, gradients, not a CPU) window/2 within [32, 128]: the
+    blocks run in chunks that copy each block's window of keys beside the global ones (`_banded._merged`), window +
+    block (+ window) keys for every block of rows, so larger blocks copy fewer keys per row."""
+    if joined:
+        return band_tile(window, n)
     return max(1, min(n, 128, max(32, window // 2)))
 
 
@@ -28,11 +32,12 @@ def longformer_attention(q, k, v, *, causal: bool = False, window: int = 256, gl
 
     The global positions are the first `global_tokens` (g) unless `global_positions` lists min(g, n) distinct
     ones (positions, the same for every head). q (B, H, n, D), k and v (B, Hk, n, D) → (B, H, n, D); any n. Every
-    block of queries attends to its band of keys (as in `sliding_window`) and the g global keys in one masked
-    softmax, a global key inside the band counted once, fused by PyTorch's kernel; then the g global rows attend
-    densely to all n keys, written over theirs (`dense_rows`). Hk < H: the H/Hk query heads sharing a key/value
-    head are one block's rows, its band and global keys gathered once for them (`banded_attention`). No n×n tensor:
-    O(n·(w + g)·D) time, O(n·D) memory (the band in chunks, the global rows in slabs).
+    row attends to its band of keys (as in `sliding_window`, PyTorch's fused kernel keeping each row's log-sum-exp)
+    and the g global keys are joined to that softmax afterwards, a global key inside the band counted once
+    (`_banded._join_extra`); with padding or gradients (the log-sum-exp carries none) or off the CPU, each block's
+    band and the global keys go in one masked softmax, in chunks (`_banded._merged`). Then the g global rows attend
+    densely to all n keys, written over theirs (`dense_rows`). No n×n tensor: O(n·(w + g)·D) time, O(n·D) memory
+    (the global rows in slabs).
     `key_padding_mask` (B, n) boolean, True where the key is padding: those keys are left out of every row, band
     and global alike (scores then held per chunk); a query that sees no unpadded key outputs zeros.
     """
@@ -55,8 +60,9 @@ def _band_rows(q, k, v, causal: bool, window: int, positions: torch.Tensor, patt
     copies die on return, before the global rows are made."""
     extra = (Extra(k.index_select(2, positions), v.index_select(2, positions), positions, pattern)
              if len(positions) else None)
-    return banded_attention(q, k, v, pattern=_band(causal, window), block=tile(window, q.shape[-2]), left=window,
-                            right=0 if causal else window, extra=extra, key_padding_mask=key_padding_mask)
+    joined = key_padding_mask is None and joins(q, k, v)
+    return banded_attention(q, k, v, pattern=_band(causal, window), block=tile(window, q.shape[-2], joined=joined),
+                            left=window, right=0 if causal else window, extra=extra, key_padding_mask=key_padding_mask)
 
 
 def _positions(n: int, global_tokens: int, given: torch.Tensor | None, device) -> torch.Tensor:
@@ -114,15 +120,14 @@ def _flops(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
 
 
 def _executed_flops(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
-    """The band (as sliding_window, every padded block against its S keys), every padded block against the G
-    global keys, and the G global rows against all n keys (causal too: the future is masked after)."""
+    """The band (as sliding_window's), every row against the G global keys (their scores, then their share of the
+    output), and the G global rows against all n keys (causal too: the future is masked after)."""
     n, G = s.Nq, min(global_tokens, s.Nq)
     rows = 4.0 * s.bh * G * n * s.D
     if G == n:
         return rows
-    block = tile(window, n)
-    band = banded_flops(s.bh, n, s.D, block=block, left=window, right=0 if s.causal else window)
-    return band + 4.0 * s.bh * math.ceil(n / block) * block * G * s.D + rows
+    band = banded_flops(s.bh, n, s.D, block=tile(window, n), left=window, right=0 if s.causal else window)
+    return band + 4.0 * s.bh * n * G * s.D + rows
 
 
 def _memory(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
@@ -130,7 +135,7 @@ def _memory(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
     (`dense_rows_memory`)."""
     n, G = s.Nq, min(global_tokens, s.Nq)
     band = 0 if G == n else banded_memory(s, block=tile(window, n), left=window, right=0 if s.causal else window,
-                                         extra=G)
+                                         extra=G)  # joined: as it runs on a CPU, without gradients
     return max(band, s.bh * n * s.D * s.elem + dense_rows_memory(s, G))
 
 

@@ -26,9 +26,9 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
     q (B, H, n, D), k and v (B, Hk, n, D) → (B, H, n, D); any n. Rows are processed in blocks of `tile(window)`
     queries, each against a strided view of window + block (+ window) keys, so no n×n tensor ever exists; the blocks
-    whose window lies inside the sequence in one fused call (`banded_attention`), the edges in fused chunks. O(n·w·d)
-    time, O(n·d) memory. Hk < H: the H/Hk query heads sharing a key/value head are one block's rows, so each window
-    is cut once per key/value head (`banded_attention`).
+    whose window lies inside the sequence in one fused call (`banded_attention`), the rows at each end in one fused
+    call against the keys they may see. O(n·w·d) time, O(n·d) memory. Hk < H: the H/Hk query heads sharing a
+    key/value head are one block's rows, so each window is cut once per key/value head (`banded_attention`).
     `key_padding_mask` (B, n) boolean, True where the key is padding: those keys get no weight (a query whose
     window holds only padding outputs zeros).
     """
