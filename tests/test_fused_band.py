@@ -108,3 +108,19 @@ def test_the_join_waits_for_no_gradient():
     assert not _banded.joins(q, k, v)
     with torch.no_grad():
         assert _banded.joins(q, k, v)
+
+
+def test_the_shared_window_bias_is_made_once_and_serves_inference_and_training_alike():
+    """`window_bias` is kept from a call under inference mode and read, as SDPA's mask, by a later call whose
+    backward saves it: it is made outside inference mode, so the gradient runs, and the second call makes no new one."""
+    q, k, v = qkv(2, 2, n=300)
+    _banded.window_bias.cache_clear()
+    with torch.inference_mode():
+        first = ac.attention("local", q, k, v, causal=True, block=16)
+    made = _banded.window_bias.cache_info().misses
+    qg = q.clone().requires_grad_()
+    out = ac.attention("local", qg, k, v, causal=True, block=16)
+    out.sum().backward()
+    assert _banded.window_bias.cache_info().misses == made and _banded.window_bias.cache_info().hits >= 1
+    torch.testing.assert_close(out.detach(), first, atol=1e-12, rtol=1e-10)
+    assert torch.isfinite(qg.grad).all() and qg.grad.abs().max() > 0

@@ -2,6 +2,8 @@
 Parmar et al. 2018, arXiv 1802.05751; the blockwise local attention of Qiu et al. 2019, arXiv 1911.02972)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import masks
@@ -31,6 +33,7 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                             right=ahead * b, key_padding_mask=key_padding_mask)
 
 
+@functools.lru_cache(maxsize=64)  # one object for the same settings: `_banded.window_bias` is kept by it
 def _pattern(causal: bool, block: int = 128, lookback: int = 1, lookahead: int = 1) -> masks.Pattern:
     if causal:
         return masks.block_local(block, lookback, 0) & masks.causal

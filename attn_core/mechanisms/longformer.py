@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 
 import torch
@@ -83,6 +84,7 @@ def _positions(n: int, global_tokens: int, given: torch.Tensor | None, device) -
     return given.to(device=device, dtype=torch.long)
 
 
+@functools.lru_cache(maxsize=64)  # one object for the same settings: `_banded.window_bias` is kept by it
 def _band(causal: bool, window: int) -> masks.Pattern:
     return masks.sliding_window(window) & masks.causal if causal else masks.sliding_window(window)
 

@@ -2,6 +2,8 @@
 Beltagy et al. 2020, arXiv 2004.05150)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import masks
@@ -40,6 +42,7 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                             right=0 if causal else window, key_padding_mask=key_padding_mask)
 
 
+@functools.lru_cache(maxsize=64)  # one object for the same settings: `_banded.window_bias` is kept by it
 def _pattern(causal: bool, window: int) -> masks.Pattern:
     return masks.sliding_window(window) & masks.causal if causal else masks.sliding_window(window)
 
