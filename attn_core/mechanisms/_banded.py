@@ -181,8 +181,9 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
 
     Query block β (rows [β·block, (β+1)·block)) may only see keys in [β·block − left, (β+1)·block + right): a
     window of S = left + block + right keys taken as a strided view. Within it the allowed cells are the same for
-    every block (the pattern is invariant under shifts by `block`), so one (block, S) mask serves all; keys
-    outside [0, n) are masked per block. The r = H/Hk query heads sharing a key/value head are one block of r·block
+    every block (the pattern is invariant under shifts by `block`), so one (block, S) bias serves all
+    (`window_bias`); the rows at each end see their keys cut at [0, n), and the chunked form below masks the
+    zero-padded ones instead. The r = H/Hk query heads sharing a key/value head are one block of r·block
     rows (`query_blocks`): each window is cut once per key/value head and read in place by its group. The blocks
     whose window lies inside [0, n) go to PyTorch's fused kernel in one call (`_fused`), the rows at each end in one
     call of it against the keys they may see (`_edge`): few operations, which a busy core delays least.
