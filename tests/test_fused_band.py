@@ -124,3 +124,39 @@ def test_the_shared_window_bias_is_made_once_and_serves_inference_and_training_a
     assert _banded.window_bias.cache_info().misses == made and _banded.window_bias.cache_info().hits >= 1
     torch.testing.assert_close(out.detach(), first, atol=1e-12, rtol=1e-10)
     assert torch.isfinite(qg.grad).all() and qg.grad.abs().max() > 0
+
+
+ENDS = [("local", {"block": 16}, 320), ("local", {"block": 16, "lookback": 2, "lookahead": 2}, 320),
+        ("sliding_window", {"window": 40}, 640), ("sliding_window", {"window": 7}, 96)]
+
+
+@pytest.mark.parametrize("key,params,n", ENDS)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_both_ends_in_one_call_equal_one_call_each(monkeypatch, key, params, n, batch):
+    """Where both ends have one shape (n a multiple of the block, a window as wide on both sides), `_ends_together`
+    runs them as two "heads" of strided views, one bias stacked for each (None for block-local's whole windows): the
+    same rows as `_edge` gives them one at a time."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(batch, 3, n, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    ran = []
+    real = _banded._ends_together
+    monkeypatch.setattr(_banded, "_ends_together", lambda *a: ran.append(real(*a)) or ran[-1])
+    together = ac.attention(key, q, k, v, **params)
+    assert ran == [True]
+    monkeypatch.setattr(_banded, "_ends_together", lambda *a: False)
+    apart = ac.attention(key, q, k, v, **params)
+    torch.testing.assert_close(together, apart, atol=1e-12, rtol=1e-10)
+
+
+def test_both_ends_go_apart_where_they_differ_or_heads_are_shared_or_split(monkeypatch):
+    """One call for both ends only where it can be a strided view: not where the ends differ in shape, where key/value
+    heads are shared, or where a tensor's heads are split from (B, N, H·D)."""
+    assert _banded.same_ends(320, 16, 16, 16) and not _banded.same_ends(330, 16, 16, 16)
+    assert not _banded.same_ends(320, 16, 16, 0)  # causal: one end
+    ran = []
+    real = _banded._ends_together
+    monkeypatch.setattr(_banded, "_ends_together", lambda *a: ran.append(real(*a)) or ran[-1])
+    for heads, kv_heads, split in ((4, 2, False), (4, 4, True)):
+        q, k, v = qkv(heads, kv_heads, n=320, split=split)
+        ac.attention("local", q, k, v, block=16)
+    assert ran == [False, False]

@@ -52,8 +52,12 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
         return base + _chunk_bytes(s, n_blocks, block, left, right, extra, left > 0 or rows + right > s.Nq)
     lo, hi = interior(s.Nq, block, left, right)
     peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype)) if hi > lo else 0.0
-    for a, e in edges(s.Nq, block, left, right):
-        peak = max(peak, _edge_bytes(s, a, e, left, right, bool(extra)))
+    ends = edges(s.Nq, block, left, right)
+    if not extra and s.group == 1 and same_ends(s.Nq, block, left, right):  # both ends in one call
+        peak = max(peak, _ends_bytes(s, *ends[0], left, right))
+    else:
+        for a, e in ends:
+            peak = max(peak, _edge_bytes(s, a, e, left, right, bool(extra)))
     if extra:  # the extra keys and values (B, Hk, g, D) and each row's log-sum-exp held throughout
         peak = max(peak, _join_bytes(s, extra)) + s.bh * s.Nq * _lse_bytes(s) + 2 * s.bk * extra * d * elem
     return base + peak
@@ -82,6 +86,15 @@ def _edge_bytes(s: Shape, a: int, e: int, left: int, right: int, joined: bool = 
     sums = s.B * heads * (e - a) * _lse_bytes(s) if joined else 0  # its log-sum-exp copied out
     return (e - a) * (ke - ka) * s.elem + sums + SDPA.cost.memory_bytes(
         Shape(s.B, heads, e - a, ke - ka, s.D, dtype=s.dtype, Hk=None if joined else s.Hk))
+
+
+def _ends_bytes(s: Shape, a: int, e: int, left: int, right: int) -> float:
+    """Peak bytes of `_ends_together`, whose two regions are shaped as rows [a, e): both ends' biases and their
+    stack beside what the fused kernel allocates for B·H problems of two regions (the sdpa spec's prediction, its
+    output included). The biases are taken as written (block-local attention, not causal, writes none)."""
+    ka, ke = edge_keys(s.Nq, a, e, left, right)
+    rows, keys = e - a, ke - ka
+    return 4 * rows * keys * s.elem + SDPA.cost.memory_bytes(Shape(s.bh, 2, rows, keys, s.D, dtype=s.dtype))
 
 
 def _chunk_bytes(s: Shape, blocks: int, block: int, left: int, right: int, extra: int, padded: bool) -> float:
@@ -210,8 +223,13 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
         lo, hi = interior(n, block, left, right)
         if hi > lo:  # no bias where the band keeps every key of its window (block-local, not causal): none is added
             _fused(q, k, v, out, lo, hi - lo, block, left, span, None if whole else inner_bias, lse)
-        for qa, qe in edges(n, block, left, right):
-            _edge(q, k, v, out, qa, qe, block, left, right, inner_bias, whole, lse)
+        ends = edges(n, block, left, right)
+        if lse is None and not _ends_together(q, k, v, out, ends, block, left, right, inner_bias, whole):
+            for qa, qe in ends:
+                _edge(q, k, v, out, qa, qe, block, left, right, inner_bias, whole)
+        elif lse is not None:
+            for qa, qe in ends:
+                _edge(q, k, v, out, qa, qe, block, left, right, inner_bias, whole, lse)
         if extra is not None:
             _join_extra(q, out, lse, extra, pattern)
         return out
@@ -317,6 +335,46 @@ def _edge(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, 
         found, sums = FLASH_CPU(q[:, j::r, a:e], k[:, :, ka:ke], v[:, :, ka:ke], 0.0, False, attn_mask=bias)
         out[:, j::r, a:e] = found
         lse[:, j::r, a:e] = sums.reshape(B, Hk, e - a)
+
+
+def same_ends(n: int, block: int, left: int, right: int) -> bool:
+    """Whether the sequence has two end regions (`edges`) of one shape: as many rows, seeing as many keys."""
+    ends = edges(n, block, left, right)
+    if len(ends) != 2:
+        return False
+    (a0, e0), (a1, e1) = ends
+    (k0, k1), (j0, j1) = edge_keys(n, a0, e0, left, right), edge_keys(n, a1, e1, left, right)
+    return e0 - a0 == e1 - a1 and k1 - k0 == j1 - j0
+
+
+def _ends_together(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   ends: list[tuple[int, int]], block: int, left: int, right: int, inner_bias: torch.Tensor,
+                   whole: bool) -> bool:
+    """Both ends of the sequence in one call of the fused kernel where their regions have one shape (rows and keys
+    alike: a window as wide on both sides, n a multiple of the block), as two "heads" of a strided view of q, k, v
+    and out (no copy): one call and one copy where `_edge` makes two of each, which a busy core delays less (each
+    waits for the descheduled thread). Their biases stacked (None where neither needs one). False, having done
+    nothing, where the ends differ, heads are shared (Hk < H) or a tensor's heads are not one stride apart."""
+    n = k.shape[-2]
+    if k.shape[1] != q.shape[1] or not same_ends(n, block, left, right):
+        return False
+    (a0, e0), (a1, e1) = ends
+    (k0, k1), (j0, j1) = edge_keys(n, a0, e0, left, right), edge_keys(n, a1, e1, left, right)
+    rows, keys = e0 - a0, k1 - k0
+    B, H, _, D = q.shape
+    views = []
+    for x, starts, length in ((q, (a0, a1), rows), (k, (k0, j0), keys), (v, (k0, j0), keys), (out, (a0, a1), rows)):
+        s0, s1, s2, s3 = x.stride()
+        if s3 != 1 or s2 != D or (B > 1 and s0 != H * s1):  # batch and heads one stride apart, rows of D
+            return False
+        views.append(x.as_strided((B * H, 2, length, D), (s1, (starts[1] - starts[0]) * D, D, 1),
+                                  x.storage_offset() + starts[0] * D))
+    biases = [edge_bias(inner_bias, whole, a, e, ka, ke, block, left)
+              for (a, e), (ka, ke) in zip(ends, ((k0, k1), (j0, j1)))]
+    mask = None if all(b is None for b in biases) else torch.stack(  # 4-D: a 3-D mask leaves the flash kernel
+        [torch.zeros(rows, keys, dtype=q.dtype, device=q.device) if b is None else b for b in biases])[None]
+    views[3].copy_(F.scaled_dot_product_attention(*views[:3], attn_mask=mask))
+    return True
 
 
 def edge_bias(inner_bias: torch.Tensor, whole: bool, a: int, e: int, ka: int, ke: int, block: int,
