@@ -224,10 +224,7 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
         if hi > lo:  # no bias where the band keeps every key of its window (block-local, not causal): none is added
             _fused(q, k, v, out, lo, hi - lo, block, left, span, None if whole else inner_bias, lse)
         ends = edges(n, block, left, right)
-        if lse is None and not _ends_together(q, k, v, out, ends, block, left, right, inner_bias, whole):
-            for qa, qe in ends:
-                _edge(q, k, v, out, qa, qe, block, left, right, inner_bias, whole)
-        elif lse is not None:
+        if lse is not None or not _ends_together(q, k, v, out, ends, block, left, right, inner_bias, whole):
             for qa, qe in ends:
                 _edge(q, k, v, out, qa, qe, block, left, right, inner_bias, whole, lse)
         if extra is not None:
