@@ -24,7 +24,7 @@ def qkv(heads: int, kv_heads: int, n: int = 700, d: int = 24, split: bool = Fals
 @pytest.mark.parametrize("key,params", CASES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kv_heads,split", [(4, False), (2, False), (1, True)])
-def test_fused_interior_equals_the_chunks(monkeypatch, key, params, causal, kv_heads, split):
+def test_fused_interior_equals_one_region_of_all_rows(monkeypatch, key, params, causal, kv_heads, split):
     q, k, v = qkv(4, kv_heads, split=split)
     calls = []
     real = _banded._fused

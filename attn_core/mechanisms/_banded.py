@@ -38,9 +38,9 @@ def chunk_blocks(heads: int, block: int, span: int) -> int:
 def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0, joined: bool = True) -> float:
     """Predicted peak bytes of banded_attention above its inputs (s.Nq = n; r = H/Hk query heads a key/value head):
     the output held throughout (the (block, S) bias is `window_bias`'s, made by the first call and kept), then the
-    largest of the phases: a fused call
-    on the interior blocks (`_fused`: what the fused kernel allocates, the sdpa spec's prediction for B·Hk problems
-    of c blocks of block rows against S keys), then each end's region (`_edge_bytes`). With `extra` keys joined
+    largest of the phases: a fused call on the interior blocks (`_fused`: what the fused kernel allocates, the sdpa
+    spec's prediction for B·Hk problems of c blocks of block rows against S keys), then the ends (`_ends_bytes`
+    where both go in one call, else `_edge_bytes` for each). With `extra` keys joined
     afterwards (`joined`, as on a CPU without gradients): their keys and values and each row's log-sum-exp held
     throughout, and the join (`_join_bytes`); not joined (`_merged`): the first chunk's, as `_chunk_bytes` says."""
     span, elem, d = left + block + right, s.elem, s.D
@@ -401,9 +401,9 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     group: each block's window of S keys a strided view of k and v (overlapping windows, no copy), its (block, S)
     bias the same for every block (None: every key of the window counts, and the kernel adds nothing), B·Hk
     problems of c "heads" of block rows; the j-th query heads of all groups are a strided view of q too, and each
-    result is copied into `out`. Every parallel operation of a call costs a
-    synchronisation of the threads, which a busy core stretches to a time slice: H/Hk calls instead of chunks of
-    about eight operations each hold up under load. `lse` (B, H, n): each row's log-sum-exp written there too."""
+    result is copied into `out`. Every parallel operation of a call costs a synchronisation of the threads, which a
+    busy core stretches to a time slice: H/Hk calls instead of chunks of about eight operations each hold up under
+    load. `lse` (B, H, n): each row's log-sum-exp written there too."""
     B, H, n, D = q.shape
     Hk = k.shape[1]
     r, qs = H // Hk, lo * block

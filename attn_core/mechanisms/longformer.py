@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import functools
-import math
 
 import torch
 
@@ -13,7 +11,7 @@ from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State
 from ._banded import Extra, banded_attention, banded_flops, banded_memory, dense_rows, dense_rows_memory, joins
 from ._cache import KVCache, Ring, attend, kv_bytes
 from ._common import check_key_padding, checked_shape, trusted
-from .sliding_window import tile as band_tile
+from .sliding_window import _pattern as _band, tile as band_tile  # the band is the sliding window's
 
 
 def tile(window: int, n: int, *, joined: bool = True) -> int:
@@ -82,11 +80,6 @@ def _positions(n: int, global_tokens: int, given: torch.Tensor | None, device) -
         if len(given) and (int(given.min()) < 0 or int(given.max()) >= n or len(torch.unique(given)) != len(given)):
             raise ValueError(f"global_positions must be distinct positions in [0, {n}), got {given.tolist()}")
     return given.to(device=device, dtype=torch.long)
-
-
-@functools.lru_cache(maxsize=64)  # one object for the same settings: `_banded.window_bias` is kept by it
-def _band(causal: bool, window: int) -> masks.Pattern:
-    return masks.sliding_window(window) & masks.causal if causal else masks.sliding_window(window)
 
 
 def _pattern(causal: bool, window: int = 256, global_tokens: int = 2,
