@@ -36,6 +36,17 @@ def test_fused_interior_equals_one_region_of_all_rows(monkeypatch, key, params, 
     torch.testing.assert_close(fused, chunked, atol=1e-12, rtol=1e-10)
 
 
+@pytest.mark.parametrize("key,params", CASES[:2])
+def test_the_interior_takes_a_kernel_output_of_any_strides(monkeypatch, key, params):
+    """CUDA's fused kernels return (B, L, H, D) memory seen as (B, H, L, D): the interior copies from any strides."""
+    q, k, v = qkv(4, 2, n=300)
+    expected = ac.attention(key, q, k, v, **params)
+    real = _banded.F.scaled_dot_product_attention
+    monkeypatch.setattr(_banded.F, "scaled_dot_product_attention",
+                        lambda *a, **kw: real(*a, **kw).transpose(1, 2).contiguous().transpose(1, 2))
+    torch.testing.assert_close(ac.attention(key, q, k, v, **params), expected, atol=1e-12, rtol=1e-10)
+
+
 def test_interior_blocks_keep_their_whole_window_inside():
     """Blocks of 128 with 256 keys each side at n = 1000: block 2 is the first whose window starts at ≥ 0, block 5
     the first whose window (ending at 6·128 + 256 = 1024) passes n."""

@@ -148,6 +148,16 @@ def test_forward_backward_counts_three_forward_flops_and_takes_gradients():
     assert both["peak_bytes"] > fwd["peak_bytes"]  # the gradients of q, k and v are allocated too
 
 
+@pytest.mark.parametrize("key", list(resolve_mechanisms()))
+def test_every_mechanism_measures_its_forward_and_backward(key):
+    """Every mechanism's gradients are timed, Reformer's too, whose keys are its queries (k is never read)."""
+    spec = resolve_mechanisms()[key]
+    small = tuple((p.name, p.small_value(64)) for p in spec.params)
+    row, _ = measure_case(spec, case(key, n=64, mode="forward+backward", causal=bool(spec.supports.causal_only),
+                                     params=small), Settings(warmup=0, min_repeats=1, min_time_s=0.0, measure_memory=False))
+    assert row["status"] == "ok", row["reason"]
+
+
 def test_state_is_built_outside_and_params_are_recorded():
     row, _ = measure_case(ac.get("linformer"), case(n=64, params=(("rank", 16),)), QUICK)
     assert row["status"] == "ok" and json.loads(row["params"]) == {"rank": 16}

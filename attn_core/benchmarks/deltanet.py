@@ -63,15 +63,26 @@ def peer() -> tuple[object | None, str]:
     return module.naive_chunk_gated_delta_rule, f"fla-core {version}"
 
 
-def inputs(n: int, heads: int, head_dim: int) -> tuple[list[torch.Tensor], dict]:
+def triton_peer() -> tuple[object | None, str]:
+    """(flash-linear-attention's fused Triton `chunk_gated_delta_rule`, its version) or (None, why not): the kernel a
+    user of a CUDA device would reach for."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        version = importlib.metadata.version("fla-core")
+    except Exception as e:  # noqa: BLE001 - any failure to import is a reason to print, not a crash
+        return None, f"flash-linear-attention's Triton kernel does not import here ({type(e).__name__}: {e})"
+    return chunk_gated_delta_rule, f"fla-core {version}"
+
+
+def inputs(n: int, heads: int, head_dim: int, device: str = "cpu") -> tuple[list[torch.Tensor], dict]:
     g = torch.Generator().manual_seed(n)
-    qkv = [torch.randn(1, heads, n, head_dim, generator=g) for _ in range(3)]
-    return qkv, draw_gates(1, heads, n, seed=0)
+    qkv = [torch.randn(1, heads, n, head_dim, generator=g).to(device) for _ in range(3)]
+    return qkv, {name: t.to(device) for name, t in draw_gates(1, heads, n, seed=0).items()}
 
 
-def contestants(n: int, args, naive) -> dict:
+def contestants(n: int, args, naive, fused=None) -> dict:
     """name → thunk of one forward call (inputs and gates made here, outside the calls)."""
-    (q, k, v), gates = inputs(n, args.heads, args.head_dim)
+    (q, k, v), gates = inputs(n, args.heads, args.head_dim, args.device)
     fn, chunk = MECHANISMS[KEY].fn, {"chunk": args.chunk} if args.chunk else {}
     calls = {"ours": lambda: fn(q, k, v, causal=True, **chunk, **gates)}
     if naive is not None and n <= args.peer_max:
@@ -81,23 +92,28 @@ def contestants(n: int, args, naive) -> dict:
         scale = args.head_dim ** -0.5
         calls["peer"] = lambda: naive(F.normalize(qt, dim=-1, eps=1e-6), F.normalize(kt, dim=-1, eps=1e-6), vt, g,
                                       beta, scale=scale)[0]
+    if fused is not None:  # its own layout, contiguous as it asks; it normalises q and k in the kernel
+        qc, kc, vc, gc, bc = (t.transpose(1, 2).contiguous() for t in (q, k, v, gates["alpha"].log(), gates["beta"]))
+        calls["triton"] = lambda: fused(qc, kc, vc, gc, bc, scale=args.head_dim ** -0.5,
+                                        use_qk_l2norm_in_kernel=True)[0]
     return calls
 
 
 def check_agreement(calls: dict) -> str:
     """The largest |ours − peer| of one call each: the same computation, or the ratio means nothing."""
     with torch.inference_mode(), validated():
-        ours, theirs = calls["ours"](), calls["peer"]().transpose(1, 2)
-    return f"max |ours − peer| = {(ours - theirs).abs().max().item():.1e}"
+        ours = calls["ours"]()
+        found = {name: (ours - calls[name]().transpose(1, 2)).abs().max().item() for name in calls if name != "ours"}
+    return ", ".join(f"max |ours − {name}| = {e:.1e}" for name, e in found.items())
 
 
 def forward(args, naive) -> dict[int, list[float]]:
     """n → our seconds per round, printed with the peer's and the ratio where it ran."""
     ours = {}
     for n in args.ns:
-        calls = contestants(n, args, naive)
-        agree = f"  ({check_agreement(calls)})" if "peer" in calls else ""
-        times = interleaved(calls, args.rounds, clock=args.clock_kind)
+        calls = contestants(n, args, naive, args.fused)
+        agree = f"  ({check_agreement(calls)})" if len(calls) > 1 else ""
+        times = interleaved(calls, args.rounds, args.device, clock=args.clock_kind)
         ours[n] = times["ours"]
         cells = "  ".join(f"{name} {spread(t, 1e3, '.1f')}" for name, t in times.items())
         print(f"n={n:6d}  ms: {cells}{agree}", flush=True)
@@ -105,16 +121,18 @@ def forward(args, naive) -> dict[int, list[float]]:
             each = ratios(times["ours"], times["peer"])
             told = ratio_verdict(each, TARGET_PEER) if n == PEER_N else f"{spread(each)}×"
             print(f"{'':8s}ours/peer {told}", flush=True)
+        if "triton" in times:
+            print(f"{'':8s}ours/triton {spread(ratios(times['ours'], times['triton']))}×", flush=True)
     return ours
 
 
 def steps(n: int, args) -> tuple[list[float], int]:
     """Seconds of `args.steps` generation steps after a prompt of n tokens (its state by `remember`; each step's
     gates drawn ahead with the cache), and the bytes the cache holds."""
-    (_, k, v), gates = inputs(n, args.heads, args.head_dim)
+    (_, k, v), gates = inputs(n, args.heads, args.head_dim, args.device)
     cache = gen.remember(KEY, k, v, max_len=n + args.steps + 1, **gates)
-    (q, k, v), _ = inputs(args.steps + 1, args.heads, args.head_dim)
-    timer, times = env.device_timer("cpu"), []
+    (q, k, v), _ = inputs(args.steps + 1, args.heads, args.head_dim, args.device)
+    timer, times = env.device_timer(args.device), []
     with torch.inference_mode(), validated():
         for i in range(args.steps + 1):
             t = timer(lambda i=i: gen.step(KEY, q[:, :, i:i + 1], k[:, :, i:i + 1], v[:, :, i:i + 1], cache), 1)
@@ -149,8 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer-max", type=int, default=PEER_N, help="the longest n the peer is timed at")
     p.add_argument("--clock", choices=["wall", "process"], default="wall",
                    help="wall: medians of elapsed time; process: this process's CPU time (use --threads 1)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (on CUDA, flash-linear-attention's Triton "
+                   "kernel is timed beside the peer, where it imports)")
     p.add_argument("--quick", action="store_true", help="n = 4096, 8192, 32768, 3 rounds; contexts 1k, 8k, 20 steps")
     args = p.parse_args(argv)
+    args.device = env.resolve_device(args.device)
     if args.quick:
         args.n, args.rounds, args.contexts, args.steps = "4096,8192,32768", 3, "1024,8192", 20
     args.ns, args.contexts = ([int(x) for x in s.split(",")] for s in (args.n, args.contexts))
@@ -158,11 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     env.steady_allocator()
     naive, version = peer()
+    args.fused, fused_version = triton_peer() if args.device == "cuda" else (None, "")
     chunk = args.chunk or MECHANISMS[KEY].defaults["chunk"]
-    start("cpu", f"B=1, H={args.heads}, D={args.head_dim}, float32, causal forward, chunk {chunk}, {args.rounds} "
+    start(args.device, f"B=1, H={args.heads}, D={args.head_dim}, float32, causal forward, chunk {chunk}, {args.rounds} "
                  f"interleaved rounds; {'wall' if args.clock == 'wall' else 'CPU'} ms: median (IQR, min–max)")
     print(f"peer: naive_chunk_gated_delta_rule of {version}, chunk 64, at n ≤ {args.peer_max}" if naive else
           f"peer skipped: {version}", flush=True)
+    if args.device == "cuda":
+        print(f"Triton peer: chunk_gated_delta_rule of {fused_version}, q and k normalised in the kernel"
+              if args.fused else f"Triton peer skipped: {fused_version}", flush=True)
     ours = forward(args, naive)
     if len(args.ns) > 1:
         slope = loglog_slope(args.ns, [median(ours[n]) for n in args.ns])

@@ -131,7 +131,8 @@ def _timed(fn: Callable[..., torch.Tensor], problem: Problem, tensors: tuple[tor
         return lambda: fn(*tensors)
     tensors = tuple(t.requires_grad_(True) for t in tensors)
     grad_out = torch.randn_like(tensors[0])  # the output has q's shape
-    return lambda: torch.autograd.grad(fn(*tensors), tensors, grad_out)
+    # allow_unused: a mechanism may not read every operand (Reformer's keys are its queries)
+    return lambda: torch.autograd.grad(fn(*tensors), tensors, grad_out, allow_unused=True)
 
 
 def measure(spec: MechanismSpec, problem: Problem, settings: Settings, cancelled: Callable[[], bool] = lambda: False,

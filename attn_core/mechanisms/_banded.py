@@ -178,7 +178,7 @@ def write_blocks(out: torch.Tensor, rows: torch.Tensor, qs: int, block: int) -> 
     B, H, n, D = out.shape
     Hk, c = rows.shape[1], rows.shape[2]
     r, full = H // Hk, min(c, (n - qs) // block)
-    src = rows.view(B, Hk, c, r, block, D).transpose(2, 3)  # (B, Hk, r, c, block, D)
+    src = rows.unflatten(3, (r, block)).transpose(2, 3)  # (B, Hk, r, c, block, D), a view whatever rows' strides
     heads = out.view(B, Hk, r, n, D)
     if full:
         heads[:, :, :, qs:qs + full * block].unflatten(3, (full, block)).copy_(src[:, :, :, :full])
@@ -417,7 +417,7 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
         else:
             rows, sums = FLASH_CPU(queries, keys, values, 0.0, False, attn_mask=inner_bias)
             lse[:, j::r, qs:qs + c * block] = sums.reshape(B, Hk, c * block)
-        out[:, j::r, qs:qs + c * block].copy_(rows.view(B, Hk, c * block, D))
+        out[:, j::r, qs:qs + c * block].unflatten(2, (c, block)).copy_(rows.unflatten(0, (B, Hk)))  # any strides
         del rows
 
 
@@ -475,7 +475,7 @@ def _merged(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Te
     keys, values = (torch.cat([w.transpose(-1, -2), x[:, :, None].expand(B, Hk, c, -1, D)], dim=-2)
                     .view(B * Hk, c, -1, D) for w, x in ((kw, extra.k), (vw, extra.v)))  # (B·Hk, c, S + g, D)
     queries = qc.view(B * Hk, c, rows, D)
-    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias[None], scale=1.0).view(qc.shape)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias[None], scale=1.0).reshape(qc.shape)
 
 
 def dense_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, positions: torch.Tensor,
