@@ -112,7 +112,7 @@ class MultiHeadAttention(nn.Module):
         q, v = self._split(self.q_proj(x)), self._split(self.v_proj(context))
         k = q if self.k_proj is None else self._split(self.k_proj(context))
         shape = Shape(q.shape[0], self.heads, q.shape[2], k.shape[2], q.shape[3], dtype=dtype_name(q.dtype),
-                      causal=self.causal, Hk=k.shape[1])
+                      causal=self.causal, Hk=k.shape[1], device=q.device.type)
         padding = {}
         if key_padding_mask is not None:
             check_key_padding(self.spec, key_padding_mask, q, v)

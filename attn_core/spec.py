@@ -25,7 +25,8 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 class Shape:
     """Problem size of one attention call: q (B, H, Nq, D), k and v (B, Hk, Nk, D). `Hk`: key/value heads, each
     shared by H / Hk consecutive query heads (grouped-query attention; 1: multi-query); None (or H): one per query
-    head, multi-head attention as written in 2017."""
+    head, multi-head attention as written in 2017. `device`: the device type it runs on ("cpu", "cuda", "mps"), by
+    which the chunked kernels size a chunk (`mechanisms._common.workspace`)."""
 
     B: int
     H: int
@@ -36,6 +37,7 @@ class Shape:
     dtype: str = "float32"
     causal: bool = False
     Hk: int | None = None
+    device: str = "cpu"
 
     def __post_init__(self):
         if self.Hk == self.H:  # one spelling of multi-head attention, so equal shapes compare equal
@@ -76,7 +78,8 @@ class Shape:
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor, causal: bool = False) -> "Shape":
         B, H, Nq, D = q.shape
-        return cls(B, H, Nq, k.shape[-2], D, dtype=dtype_name(q.dtype), causal=causal, Hk=k.shape[1])
+        return cls(B, H, Nq, k.shape[-2], D, dtype=dtype_name(q.dtype), causal=causal, Hk=k.shape[1],
+                   device=q.device.type)
 
 
 @dataclass(frozen=True)

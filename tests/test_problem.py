@@ -15,6 +15,8 @@ from attn_core.engine.job import Job
 from attn_core.engine.measurement import COLUMNS, Measurement
 from attn_core.engine.problem import Problem, Settings
 from attn_core.engine.results import frame_from_rows
+from attn_core.mechanisms import _linear_core as linear_core, additive, sigmoid
+from attn_core.mechanisms._common import GPU_WORKSPACE
 from tests.fake_mechanisms import private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 QUICK = Settings(warmup=1, min_repeats=2, min_time_s=0.0)
@@ -99,3 +101,18 @@ def test_sweeps_that_cannot_run_give_a_job_that_ended_with_the_sentences():
         Job.measure("bad", (bad,))
     refused = Job.refused("bad", "Linformer cannot be causal.")
     assert refused.done and refused.error == "Linformer cannot be causal." and refused.frame().empty
+
+
+N = 2048
+
+
+@pytest.mark.parametrize("key,rows", [("sigmoid", lambda d: sigmoid.chunk_rows(8, N, N, d)),
+                                      ("additive", lambda d: additive.chunk_rows(8, N, N, 64, d)),
+                                      ("performer", lambda d: linear_core.chunk_rows(8, N, 256, 64, False, d))])
+def test_a_shape_carries_its_device_and_a_gpu_chunk_holds_more_rows(key, rows):
+    """A chunk on a GPU holds GPU_WORKSPACE times a CPU's rows (up to n), and the spec's memory model follows."""
+    q = torch.zeros(1, 8, 64, 8)
+    assert ac.Shape.of(q, q).device == "cpu" and Problem(device="cpu").shape.device == "cpu"
+    assert rows("cuda") == min(N, GPU_WORKSPACE * rows("cpu")) > rows("cpu")
+    cpu, gpu = (ac.Shape(1, 8, N, N, 64, device=d) for d in ("cpu", "cuda"))
+    assert ac.get(key).cost.memory_bytes(gpu) > ac.get(key).cost.memory_bytes(cpu)

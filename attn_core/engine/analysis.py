@@ -134,7 +134,7 @@ def _own_curve(spec: MechanismSpec, metric: str, row: pd.Series) -> tuple[str, C
 
     def at(n: int) -> float:
         shape = Shape(int(row["batch"]), int(row["heads"]), n, n, int(row["head_dim"]), dtype=row["dtype"],
-                      causal=bool(row["causal"]), Hk=int(row["kv_heads"]))
+                      causal=bool(row["causal"]), Hk=int(row["kv_heads"]), device=str(row["device"]))
         return float(cost(shape, **params))
     return big_o, at
 

@@ -72,7 +72,7 @@ class Problem:
     def shape(self) -> Shape:
         """The sizes the spec's cost model reads (generating: the context of n tokens)."""
         return Shape(self.batch, self.heads, self.n, self.keys, self.head_dim, dtype=self.dtype, causal=self.is_causal,
-                     Hk=self.kv_heads)
+                     Hk=self.kv_heads, device=_resolved(self.device))
 
     @property
     def kwargs(self) -> dict[str, Any]:

@@ -14,6 +14,19 @@ HALF = (torch.float16, torch.bfloat16)  # half precisions, whose sums and produc
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
+# How many times a CPU's chunk a GPU's chunk holds. A chunked kernel sizes its chunks for a CPU's cache (a few MiB,
+# so that a chunk is still there for its second product); on a GPU each of a chunk's operations is a kernel launch of
+# several microseconds that so small a chunk cannot fill: sigmoid attention at n = 16384 took 1.13 s in chunks of
+# 8 rows on an H200 (fused SDPA 16 ms), measured here.
+GPU_WORKSPACE = 64
+GPUS = ("cuda", "mps")
+
+
+def workspace(size: int, device: str) -> int:
+    """A chunk's workspace (elements or bytes) on `device` (a Shape's device type): `size`, a CPU's, or
+    GPU_WORKSPACE times it on a GPU."""
+    return size * GPU_WORKSPACE if device in GPUS else size
+
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """q (B, H, Nq, D), k and v (B, Hk, Nk, D) with Hk dividing H (grouped-query attention), one device, one

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..spec import Shape
-from ._common import HALF, check_finite, trusted
+from ._common import HALF, check_finite, trusted, workspace
 
 LOG2E = 1 / math.log(2)  # exp(x) = 2^(x·log₂e): torch's exp2 runs 2.5× faster than its exp on the CPU
 CHUNK_BYTES = 2 << 20  # one chunk's rows of φ and V, all heads, float32 (see chunk_rows)
@@ -32,15 +32,16 @@ def causal_block(m: int, d: int) -> int:
     return 1 << max(5, min(6, round(math.log2(math.sqrt(m * d)))))
 
 
-def chunk_rows(bh: int, n: int, m: int, d: int, causal: bool) -> int:
-    """Rows per chunk: the B·H heads' rows of φ (m wide) and of V or the output (D wide), float32, fill CHUNK_BYTES,
-    rounded down to a power of two, at least MIN_ROWS and one causal block, at most n (causal: rounded up to whole
-    blocks). B·H = 8, D = 64: linear 512 rows, Performer's m = 256 128. 2 MiB is the L2 of the two cores the
-    benchmark runs on (1 MiB each, AMD EPYC; each thread maps half the heads); measured at n = 8192 the time is flat
-    within 5–10% from a quarter to four times that. The causal chunk holds as much again in block states and C×C
-    products; half the rows for it ran no faster on one thread and 5–10% slower on two (twice the ops)."""
+def chunk_rows(bh: int, n: int, m: int, d: int, causal: bool, device: str = "cpu") -> int:
+    """Rows per chunk: the B·H heads' rows of φ (m wide) and of V or the output (D wide), float32, fill CHUNK_BYTES
+    (on a GPU, `workspace`'s multiple of it), rounded down to a power of two, at least MIN_ROWS and one causal block,
+    at most n (causal: rounded up to whole blocks). B·H = 8, D = 64, CPU: linear 512 rows, Performer's m = 256
+    128. 2 MiB is the L2 of the two cores the benchmark runs on (1 MiB each, AMD EPYC; each thread maps half the
+    heads); measured at n = 8192 the time is flat within 5–10% from a quarter to four times that. The causal chunk
+    holds as much again in block states and C×C products; half the rows for it ran no faster on one thread and
+    5–10% slower on two (twice the ops)."""
     unit = causal_block(m, d) if causal else 1
-    rows = max(CHUNK_BYTES // (4 * bh * (m + d)), MIN_ROWS, unit)
+    rows = max(workspace(CHUNK_BYTES, device) // (4 * bh * (m + d)), MIN_ROWS, unit)
     return min(1 << (rows.bit_length() - 1), -(-n // unit) * unit)
 
 
@@ -63,7 +64,7 @@ def linear_attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     """
     B, H, nq, d = *q.shape[:3], v.shape[-1]  # q may come mapped already (`mapped`): D from v
     out = torch.empty(B, H, nq, d, dtype=v.dtype, device=v.device)
-    rows = chunk_rows(B * H, max(nq, k.shape[2]), m, d, causal)
+    rows = chunk_rows(B * H, max(nq, k.shape[2]), m, d, causal, v.device.type)
     if causal:
         _causal(q, k, v, out, phi_q, phi_k, rows, causal_block(m, d))
     else:
@@ -198,7 +199,7 @@ def linear_core_flops(s: Shape, m: int, *, executed: bool = False) -> float:
     if executed:
         return sum(2.0 * (e - a) * (s.bk * m * (d + 1) + s.bh * (m * (d + 1) + b * (m + d + 1)))
                    + 2.0 * s.bk * ((e - a) // b) ** 2 * m * (d + 1)
-                   for a, e, b in causal_chunks(nq, chunk_rows(s.bh, nq, m, d, True), c))
+                   for a, e, b in causal_chunks(nq, chunk_rows(s.bh, nq, m, d, True, s.device), c))
     full, rest = divmod(nq, c)
     cells = full * c * (c + 1) / 2 + rest * (rest + 1) / 2  # in-block pairs with j ≤ i
     return s.bk * 2.0 * nq * m * d + s.bh * (nq * (2.0 * m * d + 2.0 * m) + 2.0 * cells * (m + d))
@@ -217,7 +218,7 @@ def linear_core_memory(s: Shape, m: int, query_map: float, key_map: float) -> fl
     cp = d if s.elem < w else 0  # a chunk's float32 copy of q, k or v
     out = qh * nq * d * s.elem
     if not s.causal:
-        rows = chunk_rows(qh, max(nq, nk), m, d, False)
+        rows = chunk_rows(qh, max(nq, nk), m, d, False, s.device)
         rk, rq, sums = min(rows, nk), min(rows, nq), m * (d + 1)
         second = min(rows, nk - rows)  # rows of the second chunk of keys, the first made beside the sums
         keys = kh * max(rk * (key_map + cp), second * (key_map + cp) + sums,  # mapping keys
@@ -227,7 +228,7 @@ def linear_core_memory(s: Shape, m: int, query_map: float, key_map: float) -> fl
                                        rq * (m + d + 2),  # features, numerator, the normalizer row and its clamp
                                        rq * (m + d + 1 + cp))  # half: the quotient in float32 before its cast
         return out + max(keys, queries) * w
-    rows, c = chunk_rows(qh, nq, m, d, True), causal_block(m, d)
+    rows, c = chunk_rows(qh, nq, m, d, True, s.device), causal_block(m, d)
     cq = d if s.group > 1 else cp  # the chunk of q copied (grouped, or in float32)
     sc = m * (d + 1)  # the carried state
     alive = 0.0

@@ -9,17 +9,18 @@ from torch.autograd.function import once_differentiable
 
 from .. import masks
 from ..spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
-from ._common import check_key_padding, checked_shape, grouped_matmul, repeated, softmax_or_zeros
+from ._common import check_key_padding, checked_shape, grouped_matmul, repeated, softmax_or_zeros, workspace
 
 # The workspace held at once, in elements over all batch·heads: one chunk of query rows against every key.
 CHUNK_ELEMS = 1 << 20
 
 
-def chunk_rows(heads: int, nq: int, nk: int, attn_dim: int) -> int:
-    """Query rows per chunk: as many as keep the workspace heads·rows·Nk·attn_dim within CHUNK_ELEMS, at least one
-    row. A workspace that stays in cache matters more than fewer chunks: at n = 2048 (B=1, H=8, attn_dim = 64, one
-    thread) one row a chunk (4 MiB) took 0.77 ns a (pair, hidden unit), 2 to 8 rows (8–32 MiB) 0.94–0.98."""
-    return max(1, min(nq, CHUNK_ELEMS // (heads * nk * attn_dim)))
+def chunk_rows(heads: int, nq: int, nk: int, attn_dim: int, device: str = "cpu") -> int:
+    """Query rows per chunk: as many as keep the workspace heads·rows·Nk·attn_dim within CHUNK_ELEMS (on a GPU,
+    `workspace`'s multiple of it), at least one row. On a CPU a workspace that stays in cache matters more than
+    fewer chunks: at n = 2048 (B=1, H=8, attn_dim = 64, one thread) one row a chunk (4 MiB) took 0.77 ns a (pair,
+    hidden unit), 2 to 8 rows (8–32 MiB) 0.94–0.98."""
+    return max(1, min(nq, workspace(CHUNK_ELEMS, device) // (heads * nk * attn_dim)))
 
 
 def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, attn_dim: int = 64) -> dict:
@@ -71,7 +72,7 @@ class _AdditiveScores(torch.autograd.Function):
         B, H, a, nq = pq.shape
         nk = pk.shape[-1]
         scores = pq.new_full((B, H, nq, nk), float("-inf")) if causal else pq.new_empty(B, H, nq, nk)
-        step = chunk_rows(B * H, nq, nk, a)
+        step = chunk_rows(B * H, nq, nk, a, pq.device.type)
         buf = pq.new_empty(B * H * step * nk * a)
         for start, stop, keys in _chunks(nq, step, causal, nk):
             sig = _sigmoid_chunk(pq[..., start:stop], pk[..., :keys], buf).view(B, H, a, -1)
@@ -94,7 +95,7 @@ class _AdditiveScores(torch.autograd.Function):
         key_heads = pk.shape[1]
         nk = pk.shape[-1]
         d_pq, d_pk, d_w = torch.zeros_like(pq), torch.zeros_like(pk), torch.zeros_like(w)
-        step = chunk_rows(B * H, nq, nk, a)
+        step = chunk_rows(B * H, nq, nk, a, pq.device.type)
         buf = pq.new_empty(B * H * step * nk * a)
         for start, stop, keys in _chunks(nq, step, ctx.causal, nk):
             g = grad[:, :, start:stop, :keys].unsqueeze(2)  # (B, H, 1, rows, keys)
@@ -176,14 +177,14 @@ def _flops(s: Shape, attn_dim: int = 64) -> float:
 
 def _executed_flops(s: Shape, attn_dim: int = 64) -> float:
     """Causal: each chunk also scores its own cells above the diagonal, and P·V multiplies every (Nq, Nk) cell."""
-    scored, _ = _chunk_cells(s, chunk_rows(s.bh, s.Nq, s.Nk, attn_dim))
+    scored, _ = _chunk_cells(s, chunk_rows(s.bh, s.Nq, s.Nk, attn_dim, s.device))
     return _work(s, attn_dim, scored) + s.bh * 2.0 * s.D * s.Nq * s.Nk
 
 
 def _elementwise_flops(s: Shape, attn_dim: int = 64) -> float:
     """The elementwise part of the executed FLOPs: per scored pair, attn_dim additions and attn_dim tanh (2·attn_dim;
     the dot product with w is a matmul)."""
-    return s.bh * 2.0 * attn_dim * _chunk_cells(s, chunk_rows(s.bh, s.Nq, s.Nk, attn_dim))[0]
+    return s.bh * 2.0 * attn_dim * _chunk_cells(s, chunk_rows(s.bh, s.Nq, s.Nk, attn_dim, s.device))[0]
 
 
 def _memory(s: Shape, attn_dim: int = 64) -> float:
@@ -191,7 +192,7 @@ def _memory(s: Shape, attn_dim: int = 64) -> float:
     (rows·Nk·attn_dim, rows = `chunk_rows`) and one chunk's scores; then the scores and their softmax, the textbook
     peak; then the softmax and the output."""
     a = attn_dim
-    rows = chunk_rows(s.bh, s.Nq, s.Nk, a)
+    rows = chunk_rows(s.bh, s.Nq, s.Nk, a, s.device)
     scoring = s.bh * (s.Nq * s.Nk + s.Nq * a + rows * s.Nk * a + _chunk_cells(s, rows)[1]) + s.bk * s.Nk * a
     return s.elem * max(scoring, s.bh * max(2 * s.Nq * s.Nk, s.Nq * s.Nk + s.Nq * s.D))
 

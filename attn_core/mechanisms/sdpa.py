@@ -25,7 +25,8 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     needs the joint (B, 1, Nq, Nk) boolean mask, Nq·Nk bytes per batch element, as torch.nn.MultiheadAttention
     builds. A query that sees no unpadded key outputs zeros, whatever the backend does with an empty row.
     k and v with Hk < H heads (grouped-query attention) go in as they are, `enable_gqa=True` (torch ≥ 2.5; the CPU
-    flash kernel reads each shared head in place); an older torch gets them repeated.
+    flash kernel reads each shared head in place), where a fused kernel takes them so; elsewhere (CUDA in float32,
+    an older torch) they are repeated (`in_place`).
     `score_bias`: float, broadcastable to (B, H, Nq, Nk), added to the scaled scores (ALiBi, relative positions:
     attn_core.positional). It goes in as a float attn_mask, with −∞ where causality or padding forbids: flash
     kernels take no mask, so PyTorch falls back to memory-efficient or math, and the mask is an (Nq, Nk) tensor
@@ -62,19 +63,38 @@ GQA_NATIVE = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # t
 
 
 def shared_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-    """F.scaled_dot_product_attention with k, v of Hk ≤ H heads: shared in place (enable_gqa) or, before torch 2.5,
-    repeated."""
+    """F.scaled_dot_product_attention with k, v of Hk ≤ H heads: shared in place (enable_gqa) where a fused kernel
+    takes them so (`in_place`), else repeated."""
     if k.shape[1] == q.shape[1]:
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
-    if GQA_NATIVE:
+    if in_place(q, k, v, kwargs.get("attn_mask"), kwargs.get("is_causal", False)):
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
     return F.scaled_dot_product_attention(q, *repeated(q, k, v), **kwargs)
 
 
+def in_place(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> bool:
+    """Whether shared key/value heads go in as they are (enable_gqa, torch ≥ 2.5): always on the CPU, whose flash
+    kernel reads them in place; elsewhere only where the dispatcher picks a fused kernel for them. CUDA's
+    memory-efficient kernel takes no enable_gqa, so float32 would run the unfused math path: at n = 8192, H = 8,
+    Hk = 2 on an H200 it took 2.0× multi-head attention's time, 3.7× causal (measured here), where k and v repeated
+    to H heads run fused."""
+    if not GQA_NATIVE:
+        return False
+    if q.device.type == "cpu":
+        return True
+    try:  # private: the dispatcher's own answer
+        choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, enable_gqa=True)
+    except (AttributeError, RuntimeError, TypeError):
+        return True
+    return _BACKENDS.get(int(choice)) != "math"
+
+
 def sdpa_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False) -> str:
     """The name of the kernel PyTorch's dispatcher chooses for these inputs ('flash', 'math', ...)."""
+    if k.shape[1] != q.shape[1] and not in_place(q, k, v, None, causal):
+        k, v = repeated(q, k, v)  # as shared_sdpa runs them
     try:
-        shared = {"enable_gqa": True} if k.shape[1] != q.shape[1] and GQA_NATIVE else {}
+        shared = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
         choice = torch._fused_sdp_choice(q, k, v, None, 0.0, causal, **shared)  # private: the dispatcher's own answer
     except (AttributeError, RuntimeError, TypeError):
         return "unknown"
@@ -122,7 +142,12 @@ def _memory(s: Shape) -> float:
     and output (qs·ks + 2·qs + qs·D) and, in half precision, the scores again in that dtype; when the kernel
     repacks for AMX (cpu_flash_platform, and enough work per thread to pay for it): K with D padded to even,
     V with each key tile padded to even, per thread a padded query tile when D is odd, and a (ks, D) transpose
-    buffer. O(n·d + threads·qs·ks): GPU kernels hold the output and log-sum-exp, and their scratch differs."""
+    buffer. O(n·d + threads·qs·ks). On a GPU: the output alone (an H200's flash and memory-efficient kernels, the
+    allocator's peak at n = 1024 … 32768 measured here), and shared key/value heads repeated where they run so
+    (`in_place`: float32 and float64 on CUDA)."""
+    if s.device != "cpu":
+        repeated_kv = 2 * s.bh * s.Nk * s.D * s.elem if s.group > 1 and s.elem >= 4 else 0
+        return float(s.output_bytes + repeated_kv)
     qs, ks = _tiles(s)
     threads, packs = cpu_flash_platform(s.dtype)
     half = s.elem < 4

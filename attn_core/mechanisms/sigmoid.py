@@ -9,16 +9,16 @@ import torch
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
 from ._cache import KVCache, kv_bytes
-from ._common import HALF, check_key_padding, checked_shape, fold, repeated, scale, unfold
+from ._common import HALF, check_key_padding, checked_shape, fold, repeated, scale, unfold, workspace
 
 # The score workspace held at once, in elements over all batch·heads: one chunk of query rows against its keys.
 CHUNK_ELEMS = 1 << 20
 
 
-def chunk_rows(bk: int, nq: int, nk: int) -> int:
-    """Query rows per chunk: as many as keep bk·rows·Nk within CHUNK_ELEMS (bk = B·Hk: one query head of each
-    group at a time), at least one."""
-    return max(1, min(nq, CHUNK_ELEMS // (bk * nk)))
+def chunk_rows(bk: int, nq: int, nk: int, device: str = "cpu") -> int:
+    """Query rows per chunk: as many as keep bk·rows·Nk within CHUNK_ELEMS (on a GPU, `workspace`'s multiple of it;
+    bk = B·Hk: one query head of each group at a time), at least one."""
+    return max(1, min(nq, workspace(CHUNK_ELEMS, device) // (bk * nk)))
 
 
 def _chunks(nq: int, rows: int, causal: bool, nk: int):
@@ -66,7 +66,7 @@ def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     b = offsets(s.Nq, s.Nk, causal, bias, q, key_padding_mask)[:, None, :, None]  # (1 or B, 1, Nq, 1)
     out = q.new_empty(q.shape)
     grouped_q, grouped_out = (t.view(s.B, s.key_heads, s.group, s.Nq, s.D) for t in (q.contiguous(), out))
-    for start, stop, keys in _chunks(s.Nq, chunk_rows(s.bk, s.Nq, s.Nk), causal, s.Nk):
+    for start, stop, keys in _chunks(s.Nq, chunk_rows(s.bk, s.Nq, s.Nk, s.device), causal, s.Nk):
         for member in range(s.group):  # the query heads sharing a key/value head, one at a time: views, no copy
             w = _chunk_weights(grouped_q[:, :, member, start:stop], k[:, :, :keys], b[..., start:stop, :],
                                start if causal else None, key_padding_mask)
@@ -120,7 +120,7 @@ def _flops(s: Shape, bias: float = 0.0) -> float:
 def _chunk_cells(s: Shape) -> tuple[float, int]:
     """(cells the chunks score in all, the most one chunk scores): causal chunks of `rows` rows ending at row r
     score r keys each (their own cells above the diagonal included, then masked)."""
-    rows = chunk_rows(s.bk, s.Nq, s.Nk)
+    rows = chunk_rows(s.bk, s.Nq, s.Nk, s.device)
     if not s.causal:
         return s.Nq * s.Nk, rows * s.Nk
     full, rest = divmod(s.Nq, rows)
@@ -137,7 +137,7 @@ def _memory(s: Shape, bias: float = 0.0) -> float:
     """The output, the offsets b_i (Nq), and one chunk's weights and its product with V for one query head of each
     group (B·Hk of each). Half inputs: the weights and the chunk's keys of V also in float32, and the product in
     float32 (`_weighted`), at the chunk where that is largest."""
-    rows = chunk_rows(s.bk, s.Nq, s.Nk)
+    rows = chunk_rows(s.bk, s.Nq, s.Nk, s.device)
     fixed = s.elem * (s.bh * s.Nq * s.D + s.Nq)
     if s.dtype not in ("float16", "bfloat16"):
         return float(fixed + s.elem * s.bk * (_chunk_cells(s)[1] + rows * s.D))
