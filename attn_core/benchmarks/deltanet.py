@@ -19,7 +19,9 @@ PYTHONPATH=/tmp/fla_env. Its package imports triton on the way to that module (f
 machine lacks, so the module is loaded from its file (it needs torch and einops only); without it the peer is
 skipped and the reason printed. The peer's call is given what ours computes inside: L2-normalised q and k (their
 normalisation timed with it), log α, β and the d^(−1/2) scale, in its (B, T, H, D) layout; its chunk is its
-default, 64. The two outputs are compared before timing.
+default, 64. The two outputs are compared before timing. `--device cuda` times the same calls on the GPU and, where
+flash-linear-attention imports with Triton, its fused `chunk_gated_delta_rule` beside them (q and k normalised in
+the kernel; its first call compiles and tunes, untimed).
 """
 from __future__ import annotations
 
