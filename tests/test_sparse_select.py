@@ -3,6 +3,8 @@ against a dense masked softmax written here in float64, one selection for every 
 key chunks of every width down to one key, rows with unusable and with no usable keys, gradients, half inputs."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -71,3 +73,25 @@ def test_half_inputs_run_in_float32_and_come_back_in_their_dtype():
     out = sp.selected_softmax(q, k, v, idx, usable)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), dense(q, k, v, idx, usable), atol=2e-2, rtol=2e-2)
+
+
+
+def test_the_first_csr_tensor_on_a_device_takes_torchs_warn_once_note_and_later_ones_are_left_alone(monkeypatch):
+    """CUDA's once-a-process note that invariant checks are off is taken under a filter at a device's first CSR
+    tensor (here the CPU, its note simulated); a warning on any later build is not hidden."""
+    real = torch.sparse_csr_tensor
+
+    def noting(*args, **kwargs):
+        warnings.warn("Sparse invariant checks are implicitly disabled. Memory errors (e.g. SEGFAULT) will occur",
+                      UserWarning)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "sparse_csr_tensor", noting)
+    monkeypatch.setattr(sp, "_NOTED", set())
+    crow, col, values = torch.tensor([0, 1]), torch.tensor([0]), torch.ones(1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = sp._csr(crow, col, values, (1, 1))
+    assert not seen and first.to_dense().item() == 1.0
+    with pytest.warns(UserWarning, match="implicitly disabled"):
+        sp._csr(crow, col, values, (1, 1))

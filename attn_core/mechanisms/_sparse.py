@@ -96,7 +96,22 @@ def sort_selection(idx: torch.Tensor, usable: torch.Tensor) -> tuple[torch.Tenso
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    if values.device.type not in _NOTED:  # the first CSR tensor on a device: its warn-once taken (`_quietly`)
+        return _quietly(crow, col, values, shape)
     return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+
+
+_NOTED: set[str] = set()  # devices whose first CSR tensor was built under the filter
+
+
+def _quietly(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A CSR tensor built under a filter for torch's once-a-process note, on CUDA, that invariant checks are off
+    ("implicitly disabled ... Memory errors (e.g. SEGFAULT) will occur" on a tensor that breaks them; seen on an
+    H200, torch 2.11): this module builds its indices itself, sorted and in range, and the products are tested."""
+    _NOTED.add(values.device.type)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly", category=UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
 
 
 def _take_beta_note() -> None:
