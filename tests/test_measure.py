@@ -153,8 +153,8 @@ def test_every_mechanism_measures_its_forward_and_backward(key):
     """Every mechanism's gradients are timed, Reformer's too, whose keys are its queries (k is never read)."""
     spec = resolve_mechanisms()[key]
     small = tuple((p.name, p.small_value(64)) for p in spec.params)
-    row, _ = measure_case(spec, case(key, n=64, mode="forward+backward", causal=bool(spec.supports.causal_only),
-                                     params=small), Settings(warmup=0, min_repeats=1, min_time_s=0.0, measure_memory=False))
+    problem = case(key, n=64, mode="forward+backward", causal=bool(spec.supports.causal_only), params=small)
+    row, _ = measure_case(spec, problem, Settings(warmup=0, min_repeats=1, min_time_s=0.0, measure_memory=False))
     assert row["status"] == "ok", row["reason"]
 
 

@@ -183,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     naive, version = peer()
     args.fused, fused_version = triton_peer() if args.device == "cuda" else (None, "")
     chunk = args.chunk or MECHANISMS[KEY].defaults["chunk"]
-    start(args.device, f"B=1, H={args.heads}, D={args.head_dim}, float32, causal forward, chunk {chunk}, {args.rounds} "
-                 f"interleaved rounds; {'wall' if args.clock == 'wall' else 'CPU'} ms: median (IQR, min–max)")
+    start(args.device, f"B=1, H={args.heads}, D={args.head_dim}, float32, causal forward, chunk {chunk}, "
+                       f"{args.rounds} interleaved rounds; {'wall' if args.clock == 'wall' else 'CPU'} ms: median "
+                       f"(IQR, min–max)")
     print(f"peer: naive_chunk_gated_delta_rule of {version}, chunk 64, at n ≤ {args.peer_max}" if naive else
           f"peer skipped: {version}", flush=True)
     if args.device == "cuda":
