@@ -552,7 +552,7 @@ def _deltanet_run(q, k, v, log_alpha, beta, chunk: int, S):
 
     B, Hk, n, d = k.shape
     out = None if q is None else torch.empty(*q.shape[:3], v.shape[-1], dtype=v.dtype, device=v.device)
-    for s, e, c in causal_chunks(n, gdn.segment_rows(B * Hk, d, chunk), chunk):
+    for s, e, c in causal_chunks(n, gdn.segment_rows(B * Hk, d, chunk, k.device.type), chunk):
         S = gdn._segment(q, k, v, log_alpha, beta, S, out, s, e, c)
     return out, S
 

@@ -15,7 +15,7 @@ from attn_core.engine.job import Job
 from attn_core.engine.measurement import COLUMNS, Measurement
 from attn_core.engine.problem import Problem, Settings
 from attn_core.engine.results import frame_from_rows
-from attn_core.mechanisms import _linear_core as linear_core, additive, sigmoid
+from attn_core.mechanisms import _linear_core as linear_core, additive, gated_deltanet, sigmoid
 from attn_core.mechanisms._common import GPU_WORKSPACE
 from tests.fake_mechanisms import private_sweep_lock  # noqa: F401 (an autouse fixture)
 
@@ -116,3 +116,10 @@ def test_a_shape_carries_its_device_and_a_gpu_chunk_holds_more_rows(key, rows):
     assert rows("cuda") == min(N, GPU_WORKSPACE * rows("cpu")) > rows("cpu")
     cpu, gpu = (ac.Shape(1, 8, N, N, 64, device=d) for d in ("cpu", "cuda"))
     assert ac.get(key).cost.memory_bytes(gpu) > ac.get(key).cost.memory_bytes(cpu)
+
+
+def test_a_gated_delta_segment_on_a_gpu_holds_more_chunks_and_its_memory_model_follows():
+    cpu, gpu = gated_deltanet.segment_rows(8, 64, 32), gated_deltanet.segment_rows(8, 64, 32, "cuda")
+    assert gpu % 32 == 0 and gpu >= 16 * cpu
+    shapes = [ac.Shape(1, 8, 16384, 16384, 64, causal=True, device=d) for d in ("cpu", "cuda")]
+    assert ac.get("gated_deltanet").cost.memory_bytes(shapes[1]) > ac.get("gated_deltanet").cost.memory_bytes(shapes[0])

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import Cache
-from ._common import check_key_padding, checked_shape, repeated, trusted
+from ._common import check_key_padding, checked_shape, repeated, trusted, workspace
 from ._linear_core import _grouped_rows, _rows, causal_chunks, work_dtype
 
 EPS = 1e-6  # k̂ = k / max(‖k‖, EPS): a zero key writes nothing
@@ -40,14 +40,15 @@ def recurrence(q, k, v, alpha, beta) -> torch.Tensor:
     return torch.stack(outs, dim=2)
 
 
-def segment_rows(bk: int, d: int, chunk: int) -> int:
+def segment_rows(bk: int, d: int, chunk: int, device: str = "cpu") -> int:
     """Tokens per segment: a segment's chunk tensors (per key/value head and token about 7·d + 3·C numbers: k̂, v,
-    the solve's two right sides, q̂, the C-wide decays and products) fill SEGMENT_BYTES, in whole chunks, at least 8
-    chunks (fewer, and the per-op overhead of a few µs a call outweighs what the cache saves). Not sized by the
-    query heads: a prompt's state (`_remember`, no queries) is then made segment by segment as its forward makes it,
-    bit for bit; with shared heads a segment's query tensors are H/Hk times larger."""
+    the solve's two right sides, q̂, the C-wide decays and products) fill SEGMENT_BYTES (on a GPU, `workspace`'s
+    multiple of it), in whole chunks, at least 8 chunks (fewer, and the per-op overhead of a few µs a call outweighs
+    what the cache saves). Not sized by the query heads: a prompt's state (`_remember`, no queries) is then made
+    segment by segment as its forward makes it, bit for bit; with shared heads a segment's query tensors are H/Hk
+    times larger."""
     per_token = 4 * bk * (7 * d + 3 * chunk)
-    return max(SEGMENT_BYTES // per_token // chunk, 8) * chunk
+    return max(workspace(SEGMENT_BYTES, device) // per_token // chunk, 8) * chunk
 
 
 def chunked(q, k, v, log_alpha, beta, chunk: int, *, outputs: bool = True):
@@ -60,7 +61,7 @@ def chunked(q, k, v, log_alpha, beta, chunk: int, *, outputs: bool = True):
     group = 1 if q is None else q.shape[1] // Hk
     out = torch.empty(B, Hk * group, n, v.shape[-1], dtype=v.dtype, device=v.device) if outputs else None
     S = torch.zeros(B * Hk, d, v.shape[-1], dtype=work_dtype(v.dtype), device=v.device)
-    for s, e, c in causal_chunks(n, segment_rows(B * Hk, d, chunk), chunk):
+    for s, e, c in causal_chunks(n, segment_rows(B * Hk, d, chunk, k.device.type), chunk):
         S = _segment(q, k, v, log_alpha, beta, S, out, s, e, c)
     return out, S
 
@@ -309,7 +310,7 @@ def _chunk_flops(s: Shape, c: int, useful: bool) -> float:
 def _segments(s: Shape, chunk: int) -> list[tuple[int, int, int]]:
     """(how many, tokens, chunk) of each kind of segment `chunked` runs (`causal_chunks`): the whole segments (a
     whole number of chunks each), then the last one's whole chunks and its remainder as one short chunk. O(1)."""
-    rows = segment_rows(s.bk, s.D, chunk)
+    rows = segment_rows(s.bk, s.D, chunk, s.device)
     whole, rest = divmod(s.Nk, rows)
     kinds = [(whole, rows, chunk), (1, rest // chunk * chunk, chunk), (1, rest % chunk, rest % chunk)]
     return [kind for kind in kinds if kind[0] and kind[1]]
