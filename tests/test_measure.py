@@ -244,6 +244,23 @@ def test_devices_dtypes_and_environment_stamp():
     assert stamp["threads"] == 2 and not any("host" in key for key in stamp)
 
 
+def test_a_first_product_that_loads_the_library_does_not_end_the_matmul_doubling(monkeypatch):
+    """A fresh CUDA context's first product took ≥ 50 ms, so m stayed 256, where launches dominate: here a first call
+    of 1 s, then 20 µs a product plus 1 TFLOP/s, must still read near 1 TFLOP/s (m = 1024), not 0.63 (m = 256)."""
+    calls_seen = []
+
+    def timer(device):
+        def timed(thunk, calls):
+            m = thunk().shape[0]
+            calls_seen.append(m)
+            return 1.0 if len(calls_seen) == 1 else calls * (20e-6 + 2 * m ** 3 / 1e12)
+        return timed
+
+    monkeypatch.setattr(env, "device_timer", timer)
+    gflops, _ = env.measure_matmul("cpu", "float32")
+    assert max(calls_seen) == 1024 and gflops > 950
+
+
 def test_matmul_throughput_is_measured_once_and_cached():
     first = env.matmul_gflops("cpu", "float32")
     assert first > 0 and env.matmul_gflops("cpu", "float32") == first

@@ -418,6 +418,10 @@ def measure_matmul(device: str, dtype: str = "float32", seconds: float = 0.25) -
     none was clean): the device's capability, since competition can only slow a sample down."""
     timed, torch_dtype = device_timer(device), getattr(torch, dtype_name(dtype))
     m, largest = 256, 1024 if device == "cpu" else 8192
+    # untimed: a process's first product on a device loads its library and kernels, which ended the doubling at
+    # m = 256 on CUDA (an H200 read as 0.6 TFLOP/s in fp32, 51 when warm: the sweep's estimate 80 times too long)
+    first = torch.randn(m, m, device=device).to(torch_dtype)
+    timed(lambda: first @ first, 1)
     while True:
         a = torch.randn(m, m, device=device).to(torch_dtype)
         one = timed(lambda: a @ a, 1)
