@@ -35,10 +35,10 @@ def small(key: str, n: int) -> dict:
     return {p.name: p.small_value(n) for p in ac.get(key).params}
 
 
-def inputs(n: int, *, hk: int = H, dtype=torch.float64, seed: int = 0) -> list[torch.Tensor]:
-    """q (B, H, n, D), k and v (B, hk, n, D) drawn on the CPU, so both devices see the same numbers."""
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, heads, n, D, generator=g, dtype=torch.float64).to(dtype) for heads in (H, hk, hk)]
+def inputs(n: int, *, hk: int = H) -> list[torch.Tensor]:
+    """q (B, H, n, D), k and v (B, hk, n, D) in float64, drawn on the CPU, so both devices see the same numbers."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(B, heads, n, D, generator=g, dtype=torch.float64) for heads in (H, hk, hk)]
 
 
 def state_on(key: str, shape: Shape, params: dict, device: str, dtype=torch.float64) -> dict:
