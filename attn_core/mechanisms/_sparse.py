@@ -89,6 +89,18 @@ def key_chunks(idx: torch.Tensor, m: int, width: int) -> tuple[list[tuple[int, t
     return chunks, order
 
 
+def _put_back(listed: torch.Tensor, order: torch.Tensor, into: torch.Tensor) -> None:
+    """into[:, order[i]] = listed[:, i] for every i, as one gather by the inverse of `order` (an index_copy_ a head
+    and chunk took a tenth of top-k's time at n = 16384)."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.shape[0], device=order.device)
+    back = inverse.expand(listed.shape[0], -1)
+    if listed.requires_grad:  # out= takes no autograd
+        into.copy_(listed.gather(1, back))
+    else:
+        torch.gather(listed, 1, back, out=into)
+
+
 def sort_selection(idx: torch.Tensor, usable: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The selection with each row's indices in increasing order, `usable` following them (CSR's order)."""
     idx, order = idx.sort(-1)
@@ -154,22 +166,23 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     def shape(c0: int) -> tuple[int, int]:
         return r, min(width, m - c0)
 
-    scores = qs.new_empty(B, H, r * kk)  # row-major: each chunk's sampled products put back at `order`
+    scores = qs.new_empty(B, H, r * kk)  # row-major: the chunks' sampled products, listed chunk by chunk, put back
     for b in range(B):
         for s, (chunks, order) in enumerate(parts[b]):
+            heads = _heads(H, S, Hk, s)
+            listed = scores[b, heads.start:heads.stop] if order is None else qs.new_empty(len(heads), r * kk)
             at = 0
             for c0, crow, col in chunks:
                 nnz = col.shape[0]
                 pattern = _csr(crow, col, qs.new_zeros(nnz), shape(c0))
-                for h in _heads(H, S, Hk, s):
-                    found = torch.sparse.sampled_addmm(pattern, qs[b, h], ks[b, h // g, c0:c0 + width].t(),
-                                                       beta=0.0).values()
-                    if order is None:
-                        scores[b, h].copy_(found)
-                    else:
-                        scores[b, h].index_copy_(0, order[at:at + nnz], found)
+                for i, h in enumerate(heads):
+                    listed[i, at:at + nnz] = torch.sparse.sampled_addmm(pattern, qs[b, h], ks[b, h // g,
+                                                                        c0:c0 + width].t(), beta=0.0).values()
                 at += nnz
                 del pattern
+            if order is not None:  # one gather of every head's rows by the inverse order
+                _put_back(listed, order, scores[b, heads.start:heads.stop])
+            del listed
     del qs
     scores = scores.view(B, S, H // S, r, kk)  # the heads of each selection together: its flags broadcast, not copied
     if bool(usable.all()):  # every selected key counts (no mask, no padding): three passes over the scores fewer
@@ -185,8 +198,8 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
         for s, (chunks, order) in enumerate(parts[b]):
             heads = _heads(H, S, Hk, s)
             listed = p[b, heads.start:heads.stop].reshape(len(heads), r * kk)
-            if order is not None:
-                listed = listed.index_select(1, order)
+            if order is not None:  # a gather of the heads' rows ran 1.7× faster than index_select along them
+                listed = listed.gather(1, order.expand(len(heads), -1))
             at = 0
             for c0, crow, col in chunks:
                 nnz = col.shape[0]
