@@ -364,10 +364,10 @@ def _products_bytes(s: Shape, r: int, kk: int, m: int) -> float:
     bytes an entry); the scaled queries beside the scores and a sampled product's working set (the pattern's
     zeros, its values and its copies of the indices: 2·w + 24 bytes an entry of a chunk, 2·w + 20 of one chunk for
     all keys) and, in chunks, the scores listed chunk by chunk, then the int64 inverse order (and its arange) that
-    gathers them back; softmax beside the scores and their flags; the probabilities listed chunk by chunk (chunks) beside
-    the output and a product's copies of its values and indices (w + 4 an entry). A chunk's entries are taken as
-    its share of the keys a query sees, W/m of the row's (causal: W over the keys its middle row sees), the
-    selections spread over them, as the allocator shows."""
+    gathers them back; softmax beside the scores and their flags; the probabilities listed chunk by chunk (chunks)
+    beside the output and a product's copies of its values and indices (w + 4 an entry). A chunk's entries are
+    taken as its share of the keys a query sees, W/m of the row's (causal: W over the keys its middle row sees),
+    the selections spread over them, as the allocator shows."""
     e, w = s.elem, max(s.elem, 4)
     width = KEY_CHUNK_BYTES // (s.D * w)
     chunked = width < m
