@@ -371,8 +371,8 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
         peak = max(peak,
                    base + 2 * s.bh * r * c * e + r * c + s.bk * r * c * e,  # compression
                    kept + 17 * E,  # the positions (int64, from the blocks' own) and their flags
-                   kept + held + rows_ * w * (2 if e < w else 1) + scores + r * L * (2 * w + 13),  # sampled products
-                   kept + held + 2 * scores + r * L * w,  # softmax beside the scores, the last product's values
+                   kept + held + rows_ * w * (2 if e < w else 1) + scores + r * L * (w + 13),  # sampled products
+                   kept + held + 2 * scores,  # softmax beside the scores
                    kept + held + scores + rows_ * w + (rows_ * e if e < w else 0),  # p · v
                    kept + rows_ * e + 2 * s.bh * r * wn * e + 3 * r * wn,  # the window
                    kept + 4 * rows_ * e)  # the gated sum

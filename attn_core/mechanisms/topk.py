@@ -362,12 +362,12 @@ def _products_bytes(s: Shape, r: int, kk: int, m: int) -> float:
     """Peak bytes of `_sparse.selected_softmax` on r queries of kk selected keys among m, above its inputs: with
     W = KEY_CHUNK_BYTES of a head's keys a chunk and more keys than that, each chunk's indices and their order (16
     bytes an entry); the scaled queries beside the scores and a sampled product's working set (the pattern's
-    zeros, its values and its copies of the indices: 2·w + 24 bytes an entry of a chunk, 2·w + 20 of one chunk for
-    all keys) and, in chunks, the scores listed chunk by chunk, then the int64 inverse order (and its arange) that
-    gathers them back; softmax beside the scores and their flags; the probabilities listed chunk by chunk (chunks)
-    beside the output and a product's copies of its values and indices (w + 4 an entry). A chunk's entries are
-    taken as its share of the keys a query sees, W/m of the row's (causal: W over the keys its middle row sees),
-    the selections spread over them, as the allocator shows."""
+    zeros and its copies of the indices, each product's values listed at once: w + 24 bytes an entry of a chunk,
+    w + 20 of one chunk for all keys) and, in chunks, the scores listed chunk by chunk, then the int64 inverse
+    order (and its arange) that gathers them back; softmax beside the scores and their flags; the probabilities
+    listed chunk by chunk (chunks) beside the output and a product's copies of its values and indices (w + 4 an
+    entry). A chunk's entries are taken as its share of the keys a query sees, W/m of the row's (causal: W over the
+    keys its middle row sees), the selections spread over them, as the allocator shows."""
     e, w = s.elem, max(s.elem, 4)
     width = KEY_CHUNK_BYTES // (s.D * w)
     chunked = width < m
@@ -376,7 +376,7 @@ def _products_bytes(s: Shape, r: int, kk: int, m: int) -> float:
     part = math.ceil(r * kk * min(1.0, width / seen)) if chunked else r * kk  # a chunk's entries, one batch element
     held = 16 * E * chunked
     listed = chunked * s.H * r * kk * w  # one batch element's scores listed chunk by chunk, beside the row-major ones
-    return held + max(block * (2 if e < w else 1) + probs + listed + max(part * (2 * w + (24 if chunked else 20)),
+    return held + max(block * (2 if e < w else 1) + probs + listed + max(part * (w + (24 if chunked else 20)),
                                                                           16 * r * kk * chunked),  # or the inverse
                       2 * probs + E,
                       probs + block + chunked * s.H * r * kk * w + part * (w + 4) + (s.bh * r * s.D * e if e < w
