@@ -442,7 +442,8 @@ def format_summary(frame) -> str:
         lines.append(f"  {row['mechanism']} n={row['n']}: {row['status']}: {row['reason']}")
     lines += _memory_lines(frame[frame["status"] == "ok"])
     lines += [f"note: {row['series']}: {row['note']}" for _, row in table.iterrows() if row["note"]]
-    lines += [text for text in (analysis.mode_note(frame), analysis.contention_summary(frame),
+    lines += [text for text in (analysis.mode_note(frame), analysis.precision_note(frame),
+                                analysis.contention_summary(frame),
                                 analysis.stopped_note(frame), *analysis.summary_notes(frame)) if text]
     return "\n".join(lines)
 

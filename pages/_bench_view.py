@@ -156,7 +156,7 @@ def results_view(job, chart_place=st) -> None:
     if job.done and (stopped := analysis.stopped_note(df)):
         st.info(stopped, icon=":material/stop_circle:")
     busy = analysis.contention_summary(df)
-    notes = [analysis.mode_note(df), positions.method_note(df), busy, *notes,
+    notes = [analysis.mode_note(df), analysis.precision_note(df), positions.method_note(df), busy, *notes,
              analysis.matmul_note(job.result().env) if job.done else ""]
     with st.expander("How this was measured" + (" (the computer was busy: hollow points left out)"
                                                  if df["disturbed"].any() else ""), icon=":material/science:"):

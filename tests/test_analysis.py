@@ -238,3 +238,13 @@ def test_a_busy_matmul_figure_is_said_once_and_only_then():
     assert analysis.matmul_note({"device_gflops": 300.0, "device_gflops_disturbed": False}) == ""
     assert analysis.matmul_note({}) == ""
     assert "every % of device reads high" in analysis.matmul_note({"device_gflops_disturbed": True})
+
+
+@pytest.mark.parametrize("device,dtype,said", [("cuda", "float32", True), ("cuda", "bfloat16", False),
+                                               ("cpu", "float32", False)])
+def test_float32_on_a_cuda_gpu_says_the_tensor_cores_were_left_off(device, dtype, said):
+    from attn_core.cli import format_summary
+    df = frame({"softmax": lambda n: n * 1e-6})
+    df["device"], df["dtype"] = device, dtype
+    assert (analysis.precision_note(df) == analysis.PRECISION_NOTE) is said
+    assert (analysis.PRECISION_NOTE in format_summary(df)) is said

@@ -356,6 +356,19 @@ def matmul_note(stamp: dict) -> str:
             "device reads high; measure again on a quiet machine.")
 
 
+PRECISION_NOTE = ("Measured in float32 on a CUDA GPU, where PyTorch by default keeps float32 matrix products off the "
+                  "tensor cores (TF32 off): the GPU kernels that bfloat16 and float16 run there use them, so a model "
+                  "in those dtypes sees far shorter times. Choose bfloat16 for figures that match one.")
+
+
+def precision_note(df: pd.DataFrame) -> str:
+    """PRECISION_NOTE for a run with float32 points on a CUDA device (an H200 here read 51 TFLOP/s in float32
+    products), else ''."""
+    if not len(df) or not {"device", "dtype"} <= set(df.columns):
+        return ""
+    return PRECISION_NOTE if bool((df["device"].eq("cuda") & df["dtype"].eq("float32")).any()) else ""
+
+
 def stopped_note(df: pd.DataFrame) -> str:
     """'Stopped after 7 of 40 points; …' for a sweep with cancelled points; '' otherwise."""
     cancelled = int((df["status"] == "cancelled").sum())
