@@ -108,31 +108,32 @@ def sort_selection(idx: torch.Tensor, usable: torch.Tensor) -> tuple[torch.Tenso
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    if values.device.type not in _NOTED:  # the first CSR tensor on a device: its warn-once taken (`_quietly`)
+    if values.device.type not in _NOTED:  # the first CSR tensor on a device: torch's warn-once notes taken
         return _quietly(crow, col, values, shape)
     return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
 
 
-_NOTED: set[str] = set()  # devices whose first CSR tensor was built under the filter
+_NOTED: set[str] = set()  # devices whose first CSR tensor was built under the filters
+# torch's once-a-process notes at a CSR tensor: that the layout is beta, and, on CUDA, that invariant checks are off
+# ("Memory errors (e.g. SEGFAULT) will occur" on a tensor that breaks them; seen on an H200, torch 2.11). This module
+# builds its indices itself, sorted and in range, and the two products are tested.
+NOTES = ("Sparse CSR tensor support is in beta", "Sparse invariant checks are implicitly")
 
 
 def _quietly(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """A CSR tensor built under a filter for torch's once-a-process note, on CUDA, that invariant checks are off
-    ("implicitly disabled ... Memory errors (e.g. SEGFAULT) will occur" on a tensor that breaks them; seen on an
-    H200, torch 2.11): this module builds its indices itself, sorted and in range, and the products are tested."""
+    """A CSR tensor built under a filter for each of NOTES, so that a warn-once is taken here, and no CSR build on
+    the hot path needs a filter."""
     _NOTED.add(values.device.type)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly", category=UserWarning)
+        for note in NOTES:
+            warnings.filterwarnings("ignore", message=note, category=UserWarning)
         return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
 
 
 def _take_beta_note() -> None:
-    """torch notes once a process that sparse CSR is beta (a warn-once): taken here, at import, under a filter for
-    that one warning, so that no CSR build on the hot path needs a filter and the process's filters stay untouched
-    (pytest restores them after collecting, and would show the note). The two products are tested."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
-        _csr(torch.zeros(1, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0), (0, 0))
+    """The beta note taken at import (`_quietly`), so that the process's filters stay untouched: pytest restores
+    them after collecting, and would show the note."""
+    _csr(torch.zeros(1, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0), (0, 0))
 
 
 _take_beta_note()
