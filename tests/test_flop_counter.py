@@ -1,14 +1,15 @@
 """Each spec's executed FLOPs against PyTorch's own counter (torch.utils.flop_counter.FlopCounterMode), for every
 mechanism in the registry, where the counter can see the work: the matmuls the kernel runs, counted op by op as it
-runs them. The counter has no formula for three ops the kernels use on the CPU, so it is given the textbook ones
-here: an in-place batched multiply-add (baddbmm_, 2·b·m·n·k, as for baddbmm), PyTorch's CPU flash kernel called
-without its causal flag (4·b·h·Nq·Nk·D: every cell of Q Kᵀ and P V) and a triangular solve with r right-hand
-columns (forward substitution: one multiply-add per cell below the diagonal and column, b·c·(c − 1)·r for a
-unit diagonal, and c·r divisions more without one). With the causal flag that kernel skips key
-tiles by its own tiling, which no formula of the shapes alone can count: those calls are not checked here (the spec
-models them from the kernel's source, tests/test_mechanisms.py checks the pattern). Elementwise work a spec counts as
-its own (`Cost.elementwise_flops`, additive attention's additions and tanh) is not a matmul: it is left out of the
-comparison."""
+runs them. The counter has no formula for some ops the kernels use on the CPU, so it is given the textbook ones
+here: CSR products (2 a stored entry and column), a weighted bag sum (embedding_bag in mode 'sum' with per-sample
+weights: 2 an entry and column), an in-place batched multiply-add (baddbmm_, 2·b·m·n·k, as for baddbmm),
+PyTorch's CPU flash kernel called without its causal flag (4·b·h·Nq·Nk·D: every cell of Q Kᵀ and P V) and a
+triangular solve with r right-hand columns (forward substitution: one multiply-add per cell below the diagonal
+and column, b·c·(c − 1)·r for a unit diagonal, and c·r divisions more without one). With the causal flag that
+kernel skips key tiles by its own tiling, which no formula of the shapes alone can count: those calls are not
+checked here (the spec models them from the kernel's source, tests/test_mechanisms.py checks the pattern).
+Elementwise work a spec counts as its own (`Cost.elementwise_flops`, additive attention's additions and tanh) is
+not a matmul: it is left out of the comparison."""
 from __future__ import annotations
 
 import math
@@ -62,6 +63,12 @@ def _sampled_addmm(pattern, a, b, *args, out_val=None, **kwargs) -> int:
     return 2 * pattern._nnz() * a.shape[-1]
 
 
+@_raw
+def _bag_sum(weight, indices, *args, out_val=None, **kwargs) -> int:
+    """Top-k's and NSA's probabilities times the selected values: a multiply-add an entry and column of v."""
+    return 2 * indices.numel() * weight.shape[-1]
+
+
 class Seen:
     """The counter's extra formulas, and whether a call into the CPU flash kernel asked for its causal tiling."""
 
@@ -76,7 +83,8 @@ class Seen:
     def mapping(self) -> dict:
         return {aten.baddbmm_: baddbmm_flops, aten._scaled_dot_product_flash_attention_for_cpu: self.flash,
                 aten.linalg_solve_triangular: _solve_triangular, aten.mm: _mm, aten.addmm: _addmm, aten.addmm_: _addmm,
-                aten.sparse_sampled_addmm: _sampled_addmm}
+                aten.sparse_sampled_addmm: _sampled_addmm, aten._embedding_bag_forward_only: _bag_sum,
+                aten._embedding_bag: _bag_sum}
 
 
 @pytest.mark.parametrize("kv_heads", [H, 2])

@@ -106,7 +106,7 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
     usable = pos <= t[:, None]  # not past the query; pos increases along each row, as CSR takes it
     ks, vs = (k, v) if selectable is None else selectable
     if -(-e // select_block) * select_block <= ks.shape[2]:  # every selected position is a key: sparse products
-        out_slc = selected_softmax(q, ks, vs, pos, usable, scattered=False)  # runs of select_block keys
+        out_slc = selected_softmax(q, ks, vs, pos, usable)
     else:  # a step inside a block: its positions past the end read the last key, masked (one query: a small copy)
         out_slc = gathered_softmax(q, ks, vs, pos.clamp_(max=ks.shape[2] - 1), usable)
     del idx, pos, usable
@@ -349,9 +349,9 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
     """Peak bytes above the inputs: the output, the compressed keys and values (and k and v for the selection, when
     padded to whole selection blocks or copied from half precision), plus the largest stage of one query block, in the
     order `rows` makes them: the compressed scores beside their probabilities; the selection's positions (int64, with a
-    flag each); the sparse products as top-k's (`topk._memory`'s stages: positions and flags, each chunk's indices and
-    their order, the scores, the probabilities, one key/value head's listing); the window's scores beside their
-    probabilities. Gates given (as the engine gives them), not drawn."""
+    flag each); the selected softmax as top-k's (`topk._products_bytes`: the CSR row offsets, the scaled queries
+    beside the scores, softmax beside them, the probabilities beside one head's bag sums); the window's scores beside
+    their probabilities. Gates given (as the engine gives them), not drawn."""
     e, w, g = s.elem, max(s.elem, 4), s.group
     n, short = s.Nq, -s.Nq % select_block
     mc = visible_blocks(n - 1, block, stride)
@@ -367,13 +367,14 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
         wn = end - max(0, a - window + 1)
         base = rows_ * e + chosen * e  # the scaled queries, the block scores
         kept = base + rows_ * e + chosen * 8  # and the compressed output; the ranked blocks' indices
-        held = 9 * E  # positions and flags; the keys are one chunk (runs of select_block), read in their order
+        held = 9 * E + 8 * (r + 1)  # positions and flags, and the CSR row offsets
         peak = max(peak,
                    base + 2 * s.bh * r * c * e + r * c + s.bk * r * c * e,  # compression
                    kept + 17 * E,  # the positions (int64, from the blocks' own) and their flags
-                   kept + held + rows_ * w * (2 if e < w else 1) + scores + r * L * (w + 13),  # sampled products
+                   kept + held + rows_ * w * (2 if e < w else 1) + scores,  # sampled products
                    kept + held + 2 * scores,  # softmax beside the scores
-                   kept + held + scores + rows_ * w + (rows_ * e if e < w else 0),  # p · v
+                   kept + held + scores + rows_ * w + r * s.D * w + (16 * r * L if w == 8 else 0),  # p · v, a bag a row
+                   kept + held + rows_ * w + (rows_ * e if e < w else 0),  # the output in its own dtype
                    kept + rows_ * e + 2 * s.bh * r * wn * e + 3 * r * wn,  # the window
                    kept + 4 * rows_ * e)  # the gated sum
     return fixed + peak

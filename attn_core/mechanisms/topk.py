@@ -10,7 +10,7 @@ import torch
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import KVCache, kv_bytes, tensor_bytes
 from ._common import check_key_padding, checked_shape, repeated, scale, trusted
-from ._sparse import KEY_CHUNK_BYTES, selected_softmax, sort_selection, work_dtype
+from ._sparse import selected_softmax, sort_selection, work_dtype
 
 SELECT_NUMBERS = 1 << 24  # numbers one query block's selected softmax holds (see `rows`)
 INDEX_NUMBERS = 1 << 23  # numbers one indexer step's scores hold (see `index_rows`)
@@ -33,7 +33,9 @@ def rows(s: Shape, top_k: int, index_heads: int) -> int:
 def index_rows(batch: int, index_heads: int, m: int) -> int:
     """Query rows per indexer step within a block: their products with m keys for every indexer head and the
     weighted sum ((index_heads + 1)·m numbers a row, all batch elements) fill INDEX_NUMBERS (n = 16384: 102 rows a
-    step; steps of 12 to 51 rows ran the whole call 0.5–1 s slower, their selections many small ones)."""
+    step; steps of 12 to 51 rows ran the whole call 0.5–1 s slower, their selections many small ones). The kernel
+    passes all the keys, Nk, for every block: a causal block's fewer keys take no more rows, so the selection's
+    buffers, which grow with the rows, peak in the last blocks, where the memory model looks."""
     return max(1, INDEX_NUMBERS // (batch * (index_heads + 1) * m))
 
 
@@ -219,7 +221,7 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         kk = min(top_k, m)
         idx = torch.empty(s.B, e - a, kk, dtype=torch.long, device=q.device)
         usable = torch.empty(s.B, e - a, kk, dtype=torch.bool, device=q.device)
-        step = index_rows(s.B, index_heads, m)
+        step = index_rows(s.B, index_heads, s.Nk)  # as many rows as the last blocks take (causal: m is shorter)
         with torch.no_grad():
             for i in range(a, e, step):  # the indexer a few rows at a time, their scores in cache
                 j = min(i + step, e)
@@ -358,29 +360,18 @@ def _sampled_bytes(rows: int, m: int, kk: int, w: int) -> float:
                16 * c + (w + 1) * c + rows * kk * (w + 8))
 
 
-def _products_bytes(s: Shape, r: int, kk: int, m: int) -> float:
-    """Peak bytes of `_sparse.selected_softmax` on r queries of kk selected keys among m, above its inputs: with
-    W = KEY_CHUNK_BYTES of a head's keys a chunk and more keys than that, each chunk's indices and their order (16
-    bytes an entry); the scaled queries beside the scores and a sampled product's working set (the pattern's
-    zeros and its copies of the indices, each product's values listed at once: w + 24 bytes an entry of a chunk,
-    w + 20 of one chunk for all keys) and, in chunks, the scores listed chunk by chunk, then the int64 inverse
-    order (and its arange) that gathers them back; softmax beside the scores and their flags; the probabilities
-    listed chunk by chunk (chunks) beside the output and a product's copies of its values and indices (w + 4 an
-    entry). A chunk's entries are taken as its share of the keys a query sees, W/m of the row's (causal: W over the
-    keys its middle row sees), the selections spread over them, as the allocator shows."""
+def _products_bytes(s: Shape, r: int, kk: int) -> float:
+    """Peak bytes of `_sparse.selected_softmax` on r queries of kk selected keys, above its inputs (k and v
+    already in the work dtype): the CSR row offsets (int64, r + 1) throughout; the scaled queries (float32 copies of
+    half ones first) beside the scores; softmax beside the scores; the probabilities beside the output and one head's
+    bag sums, with, in float64, whose bag sums take torch's general path, each entry's bag and their running sum
+    (int64); the output beside its copy in a half dtype. Nothing is sized by the keys: they are read in place."""
     e, w = s.elem, max(s.elem, 4)
-    width = KEY_CHUNK_BYTES // (s.D * w)
-    chunked = width < m
-    E, probs, block = s.B * r * kk, s.bh * r * kk * w, s.bh * r * s.D * w
-    seen = m - r / 2 if s.causal else m  # keys a query sees, on average over a causal block's rows
-    part = math.ceil(r * kk * min(1.0, width / seen)) if chunked else r * kk  # a chunk's entries, one batch element
-    held = 16 * E * chunked
-    listed = chunked * s.H * r * kk * w  # one batch element's scores listed chunk by chunk, beside the row-major ones
-    return held + max(block * (2 if e < w else 1) + probs + listed + max(part * (w + (24 if chunked else 20)),
-                                                                          16 * r * kk * chunked),  # or the inverse
-                      2 * probs + E,
-                      probs + block + chunked * s.H * r * kk * w + part * (w + 4) + (s.bh * r * s.D * e if e < w
-                                                                                   else 0))
+    probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
+    general = 16 * (r * kk + 1) if w == 8 else 0
+    half = s.bh * r * s.D * e if e < w else 0
+    return 8 * (r + 1) + max(2 * block if half else 0, block + probs, 2 * probs, probs + block + r * s.D * w + general,
+                             block + half)
 
 
 def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
@@ -398,7 +389,7 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
     for r, m in _blocks(s, top_k, index_heads):
         kk = min(top_k, m)
         E = s.B * r * kk
-        ri = min(r, index_rows(s.B, index_heads, m))  # an indexer step's rows
+        ri = min(r, index_rows(s.B, index_heads, s.Nk))  # an indexer step's rows
         rr = min(ri, product_rows(s.B, index_heads, m))  # an indexer product's rows
         Ei, scores = s.B * ri * kk, s.B * ri * m * w
         held = 9 * E  # the block's sorted indices and usable flags
@@ -408,7 +399,7 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
                                         s.B * ri * m + Ei * (w + 8),  # top-k with its tie check
                                         _sampled_bytes(s.B * ri, m, kk, w),  # or the sampled selection
                                         Ei * (w + 26)),  # the sort: values, indices, flags, their sort
-                   held + _products_bytes(s, r, kk, m))
+                   held + _products_bytes(s, r, kk))
     return fixed + peak
 
 
