@@ -187,9 +187,9 @@ def test_effective_weights_are_softmax_over_the_selected_cells():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_indexer_scores_of_a_block_are_at_most_block_by_n(causal, monkeypatch):
-    """No n × n score tensor: every indexer product the kernel makes is (B, rows · index_heads, ≤ n), its rows an
-    indexer step's (`index_rows`: (index_heads + 1) · rows · keys ≤ INDEX_NUMBERS), several steps to a block of the
-    selected softmax (`rows`), and every query scored once."""
+    """No n × n score tensor: every indexer step scores (B, rows, ≤ n), its rows an indexer step's (`index_rows`:
+    (index_heads + 1) · rows · keys ≤ INDEX_NUMBERS), several steps to a block of the selected softmax (`rows`), and
+    every query scored once."""
     seen = []
     real = tk.index_scores
     monkeypatch.setattr(tk, "index_scores",
@@ -204,6 +204,19 @@ def test_the_indexer_scores_of_a_block_are_at_most_block_by_n(causal, monkeypatc
     assert sum(rows for rows, _ in seen) == 200 and max(5 * rows * keys for rows, keys in seen) <= 1 << 12
     monkeypatch.undo()
     torch.testing.assert_close(out, ac.attention(KEY, q, k, v, causal=causal, top_k=8), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("tile_numbers", [1, 360, 1 << 18], ids=["1 key", "5 keys", "all keys"])
+def test_the_indexer_scores_key_tile_by_key_tile_are_its_formula(tile_numbers, monkeypatch):
+    """`index_scores` a tile of keys at a time (tiles of 1 key, of 5, which do not divide 37, and all) against
+    I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) written out with einsum, a negative weight among the heads."""
+    monkeypatch.setattr(tk, "TILE_NUMBERS", tile_numbers)
+    g = torch.Generator().manual_seed(5)
+    qi, ki = torch.randn(2, 9, 4 * 5, generator=g, dtype=torch.float64), torch.randn(2, 37, 5, generator=g,
+                                                                                     dtype=torch.float64)
+    w = torch.tensor([0.5, -0.25, 1.0, 0.125], dtype=torch.float64)
+    want = (torch.einsum("brjd,bsd->brjs", qi.view(2, 9, 4, 5), ki).clamp(min=0) * w[:, None]).sum(2)
+    torch.testing.assert_close(tk.index_scores(qi, ki, w), want, atol=1e-12, rtol=1e-12)
 
 
 def test_bad_state_and_params_are_refused_with_a_sentence():

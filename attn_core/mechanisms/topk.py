@@ -14,7 +14,7 @@ from ._sparse import selected_softmax, sort_selection, work_dtype
 
 SELECT_NUMBERS = 1 << 24  # numbers one query block's selected softmax holds (see `rows`)
 INDEX_NUMBERS = 1 << 23  # numbers one indexer step's scores hold (see `index_rows`)
-PRODUCT_NUMBERS = 1 << 21  # numbers one indexer product holds, all its heads (see `product_rows`)
+TILE_NUMBERS = 1 << 18  # numbers one indexer product holds, all its heads and rows (see `key_tile`)
 SELECT_KEYS = 1 << 14  # the most keys a row counted in sizing a block (see `rows`)
 NEG = float("-inf")
 
@@ -89,28 +89,28 @@ def index_queries(q: torch.Tensor, index_q: torch.Tensor) -> torch.Tensor:
     return q.mean(1, dtype=index_q.dtype) @ index_q
 
 
-def product_rows(batch: int, heads: int, m: int) -> int:
-    """Query rows of one indexer product in `index_scores`: the products of every indexer head with m keys fill
-    PRODUCT_NUMBERS, so the product's output stays in cache for its ReLU and weighted sum (n = 16384: 32 rows;
-    the indexer 0.61 s against 0.96 s in products of 102 rows, whose 27 MB output went to memory and back)."""
-    return max(1, PRODUCT_NUMBERS // (batch * heads * m))
+def key_tile(batch: int, heads: int, r: int) -> int:
+    """Keys of one indexer product in `index_scores`: the products of r query rows and every indexer head with them
+    fill TILE_NUMBERS (1 MiB in float32, the core's L2), so the product's output stays in cache for its ReLU and
+    weighted sum (n = 16384, steps of 102 rows: 642 keys a tile; a step's indexer 0.6 of its time in products of
+    32 rows and all keys, whose 8 MB output went out to the shared cache and back, and the slower when the
+    machine's other tenants filled that cache)."""
+    return max(1, TILE_NUMBERS // (batch * heads * r))
 
 
 def index_scores(qi: torch.Tensor, ki: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) for qi (B, r, IH·dI) and ki (B, m, dI) → (B, r, m), a few rows
-    at a time (`product_rows`): their products of each indexer head laid out head-major (B, IH, rows, m), ReLU in
-    place, then the weighted sum over heads as one product of w (1 × IH) with the rows of all queries (a stream,
-    not many small products)."""
+    """I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) for qi (B, r, IH·dI) and ki (B, m, dI) → (B, r, m), a tile of
+    keys at a time (`key_tile`): the products of every indexer head and row with the tile's keys, laid out
+    head-major (B, IH·r, tile), ReLU in place, then the weighted sum over heads as one product of w (1 × IH) with
+    them (a stream, not many small products)."""
     B, r, _ = qi.shape
     heads, m = w.shape[0], ki.shape[1]
+    qh = qi.reshape(B, r, heads, -1).transpose(1, 2).reshape(B, heads * r, -1)
     out = qi.new_empty(B, r, m)
-    step = product_rows(B, heads, m)
-    for a in range(0, r, step):
-        rows = min(step, r - a)
-        qh = qi[:, a:a + rows].reshape(B, rows, heads, -1).transpose(1, 2).reshape(B, heads * rows, -1)
-        raw = (qh @ ki.transpose(1, 2)).relu_()  # (B, IH·rows, m)
-        del qh
-        out[:, a:a + rows] = (w[None, None] @ raw.view(B, heads, rows * m)).view(B, rows, m)
+    tile = key_tile(B, heads, r)
+    for c in range(0, m, tile):
+        raw = (qh @ ki[:, c:c + tile].transpose(1, 2)).relu_()  # (B, IH·r, tile)
+        out[:, :, c:c + tile] = (w[None, None] @ raw.view(B, heads, -1)).view(B, r, -1)
     return out
 
 
@@ -377,10 +377,10 @@ def _products_bytes(s: Shape, r: int, kk: int) -> float:
 def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
     """Peak bytes above the inputs: the indexer's queries and keys, the output (and float32 copies of half k, v), and
     the largest stage of one query block, in the order the kernel makes them. Beside the block's selection (int64
-    indices and a flag, 9 bytes a selected key) and an indexer step's (`index_rows`) scores: one product's rows
-    (`product_rows`) of every indexer head beside their weighted sum, the step's causal mask, its selection
-    (`_sampled_bytes`, or the exact form's values and int64 indices beside a flag per score) and the exact form's
-    sort. Then the sparse products over the block (`_products_bytes`)."""
+    indices and a flag, 9 bytes a selected key) and an indexer step's (`index_rows`) scores: its queries laid out by
+    head beside one tile's products (`key_tile`) of every indexer head and their weighted sum, the step's causal
+    mask, its selection (`_sampled_bytes`, or the exact form's values and int64 indices beside a flag per score) and
+    the exact form's sort. Then the sparse products over the block (`_products_bytes`)."""
     e, w = s.elem, max(s.elem, 4)
     fixed = s.B * (s.Nq * index_heads * index_dim + s.Nk * index_dim) * w + s.output_bytes
     if e < w:
@@ -390,11 +390,11 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
         kk = min(top_k, m)
         E = s.B * r * kk
         ri = min(r, index_rows(s.B, index_heads, s.Nk))  # an indexer step's rows
-        rr = min(ri, product_rows(s.B, index_heads, m))  # an indexer product's rows
+        t = min(m, key_tile(s.B, index_heads, ri))  # an indexer product's keys
         Ei, scores = s.B * ri * kk, s.B * ri * m * w
         held = 9 * E  # the block's sorted indices and usable flags
         peak = max(peak,
-                   held + scores + max(s.B * rr * (index_heads * m + max(index_heads * index_dim, m)) * w,  # indexer
+                   held + scores + max(s.B * ri * (index_heads * index_dim + (index_heads + 1) * t) * w,  # indexer
                                         ri * m * s.causal,  # its causal mask
                                         s.B * ri * m + Ei * (w + 8),  # top-k with its tie check
                                         _sampled_bytes(s.B * ri, m, kk, w),  # or the sampled selection
