@@ -265,3 +265,22 @@ def test_the_sampled_selection_is_the_exact_one(kind):
     sampled, exact = tk.select(scores.clone(), 256, finite=True), tk._select_exact(scores.clone(), 256)
     assert torch.equal(sampled[0], exact[0]) and torch.equal(sampled[1], exact[1])
     assert (sampled[0].diff(dim=-1) > 0).all()  # increasing in each row, as CSR takes them
+
+
+def test_the_sampled_selection_settles_a_tie_at_the_threshold_as_the_exact_one():
+    """Gaussian scores with each row's (kk+1)-th highest score raised to its kk-th (the two keys in either order
+    along the row): the sampled form answers (no whole-row top-k) and keeps the earlier of the two, as
+    `_select_exact` does."""
+    g = torch.Generator().manual_seed(4)
+    kk, m = 256, 4096
+    scores = torch.randn(1, 30, m, generator=g)
+    order = scores.argsort(-1, descending=True)
+    kth, nxt = order[..., kk - 1], order[..., kk]
+    assert (kth < nxt).any() and (kth > nxt).any()
+    scores.scatter_(-1, nxt[..., None], scores.gather(-1, kth[..., None]))
+    sampled = tk._select_sampled(scores.clone(), kk)
+    assert sampled is not None
+    exact = tk._select_exact(scores.clone(), kk)
+    assert torch.equal(sampled[0], exact[0]) and sampled[1].all()
+    earlier, later = torch.minimum(kth, nxt)[..., None], torch.maximum(kth, nxt)[..., None]
+    assert (sampled[0] == earlier).any(-1).all() and not (sampled[0] == later).any(-1).any()

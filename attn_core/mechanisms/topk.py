@@ -120,8 +120,8 @@ SAMPLE_STRIDE = 8  # every 8th score of a row estimates where its top kk begin (
 def select(scores: torch.Tensor, kk: int, *, finite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The kk highest scores of each row (B, r, m), as (indices (B, r, kk), increasing in each row as CSR takes them,
     usable (B, r, kk): the key's score was finite, so it is neither masked nor padded). Ties at the threshold go to
-    the earlier keys. `_select_sampled` where it can answer (rows of finite scores, kk at most a quarter of m, no
-    tie at a row's threshold: the same selection, found 40% faster), else `_select_exact`. `finite`: the caller
+    the earlier keys. `_select_sampled` where it can answer (rows of finite scores, kk at most a quarter of m: the
+    same selection, found without a top-k over whole rows), else `_select_exact`. `finite`: the caller
     knows no score is NaN (a NaN is never a candidate of the sampled form, while the exact one keeps it); without
     it, the exact form."""
     if finite and 4 * kk <= scores.shape[-1]:
@@ -136,10 +136,10 @@ def _select_sampled(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.
     (its share of kk and four standard deviations more, so that the row's candidates, its scores at or above that
     sample's least, number from kk to about 1.3·kk at kk = 2048), the candidates listed row by row in key order
     (`nonzero`) and laid in a row each, padded with −inf; the kk-th highest candidate is the row's threshold, and the
-    candidates at or above it, still in key order, are its selection. None where it cannot answer or would not gain: a
-    row with fewer than kk candidates or more than 3·kk (many equal scores, e.g. the zeros of one ReLU indexer head), a
-    threshold that is not finite (masked or padded keys among its top kk), or more than kk scores at a threshold (ties,
-    which `_select_exact` settles)."""
+    candidates above it, with the earliest of those at it (ties: float32 scores tie at a row's threshold in about one
+    step of 102 rows in 40 at n = 16384), still in key order, are its selection. None where it cannot answer or would
+    not gain: a row with fewer than kk candidates or more than 3·kk (many equal scores, e.g. the zeros of one ReLU
+    indexer head), or a threshold that is not finite (masked or padded keys among its top kk)."""
     B, r, m = scores.shape
     sample = scores[..., ::SAMPLE_STRIDE]
     share = -(-kk * sample.shape[-1] // m)
@@ -161,8 +161,9 @@ def _select_sampled(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.
     laid = scores.new_full((B * r * most,), NEG).index_put_((slot,), scores.view(-1)[at]).view(B * r, most)
     tau = laid.topk(kk, dim=-1, sorted=False).values.amin(-1, keepdim=True)
     keep = laid >= tau
-    if not bool((keep.sum(-1) == kk).all()):
-        return None
+    if not bool((keep.sum(-1) == kk).all()):  # ties at a row's threshold: its earlier keys there, as `_select_exact`
+        above, tied = laid > tau, laid == tau
+        keep = above.logical_or_(tied.logical_and_(tied.cumsum(-1) <= kk - above.sum(-1, keepdim=True)))
     idx = at[keep.view(-1)[slot]].remainder_(m).view(B, r, kk)
     return idx, torch.ones(idx.shape, dtype=torch.bool, device=idx.device)
 
@@ -352,12 +353,13 @@ def _sampled_bytes(rows: int, m: int, kk: int, w: int) -> float:
     the sample's flags and their int64 count (9 bytes a sampled score); a flag per score beside the candidates'
     int64 positions; the positions, their rows and slots and an int64 step of the slots; then the positions and
     slots beside the padded candidates (w bytes), the values gathered into them, and their top-k (w + 8 a kept
-    key) and flags. At the most candidates it takes, 3·kk a row (Gaussian-like scores give 1.3·kk at kk = 2048)."""
+    key) and flags; where a threshold ties, three flags and an int64 running count a candidate beside them. At the
+    most candidates it takes, 3·kk a row (Gaussian-like scores give 1.3·kk at kk = 2048)."""
     if 4 * kk > m:
         return 0.0
     c = rows * 3 * kk
     return max(9 * rows * -(-m // SAMPLE_STRIDE), rows * m + 8 * c, 32 * c, 16 * c + w * 2 * c,
-               16 * c + (w + 1) * c + rows * kk * (w + 8))
+               16 * c + (w + 1) * c + rows * kk * (w + 8), 16 * c + (w + 11) * c)
 
 
 def _products_bytes(s: Shape, r: int, kk: int) -> float:
