@@ -31,11 +31,12 @@ def rows(s: Shape, top_k: int, index_heads: int) -> int:
 
 
 def index_rows(batch: int, index_heads: int, m: int) -> int:
-    """Query rows per indexer step within a block: their products with m keys for every indexer head and the
-    weighted sum ((index_heads + 1)·m numbers a row, all batch elements) fill INDEX_NUMBERS (n = 16384: 102 rows a
-    step; steps of 12 to 51 rows ran the whole call 0.5–1 s slower, their selections many small ones). The kernel
-    passes all the keys, Nk, for every block: a causal block's fewer keys take no more rows, so the selection's
-    buffers, which grow with the rows, peak in the last blocks, where the memory model looks."""
+    """Query rows per indexer step within a block: (index_heads + 1)·m numbers a row, all batch elements, fill
+    INDEX_NUMBERS (the step's scores and, before the products came a tile of keys at a time, every head's products;
+    n = 16384: 102 rows a step, which stayed fastest: steps of 12 to 51 rows, or of a whole block, ran the whole call
+    slower, the small ones' selections many small ones). The kernel passes all the keys, Nk, for every block: a
+    causal block's fewer keys take no more rows, so the selection's buffers, which grow with the rows, peak in the
+    last blocks, where the memory model looks."""
     return max(1, INDEX_NUMBERS // (batch * (index_heads + 1) * m))
 
 
