@@ -121,10 +121,11 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     ks, vs = k.to(work), v.to(work)
     g = H // Hk
     crow = torch.arange(0, r * kk + 1, kk, device=q.device)
-    # the products write each head's scores into its rows here (out=, on the CPU and without gradients); the kernel
-    # adds beta · the old value even at beta = 0, so the buffer starts at zero, never as uninitialised memory
-    scores = qs.new_zeros(B, H, r * kk)
+    # on the CPU and without gradients the products write each head's scores into its rows here (out=); the kernel
+    # adds beta · the old value even at beta = 0, so the buffer starts at zero, never as uninitialised memory. CUDA
+    # keeps the form its tests checked, a product's values copied in from a pattern of zeros
     in_place = q.device.type == "cpu" and not (torch.is_grad_enabled() and (qs.requires_grad or ks.requires_grad))
+    scores = qs.new_zeros(B, H, r * kk) if in_place else qs.new_empty(B, H, r * kk)
     zeros = None if in_place else qs.new_zeros(r * kk)
     for b in range(B):
         for s in range(S):
