@@ -15,7 +15,7 @@ from attn_core.engine.job import Job
 from attn_core.engine.measurement import COLUMNS, Measurement
 from attn_core.engine.problem import Problem, Settings
 from attn_core.engine.results import frame_from_rows
-from attn_core.mechanisms import _linear_core as linear_core, additive, gated_deltanet, sigmoid
+from attn_core.mechanisms import _linear_core as linear_core, additive, gated_deltanet, nsa, sigmoid, topk
 from attn_core.mechanisms._common import GPU_WORKSPACE
 from tests.fake_mechanisms import private_sweep_lock  # noqa: F401 (an autouse fixture)
 
@@ -116,6 +116,19 @@ def test_a_shape_carries_its_device_and_a_gpu_chunk_holds_more_rows(key, rows):
     assert rows("cuda") == min(N, GPU_WORKSPACE * rows("cpu")) > rows("cpu")
     cpu, gpu = (ac.Shape(1, 8, N, N, 64, device=d) for d in ("cpu", "cuda"))
     assert ac.get(key).cost.memory_bytes(gpu) > ac.get(key).cost.memory_bytes(cpu)
+
+
+def test_top_k_and_nsa_blocks_on_a_gpu_hold_more_rows_and_their_memory_models_follow():
+    """Top-k's query blocks (up to n), indexer steps and key tiles, and NSA's query blocks: GPU_WORKSPACE times a
+    CPU's on a GPU, where the launches, not a cache, set the size."""
+    cpu, gpu = (ac.Shape(1, 8, 16384, 16384, 64, causal=True, device=d) for d in ("cpu", "cuda"))
+    assert topk.rows(gpu, 2048, 4) == 16384 > topk.rows(cpu, 2048, 4) == 341
+    assert topk.index_rows(1, 4, 16384, "cuda") == 6553 >= GPU_WORKSPACE * topk.index_rows(1, 4, 16384)
+    assert topk.key_tile(1, 4, 102, "cuda") == 41120 >= GPU_WORKSPACE * topk.key_tile(1, 4, 102)
+    assert nsa.block_rows("cuda") == GPU_WORKSPACE * nsa.block_rows("cpu") == GPU_WORKSPACE * nsa.ROWS
+    for key in ("topk", "nsa"):
+        assert ac.get(key).cost.memory_bytes(gpu) > ac.get(key).cost.memory_bytes(cpu)
+        assert ac.get(key).cost.executed(gpu) >= ac.get(key).cost.executed(cpu)
 
 
 def test_a_gated_delta_segment_on_a_gpu_holds_more_chunks_and_its_memory_model_follows():

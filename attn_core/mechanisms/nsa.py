@@ -9,13 +9,21 @@ import torch
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import Cache, Ring, kv_bytes
-from ._common import check_key_padding, checked_shape, scale, trusted
-from ._sparse import gathered_softmax, selected_softmax, work_dtype
+from ._common import check_key_padding, checked_shape, scale, trusted, workspace
+from ._sparse import gathered_softmax, selected_softmax, selected_softmax_bytes, work_dtype
 
-ROWS = 64  # queries per block of the forward pass (the selections of a block are one sparse product a head)
+ROWS = 64  # queries per block of the forward pass on a CPU (the selections of a block are one sparse product a head)
 GATES = ("g_cmp", "g_slc", "g_win")
 GATE_LOGIT = 2.0  # default gates sigmoid(z), z uniform in [−2, 2]
 DEFAULTS = {"block": 32, "stride": 16, "select_block": 64, "select_blocks": 16, "window": 512}
+
+
+def block_rows(device: str) -> int:
+    """Queries per block of the forward pass: ROWS on a CPU, 64 times as many on a GPU (`workspace`), where a
+    block's products are launches to fill, not caches to fit. n = 16384, causal, on an H100 (fp32): blocks of 64,
+    256, 1024 and 4096 rows took 720, 183, 61 and 43 ms, the window's extra keys (r + window a query row)
+    notwithstanding; on a 2-core CPU 256 rows ran as fast as 64, and 1024 rows twice as slow (n = 2048)."""
+    return workspace(ROWS, device)
 
 
 # -- the three branches over one block of queries -------------------------------------------------------------
@@ -180,8 +188,8 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
     the paper's kernel). K_win(t): t − window < j ≤ t.
 
     q (B, H, n, D), k, v (B, Hk, n, D) → (B, H, n, D); gates (B, H, n) in [0, 1] (seeded from `seed` when None).
-    Queries in blocks of ROWS: O(n·(n/stride + select_blocks·select_block + window)·d) time, O(n·d) memory (each
-    block's gathered keys are ROWS·select_blocks·select_block·d per key/value head; nothing n × n).
+    Queries in blocks of `block_rows`: O(n·(n/stride + select_blocks·select_block + window)·d) time, O(n·d) memory
+    (each block's gathered keys are rows·select_blocks·select_block·d per key/value head; nothing n × n).
     """
     checked_shape(SPEC, q, k, v, causal, block=block, stride=stride, select_block=select_block,
                   select_blocks=select_blocks, window=window)
@@ -196,8 +204,9 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
     work = work_dtype(q.dtype)  # the sparse products' (half k, v copied once, not a block at a time)
     selectable = tuple(torch.nn.functional.pad(x.to(work), (0, 0, 0, short)) if short else x.to(work) for x in (k, v))
     out = torch.empty_like(q)
-    for s in range(0, n, ROWS):
-        e = min(n, s + ROWS)
+    r = block_rows(q.device.type)
+    for s in range(0, n, r):
+        e = min(n, s + r)
         out[:, :, s:e] = rows(q[:, :, s:e], k, v, kc, vc, s, [g[..., s:e] for g in gates], **p,
                               selectable=selectable)
     return out
@@ -322,15 +331,15 @@ def _step_flops(s: Shape, **params) -> float:
 
 
 # -- what it costs ---------------------------------------------------------------------------------------------
-def _blocks(n: int) -> list[tuple[int, int]]:
-    return [(s, min(n, s + ROWS)) for s in range(0, n, ROWS)]
+def _blocks(n: int, r: int) -> list[tuple[int, int]]:
+    return [(s, min(n, s + r)) for s in range(0, n, r)]
 
 
 def _executed_flops(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
     """Per query block [a, e): QKᵀ and PV over the compressed blocks the last query sees, over the gathered tokens of
     min(select_blocks, ⌈e/l'⌉) blocks, and over the window's keys max(0, a − w + 1) … e − 1: 4·d per cell."""
     cells = 0
-    for a, e in _blocks(s.Nq):
+    for a, e in _blocks(s.Nq, block_rows(s.device)):
         sel = min(select_blocks, -(-e // select_block)) * select_block
         cells += (e - a) * (visible_blocks(e - 1, block, stride) + sel + e - max(0, a - window + 1))
     return 4.0 * s.bh * s.D * cells
@@ -347,37 +356,55 @@ def _flops(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, win
 
 def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
     """Peak bytes above the inputs: the output, the compressed keys and values (and k and v for the selection, when
-    padded to whole selection blocks or copied from half precision), plus the largest stage of one query block, in the
-    order `rows` makes them: the compressed scores beside their probabilities; the selection's positions (int64, with a
-    flag each); the selected softmax as top-k's (`topk._products_bytes`: the CSR row offsets, the scaled queries
-    beside the scores, softmax beside them, the probabilities beside one head's bag sums); the window's scores beside
-    their probabilities. Gates given (as the engine gives them), not drawn."""
-    e, w, g = s.elem, max(s.elem, 4), s.group
+    padded to whole selection blocks or copied from half precision), plus the largest stage of one query block
+    (`_block_bytes`). Every stage grows with a block's end, so the last full block and the partial one, and the first,
+    whose rows may see no compressed block yet (softmax then masks into copies). Gates given (as the engine gives
+    them), not drawn."""
+    e, w = s.elem, max(s.elem, 4)
     n, short = s.Nq, -s.Nq % select_block
-    mc = visible_blocks(n - 1, block, stride)
-    fixed = s.output_bytes + kv_bytes(s, mc) + (2 * s.bk * (n + short) * s.D * w if short or e < w else 0)
-    peak = 0.0
-    full = n // ROWS * ROWS  # every stage grows with a block's end: the last full block, and the partial one
-    for a, end in ([(full - ROWS, full)] if full else []) + ([(full, n)] if full < n else []):
-        r, c = end - a, visible_blocks(end - 1, block, stride)
-        nsel = -(-end // select_block)
-        L = min(select_blocks, nsel) * select_block
-        E, rows_ = s.bk * r * L, s.bh * r * s.D
-        scores, chosen = s.bh * r * L * w, s.bk * r * nsel
-        wn = end - max(0, a - window + 1)
-        base = rows_ * e + chosen * e  # the scaled queries, the block scores
-        kept = base + rows_ * e + chosen * 8  # and the compressed output; the ranked blocks' indices
-        held = 9 * E + 8 * (r + 1)  # positions and flags, and the CSR row offsets
-        peak = max(peak,
-                   base + 2 * s.bh * r * c * e + r * c + s.bk * r * c * e,  # compression
-                   kept + 17 * E,  # the positions (int64, from the blocks' own) and their flags
-                   kept + held + rows_ * w * (2 if e < w else 1) + scores,  # sampled products
-                   kept + held + 2 * scores,  # softmax beside the scores
-                   kept + held + scores + rows_ * w + r * s.D * w + (16 * r * L if w == 8 else 0),  # p · v, a bag a row
-                   kept + held + rows_ * w + (rows_ * e if e < w else 0),  # the output in its own dtype
-                   kept + rows_ * e + 2 * s.bh * r * wn * e + 3 * r * wn,  # the window
-                   kept + 4 * rows_ * e)  # the gated sum
-    return fixed + peak
+    fixed = s.output_bytes + kv_bytes(s, visible_blocks(n - 1, block, stride)) + \
+        (2 * s.bk * (n + short) * s.D * w if short or e < w else 0)
+    r = block_rows(s.device)
+    full = n // r * r
+    ends = {(0, min(r, n))} | ({(full - r, full)} if full else set()) | ({(full, n)} if full < n else set())
+    p = {"block": block, "stride": stride, "select_block": select_block, "select_blocks": select_blocks,
+         "window": window}
+    return fixed + max(_block_bytes(s, a, end, **p) for a, end in ends)
+
+
+def _block_bytes(s: Shape, a: int, end: int, *, block: int, stride: int, select_block: int, select_blocks: int,
+                 window: int) -> float:
+    """Peak bytes of `rows` over queries a … end − 1, stage by stage in the order it makes them, each beside the
+    scaled queries: the compressed scores beside the mask of blocks ending after a query; their softmax (into two
+    copies where a row sees no block yet); the compressed output, the group's summed probabilities and the block
+    scores' units, start and running mass, beside both (`_block_scores`); then, beside the compressed output and the
+    block scores, the ranking (a masked copy sorted: values and int64 order) and the kept blocks' sort; the
+    positions (int64, from the blocks' own) and their flags; the sparse products (`selected_softmax_bytes`); the
+    window's scores beside their three masks, then softmax and the output; the gated sum."""
+    e, w = s.elem, max(s.elem, 4)
+    r, c = end - a, visible_blocks(end - 1, block, stride)
+    nsel = -(-end // select_block)
+    kept_blocks = min(select_blocks, nsel)
+    L = kept_blocks * select_block
+    E, out = s.bk * r * L, s.bh * r * s.D * e  # selected positions; one output of the block's rows (bytes)
+    chosen = s.bk * r * nsel * e  # the block scores
+    if c:
+        sc, summed = s.bh * r * c * e, s.bk * r * c * e
+        units = s.bk * r * (nsel * select_block // math.gcd(block, stride, select_block)) * e
+        compression = out + max(sc + r * c, (3 if a < block - 1 else 2) * sc,
+                                2 * sc + out + summed + max(units + summed, 2 * units + chosen))
+    else:
+        compression = out + chosen
+    kept = 2 * out + chosen if c else out + chosen  # the scaled queries, the compressed output, the block scores
+    order = s.bk * r * kept_blocks * 8
+    ranking = kept + max(chosen * 2 + s.bk * r * nsel * 8, s.bk * r * nsel * 8 + 2 * order)
+    positions = kept + order + 8 * E + max(order, E)
+    products = kept + order + 9 * E + selected_softmax_bytes(s, r, L)
+    wn = end - max(0, a - window + 1)
+    sw = s.bh * r * wn * e
+    windowed = kept + out + max(sw + 3 * r * wn, 2 * sw + out)
+    gated = kept + 5 * out
+    return max(compression, ranking, positions, products, windowed, gated)
 
 
 def _branches(q, k, block: int, stride: int, select_block: int, select_blocks: int):

@@ -9,8 +9,8 @@ import torch
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import KVCache, kv_bytes, tensor_bytes
-from ._common import check_key_padding, checked_shape, repeated, scale, trusted
-from ._sparse import selected_softmax, sort_selection, work_dtype
+from ._common import check_key_padding, checked_shape, repeated, scale, trusted, workspace
+from ._sparse import selected_softmax, selected_softmax_bytes, sort_selection, work_dtype
 
 SELECT_NUMBERS = 1 << 24  # numbers one query block's selected softmax holds (see `rows`)
 INDEX_NUMBERS = 1 << 23  # numbers one indexer step's scores hold (see `index_rows`)
@@ -26,18 +26,19 @@ def rows(s: Shape, top_k: int, index_heads: int) -> int:
     row, counted up to SELECT_KEYS (a huge top_k still leaves blocks of tens of rows). top_k, not the fewer keys of
     a short sequence, so that the peak grows with n, as the theory's searches for the largest n that fits take it.
     At n = 16384 blocks of 341 rows ran the whole call fastest: 85, 113 and 170 rows took 1.21, 1.17 and 1.09 of its
-    time, 306, 408 and 682 rows about the same."""
-    return max(1, min(s.Nq, SELECT_NUMBERS // (s.B * min(top_k, SELECT_KEYS) * (2 * s.H + 8))))
+    time, 306, 408 and 682 rows about the same. On a GPU (`workspace`: 64 times the numbers) all 16384 rows are one
+    block, and the call's launches 48 times fewer: 794 → 77 ms on an H100 (fp32, not causal)."""
+    return max(1, min(s.Nq, workspace(SELECT_NUMBERS, s.device) // (s.B * min(top_k, SELECT_KEYS) * (2 * s.H + 8))))
 
 
-def index_rows(batch: int, index_heads: int, m: int) -> int:
+def index_rows(batch: int, index_heads: int, m: int, device: str = "cpu") -> int:
     """Query rows per indexer step within a block: (index_heads + 1)·m numbers a row, all batch elements, fill
     INDEX_NUMBERS (the step's scores and, before the products came a tile of keys at a time, every head's products;
     n = 16384: 102 rows a step, which stayed fastest: steps of 12 to 51 rows, or of a whole block, ran the whole call
     slower, the small ones' selections many small ones). The kernel passes all the keys, Nk, for every block: a
     causal block's fewer keys take no more rows, so the selection's buffers, which grow with the rows, peak in the
-    last blocks, where the memory model looks."""
-    return max(1, INDEX_NUMBERS // (batch * (index_heads + 1) * m))
+    last blocks, where the memory model looks. On a GPU (`device`), 64 times the rows (`workspace`)."""
+    return max(1, workspace(INDEX_NUMBERS, device) // (batch * (index_heads + 1) * m))
 
 
 # -- the indexer: seeded projections drawn outside the kernel --------------------------------------------------
@@ -90,13 +91,14 @@ def index_queries(q: torch.Tensor, index_q: torch.Tensor) -> torch.Tensor:
     return q.mean(1, dtype=index_q.dtype) @ index_q
 
 
-def key_tile(batch: int, heads: int, r: int) -> int:
+def key_tile(batch: int, heads: int, r: int, device: str = "cpu") -> int:
     """Keys of one indexer product in `index_scores`: the products of r query rows and every indexer head with them
     fill TILE_NUMBERS (1 MiB in float32, the core's L2), so the product's output stays in cache for its ReLU and
     weighted sum (n = 16384, steps of 102 rows: 642 keys a tile; a step's indexer 0.6 of its time in products of
     32 rows and all keys, whose 8 MB output went out to the shared cache and back, and the slower when the
-    machine's other tenants filled that cache)."""
-    return max(1, TILE_NUMBERS // (batch * heads * r))
+    machine's other tenants filled that cache). On a GPU (`device`), 64 times the keys (`workspace`): a launch
+    filled, no cache to fit."""
+    return max(1, workspace(TILE_NUMBERS, device) // (batch * heads * r))
 
 
 def index_scores(qi: torch.Tensor, ki: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -108,14 +110,24 @@ def index_scores(qi: torch.Tensor, ki: torch.Tensor, w: torch.Tensor) -> torch.T
     heads, m = w.shape[0], ki.shape[1]
     qh = qi.reshape(B, r, heads, -1).transpose(1, 2).reshape(B, heads * r, -1)
     out = qi.new_empty(B, r, m)
-    tile = key_tile(B, heads, r)
+    tile = key_tile(B, heads, r, qi.device.type)
     for c in range(0, m, tile):
         raw = (qh @ ki[:, c:c + tile].transpose(1, 2)).relu_()  # (B, IH·r, tile)
         out[:, :, c:c + tile] = (w[None, None] @ raw.view(B, heads, -1)).view(B, r, -1)
+        del raw  # not beside the next tile's products
     return out
 
 
 SAMPLE_STRIDE = 8  # every 8th score of a row estimates where its top kk begin (see `_select_sampled`)
+
+
+def sample_pick(m: int, kk: int) -> int:
+    """Sampled scores a row keeps in `_select_sampled`: its share of kk among the ⌈m / SAMPLE_STRIDE⌉ sampled and
+    four standard deviations of that count more, so that the row's scores at or above the least kept number at
+    least kk (SAMPLE_STRIDE times this on average)."""
+    sampled = -(-m // SAMPLE_STRIDE)
+    share = -(-kk * sampled // m)
+    return min(share + 4 * math.isqrt(share) + 12, sampled)
 
 
 def select(scores: torch.Tensor, kk: int, *, finite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,14 +150,13 @@ def _select_sampled(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.
     sample's least, number from kk to about 1.3·kk at kk = 2048), the candidates listed row by row in key order
     (`nonzero`) and laid in a row each, padded with −inf; the kk-th highest candidate is the row's threshold, and the
     candidates above it, with the earliest of those at it (ties: float32 scores tie at a row's threshold in about one
-    step of 102 rows in 40 at n = 16384), still in key order, are its selection. None where it cannot answer or would
-    not gain: a row with fewer than kk candidates or more than 3·kk (many equal scores, e.g. the zeros of one ReLU
-    indexer head), or a threshold that is not finite (masked or padded keys among its top kk)."""
+    step of 102 rows in 40 at n = 16384; only the tied rows are settled again), still in key order, are its
+    selection. None where it cannot answer or would not gain: a row with fewer than kk candidates or more than 3·kk
+    (many equal scores, e.g. the zeros of one ReLU indexer head), or a threshold that is not finite (masked or padded
+    keys among its top kk)."""
     B, r, m = scores.shape
     sample = scores[..., ::SAMPLE_STRIDE]
-    share = -(-kk * sample.shape[-1] // m)
-    pick = min(share + 4 * math.isqrt(share) + 12, sample.shape[-1])  # 4 standard deviations of the count above kk
-    low = sample.topk(pick, dim=-1, sorted=False).values.amin(-1, keepdim=True)  # (B, r, 1)
+    low = sample.topk(sample_pick(m, kk), dim=-1, sorted=False).values.amin(-1, keepdim=True)  # (B, r, 1)
     if not bool(torch.isfinite(low).all()) or \
             SAMPLE_STRIDE * int((sample >= low).sum(-1).max()) > 3 * kk:  # many scores equal to the sample's least
         return None
@@ -162,9 +173,12 @@ def _select_sampled(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.
     laid = scores.new_full((B * r * most,), NEG).index_put_((slot,), scores.view(-1)[at]).view(B * r, most)
     tau = laid.topk(kk, dim=-1, sorted=False).values.amin(-1, keepdim=True)
     keep = laid >= tau
-    if not bool((keep.sum(-1) == kk).all()):  # ties at a row's threshold: its earlier keys there, as `_select_exact`
-        above, tied = laid > tau, laid == tau
-        keep = above.logical_or_(tied.logical_and_(tied.cumsum(-1) <= kk - above.sum(-1, keepdim=True)))
+    tied_rows = (keep.sum(-1) != kk).nonzero().squeeze(1)
+    if tied_rows.numel():  # ties at a row's threshold: its earlier keys there, as `_select_exact`
+        some, at_tau = laid[tied_rows], tau[tied_rows]
+        above, tied = some > at_tau, some == at_tau
+        keep[tied_rows] = above.logical_or_(tied.logical_and_(tied.cumsum(-1) <= kk - above.sum(-1, keepdim=True)))
+        del some, above, tied
     idx = at[keep.view(-1)[slot]].remainder_(m).view(B, r, kk)
     return idx, torch.ones(idx.shape, dtype=torch.bool, device=idx.device)
 
@@ -223,7 +237,7 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         kk = min(top_k, m)
         idx = torch.empty(s.B, e - a, kk, dtype=torch.long, device=q.device)
         usable = torch.empty(s.B, e - a, kk, dtype=torch.bool, device=q.device)
-        step = index_rows(s.B, index_heads, s.Nk)  # as many rows as the last blocks take (causal: m is shorter)
+        step = index_rows(s.B, index_heads, s.Nk, s.device)  # as many rows as the last blocks (causal: m is shorter)
         with torch.no_grad():
             for i in range(a, e, step):  # the indexer a few rows at a time, their scores in cache
                 j = min(i + step, e)
@@ -306,14 +320,38 @@ def _step_flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: in
 
 
 # -- what it costs ---------------------------------------------------------------------------------------------
-def _blocks(s: Shape, top_k: int, index_heads: int) -> list[tuple[int, int]]:
-    """(rows, keys the indexer scores) of the blocks a peak can come from: every stage grows with a block's rows and
-    keys, so the last full block and the last, partial one (O(1), not a block at a time: the theory searches ask for
-    millions of tokens)."""
+def _blocks(s: Shape, top_k: int, index_heads: int) -> list[tuple[int, int, int]]:
+    """(first row, rows, keys the indexer scores) of the blocks a peak can come from: every stage grows with a
+    block's rows and keys, so the last full block and the last, partial one; causal, also the last block whose first
+    rows take the exact selection (`_forms`), where its own stages may outgrow the sampled one's in the last blocks.
+    O(1), not a block at a time: the theory searches ask for millions of tokens."""
     r = rows(s, top_k, index_heads)
     full, rest = divmod(s.Nq, r)
-    last = [(r, full * r if s.causal else s.Nk)] if full else []
-    return last + ([(rest, s.Nq if s.causal else s.Nk)] if rest else [])
+    keys = (lambda a, rr: a + rr) if s.causal else (lambda a, rr: s.Nk)  # noqa: E731
+    found = ([((full - 1) * r, r, keys((full - 1) * r, r))] if full else []) + \
+        ([(full * r, rest, keys(full * r, rest))] if rest else [])
+    if s.causal and full:
+        kk = min(top_k, s.Nq)
+        a = min((_first_sampled(s.Nq, kk) - 1) // r, full - 1) * r  # its first row short of the sampled form's
+        found.append((a, r, keys(a, r)))
+    return found
+
+
+def _first_sampled(m: int, kk: int) -> int:
+    """The first causal query row whose step `_select_sampled` can take: its sample of every SAMPLE_STRIDE-th key up
+    to itself holds `sample_pick` finite scores, and it sees kk keys (finite inputs, Gaussian-like scores)."""
+    return max(SAMPLE_STRIDE * (sample_pick(m, kk) - 1), kk - 1)
+
+
+def _forms(a: int, r: int, m: int, kk: int, step: int, causal: bool) -> tuple[bool, bool]:
+    """(exact, sampled): the selections a block of rows a … a + r − 1 over m keys takes in its steps of `step` rows.
+    The sampled one where 4·kk ≤ m and, causal, from the first step whose first row is `_first_sampled`'s on."""
+    if 4 * kk > m:
+        return True, False
+    if not causal:
+        return False, True
+    first = _first_sampled(m, kk)
+    return a < first, a + (r - 1) // step * step >= first
 
 
 def _projections(s: Shape, index_heads: int, index_dim: int) -> float:
@@ -353,28 +391,20 @@ def _sampled_bytes(rows: int, m: int, kk: int, w: int) -> float:
     """Peak bytes of `_select_sampled` on `rows` rows of m scores beside them (0 where it does not run, 4·kk > m):
     the sample's flags and their int64 count (9 bytes a sampled score); a flag per score beside the candidates'
     int64 positions; the positions, their rows and slots and an int64 step of the slots; then the positions and
-    slots beside the padded candidates (w bytes), the values gathered into them, and their top-k (w + 8 a kept
-    key) and flags; where a threshold ties, three flags and an int64 running count a candidate beside them. At the
-    most candidates it takes, 3·kk a row (Gaussian-like scores give 1.3·kk at kk = 2048)."""
+    slots beside the laid candidates (w bytes) and the values gathered into them, or their top-k (w + 8 a kept key),
+    or their flags and the flags' int64 count, or the flags gathered by slot and the kept positions. Candidates:
+    SAMPLE_STRIDE · `sample_pick` a row on average, the most in a row 3.2·SAMPLE_STRIDE·√pick more (four of its
+    standard deviations, 0.8·SAMPLE_STRIDE·√pick for Gaussian-like scores; the most seen in 4,096 rows was 4.5),
+    the row width the candidates are laid in. Rows tied at their threshold are settled again on their own, a few
+    rows' flags more, not priced."""
     if 4 * kk > m:
         return 0.0
-    c = rows * 3 * kk
-    return max(9 * rows * -(-m // SAMPLE_STRIDE), rows * m + 8 * c, 32 * c, 16 * c + w * 2 * c,
-               16 * c + (w + 1) * c + rows * kk * (w + 8), 16 * c + (w + 11) * c)
-
-
-def _products_bytes(s: Shape, r: int, kk: int) -> float:
-    """Peak bytes of `_sparse.selected_softmax` on r queries of kk selected keys, above its inputs (k and v
-    already in the work dtype): the CSR row offsets (int64, r + 1) throughout; the scaled queries (float32 copies of
-    half ones first) beside the scores; softmax beside the scores; the probabilities beside the output and one head's
-    bag sums, with, in float64, whose bag sums take torch's general path, each entry's bag and their running sum
-    (int64); the output beside its copy in a half dtype. Nothing is sized by the keys: they are read in place."""
-    e, w = s.elem, max(s.elem, 4)
-    probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
-    general = 16 * (r * kk + 1) if w == 8 else 0
-    half = s.bh * r * s.D * e if e < w else 0
-    return 8 * (r + 1) + max(2 * block if half else 0, block + probs, 2 * probs, probs + block + r * s.D * w + general,
-                             block + half)
+    pick = sample_pick(m, kk)
+    c = rows * pick * SAMPLE_STRIDE  # the candidates
+    laid = rows * min(3 * kk, pick * SAMPLE_STRIDE + math.ceil(3.2 * SAMPLE_STRIDE * math.sqrt(pick)))
+    return max(9 * rows * -(-m // SAMPLE_STRIDE), rows * m + 8 * c, 32 * c,
+               16 * c + w * (laid + c), 16 * c + w * laid + rows * kk * (w + 8), 16 * c + (w + 9) * laid,
+               16 * c + (w + 1) * laid + c + 16 * rows * kk)
 
 
 def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
@@ -382,27 +412,30 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
     the largest stage of one query block, in the order the kernel makes them. Beside the block's selection (int64
     indices and a flag, 9 bytes a selected key) and an indexer step's (`index_rows`) scores: its queries laid out by
     head beside one tile's products (`key_tile`) of every indexer head and their weighted sum, the step's causal
-    mask, its selection (`_sampled_bytes`, or the exact form's values and int64 indices beside a flag per score) and
-    the exact form's sort. Then the sparse products over the block (`_products_bytes`)."""
+    mask, its selection (`_sampled_bytes`, or the exact form's values and int64 indices beside a flag per score and
+    its sort, in the blocks that take each: `_forms`). Then the sparse products over the block
+    (`_sparse.selected_softmax_bytes`)."""
     e, w = s.elem, max(s.elem, 4)
     fixed = s.B * (s.Nq * index_heads * index_dim + s.Nk * index_dim) * w + s.output_bytes
     if e < w:
         fixed += 2 * s.bk * s.Nk * s.D * w
     peak = 0.0
-    for r, m in _blocks(s, top_k, index_heads):
+    step = index_rows(s.B, index_heads, s.Nk, s.device)
+    for a, r, m in _blocks(s, top_k, index_heads):
         kk = min(top_k, m)
         E = s.B * r * kk
-        ri = min(r, index_rows(s.B, index_heads, s.Nk))  # an indexer step's rows
-        t = min(m, key_tile(s.B, index_heads, ri))  # an indexer product's keys
+        ri = min(r, step)  # an indexer step's rows
+        t = min(m, key_tile(s.B, index_heads, ri, s.device))  # an indexer product's keys
         Ei, scores = s.B * ri * kk, s.B * ri * m * w
         held = 9 * E  # the block's sorted indices and usable flags
+        exact, sampled = _forms(a, r, m, kk, step, s.causal)
         peak = max(peak,
                    held + scores + max(s.B * ri * (index_heads * index_dim + (index_heads + 1) * t) * w,  # indexer
                                         ri * m * s.causal,  # its causal mask
-                                        s.B * ri * m + Ei * (w + 8),  # top-k with its tie check
-                                        _sampled_bytes(s.B * ri, m, kk, w),  # or the sampled selection
-                                        Ei * (w + 26)),  # the sort: values, indices, flags, their sort
-                   held + _products_bytes(s, r, kk))
+                                        exact * (s.B * ri * m + Ei * (w + 8)),  # top-k with its tie check
+                                        exact * Ei * (w + 26),  # the sort: values, indices, flags, their sort
+                                        sampled * _sampled_bytes(s.B * ri, m, kk, w)),  # or the sampled selection
+                   held + selected_softmax_bytes(s, r, kk))
     return fixed + peak
 
 
