@@ -120,15 +120,19 @@ def test_a_shape_carries_its_device_and_a_gpu_chunk_holds_more_rows(key, rows):
 
 def test_top_k_and_nsa_blocks_on_a_gpu_hold_more_rows_and_their_memory_models_follow():
     """Top-k's query blocks (up to n), indexer steps and key tiles, and NSA's query blocks: GPU_WORKSPACE times a
-    CPU's on a GPU, where the launches, not a cache, set the size."""
+    CPU's on a GPU, where the launches, not a cache, set the size; NSA's fewer as a row's compressed blocks grow,
+    so that a million tokens still fit a GPU."""
     cpu, gpu = (ac.Shape(1, 8, 16384, 16384, 64, causal=True, device=d) for d in ("cpu", "cuda"))
     assert topk.rows(gpu, 2048, 4) == 16384 > topk.rows(cpu, 2048, 4) == 341
     assert topk.index_rows(1, 4, 16384, "cuda") == 6553 >= GPU_WORKSPACE * topk.index_rows(1, 4, 16384)
     assert topk.key_tile(1, 4, 102, "cuda") == 41120 >= GPU_WORKSPACE * topk.key_tile(1, 4, 102)
-    assert nsa.block_rows("cuda") == GPU_WORKSPACE * nsa.block_rows("cpu") == GPU_WORKSPACE * nsa.ROWS
+    assert nsa.block_rows("cuda", 8, 16384) == GPU_WORKSPACE * nsa.block_rows("cpu", 8, 16384) == GPU_WORKSPACE * 64
+    assert nsa.block_rows("cpu", 8, 1 << 20) == 64 < nsa.block_rows("cuda", 8, 1 << 20) == 250  # within its numbers
     for key in ("topk", "nsa"):
         assert ac.get(key).cost.memory_bytes(gpu) > ac.get(key).cost.memory_bytes(cpu)
         assert ac.get(key).cost.executed(gpu) >= ac.get(key).cost.executed(cpu)
+    million = ac.Shape(1, 8, 1 << 20, 1 << 20, 64, causal=True, device="cuda")  # a block's workspace bounded in n
+    assert all(ac.get(key).cost.memory_bytes(million) < 8 << 30 for key in ("topk", "nsa"))
 
 
 def test_a_gated_delta_segment_on_a_gpu_holds_more_chunks_and_its_memory_model_follows():

@@ -9,21 +9,29 @@ import torch
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import Cache, Ring, kv_bytes
-from ._common import check_key_padding, checked_shape, scale, trusted, workspace
+from ._common import GPU_WORKSPACE, GPUS, check_key_padding, checked_shape, scale, trusted
 from ._sparse import gathered_softmax, selected_softmax, selected_softmax_bytes, work_dtype
 
 ROWS = 64  # queries per block of the forward pass on a CPU (the selections of a block are one sparse product a head)
+GPU_BLOCK_NUMBERS = 1 << 27  # a GPU block's compressed, selected and window keys, a row and head each (`block_rows`)
 GATES = ("g_cmp", "g_slc", "g_win")
 GATE_LOGIT = 2.0  # default gates sigmoid(z), z uniform in [−2, 2]
 DEFAULTS = {"block": 32, "stride": 16, "select_block": 64, "select_blocks": 16, "window": 512}
 
 
-def block_rows(device: str) -> int:
-    """Queries per block of the forward pass: ROWS on a CPU, 64 times as many on a GPU (`workspace`), where a
-    block's products are launches to fill, not caches to fit. n = 16384, causal, on an H100 (fp32): blocks of 64,
-    256, 1024 and 4096 rows took 720, 183, 61 and 43 ms, the window's extra keys (r + window a query row)
-    notwithstanding; on a 2-core CPU 256 rows ran as fast as 64, and 1024 rows twice as slow (n = 2048)."""
-    return workspace(ROWS, device)
+def block_rows(device: str, bh: int, n: int, *, block: int = 32, stride: int = 16, select_block: int = 64,
+               select_blocks: int = 16, window: int = 512) -> int:
+    """Queries per block of the forward pass over n queries of bh heads and batch elements: ROWS on a CPU. On a GPU,
+    where a block's products are launches to fill, not caches to fit, as many as keep a block's compressed scores,
+    selected positions and window keys, a row and head each, within GPU_BLOCK_NUMBERS, from ROWS up to 64 times ROWS:
+    4,096 at n = 16384 with eight heads, 250 at a million tokens, where a row sees 65,535 compressed blocks. On an
+    H100 (fp32, causal, n = 16384) blocks of 64, 256, 1,024 and 4,096 rows took 720, 183, 61 and 43 ms, the window's
+    extra keys (r + window a row) notwithstanding; on a 2-core CPU 256 rows ran as fast as 64, and 1,024 rows twice
+    as slow (n = 2048)."""
+    if device not in GPUS:
+        return ROWS
+    keys = visible_blocks(n - 1, block, stride) + min(select_blocks, -(-n // select_block)) * select_block + window
+    return max(ROWS, min(GPU_WORKSPACE * ROWS, GPU_BLOCK_NUMBERS // (bh * keys)))
 
 
 # -- the three branches over one block of queries -------------------------------------------------------------
@@ -204,7 +212,7 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
     work = work_dtype(q.dtype)  # the sparse products' (half k, v copied once, not a block at a time)
     selectable = tuple(torch.nn.functional.pad(x.to(work), (0, 0, 0, short)) if short else x.to(work) for x in (k, v))
     out = torch.empty_like(q)
-    r = block_rows(q.device.type)
+    r = block_rows(q.device.type, q.shape[0] * q.shape[1], n, **p)
     for s in range(0, n, r):
         e = min(n, s + r)
         out[:, :, s:e] = rows(q[:, :, s:e], k, v, kc, vc, s, [g[..., s:e] for g in gates], **p,
@@ -339,7 +347,8 @@ def _executed_flops(s: Shape, block=32, stride=16, select_block=64, select_block
     """Per query block [a, e): QKᵀ and PV over the compressed blocks the last query sees, over the gathered tokens of
     min(select_blocks, ⌈e/l'⌉) blocks, and over the window's keys max(0, a − w + 1) … e − 1: 4·d per cell."""
     cells = 0
-    for a, e in _blocks(s.Nq, block_rows(s.device)):
+    for a, e in _blocks(s.Nq, block_rows(s.device, s.bh, s.Nq, block=block, stride=stride, select_block=select_block,
+                                         select_blocks=select_blocks, window=window)):
         sel = min(select_blocks, -(-e // select_block)) * select_block
         cells += (e - a) * (visible_blocks(e - 1, block, stride) + sel + e - max(0, a - window + 1))
     return 4.0 * s.bh * s.D * cells
@@ -364,11 +373,11 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
     n, short = s.Nq, -s.Nq % select_block
     fixed = s.output_bytes + kv_bytes(s, visible_blocks(n - 1, block, stride)) + \
         (2 * s.bk * (n + short) * s.D * w if short or e < w else 0)
-    r = block_rows(s.device)
-    full = n // r * r
-    ends = {(0, min(r, n))} | ({(full - r, full)} if full else set()) | ({(full, n)} if full < n else set())
     p = {"block": block, "stride": stride, "select_block": select_block, "select_blocks": select_blocks,
          "window": window}
+    r = block_rows(s.device, s.bh, n, **p)
+    full = n // r * r
+    ends = {(0, min(r, n))} | ({(full - r, full)} if full else set()) | ({(full, n)} if full < n else set())
     return fixed + max(_block_bytes(s, a, end, **p) for a, end in ends)
 
 
