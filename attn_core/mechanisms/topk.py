@@ -144,16 +144,23 @@ def select(scores: torch.Tensor, kk: int, *, finite: bool = False) -> tuple[torc
     return _select_exact(scores, kk)
 
 
+def _row_counts(at: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """Entries of each of `rows` rows of `width` in `at`, increasing flat positions (a row-major `nonzero`): where
+    each row's begin, found by binary search, differenced. Nothing the size of `at` is made (a sum of the flags
+    copies them to int64 first)."""
+    return torch.searchsorted(at, torch.arange(rows + 1, device=at.device) * width).diff()
+
+
 def _select_sampled(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The top kk of each row without a top-k or a sort over the whole row: a top-k over every SAMPLE_STRIDE-th score
-    (its share of kk and four standard deviations more, so that the row's candidates, its scores at or above that
-    sample's least, number from kk to about 1.3·kk at kk = 2048), the candidates listed row by row in key order
-    (`nonzero`) and laid in a row each, padded with −inf; the kk-th highest candidate is the row's threshold, and the
-    candidates above it, with the earliest of those at it (ties: float32 scores tie at a row's threshold in about one
-    step of 102 rows in 40 at n = 16384; only the tied rows are settled again), still in key order, are its
-    selection. None where it cannot answer or would not gain: a row with fewer than kk candidates or more than 3·kk
-    (many equal scores, e.g. the zeros of one ReLU indexer head), or a threshold that is not finite (masked or padded
-    keys among its top kk)."""
+    (`sample_pick` of them, so that the row's candidates, its scores at or above that sample's least, number from kk
+    to about 1.3·kk at kk = 2048), the candidates listed row by row in key order (`nonzero`) and laid in a row each,
+    padded with −inf (`masked_scatter_` into each row's first slots); the kk-th highest candidate is the row's
+    threshold, and the candidates above it, with the earliest of those at it (ties: float32 scores tie at a row's
+    threshold in about one step of 102 rows in 40 at n = 16384; only the tied rows are settled again), still in key
+    order, are its selection, read from their keys laid the same way. None where it cannot answer or would not gain:
+    a row with fewer than kk candidates or more than 3·kk (many equal scores, e.g. the zeros of one ReLU indexer
+    head), or a threshold that is not finite (masked or padded keys among its top kk)."""
     B, r, m = scores.shape
     sample = scores[..., ::SAMPLE_STRIDE]
     low = sample.topk(sample_pick(m, kk), dim=-1, sorted=False).values.amin(-1, keepdim=True)  # (B, r, 1)
@@ -161,25 +168,26 @@ def _select_sampled(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.
             SAMPLE_STRIDE * int((sample >= low).sum(-1).max()) > 3 * kk:  # many scores equal to the sample's least
         return None
     at = (scores >= low).view(-1).nonzero().squeeze(1)  # row-major: each row's candidates in key order
-    row = torch.div(at, m, rounding_mode="floor")
-    count = torch.bincount(row, minlength=B * r)
+    count = _row_counts(at, B * r, m)
     fewest, most = torch.stack([count.min(), count.max()]).tolist()
     if fewest < kk or most > 3 * kk:
         return None
-    # candidate i of the list, j-th of its row ρ, goes to slot ρ·most + j = i − (candidates before ρ − ρ·most)
-    shift = count.cumsum(0).sub_(count).sub_(torch.arange(B * r, device=at.device) * most)
-    slot = torch.arange(at.shape[0], device=at.device).sub_(shift[row])
-    del row
-    laid = scores.new_full((B * r * most,), NEG).index_put_((slot,), scores.view(-1)[at]).view(B * r, most)
+    slots = torch.arange(most, device=at.device) < count[:, None]  # (B·r, most): each row's first `count` slots
+    laid = scores.new_full((B * r, most), NEG).masked_scatter_(slots, scores.view(-1).take(at))
     tau = laid.topk(kk, dim=-1, sorted=False).values.amin(-1, keepdim=True)
     keep = laid >= tau
-    tied_rows = (keep.sum(-1) != kk).nonzero().squeeze(1)
-    if tied_rows.numel():  # ties at a row's threshold: its earlier keys there, as `_select_exact`
+    kept = keep.view(-1).nonzero().squeeze(1)
+    if kept.numel() != B * r * kk:  # ties at some rows' thresholds: their earlier keys there, as `_select_exact`
+        tied_rows = (_row_counts(kept, B * r, most) != kk).nonzero().squeeze(1)
         some, at_tau = laid[tied_rows], tau[tied_rows]
         above, tied = some > at_tau, some == at_tau
         keep[tied_rows] = above.logical_or_(tied.logical_and_(tied.cumsum(-1) <= kk - above.sum(-1, keepdim=True)))
-        del some, above, tied
-    idx = at[keep.view(-1)[slot]].remainder_(m).view(B, r, kk)
+        del some, above, tied, kept
+        kept = keep.view(-1).nonzero().squeeze(1)
+    del laid, keep
+    keys = at.new_empty(B * r, most).masked_scatter_(slots, at.remainder_(m))  # laid as the scores are
+    del at, slots
+    idx = keys.view(-1).take(kept).view(B, r, kk)
     return idx, torch.ones(idx.shape, dtype=torch.bool, device=idx.device)
 
 
@@ -390,21 +398,22 @@ def _executed_flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim
 def _sampled_bytes(rows: int, m: int, kk: int, w: int) -> float:
     """Peak bytes of `_select_sampled` on `rows` rows of m scores beside them (0 where it does not run, 4·kk > m):
     the sample's flags and their int64 count (9 bytes a sampled score); a flag per score beside the candidates'
-    int64 positions; the positions, their rows and slots and an int64 step of the slots; then the positions and
-    slots beside the laid candidates (w bytes) and the values gathered into them, or their top-k (w + 8 a kept key),
-    or their flags and the flags' int64 count, or the flags gathered by slot and the kept positions. Candidates:
-    SAMPLE_STRIDE · `sample_pick` a row on average, the most in a row 3.2·SAMPLE_STRIDE·√pick more (four of its
-    standard deviations, 0.8·SAMPLE_STRIDE·√pick for Gaussian-like scores; the most seen in 4,096 rows was 4.5),
-    the row width the candidates are laid in. Rows tied at their threshold are settled again on their own, a few
-    rows' flags more, not priced."""
+    int64 positions; then, beside the positions and a flag per slot, the laid candidates (w bytes) and the values
+    gathered into them, or their top-k (w + 8 a kept key), or their flags and the kept slots (int64); the positions
+    laid as keys (int64) beside the kept slots; the kept keys taken, with their flags. Candidates: SAMPLE_STRIDE ·
+    `sample_pick` a row on average, the most in a row 3.2·SAMPLE_STRIDE·√pick more (four of its standard
+    deviations, 0.8·SAMPLE_STRIDE·√pick for Gaussian-like scores; the most seen in 4,096 rows was 4.5), the row
+    width the candidates are laid in. Rows tied at their threshold are settled again on their own: a few rows'
+    flags more, not priced."""
     if 4 * kk > m:
         return 0.0
     pick = sample_pick(m, kk)
-    c = rows * pick * SAMPLE_STRIDE  # the candidates
+    c, E = rows * pick * SAMPLE_STRIDE, rows * kk  # the candidates; the kept
     laid = rows * min(3 * kk, pick * SAMPLE_STRIDE + math.ceil(3.2 * SAMPLE_STRIDE * math.sqrt(pick)))
-    return max(9 * rows * -(-m // SAMPLE_STRIDE), rows * m + 8 * c, 32 * c,
-               16 * c + w * (laid + c), 16 * c + w * laid + rows * kk * (w + 8), 16 * c + (w + 9) * laid,
-               16 * c + (w + 1) * laid + c + 16 * rows * kk)
+    held = 8 * c + laid  # the positions and the slots' flags
+    return max(9 * rows * -(-m // SAMPLE_STRIDE), rows * m + 8 * c, held + w * (laid + c),
+               held + w * laid + E * (w + 8), held + (w + 1) * laid + 8 * E, held + 8 * laid + 8 * E,
+               8 * laid + 17 * E)
 
 
 def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
