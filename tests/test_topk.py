@@ -255,6 +255,29 @@ def test_the_memory_model_holds_where_the_selection_is_sampled(B, H, n, D, top_k
     assert tk._memory(shape, top_k=top_k) == pytest.approx(measured, rel=0.03)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [1, 2, 8, 9, 40])
+@pytest.mark.parametrize("top_k", [1, 4, 2048])
+def test_the_memory_model_answers_for_tiny_sequences(n, top_k, causal):
+    """A causal block's first rows see few keys: the model looks for the last block that takes the exact selection,
+    which at n = 1 and top_k = 1 began before row 0 (a ZeroDivisionError). Every tiny shape gets a peak that holds
+    at least the output, and the allocator's reading within 10% or a KiB (the CSR offsets and the like, not priced).
+    """
+    from tests.baselines import trace_peak_bytes
+
+    shape = Shape(1, 2, n, n, 8, causal=causal)
+    predicted = tk._memory(shape, top_k=top_k)
+    assert predicted >= shape.output_bytes
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g) for _ in range(3))
+    state = ac.make_state(KEY, shape, top_k=top_k)
+    with torch.inference_mode():
+        call = lambda: tk.topk_attention(q, k, v, causal=causal, top_k=top_k, **state)  # noqa: E731
+        call()
+        measured = trace_peak_bytes(call)
+    assert predicted == pytest.approx(measured, rel=0.1, abs=1024)
+
+
 @pytest.mark.parametrize("kind", ["gaussian", "ties", "half zeros", "masked rows"])
 def test_the_sampled_selection_is_the_exact_one(kind):
     """`select`'s sampled form (a top-k of every 8th score, then the candidates above it) against `_select_exact`

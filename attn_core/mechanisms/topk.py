@@ -340,7 +340,7 @@ def _blocks(s: Shape, top_k: int, index_heads: int) -> list[tuple[int, int, int]
         ([(full * r, rest, keys(full * r, rest))] if rest else [])
     if s.causal and full:
         kk = min(top_k, s.Nq)
-        a = min((_first_sampled(s.Nq, kk) - 1) // r, full - 1) * r  # its first row short of the sampled form's
+        a = max(0, min((_first_sampled(s.Nq, kk) - 1) // r, full - 1)) * r  # its first row short of the sampled
         found.append((a, r, keys(a, r)))
     return found
 
@@ -353,7 +353,9 @@ def _first_sampled(m: int, kk: int) -> int:
 
 def _forms(a: int, r: int, m: int, kk: int, step: int, causal: bool) -> tuple[bool, bool]:
     """(exact, sampled): the selections a block of rows a … a + r − 1 over m keys takes in its steps of `step` rows.
-    The sampled one where 4·kk ≤ m and, causal, from the first step whose first row is `_first_sampled`'s on."""
+    The sampled one where 4·kk ≤ m and, causal, from the first step whose first row is `_first_sampled`'s on. For
+    finite inputs: scores with NaN, or rows whose unpadded keys are fewer than about 1.3·kk, take the exact form
+    there too, not priced (its sort holds about 10% more than the sampled form at kk = 2048)."""
     if 4 * kk > m:
         return True, False
     if not causal:
