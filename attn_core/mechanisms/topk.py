@@ -404,7 +404,7 @@ def _sampled_bytes(rows: int, m: int, kk: int, w: int) -> float:
     gathered into them, or their top-k (w + 8 a kept key), or their flags and the kept slots (int64); the positions
     laid as keys (int64) beside the kept slots; the kept keys taken, with their flags. Candidates: SAMPLE_STRIDE ·
     `sample_pick` a row on average, the most in a row 3.2·SAMPLE_STRIDE·√pick more (four of its standard
-    deviations, 0.8·SAMPLE_STRIDE·√pick for Gaussian-like scores; the most seen in 4,096 rows was 4.5), the row
+    deviations, 0.8·SAMPLE_STRIDE·√pick for Gaussian-like scores; the most seen, among 2,048 rows, 4.5), the row
     width the candidates are laid in. Rows tied at their threshold are settled again on their own: a few rows'
     flags more, not priced."""
     if 4 * kk > m:
