@@ -10,8 +10,8 @@ import torch
 import attn_core as ac
 from attn_core import generation as gen
 from attn_core.insight import effective as ef
-from attn_core.mechanisms._common import GPU_WORKSPACE
 from attn_core.mechanisms import topk as tk
+from attn_core.mechanisms._common import GPU_WORKSPACE
 from attn_core.spec import Shape
 from tests.baselines import masked_softmax, topk_reference
 

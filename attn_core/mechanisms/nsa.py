@@ -347,8 +347,8 @@ def _executed_flops(s: Shape, block=32, stride=16, select_block=64, select_block
     """Per query block [a, e): QKᵀ and PV over the compressed blocks the last query sees, over the gathered tokens of
     min(select_blocks, ⌈e/l'⌉) blocks, and over the window's keys max(0, a − w + 1) … e − 1: 4·d per cell."""
     cells = 0
-    for a, e in _blocks(s.Nq, block_rows(s.device, s.bh, s.Nq, block=block, stride=stride, select_block=select_block,
-                                         select_blocks=select_blocks, window=window)):
+    r = block_rows(s.device, s.bh, s.Nq, **_params(block, stride, select_block, select_blocks, window))
+    for a, e in _blocks(s.Nq, r):
         sel = min(select_blocks, -(-e // select_block)) * select_block
         cells += (e - a) * (visible_blocks(e - 1, block, stride) + sel + e - max(0, a - window + 1))
     return 4.0 * s.bh * s.D * cells
@@ -373,8 +373,7 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
     n, short = s.Nq, -s.Nq % select_block
     fixed = s.output_bytes + kv_bytes(s, visible_blocks(n - 1, block, stride)) + \
         (2 * s.bk * (n + short) * s.D * w if short or e < w else 0)
-    p = {"block": block, "stride": stride, "select_block": select_block, "select_blocks": select_blocks,
-         "window": window}
+    p = _params(block, stride, select_block, select_blocks, window)
     r = block_rows(s.device, s.bh, n, **p)
     full = n // r * r
     ends = {(0, min(r, n))} | ({(full - r, full)} if full else set()) | ({(full, n)} if full < n else set())

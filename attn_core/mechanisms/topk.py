@@ -335,14 +335,10 @@ def _blocks(s: Shape, top_k: int, index_heads: int) -> list[tuple[int, int, int]
     O(1), not a block at a time: the theory searches ask for millions of tokens."""
     r = rows(s, top_k, index_heads)
     full, rest = divmod(s.Nq, r)
-    keys = (lambda a, rr: a + rr) if s.causal else (lambda a, rr: s.Nk)  # noqa: E731
-    found = ([((full - 1) * r, r, keys((full - 1) * r, r))] if full else []) + \
-        ([(full * r, rest, keys(full * r, rest))] if rest else [])
-    if s.causal and full:
-        kk = min(top_k, s.Nq)
-        a = max(0, min((_first_sampled(s.Nq, kk) - 1) // r, full - 1)) * r  # its first row short of the sampled
-        found.append((a, r, keys(a, r)))
-    return found
+    starts = ([((full - 1) * r, r)] if full else []) + ([(full * r, rest)] if rest else [])
+    if s.causal and full:  # the block holding the row before the first the sampled form can take
+        starts.append((max(0, min((_first_sampled(s.Nq, min(top_k, s.Nq)) - 1) // r, full - 1)) * r, r))
+    return [(a, rr, a + rr if s.causal else s.Nk) for a, rr in starts]
 
 
 def _first_sampled(m: int, kk: int) -> int:
