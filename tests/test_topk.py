@@ -9,6 +9,7 @@ import torch
 
 import attn_core as ac
 from attn_core import generation as gen
+from attn_core import native
 from attn_core.insight import effective as ef
 from attn_core.mechanisms import topk as tk
 from attn_core.mechanisms._common import GPU_WORKSPACE
@@ -232,15 +233,21 @@ def test_bad_state_and_params_are_refused_with_a_sentence():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("B,H,n,D,top_k,device", [(1, 2, 9000, 40, 512, "cpu"), (1, 8, 4096, 64, 512, "cpu"),
                                                    (1, 4, 4096, 32, 512, "cuda"), (1, 2, 6000, 32, 256, "cuda")])
-def test_the_memory_model_holds_where_the_selection_is_sampled(B, H, n, D, top_k, device, causal, monkeypatch):
+@pytest.mark.parametrize("form", ["C++", "torch"])
+def test_the_memory_model_holds_where_the_selection_is_sampled(B, H, n, D, top_k, device, causal, form, monkeypatch):
     """The spec's peak against the allocator's records within 3% at shapes whose selection takes the sampled form
     (4·top_k ≤ n), causal and not, where the indexer, the selection or softmax over the selected keys may hold the
-    peak: measured 0.98–1.00 of the prediction. "cuda": a GPU's sizes (`workspace`: 64 times a CPU's numbers; one
-    block of all rows, one indexer step, where the selection's candidates and the causal rows' exact form set the
-    peak) run on the CPU against the model of the shape on a GPU; the GPU's own libraries' scratch is not in it (on
-    an H100 at n = 16384 its allocator read 1.0000 of this model)."""
+    peak: measured 0.98–1.00 of the prediction. On the CPU, with the selection's C++ form and with its torch form
+    (ATTN_LAB_NATIVE=0). "cuda": a GPU's sizes (`workspace`: 64 times a CPU's numbers; one block of all rows, one
+    indexer step, where the selection's candidates and the causal rows' exact form set the peak) run on the CPU, in
+    the torch form a GPU runs, against the model of the shape on a GPU; the GPU's own libraries' scratch is not in it
+    (on an H100 at n = 16384 its allocator read 1.0000 of this model)."""
     from tests.baselines import trace_peak_bytes
 
+    if form == "C++" and (device == "cuda" or not native.expected()):
+        pytest.skip("a GPU's sizes run the torch form" if device == "cuda" else native.describe())
+    if form == "torch":
+        monkeypatch.setenv(native.SWITCH, "0")
     if device == "cuda":
         monkeypatch.setattr(tk, "workspace", lambda size, device: size * GPU_WORKSPACE)
     shape = Shape(B, H, n, n, D, causal=causal, device=device)
@@ -279,10 +286,12 @@ def test_the_memory_model_answers_for_tiny_sequences(n, top_k, causal):
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "ties", "half zeros", "masked rows"])
-def test_the_sampled_selection_is_the_exact_one(kind):
-    """`select`'s sampled form (a top-k of every 8th score, then the candidates above it) against `_select_exact`
-    on the same scores: the same indices and flags, whether it answers (Gaussian scores: it must) or hands the
-    rows to the exact form (ties at a threshold, a quarter of the scores at one value, rows masked by −inf)."""
+def test_the_sampled_selection_is_the_exact_one(kind, monkeypatch):
+    """`select`'s sampled form (a top-k of every 8th score, then the candidates above it: the GPU's, and the CPU's
+    where no C++ library is built) against `_select_exact` on the same scores: the same indices and flags, whether
+    it answers (Gaussian scores: it must) or hands the rows to the exact form (ties at a threshold, a quarter of the
+    scores at one value, rows masked by −inf)."""
+    monkeypatch.setenv(native.SWITCH, "0")
     g = torch.Generator().manual_seed(3)
     scores = torch.randn(2, 40, 4096, generator=g)
     if kind == "ties":

@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import psutil
 import torch
 
+from .. import native
 from ..spec import dtype_name
 
 DEVICES = ("cpu", "cuda", "mps")
@@ -98,13 +99,14 @@ def device_info(device: str) -> dict:
 
 
 def environment(device: str, dtype: str, threads: int | None) -> dict:
-    """The stamp a run carries: software versions, device, memory, threads, dtype and time (no host name)."""
+    """The stamp a run carries: software versions, device, memory, threads, dtype, the form of the CPU kernels of our
+    own (`native.describe`: C++ and its compiler, or the torch ops and why) and time (no host name)."""
     return {"torch": torch.__version__, "python": platform.python_version(), "os": platform.platform(),
             "machine": platform.machine(), "cpu": cpu_name(), "device": device, "device_name": device_name(device),
             "total_memory_bytes": total_memory_bytes(device), "cpu_count": os.cpu_count(),
             "threads": threads if threads is not None else torch.get_num_threads(), "dtype": dtype_name(dtype),
             "cuda": torch.version.cuda if device == "cuda" else None, "load_average": load_average(),
-            "cpu_allocator": allocator_note(),
+            "cpu_allocator": allocator_note(), "native_kernels": native.describe(),
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 

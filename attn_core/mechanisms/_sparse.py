@@ -12,6 +12,7 @@ import warnings
 
 import torch
 
+from .. import native
 from ..spec import Shape
 from ._common import fold, scale, unfold
 
@@ -106,18 +107,25 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     softmax over each row's kk, then each row's probability-weighted sum of its selected values as one bag
     (`embedding_bag`, mode 'sum', the probabilities its per-sample weights). The bag sum ran 2.5× faster than the
     CSR product it replaced (MKL's), and neither step reorders the scores: both keep each row's kk entries together.
+    On the CPU without gradients, `native.selected_softmax` instead: the same in one pass a query row, its scores
+    never leaving the core's cache (n = 16384, top_k = 2048: 1.5 times faster than these three steps).
 
     q (B, H, r, D), k and v (B, Hk, m, D), idx and usable (B, S, r, kk) with S = 1 or Hk, idx sorted in each row
     (`sort_selection`: CSR's order, and each row reads its keys forward) → (B, H, r, D); a row with no usable key
     outputs zeros. 4·r·kk·D FLOPs a head; never an r × m or r·kk × D tensor. Float32 or float64 (`work_dtype`);
     differentiable in q, k and v. Devices without these ops, and rows of more entries than keys (repeated ones,
     which CSR cannot hold), take `gathered_softmax`."""
+    work = work_dtype(q.dtype)
+    if q.device.type == "cpu":  # without gradients: one fused pass a query row (`native.selected_softmax`)
+        qw, kw, vw = q.to(work), k.to(work), v.to(work)
+        if native.softmax_runs(qw, kw, vw):
+            return native.selected_softmax(qw, kw, vw, idx, usable).to(q.dtype)
+        del qw, kw, vw
     if q.device.type not in ("cpu", "cuda") or idx.shape[-1] > k.shape[2]:  # more entries a row than keys: repeats
         return gathered_softmax(q, k, v, idx, usable)
     B, H, r, D = q.shape
     Hk, m = k.shape[1], k.shape[2]
     S, kk = idx.shape[1], idx.shape[-1]
-    work = work_dtype(q.dtype)
     qs = q.to(work) * scale(D)
     ks, vs = k.to(work), v.to(work)
     g = H // Hk
@@ -163,11 +171,14 @@ def selected_softmax_bytes(s: Shape, r: int, kk: int) -> float:
     (float32 copies of half ones first) beside the scores; softmax beside the scores; the probabilities beside the
     output and one head's bag sums, with, in float64, whose bag sums take torch's general path, each entry's bag and
     their running sum (int64); the output beside its copy in a half dtype. Nothing is sized by the keys: they are
-    read in place."""
+    read in place. On the CPU (`native.selected_softmax`): float32 copies of half queries beside the output and each
+    thread's kk scores, then the output beside its copy in a half dtype."""
     e, w = s.elem, max(s.elem, 4)
     probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
     general = 16 * (r * kk + 1) if w == 8 else 0
     half = s.bh * r * s.D * e if e < w else 0
+    if s.device == "cpu" and native.expected():
+        return (block if half else 0) + block + max(native.softmax_scratch_bytes(r, kk, w), half)
     return 8 * (r + 1) + max(2 * block if half else 0, block + probs, 2 * probs, probs + block + r * s.D * w + general,
                              block + half)
 

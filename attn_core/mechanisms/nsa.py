@@ -132,7 +132,8 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
     sw = (qs @ k[:, :, lo:e].transpose(-2, -1)).view(B, Hk, G, r, e - lo)
     j = torch.arange(lo, e, device=q.device)
     sw.masked_fill_((j > t[:, None]) | (j <= t[:, None] - window), float("-inf"))
-    out_win = (torch.softmax(sw, dim=-1).view(B, Hk, G * r, e - lo) @ v[:, :, lo:e]).view(B, H, r, D)
+    sw = torch.softmax(sw, dim=-1)  # the scores' buffer freed before the product (a half product's scratch beside)
+    out_win = (sw.view(B, Hk, G * r, e - lo) @ v[:, :, lo:e]).view(B, H, r, D)
     del sw
 
     g_cmp, g_slc, g_win = (x[..., None] for x in gates)
@@ -388,7 +389,8 @@ def _block_bytes(s: Shape, a: int, end: int, *, block: int, stride: int, select_
     scores' units, start and running mass, beside both (`_block_scores`); then, beside the compressed output and the
     block scores, the ranking (a masked copy sorted: values and int64 order) and the kept blocks' sort; the
     positions (int64, from the blocks' own) and their flags; the sparse products (`selected_softmax_bytes`); the
-    window's scores beside their three masks, then softmax and the output; the gated sum."""
+    window's scores beside their three masks and its keys' positions, then softmax, then the output beside the
+    probabilities; the gated sum. The queries' positions and the blocks' ends (int64) from the compression on."""
     e, w = s.elem, max(s.elem, 4)
     r, c = end - a, visible_blocks(end - 1, block, stride)
     nsel = -(-end // select_block)
@@ -404,13 +406,14 @@ def _block_bytes(s: Shape, a: int, end: int, *, block: int, stride: int, select_
     else:
         compression = out + chosen
     kept = 2 * out + chosen if c else out + chosen  # the scaled queries, the compressed output, the block scores
+    kept += 8 * (r + c)  # the queries' positions and the compressed blocks' ends (int64)
     order = s.bk * r * kept_blocks * 8
     ranking = kept + max(chosen * 2 + s.bk * r * nsel * 8, s.bk * r * nsel * 8 + 2 * order)
     positions = kept + order + 8 * E + max(order, E)
     products = kept + order + 9 * E + selected_softmax_bytes(s, r, L)
     wn = end - max(0, a - window + 1)
     sw = s.bh * r * wn * e
-    windowed = kept + out + max(sw + 3 * r * wn, 2 * sw + out)
+    windowed = kept + out + 8 * wn + max(sw + 3 * r * wn, 2 * sw, sw + out)
     gated = kept + 5 * out
     return max(compression, ranking, positions, products, windowed, gated)
 

@@ -1,0 +1,257 @@
+"""Kernels of our own in C++, for the CPU steps torch has no one op for: built at first use with the machine's C++
+compiler, kept in a cache, loaded through ctypes. Each runs beside the torch form it replaces, which is what runs
+where none can be built (no compiler, a failed build, ATTN_LAB_NATIVE=0), and `describe` names which ran.
+
+    select(scores, kk)                           the kk highest scores of each row, exactly (select.cpp;
+                                                 topk.select's CPU form)
+    selected_softmax(q, k, v, idx, usable)       softmax over each query's selected keys, fused (selected_softmax.cpp;
+                                                 _sparse.selected_softmax's CPU form without gradients)
+
+The build: `$CXX`, else c++, g++ or clang++, with -O3 -march=native (this machine's vector units: the cache key holds
+the CPU's flags, so a cache shared with another CPU builds anew) and -fopenmp where the compiler has it (rows split
+among torch.get_num_threads() threads; on Linux the library shares the libgomp that torch loaded). The cache:
+`cache_dir`; each build is written under a name of its own and renamed into place, so that processes building at
+once do not collide.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+SOURCES = (HERE / "select.cpp", HERE / "selected_softmax.cpp")  # one library
+SWITCH = "ATTN_LAB_NATIVE"  # "0": the torch forms only
+CACHE = "ATTN_LAB_CACHE"  # a folder for the built libraries
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+TRIES = (("-fopenmp",), ())  # with OpenMP, then without (a compiler that lacks it)
+BUILD_SECONDS = 120
+
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}  # "lib": the CDLL, or "why": the reason there is none; "how": the build's words
+
+
+def enabled() -> bool:
+    """False where ATTN_LAB_NATIVE=0 asks for the torch forms only."""
+    return os.environ.get(SWITCH, "1").strip() not in ("0", "false", "no", "off")
+
+
+def compiler() -> str | None:
+    """$CXX, else the first of c++, g++, clang++ on the PATH (None: there is none)."""
+    named = os.environ.get("CXX")
+    if named:
+        return shutil.which(named)
+    return next((found for name in ("c++", "g++", "clang++") if (found := shutil.which(name))), None)
+
+
+def _cpu_flags() -> str:
+    """What -march=native builds for: the CPU's flags (Linux), else the processor's name and machine."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return f"{platform.processor()} {platform.machine()}"
+
+
+def _version(cxx: str) -> str:
+    try:
+        done = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        return (done.stdout or done.stderr).splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return os.path.basename(cxx)
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept: $ATTN_LAB_CACHE, else attention-lab in $XDG_CACHE_HOME or ~/.cache, else in
+    the temporary directory (the first of them that can be written)."""
+    home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    for where in (os.environ.get(CACHE), Path(home) / "attention-lab", Path(tempfile.gettempdir()) / "attention-lab"):
+        if where:
+            path = Path(where) / "native"
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                continue
+            if os.access(path, os.W_OK):
+                return path
+    raise OSError("no folder to build in can be written: set ATTN_LAB_CACHE to one")
+
+
+def _build(cxx: str) -> tuple[ctypes.CDLL, str]:
+    """The library built (or found built) for this source, compiler, flags and CPU, loaded; and how it was built.
+    Raises RuntimeError with the compiler's last words where no try builds."""
+    version, source = _version(cxx), b"\0".join(path.read_bytes() for path in SOURCES)
+    errors = []
+    for extra in TRIES:
+        flags = (*FLAGS, *extra)
+        key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(flags).encode(),
+                                         _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:20]
+        target = cache_dir() / f"attn_kernels_{key}.so"
+        if not target.exists():
+            part = target.with_name(f"{target.stem}.{os.getpid()}.{threading.get_ident()}.part")
+            try:
+                done = subprocess.run([cxx, *flags, *map(str, SOURCES), "-o", str(part)], capture_output=True,
+                                      text=True, timeout=BUILD_SECONDS)
+            except (OSError, subprocess.SubprocessError) as e:
+                errors.append(f"{' '.join(extra) or 'plain'}: {e}")
+                continue
+            if done.returncode != 0:
+                last = (done.stderr or done.stdout).strip().splitlines()
+                errors.append(f"{' '.join(extra) or 'plain'}: {last[-1] if last else f'exit {done.returncode}'}")
+                part.unlink(missing_ok=True)
+                continue
+            os.replace(part, target)
+        lib = ctypes.CDLL(str(target))
+        for name in ("attn_select_f32", "attn_select_f64"):
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        for name, real in (("attn_selected_softmax_f32", ctypes.c_float), ("attn_selected_softmax_f64", ctypes.c_double)):
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p] * 8 + [real, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        lib.attn_select_openmp.restype = ctypes.c_int64
+        threads = "OpenMP threads" if lib.attn_select_openmp() else "one thread"
+        return lib, f"{version}, {' '.join(flags[:2])}, {threads}"
+    raise RuntimeError("; ".join(errors) or "no build")
+
+
+def library() -> ctypes.CDLL | None:
+    """The built library, building it on the first call of the process (None: disabled, or it cannot be built;
+    `describe` says why). A failed build is not tried again in the process."""
+    if not enabled():
+        return None
+    with _lock:
+        if "lib" not in _loaded and "why" not in _loaded:
+            cxx = compiler()
+            if cxx is None:
+                _loaded["why"] = "no C++ compiler on the PATH (set CXX)"
+            else:
+                try:
+                    _loaded["lib"], _loaded["how"] = _build(cxx)
+                except (RuntimeError, OSError) as e:
+                    _loaded["why"] = f"the build failed ({e})"
+        return _loaded.get("lib")  # type: ignore[return-value]
+
+
+def expected() -> bool:
+    """Whether `select` runs natively, without building anything: built already, or not yet tried and a compiler is
+    there (the memory models ask, and must stay cheap)."""
+    if not enabled():
+        return False
+    if "lib" in _loaded or "why" in _loaded:
+        return "lib" in _loaded
+    return compiler() is not None
+
+
+def describe() -> str:
+    """Which form the CPU's top-k selection takes, in words: 'C++ (g++ …, -O3 -march=native, OpenMP threads)', or
+    'torch ops: <why>'."""
+    if not enabled():
+        return f"torch ops: {SWITCH}=0"
+    if library() is not None:
+        return f"C++ ({_loaded['how']})"
+    return f"torch ops: {_loaded['why']}"
+
+
+def runs(scores: torch.Tensor) -> bool:
+    """Whether `select` takes these scores: float32 or float64 on the CPU, rows of at least one key, and a library."""
+    return scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64) and scores.dim() >= 1 \
+        and scores.shape[-1] > 0 and library() is not None
+
+
+def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kk highest scores of each row (…, m) of NaN-free float32 or float64 CPU scores (`runs`): (indices (…, kk)
+    int64, increasing in each row; usable (…, kk): the score is above −inf), ties at the threshold going to the
+    earlier keys: topk._select_exact's selection, with the earliest keys where −inf scores fill a row. O(m) a row
+    (select.cpp), on torch.get_num_threads() threads. Scratch: 2·(m + 16) keys a thread (of the scores' width)."""
+    lib = library()
+    if lib is None or not 1 <= kk <= scores.shape[-1]:
+        raise ValueError(f"native select needs a built library and 1 <= kk <= {scores.shape[-1]}, got kk = {kk}")
+    rows_shape, m = scores.shape[:-1], scores.shape[-1]
+    flat = scores.detach().contiguous().view(-1, m)
+    rows = flat.shape[0]
+    idx = torch.empty(*rows_shape, kk, dtype=torch.long)
+    usable = torch.empty(*rows_shape, kk, dtype=torch.bool)
+    if rows == 0:
+        return idx, usable
+    threads = max(1, min(torch.get_num_threads(), rows))
+    wide = flat.dtype == torch.float64
+    scratch = torch.empty(threads * 2 * (m + 16), dtype=torch.int64 if wide else torch.int32)
+    fn = lib.attn_select_f64 if wide else lib.attn_select_f32
+    fn(flat.data_ptr(), rows, m, kk, threads, scratch.data_ptr(), idx.data_ptr(), usable.data_ptr())
+    return idx, usable
+
+
+def scratch_bytes(m: int, rows: int, elem: int = 4) -> int:
+    """Bytes of `select`'s scratch for `rows` rows of m scores of `elem` bytes: 2·(m + 16) keys of `elem` bytes for each
+    of its threads, min(torch.get_num_threads(), rows)."""
+    return max(1, min(torch.get_num_threads(), rows)) * 2 * (m + 16) * elem
+
+
+def softmax_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether `selected_softmax` takes these: CPU tensors of one float32 or float64 dtype (the work dtype), no
+    gradient wanted through them, and a library."""
+    wanted = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return all(t.device.type == "cpu" and t.dtype == q.dtype for t in (k, v)) and q.device.type == "cpu" and \
+        q.dtype in (torch.float32, torch.float64) and not wanted and library() is not None
+
+
+def _rows_of(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """x (B, X, n, D) as rows of D read in place (a copy where its rows are not), and its batch and head strides."""
+    if x.stride(-1) != 1 or x.stride(-2) != x.shape[-1]:
+        x = x.contiguous()
+    return x, x.stride(0), x.stride(1)
+
+
+def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
+                     usable: torch.Tensor) -> torch.Tensor:
+    """softmax_s∈sel(t) (q_t·k_s/√D) v_s in one pass a query row (selected_softmax.cpp): q (B, H, r, D), k and v
+    (B, Hk, m, D) of one CPU float dtype (`softmax_runs`), idx and usable (B, S, r, kk) with S = 1 or Hk →
+    (B, H, r, D). A row with no usable key outputs zeros, one with a NaN or +inf score NaN. Reads k and v in place;
+    holds the output and kk scores a thread (`softmax_scratch_bytes`). Refuses, with a sentence, an index outside
+    0 … m − 1 (the kernel would read past the keys)."""
+    lib = library()
+    B, H, r, D = q.shape
+    Hk, m = k.shape[1], k.shape[2]
+    S, kk = idx.shape[1], idx.shape[-1]
+    if lib is None or S not in (1, Hk) or H % Hk or idx.shape != (B, S, r, kk) or usable.shape != idx.shape:
+        raise ValueError(f"native selected_softmax needs a library and a selection (B, 1 or Hk, r, kk), got "
+                         f"{tuple(idx.shape)} for q {tuple(q.shape)} and k {tuple(k.shape)}")
+    out = q.new_empty(B, H, r, D)
+    if out.numel() == 0:
+        return out
+    if kk == 0:
+        return out.zero_()
+    low, high = torch.aminmax(idx)
+    if int(low) < 0 or int(high) >= m:
+        raise ValueError(f"selected positions must lie in 0 … {m - 1}, got {int(low)} … {int(high)}")
+    idx = idx.contiguous()
+    flags = None if bool(usable.all()) else usable.contiguous()
+    q, qb, qh = _rows_of(q.detach())
+    k, kb, kh = _rows_of(k.detach())
+    v, vb, vh = _rows_of(v.detach())
+    threads = max(1, min(torch.get_num_threads(), r))
+    scratch = q.new_empty(threads * kk)
+    strides = torch.tensor([qb, qh], dtype=torch.int64)
+    kv = torch.tensor([kb, kh, vb, vh], dtype=torch.int64)
+    dims = torch.tensor([B, H, r, D, Hk, S, kk], dtype=torch.int64)
+    fn = lib.attn_selected_softmax_f64 if q.dtype == torch.float64 else lib.attn_selected_softmax_f32
+    fn(q.data_ptr(), strides.data_ptr(), k.data_ptr(), v.data_ptr(), kv.data_ptr(), idx.data_ptr(),
+       None if flags is None else flags.data_ptr(), dims.data_ptr(), D ** -0.5, threads, scratch.data_ptr(),
+       out.data_ptr())
+    return out
+
+
+def softmax_scratch_bytes(r: int, kk: int, elem: int = 4) -> int:
+    """Bytes of `selected_softmax`'s scratch: kk scores of `elem` bytes for each of its threads, min(threads, r)."""
+    return max(1, min(torch.get_num_threads(), r)) * kk * elem

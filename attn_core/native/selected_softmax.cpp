@@ -1,0 +1,198 @@
+// Softmax over the keys each query selected, fused: attn_core.mechanisms._sparse.selected_softmax's form for the CPU.
+//
+// For each batch element b, query head h and query t: the scores q_t·k_s·scale at the kk selected keys s of t's
+// selection (one for every head, S = 1, or one per key/value head, S = Hk), −inf where a selected key is not usable;
+// softmax over them; and Σ p_s·v_s. A row with no usable key outputs zeros; a row with a NaN or +inf score outputs
+// NaN, as softmax over it does. The keys and values are read in place, one row of D a selected key: the scores live
+// in one thread's buffer of kk and never leave the core's cache, where the torch form (a sampled product, softmax, a
+// bag sum) writes and reads them three times. Forward only (the torch form runs where gradients are wanted).
+//
+// Rows are split among OpenMP threads a query at a time within each head, so that the threads read the same head's
+// keys and values (8 MB at n = 16384, D = 64) from the shared cache. float32 with AVX-512 and D a multiple of 16:
+// vector products with the query and the output held in registers (D up to 128), and a vector exp (Cephes' expf: a
+// degree-6 polynomial after taking out powers of two, within 2 ulp); else plain loops (float64, other widths, other
+// machines). Tested against the gathered form in float64
+// (tests/test_native.py).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+#if defined(__AVX512F__)
+// e^x for x <= 0 (scores less their row's highest); 0 below −87.34, where float32's e^x is no longer normal
+inline __m512 exp16(__m512 x) {
+  const __m512 floor = _mm512_set1_ps(-87.33654f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, floor);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // x − n·ln 2, ln 2 in two parts
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_maskz_scalef_ps(__mmask16(~under), p, n);
+}
+#endif
+
+constexpr float NEG32 = -std::numeric_limits<float>::infinity();
+
+// softmax's NaN (a NaN or +inf score) or nothing usable (zeros) for a row that has no ordinary maximum: true if so
+template <typename F>
+inline bool degenerate(bool bad, F top, int64_t D, F* out) {
+  constexpr F NEG = -std::numeric_limits<F>::infinity();
+  if (!bad && top != -NEG && top != NEG) return false;
+  const F fill = top == NEG && !bad ? F(0) : std::numeric_limits<F>::quiet_NaN();
+  for (int64_t c = 0; c < D; ++c) out[c] = fill;
+  return true;
+}
+
+#if defined(__AVX512F__)
+// one float32 query row of D = 16·C: q's chunks and the output's held in registers
+template <int C>
+void row16(const float* q, const float* K, const float* V, const int64_t* sel, const bool* ok, int64_t kk,
+           float scale, float* sc, float* out) {
+  constexpr int64_t D = 16 * C;
+  __m512 qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  float top = NEG32;
+  bool bad = false;  // a NaN score
+  for (int64_t j = 0; j < kk; ++j) {
+    const float* kr = K + sel[j] * D;
+    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+    for (int c = 1; c < C; ++c) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
+    float s = _mm512_reduce_add_ps(a) * scale;
+    s = (ok && !ok[j]) ? NEG32 : s;
+    bad |= s != s;
+    top = s > top ? s : top;
+    sc[j] = s;
+  }
+  if (degenerate<float>(bad, top, D, out)) return;
+  const __m512 vt = _mm512_set1_ps(top);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= kk; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vt));
+    _mm512_storeu_ps(sc + j, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  float total = _mm512_reduce_add_ps(acc);
+  for (; j < kk; ++j) total += (sc[j] = std::exp(sc[j] - top));
+  __m512 o[C];
+  for (int c = 0; c < C; ++c) o[c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < kk; ++i) {
+    const __m512 p = _mm512_set1_ps(sc[i]);
+    const float* vr = V + sel[i] * D;
+    for (int c = 0; c < C; ++c) o[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), o[c]);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / total);
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(o[c], inv));
+}
+#endif
+
+// one query row, any type and width: q (D), keys and values (rows of D), its selection sel (kk) and flags ok (kk,
+// or null: all usable)
+template <typename F>
+void one_row(const F* q, const F* K, const F* V, const int64_t* sel, const bool* ok, int64_t kk, int64_t D,
+             F scale, F* sc, F* out) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same<F, float>::value) {
+    switch (D) {
+      case 16: return row16<1>(q, K, V, sel, ok, kk, scale, sc, out);
+      case 32: return row16<2>(q, K, V, sel, ok, kk, scale, sc, out);
+      case 48: return row16<3>(q, K, V, sel, ok, kk, scale, sc, out);
+      case 64: return row16<4>(q, K, V, sel, ok, kk, scale, sc, out);
+      case 80: return row16<5>(q, K, V, sel, ok, kk, scale, sc, out);
+      case 96: return row16<6>(q, K, V, sel, ok, kk, scale, sc, out);
+      case 112: return row16<7>(q, K, V, sel, ok, kk, scale, sc, out);
+      case 128: return row16<8>(q, K, V, sel, ok, kk, scale, sc, out);
+      default: break;
+    }
+  }
+#endif
+  constexpr F NEG = -std::numeric_limits<F>::infinity();
+  F top = NEG;
+  bool bad = false;
+  for (int64_t j = 0; j < kk; ++j) {
+    const F* kr = K + sel[j] * D;
+    F s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < D; ++c) s += q[c] * kr[c];
+    s *= scale;
+    s = (ok && !ok[j]) ? NEG : s;
+    bad |= s != s;
+    top = s > top ? s : top;
+    sc[j] = s;
+  }
+  if (degenerate<F>(bad, top, D, out)) return;
+  F total = 0;
+  for (int64_t j = 0; j < kk; ++j) total += (sc[j] = std::exp(sc[j] - top));
+  for (int64_t c = 0; c < D; ++c) out[c] = 0;
+  for (int64_t i = 0; i < kk; ++i) {
+    const F p = sc[i];
+    const F* vr = V + sel[i] * D;
+#pragma omp simd
+    for (int64_t c = 0; c < D; ++c) out[c] += p * vr[c];
+  }
+  for (int64_t c = 0; c < D; ++c) out[c] /= total;
+}
+
+template <typename F>
+void selected(const F* q, const int64_t* qs, const F* k, const F* v, const int64_t* kvs, const int64_t* idx,
+              const bool* ok, const int64_t* dims, F scale, int64_t threads, F* scratch, F* out) {
+  const int64_t B = dims[0], H = dims[1], r = dims[2], D = dims[3], Hk = dims[4], S = dims[5], kk = dims[6];
+  const int64_t g = H / Hk;  // query heads a key/value head serves
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  {
+#if defined(_OPENMP)
+    F* sc = scratch + omp_get_thread_num() * kk;
+#else
+    F* sc = scratch;
+#endif
+    for (int64_t bh = 0; bh < B * H; ++bh) {
+      const int64_t b = bh / H, h = bh % H, s = S == 1 ? 0 : h / g;
+      const F* K = k + b * kvs[0] + (h / g) * kvs[1];
+      const F* V = v + b * kvs[2] + (h / g) * kvs[3];
+      const int64_t* sel = idx + (b * S + s) * r * kk;
+      const bool* flags = ok ? ok + (b * S + s) * r * kk : nullptr;
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < r; ++t)
+        one_row<F>(q + b * qs[0] + h * qs[1] + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, kk, D,
+                   scale, sc, out + (bh * r + t) * D);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// q: rows of D, batch and head strides qs (2); k, v: rows of D, batch and head strides kvs (k's two, then v's two);
+// idx (B, S, r, kk) int64, every entry in [0, m); ok: the same shape, or null (every key usable);
+// dims: B, H, r, D, Hk, S, kk; scratch: threads · kk; out (B, H, r, D)
+void attn_selected_softmax_f32(const float* q, const int64_t* qs, const float* k, const float* v, const int64_t* kvs,
+                               const int64_t* idx, const bool* ok, const int64_t* dims, float scale, int64_t threads,
+                               float* scratch, float* out) {
+  selected<float>(q, qs, k, v, kvs, idx, ok, dims, scale, threads, scratch, out);
+}
+
+void attn_selected_softmax_f64(const double* q, const int64_t* qs, const double* k, const double* v,
+                               const int64_t* kvs, const int64_t* idx, const bool* ok, const int64_t* dims,
+                               double scale, int64_t threads, double* scratch, double* out) {
+  selected<double>(q, qs, k, v, kvs, idx, ok, dims, scale, threads, scratch, out);
+}
+
+}  // extern "C"

@@ -1,0 +1,262 @@
+"""The C++ kernels (attn_core/native): the top-k selection against a stable sort written here, row by row in float64
+(descending score, ties to the earlier key, the first kk, their positions sorted), and against the torch forms it
+stands beside; the build's cache, its refusals, and the torch form where no library can be built."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attn_core as ac
+from attn_core import native
+from attn_core.engine import env
+from attn_core.mechanisms import _sparse
+from attn_core.mechanisms import topk as tk
+from attn_core.spec import Shape
+
+needs_library = pytest.mark.skipif(not native.expected(), reason=f"no C++ kernel here: {native.describe()}")
+NEG, POS = float("-inf"), float("inf")
+
+
+def stable_top(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's kk highest scores by a stable descending sort (ties: the earlier key first, −inf ones included),
+    their positions increasing; usable where the score is above −inf."""
+    rows = scores.double().reshape(-1, scores.shape[-1])
+    idx = torch.stack([torch.sort(row, descending=True, stable=True).indices[:kk].sort().values for row in rows])
+    idx = idx.view(*scores.shape[:-1], kk)
+    return idx, scores.double().gather(-1, idx) > NEG
+
+
+def scores_of(kind: str, rows: int, m: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, m, generator=g, dtype=torch.float64)
+    if kind == "ties":  # a few values only: long runs of equal scores at every threshold
+        x = x.mul(3).round()
+    elif kind == "relu":  # most of a row at zero, as a ReLU indexer's heads give
+        x = x.relu()
+    elif kind == "masked":  # every other row −inf past its first third: fewer finite scores than kk
+        x[::2, m // 3:] = NEG
+    elif kind == "signed zeros":  # −0 and +0 compare equal: one tie
+        x = torch.where(torch.rand(rows, m, generator=g) < 0.3, torch.tensor(-0.0, dtype=x.dtype), x.relu())
+    elif kind == "infinite":
+        x[:, ::7] = POS
+        x[:, 3::11] = NEG
+    elif kind == "all masked":
+        x[:] = NEG
+    return x.to(dtype)
+
+
+KINDS = ["gaussian", "ties", "relu", "masked", "signed zeros", "infinite", "all masked"]
+
+
+@needs_library
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("m,kk", [(1, 1), (17, 5), (16, 16), (100, 99), (333, 40), (4096, 512), (5003, 7),
+                                  (9001, 2048), (2048, 512)])
+def test_the_selection_is_a_stable_sorts(m, kk, kind, dtype):
+    """Short rows (the whole row searched) and long ones (4·kk ≤ m: a sample's bounds, then a band), lengths that
+    are and are not multiples of the vector width, kk of one, of every key and between; the same indices and
+    flags as the stable sort."""
+    scores = scores_of(kind, 6, m, dtype, seed=m + kk)
+    got = native.select(scores, kk)
+    want = stable_top(scores, kk)
+    assert got[0].dtype == torch.long and got[1].dtype == torch.bool
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@needs_library
+@pytest.mark.parametrize("kind", ["gaussian", "ties", "relu"])
+def test_the_selection_is_the_torch_forms(kind, monkeypatch):
+    """The C++ form against `_select_exact` and `_select_sampled` (the forms the GPU runs) on indexer-sized rows:
+    the same indices and flags (rows whose scores are all finite: there the torch forms' choice is defined)."""
+    scores = scores_of(kind, 40, 16384, torch.float32, seed=5).view(2, 20, -1)
+    got = native.select(scores, 2048)
+    exact = tk._select_exact(scores.clone(), 2048)
+    assert torch.equal(got[0], exact[0]) and torch.equal(got[1], exact[1])
+    sampled = tk._select_sampled(scores.clone(), 2048)
+    if sampled is not None:
+        assert torch.equal(got[0], sampled[0]) and torch.equal(got[1], sampled[1])
+
+
+@needs_library
+def test_threads_split_the_rows_and_change_nothing():
+    """One thread and two, and more rows than threads or fewer: the same selection."""
+    scores = scores_of("ties", 9, 3000, torch.float32, seed=2)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.select(scores, 300)
+        torch.set_num_threads(2)
+        two = native.select(scores, 300)
+        few = native.select(scores[:1], 300)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1]) and torch.equal(few[0], one[0][:1])
+
+
+@needs_library
+def test_select_takes_the_cpp_form_on_the_cpu_and_refuses_what_it_cannot_take():
+    """`topk.select` runs the C++ form for finite float CPU scores (the first row's −inf tail is filled with its
+    earliest keys, which the exact torch form leaves to its top-k); NaN scores (finite=False) take the exact form,
+    which keeps a NaN. A kk outside 1 … m is refused with a sentence."""
+    scores = scores_of("masked", 4, 600, torch.float32, seed=1)
+    idx, usable = tk.select(scores, 300, finite=True)
+    assert torch.equal(idx, stable_top(scores, 300)[0]) and not usable[0].all()
+    with_nan = scores.clone()
+    with_nan[1, 5] = float("nan")
+    idx, usable = tk.select(with_nan, 300)
+    assert 5 in idx[1].tolist()
+    with pytest.raises(ValueError, match="1 <= kk <= 600"):
+        native.select(scores, 601)
+
+
+@needs_library
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_whole_call_is_the_same_with_either_form(causal, monkeypatch):
+    """topk_attention and NSA with the C++ kernels and with the torch forms (ATTN_LAB_NATIVE=0), float32: the same
+    output to float32's rounding (the fused softmax sums in another order), with padding for top-k, at a size whose
+    selection samples (4·top_k ≤ n)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 1500, 16, generator=g) for _ in range(3))
+    pad = torch.zeros(2, 1500, dtype=torch.bool)
+    pad[1, 1400:] = True
+    state = ac.make_state("topk", Shape.of(q, k), top_k=256)
+    calls = [lambda: tk.topk_attention(q, k, v, causal=causal, top_k=256, key_padding_mask=pad, **state)]
+    if causal:
+        calls.append(lambda: ac.attention("nsa", q, k, v, causal=True))
+    cpp = [call() for call in calls]
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert not native.runs(q) and not native.softmax_runs(q, k, v)
+    for got, call in zip(cpp, calls):
+        torch.testing.assert_close(got, call(), rtol=1e-5, atol=1e-6)
+
+
+def gathered(q, k, v, idx, usable):
+    """Softmax over each row's selected keys in float64, row by row: scores at the usable selected keys, exp less
+    their highest, normalised, times the values (a row with none: zeros); each key/value head for its query heads."""
+    B, H, r, D = q.shape
+    Hk, S = k.shape[1], idx.shape[1]
+    out = torch.zeros(B, H, r, D, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            kh, s = h // (H // Hk), 0 if S == 1 else h // (H // Hk)
+            for t in range(r):
+                keep = idx[b, s, t][usable[b, s, t]]
+                if keep.numel() == 0:
+                    continue
+                logits = k[b, kh, keep].double() @ q[b, h, t].double() / D ** 0.5
+                w = torch.exp(logits - logits.max())
+                out[b, h, t] = (w / w.sum()) @ v[b, kh, keep].double()
+    return out
+
+
+@needs_library
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("B,H,Hk,S,r,m,D,kk", [(1, 4, 4, 1, 9, 300, 64, 40), (2, 4, 2, 2, 5, 50, 8, 7),
+                                               (1, 2, 1, 1, 3, 40, 128, 40), (2, 6, 3, 3, 4, 33, 24, 12),
+                                               (1, 2, 2, 1, 6, 20, 16, 30), (1, 1, 1, 1, 2, 70, 200, 17)])
+def test_the_fused_softmax_is_the_formula(B, H, Hk, S, r, m, D, kk, dtype):
+    """`native.selected_softmax` against the softmax written row by row in float64: one selection for every head or
+    one per key/value head, head widths on and off the vector width (8 … 200), unusable keys and a row with none
+    (zeros), repeated keys (kk > m: each copy counts, as in the gathered form); keys and values read through views."""
+    g = torch.Generator().manual_seed(r * m + kk)
+    q = torch.randn(B, H, r, D, generator=g, dtype=dtype)
+    k = torch.randn(B, Hk, m + 5, D, generator=g, dtype=dtype)[:, :, 2:m + 2]  # a view: rows in place, offset
+    v = torch.randn(B, Hk, m, D, generator=g, dtype=dtype)
+    idx = torch.randint(0, m, (B, S, r, kk), generator=g).sort(-1).values
+    usable = torch.rand(B, S, r, kk, generator=g) < 0.8
+    usable[0, 0, 0] = False
+    got = native.selected_softmax(q, k, v, idx, usable)
+    want = gathered(q, k, v, idx, usable)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12,
+                               atol=1e-6 if dtype == torch.float32 else 1e-12)
+    assert not got[0, :H // S if S > 1 else H, 0].any()  # the row with no usable key
+
+
+@needs_library
+def test_the_fused_softmax_gives_nan_where_softmax_does_and_refuses_bad_positions():
+    """A NaN or +inf score makes its row NaN (softmax over it is), other rows untouched; a −inf one only drops its
+    key. A selected position outside the keys is refused with a sentence before the kernel reads it."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 16, generator=g) for _ in range(3))
+    idx = torch.tensor([[[[0, 1, 2], [1, 2, 3], [0, 2, 3], [0, 1, 3]]]])
+    usable = torch.ones_like(idx, dtype=torch.bool)
+    q[0, 1, :, 0] = q[0, 1, :, 0].abs() + 0.5  # head 1's first query coordinate positive: an infinite key's score
+    k[0, 0, 0, 0], k[0, 1, 1, 0], k[0, 1, 2, 0] = float("nan"), float("inf"), float("-inf")  # is +inf, or −inf
+    out = native.selected_softmax(q, k, v, idx, usable)
+    plain = _sparse.gathered_softmax(q, k, v, idx, usable)
+    rows_nan = out.isnan().all(dim=-1)[0].tolist()
+    assert rows_nan == [[True, False, True, True], [True, True, False, True]]  # rows that read key 0; key 1
+    assert torch.equal(out.isnan(), plain.isnan()) and not out.isnan().any(dim=-1).logical_and(
+        ~out.isnan().all(dim=-1)).any()  # a row is NaN whole or not at all
+    torch.testing.assert_close(out.nan_to_num(7.0), plain.nan_to_num(7.0))  # row 2 of head 1 drops key 2
+    with pytest.raises(ValueError, match="selected positions must lie in 0 … 3"):
+        native.selected_softmax(q, k, v, idx + 1, usable)
+
+
+@needs_library
+def test_gradients_take_the_torch_form():
+    """Wanting gradients through q, k or v leaves the fused kernel aside (it has no backward): the torch form runs,
+    and its gradients match the float64 formula's."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    idx = torch.randint(0, 5, (1, 1, 5, 3), generator=g).sort(-1).values
+    usable = torch.ones_like(idx, dtype=torch.bool)
+    assert not native.softmax_runs(q, k, v)
+    with torch.no_grad():
+        assert native.softmax_runs(q, k, v)
+    out = _sparse.selected_softmax(q, k, v, idx, usable)
+    out.sum().backward()
+    qr, kr, vr = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    gathered(qr, kr, vr, idx, usable).sum().backward()
+    for a, b in ((q, qr), (k, kr), (v, vr)):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def run_fresh(code: str, **environment: str) -> str:
+    """`code` in a new Python process (the library is built or refused once a process) with these variables."""
+    import os
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **environment})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+CHECK = ("import torch; from attn_core import native; from attn_core.mechanisms import topk as tk; "
+         "s = torch.randn(1, 3, 4000); i, u = tk.select(s, 500, finite=True); "
+         "print(native.describe()); print(torch.equal(i, tk._select_exact(s.clone(), 500)[0]))")
+
+
+@pytest.mark.parametrize("compiler,why", [("no-such-compiler-here", "torch ops: no C++ compiler on the PATH"),
+                                          ("false", "torch ops: the build failed")])
+def test_without_a_compiler_the_torch_form_runs_and_says_why(compiler, why, tmp_path):
+    """No compiler, or one whose build fails: the selection still answers, by the torch form, and `describe` (which
+    the run's stamp carries) says why; nothing half-built is left in the cache."""
+    said, same = run_fresh(CHECK, CXX=compiler, ATTN_LAB_CACHE=str(tmp_path)).splitlines()
+    assert said.startswith(why) and same == "True"
+    assert not list(tmp_path.rglob("*.part"))
+
+
+@needs_library
+def test_a_build_is_kept_and_found_by_the_next_process(tmp_path):
+    """The first process builds one library into the cache, under a name that holds the source, compiler, flags and
+    CPU; the next loads it, builds nothing more, and says so in the same words."""
+    first = run_fresh(CHECK, ATTN_LAB_CACHE=str(tmp_path))
+    built = sorted(p.name for p in (tmp_path / "native").iterdir())
+    second = run_fresh(CHECK, ATTN_LAB_CACHE=str(tmp_path))
+    assert len(built) == 1 and built[0].startswith("attn_kernels_") and built[0].endswith(".so")
+    assert sorted(p.name for p in (tmp_path / "native").iterdir()) == built
+    assert first == second and first.startswith("C++ (") and first.endswith("True")
+
+
+def test_the_switch_turns_it_off_and_the_stamp_says_which_ran(monkeypatch):
+    """ATTN_LAB_NATIVE=0: no library is asked for, and a run's stamp names the form its CPU selection took."""
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert not native.enabled() and native.library() is None and not native.expected()
+    assert env.environment("cpu", "float32", 1)["native_kernels"] == "torch ops: ATTN_LAB_NATIVE=0"
+    monkeypatch.delenv(native.SWITCH)
+    assert env.environment("cpu", "float32", 1)["native_kernels"] == native.describe()
