@@ -158,10 +158,17 @@ def gathered(q, k, v, idx, usable):
 @pytest.mark.parametrize("B,H,Hk,S,r,m,D,kk", [(1, 4, 4, 1, 9, 300, 64, 40), (2, 4, 2, 2, 5, 50, 8, 7),
                                                (1, 2, 1, 1, 3, 40, 128, 40), (2, 6, 3, 3, 4, 33, 24, 12),
                                                (1, 2, 2, 1, 6, 20, 16, 30), (1, 1, 1, 1, 2, 70, 200, 17)])
-def test_the_fused_softmax_is_the_formula(B, H, Hk, S, r, m, D, kk, dtype):
+@pytest.mark.parametrize("parted", [False, True], ids=["whole rows", "in parts"])
+def test_the_fused_softmax_is_the_formula(B, H, Hk, S, r, m, D, kk, dtype, parted, monkeypatch):
     """`native.selected_softmax` against the softmax written row by row in float64: one selection for every head or
     one per key/value head, head widths on and off the vector width (8 … 200), unusable keys and a row with none
-    (zeros), repeated keys (kk > m: each copy counts, as in the gathered form); keys and values read through views."""
+    (zeros), repeated keys (kk > m: each copy counts, as in the gathered form), a row not in increasing order; keys
+    and values read through views. Whole rows, and in parts of 4 keys (`part_keys`: the softmax carried from part to
+    part, many parts holding none or one of a row's keys; float32 at widths of whole vectors, the others whole)."""
+    if parted:
+        elem = torch.finfo(dtype).bits // 8
+        monkeypatch.setattr(native, "PART_BYTES", 4 * 2 * D * elem)
+        assert native.part_keys(m, D, elem) == 4
     g = torch.Generator().manual_seed(r * m + kk)
     q = torch.randn(B, H, r, D, generator=g, dtype=dtype)
     k = torch.randn(B, Hk, m + 5, D, generator=g, dtype=dtype)[:, :, 2:m + 2]  # a view: rows in place, offset
@@ -169,6 +176,7 @@ def test_the_fused_softmax_is_the_formula(B, H, Hk, S, r, m, D, kk, dtype):
     idx = torch.randint(0, m, (B, S, r, kk), generator=g).sort(-1).values
     usable = torch.rand(B, S, r, kk, generator=g) < 0.8
     usable[0, 0, 0] = False
+    idx[-1, -1, -1] = idx[-1, -1, -1].flip(0)  # the last row decreasing (the kernel runs it whole)
     got = native.selected_softmax(q, k, v, idx, usable)
     want = gathered(q, k, v, idx, usable)
     torch.testing.assert_close(got.double(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12,
@@ -177,9 +185,13 @@ def test_the_fused_softmax_is_the_formula(B, H, Hk, S, r, m, D, kk, dtype):
 
 
 @needs_library
-def test_the_fused_softmax_gives_nan_where_softmax_does_and_refuses_bad_positions():
+@pytest.mark.parametrize("part_bytes", [None, 128], ids=["whole rows", "in parts"])
+def test_the_fused_softmax_gives_nan_where_softmax_does_and_refuses_bad_positions(part_bytes, monkeypatch):
     """A NaN or +inf score makes its row NaN (softmax over it is), other rows untouched; a −inf one only drops its
     key. A selected position outside the keys is refused with a sentence before the kernel reads it."""
+    if part_bytes:  # parts of one key: a NaN part, an infinite one, a dropped one, each carried on
+        monkeypatch.setattr(native, "PART_BYTES", part_bytes)
+        assert native.part_keys(4, 16, 4) == 1
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 4, 16, generator=g) for _ in range(3))
     idx = torch.tensor([[[[0, 1, 2], [1, 2, 3], [0, 2, 3], [0, 1, 3]]]])

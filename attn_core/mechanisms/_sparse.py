@@ -165,20 +165,22 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     return out.to(q.dtype)
 
 
-def selected_softmax_bytes(s: Shape, r: int, kk: int) -> float:
+def selected_softmax_bytes(s: Shape, r: int, kk: int, m: int | None = None, S: int = 1) -> float:
     """Peak bytes of `selected_softmax` on r queries of kk selected keys each, above its inputs (k and v already in
     the work dtype, the selection the caller's): the CSR row offsets (int64, r + 1) throughout; the scaled queries
     (float32 copies of half ones first) beside the scores; softmax beside the scores; the probabilities beside the
     output and one head's bag sums, with, in float64, whose bag sums take torch's general path, each entry's bag and
     their running sum (int64); the output beside its copy in a half dtype. Nothing is sized by the keys: they are
-    read in place. On the CPU (`native.selected_softmax`): float32 copies of half queries beside the output and each
-    thread's kk scores, then the output beside its copy in a half dtype."""
+    read in place. On the CPU (`native.selected_softmax`, over m keys, S selections): float32 copies of half queries
+    beside the output and its scratch (`native.softmax_scratch_bytes`), then the output beside its copy in a half
+    dtype."""
     e, w = s.elem, max(s.elem, 4)
     probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
     general = 16 * (r * kk + 1) if w == 8 else 0
     half = s.bh * r * s.D * e if e < w else 0
     if s.device == "cpu" and native.expected():
-        return (block if half else 0) + block + max(native.softmax_scratch_bytes(r, kk, w), half)
+        scratch = native.softmax_scratch_bytes(s.B, S, r, s.Nk if m is None else m, s.D, kk, w)
+        return (block if half else 0) + block + max(scratch, half)
     return 8 * (r + 1) + max(2 * block if half else 0, block + probs, 2 * probs, probs + block + r * s.D * w + general,
                              block + half)
 

@@ -410,7 +410,7 @@ def _block_bytes(s: Shape, a: int, end: int, *, block: int, stride: int, select_
     order = s.bk * r * kept_blocks * 8
     ranking = kept + max(chosen * 2 + s.bk * r * nsel * 8, s.bk * r * nsel * 8 + 2 * order)
     positions = kept + order + 8 * E + max(order, E)
-    products = kept + order + 9 * E + selected_softmax_bytes(s, r, L)
+    products = kept + order + 9 * E + selected_softmax_bytes(s, r, L, s.Nk + -s.Nk % select_block, s.bk // s.B)
     wn = end - max(0, a - window + 1)
     sw = s.bh * r * wn * e
     windowed = kept + out + 8 * wn + max(sw + 3 * r * wn, 2 * sw, sw + out)

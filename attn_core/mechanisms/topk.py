@@ -449,7 +449,7 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
                                         exact * Ei * (w + 26),  # the sort: values, indices, flags, their sort
                                         sampled * _sampled_bytes(s.B * ri, m, kk, w),  # or the sampled selection
                                         in_cpp * (9 * Ei + native.scratch_bytes(m, s.B * ri, w))),  # or C++'s
-                   held + selected_softmax_bytes(s, r, kk))
+                   held + selected_softmax_bytes(s, r, kk, m))
     return fixed + peak
 
 

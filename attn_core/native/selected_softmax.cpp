@@ -101,6 +101,71 @@ void row16(const float* q, const float* K, const float* V, const int64_t* sel, c
   const __m512 inv = _mm512_set1_ps(1.0f / total);
   for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(o[c], inv));
 }
+
+// a part of one float32 query row, D = 16·C: its selected entries a … b − 1 (those among one part's keys) folded
+// into the row's running state st: [highest score so far, sum of exps below it, a NaN or +inf seen, -, output (D)]
+template <int C>
+void part16(const float* q, const float* K, const float* V, const int64_t* sel, const bool* ok, int64_t a, int64_t b,
+            float scale, float* sc, float* st) {
+  constexpr int64_t D = 16 * C;
+  if (a >= b || st[2] != 0.0f) return;
+  __m512 qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  float top = NEG32;
+  bool bad = false;
+  const int64_t n = b - a;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kr = K + sel[a + j] * D;
+    __m512 x = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+    for (int c = 1; c < C; ++c) x = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), x);
+    float s = _mm512_reduce_add_ps(x) * scale;
+    s = (ok && !ok[a + j]) ? NEG32 : s;
+    bad |= (s != s) || s == -NEG32;
+    top = s > top ? s : top;
+    sc[j] = s;
+  }
+  if (bad) { st[2] = 1.0f; return; }  // the row's output is NaN, whatever follows
+  if (top == NEG32) return;  // nothing usable here
+  const float M = top > st[0] ? top : st[0];
+  const float alpha = std::exp(st[0] - M);  // the state so far, rescaled to the new highest (0 before any)
+  const __m512 vt = _mm512_set1_ps(M);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vt));
+    _mm512_storeu_ps(sc + j, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  float total = _mm512_reduce_add_ps(acc);
+  for (; j < n; ++j) total += (sc[j] = std::exp(sc[j] - M));
+  __m512 o[C];
+  const __m512 va = _mm512_set1_ps(alpha);
+  for (int c = 0; c < C; ++c) o[c] = _mm512_mul_ps(va, _mm512_loadu_ps(st + 4 + 16 * c));
+  for (int64_t i = 0; i < n; ++i) {
+    const __m512 p = _mm512_set1_ps(sc[i]);
+    const float* vr = V + sel[a + i] * D;
+    for (int c = 0; c < C; ++c) o[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), o[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(st + 4 + 16 * c, o[c]);
+  st[0] = M;
+  st[1] = st[1] * alpha + total;
+}
+
+// part16 for the widths it has, by D; false where there is none (the caller runs whole rows instead)
+inline bool part_row(const float* q, const float* K, const float* V, const int64_t* sel, const bool* ok, int64_t a,
+                     int64_t b, int64_t D, float scale, float* sc, float* st) {
+  switch (D) {
+    case 16: part16<1>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 32: part16<2>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 48: part16<3>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 64: part16<4>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 80: part16<5>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 96: part16<6>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 112: part16<7>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 128: part16<8>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    default: return false;
+  }
+}
 #endif
 
 // one query row, any type and width: q (D), keys and values (rows of D), its selection sel (kk) and flags ok (kk,
@@ -150,10 +215,24 @@ void one_row(const F* q, const F* K, const F* V, const int64_t* sel, const bool*
   for (int64_t c = 0; c < D; ++c) out[c] /= total;
 }
 
+// whether part16 takes rows of this type and width on this machine
+template <typename F>
+bool parts_take(int64_t D) {
+#if defined(__AVX512F__)
+  return std::is_same<F, float>::value && D % 16 == 0 && D <= 128;
+#else
+  (void)D;
+  return false;
+#endif
+}
+
 template <typename F>
 void selected(const F* q, const int64_t* qs, const F* k, const F* v, const int64_t* kvs, const int64_t* idx,
-              const bool* ok, const int64_t* dims, F scale, int64_t threads, F* scratch, F* out) {
+              const bool* ok, const int64_t* dims, F scale, int64_t threads, F* scratch, F* state, int64_t* bounds,
+              F* out) {
   const int64_t B = dims[0], H = dims[1], r = dims[2], D = dims[3], Hk = dims[4], S = dims[5], kk = dims[6];
+  const int64_t m = dims[7], width = parts_take<F>(D) ? dims[8] : 0;
+  const int64_t P = width > 0 ? (m + width - 1) / width : 0, row_state = D + 4;
   const int64_t g = H / Hk;  // query heads a key/value head serves
 #pragma omp parallel num_threads(static_cast<int>(threads))
   {
@@ -162,16 +241,68 @@ void selected(const F* q, const int64_t* qs, const F* k, const F* v, const int64
 #else
     F* sc = scratch;
 #endif
+    if (P > 0) {  // where each row's entries of each part begin (-1: a row not in increasing order, run whole)
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < B * S * r; ++row) {
+        const int64_t* sel = idx + row * kk;
+        int64_t* at = bounds + row * (P + 1);
+        int64_t j = 0;
+        bool sorted = true;
+        for (int64_t i = 1; i < kk; ++i) sorted &= sel[i - 1] <= sel[i];
+        for (int64_t p = 0; p < P; ++p) {
+          while (j < kk && sel[j] < p * width) ++j;
+          at[p] = j;
+        }
+        at[P] = kk;
+        if (!sorted) at[0] = -1;
+      }
+    }
     for (int64_t bh = 0; bh < B * H; ++bh) {
       const int64_t b = bh / H, h = bh % H, s = S == 1 ? 0 : h / g;
       const F* K = k + b * kvs[0] + (h / g) * kvs[1];
       const F* V = v + b * kvs[2] + (h / g) * kvs[3];
       const int64_t* sel = idx + (b * S + s) * r * kk;
       const bool* flags = ok ? ok + (b * S + s) * r * kk : nullptr;
+      const F* qh = q + b * qs[0] + h * qs[1];
+      F* oh = out + bh * r * D;
+      if (P == 0) {
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < r; ++t)
-        one_row<F>(q + b * qs[0] + h * qs[1] + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, kk, D,
-                   scale, sc, out + (bh * r + t) * D);
+        for (int64_t t = 0; t < r; ++t)
+          one_row<F>(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, kk, D, scale, sc, oh + t * D);
+        continue;
+      }
+      const int64_t* at = bounds + (b * S + s) * r * (P + 1);
+      // a part at a time over every row: the part's keys and values (`width` rows of each) stay in the core's cache
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < r; ++t) {
+        F* st = state + t * row_state;
+        st[0] = -std::numeric_limits<F>::infinity();
+        st[1] = st[2] = st[3] = 0;
+        for (int64_t c = 0; c < D; ++c) st[4 + c] = 0;
+      }
+      for (int64_t p = 0; p < P; ++p) {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < r; ++t) {
+          const int64_t* here = at + t * (P + 1);
+          if (here[0] < 0) continue;
+          if constexpr (std::is_same<F, float>::value)
+            part_row(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, here[p], here[p + 1], D, scale,
+                     sc, state + t * row_state);
+        }
+      }
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < r; ++t) {
+        const F* st = state + t * row_state;
+        F* o = oh + t * D;
+        if (at[t * (P + 1)] < 0) {  // not in increasing order: the whole row at once
+          one_row<F>(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, kk, D, scale, sc, o);
+        } else if (st[2] != 0 || st[1] == 0) {  // a NaN or +inf score: NaN; nothing usable: zeros
+          const F fill = st[2] != 0 ? std::numeric_limits<F>::quiet_NaN() : F(0);
+          for (int64_t c = 0; c < D; ++c) o[c] = fill;
+        } else {
+          for (int64_t c = 0; c < D; ++c) o[c] = st[4 + c] / st[1];
+        }
+      }
     }
   }
 }
@@ -182,17 +313,19 @@ extern "C" {
 
 // q: rows of D, batch and head strides qs (2); k, v: rows of D, batch and head strides kvs (k's two, then v's two);
 // idx (B, S, r, kk) int64, every entry in [0, m); ok: the same shape, or null (every key usable);
-// dims: B, H, r, D, Hk, S, kk; scratch: threads · kk; out (B, H, r, D)
+// dims: B, H, r, D, Hk, S, kk, m, width (keys a part: 0, or a type or width part16 lacks, for whole rows);
+// scratch: threads · kk; state: r · (D + 4); bounds: B · S · r · (⌈m / width⌉ + 1); out (B, H, r, D)
 void attn_selected_softmax_f32(const float* q, const int64_t* qs, const float* k, const float* v, const int64_t* kvs,
                                const int64_t* idx, const bool* ok, const int64_t* dims, float scale, int64_t threads,
-                               float* scratch, float* out) {
-  selected<float>(q, qs, k, v, kvs, idx, ok, dims, scale, threads, scratch, out);
+                               float* scratch, float* state, int64_t* bounds, float* out) {
+  selected<float>(q, qs, k, v, kvs, idx, ok, dims, scale, threads, scratch, state, bounds, out);
 }
 
 void attn_selected_softmax_f64(const double* q, const int64_t* qs, const double* k, const double* v,
                                const int64_t* kvs, const int64_t* idx, const bool* ok, const int64_t* dims,
-                               double scale, int64_t threads, double* scratch, double* out) {
-  selected<double>(q, qs, k, v, kvs, idx, ok, dims, scale, threads, scratch, out);
+                               double scale, int64_t threads, double* scratch, double* state, int64_t* bounds,
+                               double* out) {
+  selected<double>(q, qs, k, v, kvs, idx, ok, dims, scale, threads, scratch, state, bounds, out);
 }
 
 }  // extern "C"
