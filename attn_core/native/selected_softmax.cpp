@@ -46,6 +46,21 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_maskz_scalef_ps(__mmask16(~under), p, n);
 }
+
+// sc[0, n) ← e^(sc − top) (top: their highest, or higher), returning their sum
+inline float exp_less(float* sc, int64_t n, float top) {
+  const __m512 vt = _mm512_set1_ps(top);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vt));
+    _mm512_storeu_ps(sc + j, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  float total = _mm512_reduce_add_ps(acc);
+  for (; j < n; ++j) total += (sc[j] = std::exp(sc[j] - top));
+  return total;
+}
 #endif
 
 constexpr float NEG32 = -std::numeric_limits<float>::infinity();
@@ -81,16 +96,7 @@ void row16(const float* q, const float* K, const float* V, const int64_t* sel, c
     sc[j] = s;
   }
   if (degenerate<float>(bad, top, D, out)) return;
-  const __m512 vt = _mm512_set1_ps(top);
-  __m512 acc = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j + 16 <= kk; j += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vt));
-    _mm512_storeu_ps(sc + j, e);
-    acc = _mm512_add_ps(acc, e);
-  }
-  float total = _mm512_reduce_add_ps(acc);
-  for (; j < kk; ++j) total += (sc[j] = std::exp(sc[j] - top));
+  const float total = exp_less(sc, kk, top);
   __m512 o[C];
   for (int c = 0; c < C; ++c) o[c] = _mm512_setzero_ps();
   for (int64_t i = 0; i < kk; ++i) {
@@ -128,16 +134,7 @@ void part16(const float* q, const float* K, const float* V, const int64_t* sel, 
   if (top == NEG32) return;  // nothing usable here
   const float M = top > st[0] ? top : st[0];
   const float alpha = std::exp(st[0] - M);  // the state so far, rescaled to the new highest (0 before any)
-  const __m512 vt = _mm512_set1_ps(M);
-  __m512 acc = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vt));
-    _mm512_storeu_ps(sc + j, e);
-    acc = _mm512_add_ps(acc, e);
-  }
-  float total = _mm512_reduce_add_ps(acc);
-  for (; j < n; ++j) total += (sc[j] = std::exp(sc[j] - M));
+  const float total = exp_less(sc, n, M);
   __m512 o[C];
   const __m512 va = _mm512_set1_ps(alpha);
   for (int c = 0; c < C; ++c) o[c] = _mm512_mul_ps(va, _mm512_loadu_ps(st + 4 + 16 * c));
