@@ -8,6 +8,9 @@ triangular solve with r right-hand columns (forward substitution: one multiply-a
 and column, b·c·(c − 1)·r for a unit diagonal, and c·r divisions more without one). With the causal flag that
 kernel skips key tiles by its own tiling, which no formula of the shapes alone can count: those calls are not
 checked here (the spec models them from the kernel's source, tests/test_mechanisms.py checks the pattern).
+The CPU kernels of our own (attn_core.native: top-k's selection, the fused softmax over selected keys) run no torch
+op the counter can see; they do the torch forms' products entry by entry, so the torch forms run here
+(ATTN_LAB_NATIVE=0), and tests/test_native.py checks the two forms give the same output.
 Elementwise work a spec counts as its own (`Cost.elementwise_flops`, additive attention's additions and tanh) is
 not a matmul: it is left out of the comparison."""
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import attn_core as ac
+from attn_core import native
 from attn_core.spec import Shape
 from tests.baselines import runs
 
@@ -90,7 +94,8 @@ class Seen:
 @pytest.mark.parametrize("kv_heads", [H, 2])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
-def test_executed_flops_are_what_the_counter_sees(key, causal, kv_heads):
+def test_executed_flops_are_what_the_counter_sees(key, causal, kv_heads, monkeypatch):
+    monkeypatch.setenv(native.SWITCH, "0")
     spec = ac.get(key)
     if not runs(spec, causal):
         pytest.skip(f"{spec.label} does not run with causal={causal}")
