@@ -108,7 +108,8 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     (`embedding_bag`, mode 'sum', the probabilities its per-sample weights). The bag sum ran 2.5× faster than the
     CSR product it replaced (MKL's), and neither step reorders the scores: both keep each row's kk entries together.
     On the CPU without gradients, `native.selected_softmax` instead: the same in one pass a query row, its scores
-    never leaving the core's cache (n = 16384, top_k = 2048: 1.5 times faster than these three steps).
+    never leaving the core's cache (a block of top-k at n = 16384, top_k = 2048: 17 ms against these three steps'
+    29 ms).
 
     q (B, H, r, D), k and v (B, Hk, m, D), idx and usable (B, S, r, kk) with S = 1 or Hk, idx sorted in each row
     (`sort_selection`: CSR's order, and each row reads its keys forward) → (B, H, r, D); a row with no usable key

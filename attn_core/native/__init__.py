@@ -263,9 +263,9 @@ def part_keys(m: int, D: int, elem: int) -> int:
     """Keys of one part in `selected_softmax` (0: whole rows): where a head's m keys and values outgrow PART_BYTES
     twice over, every row's entries among the first `part_keys` keys are taken, then the next part's, the softmax
     carried from part to part (its highest score, sum and output, rescaled as a higher score comes), so that each
-    part's keys and values are read from the core's cache. n = 16384, top_k = 2048, D = 64 (a head's keys and values
-    8 MB): parts of 1024 keys took a block in 14.7 ms, of 2048 in 15.3, 4096 in 18.3, whole rows 21.1 (float32, the
-    kernel's other widths and types run whole rows)."""
+    part's keys and values are read from the core's cache. A block of top-k at n = 16384, top_k = 2048, D = 64 (341
+    rows, a head's keys and values 8 MB) took 18.9, 17.1, 17.2, 17.7 and 20.1 ms in parts of 256 … 4,096 keys, 23.3
+    in whole rows (float32; the kernel's other widths and types run whole rows)."""
     width = max(1, PART_BYTES // (2 * D * elem))
     return width if m > 2 * width else 0
 

@@ -8,12 +8,13 @@
 // How, without a sort or a top-k over the row. Scores become unsigned keys that order as the scores do (-0 and +0
 // one key, as they compare equal). The kk-th highest key is found by counting: how many keys are at or above t is one
 // vectorised pass, and t moves by interpolation between two counts that bracket kk (bisection where that gains less
-// than a halving) until few keys lie between them, which a tiny nth_element settles. On long rows (4·kk <= m) every
-// STRIDE-th key is searched first for two ranks a few standard deviations either side of its share of kk; one pass
-// over the row then counts the keys above the upper bound and copies those between the bounds, and the search runs
-// on that band alone (about a tenth of the row at kk = m / 8). A last pass writes the indices.
+// than a halving) until exactly kk keys are at or above it (the least of them is the kk-th) or the bracket holds one
+// value. On long rows (4·kk <= m) every STRIDE-th key is searched first for two ranks a few standard deviations
+// either side of its share of kk; one pass over the row then counts the keys above the upper bound and copies those
+// between the bounds, and the search runs on that band alone (about a tenth of the row at kk = m / 8). A last pass
+// writes the indices.
 //
-// O(m) a row: at m = 16384, kk = 2048, about 8 µs a row on one core of a 2.6 GHz AMD EPYC (AVX-512). Rows are split
+// O(m) a row: at m = 16384, kk = 2048, about 13 µs a row on one core of a 2.6 GHz AMD EPYC (AVX-512). Rows are split
 // among `threads` OpenMP threads (the process's libgomp: torch's, where torch brought it). No allocation: the
 // caller passes each thread's scratch.
 #include <algorithm>
