@@ -7,9 +7,10 @@ where none can be built (no compiler, a failed build, ATTN_LAB_NATIVE=0), and `d
     selected_softmax(q, k, v, idx, usable)       softmax over each query's selected keys, fused (selected_softmax.cpp;
                                                  _sparse.selected_softmax's CPU form without gradients)
 
-The build: `$CXX`, else c++, g++ or clang++, with -O3 -march=native (this machine's vector units: the cache key holds
-the CPU's flags, so a cache shared with another CPU builds anew) and -fopenmp where the compiler has it (rows split
-among torch.get_num_threads() threads; on Linux the library shares the libgomp that torch loaded). The cache:
+The build: `$CXX`, else c++, g++ or clang++, with -O3, -march=native (this machine's vector units: the cache key holds
+the CPU's flags, so a cache shared with another CPU builds anew) and -fopenmp (rows split among
+torch.get_num_threads() threads; on Linux the library shares the libgomp that torch loaded), each dropped in turn
+where the compiler refuses it. The cache:
 `cache_dir`; each build is written under a name of its own and renamed into place, so that processes building at
 once do not collide.
 """
@@ -31,8 +32,8 @@ HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "select.cpp", HERE / "selected_softmax.cpp")  # one library
 SWITCH = "ATTN_LAB_NATIVE"  # "0": the torch forms only
 CACHE = "ATTN_LAB_CACHE"  # a folder for the built libraries
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
-TRIES = (("-fopenmp",), ())  # with OpenMP, then without (a compiler that lacks it)
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
+TRIES = (("-march=native", "-fopenmp"), ("-march=native",), ())  # OpenMP and this CPU's vector units, or fewer
 BUILD_SECONDS = 120
 
 _lock = threading.Lock()
@@ -85,43 +86,65 @@ def cache_dir() -> Path:
     raise OSError("no folder to build in can be written: set ATTN_LAB_CACHE to one")
 
 
+def _compile(cxx: str, flags: tuple[str, ...], target: Path) -> str | None:
+    """SOURCES built into `target` (written under a name of its own, then renamed into place); None, or the compiler's
+    last words."""
+    part = target.with_name(f"{target.stem}.{os.getpid()}.{threading.get_ident()}.part")
+    try:
+        done = subprocess.run([cxx, *flags, *map(str, SOURCES), "-o", str(part)], capture_output=True, text=True,
+                              timeout=BUILD_SECONDS)
+    except (OSError, subprocess.SubprocessError) as e:
+        part.unlink(missing_ok=True)
+        return str(e)
+    if done.returncode != 0:
+        part.unlink(missing_ok=True)
+        last = (done.stderr or done.stdout).strip().splitlines()
+        return last[-1] if last else f"exit {done.returncode}"
+    os.replace(part, target)
+    return None
+
+
+def _load(target: Path) -> ctypes.CDLL:
+    """The library at `target`, its functions' signatures declared (ctypes checks the arguments' types and counts)."""
+    lib = ctypes.CDLL(str(target))
+    for name in ("attn_select_f32", "attn_select_f64"):
+        fn = getattr(lib, name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3
+    for name, real in (("attn_selected_softmax_f32", ctypes.c_float), ("attn_selected_softmax_f64", ctypes.c_double)):
+        fn = getattr(lib, name)
+        fn.restype = None
+        fn.argtypes = [ctypes.c_void_p] * 8 + [real, ctypes.c_int64] + [ctypes.c_void_p] * 4
+    lib.attn_select_openmp.restype = ctypes.c_int64
+    return lib
+
+
 def _build(cxx: str) -> tuple[ctypes.CDLL, str]:
-    """The library built (or found built) for this source, compiler, flags and CPU, loaded; and how it was built.
-    Raises RuntimeError with the compiler's last words where no try builds."""
+    """The library built (or found built) for these sources, this compiler, flags and CPU, loaded; and how it was
+    built. A cached library that will not load (another machine's, a damaged file) is built again, once. Raises
+    RuntimeError with each try's last words where none builds."""
     version, source = _version(cxx), b"\0".join(path.read_bytes() for path in SOURCES)
     errors = []
     for extra in TRIES:
         flags = (*FLAGS, *extra)
+        named = " ".join(extra) or "plain"
         key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(flags).encode(),
                                          _cpu_flags().encode(), platform.machine().encode()])).hexdigest()[:20]
         target = cache_dir() / f"attn_kernels_{key}.so"
-        if not target.exists():
-            part = target.with_name(f"{target.stem}.{os.getpid()}.{threading.get_ident()}.part")
+        for fresh in (False, True):
+            if fresh or not target.exists():
+                error = _compile(cxx, flags, target)
+                if error is not None:
+                    errors.append(f"{named}: {error}")
+                    break
             try:
-                done = subprocess.run([cxx, *flags, *map(str, SOURCES), "-o", str(part)], capture_output=True,
-                                      text=True, timeout=BUILD_SECONDS)
-            except (OSError, subprocess.SubprocessError) as e:
-                errors.append(f"{' '.join(extra) or 'plain'}: {e}")
+                lib = _load(target)
+            except (OSError, AttributeError) as e:
+                if fresh:
+                    errors.append(f"{named}: {e}")
                 continue
-            if done.returncode != 0:
-                last = (done.stderr or done.stdout).strip().splitlines()
-                errors.append(f"{' '.join(extra) or 'plain'}: {last[-1] if last else f'exit {done.returncode}'}")
-                part.unlink(missing_ok=True)
-                continue
-            os.replace(part, target)
-        lib = ctypes.CDLL(str(target))
-        for name in ("attn_select_f32", "attn_select_f64"):
-            fn = getattr(lib, name)
-            fn.restype = None
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        for name, real in (("attn_selected_softmax_f32", ctypes.c_float), ("attn_selected_softmax_f64", ctypes.c_double)):
-            fn = getattr(lib, name)
-            fn.restype = None
-            fn.argtypes = [ctypes.c_void_p] * 8 + [real, ctypes.c_int64] + [ctypes.c_void_p] * 4
-        lib.attn_select_openmp.restype = ctypes.c_int64
-        threads = "OpenMP threads" if lib.attn_select_openmp() else "one thread"
-        return lib, f"{version}, {' '.join(flags[:2])}, {threads}"
+            threads = "OpenMP threads" if lib.attn_select_openmp() else "one thread"
+            return lib, f"{version}, {' '.join(f for f in flags if f.startswith(('-O', '-march')))}, {threads}"
     raise RuntimeError("; ".join(errors) or "no build")
 
 
@@ -193,8 +216,8 @@ def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def scratch_bytes(m: int, rows: int, elem: int = 4) -> int:
-    """Bytes of `select`'s scratch for `rows` rows of m scores of `elem` bytes: 2·(m + 16) keys of `elem` bytes for each
-    of its threads, min(torch.get_num_threads(), rows)."""
+    """Bytes of `select`'s scratch for `rows` rows of m scores of `elem` bytes: 2·(m + 16) keys of `elem` bytes for
+    each of its threads, min(torch.get_num_threads(), rows)."""
     return max(1, min(torch.get_num_threads(), rows)) * 2 * (m + 16) * elem
 
 
@@ -224,9 +247,11 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     B, H, r, D = q.shape
     Hk, m = k.shape[1], k.shape[2]
     S, kk = idx.shape[1], idx.shape[-1]
-    if lib is None or S not in (1, Hk) or H % Hk or idx.shape != (B, S, r, kk) or usable.shape != idx.shape:
-        raise ValueError(f"native selected_softmax needs a library and a selection (B, 1 or Hk, r, kk), got "
-                         f"{tuple(idx.shape)} for q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if lib is None or S not in (1, Hk) or H % Hk or idx.shape != (B, S, r, kk) or usable.shape != idx.shape or \
+            k.shape != (B, Hk, m, D) or v.shape != k.shape or idx.dtype != torch.int64 or usable.dtype != torch.bool:
+        raise ValueError(f"native selected_softmax needs a library, k and v (B, Hk, m, D) and a selection (B, 1 or "
+                         f"Hk, r, kk) of int64 positions and bool flags; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}, positions {tuple(idx.shape)} {idx.dtype}, flags {usable.dtype}")
     out = q.new_empty(B, H, r, D)
     if out.numel() == 0:
         return out

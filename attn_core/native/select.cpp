@@ -1,7 +1,9 @@
 // The top kk scores of each row, exactly, a row at a time: attn_core.mechanisms.topk.select's form for the CPU.
 //
-// For each row of m scores (float32 or float64, no NaN), the indices of its kk highest scores in increasing order,
-// ties at the threshold going to the earlier keys, and a flag per index: its score is above -inf. The same
+// For each row of m scores (float32 or float64), the indices of its kk highest scores in increasing order, ties at
+// the threshold going to the earlier keys, and a flag per index: its score is above -inf. A NaN ranks below -inf and
+// is never usable (topk.select sends rows that may hold NaN to its exact torch form, which ranks NaN highest); every
+// row gets exactly kk indices within it, whatever the input. The same
 // selection as topk._select_exact (a top-k over the whole row); written apart from it, tested against it and against
 // a stable sort (tests/test_native.py).
 //
@@ -38,26 +40,38 @@ template <typename F> struct Key;
 template <> struct Key<float> { using type = uint32_t; };
 template <> struct Key<double> { using type = uint64_t; };
 
-// a key that orders as v does: sign bit flipped for v >= 0, every bit flipped for v < 0; -0 taken as +0
+// the bits of +inf of the float type whose key type is K: exponent all ones, mantissa zero
+template <typename K>
+constexpr K order_key_inf() {
+  return sizeof(K) == 4 ? K(0x7F800000u) : K(0x7FF0000000000000ull);
+}
+
+// a key that orders as v does: sign bit flipped for v >= 0, every bit flipped for v < 0; -0 taken as +0; a NaN
+// (outside the contract) the lowest key of all, below -inf, so that counts and indices stay consistent whatever comes
 template <typename F>
 inline typename Key<F>::type order_key(F v) {
   using K = typename Key<F>::type;
   constexpr K sign = K(1) << (8 * sizeof(K) - 1);
+  const K inf = order_key_inf<K>();
   K u;
   std::memcpy(&u, &v, sizeof u);
+  if (K(u & ~sign) > inf) return K(0);
   u = (u << 1) == 0 ? K(0) : u;
   return (u & sign) ? K(~u) : K(u | sign);
 }
 
-template <typename F>
-inline F from_key(typename Key<F>::type x) {
-  using K = typename Key<F>::type;
-  constexpr K sign = K(1) << (8 * sizeof(K) - 1);
-  const K u = (x & sign) ? K(x & ~sign) : K(~x);
-  F v;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
+#if defined(__AVX512F__)
+// order_key of 16 float32 scores
+inline __m512i keys16(const float* p) {
+  const __m512i sign = _mm512_set1_epi32(int(0x80000000u)), magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i u = _mm512_loadu_si512(p);
+  u = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(u, magnitude), u);  // -0 → +0
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, magnitude), _mm512_set1_epi32(0x7F800000));
+  const __mmask16 neg = _mm512_test_epi32_mask(u, sign);
+  const __m512i x = _mm512_mask_xor_epi32(_mm512_or_si512(u, sign), neg, u, _mm512_set1_epi32(-1));
+  return _mm512_maskz_mov_epi32(__mmask16(~nan), x);
 }
+#endif
 
 template <typename K>
 inline int64_t at_least(const K* key, int64_t n, K t) {
@@ -111,12 +125,8 @@ void select_row(const F* row, int64_t m, int64_t kk, typename Key<F>::type* keys
 #if defined(__AVX512F__)
     if constexpr (std::is_same<F, float>::value) {
       const __m512i vlo = _mm512_set1_epi32(int(lo)), vhi = _mm512_set1_epi32(int(hi));
-      const __m512i sign = _mm512_set1_epi32(int(0x80000000u)), ones = _mm512_set1_epi32(-1);
       for (; s + 16 <= m; s += 16) {
-        __m512i u = _mm512_loadu_si512(row + s);
-        u = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7FFFFFFF)), u);  // -0 → +0
-        const __mmask16 neg = _mm512_test_epi32_mask(u, sign);
-        const __m512i x = _mm512_mask_xor_epi32(_mm512_or_si512(u, sign), neg, u, ones);
+        const __m512i x = keys16(row + s);
         const __mmask16 up = capped ? _mm512_cmpge_epu32_mask(x, vhi) : __mmask16(0);
         const __mmask16 in = _mm512_mask_cmpge_epu32_mask(__mmask16(~up), x, vlo);
         above += __builtin_popcount(up);
@@ -144,18 +154,17 @@ void select_row(const F* row, int64_t m, int64_t kk, typename Key<F>::type* keys
     above = at_least(keys, m, t);
   }
   int64_t j = 0;
-  if (above == kk) {  // no tie to settle: the keys at or above t, i.e. the scores at or above its value
-    const F tau = from_key<F>(t);
+  if (above == kk) {  // no tie to settle: the keys at or above t, exactly kk of them
     int64_t s = 0;
 #if defined(__AVX512F__)
     if constexpr (std::is_same<F, float>::value) {
-      const __m512 vt = _mm512_set1_ps(tau);
-      const __m512i sixteen = _mm512_set1_epi64(16);
+      const __m512i tt = _mm512_set1_epi32(int(t)), sixteen = _mm512_set1_epi64(16);
       __m512i lo8 = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), hi8 = _mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15);
       for (; s + 16 <= m; s += 16) {
-        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + s), vt, _CMP_GE_OQ);
+        const __mmask16 k = _mm512_cmpge_epu32_mask(keys16(row + s), tt);
         const __mmask8 a = __mmask8(k & 0xFF), b = __mmask8(k >> 8);
         const int na = __builtin_popcount(a), nb8 = __builtin_popcount(b);
+        if (j + na + nb8 > kk) break;  // cannot happen (the count said kk); never written past the row's kk
         _mm512_mask_storeu_epi64(idx + j, __mmask8((1u << na) - 1), _mm512_maskz_compress_epi64(a, lo8));
         j += na;
         _mm512_mask_storeu_epi64(idx + j, __mmask8((1u << nb8) - 1), _mm512_maskz_compress_epi64(b, hi8));
@@ -165,10 +174,13 @@ void select_row(const F* row, int64_t m, int64_t kk, typename Key<F>::type* keys
       }
     }
 #endif
-    for (; s < m; ++s) if (row[s] >= tau) idx[j++] = s;
-    if (t > dead) std::memset(use, 1, kk);
-    else for (int64_t i = 0; i < kk; ++i) use[i] = order_key<F>(row[idx[i]]) > dead;
-    return;
+    for (; s < m && j < kk; ++s) if (order_key<F>(row[s]) >= t) idx[j++] = s;
+    if (j == kk) {
+      if (t > dead) std::memset(use, 1, kk);
+      else for (int64_t i = 0; i < kk; ++i) use[i] = order_key<F>(row[idx[i]]) > dead;
+      return;
+    }
+    j = 0;  // (unreachable) the general pass below, which writes kk at most
   }
   int64_t equal = 0;  // a tie at t: the earliest kk − (keys above t) of the keys equal to t
   for (int64_t s = 0; s < m; ++s) equal += order_key<F>(row[s]) == t;
@@ -181,6 +193,10 @@ void select_row(const F* row, int64_t m, int64_t kk, typename Key<F>::type* keys
       use[j] = x > dead;
       ++j;
     }
+  }
+  for (; j < kk; ++j) {  // (unreachable: at least kk keys are at or above t) every index within the row regardless
+    idx[j] = 0;
+    use[j] = false;
   }
 }
 
