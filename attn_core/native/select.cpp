@@ -60,6 +60,17 @@ inline typename Key<F>::type order_key(F v) {
   return (u & sign) ? K(~u) : K(u | sign);
 }
 
+// the number whose key is x (x a number's key)
+template <typename F>
+inline F from_key(typename Key<F>::type x) {
+  using K = typename Key<F>::type;
+  constexpr K sign = K(1) << (8 * sizeof(K) - 1);
+  const K u = (x & sign) ? K(x & ~sign) : K(~x);
+  F v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
 #if defined(__AVX512F__)
 // order_key of 16 float32 scores
 inline __m512i keys16(const float* p) {
@@ -154,14 +165,17 @@ void select_row(const F* row, int64_t m, int64_t kk, typename Key<F>::type* keys
     above = at_least(keys, m, t);
   }
   int64_t j = 0;
-  if (above == kk) {  // no tie to settle: the keys at or above t, exactly kk of them
+  if (above == kk && t > 0) {  // no tie to settle: the keys at or above t, exactly kk of them, i.e. (t a number's
+    // key, not a NaN's) the scores at or above its value, by one float comparison a score
+    const F tau = from_key<F>(t);
     int64_t s = 0;
 #if defined(__AVX512F__)
     if constexpr (std::is_same<F, float>::value) {
-      const __m512i tt = _mm512_set1_epi32(int(t)), sixteen = _mm512_set1_epi64(16);
+      const __m512 vt = _mm512_set1_ps(tau);
+      const __m512i sixteen = _mm512_set1_epi64(16);
       __m512i lo8 = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), hi8 = _mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15);
       for (; s + 16 <= m; s += 16) {
-        const __mmask16 k = _mm512_cmpge_epu32_mask(keys16(row + s), tt);
+        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + s), vt, _CMP_GE_OQ);
         const __mmask8 a = __mmask8(k & 0xFF), b = __mmask8(k >> 8);
         const int na = __builtin_popcount(a), nb8 = __builtin_popcount(b);
         if (j + na + nb8 > kk) break;  // cannot happen (the count said kk); never written past the row's kk
@@ -174,7 +188,7 @@ void select_row(const F* row, int64_t m, int64_t kk, typename Key<F>::type* keys
       }
     }
 #endif
-    for (; s < m && j < kk; ++s) if (order_key<F>(row[s]) >= t) idx[j++] = s;
+    for (; s < m && j < kk; ++s) if (row[s] >= tau) idx[j++] = s;
     if (j == kk) {
       if (t > dead) std::memset(use, 1, kk);
       else for (int64_t i = 0; i < kk; ++i) use[i] = order_key<F>(row[idx[i]]) > dead;
