@@ -17,6 +17,7 @@ once do not collide.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -47,10 +48,16 @@ def enabled() -> bool:
 
 def compiler() -> str | None:
     """$CXX, else the first of c++, g++, clang++ on the PATH (None: there is none)."""
-    named = os.environ.get("CXX")
+    return _compiler(os.environ.get("CXX"), os.environ.get("PATH"))
+
+
+@functools.lru_cache(maxsize=8)
+def _compiler(named: str | None, path: str | None) -> str | None:
+    """`compiler` for these CXX and PATH, looked up once (the memory models ask `expected` at every size a search
+    tries)."""
     if named:
-        return shutil.which(named)
-    return next((found for name in ("c++", "g++", "clang++") if (found := shutil.which(name))), None)
+        return shutil.which(named, path=path)
+    return next((found for name in ("c++", "g++", "clang++") if (found := shutil.which(name, path=path))), None)
 
 
 def _cpu_flags() -> str:
