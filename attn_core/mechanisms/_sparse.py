@@ -172,9 +172,9 @@ def selected_softmax_bytes(s: Shape, r: int, kk: int, m: int | None = None, S: i
     (float32 copies of half ones first) beside the scores; softmax beside the scores; the probabilities beside the
     output and one head's bag sums, with, in float64, whose bag sums take torch's general path, each entry's bag and
     their running sum (int64); the output beside its copy in a half dtype. Nothing is sized by the keys: they are
-    read in place. On the CPU (`native.selected_softmax`, over m keys, S selections): float32 copies of half queries
-    beside the output and its scratch (`native.softmax_scratch_bytes`), then the output beside its copy in a half
-    dtype."""
+    read in place. On the CPU (`native.selected_softmax`, over m keys, S selections; the forward without gradients,
+    which the engine's peaks are): float32 copies of half queries beside the output and its scratch
+    (`native.softmax_scratch_bytes`), then the output beside its copy in a half dtype."""
     e, w = s.elem, max(s.elem, 4)
     probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
     general = 16 * (r * kk + 1) if w == 8 else 0
