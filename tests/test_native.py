@@ -16,7 +16,8 @@ from attn_core.mechanisms import _sparse
 from attn_core.mechanisms import topk as tk
 from attn_core.spec import Shape
 
-needs_library = pytest.mark.skipif(not native.expected(), reason=f"no C++ kernel here: {native.describe()}")
+NO_LIBRARY = "no C++ kernel here: no compiler, or ATTN_LAB_NATIVE=0"  # (describe() would build at collection)
+needs_library = pytest.mark.skipif(not native.expected(), reason=NO_LIBRARY)
 NEG, POS = float("-inf"), float("inf")
 
 
@@ -123,12 +124,14 @@ def test_select_takes_the_cpp_form_on_the_cpu_and_refuses_what_it_cannot_take():
 
 @needs_library
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_whole_call_is_the_same_with_either_form(causal, monkeypatch):
-    """topk_attention and NSA with the C++ kernels and with the torch forms (ATTN_LAB_NATIVE=0), float32: the same
-    output to float32's rounding (the fused softmax sums in another order), with padding for top-k, at a size whose
-    selection samples (4·top_k ≤ n)."""
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_a_whole_call_is_the_same_with_either_form(causal, dtype, monkeypatch):
+    """topk_attention and NSA with the C++ kernels and with the torch forms (ATTN_LAB_NATIVE=0): the same output to
+    the dtype's rounding (the fused softmax sums in another order), with padding for top-k, at a size whose
+    selection samples (4·top_k ≤ n). float32 adds the C++ indexer, whose scores round differently from torch's
+    tiles: the same selection here, though a near tie at a row's threshold could go either way."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 1500, 16, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(2, 4, 1500, 16, generator=g, dtype=dtype) for _ in range(3))
     pad = torch.zeros(2, 1500, dtype=torch.bool)
     pad[1, 1400:] = True
     state = ac.make_state("topk", Shape.of(q, k), top_k=256)
@@ -139,7 +142,8 @@ def test_a_whole_call_is_the_same_with_either_form(causal, monkeypatch):
     monkeypatch.setenv(native.SWITCH, "0")
     assert not native.runs(q) and not native.softmax_runs(q, k, v)
     for got, call in zip(cpp, calls):
-        torch.testing.assert_close(got, call(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, call(), rtol=1e-5 if dtype == torch.float32 else 1e-12,
+                                   atol=1e-6 if dtype == torch.float32 else 1e-12)
 
 
 def gathered(q, k, v, idx, usable):
@@ -236,6 +240,26 @@ def test_gradients_take_the_torch_form():
     gathered(qr, kr, vr, idx, usable).sum().backward()
     for a, b in ((q, qr), (k, kr), (v, vr)):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+@pytest.mark.skipif(not native.index_expected(), reason="no C++ indexer here: it needs a compiler and AVX-512")
+@pytest.mark.parametrize("B,r,m,IH,dI", [(1, 102, 3000, 4, 32), (2, 7, 50, 3, 5), (3, 1, 33, 7, 9),
+                                         (1, 5, 16, 1, 1), (2, 4, 1, 4, 32), (1, 9, 47, 8, 16)])
+def test_the_fused_indexer_is_its_formula(B, r, m, IH, dI):
+    """`native.index_scores` against I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) written with einsum in float64:
+    heads in fours and the rest (1 … 8), widths on and off the vector's, keys on and off 32's multiples (one key), an
+    odd number of rows (one left unpaired), queries a view of longer rows, the keys a view of the first m of longer
+    transposed rows, and a negative weight."""
+    g = torch.Generator().manual_seed(B * r + m)
+    qi = torch.randn(B, r + 3, IH * dI, generator=g)[:, 1:r + 1]
+    ki = torch.randn(B, m + 7, dI, generator=g)
+    kt = ki.transpose(1, 2).contiguous()[:, :, :m]
+    w = torch.rand(IH, generator=g) - 0.2
+    want = (torch.einsum("brjd,bsd->brjs", qi.double().view(B, r, IH, dI), ki[:, :m].double()).clamp(min=0)
+            * w.double()[:, None]).sum(2)
+    torch.testing.assert_close(native.index_scores(qi, kt, w).double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="queries \\(B, r, IH·dI\\)"):
+        native.index_scores(qi, kt[:, :-1], w)
 
 
 def run_fresh(code: str, **environment: str) -> str:

@@ -6,6 +6,8 @@ where none can be built (no compiler, a failed build, ATTN_LAB_NATIVE=0), and `d
                                                  topk.select's CPU form)
     selected_softmax(q, k, v, idx, usable)       softmax over each query's selected keys, fused (selected_softmax.cpp;
                                                  _sparse.selected_softmax's CPU form without gradients)
+    index_scores(qi, kt, w)                      top-k's indexer, fused (index.cpp; topk.index_scores's CPU form,
+                                                 float32 on machines with AVX-512)
 
 The build: `$CXX`, else c++, g++ or clang++, with -O3, -march=native (this machine's vector units: the cache key holds
 the CPU's flags, so a cache shared with another CPU builds anew) and -fopenmp (rows split among
@@ -30,7 +32,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "select.cpp", HERE / "selected_softmax.cpp")  # one library
+SOURCES = (HERE / "select.cpp", HERE / "selected_softmax.cpp", HERE / "index.cpp")  # one library
 SWITCH = "ATTN_LAB_NATIVE"  # "0": the torch forms only
 CACHE = "ATTN_LAB_CACHE"  # a folder for the built libraries
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
@@ -122,7 +124,11 @@ def _load(target: Path) -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p] * 8 + [real, ctypes.c_int64] + [ctypes.c_void_p] * 4
+    lib.attn_index_scores_f32.restype = None
+    lib.attn_index_scores_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                          ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 6 + [ctypes.c_void_p]
     lib.attn_select_openmp.restype = ctypes.c_int64
+    lib.attn_index_available.restype = ctypes.c_int64
     return lib
 
 
@@ -181,6 +187,15 @@ def expected() -> bool:
     if "lib" in _loaded or "why" in _loaded:
         return "lib" in _loaded
     return compiler() is not None
+
+
+def index_expected() -> bool:
+    """Whether `index_scores` runs (float32 work), without building anything: `expected`, and the library has the
+    fused indexer, or, not built yet, the CPU has AVX-512 (the memory models ask)."""
+    if not expected():
+        return False
+    lib = _loaded.get("lib")
+    return bool(lib.attn_index_available()) if lib is not None else "avx512f" in _cpu_flags().split()
 
 
 def describe() -> str:
@@ -310,3 +325,37 @@ def softmax_scratch_bytes(B: int, S: int, r: int, m: int, D: int, kk: int, elem:
     parts = -(-m // width) if width else 0
     carried = (r * (D + 4) * elem + 8 * B * S * r * (parts + 1)) if parts else elem + 8
     return max(1, min(torch.get_num_threads(), r)) * kk * elem + carried
+
+
+def index_runs(qi: torch.Tensor) -> bool:
+    """Whether `index_scores` takes these indexer queries: float32 on the CPU, and a library built with AVX-512."""
+    if qi.device.type != "cpu" or qi.dtype != torch.float32:
+        return False
+    lib = library()
+    return lib is not None and bool(lib.attn_index_available())
+
+
+def index_scores(qi: torch.Tensor, kt: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) (index.cpp): qi (B, r, IH·dI) float32 CPU (`index_runs`), kt the
+    indexer keys transposed (B, dI, m; a view of the first m of longer rows is read in place), w (IH,) → (B, r, m),
+    float32. Two query rows, four heads and 32 keys at a time in registers, the ReLU and weighted sum in them:
+    nothing beside the scores. Refuses mismatched shapes with a sentence."""
+    lib = library()
+    B, r, width = qi.shape
+    heads = w.shape[0]
+    if lib is None or kt.dim() != 3 or kt.shape[0] != B or heads * kt.shape[1] != width or w.dim() != 1:
+        raise ValueError(f"native index_scores needs a library, queries (B, r, IH·dI), keys (B, dI, m) and weights "
+                         f"(IH,); got {tuple(qi.shape)}, {tuple(kt.shape)}, {tuple(w.shape)}")
+    m = kt.shape[2]
+    out = torch.empty(B, r, m)
+    if out.numel() == 0:
+        return out
+    if qi.stride(2) != 1 or qi.stride(1) != width:
+        qi = qi.contiguous()
+    kt, w = kt.to(torch.float32), w.to(torch.float32).contiguous()
+    if kt.stride(2) != 1:
+        kt = kt.contiguous()
+    threads = max(1, min(torch.get_num_threads(), B * -(-r // 2)))
+    lib.attn_index_scores_f32(qi.data_ptr(), qi.stride(0), kt.data_ptr(), kt.stride(0), kt.stride(1), w.data_ptr(),
+                              B, r, m, heads, width // heads, threads, out.data_ptr())
+    return out
