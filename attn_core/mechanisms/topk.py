@@ -139,7 +139,7 @@ def select(scores: torch.Tensor, kk: int, *, finite: bool = False) -> tuple[torc
     """The kk highest scores of each row (B, r, m), as (indices (B, r, kk), increasing in each row as CSR takes them,
     usable (B, r, kk): the key's score was finite, so it is neither masked nor padded). Ties at the threshold go to
     the earlier keys. On the CPU, `native.select` (C++, counting instead of sorting: 102 rows of 16,384 scores in
-    0.78 ms against the sampled form's 5.9, a twelfth of a call where that took a third); elsewhere, or where no
+    0.78 ms against the sampled form's 5.9, a tenth of a call where that took a third); elsewhere, or where no
     library could be built, `_select_sampled` where it can answer (rows of finite scores, kk at most a quarter of m:
     the same selection, found without a top-k over whole rows), else `_select_exact`. `finite`: the caller knows no
     score is NaN (a NaN is never a candidate of the fast forms, while the exact one keeps it); without it, the exact
