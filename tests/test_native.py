@@ -242,7 +242,6 @@ def test_gradients_take_the_torch_form():
         torch.testing.assert_close(a.grad, b.grad)
 
 
-@pytest.mark.skipif(not native.index_expected(), reason="no C++ indexer here: it needs a compiler and AVX-512")
 @pytest.mark.parametrize("B,r,m,IH,dI", [(1, 102, 3000, 4, 32), (2, 7, 50, 3, 5), (3, 1, 33, 7, 9),
                                          (1, 5, 16, 1, 1), (2, 4, 1, 4, 32), (1, 9, 47, 8, 16)])
 def test_the_fused_indexer_is_its_formula(B, r, m, IH, dI):
@@ -250,6 +249,8 @@ def test_the_fused_indexer_is_its_formula(B, r, m, IH, dI):
     heads in fours and the rest (1 … 8), widths on and off the vector's, keys on and off 32's multiples (one key), an
     odd number of rows (one left unpaired), queries a view of longer rows, the keys a view of the first m of longer
     transposed rows, and a negative weight."""
+    if not native.index_runs(torch.zeros(1)):  # asked here, not at collection: that would build before the fixture
+        pytest.skip(f"no C++ indexer here (it needs AVX-512): {native.describe()}")
     g = torch.Generator().manual_seed(B * r + m)
     qi = torch.randn(B, r + 3, IH * dI, generator=g)[:, 1:r + 1]
     ki = torch.randn(B, m + 7, dI, generator=g)
@@ -260,6 +261,28 @@ def test_the_fused_indexer_is_its_formula(B, r, m, IH, dI):
     torch.testing.assert_close(native.index_scores(qi, kt, w).double(), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="queries \\(B, r, IH·dI\\)"):
         native.index_scores(qi, kt[:, :-1], w)
+
+
+@needs_library
+def test_the_kernels_build_and_answer_without_avx512(tmp_path, monkeypatch):
+    """Built without -march=native or OpenMP (a CPU without AVX-512, a compiler without OpenMP): the library builds,
+    has no indexer, and its plain loops give the stable sort's selection and the row-by-row softmax (float32 at a
+    vector width, whole rows where a part's width is asked for)."""
+    target = tmp_path / "plain.so"
+    assert native._compile(native.compiler(), native.FLAGS, target) is None
+    lib = native._load(target)
+    assert lib.attn_index_available() == 0 and lib.attn_select_openmp() == 0
+    monkeypatch.setitem(native._loaded, "lib", lib)
+    scores = scores_of("ties", 6, 5003, torch.float32, seed=3)
+    got, want = native.select(scores, 600), stable_top(scores, 600)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    monkeypatch.setattr(native, "PART_BYTES", 4 * 2 * 64 * 4)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, n, 64, generator=g) for n in (5, 90, 90))
+    idx = torch.randint(0, 90, (1, 1, 5, 30), generator=g).sort(-1).values
+    usable = torch.rand(1, 1, 5, 30, generator=g) < 0.8
+    torch.testing.assert_close(native.selected_softmax(q, k, v, idx, usable).double(), gathered(q, k, v, idx, usable),
+                               rtol=1e-5, atol=1e-6)
 
 
 def run_fresh(code: str, **environment: str) -> str:
@@ -300,9 +323,13 @@ def test_a_build_is_kept_and_found_by_the_next_process(tmp_path):
 
 
 def test_the_switch_turns_it_off_and_the_stamp_says_which_ran(monkeypatch):
-    """ATTN_LAB_NATIVE=0: no library is asked for, and a run's stamp names the form its CPU selection took."""
+    """ATTN_LAB_NATIVE=0: no library is asked for, and a run's stamp names the form its CPU kernels took; a value
+    that is neither on nor off is taken as off, and said so."""
     monkeypatch.setenv(native.SWITCH, "0")
     assert not native.enabled() and native.library() is None and not native.expected()
     assert env.environment("cpu", "float32", 1)["native_kernels"] == "torch ops: ATTN_LAB_NATIVE=0"
+    monkeypatch.setenv(native.SWITCH, "maybe")  # neither word: the torch forms, and a sentence saying what to set
+    assert not native.enabled() and native.describe() == ("torch ops: ATTN_LAB_NATIVE='maybe' is neither on (1) nor "
+                                                          "off (0); set it to one of them")
     monkeypatch.delenv(native.SWITCH)
     assert env.environment("cpu", "float32", 1)["native_kernels"] == native.describe()

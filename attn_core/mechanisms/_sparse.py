@@ -117,11 +117,8 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     differentiable in q, k and v. Devices without these ops, and rows of more entries than keys (repeated ones,
     which CSR cannot hold), take `gathered_softmax`."""
     work = work_dtype(q.dtype)
-    if q.device.type == "cpu":  # without gradients: one fused pass a query row (`native.selected_softmax`)
-        qw, kw, vw = q.to(work), k.to(work), v.to(work)
-        if native.softmax_runs(qw, kw, vw):
-            return native.selected_softmax(qw, kw, vw, idx, usable).to(q.dtype)
-        del qw, kw, vw
+    if native.softmax_runs(q, k, v):  # the CPU without gradients: one fused pass a query row
+        return native.selected_softmax(q.to(work), k.to(work), v.to(work), idx, usable).to(q.dtype)
     if q.device.type not in ("cpu", "cuda") or idx.shape[-1] > k.shape[2]:  # more entries a row than keys: repeats
         return gathered_softmax(q, k, v, idx, usable)
     B, H, r, D = q.shape
@@ -174,14 +171,14 @@ def selected_softmax_bytes(s: Shape, r: int, kk: int, m: int | None = None, S: i
     their running sum (int64); the output beside its copy in a half dtype. Nothing is sized by the keys: they are
     read in place. On the CPU (`native.selected_softmax`, over m keys, S selections; the forward without gradients,
     which the engine's peaks are): float32 copies of half queries beside the output and its scratch
-    (`native.softmax_scratch_bytes`), then the output beside its copy in a half dtype."""
+    (`native.softmax_scratch_bytes`), then, the copies gone, the output beside its copy in a half dtype."""
     e, w = s.elem, max(s.elem, 4)
     probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
     general = 16 * (r * kk + 1) if w == 8 else 0
     half = s.bh * r * s.D * e if e < w else 0
     if s.device == "cpu" and native.expected():
         scratch = native.softmax_scratch_bytes(s.B, S, r, s.Nk if m is None else m, s.D, kk, w)
-        return (block if half else 0) + block + max(scratch, half)
+        return block + max((block if half else 0) + scratch, half)
     return 8 * (r + 1) + max(2 * block if half else 0, block + probs, 2 * probs, probs + block + r * s.D * w + general,
                              block + half)
 

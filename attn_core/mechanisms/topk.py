@@ -109,7 +109,7 @@ def index_scores(qi: torch.Tensor, ki: torch.Tensor, w: torch.Tensor, kt: torch.
     tile of keys at a time (`key_tile`): the products of every indexer head and row with the tile's keys, laid out
     head-major (B, IH·r, tile), ReLU in place, then the weighted sum over heads as one product of w (1 × IH) with
     them (a stream, not many small products; a generation step's one row reads the cached keys in place)."""
-    if kt is not None and qi.dtype == torch.float32 and native.index_runs(qi):
+    if kt is not None and native.index_runs(qi):
         return native.index_scores(qi, kt, w)
     B, r, _ = qi.shape
     heads, m = w.shape[0], ki.shape[1]

@@ -12,9 +12,9 @@ where none can be built (no compiler, a failed build, ATTN_LAB_NATIVE=0), and `d
 The build: `$CXX`, else c++, g++ or clang++, with -O3, -march=native (this machine's vector units: the cache key holds
 the CPU's flags, so a cache shared with another CPU builds anew) and -fopenmp (rows split among
 torch.get_num_threads() threads; on Linux the library shares the libgomp that torch loaded), each dropped in turn
-where the compiler refuses it. The cache:
-`cache_dir`; each build is written under a name of its own and renamed into place, so that processes building at
-once do not collide.
+where the compiler refuses it. The cache: `cache_dir`; each build is written under a name of its own and renamed
+into place, so that processes building at once do not collide. Each wrapper refuses, with a sentence, what its
+kernel would misread (a device, a dtype, a shape, a position outside the keys) before it passes a pointer.
 """
 from __future__ import annotations
 
@@ -43,9 +43,13 @@ _lock = threading.Lock()
 _loaded: dict[str, object] = {}  # "lib": the CDLL, or "why": the reason there is none; "how": the build's words
 
 
+ON, OFF = ("", "1", "true", "yes", "on"), ("0", "false", "no", "off")  # ATTN_LAB_NATIVE's words, unset being on
+
+
 def enabled() -> bool:
-    """False where ATTN_LAB_NATIVE=0 asks for the torch forms only."""
-    return os.environ.get(SWITCH, "1").strip() not in ("0", "false", "no", "off")
+    """True where ATTN_LAB_NATIVE is unset or on; off, or a value that is neither (which `describe` names), asks for
+    the torch forms only."""
+    return os.environ.get(SWITCH, "").strip().lower() in ON
 
 
 def compiler() -> str | None:
@@ -62,8 +66,10 @@ def _compiler(named: str | None, path: str | None) -> str | None:
     return next((found for name in ("c++", "g++", "clang++") if (found := shutil.which(name, path=path))), None)
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_flags() -> str:
-    """What -march=native builds for: the CPU's flags (Linux), else the processor's name and machine."""
+    """What -march=native builds for: the CPU's flags (Linux), else the processor's name and machine (read once: the
+    memory models ask `index_expected` at every size a search tries)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             return next((line for line in f if line.startswith(("flags", "Features"))), "")
@@ -180,8 +186,8 @@ def library() -> ctypes.CDLL | None:
 
 
 def expected() -> bool:
-    """Whether `select` runs natively, without building anything: built already, or not yet tried and a compiler is
-    there (the memory models ask, and must stay cheap)."""
+    """Whether the kernels run, without building anything: built already, or not yet tried and a compiler is there
+    (the memory models ask, and must stay cheap)."""
     if not enabled():
         return False
     if "lib" in _loaded or "why" in _loaded:
@@ -199,19 +205,36 @@ def index_expected() -> bool:
 
 
 def describe() -> str:
-    """Which form the CPU's top-k selection takes, in words: 'C++ (g++ …, -O3 -march=native, OpenMP threads)', or
-    'torch ops: <why>'."""
+    """Which form the CPU kernels take, in words: 'C++ (g++ …, -O3 -march=native, OpenMP threads)', or 'torch ops:
+    <why>'."""
     if not enabled():
-        return f"torch ops: {SWITCH}=0"
+        value = os.environ.get(SWITCH, "")
+        if value.strip().lower() in OFF:
+            return f"torch ops: {SWITCH}=0"
+        return f"torch ops: {SWITCH}={value!r} is neither on (1) nor off (0); set it to one of them"
     if library() is not None:
         return f"C++ ({_loaded['how']})"
     return f"torch ops: {_loaded['why']}"
 
 
+FLOATS = (torch.float32, torch.float64)  # the kernels' types (`select`, `selected_softmax`)
+
+
+def _threads(items: int) -> int:
+    """Threads a kernel splits `items` rows (or pairs of rows) among: torch's, at most one a row. The kernels and their
+    scratch's pricing both take it from here."""
+    return max(1, min(torch.get_num_threads(), items))
+
+
+def _refuse_unless(ok: bool, what: str, got: str) -> None:
+    if not ok:
+        raise ValueError(f"native {what}; got {got}")
+
+
 def runs(scores: torch.Tensor) -> bool:
     """Whether `select` takes these scores: float32 or float64 on the CPU, rows of at least one key, and a library."""
-    return scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64) and scores.dim() >= 1 \
-        and scores.shape[-1] > 0 and library() is not None
+    return scores.device.type == "cpu" and scores.dtype in FLOATS and scores.dim() >= 1 and scores.shape[-1] > 0 \
+        and library() is not None
 
 
 def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,8 +243,11 @@ def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
     earlier keys: topk._select_exact's selection, with the earliest keys where −inf scores fill a row. O(m) a row
     (select.cpp), on torch.get_num_threads() threads. Scratch: 2·(m + 16) keys a thread (of the scores' width)."""
     lib = library()
-    if lib is None or not 1 <= kk <= scores.shape[-1]:
-        raise ValueError(f"native select needs a built library and 1 <= kk <= {scores.shape[-1]}, got kk = {kk}")
+    _refuse_unless(lib is not None and scores.device.type == "cpu" and scores.dtype in FLOATS and scores.dim() >= 1
+                   and 1 <= kk <= scores.shape[-1],
+                   f"select needs a built library, float32 or float64 CPU scores and 1 <= kk <= "
+                   f"{scores.shape[-1] if scores.dim() else 0} (the row's length)",
+                   f"{scores.dtype} scores of shape {tuple(scores.shape)} on {scores.device} and kk = {kk}")
     rows_shape, m = scores.shape[:-1], scores.shape[-1]
     flat = scores.detach().contiguous().view(-1, m)
     rows = flat.shape[0]
@@ -229,7 +255,7 @@ def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
     usable = torch.empty(*rows_shape, kk, dtype=torch.bool)
     if rows == 0:
         return idx, usable
-    threads = max(1, min(torch.get_num_threads(), rows))
+    threads = _threads(rows)
     wide = flat.dtype == torch.float64
     scratch = torch.empty(threads * 2 * (m + 16), dtype=torch.int64 if wide else torch.int32)
     fn = lib.attn_select_f64 if wide else lib.attn_select_f32
@@ -240,15 +266,15 @@ def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
 def scratch_bytes(m: int, rows: int, elem: int = 4) -> int:
     """Bytes of `select`'s scratch for `rows` rows of m scores of `elem` bytes: 2·(m + 16) keys of `elem` bytes for
     each of its threads, min(torch.get_num_threads(), rows)."""
-    return max(1, min(torch.get_num_threads(), rows)) * 2 * (m + 16) * elem
+    return _threads(rows) * 2 * (m + 16) * elem
 
 
 def softmax_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether `selected_softmax` takes these: CPU tensors of one float32 or float64 dtype (the work dtype), no
-    gradient wanted through them, and a library."""
+    """Whether `selected_softmax` takes these, once in the work dtype: floating CPU tensors, no gradient wanted
+    through them, and a library."""
     wanted = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return all(t.device.type == "cpu" and t.dtype == q.dtype for t in (k, v)) and q.device.type == "cpu" and \
-        q.dtype in (torch.float32, torch.float64) and not wanted and library() is not None
+    return all(t.device.type == "cpu" and t.is_floating_point() for t in (q, k, v)) and not wanted and \
+        library() is not None
 
 
 def _rows_of(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -269,11 +295,15 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     B, H, r, D = q.shape
     Hk, m = k.shape[1], k.shape[2]
     S, kk = idx.shape[1], idx.shape[-1]
-    if lib is None or S not in (1, Hk) or H % Hk or idx.shape != (B, S, r, kk) or usable.shape != idx.shape or \
-            k.shape != (B, Hk, m, D) or v.shape != k.shape or idx.dtype != torch.int64 or usable.dtype != torch.bool:
-        raise ValueError(f"native selected_softmax needs a library, k and v (B, Hk, m, D) and a selection (B, 1 or "
-                         f"Hk, r, kk) of int64 positions and bool flags; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                         f"v {tuple(v.shape)}, positions {tuple(idx.shape)} {idx.dtype}, flags {usable.dtype}")
+    _refuse_unless(lib is not None and S in (1, Hk) and H % Hk == 0 and idx.shape == (B, S, r, kk)
+                   and usable.shape == idx.shape and k.shape == (B, Hk, m, D) and v.shape == k.shape
+                   and idx.dtype == torch.int64 and usable.dtype == torch.bool and q.dtype in FLOATS
+                   and k.dtype == v.dtype == q.dtype
+                   and all(t.device.type == "cpu" for t in (q, k, v, idx, usable)),
+                   "selected_softmax needs a library, CPU tensors, q (B, H, r, D), k and v (B, Hk, m, D) of q's "
+                   "float32 or float64, and a selection (B, 1 or Hk, r, kk) of int64 positions and bool flags",
+                   f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype}, "
+                   f"positions {tuple(idx.shape)} {idx.dtype}, flags {usable.dtype}")
     out = q.new_empty(B, H, r, D)
     if out.numel() == 0:
         return out
@@ -287,9 +317,8 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     q, qb, qh = _rows_of(q.detach())
     k, kb, kh = _rows_of(k.detach())
     v, vb, vh = _rows_of(v.detach())
-    threads = max(1, min(torch.get_num_threads(), r))
-    width = part_keys(m, D, q.element_size())
-    parts = -(-m // width) if width else 0
+    threads = _threads(r)
+    width, parts = _parts(m, D, q.element_size())
     scratch = q.new_empty(threads * kk)
     state = q.new_empty(r * (D + 4) if parts else 1)
     bounds = torch.empty(B * S * r * (parts + 1) if parts else 1, dtype=torch.int64)
@@ -317,14 +346,19 @@ def part_keys(m: int, D: int, elem: int) -> int:
     return width if m > 2 * width else 0
 
 
+def _parts(m: int, D: int, elem: int) -> tuple[int, int]:
+    """(`part_keys`, the parts of m keys it makes; 0 for whole rows)."""
+    width = part_keys(m, D, elem)
+    return width, -(-m // width) if width else 0
+
+
 def softmax_scratch_bytes(B: int, S: int, r: int, m: int, D: int, kk: int, elem: int = 4) -> int:
     """Bytes of `selected_softmax`'s scratch: kk scores of `elem` bytes for each of its threads, min(threads, r);
     where it runs in parts (`part_keys`), each row's running state (D + 4 numbers) and where each row's entries of
     each part begin (int64, B·S·r·(parts + 1))."""
-    width = part_keys(m, D, elem)
-    parts = -(-m // width) if width else 0
+    parts = _parts(m, D, elem)[1]
     carried = (r * (D + 4) * elem + 8 * B * S * r * (parts + 1)) if parts else elem + 8
-    return max(1, min(torch.get_num_threads(), r)) * kk * elem + carried
+    return _threads(r) * kk * elem + carried
 
 
 def index_runs(qi: torch.Tensor) -> bool:
@@ -343,9 +377,12 @@ def index_scores(qi: torch.Tensor, kt: torch.Tensor, w: torch.Tensor) -> torch.T
     lib = library()
     B, r, width = qi.shape
     heads = w.shape[0]
-    if lib is None or kt.dim() != 3 or kt.shape[0] != B or heads * kt.shape[1] != width or w.dim() != 1:
-        raise ValueError(f"native index_scores needs a library, queries (B, r, IH·dI), keys (B, dI, m) and weights "
-                         f"(IH,); got {tuple(qi.shape)}, {tuple(kt.shape)}, {tuple(w.shape)}")
+    _refuse_unless(lib is not None and bool(lib.attn_index_available()) and w.dim() == 1 and kt.dim() == 3
+                   and kt.shape[0] == B
+                   and heads * kt.shape[1] == width and qi.dtype == torch.float32 and kt.is_floating_point()
+                   and all(t.device.type == "cpu" for t in (qi, kt, w)),
+                   "index_scores needs a library built with AVX-512, CPU float32 queries (B, r, IH·dI), keys "
+                   "(B, dI, m) and weights (IH,)", f"{tuple(qi.shape)} {qi.dtype}, {tuple(kt.shape)}, {tuple(w.shape)}")
     m = kt.shape[2]
     out = torch.empty(B, r, m)
     if out.numel() == 0:
@@ -355,7 +392,7 @@ def index_scores(qi: torch.Tensor, kt: torch.Tensor, w: torch.Tensor) -> torch.T
     kt, w = kt.to(torch.float32), w.to(torch.float32).contiguous()
     if kt.stride(2) != 1:
         kt = kt.contiguous()
-    threads = max(1, min(torch.get_num_threads(), B * -(-r // 2)))
+    threads = _threads(B * -(-r // 2))
     lib.attn_index_scores_f32(qi.data_ptr(), qi.stride(0), kt.data_ptr(), kt.stride(0), kt.stride(1), w.data_ptr(),
                               B, r, m, heads, width // heads, threads, out.data_ptr())
     return out

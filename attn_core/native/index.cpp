@@ -108,7 +108,8 @@ void attn_index_scores_f32(const float* qi, int64_t qb, const float* kT, int64_t
     }
   }
 #else
-  (void)qi; (void)qb; (void)kT; (void)kb; (void)ks; (void)w; (void)B; (void)r; (void)m; (void)IH; (void)dI; (void)threads; (void)out;
+  (void)qi, (void)qb, (void)kT, (void)kb, (void)ks, (void)w, (void)B, (void)r, (void)m, (void)IH, (void)dI;
+  (void)threads, (void)out;  // never called: attn_index_available says 0
 #endif
 }
 

@@ -42,7 +42,7 @@ template <> struct Key<double> { using type = uint64_t; };
 
 // the bits of +inf of the float type whose key type is K: exponent all ones, mantissa zero
 template <typename K>
-constexpr K order_key_inf() {
+constexpr K inf_bits() {
   return sizeof(K) == 4 ? K(0x7F800000u) : K(0x7FF0000000000000ull);
 }
 
@@ -52,7 +52,7 @@ template <typename F>
 inline typename Key<F>::type order_key(F v) {
   using K = typename Key<F>::type;
   constexpr K sign = K(1) << (8 * sizeof(K) - 1);
-  const K inf = order_key_inf<K>();
+  const K inf = inf_bits<K>();
   K u;
   std::memcpy(&u, &v, sizeof u);
   if (K(u & ~sign) > inf) return K(0);

@@ -13,6 +13,7 @@
 // degree-6 polynomial after taking out powers of two, within 2 ulp); else plain loops (float64, other widths, other
 // machines). Tested against the gathered form in float64
 // (tests/test_native.py).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -75,39 +76,27 @@ inline bool degenerate(bool bad, F top, int64_t D, F* out) {
   return true;
 }
 
-#if defined(__AVX512F__)
-// one float32 query row of D = 16·C: q's chunks and the output's held in registers
-template <int C>
-void row16(const float* q, const float* K, const float* V, const int64_t* sel, const bool* ok, int64_t kk,
-           float scale, float* sc, float* out) {
-  constexpr int64_t D = 16 * C;
-  __m512 qv[C];
-  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-  float top = NEG32;
-  bool bad = false;  // a NaN score
-  for (int64_t j = 0; j < kk; ++j) {
-    const float* kr = K + sel[j] * D;
-    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-    for (int c = 1; c < C; ++c) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
-    float s = _mm512_reduce_add_ps(a) * scale;
-    s = (ok && !ok[j]) ? NEG32 : s;
-    bad |= s != s;
-    top = s > top ? s : top;
-    sc[j] = s;
-  }
-  if (degenerate<float>(bad, top, D, out)) return;
-  const float total = exp_less(sc, kk, top);
-  __m512 o[C];
-  for (int c = 0; c < C; ++c) o[c] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < kk; ++i) {
-    const __m512 p = _mm512_set1_ps(sc[i]);
-    const float* vr = V + sel[i] * D;
-    for (int c = 0; c < C; ++c) o[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), o[c]);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / total);
-  for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(o[c], inv));
+// a row's running state (`part16`) before its first part: no highest score yet, nothing summed, no NaN, output 0
+template <typename F>
+inline void begin(F* st, int64_t D) {
+  st[0] = -std::numeric_limits<F>::infinity();
+  st[1] = st[2] = st[3] = 0;
+  for (int64_t c = 0; c < D; ++c) st[4 + c] = 0;
 }
 
+// a row's output from its running state after its last part: NaN where a NaN or +inf score came, zeros where nothing
+// usable did, else the weighted sum over the sum of the weights
+template <typename F>
+inline void finish(const F* st, int64_t D, F* out) {
+  if (st[2] != 0 || st[1] == 0) {
+    const F fill = st[2] != 0 ? std::numeric_limits<F>::quiet_NaN() : F(0);
+    for (int64_t c = 0; c < D; ++c) out[c] = fill;
+    return;
+  }
+  for (int64_t c = 0; c < D; ++c) out[c] = st[4 + c] / st[1];
+}
+
+#if defined(__AVX512F__)
 // a part of one float32 query row, D = 16·C: its selected entries a … b − 1 (those among one part's keys) folded
 // into the row's running state st: [highest score so far, sum of exps below it, a NaN or +inf seen, -, output (D)]
 template <int C>
@@ -166,23 +155,15 @@ inline bool part_row(const float* q, const float* K, const float* V, const int64
 #endif
 
 // one query row, any type and width: q (D), keys and values (rows of D), its selection sel (kk) and flags ok (kk,
-// or null: all usable)
+// or null: all usable). float32 at part16's widths: the whole row as one part; else plain loops
 template <typename F>
 void one_row(const F* q, const F* K, const F* V, const int64_t* sel, const bool* ok, int64_t kk, int64_t D,
              F scale, F* sc, F* out) {
 #if defined(__AVX512F__)
   if constexpr (std::is_same<F, float>::value) {
-    switch (D) {
-      case 16: return row16<1>(q, K, V, sel, ok, kk, scale, sc, out);
-      case 32: return row16<2>(q, K, V, sel, ok, kk, scale, sc, out);
-      case 48: return row16<3>(q, K, V, sel, ok, kk, scale, sc, out);
-      case 64: return row16<4>(q, K, V, sel, ok, kk, scale, sc, out);
-      case 80: return row16<5>(q, K, V, sel, ok, kk, scale, sc, out);
-      case 96: return row16<6>(q, K, V, sel, ok, kk, scale, sc, out);
-      case 112: return row16<7>(q, K, V, sel, ok, kk, scale, sc, out);
-      case 128: return row16<8>(q, K, V, sel, ok, kk, scale, sc, out);
-      default: break;
-    }
+    float st[4 + 128];
+    begin(st, std::min<int64_t>(D, 128));
+    if (part_row(q, K, V, sel, ok, 0, kk, D, scale, sc, st)) return finish(st, D, out);
   }
 #endif
   constexpr F NEG = -std::numeric_limits<F>::infinity();
@@ -271,34 +252,25 @@ void selected(const F* q, const int64_t* qs, const F* k, const F* v, const int64
       const int64_t* at = bounds + (b * S + s) * r * (P + 1);
       // a part at a time over every row: the part's keys and values (`width` rows of each) stay in the core's cache
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < r; ++t) {
-        F* st = state + t * row_state;
-        st[0] = -std::numeric_limits<F>::infinity();
-        st[1] = st[2] = st[3] = 0;
-        for (int64_t c = 0; c < D; ++c) st[4 + c] = 0;
-      }
+      for (int64_t t = 0; t < r; ++t) begin(state + t * row_state, D);
       for (int64_t p = 0; p < P; ++p) {
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < r; ++t) {
           const int64_t* here = at + t * (P + 1);
           if (here[0] < 0) continue;
+#if defined(__AVX512F__)  // (parts_take: P is 0 elsewhere)
           if constexpr (std::is_same<F, float>::value)
             part_row(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, here[p], here[p + 1], D, scale,
                      sc, state + t * row_state);
+#endif
         }
       }
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < r; ++t) {
-        const F* st = state + t * row_state;
-        F* o = oh + t * D;
-        if (at[t * (P + 1)] < 0) {  // not in increasing order: the whole row at once
-          one_row<F>(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, kk, D, scale, sc, o);
-        } else if (st[2] != 0 || st[1] == 0) {  // a NaN or +inf score: NaN; nothing usable: zeros
-          const F fill = st[2] != 0 ? std::numeric_limits<F>::quiet_NaN() : F(0);
-          for (int64_t c = 0; c < D; ++c) o[c] = fill;
-        } else {
-          for (int64_t c = 0; c < D; ++c) o[c] = st[4 + c] / st[1];
-        }
+        if (at[t * (P + 1)] < 0)  // not in increasing order: the whole row at once
+          one_row<F>(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, kk, D, scale, sc, oh + t * D);
+        else
+          finish(state + t * row_state, D, oh + t * D);
       }
     }
   }
