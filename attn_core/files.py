@@ -1,4 +1,5 @@
-"""Files the product writes, written whole or not at all."""
+"""Files the product writes, written whole or not at all; files it reads from a path a user gave, refused unless they
+are regular files (a pipe with no writer would block the open forever)."""
 from __future__ import annotations
 
 import contextlib
@@ -50,6 +51,50 @@ def _target(path: str) -> str:
     if os.path.lexists(path) and not os.path.isfile(path):
         raise OSError(errno.EINVAL, f"{path} is not a regular file (a folder, pipe or device); name a file")
     return path
+
+
+class NotAFileError(OSError):
+    """A folder, pipe, device or socket where a regular file was asked for; str() is the sentence alone."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def kind_of(mode: int) -> str:
+    """What a file of st_mode `mode` is, in words: 'a regular file', 'a folder', 'a pipe', 'a device', ..."""
+    for test, words in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a pipe"),
+                        (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def not_a_file(path: str | os.PathLike) -> str | None:
+    """Why `path` (through links) cannot be read as a file, in a sentence: it is a folder, pipe, device or socket;
+    None for a regular file or a path where nothing is (opening will say why). Only stat is called: nothing opens."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return f"{os.fspath(path)} is {kind_of(mode)}, not a file; name a regular file"
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file at `path`. A folder, pipe, device or socket is refused with
+    NotAFileError (not_a_file's sentence) before anything is read: checked before opening, and again on what was
+    opened (without blocking, so a pipe swapped in meanwhile cannot hang the open)."""
+    if why := not_a_file(path):
+        raise NotAFileError(errno.EINVAL, why)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+                 | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotAFileError(errno.EINVAL, f"{os.fspath(path)} is {kind_of(mode)}, not a file; name a regular "
+                                "file")
+        return f.read(limit)
 
 
 def _umask() -> int:

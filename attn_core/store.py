@@ -20,13 +20,18 @@ from typing import Any, Iterable, Iterator, Mapping
 import pandas as pd
 
 from .engine.measurement import COLUMNS, SCHEMA
-from .engine.results import OPTIONAL, SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows
+from .engine import results
+from .engine.results import OPTIONAL, SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows, to_csv_bytes, to_json_bytes
+from .files import kind_of, not_a_file, read_regular
 
 HOME_VARIABLE = "ATTN_LAB_HOME"  # a folder: the store is FILE_NAME in it
 FILE_NAME = "runs.sqlite3"
 APPLICATION_ID = 0x41544C42  # "ATLB" in the file's header: tells this store from another program's SQLite file
 BUSY_S = 10.0  # a writer waits this long for another one before it is refused
 STATUSES = ("running", "complete", "interrupted", "failed")
+NAME_CHARS, NOTE_CHARS = 200, 2000  # the longest run name and note kept (longer is cut)
+MACHINE_CHARS = 200  # the longest machine name history shows
+MAX_ID = 2**63 - 1  # SQLite's largest integer: a larger run id names no run
 _MAGIC = b"SQLite format 3\x00"
 _NAMES = ", ".join(f'"{c}"' for c in COLUMNS)  # the row schema's columns, quoted for SQL
 _SQL_TYPES = {"text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REAL", "samples": "TEXT"}
@@ -82,7 +87,7 @@ def _now() -> str:
 def process_alive(pid: int) -> bool:
     """Whether process `pid` of this host still runs (a zombie counts as running). On Windows os.kill(pid, 0) would
     end the process: its kernel is asked instead."""
-    if pid <= 0:
+    if not 0 < pid < 2**31:  # beyond any system's process ids (a damaged row): os.kill would overflow
         return False
     if sys.platform == "win32":
         import ctypes
@@ -108,8 +113,7 @@ def _header(path: str) -> tuple[int, int] | None:
     """(application_id, user_version) from an SQLite file's 100-byte header, read without SQLite (which could write
     to the file); None for an empty file. StoreError for a file that is not an SQLite database."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(100)
+        head = read_regular(path, 100)
     except OSError as e:
         raise StoreError(f"{path} cannot be read ({e.strerror or e}); check its permissions, or choose another store "
                          f"with --store or {HOME_VARIABLE}") from None
@@ -141,36 +145,72 @@ class Store:
         self.path = os.path.abspath(os.fspath(path) if path is not None else default_path())
         self.readonly, self.busy_s = readonly, busy_s
         self._absent: set[str] = set()  # row columns an older store opened to read only lacks
+        self._immutable = False  # read without locks: its folder cannot be written here (see _connect)
         self._db: sqlite3.Connection | None = None
         if os.path.isdir(self.path):
             raise StoreError(f"{self.path} is a folder; name the store's file, e.g. "
                              f"{os.path.join(self.path, FILE_NAME)}")
+        if not_a_file(self.path):  # a pipe would block SQLite's open (and ours) forever
+            raise StoreError(f"{self.path} is {kind_of(os.stat(self.path).st_mode)}, not a run store (one SQLite "
+                             f"file); it was left as it is: choose another store with --store or {HOME_VARIABLE}")
         exists = os.path.exists(self.path)
         found = _header(self.path) if exists else None
         if found is not None and found != (0, 0) and (why := _refusal(self.path, *found)):
             raise StoreError(why)  # (0, 0): a store being made, its header still in the write-ahead log, or foreign
         if readonly and found is None:
             return  # nothing stored yet: empty, and nothing created
+        if not readonly and exists and not (os.access(self.path, os.W_OK)
+                                            and os.access(os.path.dirname(self.path), os.W_OK)):
+            raise StoreError(f"{self.path} can only be read here: it or its folder cannot be written (a read-only "
+                             "mount, or another user's files); list, show and export its runs, or choose another "
+                             f"store with --store or {HOME_VARIABLE}")
         if not exists:
             os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        uri = f"{pathlib.Path(self.path).as_uri()}?mode={'ro' if readonly else 'rwc'}"  # as_uri escapes ? # %
-        with self._errors():
-            self._db = sqlite3.connect(uri, uri=True, timeout=busy_s, isolation_level=None,
-                                       check_same_thread=False)
-            self._db.row_factory = sqlite3.Row
-            application_id, version = (self._pragma("application_id"), self._pragma("user_version"))
-            blank = (application_id, version) == (0, 0) and not self._db.execute(
-                "SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
-            if not blank and (why := _refusal(self.path, application_id, version)):
-                raise StoreError(why)  # decided on what SQLite reads, the write-ahead log included
-            if readonly and blank:
-                self.close()  # nothing stored yet
-                return
-            if not readonly:
-                self._open_for_writing(version)
-            self._check_tables()
+        try:
+            with self._errors():
+                self._db = self._connect()
+                self._db.row_factory = sqlite3.Row
+                application_id, version = (self._pragma("application_id"), self._pragma("user_version"))
+                blank = (application_id, version) == (0, 0) and not self._db.execute(
+                    "SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
+                if not blank and (why := _refusal(self.path, application_id, version)):
+                    raise StoreError(why)  # decided on what SQLite reads, the write-ahead log included
+                if readonly and blank:
+                    self.close()  # nothing stored yet
+                    return
+                if not readonly:
+                    self._open_for_writing(version)
+                self._check_tables()
+        except BaseException:  # a store not opened holds no connection (a full disk leaves it open in _errors)
+            self.close()
+            raise
 
     # -- opening --
+    def _connect(self, **flags: Any) -> sqlite3.Connection:
+        """The connection: read-write (creating the file), or read-only. A reader of a WAL store needs its
+        shared-memory file, which SQLite cannot make in a folder nobody may write (a read-only mount, another user's
+        folder); such a store cannot change while it is read, so it is then read as immutable (no locks, no
+        shared memory), unless its write-ahead log holds changes the file lacks."""
+        mode = {"mode": "ro" if self.readonly else "rwc", **flags}
+        uri = f"{pathlib.Path(self.path).as_uri()}?{'&'.join(f'{k}={v}' for k, v in mode.items())}"  # as_uri
+        db = sqlite3.connect(uri, uri=True, timeout=self.busy_s, isolation_level=None,  # escapes ? # %
+                             check_same_thread=False)
+        if not self.readonly or flags:
+            return db
+        try:
+            db.execute("PRAGMA application_id").fetchone()
+            return db
+        except sqlite3.OperationalError as e:
+            db.close()
+            if getattr(e, "sqlite_errorcode", 0) & 0xFF not in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY):
+                raise
+        if os.path.exists(self.path + "-wal") and os.path.getsize(self.path + "-wal"):
+            raise StoreError(f"{self.path} cannot be read here: its folder cannot be written and its write-ahead log "
+                             f"({self.path}-wal) holds changes the file lacks; open it once where its folder can be "
+                             "written (any `runs list` there folds them in), or copy the folder with both files")
+        self._immutable = True
+        return self._connect(immutable=1)
+
     def _pragma(self, name: str) -> int:
         return self._db.execute(f"PRAGMA {name}").fetchone()[0]
 
@@ -223,28 +263,41 @@ class Store:
             if "locked" in str(e) or "busy" in str(e):
                 raise StoreBusyError(f"{self.path} is being written by another process that did not finish within "
                                      f"{self.busy_s:g} s; try again when its sweep has ended") from None
+            if _full(e):  # the change was rolled back whole; the store stays open, to try again once there is room
+                raise StoreError(f"{self.path} could not be written: the disk is full, so nothing of this change was "
+                                 f"kept; free some space and try again, or choose another store with --store or "
+                                 f"{HOME_VARIABLE}") from None
             self.close()
             raise StoreError(f"{self.path} cannot be used ({e}); check the folder's permissions and free space, or "
                              f"choose another store with --store or {HOME_VARIABLE}") from None
         except sqlite3.DatabaseError as e:
             self.close()
+            if self._immutable:  # read without locks: a write elsewhere meanwhile looks like damage, and is not
+                raise StoreError(f"{self.path} changed while it was read without locks (its folder cannot be written "
+                                 f"here) ({e}); try again") from None
             raise StoreError(f"{self.path} is damaged ({e}); it was left as it is: move it aside (a new store is "
                              f"made in its place), or choose another store with --store or {HOME_VARIABLE}") from None
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
+        """One explicit transaction: every statement inside is committed together, or none is. (The connection is
+        in autocommit mode, isolation_level=None: sqlite3 begins and commits nothing on its own in between.)"""
         self._writable()
         self._db.execute("BEGIN IMMEDIATE")  # the write lock now: a busy store waits here, not half-way
         try:
             yield
+            self._db.execute("COMMIT")  # a COMMIT that fails (a full disk) is rolled back below too
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite itself rolls back on some errors (a full disk): then nothing is open
+                with contextlib.suppress(sqlite3.Error):  # the error that brought us here is the one to report
+                    self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
 
     def _writable(self) -> None:
-        if self.readonly or self._db is None:
+        if self.readonly:
             raise StoreError(f"{self.path} was opened to read only; open it without readonly to change it")
+        if self._db is None:
+            raise StoreError(f"{self.path} was closed after an earlier error; open the store again")
 
     def close(self) -> None:
         if self._db is not None:
@@ -269,13 +322,18 @@ class Store:
     def add_points(self, run_id: int, rows: Iterable[Mapping]) -> None:
         """Rows of the saved schema (Measurement.to_row) appended to a run, committed together (a row without a
         column added later, results.OPTIONAL, gets its default)."""
+        run_id = self._known(run_id)
+        with self._errors(), self._transaction():
+            self._insert_points(run_id, rows)
+
+    def _insert_points(self, run_id: int, rows: Iterable[Mapping]) -> None:
+        """Append rows to a run, inside the caller's transaction."""
         rows = [{**OPTIONAL, **row} for row in rows]
         marks = ", ".join("?" * (len(COLUMNS) + 2))
-        with self._errors(), self._transaction():
-            seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM points WHERE run_id = ?", (run_id,)).fetchone()[0]
-            self._db.executemany(f"INSERT INTO points (run_id, seq, {_NAMES}) VALUES ({marks})",
-                                 [(run_id, seq + i, *(_cell(row[c] if c in row else OPTIONAL[c]) for c in COLUMNS))
-                                  for i, row in enumerate(rows, 1)])
+        seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM points WHERE run_id = ?", (run_id,)).fetchone()[0]
+        self._db.executemany(f"INSERT INTO points (run_id, seq, {_NAMES}) VALUES ({marks})",
+                             [(run_id, seq + i, *(_cell(row[c] if c in row else OPTIONAL[c]) for c in COLUMNS))
+                              for i, row in enumerate(rows, 1)])
 
     def resume(self, run_id: int) -> None:
         """Mark a run 'running' again, by this process (its missing points are being measured)."""
@@ -288,21 +346,22 @@ class Store:
                      **({"config": _json(config)} if config else {}))
 
     def rename(self, run_id: int, name: str) -> None:
-        self._update(run_id, name=str(name)[:200])
+        self._update(run_id, name=str(name)[:NAME_CHARS])
 
     def set_note(self, run_id: int, note: str) -> None:
-        self._update(run_id, note=str(note)[:2000])
+        self._update(run_id, note=str(note)[:NOTE_CHARS])
 
     def _update(self, run_id: int, **values: Any) -> None:
+        number = self._known(run_id)
         with self._errors(), self._transaction():
             found = self._db.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in values)} WHERE id = ?",
-                                     (*values.values(), run_id)).rowcount
+                                     (*values.values(), number)).rowcount
         if not found:
-            raise StoreError(f"there is no run {run_id} in {self.path}; `python -m attn_core runs list` lists them")
+            raise self._missing(run_id)
 
     def delete(self, run_ids: Iterable[int]) -> int:
         """Delete runs and their points; how many runs went."""
-        ids = [(int(i),) for i in run_ids]
+        ids = [(self._known(i),) for i in run_ids]
         with self._errors(), self._transaction():
             self._db.executemany("DELETE FROM points WHERE run_id = ?", ids)
             gone = sum(self._db.execute("DELETE FROM runs WHERE id = ?", i).rowcount for i in ids)
@@ -314,12 +373,13 @@ class Store:
         measured now is kept); the file shrinks by what they held. How many runs went."""
         if keep is None and older_than_days is None:
             raise ValueError("say what to prune: keep the N newest runs, or those of the last D days")
-        if (keep is not None and keep < 0) or (older_than_days is not None and not older_than_days >= 0):
-            raise ValueError("keep and older_than_days must be 0 or more")
+        if keep is not None and keep < 0:
+            raise ValueError(f"keep {keep} runs: give 0 or more")
+        if older_than_days is not None and not (math.isfinite(older_than_days) and older_than_days >= 0):
+            raise ValueError(f"older than {older_than_days!r} days: give a finite number of days, 0 or more")
         rows = self._db.execute("SELECT id, created, status, host, pid FROM runs ORDER BY id DESC").fetchall() \
             if self._db is not None else []
-        cutoff = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=older_than_days)).isoformat(
-            timespec="seconds") if older_than_days is not None else None
+        cutoff = _cutoff(older_than_days) if older_than_days is not None else None
         doomed = [r["id"] for i, r in enumerate(rows) if _shown_status(r) != "running"
                   and ((keep is not None and i >= keep) or (cutoff is not None and r["created"] < cutoff))]
         return self.delete(doomed) if doomed else 0
@@ -330,12 +390,13 @@ class Store:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def import_run(self, run: Run, name: str = "") -> int:
-        """A run read from a file (results.load_run has checked it) as a new complete run; its id."""
+        """A run read from a file (results.load_run has checked it) as a new complete run; its id. The run and its
+        points are one transaction: an import that fails (a full disk) leaves nothing behind."""
         with self._errors(), self._transaction():
             cursor = self._db.execute(
                 "INSERT INTO runs (created, name, status, env, config, host, pid, row_schema) VALUES (?,?,?,?,?,?,?,?)",
-                (_now(), name, "complete", _json(run.env), _json(run.config), "", 0, ROW_SCHEMA))
-        self.add_points(cursor.lastrowid, _rows(run.frame))
+                (_now(), str(name)[:NAME_CHARS], "complete", _json(run.env), _json(run.config), "", 0, ROW_SCHEMA))
+            self._insert_points(cursor.lastrowid, _rows(run.frame))
         return cursor.lastrowid
 
     # -- reading --
@@ -359,19 +420,20 @@ class Store:
         """A stored run as results.Run: its points in the order measured, its stamp and config."""
         if self._db is None:
             raise self._missing(run_id)
+        number = self._known(run_id)
         with self._errors():
-            head = self._db.execute("SELECT env, config FROM runs WHERE id = ?", (int(run_id),)).fetchone()
+            head = self._db.execute("SELECT env, config FROM runs WHERE id = ?", (number,)).fetchone()
             if head is None:
                 raise self._missing(run_id)
             names = ", ".join(f'NULL AS "{c}"' if c in self._absent else f'"{c}"' for c in COLUMNS)
             rows = [dict(r) for r in self._db.execute(
                 f"SELECT {names} FROM points "
-                "WHERE run_id = ? ORDER BY seq", (int(run_id),))]
+                "WHERE run_id = ? ORDER BY seq", (number,))]
         try:
             for row in rows:
                 row["time_samples"] = json.loads(row["time_samples"] or "[]")
             stamp, config = json.loads(head["env"]), json.loads(head["config"])
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, RecursionError) as e:
             raise StoreError(f"run {run_id} in {self.path} is damaged: its points, stamp or configuration are not "
                              f"the JSON the store wrote ({str(e)[:80]}); delete it, or restore the file from a copy"
                              ) from None
@@ -379,13 +441,22 @@ class Store:
 
     def info(self, run_id: int) -> dict:
         """A run's own row: id, created, name, note, status (as history shows it), host, pid."""
-        row = self._db.execute("SELECT * FROM runs WHERE id = ?", (int(run_id),)).fetchone() if self._db else None
+        row = self._db.execute("SELECT * FROM runs WHERE id = ?", (self._known(run_id),)).fetchone() \
+            if self._db else None
         if row is None:
             raise self._missing(run_id)
         return {**{k: row[k] for k in ("id", "created", "name", "note", "host", "pid")}, "status": _shown_status(row)}
 
     def _missing(self, run_id: Any) -> StoreError:
-        return StoreError(f"there is no run {run_id} in {self.path}; `python -m attn_core runs list` lists them")
+        shown = str(run_id) if len(str(run_id)) <= 30 else f"{str(run_id)[:20]}… ({len(str(run_id))} digits)"
+        return StoreError(f"there is no run {shown} in {self.path}; `python -m attn_core runs list` lists them")
+
+    def _known(self, run_id: Any) -> int:
+        """A run id as SQLite can hold it; StoreError (no such run) for one beyond its integers (10**23)."""
+        number = int(run_id)
+        if not -MAX_ID <= number <= MAX_ID:
+            raise self._missing(number)
+        return number
 
     def size_bytes(self) -> int:
         """The bytes the store takes on disk: the database and its write-ahead log."""
@@ -419,18 +490,57 @@ def _rows(frame: pd.DataFrame) -> list[dict]:
     return frame.to_dict("records")
 
 
+def _full(error: sqlite3.OperationalError) -> bool:
+    """Whether SQLite failed for want of room: the disk (or the file's largest size) is full."""
+    return getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL or "is full" in str(error)
+
+
+def _cutoff(days: float) -> str:
+    """The creation time (ISO, UTC) before which a run is older than `days`; '' when no time is that old (days past
+    year 1: no run is older)."""
+    try:
+        return (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=days)).isoformat(
+            timespec="seconds")
+    except OverflowError:
+        return ""
+
+
 def _machine(env_text: str) -> str:
     try:
         env = json.loads(env_text)
-    except ValueError:
+    except (ValueError, TypeError, RecursionError):
         return ""
-    return str(env.get("device_name") or env.get("cpu") or env.get("device") or "") if isinstance(env, dict) else ""
+    if not isinstance(env, dict):
+        return ""
+    return str(env.get("device_name") or env.get("cpu") or env.get("device") or "")[:MACHINE_CHARS]
 
 
 def _sizes(lo: Any, hi: Any) -> str:
-    if lo is None:
-        return ""
+    if not isinstance(lo, int) or not isinstance(hi, int):  # none stored (or a damaged row's text)
+        return "" if lo is None else f"{lo} – {hi}"
     return f"{lo:,}" if lo == hi else f"{lo:,} – {hi:,}"
+
+
+def export_bytes(run: Run, suffix: str, label: str = "the run") -> bytes:
+    """The run as the run file `suffix` names (.json or .csv), refused with StoreError when it would be larger than
+    the results.MAX_FILE_BYTES that load_run, `runs import` and the page's upload read back: whatever is exported
+    can be imported again. The sentence gives the size, the limit and what to do instead."""
+    kind = suffix.lower().lstrip(".")
+    if kind not in ("json", "csv"):
+        raise StoreError(f"cannot export {label} as {suffix!r}: name the file .json or .csv")
+    data = (to_json_bytes if kind == "json" else to_csv_bytes)(run)
+    limit = results.MAX_FILE_BYTES  # read now: one limit, wherever it is set
+    if len(data) <= limit:
+        return data
+    instead = "it stays whole in the store: compare it there (the Compare page, `python -m attn_core runs show`)"
+    if kind == "json" and len(other := to_csv_bytes(run)) <= limit:
+        instead = f"export it as .csv ({_mib(len(other))}), which fits"
+    raise StoreError(f"{label} as {kind.upper()} is {_mib(len(data))}, more than the {_mib(limit)} a run file may "
+                     f"be to be imported or uploaded again, so it was not exported; {instead}")
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size % 2**20 else f"{size // 2**20} MiB"
 
 
 def _shown_status(row: Mapping) -> str:
@@ -443,6 +553,7 @@ def _shown_status(row: Mapping) -> str:
 # -- resume: measure what is missing --
 HAD = ("ok", "skipped", "oom")  # a point of these statuses is measured (or deliberately not); failed or cancelled
 # points, and those never reached, are what a resume measures
+_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 _SAME_ENV = ("device_name", "cpu", "torch", "python", "os", "cuda", "dtype")
 
 
@@ -462,6 +573,25 @@ def _point_key(mechanism: str, n: int, kv_heads: int, params: Mapping) -> tuple:
     return mechanism, int(n), int(kv_heads), json.dumps(dict(params), sort_keys=True)
 
 
+def resumable(source: Store, run_id: int) -> list[dict]:
+    """The sweeps (as run files hold them) that run `run_id` was measured with: its config's "sweeps" list, or the
+    config itself for a run of one sweep. StoreError for a run that is not interrupted or failed, or whose config
+    holds no sweep (an empty list, a list, text)."""
+    return _sweeps_of(run_id, source.info(run_id)["status"], source.run(run_id).config)
+
+
+def _sweeps_of(run_id: int, status: str, config: Any) -> list[dict]:
+    if status not in ("interrupted", "failed"):
+        raise StoreError(f"run {run_id} is {status}; only an interrupted or failed run can be resumed")
+    sweeps = config.get("sweeps", [config]) if isinstance(config, dict) else None
+    if not isinstance(sweeps, list) or not sweeps or not all(isinstance(s, dict) for s in sweeps):
+        held = ("an empty list of sweeps" if sweeps == [] else "'sweeps' that are not a list of sweeps"
+                if isinstance(config, dict) else f"a JSON {_JSON_KINDS.get(type(config), 'value')}, not a sweep")
+        raise StoreError(f"run {run_id}'s config holds {held}, so what it lacks cannot be known; measure it again as "
+                         "a new sweep")
+    return sweeps
+
+
 def resume_plan(source: Store, run_id: int, environment: Mapping | None = None) -> Resume:
     """The sweeps that measure the points run `run_id` lacks: each planned point (of its config, one sweep or
     several) without a stored point of status in HAD, grouped by series. `environment`: the stamp to compare with
@@ -472,10 +602,8 @@ def resume_plan(source: Store, run_id: int, environment: Mapping | None = None) 
     from .mechanisms import MEASURED
 
     info, run = source.info(run_id), source.run(run_id)
-    if info["status"] not in ("interrupted", "failed"):
-        raise StoreError(f"run {run_id} is {info['status']}; only an interrupted or failed run can be resumed")
     try:
-        configs = [SweepConfig.from_dict(c) for c in run.config.get("sweeps", [run.config])]
+        configs = [SweepConfig.from_dict(c) for c in _sweeps_of(run_id, info["status"], run.config)]
     except (ValueError, TypeError) as e:
         raise StoreError(f"run {run_id}'s config cannot be read back ({e}); measure it again as a new sweep") from None
     had = {_point_key(r["mechanism"], r["n"], r["kv_heads"], json.loads(r["params"] or "{}"))
