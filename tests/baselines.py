@@ -1,6 +1,8 @@
 """Baselines written independently of attn_core: explicit loops and numpy, no shared helpers."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -418,3 +420,24 @@ def nsa_cells(q: torch.Tensor, k: torch.Tensor, *, block: int, stride: int, sele
                 for i in seen:
                     cells[h, t, n + i] = True
     return cells
+
+
+def kda_reference(q, k, v, alpha, beta, pad=None) -> torch.Tensor:
+    """KDA as the paper writes it, in float64, one head and one token at a time, the state as d_v × d_k:
+    S_t = S_{t−1} Diag(α_t) (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ, o_t = S_t q̂_t, k̂ = k/max(‖k‖, 10⁻⁶),
+    q̂ = q/(max(‖q‖, 10⁻⁶)·√D). Query head i reads key/value head ⌊i·Hk/H⌋ and its gates; a padded token is skipped."""
+    B, H, n, D = q.shape
+    q, k, v, alpha, beta = (t.double() for t in (q, k, v, alpha, beta))
+    out = torch.zeros(B, H, n, D, dtype=torch.float64)
+    eye = torch.eye(D, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            j = h * k.shape[1] // H
+            S = torch.zeros(D, D, dtype=torch.float64)
+            for t in range(n):
+                if pad is None or not pad[b, t]:
+                    kt = k[b, j, t] / k[b, j, t].norm().clamp_min(1e-6)
+                    S = S @ torch.diag(alpha[b, j, t]) @ (eye - beta[b, j, t] * torch.outer(kt, kt)) \
+                        + beta[b, j, t] * torch.outer(v[b, j, t], kt)
+                out[b, h, t] = S @ (q[b, h, t] / q[b, h, t].norm().clamp_min(1e-6) / math.sqrt(D))
+    return out

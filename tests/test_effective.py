@@ -22,6 +22,7 @@ SIGNED = {"nystrom": 0.1}
 UNNORMALIZED = {"differential": "rows sum to 1 − λ, some entries negative", "sigmoid": "sigmoids nothing normalises",
                 "mamba2": "a recurrence's (q·k)·decay·dt: signed, rows not normalised",
                 "gated_deltanet": "a memory's decayed, delta-corrected mixing matrix: rows of any sum",
+                "kda": "the same memory decayed per key channel: rows of any sum",
                 "nsa": "three attentions mixed by gates that need not sum to 1"}
 REF_KIND = {"softmax": "full", "sdpa": "full", "sliding_window": "sliding_window", "local": "local",
             "sparse": "sparse", "longformer": "longformer", "bigbird": "bigbird"}

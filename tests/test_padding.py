@@ -15,7 +15,7 @@ from attn_core.mechanisms import _banded
 from attn_core.mechanisms._common import validated
 from attn_core.mechanisms.performer import base2, key_features
 from tests.baselines import (additive_reference, allowed, differential_reference, elu_plus_one,
-                             gated_delta_reference, masked_softmax, nystrom_reference, plain_causal,
+                             gated_delta_reference, kda_reference, masked_softmax, nystrom_reference, plain_causal,
                              positive_random_features, runs, sigmoid_reference, ssd_recurrence,
                              topk_reference)
 from tests.copies import original, with_copies
@@ -63,7 +63,7 @@ def exact_params(key: str, causal: bool = False, n: int = 37) -> dict:
 
 def test_every_padding_mechanism_is_tested_here():
     assert set(PADDED) == set(EXACT) | set(KERNEL) | set(OWN) | {"linformer", "additive", "nystrom", "mamba2",
-                                                                 "gated_deltanet", "topk"}, \
+                                                                 "gated_deltanet", "kda", "topk"}, \
         "add its reference here"
     assert not (set(PADDED) & set(REFUSING))
 
@@ -382,6 +382,8 @@ def test_gradients_equal_the_masked_reference(key, case):
             expected = ssd_recurrence(q, k, v, state["dt"], state["A"], pad)
         elif kind == "gated_deltanet":  # the recurrence skipping the padded tokens
             expected = gated_delta_reference(q, k, v, state["alpha"], state["beta"], pad)
+        elif kind == "kda":  # the per-channel recurrence skipping the padded tokens
+            expected = kda_reference(q, k, v, state["alpha"], state["beta"], pad)
         elif kind == "topk":  # 5 of the keys by the indexer, some queries with fewer to choose from
             out = ac.attention(key, q, k, v, causal=causal, key_padding_mask=pad, top_k=5, **state)
             got = torch.autograd.grad((out * w).sum(), (q, k, v))

@@ -41,7 +41,7 @@ def state_for(key: str, q, k, causal: bool, params: dict) -> dict:
 
 # State laid out per key/value head, (B, Hk, …): Gated DeltaNet's gates, which write the state that a key/value head's
 # query heads read. Repeating k and v by hand repeats these with them.
-PER_KV_HEAD = with_copies({"gated_deltanet": ("alpha", "beta")})
+PER_KV_HEAD = with_copies({"gated_deltanet": ("alpha", "beta"), "kda": ("alpha", "beta")})
 
 
 def by_hand_state(key: str, state: dict) -> dict:

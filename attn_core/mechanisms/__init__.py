@@ -18,7 +18,7 @@ from ..spec import MechanismSpec
 
 ORDER = ("softmax", "sdpa", "local", "sparse", "sliding_window", "longformer", "bigbird", "linformer",
          "performer", "linear", "reformer", "nystrom", "additive", "differential", "sigmoid", "mamba2",
-         "gated_deltanet", "topk", "nsa")  # pages' order
+         "gated_deltanet", "kda", "topk", "nsa")  # pages' order
 ENV = "ATTN_CORE_MECHANISMS"
 
 

@@ -1,0 +1,75 @@
+"""`kda` beside `gated_deltanet`: forward time at n = 4096 and 16384 interleaved in one process (targets: kda ≤ 1.3×
+gated_deltanet at 16384, kda's time slope 4096 → 16384 ≤ 1.15, i.e. time(16k)/time(4k)/4 ≤ 1.15):
+
+    python -m attn_core.benchmarks.kda              # 5 rounds
+    python -m attn_core.benchmarks.kda --rounds 3   # quicker
+
+B = 1, H = 8, D = 64, float32, causal forward, 2 torch threads, each mechanism's default chunk and seeded default
+gates drawn outside the timed calls (init_state). Each round times every call once, in turn (A B A B); figures are
+medians over the rounds with their spread, ratios taken round by round. `--clock process` counts this process's
+CPU time instead, for a machine other programs share (then use --threads 1).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from . import end, interleaved, median, ratio_verdict, ratios, spread, start
+from ..engine import env
+from ..mechanisms import MECHANISMS
+from ..spec import Shape
+
+KEYS = ("kda", "gated_deltanet")
+TARGET_RATIO, TARGET_SLOPE = 1.3, 1.15
+
+
+def calls(n: int, heads: int, head_dim: int, device: str) -> dict:
+    """name → thunk of one forward call of each mechanism on the same q, k, v (gates drawn here, untimed)."""
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(1, heads, n, head_dim, generator=g).to(device) for _ in range(3))
+    shape = Shape(1, heads, n, n, head_dim, causal=True)
+    found = {}
+    for key in KEYS:
+        spec = MECHANISMS[key]
+        state = {name: t.to(device) for name, t in spec.state.init(shape, seed=0).items()}
+        found[key] = lambda spec=spec, state=state: spec.fn(q, k, v, causal=True, **state)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", default="4096,16384", help="two comma-separated sequence lengths")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--clock", choices=["wall", "process"], default="wall")
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    device = env.resolve_device(args.device)
+    ns = [int(x) for x in args.n.split(",")]
+    torch.set_num_threads(args.threads)
+    env.steady_allocator()
+    clock = "wall" if args.clock == "wall" else "cpu"
+    start(device, f"B=1, H={args.heads}, D={args.head_dim}, float32, causal forward, default chunks, {args.rounds} "
+                  f"interleaved rounds; {args.clock} ms: median (IQR, min–max)")
+    kda_times = {}
+    for n in ns:
+        times = interleaved(calls(n, args.heads, args.head_dim, device), args.rounds, device, clock=clock)
+        kda_times[n] = times["kda"]
+        print(f"n={n:6d}  ms: " + "  ".join(f"{key} {spread(t, 1e3, '.1f')}" for key, t in times.items()), flush=True)
+        each = ratios(times["kda"], times["gated_deltanet"])
+        told = ratio_verdict(each, TARGET_RATIO) if n == max(ns) else f"{spread(each)}×"
+        print(f"{'':8s}kda/gated_deltanet {told}", flush=True)
+    if len(ns) == 2:
+        a, b = ns
+        per = median(kda_times[b]) / median(kda_times[a]) / (b / a)
+        print(f"kda time({b})/time({a})/{b // a} = {per:.3f}, {'meets' if per <= TARGET_SLOPE else 'MISSES'} "
+              f"≤ {TARGET_SLOPE}", flush=True)
+    end()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
