@@ -1,6 +1,8 @@
 """The C++ kernels (attn_core/native): the top-k selection against a stable sort written here, row by row in float64
 (descending score, ties to the earlier key, the first kk, their positions sorted), and against the torch forms it
-stands beside; the build's cache, its refusals, and the torch form where no library can be built."""
+stands beside; the build's cache, its refusals, and the torch form where no library can be built. The kernels are
+built explicitly (`built`: a forward call never builds); tests/test_native_ops.py checks them as torch operators,
+tests/test_native_cache.py the cache's refusals and the build's process handling."""
 from __future__ import annotations
 
 import subprocess
@@ -16,8 +18,33 @@ from attn_core.mechanisms import _sparse
 from attn_core.mechanisms import topk as tk
 from attn_core.spec import Shape
 
-NO_LIBRARY = "no C++ kernel here: no compiler, or ATTN_LAB_NATIVE=0"  # (describe() would build at collection)
-needs_library = pytest.mark.skipif(not native.expected(), reason=NO_LIBRARY)
+
+
+def kernels() -> None:
+    """The kernels built for this test session (`native.build`, into the session's cache: a forward call never
+    builds), or a skip naming what is missing; a build that fails where a compiler is there fails the test."""
+    if not native.enabled():
+        pytest.skip(f"the C++ kernels are switched off here ({native.describe()})")
+    if native.compiler() is None:
+        pytest.skip("no C++ compiler here (set CXX to one)")
+    native.build()
+
+
+@pytest.fixture
+def built():
+    """`kernels`, as a fixture (other test modules import it: tests/test_topk.py)."""
+    kernels()
+
+
+needs_library = pytest.mark.usefixtures("built")
+
+
+@pytest.fixture(scope="module")
+def with_kernels():
+    """The C++ kernels built where a compiler is, skipping nothing: a module's CPU calls then run them (as after
+    `python -m attn_core native build`), and its torch forms where none is (tests/test_topk.py, tests/test_nsa.py)."""
+    if native.enabled() and native.compiler() is not None:
+        native.build()
 NEG, POS = float("-inf"), float("inf")
 
 
@@ -249,7 +276,8 @@ def test_the_fused_indexer_is_its_formula(B, r, m, IH, dI):
     heads in fours and the rest (1 … 8), widths on and off the vector's, keys on and off 32's multiples (one key), an
     odd number of rows (one left unpaired), queries a view of longer rows, the keys a view of the first m of longer
     transposed rows, and a negative weight."""
-    if not native.index_runs(torch.zeros(1)):  # asked here, not at collection: that would build before the fixture
+    kernels()
+    if not native.index_runs(torch.zeros(1)):
         pytest.skip(f"no C++ indexer here (it needs AVX-512): {native.describe()}")
     g = torch.Generator().manual_seed(B * r + m)
     qi = torch.randn(B, r + 3, IH * dI, generator=g)[:, 1:r + 1]
@@ -263,6 +291,59 @@ def test_the_fused_indexer_is_its_formula(B, r, m, IH, dI):
         native.index_scores(qi, kt[:, :-1], w)
 
 
+def indexer_or_skip() -> None:
+    kernels()
+    if not native.index_runs(torch.zeros(1)):
+        pytest.skip(f"no C++ indexer here (it needs AVX-512): {native.describe()}")
+
+
+@pytest.mark.parametrize("where", ["query", "key", "weight", "inf against a zero weight", "inf and -inf"])
+def test_the_fused_indexer_keeps_nan_and_inf_as_the_torch_form_does(where):
+    """Non-finite inputs: the C++ indexer and topk.index_scores's torch form (its tiles, torch.relu) give NaN at the
+    same scores, ±inf at the same scores, and the same finite scores elsewhere. A NaN product stays NaN through the
+    ReLU (it once became 0: a finite score, and another selection, where torch's was NaN); an inf one times a zero
+    weight is NaN; +inf and −inf heads summed are NaN."""
+    indexer_or_skip()
+    g = torch.Generator().manual_seed(7)
+    B, r, m, IH, dI = 2, 5, 70, 4, 8
+    qi = torch.randn(B, r, IH * dI, generator=g)
+    ki = torch.randn(B, m, dI, generator=g)
+    w = torch.rand(IH, generator=g) + 0.1
+    if where == "query":
+        qi[0, 1, 3] = float("nan")  # row 1's head 0: NaN against every key
+    elif where == "key":
+        ki[1, 40, 2] = float("nan")  # key 40 of batch 1: NaN for every row
+    elif where == "weight":
+        w[2] = float("nan")
+    elif where == "inf against a zero weight":
+        qi[0, 2, 9] = float("inf")  # head 1 of row 2: ±inf products
+        w[1] = 0.0
+    else:  # heads 0 and 3 of row 4 infinite: keys where both ReLUs are +inf, weights of both signs
+        qi[1, 4, 0], qi[1, 4, 3 * dI] = float("inf"), float("inf")
+        w[3] = -0.5
+    got = native.index_scores(qi, ki.transpose(1, 2).contiguous(), w)
+    want = tk.index_scores(qi, ki, w)  # no transposed keys: the torch form
+    assert want.isnan().any() or want.isinf().any()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_a_whole_topk_call_with_a_nan_key_is_the_same_with_either_form(monkeypatch):
+    """topk_attention with a NaN in one key: its indexer score is NaN for every row in both forms (the exact
+    selection then takes it), so the same output, NaN in the same rows; with the NaN turned to 0 by the C++ ReLU,
+    rows passed it by and came out finite."""
+    indexer_or_skip()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 300, 16, generator=g) for _ in range(3))
+    k[0, 1, 150, 4] = float("nan")
+    state = ac.make_state("topk", Shape.of(q, k), top_k=32)
+    call = lambda: tk.topk_attention(q, k, v, causal=True, top_k=32, **state)  # noqa: E731
+    cpp = call()
+    monkeypatch.setenv(native.SWITCH, "0")
+    torch_form = call()
+    assert cpp.isnan().any()
+    torch.testing.assert_close(cpp, torch_form, rtol=1e-5, atol=1e-6, equal_nan=True)
+
 @needs_library
 def test_the_kernels_build_and_answer_without_avx512(tmp_path, monkeypatch):
     """Built without -march=native or OpenMP (a CPU without AVX-512, a compiler without OpenMP): the library builds,
@@ -270,7 +351,7 @@ def test_the_kernels_build_and_answer_without_avx512(tmp_path, monkeypatch):
     vector width, whole rows where a part's width is asked for)."""
     target = tmp_path / "plain.so"
     assert native._compile(native.compiler(), native.FLAGS, target) is None
-    lib = native._load(target)
+    lib = native._load(target)  # (tmp_path: a folder of this user's that no one else can write)
     assert lib.attn_index_available() == 0 and lib.attn_select_openmp() == 0
     monkeypatch.setitem(native._loaded, "lib", lib)
     scores = scores_of("ties", 6, 5003, torch.float32, seed=3)
@@ -298,28 +379,41 @@ def run_fresh(code: str, **environment: str) -> str:
 CHECK = ("import torch; from attn_core import native; from attn_core.mechanisms import topk as tk; "
          "s = torch.randn(1, 3, 4000); i, u = tk.select(s, 500, finite=True); "
          "print(native.describe()); print(torch.equal(i, tk._select_exact(s.clone(), 500)[0]))")
+BUILD = ("from attn_core import native\ntry:\n    native.build()\nexcept RuntimeError as e:\n    print(e)\n"
+         "else:\n    print('built')\n")
 
 
 @pytest.mark.parametrize("compiler,why", [("no-such-compiler-here", "torch ops: no C++ compiler on the PATH"),
                                           ("false", "torch ops: the build failed")])
 def test_without_a_compiler_the_torch_form_runs_and_says_why(compiler, why, tmp_path):
-    """No compiler, or one whose build fails: the selection still answers, by the torch form, and `describe` (which
-    the run's stamp carries) says why; nothing half-built is left in the cache."""
-    said, same = run_fresh(CHECK, CXX=compiler, ATTN_LAB_CACHE=str(tmp_path)).splitlines()
+    """No compiler, or one whose build fails: `build` refuses with a sentence, the selection still answers, by the
+    torch form, and `describe` (which the run's stamp carries) says why; nothing half-built is left in the cache."""
+    refused, said, same = run_fresh(BUILD + CHECK.replace("; ", "\n"), CXX=compiler,
+                                    ATTN_LAB_CACHE=str(tmp_path)).splitlines()
+    assert refused.startswith("the C++ kernels cannot be built: " + why.split(": ")[1])
     assert said.startswith(why) and same == "True"
-    assert not list(tmp_path.rglob("*.part"))
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_a_forward_call_never_builds(tmp_path):
+    """A process that never calls `build` runs the torch form, says it is not built and how to build it, and leaves
+    the cache as it found it (not even made)."""
+    said, same = run_fresh(CHECK, ATTN_LAB_CACHE=str(tmp_path)).splitlines()
+    assert said.startswith("torch ops: not built; run `python -m attn_core native build`") and same == "True"
+    assert not list(tmp_path.iterdir())
 
 
 @needs_library
 def test_a_build_is_kept_and_found_by_the_next_process(tmp_path):
-    """The first process builds one library into the cache, under a name that holds the source, compiler, flags and
-    CPU; the next loads it, builds nothing more, and says so in the same words."""
-    first = run_fresh(CHECK, ATTN_LAB_CACHE=str(tmp_path))
+    """The first process builds one library into the cache (mode 0700), under a name that holds the sources, the
+    declarations, compiler, flags and CPU; the next, which does not build, loads it and says so in the same words."""
+    first = run_fresh(BUILD + CHECK.replace("; ", "\n"), ATTN_LAB_CACHE=str(tmp_path))
     built = sorted(p.name for p in (tmp_path / "native").iterdir())
     second = run_fresh(CHECK, ATTN_LAB_CACHE=str(tmp_path))
     assert len(built) == 1 and built[0].startswith("attn_kernels_") and built[0].endswith(".so")
     assert sorted(p.name for p in (tmp_path / "native").iterdir()) == built
-    assert first == second and first.startswith("C++ (") and first.endswith("True")
+    assert (tmp_path / "native").stat().st_mode & 0o777 == 0o700
+    assert first == "built\n" + second and second.startswith("C++ (") and second.endswith("True")
 
 
 def test_the_switch_turns_it_off_and_the_stamp_says_which_ran(monkeypatch):

@@ -11,6 +11,9 @@ from attn_core import generation as gen
 from attn_core.mechanisms import nsa
 from attn_core.spec import Shape
 from tests.baselines import nsa_reference
+from tests.test_native import with_kernels  # noqa: F401  (the fixture: a forward call never builds)
+
+pytestmark = pytest.mark.usefixtures("with_kernels")  # the CPU's C++ kernels, where they can be built
 
 KEY = "nsa"
 SMALL = {"block": 4, "stride": 2, "select_block": 4, "select_blocks": 3, "window": 5}

@@ -15,7 +15,9 @@ from attn_core.mechanisms import topk as tk
 from attn_core.mechanisms._common import GPU_WORKSPACE
 from attn_core.spec import Shape
 from tests.baselines import masked_softmax, topk_reference
+from tests.test_native import built, kernels, with_kernels  # noqa: F401  (fixtures: a forward call never builds)
 
+pytestmark = pytest.mark.usefixtures("with_kernels")  # the CPU's C++ kernels, where they can be built
 KEY = "topk"
 
 
@@ -244,8 +246,10 @@ def test_the_memory_model_holds_where_the_selection_is_sampled(B, H, n, D, top_k
     (on an H100 at n = 16384 its allocator read 1.0000 of this model)."""
     from tests.baselines import trace_peak_bytes
 
-    if form == "C++" and (device == "cuda" or not native.expected()):
-        pytest.skip("a GPU's sizes run the torch form" if device == "cuda" else native.describe())
+    if form == "C++" and device == "cuda":
+        pytest.skip("a GPU's sizes run the torch form")
+    if form == "C++":
+        kernels()
     if form == "torch":
         monkeypatch.setenv(native.SWITCH, "0")
     if device == "cuda":
@@ -262,7 +266,7 @@ def test_the_memory_model_holds_where_the_selection_is_sampled(B, H, n, D, top_k
     assert tk._memory(shape, top_k=top_k) == pytest.approx(measured, rel=0.03)
 
 
-@pytest.mark.skipif(not native.expected(), reason="no C++ kernel here: no compiler, or ATTN_LAB_NATIVE=0")
+@pytest.mark.usefixtures("built")
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_memory_model_prices_the_cpp_selection(causal):
     """A shape whose selection sets the peak (B = 2, H = 2, n = 3000, D = 16, top_k = 64): the C++ form's indices,

@@ -10,6 +10,8 @@
 // Rows are split among OpenMP threads two at a time. The keys' tail (m not a multiple of 32) is read and written by
 // masked loads and stores. Tested against the formula written with einsum (tests/test_native.py).
 #include <cstdint>
+
+#include "signatures.h"  // each exported function's one declaration (written by the build)
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -35,12 +37,14 @@ inline void heads(const float* const* q, const float* kT, int64_t ks, int64_t s0
         a[i][h][1] = _mm512_fmadd_ps(qb, k1, a[i][h][1]);
       }
   }
+  // ReLU as max(0, x): where either operand is NaN, vmaxps returns its second, so a NaN product stays NaN (as
+  // torch.relu keeps it); max(x, 0) would turn it into 0 and give a finite, different selection
   const __m512 zero = _mm512_setzero_ps();
   for (int i = 0; i < R; ++i)
     for (int h = 0; h < NH; ++h) {
       const __m512 wb = _mm512_set1_ps(w[h0 + h]);
-      o[2 * i] = _mm512_fmadd_ps(wb, _mm512_max_ps(a[i][h][0], zero), o[2 * i]);
-      o[2 * i + 1] = _mm512_fmadd_ps(wb, _mm512_max_ps(a[i][h][1], zero), o[2 * i + 1]);
+      o[2 * i] = _mm512_fmadd_ps(wb, _mm512_max_ps(zero, a[i][h][0]), o[2 * i]);
+      o[2 * i + 1] = _mm512_fmadd_ps(wb, _mm512_max_ps(zero, a[i][h][1]), o[2 * i + 1]);
     }
 }
 

@@ -25,6 +25,8 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+
+#include "signatures.h"  // each exported function's one declaration (written by the build)
 #if defined(_OPENMP)
 #include <omp.h>
 #endif

@@ -19,6 +19,8 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+
+#include "signatures.h"  // each exported function's one declaration (written by the build)
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -280,20 +282,27 @@ void selected(const F* q, const int64_t* qs, const F* k, const F* v, const int64
 
 extern "C" {
 
-// q: rows of D, batch and head strides qs (2); k, v: rows of D, batch and head strides kvs (k's two, then v's two);
+// q: rows of D, its batch and head strides; k, v: rows of D, each with its batch and head strides;
 // idx (B, S, r, kk) int64, every entry in [0, m); ok: the same shape, or null (every key usable);
-// dims: B, H, r, D, Hk, S, kk, m, width (keys a part: 0, or a type or width part16 lacks, for whole rows);
+// width: keys a part (0, or a type or width part16 lacks, for whole rows);
 // scratch: threads · kk; state: r · (D + 4); bounds: B · S · r · (⌈m / width⌉ + 1); out (B, H, r, D)
-void attn_selected_softmax_f32(const float* q, const int64_t* qs, const float* k, const float* v, const int64_t* kvs,
-                               const int64_t* idx, const bool* ok, const int64_t* dims, float scale, int64_t threads,
-                               float* scratch, float* state, int64_t* bounds, float* out) {
+void attn_selected_softmax_f32(const float* q, int64_t q_batch, int64_t q_head, const float* k, int64_t k_batch,
+                               int64_t k_head, const float* v, int64_t v_batch, int64_t v_head, const int64_t* idx,
+                               const bool* ok, int64_t B, int64_t H, int64_t r, int64_t D, int64_t Hk, int64_t S,
+                               int64_t kk, int64_t m, int64_t width, float scale, int64_t threads, float* scratch,
+                               float* state, int64_t* bounds, float* out) {
+  const int64_t qs[2] = {q_batch, q_head}, kvs[4] = {k_batch, k_head, v_batch, v_head};
+  const int64_t dims[9] = {B, H, r, D, Hk, S, kk, m, width};
   selected<float>(q, qs, k, v, kvs, idx, ok, dims, scale, threads, scratch, state, bounds, out);
 }
 
-void attn_selected_softmax_f64(const double* q, const int64_t* qs, const double* k, const double* v,
-                               const int64_t* kvs, const int64_t* idx, const bool* ok, const int64_t* dims,
-                               double scale, int64_t threads, double* scratch, double* state, int64_t* bounds,
-                               double* out) {
+void attn_selected_softmax_f64(const double* q, int64_t q_batch, int64_t q_head, const double* k, int64_t k_batch,
+                               int64_t k_head, const double* v, int64_t v_batch, int64_t v_head, const int64_t* idx,
+                               const bool* ok, int64_t B, int64_t H, int64_t r, int64_t D, int64_t Hk, int64_t S,
+                               int64_t kk, int64_t m, int64_t width, double scale, int64_t threads, double* scratch,
+                               double* state, int64_t* bounds, double* out) {
+  const int64_t qs[2] = {q_batch, q_head}, kvs[4] = {k_batch, k_head, v_batch, v_head};
+  const int64_t dims[9] = {B, H, r, D, Hk, S, kk, m, width};
   selected<double>(q, qs, k, v, kvs, idx, ok, dims, scale, threads, scratch, state, bounds, out);
 }
 
