@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Any
 
 import torch
@@ -26,10 +27,28 @@ def make_state(key: str, shape: Shape, device=None, dtype=torch.float32, *, seed
     """The seeded random state a mechanism takes as keyword arguments ({} for those with none). The parameters are
     checked against the spec (range, and e.g. Linformer's rank ≤ Nk) before anything is allocated."""
     spec = get(key)
-    spec.check_params(params, shape, extra=("seed",))
+    spec.check_params(params, shape)
+    check_seed(seed)
     if spec.state.init is None:
         return {}
     return spec.state.init(shape, device, dtype, seed=seed, **spec.resolved(params))
+
+
+def seeded() -> tuple[str, ...]:
+    """The keys of the mechanisms that draw random state (projections, rotations, gates) and so take a `seed`."""
+    return tuple(key for key, spec in MECHANISMS.items() if spec.state.init is not None)
+
+
+def check_seed(seed: Any, spec: MechanismSpec | None = None) -> None:
+    """ValueError with a sentence for a seed that is not a whole number from 0 to 2**63 − 1 (torch's generator takes
+    a 64-bit one), or, given `spec`, for a mechanism that draws nothing to seed."""
+    from .engine.problem import MAX_SEED
+
+    if spec is not None and spec.state.init is None:
+        raise ValueError(f"{spec.label} draws no random state, so it takes no seed; drop seed=, or choose a mechanism "
+                         f"that does: {', '.join(seeded())}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed!r}; pass e.g. seed=0")
 
 
 def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -49,10 +68,15 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
 
     `score_bias`: a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled scores (attn_core.positional's
     ALiBi and relative biases); mechanisms whose spec has `score_bias` take it, the others refuse it with a
-    sentence."""
+    sentence.
+
+    `seed`: for a mechanism that draws random state (`seeded()`: projections, rotations, gates), the seed of the
+    state not passed; a mechanism without any refuses it with a sentence."""
     spec = get(key)
     # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
     takes_mask = "mask" in inspect.signature(spec.fn).parameters
+    if "seed" in params:  # before the names: a seed to a mechanism without state gets its own sentence
+        check_seed(params["seed"], spec)
     spec.check_params(params, extra=(*spec.state.keys, "seed", *(("mask",) if takes_mask else ())))
     check_qkv(q, k, v)
     if not spec.supports.checks_finite:

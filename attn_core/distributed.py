@@ -7,7 +7,8 @@ One launch starts P worker processes on this machine (gloo on CPU, NCCL on CUDA 
 of one process group whose every collective carries a timeout. It is guarded as a sweep is: a task refused with a
 sentence, one whose predicted memory would not fit skipped with the reason, the machine's sweep lock held while it
 runs, and a stop (`cancel`, Ctrl-C, SIGTERM) that ends every rank within seconds. A rank that dies or stalls ends the
-run with a `DistributedError`, and no process outlives the launch.
+run with a `DistributedError`, and no process outlives the launch, nor a launcher killed outright (SIGKILL, the OOM
+killer): its ranks and their forkserver end with it (`_lifeline`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ STATE_MECHANISMS = ("linear", "mamba2", "gated_deltanet")  # causal forms with a
 BLOCK = 64  # positions per block of the chunked causal linear form inside one rank's chunk
 DEFAULT_TIMEOUT_S = 60.0
 STOP_GRACE_S = 2.0  # a rank that has not ended this long after SIGTERM is killed
+PR_SET_PDEATHSIG = 1  # Linux's prctl option: a signal for this process when its parent ends (<linux/prctl.h>)
+ORPHANED = 70  # the exit code of a rank that outlived its launcher (EX_SOFTWARE); nobody is left to read it
 
 
 class DistributedError(RuntimeError):
@@ -69,6 +72,7 @@ class Task:
 
     def check(self) -> "Task":
         """This task, or a ValueError whose sentence says what to change."""
+        from .api import check_seed
         from .mechanisms import MECHANISMS
 
         if self.scheme not in SCHEMES:
@@ -82,6 +86,8 @@ class Task:
         if min(self.batch, self.heads, self.head_dim, self.n) < 1:
             raise ValueError("batch, heads, head_dim and n must each be at least 1")
         spec = MECHANISMS[self.mechanism]
+        spec.check_params(dict(self.params))  # before any process starts: a bad name or value is this sentence
+        check_seed(self.seed)
         if self.causal and not spec.supports.causal:
             raise ValueError(f"{self.mechanism} has no causal form; drop --causal or choose another mechanism")
         blocks = 2 * self.procs if self.scheme == "ring" and self.causal else self.procs
@@ -575,9 +581,11 @@ def _compute(task: Task, link: Link, q, k, v) -> torch.Tensor:
 # -- the worker and the launcher ------------------------------------------------------------------------------------
 
 def _worker(rank: int, tasks: tuple[Task, ...], procs: int, port: int, timeout_s: float, device: str,
-            warmup: int, memory: bool, fail_rank: int | None, failure: str, results) -> None:
+            warmup: int, memory: bool, fail_rank: int | None, failure: str, results, parent: int) -> None:
     """One rank: join the group, run each task (after `warmup` untimed calls), report shards and counts. Ctrl-C
-    and a hangup reach the whole process group: they are the launcher's to handle (it stops every rank)."""
+    and a hangup reach the whole process group: they are the launcher's to handle (it stops every rank). It dies
+    with its parent process `parent` and with the launcher (`_lifeline`)."""
+    _lifeline(parent)
     for name in ("SIGINT", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -622,8 +630,9 @@ def _measured(task: Task, rank: int, timeout, device: str, warmup: int, memory: 
     return out.cpu().numpy(), elapsed, link.comm_s, peak, link.bytes_sent
 
 
-def _probe_worker(rank: int, procs: int, port: int, timeout_s: float, results) -> None:
+def _probe_worker(rank: int, procs: int, port: int, timeout_s: float, results, parent: int) -> None:
     """One bare rank of `check_launch`: join a gloo group on localhost and all-reduce a one, nothing else."""
+    _lifeline(parent)
     for name in ("SIGINT", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -649,8 +658,8 @@ def check_launch(procs: int = 2, timeout_s: float = 20.0) -> None:
         results = ctx.Queue()
     except OSError as e:
         raise DistributedError(f"{procs} processes cannot start and meet on localhost here ({e})") from None
-    workers = [ctx.Process(target=_probe_worker, args=(r, procs, port, timeout_s, results), daemon=True)
-               for r in range(procs)]
+    workers = [ctx.Process(target=_probe_worker, args=(r, procs, port, timeout_s, results, _parent_of_ranks(ctx)),
+                           daemon=True) for r in range(procs)]
     try:
         try:
             with _bare_main(), _stops_held():
@@ -658,14 +667,9 @@ def check_launch(procs: int = 2, timeout_s: float = 20.0) -> None:
                     w.start()
         except OSError as e:
             raise DistributedError(f"{procs} processes cannot start here ({e})") from None
-        deadline, sums = time.monotonic() + timeout_s + 30, []  # the start (imports), then the rendezvous
-        while len(sums) < procs:
-            try:
-                message = results.get(timeout=0.2)
-            except queue.Empty:
-                _check_alive(workers, deadline, timeout_s)
-                continue
-            if message[0] == "error":
+        sums = []
+        for message in _messages(results, workers, procs, time.monotonic() + timeout_s + 30, timeout_s):
+            if message[0] == "error":  # the start (imports), then the rendezvous
                 raise DistributedError(f"rank {message[1]} could not join a gloo group on localhost: {message[2]}")
             sums.append(message[2])
         if sums != [float(procs)] * procs:
@@ -797,7 +801,7 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure,
     results = ctx.Queue()
     port = free_port()
     workers = [ctx.Process(target=_worker, args=(r, tuple(tasks), procs, port, timeout_s, device, warmup, memory,
-                                                 fail_rank, failure, results), daemon=True)
+                                                 fail_rank, failure, results, _parent_of_ranks(ctx)), daemon=True)
                for r in range(procs)]
     got: dict = {}
     try:
@@ -807,14 +811,7 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure,
                     break
                 w.start()
         deadline = time.monotonic() + timeout_s * (1 + len(tasks)) + 30  # the start (imports) and each task
-        while len(got) < procs * len(tasks):
-            if stopped():
-                raise Cancelled(f"the run was cancelled; its {procs} processes were stopped")
-            try:
-                message = results.get(timeout=0.2)
-            except queue.Empty:
-                _check_alive(workers, deadline, timeout_s)
-                continue
+        for message in _messages(results, workers, procs * len(tasks), deadline, timeout_s, stopped):
             if message[0] == "error":
                 raise DistributedError(_failure(workers, message[1], message[2]))
             got[(message[1], message[2])] = message[3:]
@@ -826,6 +823,77 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure,
     finally:
         _stop(workers)
         results.close()
+
+
+def _messages(results, workers, count: int, deadline: float, timeout_s: float, stopped=lambda: False):
+    """The ranks' first `count` messages as they arrive ("error" ones end the count: the caller raises), polled in
+    turns of 0.2 s, between which a stop (`stopped()`: Cancelled), a rank found dead or the `deadline` passed
+    (DistributedError) ends the wait."""
+    received = 0
+    while received < count:
+        if stopped():
+            raise Cancelled(f"the run was cancelled; its {len(workers)} processes were stopped")
+        try:
+            message = results.get(timeout=0.2)
+        except queue.Empty:
+            _check_alive(workers, deadline, timeout_s)
+            continue
+        received += 1
+        yield message
+
+
+def _parent_of_ranks(ctx) -> int:
+    """The pid of the process the ranks of context `ctx` are forked from: the forkserver (`_context` started it),
+    or this one (spawn); 0 where unknown, which a rank does not check."""
+    if ctx.get_start_method() != "forkserver":
+        return os.getpid()
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver._forkserver_pid or 0  # CPython's one forkserver client (private, no accessor)
+
+
+def _lifeline(parent: int) -> None:
+    """Tie this rank's life to the launcher's, so that a launcher killed outright (SIGKILL, the OOM killer), whose
+    `finally` never runs, leaves no rank behind holding its memory, nor the forkserver behind them: (1) the
+    forkserver's 'alive' pipe, whose write end every client inherits, is closed here, so that the server ends as
+    soon as the launcher does (it reads EOF once no process holds that end; a rank holding it kept the server
+    alive as long as the rank); (2) on Linux the kernel kills this rank when its parent, the forkserver, ends
+    (`_die_with_parent`); (3) everywhere, a thread watches the pipe the launcher holds open for this rank
+    (multiprocessing's parent sentinel) and ends the process at its EOF: the launcher is gone."""
+    from multiprocessing import parent_process
+
+    server = getattr(sys.modules.get("multiprocessing.forkserver"), "_forkserver", None)  # a forkserver's child
+    if server is not None and server._forkserver_alive_fd is not None:  # CPython's client state (private)
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    _die_with_parent(parent)
+    launcher = parent_process()
+    if launcher is not None and launcher.sentinel is not None:
+        threading.Thread(target=_end_with, args=(launcher.sentinel,), daemon=True, name="launcher-watch").start()
+
+
+def _end_with(sentinel) -> None:
+    """Wait for the launcher's pipe to this rank to close (its end is held until the launcher ends), then end."""
+    from multiprocessing import connection
+
+    connection.wait([sentinel])
+    os._exit(ORPHANED)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: ask the kernel for SIGKILL when the parent ends (prctl PR_SET_PDEATHSIG; the parent is the thread
+    that forked this process: the forkserver's only thread, or the launch's, which waits for its ranks), then end
+    at once if `parent` (0: unknown) has ended already, before the request was in place (this process was then
+    handed to another). A no-op elsewhere, where the launcher's pipe alone tells."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes, prctl.restype = [ctypes.c_int] + [ctypes.c_ulong] * 4, ctypes.c_int
+    if prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0 and parent and os.getppid() != parent:
+        os._exit(ORPHANED)
 
 
 @contextlib.contextmanager

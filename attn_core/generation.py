@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .api import get
+from .api import check_seed, get
 from .mechanisms._cache import Cache, KVCache, Ring, StateCache
 from .mechanisms._common import _VALIDATED, check_finite, check_qkv
 from .spec import Generation, MechanismSpec, Shape
@@ -62,6 +62,8 @@ def step(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Cac
 def cache_bytes(key: str, shape: Shape, **params: Any) -> float:
     """Bytes the cache of mechanism `key` holds in use after a context of shape.Nk tokens (its `used_bytes`)."""
     spec = get(key)
+    if "seed" in params:
+        check_seed(params["seed"], spec)
     spec.check_params(params, extra=(*spec.state.keys, "seed"))
     return _generation(spec).cache_bytes(shape, **spec.resolved(params))
 
@@ -87,6 +89,8 @@ def _checked(key: str, q, k, v, max_len, params: dict) -> tuple[MechanismSpec, G
     """Spec, generation form and the keyword arguments (parameters with defaults, random state) for a prompt."""
     spec = get(key)
     gen = _generation(spec)
+    if "seed" in params:  # a seed draws the random state; a mechanism without one refuses it with a sentence
+        check_seed(params["seed"], spec)
     check_qkv(q, k, v)
     check_finite(q=q, k=k, v=v)
     spec.check(Shape.of(q, k, causal=True), params)

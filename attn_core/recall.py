@@ -28,6 +28,15 @@ from .untrusted import clipped
 
 # the page's and the CLI's mechanisms: softmax, a window narrower than the default task's 8 tokens of pairs, a state
 DEFAULT_MECHANISMS = (("softmax", {}), ("sliding_window", {"window": 4}), ("linear", {}), ("gated_deltanet", {}))
+# each setting's range: far above what a tiny model of this study needs, far below what ends in an allocation
+# failure before the memory guard (`memory_problem`) has read the sizes together
+BOUNDS = {"vocab": (4, 1 << 20), "seq": (4, 1 << 16), "d_model": (1, 1 << 14), "layers": (1, 64), "heads": (1, 1024),
+          "batch": (1, 1 << 16), "steps": (1, 1_000_000), "eval_sequences": (1, 1 << 20), "eval_every": (1, 1_000_000),
+          "seed": (0, (1 << 32) - 1), "lrs": (1, 16), "pairs": (1, 1 << 14)}
+MAX_SEQUENCES = 1 << 21  # sequences one `mqar` call draws: the held-out set's most, rounded up to whole batches
+MAX_DRAW_SEED = (1 << 63) - 1  # torch's generator takes a 64-bit seed (a step's is seed·1,000,003 + step)
+EVAL_ROWS = 256  # held-out sequences read at once, at least (a mechanism without random state; see `accuracy`)
+MEMORY_MARGIN = 0.2  # the memory guard's safety margin, as a sweep's default
 IGNORE = -100  # the target of every position that is not an answer: no loss, no accuracy (torch's ignore_index)
 EVAL_SEED_OFFSET = 7919  # held-out sequences come from seed + this, a stream the training batches never draw
 
@@ -48,9 +57,9 @@ class Task:
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, one sentence each; empty when the task can be drawn."""
-        found = [f"{name} must be a whole number of at least {low}, got {value!r}"
-                 for name, value, low in (("vocab", self.vocab, 4), ("seq", self.seq, 4), ("pairs", self.pairs, 1))
-                 if isinstance(value, bool) or not isinstance(value, int) or value < low]
+        found = [f"{name} must be a whole number from {BOUNDS[name][0]} to {BOUNDS[name][1]:,}, got {value!r}"
+                 for name, value in (("vocab", self.vocab), ("seq", self.seq), ("pairs", self.pairs))
+                 if not _whole(value, *BOUNDS[name])]
         if found:
             return found
         if 4 * self.pairs > self.seq:
@@ -76,8 +85,13 @@ class Task:
 
 def mqar(task: Task, count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """`count` sequences of the task, drawn from `seed`: inputs (count, seq) int64 and targets (count, seq) int64,
-    the queried key's value at each query position and IGNORE elsewhere. O(count·seq) time and memory."""
+    the queried key's value at each query position and IGNORE elsewhere. O(count·(seq + vocab)) time and memory
+    (each sequence draws its keys and values as orders of the vocabulary's halves)."""
     task.check()
+    if not _whole(count, 1, MAX_SEQUENCES):
+        raise ValueError(f"count must be a whole number of sequences from 1 to {MAX_SEQUENCES:,}, got {count!r}")
+    if not _whole(seed, 0, MAX_DRAW_SEED):
+        raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed!r}")
     g = torch.Generator().manual_seed(seed)
     K, half = task.pairs, task.vocab // 2
     keys = torch.rand(count, half - 1, generator=g).argsort(-1)[:, :K] + 1  # K distinct keys of [1, half)
@@ -151,27 +165,53 @@ class Setup:
     threads: int | None = 1  # torch CPU threads while training (None: torch's own); see `_threads`
 
     def problems(self) -> list[str]:
+        """What is wrong with these settings, one sentence each naming the setting to change; empty when they can
+        run (the memory they need together is `memory_problem`'s, per mechanism)."""
+        from .engine.problem import MAX_THREADS
+
         found = self.task.problems()
-        for name in ("d_model", "layers", "heads", "batch", "eval_sequences", "eval_every", "threads"):
-            value = getattr(self, name)
-            if (value is not None or name != "threads") and (isinstance(value, bool) or not isinstance(value, int)
-                                                             or value < 1):
-                found.append(f"{name} must be a whole number of at least 1, got {value!r}")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            found.append(f"steps must be a whole number of at least 1, got {self.steps!r}: a model trained for no "
-                         "step recalls nothing; give at least 1 step")
+        for name in ("d_model", "layers", "heads", "batch", "eval_sequences", "eval_every", "seed"):
+            value, (low, high) = getattr(self, name), BOUNDS[name]
+            if not _whole(value, low, high):
+                found.append(f"{name} must be a whole number from {low} to {high:,}, got {value!r}")
+        if self.threads is not None and not _whole(self.threads, 1, MAX_THREADS):
+            found.append(f"threads must be a whole number from 1 to {MAX_THREADS} (4 a core here), or None for "
+                         f"torch's own, got {self.threads!r}")
+        if not _whole(self.steps, *BOUNDS["steps"]):
+            found.append(f"steps must be a whole number from 1 to {BOUNDS['steps'][1]:,}, got {self.steps!r}: a model "
+                         "trained for no step recalls nothing; give at least 1 step")
         if not found and self.d_model % self.heads:
             found.append(f"d_model {self.d_model} is not divisible by {self.heads} heads; choose a multiple of "
                          f"{self.heads}")
-        if not self.lrs or not all(isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < 1
-                                   and math.isfinite(lr) for lr in self.lrs):
-            found.append(f"learning rates must be one or more numbers between 0 and 1, got {self.lrs!r}")
+        if not isinstance(self.lrs, (tuple, list)) or not 1 <= len(self.lrs) <= BOUNDS["lrs"][1] or not all(
+                isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < 1 and math.isfinite(lr)
+                for lr in self.lrs):
+            found.append(f"learning rates must be 1 to {BOUNDS['lrs'][1]} numbers between 0 and 1, got "
+                         f"{clipped(repr(self.lrs), 80)}")
+        if why := _device_problem(self.device):
+            found.append(why)
         return found
 
     def check(self) -> "Setup":
         if found := self.problems():
             raise ValueError(found[0])
         return self
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and low <= value <= high
+
+
+def _device_problem(device: Any) -> str:
+    """'' for a device this machine has, else the sentence (one without CUDA asked for cuda; meta, which holds no
+    numbers to train)."""
+    from .engine import env
+
+    found = env.available_devices()
+    if device in found:
+        return ""
+    what = "is not available on this machine" if device in env.DEVICES else "is not a device recall trains on"
+    return f"device {clipped(repr(device), 40)} {what}; choose {' or '.join(found)}"
 
 
 @dataclass(frozen=True)
@@ -221,7 +261,7 @@ def check_mechanism(key: str, params: dict, setup: Setup | None = None) -> dict:
     """The mechanism's parameters with defaults; ValueError with a sentence for an unknown key, bad parameters, a
     mechanism that cannot run causal (recall is learned autoregressively: an answer may see only earlier tokens) or,
     given a setup, one that cannot run at its shape (a block longer than the sequence, key/value heads that do not
-    divide the heads)."""
+    divide the heads) or whose training would not fit in the device's free memory (`memory_problem`)."""
     spec = get(key)
     kv_heads = params.get("kv_heads")
     rest = {k: v for k, v in params.items() if k != "kv_heads"}
@@ -236,6 +276,8 @@ def check_mechanism(key: str, params: dict, setup: Setup | None = None) -> dict:
             raise ValueError(f"kv_heads = {kv_heads!r} does not divide the {heads} heads; choose a divisor of {heads}")
         spec.check(Shape(setup.batch, heads, setup.task.seq, setup.task.seq, setup.d_model // heads, dtype="float32",
                          causal=True, Hk=kv_heads), spec.resolved(rest))
+        if why := memory_problem(key, {**spec.resolved(rest), "kv_heads": kv_heads}, setup):
+            raise ValueError(why)
     return {**spec.resolved(rest), **({"kv_heads": kv_heads} if kv_heads is not None else {})}
 
 
@@ -251,6 +293,86 @@ def state_bytes(key: str, params: dict, setup: Setup) -> tuple[float, str]:
     n = setup.task.seq
     shape = Shape(1, setup.heads, n, n, setup.d_model // setup.heads, dtype="float32", causal=True, Hk=kv_heads)
     return float(generation.cache_bytes(key, shape, **rest)), ""
+
+
+def required_bytes(key: str, params: dict, setup: Setup) -> dict[str, float]:
+    """Bytes training mechanism `key` at `setup` holds at its peak, by part, in float32: the memory guard's estimate
+    from the settings alone, before anything is allocated. With d = d_model, n = seq, V = vocab, B = batch:
+    'model and optimizer': weights, gradients and AdamW's two moments, 16 bytes a parameter, at most
+    (2V + n)·d + (d + 1)·V + layers·(8d² + 11d) + 2d parameters. 'held-out sequences': inputs and targets (int64)
+    and their draw's keys and values (float32 draws and their int64 order over the vocabulary), kept throughout.
+    'training step': one batch's forward and backward: each layer's attention as the engine's memory guard prices a
+    forward+backward point (`engine.measure.required_bytes` over (B, heads, n, d/heads)); the blocks' other
+    activations kept for the backward (12·B·n·d values a layer: norms, projections, the MLP's 2d-wide hidden layer)
+    and one layer's gradients of them; the embeddings (3·B·n·d); the logits, their log-softmax and its gradient
+    (3·B·n·V). 'evaluation pass': the forward of `eval_rows` sequences without gradients, its attention priced as a
+    forward point, the blocks' other activations (8·rows·n·d) and the logits (rows·n·V). Their peak: `peak_bytes`."""
+    from .engine.measure import required_bytes as point_bytes
+    from .engine.problem import Problem
+
+    d, n, V, B = setup.d_model, setup.task.seq, setup.task.vocab, setup.batch
+    kv_heads = params.get("kv_heads")
+    rest = tuple(sorted((k, v) for k, v in params.items() if k != "kv_heads"))
+    weights = (2 * V + n) * d + (d + 1) * V + setup.layers * (8 * d * d + 11 * d) + 2 * d
+
+    def attention(batch: int, mode: str) -> float:
+        problem = Problem(mechanism=key, params=rest, batch=batch, heads=setup.heads, kv_heads=kv_heads, n=n,
+                          d_model=d, dtype="float32", device=setup.device, mode=mode, causal=True)
+        return float(point_bytes(get(key), problem))
+
+    rows = eval_rows(key, setup)
+    count = held_out_count(setup)
+    return {"model and optimizer": 16.0 * weights,
+            "held-out sequences": count * (16.0 * n + 12.0 * V),
+            "training step": setup.layers * attention(B, "forward+backward") + 4 * 12 * B * n * d * (setup.layers + 1)
+            + 4 * B * n * (3 * V + 3 * d) + 12.0 * B * V,
+            "evaluation pass": attention(rows, "forward") + 4 * rows * n * (V + 8 * d)}
+
+
+def peak_bytes(parts: dict[str, float]) -> float:
+    """The peak of `required_bytes`' parts: the model and the held-out sequences stay while training, then
+    evaluating, each in turn, runs."""
+    return parts["model and optimizer"] + parts["held-out sequences"] + max(parts["training step"],
+                                                                            parts["evaluation pass"])
+
+
+MEMORY_ADVICE = {"model and optimizer": "a smaller vocab or d_model, or fewer layers",
+                 "held-out sequences": "fewer held-out sequences (eval) or a smaller vocab",
+                 "training step": "a smaller batch, seq or d_model, or fewer layers",
+                 "evaluation pass": "a smaller seq, vocab or batch"}
+
+
+def memory_problem(key: str, params: dict, setup: Setup, *, margin: float = MEMORY_MARGIN,
+                   limit: int | None = None) -> str:
+    """'' when training `key` fits: its need (`required_bytes`) × (1 + margin) within the free memory of the setup's
+    device (capped at `limit`), as the engine's memory guard decides for a sweep's point; else the sentence, naming
+    the part that needs the most and the settings that shrink it."""
+    from .engine import env
+    from .engine.measure import format_bytes
+
+    parts = required_bytes(key, params, setup)
+    need = peak_bytes(parts) * (1 + margin)
+    free = env.free_memory_bytes(setup.device)
+    capped = limit is not None and limit < free
+    free = limit if capped else free
+    if need <= free:
+        return ""
+    part = max(parts, key=parts.get)
+    return (f"training {get(key).label} at these settings would need {format_bytes(need)} (the {part} "
+            f"{format_bytes(parts[part])} of it, with a {margin:.0%} safety margin), {format_bytes(free)} free on "
+            f"{setup.device}{' under the limit set' if capped else ''}; choose {MEMORY_ADVICE[part]}")
+
+
+def held_out_count(setup: Setup) -> int:
+    """The held-out sequences drawn: eval_sequences rounded up to whole batches."""
+    return -(-setup.eval_sequences // setup.batch) * setup.batch
+
+
+def eval_rows(key: str, setup: Setup) -> int:
+    """Held-out sequences read at once: the training batch for a mechanism with random state (its gates are drawn
+    per batch row, and the model learned with those), else at least EVAL_ROWS, at most all of them."""
+    count = held_out_count(setup)
+    return setup.batch if get(key).state.init else min(count, max(setup.batch, EVAL_ROWS))
 
 
 def accuracy(model: RecallModel, inputs: torch.Tensor, targets: torch.Tensor, batch: int) -> float:
@@ -306,8 +428,7 @@ def train(key: str, params: dict | None = None, setup: Setup = Setup(),
     params = check_mechanism(key, dict(params or {}), setup)
     result = Result(key, dict(params))
     result.state_bytes, result.state_note = state_bytes(key, params, setup)
-    count = -(-setup.eval_sequences // setup.batch) * setup.batch  # whole batches
-    held_out = [t.to(setup.device) for t in mqar(setup.task, count, setup.seed + EVAL_SEED_OFFSET)]
+    held_out = [t.to(setup.device) for t in mqar(setup.task, held_out_count(setup), setup.seed + EVAL_SEED_OFFSET)]
     _warm_optimizer()
     start = time.perf_counter()
     best_curve: list = []
@@ -316,7 +437,7 @@ def train(key: str, params: dict | None = None, setup: Setup = Setup(),
         with _threads(setup.threads):
             model, stopped = _run(key, params, setup, lr, progress, stop, curve)
         model.eval()
-        result.by_lr[lr] = accuracy(model, *held_out, setup.batch if get(key).state.init else len(held_out[0]))
+        result.by_lr[lr] = accuracy(model, *held_out, eval_rows(key, setup))
         if not result.by_lr[lr] <= result.accuracy:  # the first, and any better one (NaN compares False)
             result.accuracy, result.best_lr, best_curve = result.by_lr[lr], lr, curve
         if stopped:

@@ -87,7 +87,11 @@ if clicked:
                 live.altair_chart(style.styled(chart, talk=True) if st.session_state.get("talk") else chart,
                                   theme=None)
                 drawn_at[0] = time.monotonic()
-        state["results"].append(recall.train(key, params, setup, progress=arrived))
+        try:
+            state["results"].append(recall.train(key, params, setup, progress=arrived))
+        except ValueError as e:  # settings this machine cannot train (the memory guard): said, the curves kept
+            st.error(literal(e))
+            st.stop()
     state["stamp"] = env.environment(setup.device, "float32", setup.threads)  # the machine, as recall --out saves
     st.rerun()
 

@@ -4,12 +4,17 @@ mid-run (a cancel, SIGTERM on the CLI), and a rank that dies or stalls; NCCL whe
 every correctness task; the ranks fork from one preloaded server, so each further launch costs well under a second."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import select
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -30,6 +35,7 @@ TASKS = (D.Task("ring", n=64, **SHAPE), D.Task("ring", n=72, causal=True, **SHAP
          D.Task("state", "linear", n=200, causal=True, **SHAPE), D.Task("state", "mamba2", n=96, causal=True, **SHAPE),
          D.Task("state", "gated_deltanet", n=72, causal=True, **SHAPE))
 SMALL = D.small_case()  # what the Theory page runs
+ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_FAILURES = (D.DistributedError, OSError, RuntimeError)
 
 
@@ -56,8 +62,15 @@ def results():
 
 
 def descendants() -> set[int]:
-    """Every process below this one, the ranks' server's children included."""
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """What a launch may leave: this process's children and the ranks' server's (the ranks). Not the children of
+    other children: a page's measuring worker may be compiling kernels meanwhile, whose compilers come and go."""
+    children = psutil.Process().children()
+    ranks = set()
+    for p in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "multiprocessing.forkserver" in " ".join(p.cmdline()):
+                ranks |= {rank.pid for rank in p.children()}
+    return {p.pid for p in children} | ranks
 
 
 def stalled(**options):
@@ -172,6 +185,9 @@ def test_zig_zag_balances_causal_work():
     (D.Task("state", "linear"), "add --causal"),
     (D.Task("state", "softmax", causal=True), "state passing is built for"),
     (D.Task("ring", "linear"), "give --mechanism softmax"),
+    (D.Task("ulysses", "sliding_window", params=(("window", -1),)), "window = -1 is not allowed"),
+    (D.Task("ring", params=(("window", 4),)), "has no parameter window"),
+    (D.Task("ring", seed=1 << 64), "seed must be a whole number from 0 to 2\\*\\*63 - 1"),
 ])
 def test_refused_with_a_sentence(task, words):
     with pytest.raises(ValueError, match=words):
@@ -180,10 +196,8 @@ def test_refused_with_a_sentence(task, words):
 
 def test_a_rank_that_dies_ends_the_run_with_a_sentence(results):
     others = descendants()  # the ranks' server, and what other tests started (a page's measuring worker)
-    start = time.monotonic()
     with pytest.raises(D.DistributedError, match="rank 1 died"):
         D.run("ring", n=64, memory=False, warmup=0, timeout_s=10, fail_rank=1)
-    assert time.monotonic() - start < 25
     assert descendants() <= others  # every rank ended and reaped: none left behind
 
 
@@ -259,23 +273,21 @@ def test_the_theory_page_shows_the_schemes_and_runs_the_small_case(results):
 
 
 def test_a_rank_that_stalls_ends_the_run_at_the_timeout(results):
+    """Rank 1 stalls for ten timeouts; rank 0's collective gives up at one, and its failure ends the run."""
     others = descendants()
-    start = time.monotonic()
     with pytest.raises(D.DistributedError, match="rank 0 failed"):
         stalled(timeout_s=2)
-    assert time.monotonic() - start < 20
     assert descendants() <= others
 
 
 def test_a_stop_mid_run_ends_every_process_within_seconds(results):
-    """A cancel (the dashboard's) while rank 1 stalls and rank 0 waits on it, 30 s from their timeout."""
+    """A cancel (the dashboard's) while rank 1 stalls and rank 0 waits on it, 30 s from their timeout: Cancelled,
+    not the timeout's DistributedError, so the stop, not the timeout, ended it; and no process is left."""
     others, stop = descendants(), threading.Event()
     timer = threading.Timer(1.5, stop.set)
-    start = time.monotonic()
     timer.start()
     with pytest.raises(D.Cancelled, match="cancelled; its 2 processes were stopped"):
         stalled(timeout_s=30, cancel=stop)
-    assert time.monotonic() - start < 1.5 + 5
     assert descendants() <= others
 
 
@@ -285,7 +297,6 @@ def test_sigterm_stops_the_cli_and_every_process(results, monkeypatch):
     monkeypatch.setattr(D, "run", lambda *a, **k: run(*a, **k, fail_rank=1, failure="stall"))
     others, out, err = descendants(), io.StringIO(), io.StringIO()
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
-    start = time.monotonic()
     timer.start()
     try:
         code = cli.main(["distributed", "--scheme", "ring", "--n", "64", "--heads", "2", "--head-dim", "8",
@@ -294,7 +305,6 @@ def test_sigterm_stops_the_cli_and_every_process(results, monkeypatch):
         timer.cancel()
     assert code == cli.EXIT_SIGNALLED + signal.SIGTERM and "SIGTERM: stopped; all 2 processes were ended" in \
         err.getvalue()
-    assert time.monotonic() - start < 1.5 + 5
     assert descendants() <= others
 
 
@@ -379,3 +389,153 @@ def test_ring_over_nccl_equals_softmax():
     got = D.run("ring", n=128, causal=True, memory=False, timeout_s=60, **SHAPE)
     assert got.backend == "nccl" and got.device == "cuda" and got.max_abs_diff < 1e-4
     assert got.bytes_sent == got.bytes_predicted
+
+
+# -- a launcher killed outright (SIGKILL, the OOM killer) leaves nothing behind --------------------------------------
+
+WITHIN_S = 60.0  # a bound for a failure to show, not a measure: each wait ends as soon as its state is reached
+LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                           reason="PR_SET_PDEATHSIG is Linux's (elsewhere the launcher's pipe alone tells a rank)")
+
+
+def wait_for(what: str, reached, within_s: float = WITHIN_S):
+    """Poll `reached()` until it returns something true, and return that; fail naming `what` past `within_s`."""
+    end = time.monotonic() + within_s
+    while not (got := reached()):
+        if time.monotonic() > end:
+            pytest.fail(f"{what}: not within {within_s:g} s")
+        time.sleep(0.05)
+    return got
+
+
+def alive(process: psutil.Process) -> bool:
+    """Running, and not a zombie (an orphan's reaper, a container's init, may never reap it)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def in_group(process: psutil.Process) -> bool:
+    """A rank that joined the process group: gloo's TCP connection to the other rank is established."""
+    try:
+        return any(c.status == psutil.CONN_ESTABLISHED for c in process.net_connections(kind="tcp"))
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def first_line(process: subprocess.Popen, within_s: float = WITHIN_S) -> str:
+    """The process's first line of output, waited for at most `within_s` ('' if none came)."""
+    ready, _, _ = select.select([process.stdout], [], [], within_s)
+    return process.stdout.readline().strip() if ready else ""
+
+
+@contextlib.contextmanager
+def killed_after(processes: list):
+    """Whatever of `processes` (psutil) is still alive at the end is killed, so a failing test leaves none."""
+    try:
+        yield processes
+    finally:
+        for p in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+
+
+LAUNCHER = """
+from attn_core import distributed as D
+said = []
+def cancel():  # asked every 0.2 s once every rank has started: says so once, never cancels
+    if not said:
+        said.append(print("started", flush=True))
+    return False
+D.run("ring", n=64, memory=False, warmup=0, fail_rank=1, failure="stall", timeout_s=600, cancel=cancel)
+"""
+
+
+def test_a_launcher_killed_outright_takes_its_forkserver_and_ranks_with_it():
+    """Mid-run (rank 1 stalled for ten timeouts of 600 s, rank 0 waiting on it) the launcher is SIGKILLed, so its
+    `finally` never runs: the forkserver, both ranks and the resource tracker end with it, not at a timeout."""
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    with killed_after([]) as left:
+        try:
+            assert first_line(launcher) == "started"
+            tree = psutil.Process(launcher.pid)
+            server = wait_for("the launcher's forkserver", lambda: next(
+                (p for p in tree.children() if "forkserver" in " ".join(p.cmdline())), None))
+            wait_for("two ranks in one process group", lambda: len(ranks := server.children()) == 2
+                     and all(map(in_group, ranks)))
+            left += tree.children(recursive=True)
+        finally:
+            launcher.kill()
+            launcher.wait()
+        assert len(left) == 4  # the forkserver, its two ranks and multiprocessing's resource tracker
+        wait_for("every process below the killed launcher ending", lambda: not any(map(alive, left)))
+
+
+ORPHAN = """
+import os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import os, time; from attn_core import distributed as D; "
+                          "D._die_with_parent(os.getppid()); print('ready', os.getpid(), flush=True); time.sleep(600)"])
+child.wait()
+"""
+
+
+@LINUX
+def test_the_kernel_ends_a_rank_whose_parent_ends():
+    """The parent-death signal alone: a process that asked for it, its parent SIGKILLed (the forkserver, for a
+    rank); nothing else watches the parent."""
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    with killed_after([]) as left:
+        try:
+            said = first_line(parent).split()
+            assert said[:1] == ["ready"], said
+            left.append(psutil.Process(int(said[1])))
+        finally:
+            parent.kill()
+            parent.wait()
+        wait_for("the child of the killed parent ending", lambda: not alive(left[0]))
+
+
+@LINUX
+def test_a_rank_whose_parent_ended_before_it_asked_ends_at_once():
+    """A parent gone before the request was in place cannot signal: the rank sees another parent and ends."""
+    script = "import os, sys; from attn_core import distributed as D; D._die_with_parent({}); print('alive')"
+    gone = subprocess.run([sys.executable, "-c", script.format("os.getppid() + 1")], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert gone.returncode == D.ORPHANED and gone.stdout == "", gone.stderr
+    here = subprocess.run([sys.executable, "-c", script.format("os.getppid()")], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert here.returncode == 0 and here.stdout == "alive\n", here.stderr
+
+
+def watching_rank() -> None:
+    """A rank's lifeline without the kernel's signal, as where there is none: the launcher's pipe alone."""
+    D._die_with_parent = lambda parent: None
+    D._lifeline(os.getppid())
+    print("ready", os.getpid(), flush=True)
+    time.sleep(600)
+
+
+SPAWNER = """
+import multiprocessing
+from tests.test_distributed import watching_rank
+if __name__ == "__main__":
+    child = multiprocessing.get_context("spawn").Process(target=watching_rank)
+    child.start()
+    child.join()
+"""
+
+
+def test_a_rank_ends_when_the_launchers_pipe_closes():
+    """The portable fallback: a spawned rank whose launcher is SIGKILLed sees its pipe close, and ends."""
+    launcher = subprocess.Popen([sys.executable, "-c", SPAWNER], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    with killed_after([]) as left:
+        try:
+            said = first_line(launcher).split()
+            assert said[:1] == ["ready"], said
+            left.append(psutil.Process(int(said[1])))
+        finally:
+            launcher.kill()
+            launcher.wait()
+        wait_for("the rank of the killed launcher ending", lambda: not alive(left[0]))
+

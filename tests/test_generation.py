@@ -10,7 +10,8 @@ import torch
 import attn_core as ac
 from attn_core import generation as gen
 from attn_core.spec import Shape
-from tests.baselines import (allowed, differential_reference, elu_plus_one, gated_delta_reference, kernel_attention,
+from tests.baselines import (allowed, differential_reference, elu_plus_one, gated_delta_reference, kda_reference,
+                             kernel_attention,
                              masked_softmax, nsa_reference, positive_random_features, sigmoid_reference,
                              ssd_recurrence, topk_reference, trace_peak_bytes)
 from tests.copies import with_copies
@@ -83,6 +84,7 @@ BASELINES = with_copies({  # key → out of (q, k, v, params, state) written ind
     "sigmoid": lambda q, k, v, p, s: sigmoid_reference(q, k, v, True, p["bias"]),
     "mamba2": lambda q, k, v, p, s: ssd_recurrence(q, k, v, s["dt"], s["A"]),
     "gated_deltanet": lambda q, k, v, p, s: gated_delta_reference(q, k, v, s["alpha"], s["beta"]),
+    "kda": lambda q, k, v, p, s: kda_reference(q, k, v, s["alpha"], s["beta"]),
     "nsa": lambda q, k, v, p, s: nsa_reference(q, k, v, **s, **p),
     "topk": lambda q, k, v, p, s: topk_reference(q, k, v, True, p["top_k"], s["index_q"], s["index_k"], s["index_w"]),
 })
@@ -298,3 +300,54 @@ def test_remember_holds_what_prefill_holds():
         b = gen.remember(key, k, v, **params)
         assert (a.key, a.length, a.nbytes) == (b.key, b.length, b.nbytes)
         assert all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors())), key
+
+
+SEEDED = [key for key in GENERATES if ac.MECHANISMS[key].state.init is not None]
+
+
+@pytest.mark.parametrize("key", SEEDED)
+@pytest.mark.parametrize("n0,max_len", [(1, None), (9, None), (9, N)])  # the stream run on by steps, or at once
+def test_seeded_generation_equals_the_seeded_forward_pass(key, n0, max_len):
+    """Only a seed, no state: the prompt draws its state, each step the state of its own position, as the forward
+    pass over the whole sequence draws it from the same seed (a state that changed with n would differ here)."""
+    q, k, v = qkv(seed=3)
+    params = {p.name: p.small_value(N) for p in ac.MECHANISMS[key].params}
+    got, cache, _ = generate(key, q, k, v, n0, max_len=max_len, seed=11, **params)
+    assert cache.length == N
+    torch.testing.assert_close(got, ac.attention(key, q, k, v, causal=True, seed=11, **params), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("key", SEEDED)
+def test_the_seeded_state_of_a_shorter_sequence_is_the_first_tokens_of_a_longer(key):
+    """Per-token state (gates, step sizes) of n = 8 is the first 8 tokens' of n = 16; the rest is the same."""
+    params = {p.name: p.small_value(8) for p in ac.MECHANISMS[key].params}
+    short, long = (ac.make_state(key, Shape(B, H, n, n, D, causal=True), seed=5, **params) for n in (8, 16))
+    assert short.keys() == long.keys()
+    for name, t in short.items():
+        grown = [i for i, (a, b) in enumerate(zip(t.shape, long[name].shape)) if a != b]  # the tokens' axis, if any
+        assert len(grown) <= 1 and all(t.shape[i] == 8 for i in grown), (name, t.shape, long[name].shape)
+        first = long[name].narrow(grown[0], 0, 8) if grown else long[name]
+        torch.testing.assert_close(t, first, atol=0, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("call", [
+    lambda q, k, v: ac.attention("softmax", q, k, v, causal=True, seed=0),
+    lambda q, k, v: gen.prefill("linear", q, k, v, seed=0),
+    lambda q, k, v: gen.remember("sliding_window", k, v, seed=1),
+    lambda q, k, v: gen.cache_bytes("softmax", Shape(B, H, N, N, D), seed=0),
+])
+def test_a_seed_for_a_mechanism_without_random_state_is_refused_with_a_sentence(call):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="draws no random state, so it takes no seed; drop seed=, or choose a "
+                                         "mechanism that does: .*performer.*mamba2"):
+        call(q, k, v)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, "0", True])
+def test_a_seed_that_is_no_64_bit_whole_number_is_refused_with_a_sentence(seed):
+    q, k, v = qkv()
+    for call in (lambda: ac.attention("mamba2", q, k, v, causal=True, seed=seed),
+                 lambda: gen.prefill("performer", q, k, v, features=8, seed=seed),
+                 lambda: ac.make_state("performer", Shape(B, H, N, N, D), seed=seed, features=8)):
+        with pytest.raises(ValueError, match=r"seed must be a whole number from 0 to 2\*\*63 - 1, got"):
+            call()

@@ -156,6 +156,25 @@ def test_a_step_past_the_given_step_sizes_reuses_the_last_and_rewinding_moves_th
     assert cache.mark() == mark == (8,)
 
 
+@pytest.mark.parametrize("max_len", [None, 20])
+def test_seeded_generation_reads_the_step_sizes_a_forward_pass_draws_at_each_position(max_len):
+    """Only a seed: the prompt of 5 draws its 5 step sizes; each step the one the seed gives its position over 20
+    tokens (run on past the prompt), not the prompt's last one; the decays are the same whatever the length."""
+    q, k, v, state = inputs(20, B=2, H=3, Hk=3, seed=4)
+    short = mamba2.init_state(Shape(2, 3, 8, 8, 8), dtype=torch.float64, seed=9)
+    long = mamba2.init_state(Shape(2, 3, 20, 20, 8), dtype=torch.float64, seed=9)
+    assert torch.equal(short["dt"], long["dt"][..., :8]) and torch.equal(short["A"], long["A"])
+    out, cache = gen.prefill("mamba2", q[:, :, :5], k[:, :, :5], v[:, :, :5], chunk=4, seed=9, max_len=max_len)
+    outs = [out]
+    for t in range(5, 20):
+        o, cache = gen.step("mamba2", q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], cache)
+        outs.append(o)
+    want = recurrence(q, k, v, **long)
+    torch.testing.assert_close(torch.cat(outs, dim=2), want, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(ac.attention("mamba2", q, k, v, causal=True, chunk=4, seed=9), want, atol=1e-12,
+                               rtol=1e-10)
+
+
 def test_a_step_with_other_heads_than_the_state_is_refused():
     q, k, v, state = inputs(9)
     cache = gen.remember("mamba2", k, v, **state)

@@ -147,6 +147,98 @@ def test_the_cli_refuses_bad_settings_before_training(argv, words):
     assert main(["recall", *argv], out, err) == 2 and words in err.getvalue() and not out.getvalue()
 
 
+@pytest.mark.parametrize("changes, words", [
+    ({"vocab": 1 << 40}, "vocab must be a whole number from 4 to 1,048,576"),
+    ({"seq": 1 << 30}, "seq must be a whole number from 4 to 65,536"),
+    ({"d_model": 1 << 20, "heads": 1}, "d_model must be a whole number from 1 to 16,384"),
+    ({"layers": 1000}, "layers must be a whole number from 1 to 64"),
+    ({"heads": 1 << 20}, "heads must be a whole number from 1 to 1,024"),
+    ({"batch": 1 << 30}, "batch must be a whole number from 1 to 65,536"),
+    ({"steps": 10**9}, "steps must be a whole number from 1 to 1,000,000"),
+    ({"eval_sequences": 1 << 40}, "eval_sequences must be a whole number from 1 to 1,048,576"),
+    ({"eval_every": 0}, "eval_every must be a whole number from 1"),
+    ({"seed": -1}, "seed must be a whole number from 0 to 4,294,967,295"),
+    ({"seed": 1 << 63}, "seed must be a whole number from 0 to 4,294,967,295"),
+    ({"threads": 10**5}, "threads must be a whole number from 1 to"),
+    ({"lrs": (1e-3,) * 100}, "learning rates must be 1 to 16 numbers"),
+])
+def test_every_setting_has_a_range_refused_with_a_sentence(changes, words):
+    with pytest.raises(ValueError, match=words):
+        recall.with_setup(TINY, **changes)
+
+
+@pytest.mark.parametrize("count, seed, words", [(10**12, 0, "count must be a whole number of sequences from 1 to"),
+                                                 (0, 0, "count must be"), (4, -1, "seed must be a whole number"),
+                                                 (4, 1 << 64, "seed must be a whole number")])
+def test_drawing_sequences_is_bounded_before_it_allocates(count, seed, words):
+    with pytest.raises(ValueError, match=words):
+        mqar(Task(), count, seed)
+
+
+@pytest.mark.parametrize("device, available, words", [
+    ("meta", True, "device 'meta' is not a device recall trains on; choose cpu"),
+    ("cuda", False, "device 'cuda' is not available on this machine; choose cpu"),
+])
+def test_a_device_this_machine_has_not_is_refused_with_a_sentence(device, available, words, monkeypatch):
+    if not available:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["recall", "--device", device, *TINY_ARGS], out, err) == 2, err.getvalue()
+    assert words in err.getvalue() and not out.getvalue()
+
+
+def test_settings_in_range_that_would_not_fit_are_refused_before_training():
+    """Each in its range, together 100 TB: the sentence names the part that needs the most and what shrinks it."""
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["recall", "--mechanisms", "softmax", "--vocab", "1048576", "--seq", "65536", "--eval", "1048576"],
+                out, err)
+    assert code == 2 and not out.getvalue()
+    assert err.getvalue().startswith("error: training Softmax (materialized) at these settings would need ")
+    assert "(the evaluation pass" in err.getvalue() and "choose a smaller seq, vocab or batch" in err.getvalue()
+
+
+@pytest.mark.parametrize("changes, part, advice", [
+    ({}, "evaluation pass", "a smaller seq, vocab or batch"),
+    ({"d_model": 2048, "layers": 16, "heads": 8}, "model and optimizer", "a smaller vocab or d_model"),
+    ({"batch": 1024}, "training step", "a smaller batch, seq or d_model"),
+    ({"eval_sequences": 1 << 20, "vocab": 4096}, "held-out sequences", "fewer held-out sequences (eval)"),
+])
+def test_the_memory_guard_names_the_part_that_needs_the_most(changes, part, advice, monkeypatch):
+    from attn_core.engine import env
+
+    setup = recall.with_setup(recall.Setup(), **changes)
+    parts = recall.required_bytes("softmax", {}, setup)
+    assert max(parts, key=parts.get) == part
+    why = recall.memory_problem("softmax", {}, setup, limit=1024)
+    assert f"(the {part} " in why and "1.0 KiB free on cpu under the limit set; choose " + advice in why
+    monkeypatch.setattr(env, "free_memory_bytes", lambda device: 1 << 50)  # a machine of 1 PiB
+    assert recall.memory_problem("softmax", {}, setup) == ""
+
+
+def test_nothing_is_allocated_when_memory_would_not_fit(monkeypatch):
+    from attn_core.engine import env
+
+    built = []
+    monkeypatch.setattr(env, "free_memory_bytes", lambda device: 1 << 20)  # 1 MiB free
+    monkeypatch.setattr(recall, "mqar", lambda *a, **k: built.append("data"))
+    monkeypatch.setattr(recall, "RecallModel", lambda *a, **k: built.append("model"))
+    with pytest.raises(ValueError, match=r"would need .* 1\.0 MiB free on cpu; choose"):
+        recall.train("softmax", {}, recall.Setup())
+    assert built == []
+
+
+@pytest.mark.parametrize("key", ["softmax", "gated_deltanet"])
+def test_the_estimate_covers_what_training_allocates(key):
+    """The guard's estimate against the peak the profiler sees over a whole (short) training: at least it, and not
+    so far above that a run which fits is refused (within 3×)."""
+    from tests.test_mechanisms import profiled_peak
+
+    setup = recall.with_setup(TINY, steps=2, eval_sequences=64)
+    estimate = recall.peak_bytes(recall.required_bytes(key, recall.check_mechanism(key, {}, setup), setup))
+    peak = profiled_peak(lambda: recall.train(key, {}, setup))
+    assert peak <= estimate <= 3 * peak
+
+
 def test_the_scatter_draws_each_mechanism_on_a_log_axis_and_names_those_without_a_state():
     table = recall.frame([{"mechanism": "softmax", "accuracy": 1.0, "state_bytes": 8192.0, "train_s": 3.0},
                           {"mechanism": "sliding_window:window=4", "accuracy": 0.1, "state_bytes": 1280.0,

@@ -24,14 +24,29 @@ CAUSAL_ONLY = ("the state-space recurrence h_t = exp(dt_t·A)·h_{t−1} + dt_t�
 
 def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0, chunk: int = 64) -> dict:
     """{'dt': (B, H, Nk) step sizes, 'A': (H,) decay rates}, seeded, as Mamba-2's reference code initialises them:
-    dt log-uniform in [0.001, 0.1] (floored at 1e-4; one draw per token and head, as the softplus of dt's bias gives
-    before the input's own projection adds to it) and A = −uniform(1, 16). `chunk` is checked, not used."""
+    A = −uniform(1, 16), and dt log-uniform in [0.001, 0.1] (floored at 1e-4; one draw per token and head, as the
+    softplus of dt's bias gives before the input's own projection adds to it), `draw_dt`. The decays and the first m
+    tokens' step sizes are the same whatever Nk, so a generated token gets what a forward pass over the longer
+    sequence gives it. `chunk` is checked, not used."""
     SPEC.check_params({"chunk": chunk}, shape)
+    A, _ = _decays(shape.H, seed)
+    return {"dt": draw_dt(shape.B, shape.H, shape.Nk, seed=seed, device=device, dtype=dtype),
+            "A": A.to(device=device, dtype=dtype)}
+
+
+def _decays(heads: int, seed: int) -> tuple[torch.Tensor, torch.Generator]:
+    """(A = −uniform(1, 16) per head in float64, the seed's stream after those draws, where the step sizes start)."""
     g = torch.Generator().manual_seed(seed)
+    return -torch.empty(heads, dtype=torch.float64).uniform_(*A_RANGE, generator=g), g
+
+
+def draw_dt(B: int, H: int, n: int, *, seed: int = 0, device=None, dtype=torch.float32) -> torch.Tensor:
+    """Step sizes (B, H, n), log-uniform in DT_RANGE and floored at DT_FLOOR: drawn after the decays, position by
+    position (all B·H of one token, then the next token's), so that the first m are the same whatever n."""
+    _, g = _decays(H, seed)
     lo, hi = (math.log(x) for x in DT_RANGE)
-    dt = torch.rand(shape.B, shape.H, shape.Nk, generator=g, dtype=torch.float64).mul_(hi - lo).add_(lo).exp_()
-    a = -torch.empty(shape.H, dtype=torch.float64).uniform_(*A_RANGE, generator=g)
-    return {"dt": dt.clamp_(min=DT_FLOOR).to(device=device, dtype=dtype), "A": a.to(device=device, dtype=dtype)}
+    dt = torch.rand(n, B, H, generator=g, dtype=torch.float64).mul_(hi - lo).add_(lo).exp_().clamp_(min=DT_FLOOR)
+    return dt.permute(1, 2, 0).to(device=device, dtype=dtype).contiguous()
 
 
 def retention_state(shape: Shape, device=None, dtype=torch.float32) -> dict:
@@ -197,16 +212,43 @@ def _above(c: int, device) -> torch.Tensor:
 class SSMCache(Cache):
     """The state of Mamba-2's recurrence after the tokens so far: `h` (B, H, D, D), one D × D state per query head
     (each head decays at its own rate), in the work dtype (float32 for half inputs). `dt` (B, H, L) and `A` (H,) are
-    references to the caller's step sizes and decays, not counted in `nbytes`: the step of the token at position t
-    reads dt[..., t], or the last given step size past dt's end (a prompt's dt may run on over the tokens to
-    generate). `mark`/`rewind` move the position only: what a step folded into `h` stays (`Cache.rewind`)."""
+    the step sizes and decays of the tokens, inputs of future steps, not counted in `nbytes`: the step of the token
+    at position t reads dt[..., t]. Past dt's end, a step size drawn from `seed` (dt was drawn, not given: the
+    seeded stream goes on, `draw_dt`, as a forward pass over the longer sequence draws it), or the last given one
+    (a caller's dt may run on over the tokens to generate). `mark`/`rewind` move the position only: what a step
+    folded into `h` stays (`Cache.rewind`)."""
 
-    def __init__(self, params, k: torch.Tensor, h: torch.Tensor, dt: torch.Tensor, A: torch.Tensor):
+    def __init__(self, params, k: torch.Tensor, h: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                 seed: int | None = None):
         super().__init__(params, k)
-        self.h, self.dt, self.A = h, dt, A
+        self.h, self.dt, self.A, self.seed = h, dt, A, seed
+
+    def next_dt(self) -> torch.Tensor:
+        """The step sizes (B, H) of the token at position `length`; past a seeded stream, those of positions up to
+        twice as far are drawn first (once, amortized O(1) a token)."""
+        t = self.length
+        if t >= self.dt.shape[-1]:
+            if self.seed is None:
+                return self.dt[:, :, -1]
+            self.dt = _seeded(self.dt, 2 * t + 1, self.seed)
+        return self.dt[:, :, t]
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.h,)
+
+
+def _seeded(dt: torch.Tensor, stop: int, seed: int) -> torch.Tensor:
+    """Drawn step sizes (B, H, L) run on to `stop` positions by the same seed (the first L are the same)."""
+    if dt.shape[-1] >= stop:
+        return dt
+    return draw_dt(dt.shape[0], dt.shape[1], stop, seed=seed, device=dt.device, dtype=dt.dtype)
+
+
+def _cache(k, h, drawn, dt, A, chunk: int, seed: int, max_len: int | None) -> SSMCache:
+    """The cache after a prompt: `dt` as given, or the prompt's `drawn` step sizes run on by `seed` to `max_len`."""
+    if dt is not None:
+        return SSMCache({"chunk": chunk}, k, h, dt, A)
+    return SSMCache({"chunk": chunk}, k, h, _seeded(drawn, max(max_len or 0, k.shape[2] + 1), seed), A, seed)
 
 
 def _prefill(q, k, v, *, max_len: int | None = None, chunk: int = 64, dt=None, A=None, seed: int = 0):
@@ -214,7 +256,7 @@ def _prefill(q, k, v, *, max_len: int | None = None, chunk: int = 64, dt=None, A
     shape = Shape.of(q, k, True)
     prompt, A = _state(shape, q, _prompt_dt(shape, dt), A, seed, chunk)
     out, h = ssd(q, k, v, prompt, A, chunk)
-    return out, SSMCache({"chunk": chunk}, k, h, prompt if dt is None else dt, A)
+    return out, _cache(k, h, prompt, dt, A, chunk, seed, max_len)
 
 
 def _remember(k, v, *, max_len: int | None = None, chunk: int = 64, dt=None, A=None, seed: int = 0) -> SSMCache:
@@ -223,7 +265,7 @@ def _remember(k, v, *, max_len: int | None = None, chunk: int = 64, dt=None, A=N
     shape = Shape(k.shape[0], _heads(k, dt, A), k.shape[2], k.shape[2], k.shape[3],
                   dtype=str(k.dtype).removeprefix("torch."), causal=True, Hk=k.shape[1])
     prompt, A = _state(shape, k, _prompt_dt(shape, dt), A, seed, chunk)
-    return SSMCache({"chunk": chunk}, k, ssd_state(k, v, prompt, A, chunk, shape.H), prompt if dt is None else dt, A)
+    return _cache(k, ssd_state(k, v, prompt, A, chunk, shape.H), prompt, dt, A, chunk, seed, max_len)
 
 
 def _heads(k, dt, A) -> int:
@@ -247,8 +289,7 @@ def _step(q, k, v, cache: SSMCache):
     if q.shape[1] != H and not trusted():
         raise ValueError(f"q has {q.shape[1]} heads but this state was built for {H} (the heads of its dt and A); "
                          f"step with {H} query heads, or remember the prompt with dt and A for {q.shape[1]}")
-    t = min(cache.length, cache.dt.shape[-1] - 1)
-    dt = cache.dt[:, :, t].to(work)  # (B, H)
+    dt = cache.next_dt().to(work)  # (B, H)
     h = cache.h.view(B, kh, H // kh, d, dv)
     h.mul_((dt * cache.A.to(work)).exp_().view(B, kh, -1, 1, 1))
     h.addcmul_(k.to(work).transpose(-2, -1).unsqueeze(2) * dt.view(B, kh, -1, 1, 1), v.to(work).unsqueeze(2))
