@@ -22,13 +22,14 @@ import threading
 from typing import Sequence, TextIO
 
 from . import planner, planner_measure, recall, store
-from .files import write_atomic
+from .files import read_regular, write_atomic
 from .flex import IMPLEMENTATIONS
 from .engine import analysis, env, job as sweep_job, worker
 from .mechanisms import LATENT, MECHANISMS
 from .engine.measure import format_bytes, resolve_mechanisms
 from .engine.results import Run, RunFileError, load_run, save_run
 from .spec import DTYPE_BYTES
+from .untrusted import printable, terminal
 from .engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 from .engine.job import Job, Progress
 from .engine.lock import LOCK_WAIT_S
@@ -38,6 +39,7 @@ from .engine.problem import MODES, Problem, Settings, sharing
 
 EXIT_OK, EXIT_POINTS, EXIT_USAGE, EXIT_BUSY, EXIT_UNSAVED, EXIT_SIGNALLED = 0, 1, 2, 3, 4, 128  # 128 + signal
 MAX_SIZE = 2**60  # 1 EiB: the largest --memory-limit
+LIST_CHARS = 60  # of a name, machine or label from a file in a table printed on the terminal (`runs list`, `show`)
 # Ctrl-C, `timeout` or a container stop, a closed terminal: each cancels the sweep and saves what it measured.
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
@@ -266,7 +268,7 @@ def run_recall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> in
         for key, params in args.mechanisms:
             recall.check_mechanism(key, dict(params), setup)
     except ValueError as e:
-        err.write(f"error: {e}\n")
+        err.write(f"error: {printable(e)}\n")
         return EXIT_USAGE
     if args.out and (problem := out_problem(args.out)):
         err.write(f"error: {problem}\n")
@@ -326,32 +328,32 @@ def run_plan_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         made = planner.plan(model, args.context, batch=args.batch, dtype=args.dtype)
         predicted = _measured_plan(made, args.budget, err) if args.measure else None
     except (ValueError, OSError) as e:
-        err.write(f"error: {e}\n")
+        err.write(f"error: {printable(e)}\n")
         return EXIT_USAGE
     if args.json:
         out.write(json.dumps({**made.as_dict(), **({"predicted": predicted.as_dict()} if predicted else {})},
                              indent=2) + "\n")
         return EXIT_OK
-    out.write(f"{model.name} at {made.context:,} tokens, batch {made.batch}, cache in {made.dtype}"
-              f"{f' ({model.source})' if model.source else ''}\n")
+    out.write(f"{terminal(model.name)} at {made.context:,} tokens, batch {made.batch}, cache in {made.dtype}"
+              f"{f' ({terminal(model.source, 1000)})' if model.source else ''}\n")
     for p in made.kinds:
         what = "keys and values" if p.kind == "kv" else "recurrent state"
-        out.write(f"  {p.layer.count:4d} × {p.layer.name:32s} {p.layer.mechanism:15s} {what:16s} "
+        out.write(f"  {p.layer.count:4d} × {terminal(p.layer.name, 80):32s} {p.layer.mechanism:15s} {what:16s} "
                   f"{format_bytes(p.bytes_per_layer):>10s} a layer, {format_bytes(p.cache_bytes):>10s} in all\n")
     out.write(f"  KV cache {format_bytes(made.kv_cache_bytes)}, recurrent state {format_bytes(made.state_bytes)}; "
               f"prefill attention {made.prefill_flops:.3g} FLOPs; a new token reads "
               f"{format_bytes(made.decode_bytes)}\n")
     for note in made.notes:
-        out.write(f"note: {note}\n")
+        out.write(f"note: {printable(note)}\n")
     if predicted:
         out.write(f"  predicted prefill of {made.context:,} tokens: {predicted.prefill_s:.3g} s "
                   f"({predicted.prefill_method})\n"
                   f"  predicted decode: {predicted.tokens_per_s:.3g} tokens/s, {predicted.decode_s:.3g} s a step "
                   f"({predicted.decode_method})\n")
         for kind in predicted.kinds:
-            out.write(f"    {kind.layer.name}: {kind.prefill_method}; {kind.decode_method}\n")
+            out.write(f"    {terminal(kind.layer.name, 80)}: {kind.prefill_method}; {kind.decode_method}\n")
         for note in predicted.notes:
-            out.write(f"note: {note}\n")
+            out.write(f"note: {printable(note)}\n")
     return EXIT_OK
 
 
@@ -363,12 +365,15 @@ def _measured_plan(made: planner.Plan, budget_s: float, err: TextIO) -> planner_
 
 
 def _read_model(path: str) -> str:
-    """A model file's text, at most 1 MiB (a model is a few hundred bytes)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read((1 << 20) + 1)  # one past the limit: enough to tell a larger file
-    if len(text) > 1 << 20:
+    """A model file's text, at most 1 MiB (a model is a few hundred bytes); a folder, pipe or device is refused
+    (read_regular), not waited on."""
+    data = read_regular(path, (1 << 20) + 1)  # one past the limit: enough to tell a larger file
+    if len(data) > 1 << 20:
         raise ValueError(f"{path} is larger than 1 MiB: it is not a model file")
-    return text
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text: it is not a model file") from None
 
 
 def config_from_args(args: argparse.Namespace) -> SweepConfig:
@@ -429,6 +434,7 @@ def format_summary(frame) -> str:
     table = analysis.summary(frame)
     if table.empty:
         return "no points"
+    table["series"] = table["series"].map(lambda text: terminal(text, LIST_CHARS))  # labels from a file, one line
     shown = table[["series", "ok_points", "points", "time_exponent", "memory_exponent", "speedup_vs_softmax",
                    "memory_saving_vs_softmax", "speedup_vs_sdpa", "memory_saving_vs_sdpa", "gflops",
                    "pct_of_device"]].rename(columns={
@@ -439,13 +445,14 @@ def format_summary(frame) -> str:
     lines = [shown.to_string(index=False, float_format=lambda x: f"{x:.2f}", na_rep="–")]
     problems = frame[~frame["status"].isin(["ok"])]
     for _, row in problems.iterrows():
-        lines.append(f"  {row['mechanism']} n={row['n']}: {row['status']}: {row['reason']}")
+        lines.append(f"  {terminal(row['mechanism'], LIST_CHARS)} n={row['n']}: {row['status']}: "
+                     f"{terminal(row['reason'], 500)}")
     lines += _memory_lines(frame[frame["status"] == "ok"])
-    lines += [f"note: {row['series']}: {row['note']}" for _, row in table.iterrows() if row["note"]]
+    lines += [f"note: {row['series']}: {terminal(row['note'], 500)}" for _, row in table.iterrows() if row["note"]]
     lines += [text for text in (analysis.mode_note(frame), analysis.precision_note(frame),
                                 analysis.contention_summary(frame),
                                 analysis.stopped_note(frame), *analysis.summary_notes(frame)) if text]
-    return "\n".join(lines)
+    return printable("\n".join(lines), keep="\n")  # the file's texts are one line each by now: the rest is ours
 
 
 def _memory_lines(ok) -> list[str]:
@@ -453,13 +460,13 @@ def _memory_lines(ok) -> list[str]:
     lines = []
     methods = sorted({m for m in ok["memory_method"] if m and not m.startswith("not measured")})
     if methods:
-        lines.append("memory: " + "; ".join(methods))
+        lines.append("memory: " + "; ".join(terminal(m, 200) for m in methods))
     unmeasured = ok[ok["peak_bytes"].isna()]
     if len(unmeasured):
         why = sorted({m.removeprefix("not measured: ") for m in unmeasured["memory_method"]
                       if m.startswith("not measured")})
         lines.append(f"memory not measured at {len(unmeasured)} of {len(ok)} measured points"
-                     + (f" ({'; '.join(why)})" if why else ""))
+                     + (f" ({'; '.join(terminal(w, 200) for w in why)})" if why else ""))
     return lines
 
 
@@ -586,7 +593,7 @@ def run_sweep_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     with StopSignals() as stops:
         out, err = follow_or_cancel(job, stops, out, err, args.quiet)
         if job.error:
-            err.write(f"error: {job.error}\n")
+            err.write(f"error: {printable(job.error)}\n")
             return EXIT_BUSY
         result = job.result()
         err.write(f"{len(result.frame)} points in {job.progress.elapsed_s:.1f} s\n")
@@ -660,9 +667,9 @@ def run_show_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         run = load_run(args.path, name=args.path)
     except RunFileError as e:
-        err.write(f"error: {e}\n")
+        err.write(f"error: {printable(e)}\n")
         return EXIT_USAGE
-    stamp = run.env
+    stamp = {key: terminal(value, 80) for key, value in run.env.items()}  # a file's text, one short line each
     out.write(f"{stamp.get('device_name', '?')} ({stamp.get('device', '?')}), torch {stamp.get('torch', '?')}, "
               f"{stamp.get('dtype', '?')}, {stamp.get('threads', '?')} threads, {stamp.get('timestamp', '?')}\n")
     out.write(format_summary(run.frame) + "\n")
@@ -734,7 +741,7 @@ def run_runs_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         with store.Store(args.store, readonly=args.verb in ("list", "show", "export")) as kept:
             return _RUNS_VERBS[args.verb](kept, args, out, err)
     except (store.StoreError, RunFileError, OSError, ValueError) as e:
-        err.write(f"error: {e}\n")
+        err.write(f"error: {printable(e)}\n")
         return EXIT_USAGE
 
 
@@ -745,14 +752,18 @@ def _runs_list(kept: store.Store, args: argparse.Namespace, out: TextIO, err: Te
     elif history.empty:
         err.write(f"no runs in {kept.path}\n")
     else:
-        out.write(history.drop(columns="note").to_string(index=False) + "\n")
+        shown = history.drop(columns="note")
+        for column in ("created", "name", "machine", "mechanisms", "sizes", "status"):
+            shown[column] = shown[column].map(lambda text: terminal("" if text is None else text, LIST_CHARS))
+        out.write(shown.to_string(index=False) + "\n")
     return EXIT_OK
 
 
 def _runs_show(kept: store.Store, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     info, run = kept.info(args.id), kept.run(args.id)
-    out.write(f"run {info['id']} {info['name']!r}, {info['status']}, created {info['created']}"
-              + (f"; note: {info['note']}" if info["note"] else "") + "\n")
+    out.write(f"run {info['id']} '{terminal(info['name'], 200)}', {terminal(info['status'], 40)}, created "
+              f"{terminal(info['created'], 40)}" + (f"; note: {terminal(info['note'], 2000)}" if info["note"] else "")
+              + "\n")
     out.write(format_summary(run.frame) + "\n")
     return EXIT_OK
 
@@ -760,7 +771,8 @@ def _runs_show(kept: store.Store, args: argparse.Namespace, out: TextIO, err: Te
 def _runs_export(kept: store.Store, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if why := out_problem(args.out):
         raise ValueError(why)
-    save_run(kept.run(args.id), args.out)
+    data = store.export_bytes(kept.run(args.id), os.path.splitext(args.out)[1], f"run {args.id}")
+    write_atomic(args.out, data)  # as save_run writes it: whole, or the file there before kept
     err.write(f"saved run {args.id} to {args.out}\n")
     return EXIT_OK
 
@@ -781,6 +793,13 @@ def _runs_import(kept: store.Store, args: argparse.Namespace, out: TextIO, err: 
 
 
 def _runs_prune(kept: store.Store, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.keep is not None and args.keep < 0:
+        raise ValueError(f"--keep {args.keep}: give the number of newest runs to keep, 0 or more")
+    if args.days is not None and not (math.isfinite(args.days) and args.days >= 0):
+        raise ValueError(f"--days {args.days!r}: give the age in days as a finite number, 0 or more")
+    if args.keep is None and args.days is None:
+        raise ValueError("say what to prune: --keep N keeps the N newest runs, --days D deletes those older than D "
+                         "days")
     before = kept.size_bytes()
     gone = kept.prune(keep=args.keep, older_than_days=args.days)
     err.write(f"deleted {_count(gone, 'run')}; the store went from {format_bytes(before)} to "
@@ -794,13 +813,15 @@ _RUNS_VERBS = {"list": _runs_list, "show": _runs_show, "export": _runs_export, "
 
 def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Measure what run `args.id` lacks into it; the exit codes of sweep."""
+    if (why := _wait_problem(args.wait)) is not None:
+        raise ValueError(why)
     with store.Store(args.store, readonly=True) as kept:
-        first = kept.run(args.id).config
-        first = first.get("sweeps", [first])[0] if isinstance(first, dict) else {}
-        here = env.environment(env.resolve_device(first.get("device", "auto")), first.get("dtype", "float32"), None)
+        first = store.resumable(kept, args.id)[0]
+        here = env.environment(env.resolve_device(str(first.get("device", "auto"))),
+                               str(first.get("dtype", "float32")), None)
         plan = store.resume_plan(kept, args.id, here)
     for note in plan.notes:
-        err.write(f"note: {note}\n")
+        err.write(f"note: {printable(note)}\n")
     if not plan.sweeps:
         err.write(f"run {args.id} lacks no point\n")
         return EXIT_OK
@@ -811,7 +832,7 @@ def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     with StopSignals() as stops:
         out, err = follow_or_cancel(job, stops, out, err)
     if job.error:
-        err.write(f"error: {job.error}\n")
+        err.write(f"error: {printable(job.error)}\n")
         return EXIT_BUSY
     report_kept(job, err)
     if stops.received:
@@ -869,10 +890,10 @@ def run_distributed_command(args: argparse.Namespace, out: TextIO, err: TextIO) 
                                      lock_wait_s=args.wait, memory_margin=args.memory_margin,
                                      memory_limit_bytes=args.memory_limit)
         except ValueError as e:
-            err.write(f"error: {e}\n")
+            err.write(f"error: {printable(e)}\n")
             return EXIT_USAGE
         except distributed.DistributedError as e:
-            err.write(f"error: {e}\n")
+            err.write(f"error: {printable(e)}\n")
             return EXIT_BUSY
         except KeyboardInterrupt as e:  # Ctrl-C, or Interrupted by another stop signal: the ranks are ended by now
             signum = getattr(e, "signum", signal.SIGINT)

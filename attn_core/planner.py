@@ -18,9 +18,12 @@ import pandas as pd
 
 from .mechanisms import MEASURED
 from .spec import DTYPE_BYTES, Shape
+from .untrusted import clipped, printable, quoted
 
 MAX_CONTEXT = 1 << 20  # 1,048,576 tokens: the longest context a plan is made for
 MAX_SIZE = 1 << 20  # heads, head sizes, windows, ranks and counts above this are typos, not models
+MAX_NAME = 80  # characters of a model's or a layer's name (a hybrid's name is made to fit: hybrid_name)
+MAX_SOURCE = 600  # characters of a model's source kept from a file
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
 _LAYER_FIELDS = ("name", "mechanism", "count", "heads", "head_dim", "kv_heads", "window", "kv_rank", "rope_dim",
                  "state_dim", "prefill_mechanism")
@@ -71,17 +74,17 @@ class Layer:
     def problems(self, where: str = "") -> list[str]:
         """Every reason this layer cannot be planned, each a sentence naming the field; [] when it can."""
         at = f"{where}: " if where else ""
-        found = [f"{at}{name} must be a whole number from 1 to {MAX_SIZE:,}, got {getattr(self, name)!r}"
+        found = [f"{at}{name} must be a whole number from 1 to {MAX_SIZE:,}, got {quoted(getattr(self, name))}"
                  for name in ("count", "heads", "head_dim", "kv_heads", "window", "kv_rank", "rope_dim", "state_dim")
                  if (getattr(self, name) is not None or name in ("count", "heads", "head_dim"))
                  and not _size(getattr(self, name))]
-        if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 80:
-            found.append(f"{at}name must be a text of 1 to 80 characters")
+        if not _name_fits(self.name):
+            found.append(f"{at}name must be a text of 1 to {MAX_NAME} characters")
         spec = MEASURED.get(self.mechanism) if isinstance(self.mechanism, str) else None
         for name in ("mechanism", "prefill_mechanism"):
             key = getattr(self, name)
             if (key is not None or name == "mechanism") and not (isinstance(key, str) and key in MEASURED):
-                found.append(f"{at}{name} {str(key)[:40]!r} is not one this build knows; choose one of "
+                found.append(f"{at}{name} {quoted(str(key))} is not one this build knows; choose one of "
                              f"{', '.join(MEASURED)}")
         if found:
             return found
@@ -123,17 +126,17 @@ class Model:
     def problems(self) -> list[str]:
         """Every reason this model cannot be planned, each a sentence naming the field; [] when it can."""
         found = []
-        if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 80:
-            found.append("name must be a text of 1 to 80 characters")
+        if not _name_fits(self.name):
+            found.append(f"name must be a text of 1 to {MAX_NAME} characters")
         if _dtype(self.dtype) is None:
-            found.append(f"dtype {str(self.dtype)[:20]!r} is unknown; choose {', '.join(DTYPE_BYTES)}")
+            found.append(f"dtype {quoted(str(self.dtype), 20)} is unknown; choose {', '.join(DTYPE_BYTES)}")
         if not _size(self.max_context, MAX_CONTEXT * 16):
             found.append(f"max_context must be a whole number of tokens from 1 to {MAX_CONTEXT * 16:,}, got "
-                         f"{self.max_context!r}")
+                         f"{quoted(self.max_context)}")
         if not isinstance(self.layers, tuple) or not self.layers:
             return found + ["layers must list at least one kind of layer"]
         for i, layer in enumerate(self.layers):
-            found += layer.problems(f"layers[{i}] ({str(layer.name)[:40]})")
+            found += layer.problems(f"layers[{i}] ({clipped(printable(layer.name), 40)})")
             if _size(self.max_context, MAX_CONTEXT * 16) and _size(layer.window) and layer.window > self.max_context:
                 found.append(f"layers[{i}]: window {layer.window:,} is longer than the model's context "
                              f"{self.max_context:,}; a window cannot exceed the context")
@@ -151,25 +154,26 @@ class Model:
         try:
             data = json.loads(text)
         except (ValueError, RecursionError) as e:
-            raise ValueError(f"this is not a model file: it is not JSON ({str(e)[:80]})") from None
+            raise ValueError(f"this is not a model file: it is not JSON ({clipped(printable(e), 80)})") from None
         if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
             raise ValueError("a model file is a JSON object with a list of 'layers'; see Model.to_json")
         unknown = set(data) - {"name", "source", "dtype", "max_context", "layers"}
         rows = data["layers"][:64]
         bad = [f"layers[{i}] must be an object" for i, row in enumerate(rows) if not isinstance(row, dict)]
-        bad += [f"layers[{i}] has no field {k[:30]!r}; its fields are {', '.join(_LAYER_FIELDS)}"
+        bad += [f"layers[{i}] has no field {quoted(k, 30)}; its fields are {', '.join(_LAYER_FIELDS)}"
                 for i, row in enumerate(rows) if isinstance(row, dict) for k in row if k not in _LAYER_FIELDS]
         bad += [f"layers[{i}] lacks {k}" for i, row in enumerate(rows) if isinstance(row, dict)
                 for k in ("name", "mechanism", "count", "heads", "head_dim") if k not in row]
         if unknown:
-            bad.append(f"the model has no field {', '.join(sorted(str(k)[:30] for k in unknown))}")
+            bad.append(f"the model has no field {', '.join(sorted(quoted(k, 30) for k in unknown))}")
         if len(data["layers"]) > 64:
             bad.append("a model lists at most 64 kinds of layer")
         if bad:
             raise ValueError("; ".join(bad))
-        model = cls(name=data.get("name", "my model"), source=str(data.get("source", ""))[:600],
+        model = cls(name=_text(data.get("name", "my model")), source=clipped(printable(data.get("source", "")),
+                                                                                MAX_SOURCE),
                     dtype=data.get("dtype", "bfloat16"), max_context=data.get("max_context", 131072),
-                    layers=tuple(Layer(**row) for row in rows))
+                    layers=tuple(Layer(**{**row, "name": _text(row["name"])}) for row in rows))
         if found := model.problems():
             raise ValueError("; ".join(found))
         return model
@@ -244,12 +248,13 @@ def plan(model: Model, context: int, *, batch: int = 1, dtype: str | None = None
     bf16, fp16 and fp32 are understood). ValueError with a sentence per field that cannot be used."""
     found = model.problems()
     if not _size(context, MAX_CONTEXT):
-        found.append(f"context must be a whole number of tokens from 1 to {MAX_CONTEXT:,}, got {context!r}")
+        found.append(f"context must be a whole number of tokens from 1 to {MAX_CONTEXT:,}, got {quoted(context)}")
     if not _size(batch, 1 << 16):
-        found.append(f"batch must be a whole number from 1 to {1 << 16:,}, got {batch!r}")
+        found.append(f"batch must be a whole number from 1 to {1 << 16:,}, got {quoted(batch)}")
     name = _dtype(model.dtype if dtype is None else dtype)
     if name is None:
-        found.append(f"dtype {str(dtype)[:20]!r} is unknown; choose {', '.join([*DTYPE_BYTES, *DTYPE_ALIASES])}")
+        found.append(f"dtype {quoted(str(dtype), 20)} is unknown; choose "
+                     f"{', '.join([*DTYPE_BYTES, *DTYPE_ALIASES])}")
     if found:
         raise ValueError("; ".join(found))
     kinds = tuple(_kind(layer, context, batch, name) for layer in model.layers)
@@ -301,21 +306,34 @@ def kinds_table(made: Plan) -> pd.DataFrame:
 def hybrid(model: Model, share: float, mechanism: str = "gated_deltanet") -> Model:
     """`model` with `share` (0 … 1) of its layers of the first kind turned into `mechanism` layers of the same heads
     and head dim (a linear-attention hybrid: Qwen3-Next keeps 1 full layer in 4, so share 0.75), rounded to whole
-    layers. The first kind stays first; the new kind is listed after it."""
+    layers. The first kind stays first; the new kind is listed after it. Named by `hybrid_name`."""
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
-        raise ValueError(f"share must be a fraction from 0 to 1 of the layers, got {share!r}")
+        raise ValueError(f"share must be a fraction from 0 to 1 of the layers, got {quoted(share)}")
+    if not isinstance(mechanism, str) or mechanism not in MEASURED:
+        raise ValueError(f"mechanism {quoted(mechanism)} is not one this build knows; choose one of "
+                         f"{', '.join(MEASURED)}")
     first, *rest = model.layers
     turned = round(first.count * share)
     kinds = [dataclasses.replace(first, count=first.count - turned)] if turned < first.count else []
     if turned:
-        kinds.append(Layer(name=MEASURED[mechanism].label if mechanism in MEASURED else mechanism,
-                           mechanism=mechanism, count=turned, heads=first.heads, head_dim=first.head_dim,
-                           kv_heads=first.kv_heads))
-    made = dataclasses.replace(model, name=f"{model.name} ({turned} of {first.count} {first.name} → {mechanism})",
+        kinds.append(Layer(name=MEASURED[mechanism].label, mechanism=mechanism, count=turned, heads=first.heads,
+                           head_dim=first.head_dim, kv_heads=first.kv_heads))
+    made = dataclasses.replace(model, name=hybrid_name(model.name, first, turned, mechanism),
                                layers=tuple(kinds + rest))
     if found := made.problems():
         raise ValueError("; ".join(found))
     return made
+
+
+def hybrid_name(name: str, first: Layer, turned: int, mechanism: str) -> str:
+    """'Llama-3-8B (24 of 32 full attention → gated_deltanet)', within MAX_NAME characters whatever the names: past
+    it, the first kind's name is cut to 20 characters, then the model's to what is left (each ending "…"), so every
+    model that can be planned has a hybrid that can."""
+    def said(layer: str) -> str:
+        return f" ({turned} of {first.count} {layer} → {mechanism})"
+
+    layer = first.name if len(name) + len(said(first.name)) <= MAX_NAME else clipped(first.name, 20)
+    return clipped(name, MAX_NAME - len(said(layer))) + said(layer)
 
 
 def crossover(a: Model, b: Model, *, batch: int = 1, dtype: str | None = None) -> int | None:
@@ -383,8 +401,21 @@ def find(name: str) -> Model:
     """A built-in model by name, case-insensitive ('Llama-3-8B', 'llama-3-8b'); ValueError listing them otherwise."""
     key = str(name).strip().lower()
     if key not in MODELS:
-        raise ValueError(f"no built-in model {str(name)[:40]!r}; choose one of {', '.join(MODELS)}, or a model file")
+        raise ValueError(f"no built-in model {quoted(str(name))}; choose one of {', '.join(MODELS)}, or a model file")
     return MODELS[key]
+
+
+def _name_fits(name: Any) -> bool:
+    return isinstance(name, str) and bool(name.strip()) and len(name) <= MAX_NAME
+
+
+def _text(value: Any) -> Any:
+    """A name from a file with its control characters written as escapes (`printable`): shown on a terminal, in a
+    chart or a table, it is text. A name that fits MAX_NAME still does (the escapes cut to it); a longer one, and
+    anything but text, is left for `problems` to name."""
+    if not isinstance(value, str):
+        return value
+    return clipped(printable(value), MAX_NAME) if len(value) <= MAX_NAME else printable(value)
 
 
 def _size(value: Any, high: int = MAX_SIZE) -> bool:

@@ -11,10 +11,16 @@ if TYPE_CHECKING:
 # Every ASCII punctuation character: Markdown (and Streamlit's :color[…] and $…$) can escape each with a backslash.
 _PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 SHOWN_CHARS = 40  # of a value quoted back from a link
+CELL_CHARS = 32767  # of a CSV cell: Excel's and LibreOffice's most
 # A spreadsheet opening a CSV takes a cell that starts with one of these as a formula (OWASP, "CSV Injection").
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _FORMULA_CHAR = re.compile(r"[=+\-@]")
+# What no text from outside may bring as it is: C0 and C1 controls and DEL (ESC starts a terminal's escape sequences,
+# BEL ends some), the bidi embeddings, overrides and isolates (they reorder what a line shows), U+FFFE and U+FFFF
+# (never characters: XML 1.0 forbids them, as it does every C0 control but tab, line feed and carriage return) and
+# lone surrogates (no UTF-8 holds them: Arrow, SQLite and protobuf refuse them).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ufffe\uffff\ud800-\udfff]")
 
 
 def clipped(text: str, limit: int) -> str:
@@ -23,10 +29,64 @@ def clipped(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+def printable(text: object, keep: str = "") -> str:
+    """`text` with each character of _CONTROL (C0 and C1 controls, DEL, bidi overrides, U+FFFE/U+FFFF, lone
+    surrogates) written as its Python escape, visible and inert: ESC as \\x1b, BEL as \\x07, U+202E as \\u202e.
+    Those in `keep` (e.g. "\\t\\n\\r", which XML allows) stay as they are. Safe to print on a terminal (nothing
+    retitles the window or clears the screen), to hand to vl-convert (which aborts the process on a character XML
+    forbids) and to encode as UTF-8; text without such characters comes back unchanged."""
+    text = str(text)
+    return _CONTROL.sub(lambda m: m.group() if m.group() in keep else ascii(m.group())[1:-1], text)
+
+
+def printable_data(value: Any, keep: str = "\t\n\r") -> Any:
+    """Parsed JSON (a run's stamp, its configuration) with every string, keys included, through `printable`:
+    numbers, booleans and clean text come back unchanged."""
+    if isinstance(value, str):
+        return printable(value, keep)
+    if isinstance(value, dict):
+        return {printable_data(k, keep): printable_data(v, keep) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable_data(v, keep) for v in value]
+    return value
+
+
+def terminal(text: object, limit: int = 200) -> str:
+    """Text from a file as one line for a terminal: every control character (line breaks and tabs too) escaped by
+    `printable`, then `clipped` to `limit` characters (a 1 MB device name prints as 200)."""
+    return clipped(printable(text), limit)
+
+
+def file_stem(text: object, limit: int = 40) -> str:
+    """A file name's stem made of `text` (a model's or a run's name): letters, digits, '.', '-' and '_' kept, every
+    other character (a control, a slash, a space) a '-', cut to `limit`; "chart" where nothing is left."""
+    stem = "".join(c if c.isalnum() or c in ".-_" else "-" for c in str(text))[:limit]
+    return stem.strip(".") or "chart"
+
+
+def vega_title(text: object) -> str:
+    """An axis, legend or tooltip title of a Vega-Lite chart: control characters escaped (`printable`, line ends
+    too), then every backslash written as ⧵ (U+29F5, which looks the same). Vega-Lite copies these titles into the
+    expression that makes each mark's aria-label without escaping backslashes: a file named `a\\x1b` would put a
+    real ESC into the SVG (vl-convert then refuses the PNG), and `\\"` would end the expression's string early."""
+    return printable(text).replace("\\", "\u29f5")
+
+
 def literal(text: object) -> str:
     """`text` escaped so that Streamlit's Markdown (st.error, st.info, st.caption, st.progress…) shows it as typed:
-    `![x](http://host/a.png)` stays those characters, never an image the browser fetches, a link or a heading."""
-    return _PUNCTUATION.sub(r"\\\1", str(text))
+    `![x](http://host/a.png)` stays those characters, never an image the browser fetches, a link or a heading; control
+    characters shown as their escapes (`printable`, line breaks and tabs kept)."""
+    return _PUNCTUATION.sub(r"\\\1", printable(text, keep="\t\n\r"))
+
+
+def quoted(value: object, limit: int = SHOWN_CHARS) -> str:
+    """A value quoted back in a message: its repr (control characters escaped), cut to `limit` characters; an integer
+    of more digits than Python prints is named as one."""
+    try:
+        text = repr(value)
+    except ValueError:
+        text = "a number of thousands of digits"
+    return clipped(printable(text), limit)
 
 
 def link_number(name: str, raw: str | list[str], low: float, high: float, whole: bool = True) -> str:
@@ -108,5 +168,9 @@ def csv_json(text: str) -> str:
 
 
 def csv_bytes(frame: pd.DataFrame) -> bytes:
-    """A frame as UTF-8 CSV, its text cells and column names through `csv_cell` (numbers untouched)."""
-    return frame.rename(columns=csv_cell).map(csv_cell).to_csv(index=False).encode("utf-8")
+    """A frame as UTF-8 CSV, its text cells and column names through `csv_cell` (numbers untouched) and `clipped` to
+    CELL_CHARS (a spreadsheet holds no more in a cell; Python's csv module reads no more than 131,072)."""
+    def cell(value: Any) -> Any:
+        return csv_cell(clipped(value, CELL_CHARS) if isinstance(value, str) else value)
+
+    return frame.rename(columns=cell).map(cell).to_csv(index=False).encode("utf-8")

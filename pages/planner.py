@@ -12,7 +12,7 @@ from attn_core.engine.measure import format_bytes
 from attn_core.insight import theory
 from attn_core.mechanisms import MEASURED
 from attn_core.spec import DTYPE_BYTES
-from attn_core.untrusted import literal
+from attn_core.untrusted import file_stem, literal
 from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first
@@ -55,7 +55,7 @@ if upload is not None:
         st.stop()
 with st.expander("Edit the model: any field, any layer kind (a row each; add or delete rows)", icon=":material/edit:"):
     left, mid, right = st.columns(3)  # keyed by the model edited: another model starts from its own fields
-    title = left.text_input("Name", base.name, max_chars=80, key=f"plan_name_{slug}")
+    title = left.text_input("Name", base.name, max_chars=planner.MAX_NAME, key=f"plan_name_{slug}")
     longest = mid.number_input("Trained context (tokens)", 1, planner.MAX_CONTEXT * 16, base.max_context,
                                key=f"plan_context_{slug}")
     own = right.selectbox("Its cache dtype", list(DTYPE_BYTES), list(DTYPE_BYTES).index(base.dtype),
@@ -75,7 +75,7 @@ if model != base:
     model = dataclasses.replace(model, source=f"edited here from {base.name}")
 made = planner.plan(model, context, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
 
-st.subheader(model.name)
+st.subheader(literal(model.name))  # a name from a file is text: never bold, a link or an image fetched
 if model.source:
     st.caption(f"Configuration: {literal(model.source)}")
 here = env.device_info(env.resolve_device("auto"))["total_memory_bytes"]
@@ -95,8 +95,8 @@ st.dataframe(planner.kinds_table(made), hide_index=True,
              column_config={"bytes a layer": st.column_config.NumberColumn(format="compact"),
                             "bytes in all": st.column_config.NumberColumn(format="compact"),
                             "prefill FLOPs": st.column_config.NumberColumn(format="scientific")})
-stem = "".join(c if c.isalnum() or c in ".-" else "-" for c in model.name.lower())[:40]  # a file name of its name
-st.download_button("This model as a file (JSON)", model.to_json(), f"{stem}.json", "application/json",
+st.download_button("This model as a file (JSON)", model.to_json(), f"{file_stem(model.name.lower())}.json",
+                   "application/json",
                    key="plan_dl_model", on_click="ignore")
 
 st.subheader("A hybrid of it")
@@ -112,13 +112,15 @@ try:  # the hybrid at the share chosen, and all turned (its new kind, to time)
 except ValueError as e:  # an edited first kind the new one cannot copy: said, and no layer turned
     st.warning(f"No hybrid of this model into {label(kind)}: {literal(e)}", icon=":material/edit:")
     mixed, turned, share = model, model, 0
+share = share if mixed.layers != model.layers else 0  # a share that turns no whole layer: no hybrid to compare
 hybrid_plan = planner.plan(mixed, context, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
-where = planner.crossover(mixed, model, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
+where = planner.crossover(mixed, model, batch=batch, dtype=None if dtype == DTYPES[0] else dtype) if share else None
 a, b, c = st.columns(3)  # the hybrid's figures, three to a row: no label cut short at 1280 px
 a.metric("Hybrid: cache and state", format_bytes(hybrid_plan.total_bytes),
          f"{hybrid_plan.total_bytes / made.total_bytes - 1:+.0%}" if made.total_bytes else None, delta_color="inverse")
 b.metric("Hybrid: prefill FLOPs", f"{hybrid_plan.prefill_flops:.3g}", help="Attention FLOPs of the whole prompt")
-c.metric("Holds less from", "never (within 1M tokens)" if where is None else f"{where:,} tokens")
+c.metric("Holds less from", "no layer turned" if not share else "never (within 1M tokens)" if where is None else
+         f"{where:,} token{'' if where == 1 else 's'}")
 d, speed, _ = st.columns(3)
 d.metric("Hybrid: a new token reads", format_bytes(hybrid_plan.decode_bytes),
          f"{hybrid_plan.decode_bytes / made.decode_bytes - 1:+.0%}" if made.decode_bytes else None,

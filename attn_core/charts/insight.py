@@ -18,9 +18,10 @@ from .style import REFERENCE_GREY, colour_scale, styled
 from ..insight.effective import matrix_frame
 from ..insight.published import PUBLISHED
 from ..insight.theory import DECODE_EXTRAPOLATION, EXTRAPOLATION
-from ..untrusted import csv_bytes
+from ..untrusted import clipped, csv_bytes, file_stem, printable, vega_title
 
 MIB = float(1 << 20)
+NAME_CHARS = 80  # of a run's name in a chart's title (a file's name or a kept run's: one line, not a paragraph)
 LOG2_X = alt.Scale(type="log", base=2)
 
 
@@ -352,9 +353,10 @@ def runs_chart(frame: pd.DataFrame, metric: str = "time_median_s") -> alt.TopLev
 def ratio_chart(ratios: pd.DataFrame, a_name: str, b_name: str, metric: str = "time_median_s") -> alt.TopLevelMixin:
     """Run B ÷ run A per point (reference.run_ratio), log scale, a rule at 1 (same on both)."""
     what = "time" if metric == "time_median_s" else "peak memory"
+    a_name, b_name = (clipped(printable(name), NAME_CHARS) for name in (a_name, b_name))  # file names: one line each
     kept = _finite(ratios, "ratio")
     x = alt.X("n:Q", title="Sequence length n (tokens, log₂ scale; K = 1024)", scale=LOG2_X, axis=n_axis(kept["n"]))
-    y = alt.Y("ratio:Q", title=f"{what}: {b_name} ÷ {a_name} (log scale)", scale=alt.Scale(
+    y = alt.Y("ratio:Q", title=vega_title(f"{what}: {b_name} ÷ {a_name} (log scale)"), scale=alt.Scale(
         type="log", nice=False, domain=list(ratio_domain(kept["ratio"]))))
     base = alt.Chart(kept).encode(x=x, y=y, color=_colour(ratios))
     layers = [base.mark_line().encode(detail="params:N"), base.mark_point(filled=True, size=70).encode(
@@ -420,6 +422,7 @@ def relative_chart(frame: pd.DataFrame, metric: str = "time_median_s", *, baseli
 def downloads(chart: alt.TopLevelMixin, frame: pd.DataFrame, stem: str) -> list[tuple[str, object, str, str]]:
     """What a page offers for one chart: (label, zero-argument function making the bytes, file name, MIME type)
     for PNG, SVG and the chart's data as CSV. Functions, so nothing is rendered until a button is pressed."""
+    stem = file_stem(stem, 80)
     return [("PNG", partial(export.chart_png, chart), f"{stem}.png", "image/png"),
             ("SVG", partial(export.chart_svg, chart), f"{stem}.svg", "image/svg+xml"),
             ("CSV", partial(csv_bytes, frame), f"{stem}.csv", "text/csv")]

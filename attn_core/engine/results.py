@@ -18,7 +18,7 @@ from ..flex import IMPLEMENTATIONS
 from .measurement import COLUMNS, KINDS, STATUSES
 from ..mechanisms import MEASURED
 from .problem import MAX_COUNT
-from ..untrusted import clipped, csv_cell, csv_json, csv_text
+from ..untrusted import clipped, csv_cell, csv_json, csv_text, printable, printable_data, quoted
 
 SCHEMA_VERSION = 3
 # version 1 lacks the contention and executed-FLOP columns, versions 1 and 2 the key/value heads and padding: they
@@ -142,26 +142,30 @@ def load_run(source: str | os.PathLike | bytes, name: str | None = None) -> Run:
     malformed. Only JSON and CSV parsers ever see the content.
     """
     if isinstance(source, (bytes, bytearray)):
-        label = name or "the file"
+        label = clipped(printable(name), 120) if name else "the file"
         if len(source) > MAX_FILE_BYTES:
             raise RunFileError(_too_large(label, len(source)))
         data = bytes(source)
     else:
-        label = name or os.path.basename(os.fspath(source))
+        label = clipped(printable(name or os.path.basename(os.fspath(source))), 120)
         data = _read_capped(source, label)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise RunFileError(f"{label} is not a text file; choose a .json or .csv file saved by Attention Lab") from None
     try:
-        return _parse_json(text, label) if text.lstrip().startswith("{") else _parse_csv(text, label)
+        run = _parse_json(text, label) if text.lstrip().startswith("{") else _parse_csv(text, label)
     except RunFileError:
         raise
     except RecursionError:  # JSON nested thousands deep: json's parser recurses once per level
         raise RunFileError(f"{label} nests its data too deeply to be a run; choose a run file saved by Attention "
                            "Lab") from None
     except (ValueError, TypeError, KeyError, csv.Error) as e:
-        raise RunFileError(f"{label} is malformed ({e}); save the run again or choose another file") from None
+        raise RunFileError(f"{label} is malformed ({clipped(printable(e), 300)}); save the run again or choose "
+                           "another file") from None
+    # the stamp's and configuration's texts as the rows' (_text): a device named with ESC or \\ud800 is shown,
+    # charted, tabled and kept as text
+    return Run(run.frame, printable_data(run.env), printable_data(run.config), run.schema_version)
 
 
 def _read_capped(path: str | os.PathLike, label: str) -> bytes:
@@ -307,7 +311,7 @@ def _validated(rows: list[dict], label: str) -> pd.DataFrame:
             raise RunFileError(f"{label} is malformed: row {i}, implementation {_shown(r['implementation'])} is not "
                                f"one of {', '.join(IMPLEMENTATIONS)}")
         if r["status"] not in STATUSES:
-            raise RunFileError(f"{label} is malformed: status {r['status']!r} is not one of {', '.join(STATUSES)}")
+            raise RunFileError(f"{label} is malformed: row {i}, status {_shown(r['status'])} is not one of {', '.join(STATUSES)}")
         cells = dict(r)
         for column in (*BOOL, *INT, *FLOAT, "time_samples", "params"):
             try:
@@ -360,10 +364,13 @@ def _cell(column: str, value: Any) -> Any:
 
 
 def _text(column: str, value: Any) -> str:
-    """A text cell as text ('' for null or NaN) of at most its column's characters (TEXT_CHARS, NAME_CHARS)."""
+    """A text cell as text ('' for null or NaN) of at most its column's characters (TEXT_CHARS, NAME_CHARS), its
+    control characters but tab and line ends written as escapes (`printable`): a label holding ESC or a lone
+    surrogate (which JSON's \\ud800 brings) would reach terminals, charts, tables and the store, and no UTF-8 holds
+    the latter."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    return clipped(str(value), TEXT_CHARS.get(column, NAME_CHARS))
+    return clipped(printable(value, keep="\t\n\r"), TEXT_CHARS.get(column, NAME_CHARS))
 
 
 def _params_problem(mechanism: Any, text: str) -> str | None:
@@ -415,8 +422,4 @@ def _number(value: Any) -> int | float | None:
 
 def _shown(value: Any) -> str:
     """A cell's value as written, cut to 40 characters."""
-    try:
-        text = repr(value)
-    except ValueError:  # an integer of more digits than Python prints
-        text = "a number of thousands of digits"
-    return text if len(text) <= 40 else text[:39] + "…"
+    return quoted(value, 40)
