@@ -24,7 +24,7 @@ from .api import get
 from .mechanisms import MECHANISMS
 from .layers import MultiHeadAttention
 from .spec import Shape
-from .untrusted import clipped
+from .untrusted import clipped, printable
 
 # the page's and the CLI's mechanisms: softmax, a window narrower than the default task's 8 tokens of pairs, a state
 DEFAULT_MECHANISMS = (("softmax", {}), ("sliding_window", {"window": 4}), ("linear", {}), ("gated_deltanet", {}))
@@ -549,17 +549,21 @@ def read_saved(text: str) -> dict:
         setup[name] = value
     setup["chance"] = 1.0 / max(setup["vocab"] - setup["vocab"] // 2, 1)
     versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
-    return {"command": clipped(str(data.get("command", "")), 400),
-            "machine": clipped(str(data.get("machine", "")), 200),
-            "note": clipped(str(data.get("note", "")), 600), "remark": clipped(str(data.get("remark", "")), 600),
+    return {"command": _text(data.get("command", ""), 400), "machine": _text(data.get("machine", ""), 200),
+            "note": _text(data.get("note", ""), 600), "remark": _text(data.get("remark", ""), 600),
             "setup": setup, "results": rows,
-            "versions": {clipped(str(k), 20): clipped(str(v), 40) for k, v in list(versions.items())[:8]}}
+            "versions": {_text(k, 20): _text(v, 40) for k, v in list(versions.items())[:8]}}
+
+
+def _text(value: Any, limit: int) -> str:
+    """A text from the file as text: control characters and lone surrogates written as escapes, cut to `limit`."""
+    return clipped(printable(str(value)), limit)
 
 
 def _saved_row(i: int, r: Any) -> dict:
     if not isinstance(r, dict) or not isinstance(r.get("mechanism"), str):
         raise ValueError(f"result {i + 1} of the file names no mechanism; open a file that recall --out wrote")
-    row = {"mechanism": clipped(r["mechanism"], 80)}
+    row = {"mechanism": _text(r["mechanism"], 80)}
     for name, (low, high) in SAVED_LIMITS.items():
         value = r.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))

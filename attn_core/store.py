@@ -23,6 +23,7 @@ from .engine.measurement import COLUMNS, SCHEMA
 from .engine import results
 from .engine.results import OPTIONAL, SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows, to_csv_bytes, to_json_bytes
 from .files import kind_of, not_a_file, read_regular
+from .untrusted import printable
 
 HOME_VARIABLE = "ATTN_LAB_HOME"  # a folder: the store is FILE_NAME in it
 FILE_NAME = "runs.sqlite3"
@@ -346,10 +347,10 @@ class Store:
                      **({"config": _json(config)} if config else {}))
 
     def rename(self, run_id: int, name: str) -> None:
-        self._update(run_id, name=str(name)[:NAME_CHARS])
+        self._update(run_id, name=printable(str(name))[:NAME_CHARS])
 
     def set_note(self, run_id: int, note: str) -> None:
-        self._update(run_id, note=str(note)[:NOTE_CHARS])
+        self._update(run_id, note=printable(str(note), keep="\n")[:NOTE_CHARS])
 
     def _update(self, run_id: int, **values: Any) -> None:
         number = self._known(run_id)

@@ -318,3 +318,20 @@ def test_sigterm_to_the_cli_process_saves_what_finished(tmp_path):
     assert [r["mechanism"] for r in results] == names[:len(results)]
     assert len(results) < len(names) or results[-1]["stopped"]  # the stop came before the last one finished
     assert not any(r["stopped"] for r in results[:-1])  # only the one in flight, if one was, is marked
+
+
+def test_a_saved_file_s_texts_come_back_as_printable_text():
+    """Mechanism names and notes from a results file reach a table and a terminal: control characters and lone
+    surrogates (which pandas, Arrow and a terminal would choke on or obey) come back as visible escapes."""
+    data = {"setup": {name: 8 for name in recall.SETUP_KEYS}, "note": "a\x1b[2Jb", "machine": "m\ud800",
+            "results": [{"mechanism": "softmax\x07"}]}
+    got = recall.read_saved(json.dumps(data))
+    assert got["note"] == "a\\x1b[2Jb" and got["machine"] == "m\\ud800"
+    assert got["results"][0]["mechanism"] == "softmax\\x07"
+
+
+def test_a_machine_named_at_length_is_cut_where_charts_show_it():
+    from attn_core.insight.published import machine
+
+    assert machine({"device_name": "x" * 1_000_000}) == "x" * 119 + "…"
+    assert machine({"device_name": "cpu\x1b]0;t\x07"}) == "cpu\\x1b]0;t\\x07"

@@ -200,3 +200,41 @@ def test_a_row_whose_key_value_heads_do_not_divide_its_heads_is_refused():
     doc["rows"][0]["kv_heads"] = 3
     with pytest.raises(RunFileError, match=r"row 1 has kv_heads = 3 for 8 heads.*must divide the heads"):
         load_run(json.dumps(doc).encode(), name="bad.json")
+
+
+def test_a_pipe_no_program_writes_to_is_refused_not_waited_on_for_ever(tmp_path, monkeypatch):
+    """A named pipe with no writer blocks open() for ever; the loader gives it PIPE_WAIT_S and then says so."""
+    import os
+    import threading
+
+    monkeypatch.setattr(results, "PIPE_WAIT_S", 0.3)
+    fifo = tmp_path / "run.json"
+    os.mkfifo(fifo)
+    outcome: list = []
+    reader = threading.Thread(target=lambda: outcome.append(_refusal(fifo)), daemon=True)
+    reader.start()
+    reader.join(60)  # a bound for a regression (a hang) to fail on, not a performance figure
+    assert not reader.is_alive(), "load_run hung on a pipe with no writer"
+    assert outcome and "pipe that no program wrote to" in outcome[0]
+
+
+def test_a_pipe_with_a_writer_still_loads(tmp_path):
+    import os
+    import threading
+
+    fifo = tmp_path / "run.json"
+    os.mkfifo(fifo)
+    save_run(sample_run(), tmp_path / "whole.json")
+    writer = threading.Thread(target=lambda: fifo.write_bytes((tmp_path / "whole.json").read_bytes()), daemon=True)
+    writer.start()
+    loaded = load_run(fifo)
+    writer.join(60)
+    pd.testing.assert_frame_equal(loaded.frame, load_run(tmp_path / "whole.json").frame)
+
+
+def _refusal(path) -> str:
+    try:
+        load_run(path)
+    except RunFileError as e:
+        return str(e)
+    return "loaded"

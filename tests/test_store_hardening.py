@@ -330,3 +330,15 @@ def test_the_compare_page_says_why_a_run_whose_config_is_not_a_sweep_cannot_be_r
     shown = [c.value.replace("\\", "") for c in at.caption]
     assert any(f"run {cut}'s config holds a JSON list, not a sweep" in c for c in shown), shown
     assert [b for b in at.button if b.key == "cmp_resume"] == []
+
+
+def test_names_and_notes_set_by_hand_are_kept_as_printable_text(tmp_path):
+    """A name or note typed with ESC or a lone surrogate is kept with the character written as its escape, so the
+    store, a table and a terminal all show the same inert text (newlines in a note stay)."""
+    with store.Store(tmp_path / "runs.sqlite3") as kept:
+        run_id = kept.import_run(many(1), "plain")
+        kept.rename(run_id, "evil\x1b]0;title\x07\ud800")
+        kept.set_note(run_id, "line one\nline two\x1b[2J")
+        info = kept.info(run_id)
+    assert info["name"] == "evil\\x1b]0;title\\x07\\ud800"
+    assert info["note"] == "line one\nline two\\x1b[2J"

@@ -2,11 +2,14 @@
 stamp of the machine it ran on. Files are parsed as data only: no pickle, no eval."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
+import stat
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,7 +175,7 @@ def _read_capped(path: str | os.PathLike, label: str) -> bytes:
     """At most MAX_FILE_BYTES of any file: a size on disk cannot be trusted (a device, a pipe or /dev/stdin says 0),
     so one byte more than the cap is read and its arrival refuses the file."""
     try:
-        with open(path, "rb") as f:
+        with _open_waiting(path, label) as f:
             size = os.fstat(f.fileno()).st_size
             if size > MAX_FILE_BYTES:  # a regular file: refused before reading, with its size
                 raise RunFileError(_too_large(label, size))
@@ -182,6 +185,36 @@ def _read_capped(path: str | os.PathLike, label: str) -> bytes:
     if len(data) > MAX_FILE_BYTES:
         raise RunFileError(_too_large(label, None))
     return data
+
+
+PIPE_WAIT_S = 10.0  # how long a named pipe may take to find a writer (`show <(cat run.json)` has one at once)
+
+
+def _open_waiting(path: str | os.PathLike, label: str):
+    """`path` opened to read. A named pipe with no program writing to it would block the open for ever: it is given
+    PIPE_WAIT_S to find a writer, then refused with a sentence (the waiting open released by opening the pipe's other
+    end, so no thread is left blocked)."""
+    try:
+        fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        fifo = False
+    if not fifo:
+        return open(path, "rb")
+    opened: list = []
+    opener = threading.Thread(target=lambda: opened.append(open(path, "rb")), daemon=True)
+    opener.start()
+    opener.join(PIPE_WAIT_S)
+    if opener.is_alive():
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # the waiting open returns; its file is dropped
+        opener.join(1.0)
+        for f in opened:
+            f.close()
+        raise RunFileError(f"{label} is a pipe that no program wrote to within {PIPE_WAIT_S:g} s; pipe a run file "
+                           "into it, or name the file itself")
+    if not opened:
+        raise RunFileError(f"{label}: cannot be read; check the path")
+    return opened[0]
 
 
 def _too_large(label: str, size: int | None) -> str:

@@ -8,6 +8,8 @@ from typing import Mapping
 
 import pandas as pd
 
+from ..untrusted import clipped, printable
+
 PUBLISHED = "published, different hardware"
 LRA = {
     "file": "lra_efficiency.csv",
@@ -127,7 +129,7 @@ SETTINGS = ["mode", "dtype", "causal", "batch", "heads", "d_model"]
 
 def machine(env: Mapping) -> str:
     """A run's machine in words, from its environment stamp (device name, else device, else 'unknown machine')."""
-    return str(env.get("device_name") or env.get("device") or "unknown machine")
+    return clipped(printable(str(env.get("device_name") or env.get("device") or "unknown machine")), 120)
 
 
 def runs_frame(runs: Mapping[str, object]) -> pd.DataFrame:
