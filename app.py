@@ -1,8 +1,8 @@
 """Attention Lab: the frame and router of the dashboard (`streamlit run app.py`)."""
 import streamlit as st
 
-from attn_core.engine import env
-from pages._shared import ensure_routed, prestart_worker
+from attn_core.engine import env, server
+from pages._shared import ensure_routed, keep_watching
 
 # Talk mode: type a back row can read, black on white, wide content.
 TALK_CSS = """<style>
@@ -27,13 +27,14 @@ talk = bool(st.session_state.get("talk"))
 # talk mode folds the sidebar away (its arrow brings it back, with the switch to leave talk mode)
 st.set_page_config(page_title="Attention Lab", page_icon=":material/monitoring:", layout="wide",
                    initial_sidebar_state="collapsed" if talk else "auto")
-prestart_worker()
+server.prestart()  # the measuring worker and the C++ kernels, once per server, without waiting for them
 with st.sidebar:
     st.toggle("Talk mode", key="talk", persist_state="session",
               help="Large type, high contrast, full-width charts, settings folded away.")
     st.caption(f"Measuring on {device_line(env.resolve_device('auto'))}")
 if st.session_state.get("talk"):
     st.html(TALK_CSS)
+keep_watching()  # a sweep this session shows is kept while any page of it is open
 
 st.navigation([
     st.Page("pages/home.py", title="Home", icon=":material/home:", default=True),

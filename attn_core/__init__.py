@@ -1,9 +1,10 @@
 """attn_core: attention mechanisms with one signature, their specs, and honest measurements of their cost."""
-from . import generation, masks
+from attn_core.nn import generation
+from attn_core import masks
 from .api import attention, get, make_state
-from .layers import MultiHeadAttention
-from .latent import MultiLatentAttention, LatentCache
-from . import positional, rope
+from attn_core.nn.layers import MultiHeadAttention
+from attn_core.nn.latent import MultiLatentAttention, LatentCache
+from attn_core.positions import encodings as positional, rope
 from .mechanisms import MEASURED, MECHANISMS
 from .mechanisms.sdpa import sdpa_backend
 from .spec import MechanismSpec, Param, Shape

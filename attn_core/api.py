@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .mechanisms import LATENT, MECHANISMS
-from .mechanisms._common import check_finite, check_key_padding, check_qkv, check_score_bias
+from .mechanisms._common import check_finite, check_key_padding, check_qkv, check_score_bias, check_sinks
 from .spec import MechanismSpec, Shape
 
 
@@ -16,7 +16,7 @@ def get(key: str) -> MechanismSpec:
     """The spec of a mechanism; ValueError listing the known keys otherwise."""
     if key in LATENT:
         raise ValueError(f"{key!r} is multi-head latent attention, which attends over cached latents, not q, k and v; "
-                         f"use attn_core.MultiLatentAttention, or its core attn_core.latent.latent_attention_absorbed")
+                         f"use attn_core.MultiLatentAttention, or its core attn_core.nn.latent.latent_attention_absorbed")
     if key not in MECHANISMS:
         raise ValueError(f"unknown mechanism {key!r}; choose one of {', '.join(MECHANISMS)}")
     return MECHANISMS[key]
@@ -53,7 +53,7 @@ def check_seed(seed: Any, spec: MechanismSpec | None = None) -> None:
 
 def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               key_padding_mask: torch.Tensor | None = None, score_bias: torch.Tensor | None = None,
-              **params: Any) -> torch.Tensor:
+              sinks: torch.Tensor | None = None, **params: Any) -> torch.Tensor:
     """Run mechanism `key` on q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D) with its keyword parameters.
     Hk < H: each key/value head serves H/Hk consecutive query heads (grouped-query attention; Hk = 1: multi-query),
     for a mechanism whose spec has `supports.shared_kv`; the others refuse it with a sentence.
@@ -66,9 +66,13 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     element all padding, or causal attention before its first real key) outputs zeros. Mechanisms whose spec has
     `padding` take it; the others refuse it with a sentence saying why.
 
-    `score_bias`: a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled scores (attn_core.positional's
+    `score_bias`: a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled scores (attn_core.positions.encodings's
     ALiBi and relative biases); mechanisms whose spec has `score_bias` take it, the others refuse it with a
     sentence.
+
+    `sinks`: a float tensor (H,), one logit per query head that joins each row's softmax denominator with no value
+    (gpt-oss's attention sinks, arXiv 2508.10925); mechanisms whose spec has `sinks` take it, the others refuse it
+    with a sentence.
 
     `seed`: for a mechanism that draws random state (`seeded()`: projections, rotations, gates), the seed of the
     state not passed; a mechanism without any refuses it with a sentence."""
@@ -85,6 +89,9 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         check_score_bias(spec, score_bias, q, k)
         check_finite(score_bias=score_bias)
         params["score_bias"] = score_bias
+    if sinks is not None:
+        check_sinks(spec, sinks, q)  # its own finiteness check: a sink of −inf is no sink, said so
+        params["sinks"] = sinks
     if key_padding_mask is None:
         return spec.fn(q, k, v, causal=causal, **params)
     check_key_padding(spec, key_padding_mask, q, k)

@@ -21,15 +21,17 @@ import tempfile
 import threading
 from typing import Sequence, TextIO
 
-from . import planner, planner_measure, recall, store
-from .files import read_regular, write_atomic
-from .flex import IMPLEMENTATIONS
+from attn_core.studies.planner import model as planner, measure as planner_measure
+from attn_core.studies.recall import mqar as recall
+from attn_core.engine import store
+from attn_core.engine.files import read_regular, write_atomic
+from attn_core.mechanisms.flex import IMPLEMENTATIONS
 from .engine import analysis, env, job as sweep_job, worker
 from .mechanisms import LATENT, MECHANISMS
 from .engine.measure import format_bytes, resolve_mechanisms
 from .engine.results import Run, RunFileError, load_run, save_run
 from .spec import DTYPE_BYTES
-from .untrusted import printable, terminal
+from attn_core.engine.untrusted import printable, terminal
 from .engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 from .engine.job import Job, Progress
 from .engine.lock import LOCK_WAIT_S
@@ -211,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# -- recall: associative recall trained per mechanism (attn_core.recall) ---------------------------------------------
+# -- recall: associative recall trained per mechanism (attn_core.studies.recall.mqar) ---------------------------------------------
 RECALL_MECHANISMS = ",".join(recall.Result(key, params).name for key, params in recall.DEFAULT_MECHANISMS)
 
 
@@ -840,7 +842,7 @@ def _resume(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_POINTS if job.frame()["status"].isin(["failed", "oom"]).any() else EXIT_OK
 
 
-# -- distributed: one attention split over P local processes (attn_core.distributed) -------------------------------
+# -- distributed: one attention split over P local processes (attn_core.studies.parallel.schemes) -------------------------------
 
 def add_distributed_parser(sub) -> None:
     p = sub.add_parser("distributed", help="one attention split over P processes on this machine (ring, Ulysses, "
@@ -877,7 +879,7 @@ def run_distributed_command(args: argparse.Namespace, out: TextIO, err: TextIO) 
     """Run one distributed task; EXIT_USAGE for a task refused, EXIT_BUSY for a run that could not finish (another
     sweep holds the machine, a rank died or stalled), 128 + the signal for a stop (Ctrl-C, SIGTERM, SIGHUP), which
     ends every process first. A task the memory guard skips is a result: its reason, EXIT_OK, as in a sweep."""
-    from . import distributed
+    from attn_core.studies.parallel import schemes as distributed
 
     if (why := _wait_problem(args.wait)) is not None:
         err.write(f"error: {why}\n")

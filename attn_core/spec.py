@@ -180,6 +180,8 @@ class Cost:
     `time_big_o`, `memory_big_o`: the same in the sequence length n and the parameters, for tables and charts.
     `biased_memory_bytes(shape, **params)`: the peak when the call is given a (H, Nq, Nk) `score_bias` (ALiBi), for a
     mechanism whose path changes with one; None: `memory_bytes` (the bias is added into scores it holds anyway).
+    `sinks_memory_bytes(shape, **params)`: the peak when the call is given `sinks=` (Supports.sinks; its rows'
+    log-sum-exp and weights, or another path); None: `memory_bytes`. `sink_flops(shape)`: the FLOPs sinks add.
     """
 
     flops: Callable[..., float]
@@ -189,6 +191,20 @@ class Cost:
     executed_flops: Callable[..., float] | None = None
     elementwise_flops: Callable[..., float] | None = None
     biased_memory_bytes: Callable[..., float] | None = None
+    sinks_memory_bytes: Callable[..., float] | None = None
+
+    @staticmethod
+    def sink_flops(shape: Shape) -> float:
+        """FLOPs `sinks=` adds to a call (`Supports.sinks`): per head and query row, σ(ℓ − a) (a subtraction, an
+        exponential, an addition and a division) and D multiplications scaling its output: B·H·Nq·(D + 4), O(n·H).
+        The row's log-sum-exp ℓ comes with the kernel's softmax (or, materialized, one more pass over the scores,
+        elementwise, which `executed_flops` leaves out as it does the softmax's)."""
+        return float(shape.bh * shape.Nq * (shape.D + 4))
+
+    def sinks_memory(self, shape: Shape, **params: Any) -> float:
+        """Predicted peak bytes of a call given `sinks=` (no padding, no score bias): `sinks_memory_bytes`, or
+        `memory_bytes` where the sinks add nothing at the peak."""
+        return (self.sinks_memory_bytes or self.memory_bytes)(shape, **params)
 
     def executed(self, shape: Shape, **params: Any) -> float:
         """Forward FLOPs the kernel computes for `shape`: `executed_flops`, or `flops` where they are the same."""
@@ -243,9 +259,12 @@ class Supports:
     2019, arXiv 1911.02150). `repeats_kv`: it does so by repeating each shared head for its query heads (the memory
     of multi-head attention); False: it reads the shared heads in place. `no_shared_kv`: why it cannot, when not.
     `score_bias`: the function takes `score_bias=`, a float tensor broadcastable to (B, H, Nq, Nk) added to the scaled
-    scores before the softmax (ALiBi, relative positions: attn_core.positional); `no_score_bias`: why not, when not.
+    scores before the softmax (ALiBi, relative positions: attn_core.positions.encodings); `no_score_bias`: why not, when not.
     `no_rope_relative`: why, given RoPE-rotated q and k, its output is not a function of the offsets i − j alone (a
     feature map or projection that does not commute with the rotation); empty: RoPE stays relative.
+    `sinks`: the function takes `sinks=`, one float logit a_h per query head (H,), which joins each row's softmax
+    denominator as a key with no value (gpt-oss, arXiv 2508.10925): out = Σ_j e^(s_ij) v_j / (Σ_j e^(s_ij) + e^(a_h)),
+    in forward, backward, padding, shared key/value heads and its generation step; `no_sinks`: why not, when not.
     `checks_finite`: the function refuses NaN and ±inf in q, k and v itself (outside `validated()`), most cheaply
     from values it computes anyway, so `attn_core.attention` does not read the inputs once more to check them.
     """
@@ -265,6 +284,8 @@ class Supports:
     no_score_bias: str = ""
     no_rope_relative: str = ""
     checks_finite: bool = False
+    sinks: bool = False
+    no_sinks: str = ""
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@ import math
 import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
-from attn_core import MEASURED, untrusted
+from attn_core import MEASURED
+from attn_core.engine import untrusted
 from attn_core.engine import env, positions, presets
 from attn_core.engine.config import DEFAULT_SWEEP, SweepConfig, log_spaced
 from attn_core.engine.problem import sharing
-from attn_core.flex import IMPLEMENTATIONS
+from attn_core.mechanisms.flex import IMPLEMENTATIONS
 from pages import _shared as shared
 from pages._shared import ALL_HEADS, KV_HELP, bench_state, kv_choices, kv_text, label
 
@@ -250,16 +251,24 @@ def plain(key: str, value: str) -> str:
 def rewritten(key: str, values: list[str]) -> bool:
     """Set `key` in the URL to `values` (none: remove it). True where the page must run again for its widget to read
     the change. False where the widget is bound in this session: Back or Forward brought the value back, and
-    Streamlit seeds the widget from its own copy of the URL. It filters choices itself; a refused number is cleared
-    from that copy here, as Streamlit clears a value it cannot parse (1e309 in a whole-number widget raises
-    OverflowError inside Streamlit 1.67, which clears only ValueError and TypeError)."""
+    Streamlit seeds the widget from the URL itself. It filters choices itself; a refused number is let go here
+    (shared.unbind: the widget drawn unbound once, at its default), where Streamlit would seed it (1e309 in a
+    whole-number widget raises OverflowError inside Streamlit 1.67, which clears only ValueError and TypeError)."""
     try:
         if values:
             st.query_params[key] = values
         else:
             del st.query_params[key]
     except StreamlitAPIException:
-        if not values:
-            shared.drop_bound_param(key)
+        if not values and key in (starts := number_starts()):
+            shared.unbind(key, starts[key])
         return False
     return True
+
+
+def number_starts() -> dict[str, int | float]:
+    """The value each number widget of the panel starts from: a refused link value gives way to it."""
+    p = DEFAULT_SWEEP.problem
+    return {"bench_steps": len(DEFAULT_SWEEP.ns), "bench_d_model": p.d_model, "bench_heads": p.heads,
+            "bench_batch": p.batch, "bench_speed": 3.0,
+            **{f"bench_p_{key}_{q.name}": q.default for key, spec in MEASURED.items() for q in spec.params}}

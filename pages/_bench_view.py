@@ -6,11 +6,11 @@ import uuid
 
 import streamlit as st
 
-from attn_core import untrusted
+from attn_core.engine import untrusted
 from attn_core.charts import export, payoff, scaling
 from attn_core.engine import analysis, positions, results, worker
 from pages._bench_form import AXES, BASELINES, CURVES, NUMBERS, keyed, talk
-from pages._shared import bench_state, export_row, label, show_chart
+from pages._shared import bench_state, export_row, label, seen, show_chart
 
 S = st.session_state
 # No animation while points are timed: a browser easing a progress bar draws for the whole transition.
@@ -81,6 +81,7 @@ def to_top(job) -> None:
 def live(job, chart_place=st) -> None:
     """Draw a running job: the worker is held while this run draws (no timed sample competes with it), the progress
     ticks in a fragment between full runs, and the next full run is paced (engine.pacing)."""
+    seen()  # this session shows the job: the stage keeps it
     worker.hold(True)  # measure.take_turn waits for the hold, 3 s at most
     state = bench_state()
     state.drawing = True
@@ -101,6 +102,7 @@ def ticker() -> None:
     bar. When points have arrived it asks for a full run, which draws them, when the pacing allows. Every tick and
     full run holds the worker: no timed sample starts until it is over and the browser has drawn what it was sent
     (worker.hold)."""
+    seen()
     state = bench_state()
     inside = state.drawing  # run inside a full run, which holds the worker from its start to its end
     if not inside:
@@ -169,6 +171,7 @@ def results_view(job, chart_place=st) -> None:
         # The columns a reader needs first, whole at 1280 px (an HTML table also scales with talk mode's font, a
         # data grid does not; a missing figure reads "—", not "None"); every column behind an expander.
         short = table[[c for c in FIRST_COLUMNS if c in table]].set_index("Mechanism")
+        short.index = short.index.map(untrusted.literal)  # st.table renders Markdown; a replayed run's labels are text
         st.table(short.style.format({"at n (vs softmax)": "{:,.0f}"}, precision=2, na_rep="—"), border="horizontal")
         with st.expander("Every column of the summary"):
             st.dataframe(table, hide_index=True)

@@ -1,15 +1,15 @@
-"""The Compare page's history: the runs the local store keeps (attn_core.store), filtered, opened together, renamed,
+"""The Compare page's history: the runs the local store keeps (attn_core.engine.store), filtered, opened together, renamed,
 annotated, exported, imported, deleted or pruned (each deletion confirmed), and an interrupted run's missing points
 measured."""
 from __future__ import annotations
 
 import streamlit as st
 
-from attn_core import store, untrusted
+from attn_core.engine import store, untrusted
 from attn_core.engine import env
 from attn_core.engine.job import Job
 from attn_core.engine.measure import format_bytes
-from attn_core.engine.results import RunFileError, load_run, to_csv_bytes, to_json_bytes
+from attn_core.engine.results import RunFileError, load_run
 from pages import _shared as shared
 
 S = st.session_state
@@ -93,21 +93,24 @@ def _manage(entries: dict, ids: list[int]) -> None:
         except (store.StoreError, OSError) as e:  # changed or damaged since it was listed, or busy: said, not raised
             st.error(f"Run #{run_id} cannot be opened: {untrusted.literal(e)}", icon=":material/block:")
             return
-        stem = f"run-{run_id}"
-        left.download_button("JSON", to_json_bytes(run), f"{stem}.json", "application/json", key="cmp_export_json",
-                             on_click="ignore")
-        mid.download_button("CSV", to_csv_bytes(run), f"{stem}.csv", "text/csv", key="cmp_export_csv",
-                            on_click="ignore")
+        for column, kind, mime in ((left, "json", "application/json"), (mid, "csv", "text/csv")):
+            try:  # no larger than an upload takes back: what is exported here can be kept here again
+                data = store.export_bytes(run, f".{kind}", f"Run #{run_id}")
+            except store.StoreError as e:
+                column.caption(untrusted.literal(e))
+                continue
+            column.download_button(kind.upper(), data, f"run-{run_id}.{kind}", mime, key=f"cmp_export_{kind}",
+                                   on_click="ignore")
         if entry["status"] in ("interrupted", "failed"):
-            _resume(run_id, run.config)
+            _resume(run_id)
 
 
-def _resume(run_id: int, config: dict) -> None:
-    first = (config.get("sweeps") or [config])[0] if isinstance(config, dict) else {}
-    here = env.environment(env.resolve_device(str(first.get("device", "auto"))), str(first.get("dtype", "float32")),
-                           None)
+def _resume(run_id: int) -> None:
     try:
         with store.Store(readonly=True) as kept:
+            first = store.resumable(kept, run_id)[0]
+            here = env.environment(env.resolve_device(str(first.get("device", "auto"))),
+                                   str(first.get("dtype", "float32")), None)
             plan = store.resume_plan(kept, run_id, here)
     except (store.StoreError, ValueError) as e:
         st.caption(untrusted.literal(e))

@@ -1,26 +1,43 @@
 """What the pages share: widget keys and labels, charts shown and exported, the router's guard, the Benchmark page's
-state (other pages read it and ask it for a preset), and the server's sweeps (the engine's sweep API is called here)."""
+state (other pages read it and ask it for a preset), and this session's side of the server's sweeps
+(attn_core.engine.server)."""
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import streamlit as st
 
 from attn_core import MEASURED
-from attn_core.charts import insight as insight_charts, scaling, style
-from attn_core.engine import stage, worker
+from attn_core.insight import charts as insight_charts
+from attn_core.charts import scaling, style
+from attn_core.engine import server
 from attn_core.engine.config import SweepConfig
 from attn_core.engine.job import Job
 from attn_core.engine.pacing import Pacing
 from attn_core.engine.problem import sharing
 from attn_core.engine.results import Run
+from attn_core.engine.stage import Stage
+
+UNBOUND = "links_unbound"  # session state: the linked widgets drawn unbound once (see unbind)
 
 
 def keyed(key: str, *, link: bool = False) -> dict:
     """A widget's stable key, its value kept across page switches; `link`: also in the URL, so a link reproduces
-    the setup."""
+    the setup (unless `unbind` let go of it for this run)."""
+    if link and key in st.session_state.get(UNBOUND, ()):
+        st.session_state[UNBOUND].discard(key)
+        link = False
     return {"key": key, "persist_state": "session", **({"bind": "query-params"} if link else {})}
+
+
+def unbind(key: str, value: Any) -> None:
+    """Take a value out of the URL that the widget bound to it cannot take (Back or Forward brought it back), and
+    set the widget to `value`: st.query_params may not delete a bound parameter, so the widget is drawn unbound once,
+    and Streamlit, seeing the binding dropped, takes the parameter out of the URL; the next run binds it again."""
+    st.session_state.setdefault(UNBOUND, set()).add(key)
+    st.session_state[key] = value
 
 
 def label(key: str) -> str:
@@ -70,11 +87,13 @@ def show_chart(chart, **options) -> None:
 
 
 def ensure_routed() -> None:
-    """Call first in every page and in the router. On a fresh server's first request streamlit is still in its legacy
-    pages/-folder mode: a deep link runs the page alone (the router never runs, the page has no frame), and "/" runs
-    the router as a legacy page, whose widgets then change identity on the next run (a first click is lost). Leave
-    that mode for good (as st.navigation itself does) and, on a session's first run, run again so the router
-    resolves the URL. No public API leaves that mode: the flag is Streamlit's own (PagesManager)."""
+    """Call first in every page and in the router. The one private Streamlit call of the dashboard, kept here alone
+    (tests/test_server.py fails the day Streamlit changes it). A folder named pages/ beside app.py puts a fresh
+    server in Streamlit's legacy multipage mode until st.navigation first runs: a deep link as its first request runs
+    the page alone (the router never runs, the page has no frame), and "/" runs the router as a legacy page, whose
+    widgets then change identity on the next run (a first click is lost). Leave that mode for good (as st.navigation
+    itself does) and, on a session's first run, run again so the router resolves the URL. No public API leaves that
+    mode, and the layout names the folder pages/."""
     from streamlit.runtime.pages_manager import PagesManager
 
     if PagesManager.uses_pages_directory:
@@ -83,31 +102,12 @@ def ensure_routed() -> None:
             st.rerun()
 
 
-def drop_bound_param(key: str) -> None:
-    """Take `key` out of the URL and out of Streamlit's own copy of it, from which a widget bound to the URL is seeded
-    (as Streamlit does with a value it cannot parse). No public API: st.query_params refuses to delete a parameter
-    bound to a widget."""
-    from streamlit.runtime.state.session_state_proxy import get_session_state
-
-    with get_session_state().query_params() as params:
-        params._initial_query_params.pop(key, None)
-        params.remove_param(key)
-
-
 def session_id() -> str:
-    """This browser session's id as the server knows it. No public API: st.context has no session id (1.67)."""
-    from streamlit.runtime.scriptrunner import get_script_run_ctx
-
-    ctx = get_script_run_ctx()
-    return ctx.session_id if ctx is not None else ""
-
-
-def session_alive(session: str) -> bool:
-    """Whether a session still has a page open; True where no server runs (AppTest): nothing can be told there. No
-    public API says whether a session is connected: the runtime's own registry of sessions answers."""
-    from streamlit import runtime
-
-    return not runtime.exists() or runtime.get_instance().is_active_session(session)
+    """This browser session's id, made here at its first use and kept in its session state (a reload or a second
+    tab is a new session)."""
+    if "session_id" not in st.session_state:
+        st.session_state["session_id"] = uuid.uuid4().hex
+    return st.session_state["session_id"]
 
 
 @dataclass
@@ -153,42 +153,36 @@ def open_benchmark(preset: str) -> None:
     st.switch_page("pages/benchmark.py")
 
 
-# The engine's jobs (Job on the server's Stage, the worker): the dashboard calls them here, and holds the worker in
-# _bench_view.
+# The server's jobs (attn_core.engine.server), asked for by this session.
 
-@st.cache_resource(show_spinner=False)
-def prestart_worker() -> bool:
-    """Start the measuring process once per server: it imports torch now, so a first point comes fast later."""
-    worker.prestart()
-    return True
-
-
-@st.cache_resource(show_spinner=False)
-def sweeps() -> stage.Stage:
-    """The server's one measuring stage: sweeps run one at a time, each watched by the sessions that show it."""
-    return stage.Stage(session_alive)
+def sweeps() -> Stage:
+    """The server's one measuring stage."""
+    return server.stage()
 
 
 def submit(name: str, configs: tuple[SweepConfig, ...]) -> Job:
-    """Sweeps run one after another as one job, queued on the server's stage for this session. Sweeps that cannot
-    run (a preset on a device without its dtype) give a job that ended at once with the sentences as its error, which
-    the page shows where a sweep's error goes."""
-    try:
-        return Job.measure(name, configs, stage=sweeps(), watcher=session_id())
-    except ValueError as e:
-        return Job.refused(name, str(e))
+    """Sweeps run one after another as one job, queued for this session; sweeps that cannot run give a job that
+    ended at once with the sentences as its error, which the page shows where a sweep's error goes."""
+    return server.submit(name, configs, session_id())
 
 
 def adopt_running() -> Job | None:
-    """The job the server is measuring, watched by this session from now on (a reload, a second tab); None when
-    none is."""
-    desk = sweeps()
-    job = desk.running()
-    if job is not None:
-        desk.watch(session_id(), job)
-    return job
+    """The job the server is measuring, watched by this session from now on (a reload, a second tab)."""
+    return server.adopt_running(session_id())
 
 
 def replay(run: Run, points_per_s: float, *, at_once: bool) -> Job:
     """A saved run played back point by point, or (`at_once`) shown whole."""
-    return Job.replay(run, points_per_s, shown=at_once)
+    return server.replay(run, points_per_s, at_once=at_once)
+
+
+def seen() -> None:
+    """This session shows its page now: the jobs it watches are kept (its heartbeat on the server's stage)."""
+    server.seen(session_id())
+
+
+def keep_watching() -> None:
+    """In the router: while this session's job measures or waits, whatever page is shown, say so now and every
+    server.HEARTBEAT_S (a fragment that draws nothing), so that a reader on another page keeps the sweep."""
+    if bench_state().running:
+        st.fragment(seen, run_every=server.HEARTBEAT_S)()

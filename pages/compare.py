@@ -2,8 +2,9 @@
 beside; the history of the runs the local store keeps."""
 import streamlit as st
 
-from attn_core import MECHANISMS, untrusted
-from attn_core.charts import insight as insight_charts
+from attn_core import MECHANISMS
+from attn_core.engine import untrusted
+from attn_core.insight import charts as insight_charts
 from attn_core.insight import published
 from attn_core.engine import analysis, results
 from pages import _run_store as history

@@ -2,9 +2,9 @@
 import pandas as pd
 import streamlit as st
 
-from attn_core.charts import insight as insight_charts
+from attn_core.insight import charts as insight_charts
 from attn_core.insight import further, lesson
-from attn_core import untrusted
+from attn_core.engine import untrusted
 from pages._shared import ensure_routed, export_row, keyed, open_benchmark, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first

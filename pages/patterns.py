@@ -3,7 +3,7 @@ import streamlit as st
 
 from attn_core import MECHANISMS
 from attn_core.insight import accuracy, effective
-from attn_core.charts import insight as insight_charts
+from attn_core.insight import charts as insight_charts
 from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first

@@ -5,14 +5,15 @@ import hashlib
 import pandas as pd
 import streamlit as st
 
-from attn_core import planner, planner_measure
-from attn_core.charts import insight as insight_charts, planner as planner_charts
+from attn_core.studies.planner import model as planner, measure as planner_measure
+from attn_core.insight import charts as insight_charts
+from attn_core.studies.planner import chart as planner_charts
 from attn_core.engine import env
 from attn_core.engine.measure import format_bytes
 from attn_core.insight import theory
 from attn_core.mechanisms import MEASURED
 from attn_core.spec import DTYPE_BYTES
-from attn_core.untrusted import file_stem, literal
+from attn_core.engine.untrusted import file_stem, literal
 from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first

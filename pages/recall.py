@@ -1,14 +1,16 @@
 """Associative recall: what a mechanism can still learn, trained live, beside what it holds and the time it took
-(attn_core.recall; MQAR, Zoology, Arora et al. 2023, arXiv 2312.04927)."""
+(attn_core.studies.recall.mqar; MQAR, Zoology, Arora et al. 2023, arXiv 2312.04927)."""
 import json
 import time
 
 import streamlit as st
 
-from attn_core import MECHANISMS, recall
-from attn_core.charts import recall as recall_charts, style
+from attn_core import MECHANISMS
+from attn_core.studies.recall import mqar as recall
+from attn_core.studies.recall import chart as recall_charts
+from attn_core.charts import style
 from attn_core.engine import env
-from attn_core.untrusted import literal
+from attn_core.engine.untrusted import literal
 from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first

@@ -441,3 +441,27 @@ def kda_reference(q, k, v, alpha, beta, pad=None) -> torch.Tensor:
                         + beta[b, j, t] * torch.outer(v[b, j, t], kt)
                 out[b, h, t] = S @ (q[b, h, t] / q[b, h, t].norm().clamp_min(1e-6) / math.sqrt(D))
     return out
+
+
+def sink_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor, mask: np.ndarray | None = None,
+                 pad: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention with sinks as gpt-oss describes them (arXiv 2508.10925): one more column in each row's softmax whose
+    score is the head's sink logit and whose value is zero. float64, explicit exp and normalisation; k, v of Hk heads
+    repeated for their H/Hk query heads; `mask` (nq, nk) True = attend, `pad` (B, nk) True = padding. Keeps the
+    graph, so gradients to q, k, v and sinks flow."""
+    B, H, nq, D = q.shape
+    r = H // k.shape[1]
+    k64, v64 = (t.double().repeat_interleave(r, dim=1) for t in (k, v))
+    logits = torch.einsum("bhid,bhjd->bhij", q.double(), k64) / math.sqrt(D)
+    hidden = torch.zeros(logits.shape, dtype=torch.bool)
+    if mask is not None:
+        hidden |= ~torch.as_tensor(mask)
+    if pad is not None:
+        hidden |= pad[:, None, None, :]
+    logits = logits.masked_fill(hidden, float("-inf"))
+    sink = sinks.double().view(1, H, 1, 1).expand(B, H, nq, 1)
+    every = torch.cat([logits, sink], dim=-1)  # the sink is the last column
+    w = torch.exp(every - every.amax(-1, keepdim=True))
+    w = w / w.sum(-1, keepdim=True)
+    values = torch.cat([v64, torch.zeros(B, H, 1, D, dtype=torch.float64)], dim=-2)  # ... with a zero value
+    return torch.einsum("bhij,bhjd->bhid", w, values)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from attn_core import native, store
+from attn_core import native
+from attn_core.engine import store
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -14,7 +14,7 @@ from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest, app_test
 
 from attn_core import cli, MECHANISMS
-from attn_core.engine import job as sweep, presets, results
+from attn_core.engine import job as sweep, presets, results, server
 from tests.apptest_helpers import chart_specs, displayed
 from attn_core.engine.job import Job
 
@@ -39,20 +39,9 @@ def private_sweep_lock(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def fresh_stage():
     """Each test's sessions get a server stage of their own; a sweep a test leaves running is stopped after it."""
-    from pages._shared import sweeps
-
-    sweeps.clear()
+    server.reset()
     yield
-    desk = sweeps()
-    for entry in list(desk.queue):
-        desk.withdraw(entry)
-    if desk.running() is not None:
-        desk.running().cancel()
-    deadline = time.monotonic() + 30
-    while desk.running() is not None and time.monotonic() < deadline:
-        desk.check()
-        time.sleep(0.05)
-    sweeps.clear()
+    server.reset()
 
 
 class Routed(PagesManager):

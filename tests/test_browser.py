@@ -12,7 +12,7 @@ import pytest
 
 from attn_core import MECHANISMS
 from attn_core.charts import scaling
-from attn_core.engine import lock, presets
+from attn_core.engine import lock, presets, stage
 from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_server, browser_page, wait_idle
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -117,10 +117,12 @@ def test_talk_mode_is_the_first_click_on_a_fresh_server_and_it_counts(page, priv
 
 
 def test_a_reload_finds_the_running_sweep_and_a_sweep_nobody_watches_is_cancelled(page, private_tmp):
-    """Reload mid-sweep: the new page shows the sweep's progress and can stop it. Close every page: the server
-    cancels the sweep after its grace time (stage.ORPHAN_S) and says so in its log."""
+    """Reload mid-sweep: the new page shows the sweep's progress and can stop it. Close every page: no page says it
+    is there any more (its heartbeat), and the server cancels the sweep after its orphan time and says so in its
+    log."""
     longer = TINY.replace("bench_n=64&bench_n=128&bench_steps=2", "bench_n=256&bench_n=16%2C384&bench_steps=7")
-    with app_server(private_tmp) as server:
+    orphan_s = 15  # the server's own (stage.ORPHAN_VARIABLE): the sweep is still measuring when it runs out
+    with app_server({**private_tmp, stage.ORPHAN_VARIABLE: str(orphan_s)}) as server:
         page.goto(f"{server.url}/benchmark?{longer}")
         wait_idle(page)
         page.locator(".st-key-bench_run button").click()
@@ -132,7 +134,7 @@ def test_a_reload_finds_the_running_sweep_and_a_sweep_nobody_watches_is_cancelle
         assert page.locator(EXCEPTION).count() == 0
         page.goto("about:blank")  # every page of the sweep has gone
         path = os.path.join(lock.user_folder(private_tmp["TMPDIR"]), lock.LOCK_NAME)
-        with lock.sweep_lock(wait_s=120, path=path):  # free once the sweep has ended
+        with lock.sweep_lock(wait_s=orphan_s + 120, path=path):  # free once the sweep has ended
             pass
         assert "cancelled: no page has shown it" in server.output()
 

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from attn_core import MECHANISMS
-from attn_core.charts import export, insight, scaling, style
+from attn_core.charts import export, scaling, style
+from attn_core.insight import charts as insight
 from attn_core.engine.presets import QUICK_DEMO
 from attn_core.engine.results import frame_from_rows
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attn_core import store
+from attn_core.engine import store
 from attn_core.engine.config import SweepConfig
 from attn_core.engine.results import load_run
 from tests.test_pages_insight import ROOT, charts, errors, records, run_bytes

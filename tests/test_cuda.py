@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import flex, generation as gen
+from attn_core.mechanisms import flex
+from attn_core.nn import generation as gen
 from attn_core.engine.measure import measure, resolve_mechanisms
 from attn_core.engine.problem import MODES
 from attn_core.spec import Shape

@@ -7,7 +7,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import attn_core as ac
-from attn_core import generation as gen
+from attn_core.nn import generation as gen
 from attn_core.mechanisms.differential import signed_weights
 from attn_core.spec import Shape
 from tests.baselines import differential_reference, masked_softmax

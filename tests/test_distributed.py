@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from attn_core import cli
-from attn_core import distributed as D
+from attn_core.studies.parallel import schemes as D
 from attn_core.engine.lock import sweep_lock
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attn_core import files
+from attn_core.engine import files
 from attn_core.engine.results import Run, frame_from_rows, load_run, save_run
 from tests.test_hardening_files import point
 
@@ -115,4 +115,4 @@ def test_every_file_the_product_writes_goes_through_write_atomic():
              for path in [*(ROOT / "attn_core").rglob("*.py"), *(ROOT / "pages").rglob("*.py"), ROOT / "app.py"]
              for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if WRITES.search(line) and path.name != "files.py"]
-    assert not found, "write these through attn_core.files.write_atomic:\n" + "\n".join(found)
+    assert not found, "write these through attn_core.engine.files.write_atomic:\n" + "\n".join(found)

@@ -46,7 +46,7 @@ def test_home_points_a_newcomer_to_the_learn_page():
 def test_theory_says_which_lines_coincide_and_close_budgets_share_one_label():
     import pandas as pd
 
-    from attn_core.charts import insight
+    from attn_core.insight import charts as insight
 
     frame = pd.DataFrame({"label": ["A", "A", "B", "B", "C", "C"], "n": [1, 2] * 3, "mechanism": list("aabbcc"),
                           "status": "ok", "total_bytes": [1.0, 4.0, 1.0, 4.0, 1.0, 2.0]})

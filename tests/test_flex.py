@@ -1,4 +1,4 @@
-"""One mask, three implementations (attn_core.flex): ours, compiled FlexAttention and SDPA with a dense mask against
+"""One mask, three implementations (attn_core.mechanisms.flex): ours, compiled FlexAttention and SDPA with a dense mask against
 a float64 masked softmax written here, over masks built cell by cell (tests/baselines.allowed); Flex's mask_mod
 against the same masks; the refusals; the implementation carried by the engine's problem, row, run file and CLI."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from attn_core import flex, masks
+from attn_core.mechanisms import flex
+from attn_core import masks
 from attn_core.charts.scaling import with_series
 from attn_core.engine import analysis
 from attn_core.engine.config import SweepConfig
@@ -193,7 +194,7 @@ def test_a_store_of_the_first_version_reads_as_ours_and_migrates_on_writing(tmp_
     import contextlib
     import sqlite3
 
-    from attn_core import store
+    from attn_core.engine import store
     path = tmp_path / "runs.sqlite3"
     with contextlib.closing(sqlite3.connect(path)) as db:  # as the first version of the store left it
         for statement in store.MIGRATIONS[0]:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import generation as gen
+from attn_core.nn import generation as gen
 from attn_core.charts import scaling
 from attn_core.engine import analysis, presets
 from attn_core.engine.config import SweepConfig

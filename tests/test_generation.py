@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import generation as gen
+from attn_core.nn import generation as gen
 from attn_core.spec import Shape
 from tests.baselines import (allowed, differential_reference, elu_plus_one, gated_delta_reference, kda_reference,
                              kernel_attention,

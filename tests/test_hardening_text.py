@@ -10,8 +10,11 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attn_core import cli, planner, store, untrusted
-from attn_core.charts import export, insight as insight_charts
+from attn_core import cli
+from attn_core.studies.planner import model as planner
+from attn_core.engine import store, untrusted
+from attn_core.charts import export
+from attn_core.insight import charts as insight_charts
 from attn_core.engine import results
 from attn_core.insight import published
 from tests.apptest_helpers import displayed

@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attn_core import MECHANISMS, untrusted
+from attn_core import MECHANISMS
+from attn_core.engine import untrusted
 from attn_core.charts import export, scaling
-from attn_core.charts import insight as insight_charts
+from attn_core.insight import charts as insight_charts
 from attn_core.engine import results
 from attn_core.benchmarks.dashboard import EXCEPTION, app_server, browser_page, wait_idle
 from attn_core.engine.config import DEFAULT_SWEEP

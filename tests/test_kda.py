@@ -11,7 +11,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import attn_core as ac
-from attn_core import generation as gen
+from attn_core.nn import generation as gen
 from attn_core.insight import effective as ef
 from attn_core.mechanisms import kda
 from attn_core.mechanisms._linear_core import causal_chunks

@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import attn_core as ac
-from attn_core import latent
+from attn_core.nn import latent
 from tests.test_flop_counter import baddbmm_flops
 
 SIZES = dict(d_model=24, heads=3, kv_rank=10, rope_dim=4, head_dim=6)

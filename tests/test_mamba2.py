@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import generation as gen
+from attn_core.nn import generation as gen
 from attn_core.mechanisms import mamba2
 from attn_core.spec import Shape
 from tests.test_mechanisms import profiled_peak

@@ -14,7 +14,8 @@ from attn_core.insight import effective
 from attn_core.mechanisms.linear import feature_map
 from attn_core.mechanisms.performer import favor_features, orthogonal_features
 from attn_core.spec import Shape
-from tests.baselines import allowed, kernel_attention, masked_softmax, plain_causal, runs, trace_peak_bytes
+from tests.baselines import (allowed, kernel_attention, masked_softmax, plain_causal, positive_random_features, runs,
+                             trace_peak_bytes)
 from tests.copies import with_copies
 
 SMALL = {"sliding_window": {"window": 5}, "local": {"block": 8, "lookback": 1, "lookahead": 2},
@@ -117,11 +118,13 @@ def test_kernel_mechanism_gradients_match_explicit_form(key, causal):
     proj = orthogonal_features(16, 8, seed=2, dtype=torch.float64)
     params = {"features": 16, "projection": proj} if key == "performer" else {}
 
-    def phi(x, is_query):
-        return favor_features(x, proj, is_query=is_query) if key == "performer" else F_elu1(x)
+    def phi(x):
+        # the paper's φ, unstabilised: the library's stabilisers are constant along a query row or over a head's keys,
+        # so they cancel in the normalised output and in its gradients
+        return positive_random_features(x, proj) if key == "performer" else F_elu1(x)
 
     got = torch.autograd.grad(ac.attention(key, q, k, v, causal=causal, **params).pow(2).sum(), (q, k, v))
-    want = torch.autograd.grad(kernel_attention(phi(q, True), phi(k, False), v, causal).pow(2).sum(), (q, k, v))
+    want = torch.autograd.grad(kernel_attention(phi(q), phi(k), v, causal).pow(2).sum(), (q, k, v))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-6)
 
@@ -135,8 +138,7 @@ def test_linear_feature_map_is_elu_plus_one():
 def test_performer_equals_its_explicit_kernel_form(n, causal):
     q, k, v = qkv(n, D=16)
     proj = orthogonal_features(64, 16, seed=4)
-    expected = kernel_attention(favor_features(q, proj, is_query=True), favor_features(k, proj, is_query=False), v,
-                                causal)
+    expected = kernel_attention(positive_random_features(q, proj), positive_random_features(k, proj), v, causal)
     out = ac.attention("performer", q, k, v, causal=causal, features=64, projection=proj)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-4)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import generation as gen
+from attn_core.nn import generation as gen
 from attn_core.mechanisms import nsa
 from attn_core.spec import Shape
 from tests.baselines import nsa_reference

@@ -259,7 +259,7 @@ def test_no_mask_costs_nothing(monkeypatch):
         raise AssertionError("padding code ran without a mask")
 
     modules = {sys.modules[s.fn.__module__] for s in ac.MECHANISMS.values()} | {sys.modules["attn_core.api"],
-                                                                               sys.modules["attn_core.layers"]}
+                                                                               sys.modules["attn_core.nn.layers"]}
     for module in modules:
         if hasattr(module, "check_key_padding"):
             monkeypatch.setattr(module, "check_key_padding", boom)

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from attn_core import MECHANISMS
 from attn_core.insight import accuracy, effective, published, theory
-from attn_core.charts import insight as insight_charts
+from attn_core.insight import charts as insight_charts
 from attn_core.engine import results
 from tests.apptest_helpers import chart_specs as charts, displayed
 

@@ -85,7 +85,7 @@ def test_the_one_time_table_lists_only_other_implementations_with_their_costs():
 
 
 def test_the_chart_exports_as_the_other_figures_do_with_its_marks_and_data():
-    from attn_core.charts import insight
+    from attn_core.insight import charts as insight
     chart = payoff.payoff_chart(frame(), 4096)
     made = {fmt: (data, name) for fmt, data, name, _ in insight.downloads(chart, payoff.payoff_frame(frame(), 4096),
                                                                           "attention-payoff")}

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attn_core import cli, planner
+from attn_core import cli
+from attn_core.studies.planner import model as planner
 
 GIB = 2**30
 BF16 = 2

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from attn_core.planner import plan
+from attn_core.studies.planner.model import plan
 from attn_core.studies.planner.hf_config import from_hf_config, parse_config, read_config
 from attn_core.studies.planner.weights import count_weights
 

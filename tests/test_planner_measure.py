@@ -10,9 +10,10 @@ import math
 
 import pytest
 
-from attn_core import cli, planner
-from attn_core import planner_measure as pm
-from attn_core.planner import Layer, Model
+from attn_core import cli
+from attn_core.studies.planner import model as planner
+from attn_core.studies.planner import measure as pm
+from attn_core.studies.planner.model import Layer, Model
 
 SOFTMAX = Layer(name="softmax", mechanism="softmax", count=10, heads=8, head_dim=64)
 TINY = Model(name="tiny", max_context=4096, dtype="float32",

@@ -8,7 +8,7 @@ import pytest
 from streamlit.runtime.media_file_manager import MediaFileManager
 from streamlit.testing.v1 import AppTest
 
-from attn_core import planner, planner_measure
+from attn_core.studies.planner import model as planner, measure as planner_measure
 from tests.apptest_helpers import chart_specs
 from tests.test_app import APP, routed  # noqa: F401
 

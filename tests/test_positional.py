@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from attn_core import MECHANISMS, attention, positional
+from attn_core import MECHANISMS, attention
+from attn_core.positions import encodings as positional
 
 
 def test_sinusoidal_values_are_the_formula():

@@ -220,7 +220,7 @@ def test_a_store_made_before_positions_is_migrated_and_read_only_reads_them_as_n
     positions as none and leaves the file as it is; a writing open adds the column."""
     import sqlite3
 
-    from attn_core import store
+    from attn_core.engine import store
     path = tmp_path / "runs.sqlite3"
     with sqlite3.connect(path) as db:
         for statement in store.MIGRATIONS[0]:

@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from attn_core import recall
-from attn_core.charts import recall as recall_charts
+from attn_core.studies.recall import mqar as recall
+from attn_core.studies.recall import chart as recall_charts
 from attn_core.cli import main
-from attn_core.recall import IGNORE, RecallModel, Setup, Task, mqar
+from attn_core.studies.recall.mqar import IGNORE, RecallModel, Setup, Task, mqar
 
 TINY = Setup(task=Task(vocab=16, seq=16, pairs=2), d_model=32, steps=100, batch=16, lrs=(1e-2,), eval_sequences=128,
              eval_every=20)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from streamlit.testing.v1 import AppTest
 
-from attn_core import recall
+from attn_core.studies.recall import mqar as recall
 from tests.apptest_helpers import chart_specs
 from tests.test_app import APP, routed  # noqa: F401
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from attn_core import rope
+from attn_core.positions import rope
 
 
 def rotated_by_hand(x: torch.Tensor, positions: list[int], base: float = 10000.0) -> torch.Tensor:

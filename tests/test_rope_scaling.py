@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attn_core import rope
+from attn_core.positions import rope
 from attn_core.positions import scaling as rs
 
 # Published rope_scaling dicts (each model's config.json on the Hugging Face Hub):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import generation as gen
+from attn_core.nn import generation as gen
 from attn_core.spec import Shape
 from tests.baselines import allowed, masked_softmax, runs, trace_peak_bytes
 from tests.copies import original, with_copies

@@ -34,9 +34,9 @@ class Clock:
         return self.now
 
 
-def stage_with(alive: set[str]) -> tuple[Stage, Clock, dict]:
+def stage_with() -> tuple[Stage, Clock, dict]:
     clock, jobs = Clock(), {}
-    desk = Stage(lambda s: s in alive, orphan_s=5.0, clock=clock, thread=False)
+    desk = Stage(orphan_s=5.0, clock=clock, thread=False)
     return desk, clock, jobs
 
 
@@ -45,7 +45,7 @@ def submit(desk: Stage, jobs: dict, session: str, name: str) -> FakeJob:
 
 
 def test_sweeps_run_one_at_a_time_in_the_order_asked():
-    desk, _, jobs = stage_with({"a", "b"})
+    desk, _, jobs = stage_with()
     first = submit(desk, jobs, "a", "first")
     second = submit(desk, jobs, "b", "second")
     third = submit(desk, jobs, "a", "third")
@@ -57,7 +57,7 @@ def test_sweeps_run_one_at_a_time_in_the_order_asked():
 
 
 def test_a_queued_sweep_can_be_withdrawn_and_says_so():
-    desk, _, jobs = stage_with({"a", "b"})
+    desk, _, jobs = stage_with()
     submit(desk, jobs, "a", "first")
     later = submit(desk, jobs, "a", "zero")
     assert later.progress.current == "queued, next after “first”"
@@ -73,48 +73,53 @@ def test_a_queued_sweep_can_be_withdrawn_and_says_so():
     assert "second" not in jobs
 
 
-def test_a_sweep_whose_watchers_have_all_gone_is_cancelled_after_the_grace_time():
-    alive = {"a", "b"}
-    desk, clock, jobs = stage_with(alive)
-    job = submit(desk, jobs, "a", "sweep")
+def test_a_sweep_no_watcher_has_shown_for_the_orphan_time_is_cancelled_once():
+    desk, clock, jobs = stage_with()
+    job = submit(desk, jobs, "a", "sweep")  # asking counts as being seen
     desk.watch("b", job)  # a second tab
-    alive.discard("a")  # the first tab reloaded: its session is gone, the second still watches
-    clock.now = 60.0
+    clock.now = 3.0
+    desk.seen("b")  # the first tab has gone quiet (a reload), the second still ticks
+    clock.now = 7.0
+    desk.check()
+    assert not jobs["sweep"].cancelled  # "a" unseen for 7 s, but "b" for 4 s only
+    clock.now = 7.9
     desk.check()
     assert not jobs["sweep"].cancelled
-    alive.discard("b")
-    desk.check()  # gone now: the grace time starts
-    clock.now = 64.0
-    desk.check()
-    assert not jobs["sweep"].cancelled  # a network blip reconnects within it
-    clock.now = 65.5
+    clock.now = 8.0
     desk.check()
     assert jobs["sweep"].cancelled
+    jobs["sweep"].cancelled = False  # still ending: it is not cancelled a second time
+    desk.check()
+    assert not jobs["sweep"].cancelled
 
 
-def test_a_watcher_back_within_the_grace_time_keeps_the_sweep():
-    alive = {"a"}
-    desk, clock, jobs = stage_with(alive)
+def test_a_page_that_keeps_ticking_keeps_its_sweep_however_long_it_runs():
+    desk, clock, jobs = stage_with()
     submit(desk, jobs, "a", "sweep")
-    alive.clear()
-    desk.check()
-    clock.now = 4.0
-    alive.add("a")
-    desk.check()
-    alive.clear()
-    clock.now = 8.0
-    desk.check()  # the grace time starts again from here
+    for tick in range(1, 200):  # every 2 s, as the progress ticker does (engine.pacing), for 400 s
+        clock.now = 2.0 * tick
+        desk.seen("a")
+        desk.check()
+    assert not jobs["sweep"].cancelled and desk.running() is jobs["sweep"]
+
+
+def test_a_session_back_within_the_orphan_time_keeps_the_sweep():
+    desk, clock, jobs = stage_with()
+    submit(desk, jobs, "a", "sweep")
+    clock.now = 4.9
+    desk.seen("a")  # a network blip: back before the orphan time ran out
+    clock.now = 9.0
+    desk.check()  # the orphan time counts again from the last time it was seen
     assert not jobs["sweep"].cancelled
 
 
 def test_an_orphaned_queued_sweep_is_dropped_and_the_next_one_starts():
-    alive = {"a", "b"}
-    desk, clock, jobs = stage_with(alive)
+    desk, clock, jobs = stage_with()
     submit(desk, jobs, "a", "first")
     gone = submit(desk, jobs, "b", "second")
     kept = submit(desk, jobs, "a", "third")
-    alive.discard("b")
-    desk.check()
+    clock.now = 4.0
+    desk.seen("a")  # "b" closed its tab
     clock.now = 6.0
     desk.check()
     assert gone.withdrawn and gone.done and desk.queue == [kept]
@@ -124,7 +129,7 @@ def test_an_orphaned_queued_sweep_is_dropped_and_the_next_one_starts():
 
 
 def test_a_sweep_that_cannot_start_does_not_block_the_queue():
-    desk, _, jobs = stage_with({"a"})
+    desk, _, jobs = stage_with()
     bad = submit(desk, jobs, "a", "bad")
     submit(desk, jobs, "a", "good")
     assert bad.done and bad.error == "Heads must be at least 1." and list(jobs) == ["good"]
@@ -132,7 +137,7 @@ def test_a_sweep_that_cannot_start_does_not_block_the_queue():
 
 def test_a_jobs_poll_moves_its_stage_on():
     """A page polling its queued job is what starts it once the machine is free (the stage's thread does too)."""
-    desk, _, jobs = stage_with({"a"})
+    desk, _, jobs = stage_with()
     first = submit(desk, jobs, "a", "first")
     second = submit(desk, jobs, "a", "second")
     first.finish()

@@ -18,7 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attn_core import cli, store
+from attn_core import cli
+from attn_core.engine import store
 from attn_core.engine.config import SweepConfig
 from attn_core.engine.job import Job, run_sweep
 from attn_core.engine.measurement import COLUMNS

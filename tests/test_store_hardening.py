@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attn_core import cli, store
+from attn_core import cli
+from attn_core.engine import store
 from attn_core.engine import results
 from attn_core.engine.results import Run, load_run
 from tests.fake_mechanisms import private_sweep_lock  # noqa: F401 (an autouse fixture)

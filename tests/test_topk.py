@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attn_core as ac
-from attn_core import generation as gen
+from attn_core.nn import generation as gen
 from attn_core import native
 from attn_core.insight import effective as ef
 from attn_core.mechanisms import topk as tk

@@ -23,8 +23,8 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from . import end, start
 from ..engine import presets, results
 from ..engine.config import DEFAULT_SWEEP, SweepConfig
-from ..files import write_atomic
-from ..untrusted import csv_bytes
+from attn_core.engine.files import write_atomic
+from attn_core.engine.untrusted import csv_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from . import end, interleaved, median, ratio_verdict, ratios, spread, start
-from .. import generation as gen
+from attn_core.nn import generation as gen
 from ..engine import env
 from ..engine.analysis import loglog_slope
 from ..engine.measure import format_bytes

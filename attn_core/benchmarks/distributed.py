@@ -10,7 +10,7 @@ process runs softmax (materialized, the arithmetic each ring step does on its bl
 the ring's two processes share between them. On a machine of few cores the two processes share those cores: the
 ring then splits the work without adding any, and what it shows is the cost of splitting (transfers, the online
 softmax), not a speed-up. Ring attention pays off where each process has a device of its own (Liu, Zaharia, Abbeel
-2023, arXiv 2310.01889); see attn_core.distributed.overlap_block for when the transfer hides behind the compute.
+2023, arXiv 2310.01889); see attn_core.studies.parallel.schemes.overlap_block for when the transfer hides behind the compute.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import time
 import torch
 
 from . import end, median, powers, spread, start
-from .. import distributed as dist_attn
+from attn_core.studies.parallel import schemes as dist_attn
 from ..mechanisms import MECHANISMS
 
 HEADS, HEAD_DIM, PROCS = 8, 64, 2

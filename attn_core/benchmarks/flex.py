@@ -1,5 +1,5 @@
 """One mask, three kernels: a mechanism defined by a mask (a sliding window by default) run by our kernel, by
-compiled FlexAttention and by SDPA with a dense boolean mask (attn_core.flex), from interleaved calls (A B C A B C …,
+compiled FlexAttention and by SDPA with a dense boolean mask (attn_core.mechanisms.flex), from interleaved calls (A B C A B C …,
 so a busy spell of the machine hits all three alike), median with its spread; the one-time costs (Flex's compile and
 block mask, the dense mask) printed apart, never inside a time. Each n ends with the load average and a verdict on
 ours ÷ compiled Flex against issue 25's targets: ≤ 1.0× on a quiet machine, ≤ 1.5× with one core busy (--busy: a
@@ -22,7 +22,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from .. import MECHANISMS, flex, make_state
+from attn_core import MECHANISMS, make_state
+from attn_core.mechanisms import flex
 from . import end, interleaved, machine, machine_options, ratio_verdict, ratios, spread, start
 from ..engine import env
 from ..engine.measure import format_bytes

@@ -21,7 +21,7 @@ import torch
 from . import end, powers, spread, start
 from ..engine import env
 from ..engine.analysis import loglog_slope
-from .. import generation as gen
+from attn_core.nn import generation as gen
 from ..api import make_state
 from ..mechanisms import MECHANISMS
 from ..mechanisms._common import validated

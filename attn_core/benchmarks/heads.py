@@ -2,7 +2,7 @@
 'GQA', arXiv 2305.13245) against multi-head attention, and multi-head latent attention decoding in its absorbed
 form against its naive one (DeepSeek-V2, arXiv 2405.04434, section 2.1). Every figure comes from interleaved calls
 (A B A B …, so a busy spell of the machine hits both alike), median with its spread, through the public functions a
-user calls: `attn_core.attention`, `attn_core.generation.remember` / `step`, `MultiLatentAttention.step`.
+user calls: `attn_core.attention`, `attn_core.nn.generation.remember` / `step`, `MultiLatentAttention.step`.
 
     python -m attn_core.benchmarks.heads            # B=1, H=8, D=64, fp32: n = 8192 (softmax 4096), decode 16384
     python -m attn_core.benchmarks.heads --quick    # n = 2048, decode at 4096, for a first look
@@ -27,10 +27,10 @@ import torch
 
 from . import CLOCKS, alternate, end, median, ratio_verdict, ratios, spread, start, timer
 from .. import MultiLatentAttention, attention
-from .. import generation as gen
+from attn_core.nn import generation as gen
 from ..engine import env
 from ..engine.measure import format_bytes
-from ..latent import DEEPSEEK, LatentCache, cache_elements, deepseek_proportions, mha_cache_elements, step_flops
+from attn_core.nn.latent import (DEEPSEEK, LatentCache, cache_elements, deepseek_proportions, mha_cache_elements, step_flops)
 
 LINES = {"softmax": {}, "sdpa": {}, "sliding_window": {"window": 256}, "linear": {}}
 CAUSAL = ("sdpa", "sliding_window", "linear")  # softmax causal would only double its slowest line

@@ -20,8 +20,8 @@ from ..engine.measure import format_bytes
 from ..engine.measurement import unmeasured
 from ..engine.problem import Problem, Settings
 from ..engine.results import frame_from_rows
-from ..files import write_atomic
-from ..untrusted import csv_bytes
+from attn_core.engine.files import write_atomic
+from attn_core.engine.untrusted import csv_bytes
 
 EFFICIENT = {"local": {}, "sliding_window": {"window": 256}, "linformer": {"rank": 256},
              "performer": {"features": 256}, "linear": {}}

@@ -1,4 +1,4 @@
-"""The planner's prediction checked: for a few built-in models, each layer kind timed here (attn_core.planner_measure,
+"""The planner's prediction checked: for a few built-in models, each layer kind timed here (attn_core.studies.planner.measure,
 on fewer heads), then a scaled-down stack of the model's kinds in its proportions run for real, its prefill and one
 decode step through every layer, against what the planner predicted for it from those timings. Target: measured ÷
 predicted within ×1.5 either way. The stack runs at twice the longest length its kinds were timed at, halved while
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from . import end, start
-from .. import planner
-from .. import planner_measure as pm
+from attn_core.studies.planner import model as planner
+from attn_core.studies.planner import measure as pm
 
 MODELS = ("llama-3-8b", "gemma-3-27b", "qwen3-next-80b-a3b")
 TARGET = 1.5

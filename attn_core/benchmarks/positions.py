@@ -22,7 +22,8 @@ import argparse
 import torch
 
 from . import alternate, end, machine, machine_options, point, ratios, spread, start, timer
-from .. import attention, positional
+from attn_core import attention
+from attn_core.positions import encodings as positional
 from ..engine import env
 from ..engine.measure import format_bytes
 from ..engine.problem import Problem, Settings

@@ -27,7 +27,7 @@ import argparse
 import torch
 
 from . import end, interleaved, median, powers, ratio_verdict, ratios, spread, start
-from .. import generation as gen
+from attn_core.nn import generation as gen
 from ..api import make_state
 from ..engine import env
 from ..engine.analysis import loglog_slope

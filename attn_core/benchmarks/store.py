@@ -14,7 +14,7 @@ import time
 from typing import Callable
 
 from . import end, median, spread, start
-from .. import store
+from attn_core.engine import store
 
 TARGET_S = 0.2  # the bound on the history read
 

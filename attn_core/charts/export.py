@@ -14,7 +14,7 @@ from typing import Any
 
 import altair as alt
 
-from ..untrusted import clipped, printable, vega_title
+from attn_core.engine.untrusted import clipped, printable, vega_title
 
 # Where Debian and Homebrew keep fonts; vl-convert also reads the system's own font directories.
 FONT_DIRS = ("/usr/share/fonts/truetype/dejavu", "/usr/share/fonts/truetype/liberation", "/opt/homebrew/share/fonts")

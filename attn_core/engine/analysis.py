@@ -422,7 +422,7 @@ def mode_note(df: pd.DataFrame) -> str:
 
 # One kernel's problem, whoever runs it: the rows that ours, compiled Flex and the dense mask share at each n.
 SAME_PROBLEM = ["mechanism", "params", "kv_heads", "causal", "padding"]
-ONCE_COLUMNS = ("compile_s", "mask_s")  # attn_core.flex.OneTime: paid once before timing, never in the time
+ONCE_COLUMNS = ("compile_s", "mask_s")  # attn_core.mechanisms.flex.OneTime: paid once before timing, never in the time
 
 
 def one_time_costs(df: pd.DataFrame) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from .measurement import Measurement, theory_of, unmeasured
 from .problem import Problem
 from .results import SCHEMA_VERSION, Run, frame_from_rows
 from .timing import MIN_SAMPLE_S
-from ..store import Store, StoreError
+from attn_core.engine.store import Store, StoreError
 from .worker import WorkerError, get_worker, prestart
 
 # A point normally ends by itself within about 2 × point_budget_s (a warm-up call and one sample past the budget);
@@ -76,7 +76,7 @@ class Job:
         self._threads = float("nan")
         self._replay = replay
         self.points_per_s = points_per_s
-        # The run store (attn_core.store): each point measured is committed as it arrives, into a new run or into
+        # The run store (attn_core.engine.store): each point measured is committed as it arrives, into a new run or into
         # run `resume`; store_error says why the store could not keep them (the sweep goes on regardless).
         self.keep, self.store_path, self.run_id = keep and replay is None, store_path, resume
         self.store_error: str | None = None

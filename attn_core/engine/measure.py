@@ -11,10 +11,10 @@ from typing import Any, Callable
 import torch
 
 from . import env, positions
-from .. import flex
-from ..flex import OneTime
+from attn_core.mechanisms import flex
+from attn_core.mechanisms.flex import OneTime
 from ..mechanisms import MEASURED, load
-from ..rope import rotate as rope
+from attn_core.positions.rope import rotate as rope
 from ..mechanisms._common import checked_shape, validated
 from ..mechanisms.sdpa import sdpa_backend
 from .measurement import Conditions, Measurement, Summary, theory_of, unmeasured

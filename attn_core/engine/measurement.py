@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import torch
 
 from . import positions
-from ..flex import OneTime, cost_of
+from attn_core.mechanisms.flex import OneTime, cost_of
 from .problem import Problem
 from ..spec import MechanismSpec
 
@@ -37,7 +37,7 @@ SCHEMA = (
 # threads is a float so that an unknown count can be NaN. kv_heads: key/value heads (= heads in multi-head attention);
 # padding: the padded keys at the end of each sequence. positions: none, rope or alibi (engine/positions.py).
 # implementation: who ran a mechanism defined by a mask (ours, flex, dense-mask); compile_s and mask_s: its one-time
-# costs (attn_core.flex.OneTime), never part of the time. A file saved before a column existed reads it as its
+# costs (attn_core.mechanisms.flex.OneTime), never part of the time. A file saved before a column existed reads it as its
 # default (results.OPTIONAL). A column added later goes last (the store appends it by a migration: store.py).
 COLUMNS = tuple(name for name, _ in SCHEMA)
 KINDS = {kind: tuple(name for name, k in SCHEMA if k == kind) for kind in ("text", "bool", "int", "float")}

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import positional, rope
+from attn_core.positions import encodings as positional, rope
 from ..mechanisms import MEASURED
 from ..spec import MechanismSpec, Shape
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..flex import IMPLEMENTATIONS
+from attn_core.mechanisms.flex import IMPLEMENTATIONS
 from ..mechanisms import MEASURED
 from .config import DEFAULT_SWEEP, SweepConfig, log_spaced
 

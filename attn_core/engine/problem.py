@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from . import env, positions as _positions
-from ..flex import IMPLEMENTATIONS, implementation_problem
+from attn_core.mechanisms.flex import IMPLEMENTATIONS, implementation_problem
 from ..mechanisms._common import divisors
 from ..spec import DTYPE_BYTES, MechanismSpec, Shape
 

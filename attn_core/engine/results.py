@@ -15,13 +15,13 @@ from typing import Any
 
 import pandas as pd
 
-from ..files import write_atomic
+from attn_core.engine.files import write_atomic
 from . import positions
-from ..flex import IMPLEMENTATIONS
+from attn_core.mechanisms.flex import IMPLEMENTATIONS
 from .measurement import COLUMNS, KINDS, STATUSES
 from ..mechanisms import MEASURED
 from .problem import MAX_COUNT
-from ..untrusted import clipped, csv_cell, csv_json, csv_text, printable, printable_data, quoted
+from attn_core.engine.untrusted import clipped, csv_cell, csv_json, csv_text, printable, printable_data, quoted
 
 SCHEMA_VERSION = 3
 # version 1 lacks the contention and executed-FLOP columns, versions 1 and 2 the key/value heads and padding: they

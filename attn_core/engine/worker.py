@@ -1,10 +1,12 @@
 """The measurement worker: a separate process that measures one point per request, so an out-of-memory kill, a crash
 or a hung kernel never takes down the caller (the Streamlit server). One persistent worker per process, started
-ahead of time (`prestart`), because a fresh process spends seconds importing torch and initialising the profiler.
+ahead of time (`prestart`), because a fresh process spends seconds importing torch, building the C++ kernels and
+initialising the profiler.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
@@ -15,9 +17,11 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+_LOG = logging.getLogger(__name__)
 _CTX = multiprocessing.get_context("spawn")  # fork would copy the caller's threads and CUDA state
 CANCEL_GRACE_S = 1.0  # a cancelled point that has not stopped by then is stopped by killing the worker
 START_TIMEOUT_S = 120.0
+KERNEL_BUILD_S = 30.0  # each compiler run at most, so that native.build's three tries end within START_TIMEOUT_S
 
 
 class WorkerError(RuntimeError):
@@ -231,15 +235,31 @@ def shutdown() -> None:
 
 # ---- inside the worker process -------------------------------------------------------------------------------
 
-def _warm_up() -> None:
-    """A steady allocator (env.steady_allocator), and the memory probe's first use paid now rather than by the
-    first point."""
+def _warm_up() -> str:
+    """A steady allocator (env.steady_allocator), the C++ kernels built, and the memory probe's first use paid now
+    rather than by the first point; returns what the kernels are (`_build_kernels`)."""
     import torch
 
     from . import env
 
     env.steady_allocator()
+    kernels = _build_kernels()
     env.peak_memory_probe("cpu")[1](lambda: torch.ones(8) + 1)
+    return kernels
+
+
+def _build_kernels() -> str:
+    """Build the C++ kernels (or load them, built already) before the first point, so that every point of a sweep
+    and its environment stamp see the same ones; native.describe's words. Never raises: where they cannot be built
+    the torch forms run, and the log says why."""
+    from .. import native
+
+    if native.enabled():
+        try:
+            native.build(seconds=KERNEL_BUILD_S)
+        except Exception as e:  # noqa: BLE001 - no compiler, a failed build: the worker measures on regardless
+            _LOG.warning("The C++ kernels could not be built, their torch forms run instead: %s", e)
+    return native.describe()
 
 
 def _serve(conn: Any, cancel_event: Any, held_until: Any, in_sample: Any) -> None:
@@ -254,8 +274,8 @@ def _serve(conn: Any, cancel_event: Any, held_until: Any, in_sample: Any) -> Non
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     default_threads = torch.get_num_threads()
-    _warm_up()
-    conn.send(("ready", {"pid": os.getpid(), "threads": default_threads}))
+    kernels = _warm_up()
+    conn.send(("ready", {"pid": os.getpid(), "threads": default_threads, "kernels": kernels}))
     while True:
         try:
             message = conn.recv()

@@ -2,7 +2,7 @@
 what attention weights do and do not explain.
 
 Positions: Vaswani et al. 2017 (arXiv 1706.03762), Shaw et al. 2018 (arXiv 1803.02155), Su et al. 2021 (arXiv
-2104.09864), Press et al. 2021 (arXiv 2108.12409); see attn_core.positional. Lookup: Ramsauer et al. 2020, 'Hopfield
+2104.09864), Press et al. 2021 (arXiv 2108.12409); see attn_core.positions.encodings. Lookup: Ramsauer et al. 2020, 'Hopfield
 Networks is All You Need' (arXiv 2008.02217). Explanations: attention rollout, Abnar and Zuidema 2020 (arXiv
 2005.00928); 'Attention is not Explanation', Jain and Wallace 2019 (arXiv 1902.10186).
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import positional
+from attn_core.positions import encodings as positional
 from ..mechanisms import MECHANISMS
 from .lesson import Setup, Step, Walk, embed, weights, words
 

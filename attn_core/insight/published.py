@@ -8,7 +8,7 @@ from typing import Mapping
 
 import pandas as pd
 
-from ..untrusted import clipped, printable
+from attn_core.engine.untrusted import clipped, printable
 
 PUBLISHED = "published, different hardware"
 LRA = {

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
-from .. import generation, latent
+from attn_core.nn import generation, latent
 from ..api import get
 from ..engine import positions as _positions
 from ..mechanisms import MECHANISMS

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..masks import Pattern
 from ..spec import Shape
-from ._common import fold, unfold
+from ._common import fold, group_sinks, sink_weight, unfold
 from .sdpa import SPEC as SDPA
 from .sdpa import shared_sdpa
 
@@ -35,14 +35,17 @@ def chunk_blocks(heads: int, block: int, span: int) -> int:
     return max(1, CHUNK_ELEMS // (heads * block * span))
 
 
-def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0, joined: bool = True) -> float:
+def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0, joined: bool = True,
+                  sinks: bool = False) -> float:
     """Predicted peak bytes of banded_attention above its inputs (s.Nq = n; r = H/Hk query heads a key/value head):
     the output held throughout (the (block, S) bias is `window_bias`'s, made by the first call and kept), then the
     largest of the phases: a fused call on the interior blocks (`_fused`: what the fused kernel allocates, the sdpa
     spec's prediction for B·Hk problems of c blocks of block rows against S keys), then the ends (`_ends_bytes`
     where both go in one call, else `_edge_bytes` for each). With `extra` keys joined
     afterwards (`joined`, as on a CPU without gradients): their keys and values and each row's log-sum-exp held
-    throughout, and the join (`_join_bytes`); not joined (`_merged`): the first chunk's, as `_chunk_bytes` says."""
+    throughout, and the join (`_join_bytes`); not joined (`_merged`): the first chunk's, as `_chunk_bytes` says.
+    `sinks` (on a CPU without gradients, no padding): each row's log-sum-exp held throughout too, the ends called
+    per query head of a group, and the sink weights (`_sink_bytes`) after the last call."""
     span, elem, d = left + block + right, s.elem, s.D
     n_blocks = -(-s.Nq // block)
     base = s.bh * s.Nq * d * elem
@@ -53,11 +56,13 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
     lo, hi = interior(s.Nq, block, left, right)
     peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype)) if hi > lo else 0.0
     ends = edges(s.Nq, block, left, right)
-    if not extra and s.group == 1 and same_ends(s.Nq, block, left, right):  # both ends in one call
+    if not extra and not sinks and s.group == 1 and same_ends(s.Nq, block, left, right):  # both ends in one call
         peak = max(peak, _ends_bytes(s, *ends[0], left, right))
     else:
         for a, e in ends:
-            peak = max(peak, _edge_bytes(s, a, e, left, right, bool(extra)))
+            peak = max(peak, _edge_bytes(s, a, e, left, right, bool(extra) or sinks))
+    if sinks and not extra:  # the log-sum-exp held throughout, the weights after
+        return base + max(peak, _sink_bytes(s)) + s.bh * s.Nq * _lse_bytes(s)
     if extra:  # the extra keys and values (B, Hk, g, D) and each row's log-sum-exp held throughout
         peak = max(peak, _join_bytes(s, extra)) + s.bh * s.Nq * _lse_bytes(s) + 2 * s.bk * extra * d * elem
     return base + peak
@@ -65,6 +70,13 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
 
 def _lse_bytes(s: Shape) -> int:
     return 8 if s.dtype == "float64" else 4
+
+
+def _sink_bytes(s: Shape) -> float:
+    """The sink weights σ(ℓ − a) beside the log-sum-exp (`sink_weight`): ℓ − a and its sigmoid, (B, H, n) each in
+    the log-sum-exp's dtype, and a copy in the inputs' dtype where that differs."""
+    w = _lse_bytes(s)
+    return s.bh * s.Nq * (2 * w + (s.elem if s.elem != w else 0))
 
 
 def _join_bytes(s: Shape, g: int) -> float:
@@ -150,11 +162,15 @@ def dead_below(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min / 8
 
 
-def softmax_seen(scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def softmax_seen(scores: torch.Tensor, values: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(scores) @ values, its biases already in the scores; a row whose best score lies below `dead_below`
-    (it sees no unpadded key) outputs zeros."""
+    (it sees no unpadded key) outputs zeros. `sinks`: each row's sink logit, broadcastable to scores[..., 0]; the
+    rows scaled by σ(ℓ − a), ℓ their log-sum-exp (one more scores-sized temporary while it is summed)."""
     dead = scores.amax(-1, keepdim=True) < dead_below(scores.dtype)
-    return (torch.softmax(scores, dim=-1) @ values).masked_fill_(dead, 0.0)
+    out = (torch.softmax(scores, dim=-1) @ values).masked_fill_(dead, 0.0)
+    if sinks is None:
+        return out
+    return out * torch.sigmoid(torch.logsumexp(scores, -1) - sinks.to(scores.dtype))[..., None]
 
 
 # -- query blocks of a group of heads sharing a key/value head (grouped-query attention, arXiv 2305.13245)
@@ -188,7 +204,8 @@ def write_blocks(out: torch.Tensor, rows: torch.Tensor, qs: int, block: int) -> 
 
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, pattern: Pattern, block: int,
                      left: int, right: int, extra: Extra | None = None,
-                     key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+                     key_padding_mask: torch.Tensor | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q Kᵀ/√D masked by `pattern`) V for self-attention, q (B, H, n, D), k and v (B, Hk, n, D)
     → (B, H, n, D), Hk dividing H (query head i reads key/value head ⌊i·Hk/H⌋).
 
@@ -207,6 +224,9 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     windows as the keys are (and taken at the extra keys' positions), is added to each block's scores, which are
     then held per chunk (the fused kernel takes no per-batch bias here); a query that sees no unpadded key outputs
     zeros. No n×n tensor either way.
+    `sinks` (H,): head h's logit a_h joins every row's denominator with no value (gpt-oss, arXiv 2508.10925). On a
+    CPU without gradients and padding, the fused calls hand back each row's log-sum-exp ℓ and the rows are scaled by
+    σ(ℓ − a_h) at the end (`sink_weight`, O(n·H)); otherwise in the chunks, whose scores are held anyway.
     """
     B, H, n, D = q.shape
     span = left + block + right
@@ -215,9 +235,9 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     out = q.new_empty(B, H, n, D)
     step = chunk_blocks(B * H, block, span + (0 if extra is None else len(extra.positions)))
     pad = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype)
-    if pad is None and (extra is None or joins(q, k, v)):
+    if pad is None and (extra is None and sinks is None or joins(q, k, v)):
         lse = None
-        if extra is not None:  # the log-sum-exp kernel reads rows of unit stride only (the public call copies)
+        if extra is not None or sinks is not None:  # the log-sum-exp kernel reads rows of unit stride only (the public call copies)
             q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
             lse = q.new_empty(B, H, n, dtype=lse_dtype(q.dtype))
         lo, hi = interior(n, block, left, right)
@@ -228,12 +248,14 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
             for qa, qe in ends:
                 _edge(q, k, v, out, qa, qe, block, left, right, inner_bias, whole, lse)
         if extra is not None:
-            _join_extra(q, out, lse, extra, pattern)
+            _join_extra(q, out, lse, extra, pattern, sums=sinks is not None)
+        if sinks is not None:
+            out.mul_(sink_weight(lse, sinks).to(out.dtype))
         return out
     for first in range(0, n_blocks, step):  # extra keys or padding: every block in chunks, its scores held
         c, qs = min(step, n_blocks - first), first * block
         qc = query_blocks(q, k.shape[1], qs, c, block)
-        write_blocks(out, _chunk(qc, k, v, qs, block, left, inner_bias, pattern, extra, pad), qs, block)
+        write_blocks(out, _chunk(qc, k, v, qs, block, left, inner_bias, pattern, extra, pad, sinks), qs, block)
     return out
 
 
@@ -276,13 +298,14 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _join_extra(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, extra: Extra, pattern: Pattern) -> None:
+def _join_extra(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, extra: Extra, pattern: Pattern,
+                sums: bool = False) -> None:
     """The g extra keys joined to the band's softmax afterwards, in place: with the band's output o_b and
     log-sum-exp ℓ_b of each row and the extra keys' scores s (the band's keys left out, `_extra_bias`),
     m = max(ℓ_b, max s), the row's total Z = e^(ℓ_b − m) + Σ e^(s − m), and
     o = o_b · e^(ℓ_b − m)/Z + Σ_p (e^(s_p − m)/Z) v_p: a scaling and a product of k = g over out, the query heads of
     a group as rows of one problem (`fold`). O(n·g·D) a head; the (n, g) scores and weights are the only new
-    tensors."""
+    tensors. `sums`: the joint log-sum-exp m + log Z left in `lse` (for sinks), else lse is spent."""
     B, H, n, D = q.shape
     Hk, g = extra.k.shape[1], extra.k.shape[2]
     work = lse.dtype
@@ -297,6 +320,8 @@ def _join_extra(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, extra: Ex
     weights = weights.div_(total[..., None]).to(out.dtype)
     folded = fold(out, Hk)  # a view of out
     folded.view(B * Hk, -1, D).baddbmm_(weights.view(B * Hk, -1, g), extra.v.reshape(B * Hk, g, D))
+    if sums:
+        torch.add(m, total.log_(), out=lse)
 
 
 def edges(n: int, block: int, left: int, right: int) -> list[tuple[int, int]]:
@@ -422,9 +447,10 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
 
 
 def _chunk(qc: torch.Tensor, k, v, qs: int, block: int, left: int, inner_bias: torch.Tensor, pattern: Pattern,
-           extra: Extra | None, pad: torch.Tensor | None = None) -> torch.Tensor:
+           extra: Extra | None, pad: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The c query blocks qc (B, Hk, c, r·block, D) from row qs (`query_blocks`) against their windows of the Hk
-    key/value heads → (B, Hk, c, r·block, D); its temporaries die on return."""
+    key/value heads → (B, Hk, c, r·block, D); its temporaries die on return. `sinks` (H,): in each row's softmax
+    (`softmax_seen`), the query heads of a group as its rows."""
     B, Hk, c, rows, D = qc.shape
     n, span = k.shape[-2], inner_bias.shape[-1]
     ks = qs - left
@@ -436,18 +462,21 @@ def _chunk(qc: torch.Tensor, k, v, qs: int, block: int, left: int, inner_bias: t
         starts = ks + block * torch.arange(c, device=qc.device)[:, None, None, None]
         pos = starts + torch.arange(span, device=qc.device)  # (c, 1, 1, S): each block's key positions
         bias = inner_bias.masked_fill((pos < 0) | (pos >= n), floor(qc.dtype))  # (c, 1, block, S)
-    if extra is not None and pad is None:
+    if extra is not None and pad is None and sinks is None:
         return _merged(qc, kw, vw, bias, qs, block, pattern, extra)
     by_row = (B, Hk, c, rows // block, block, -1)  # a block's rows as (head of the group, row): the mask's rows
     s = (qc @ kw).view(by_row).add_(bias)
-    s.add_(_key_slab(pad, ks, ke).unfold(2, span, block)[:, :, :, None])  # (B, 1, c, 1, 1, S): each block's keys
+    if pad is not None:
+        s.add_(_key_slab(pad, ks, ke).unfold(2, span, block)[:, :, :, None])  # (B, 1, c, 1, 1, S): each block's keys
+    a = None if sinks is None else group_sinks(sinks, Hk, block)[:, None]  # (Hk, 1, r·block): each row's sink
     if extra is None:
-        return softmax_seen(s.flatten(3, 4), vw.transpose(-1, -2))
+        return softmax_seen(s.flatten(3, 4), vw.transpose(-1, -2), a)
     side = _extra_bias(qs, c * block, pattern, extra, qc.dtype).view(c, 1, block, -1)  # (c, 1, block, g)
     t = (qc.view(B, Hk, -1, D) @ extra.k.transpose(-2, -1)).view(by_row).add_(side)
-    t.add_(pad[:, :, extra.positions].view(B, 1, 1, 1, 1, -1))  # the extra keys' padding
+    if pad is not None:
+        t.add_(pad[:, :, extra.positions].view(B, 1, 1, 1, 1, -1))  # the extra keys' padding
     values = torch.cat([vw.transpose(-1, -2), extra.v[:, :, None].expand(B, Hk, c, -1, D)], dim=-2)
-    return softmax_seen(torch.cat([s, t], dim=-1).flatten(3, 4), values)
+    return softmax_seen(torch.cat([s, t], dim=-1).flatten(3, 4), values, a)
 
 
 def _extra_bias(qs: int, rows: int, pattern: Pattern, extra: Extra, dtype: torch.dtype) -> torch.Tensor:

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import torch
 
 from ..spec import Shape
-from ._common import fold, scale, trusted, unfold
+from ._common import fold, group_sinks, scale, trusted, unfold
 
 
 def kv_bytes(s: Shape, tokens: float) -> float:
@@ -143,9 +143,10 @@ class KVCache(Cache):
     mechanism may add rings of its own (the sparse pattern's summary keys)."""
 
     def __init__(self, params: Mapping[str, Any], k: torch.Tensor, v: torch.Tensor, *, max_len: int | None = None,
-                 limit: int | None = None):
+                 limit: int | None = None, sinks: torch.Tensor | None = None):
         super().__init__(params, k)
         self.rings = {"tokens": Ring(k, v, limit=limit, reserve=max_len or 0)}
+        self.sinks = sinks  # (H,) the layer's sink logits (a reference, not counted in nbytes), or None
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add one token (B, H, 1, D); return the filled keys and values of `rings['tokens']`, views."""
@@ -199,12 +200,17 @@ class StateCache(Cache):
         return (self.kv, self.z) + (() if self.offset is None else (self.offset,))
 
 
-def attend(q: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor], hide: slice | None = None) -> torch.Tensor:
+def attend(q: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor], hide: slice | None = None,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q Kᵀ/√D) V of new queries q (B, H, 1, D) over cached keys and values, one joint softmax over all
     `pairs` ((B, Hk, L_i, D) each, Hk dividing H: each cached head read once for the query heads sharing it) with the
-    score columns in `hide` left out. O(H · Σ L_i · D) FLOPs, O(Hk · Σ L_i · D) bytes read; no mask tensor."""
+    score columns in `hide` left out. O(H · Σ L_i · D) FLOPs, O(Hk · Σ L_i · D) bytes read; no mask tensor.
+    `sinks` (H,): each head's sink logit as one more, last column of its softmax, which no value reads (gpt-oss,
+    arXiv 2508.10925)."""
     qs = fold(q * scale(q.shape[-1]), pairs[0][0].shape[1])  # (B, Hk, H/Hk, D): a group's queries read its keys once
     parts = [qs @ k.transpose(-2, -1) for k, _ in pairs]
+    if sinks is not None:  # (B, Hk, r·Nq, 1)
+        parts.append(group_sinks(sinks, qs.shape[1], q.shape[2]).to(qs.dtype)[..., None].expand_as(parts[0][..., :1]))
     scores = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # (B, Hk, H/Hk, Σ L_i)
     if hide is not None:
         scores[..., hide] = float("-inf")
@@ -220,4 +226,4 @@ def kv_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache) -
     """One token against every filled slot of the cache: softmax attention over all cached tokens (or, in a ring,
     over the last `limit`; their order in the ring does not matter to softmax). O(filled · D)."""
     keys, values = cache.append(k, v)
-    return attend(q, (keys, values)), cache
+    return attend(q, (keys, values), sinks=cache.sinks), cache

@@ -146,7 +146,7 @@ def check_score_bias(spec: MechanismSpec, bias: Any, q: torch.Tensor, k: torch.T
         return
     _refuse_unless(spec, "score_bias", "an additive score bias (ALiBi, relative positions)",
                    "it never forms the scores q·k one by one, so there is nothing to add to",
-                   "or apply RoPE to q and k instead (attn_core.positional.rope)")
+                   "or apply RoPE to q and k instead (attn_core.positions.encodings.rope)")
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
         got = bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__
@@ -162,6 +162,44 @@ def check_score_bias(spec: MechanismSpec, bias: Any, q: torch.Tensor, k: torch.T
     if bias.device != q.device:
         raise ValueError(f"score_bias is on {bias.device} but q is on {q.device}; move it with "
                          f"score_bias.to({str(q.device)!r})")
+
+
+def check_sinks(spec: MechanismSpec, sinks: Any, q: torch.Tensor) -> None:
+    """ValueError with a sentence unless `spec` takes attention sinks (`supports.sinks`) and `sinks` is one logit per
+    query head for these inputs: a floating tensor of shape (H,) on q's device with finite values. Skipped inside
+    `validated()`; called only when sinks are given."""
+    if _VALIDATED.get():
+        return
+    _refuse_unless(spec, "sinks", "attention sinks (a learned logit per head in the softmax's denominator)",
+                   "it has no softmax row whose denominator a sink could join", "or drop sinks=")
+    heads = q.shape[1]
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        got = sinks.dtype if isinstance(sinks, torch.Tensor) else type(sinks).__name__
+        raise ValueError(f"sinks must be a floating-point tensor of one logit per query head, shape ({heads},), got "
+                         f"{got}; e.g. torch.zeros({heads})")
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks must have shape (heads,) = ({heads},), one logit per query head, got "
+                         f"{tuple(sinks.shape)}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks are on {sinks.device} but q is on {q.device}; move them with "
+                         f"sinks.to({str(q.device)!r})")
+    if not bool(torch.isfinite(sinks).all()):
+        raise ValueError("sinks hold NaN or infinite values; a sink is a finite logit (−inf would be no sink: pass "
+                         "sinks=None instead)")
+
+
+def sink_weight(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """σ(ℓ − a_h) of each row, (B, H, N, 1) in lse's dtype: the share of its softmax mass a row's keys keep when
+    head h's sink logit a_h joins the denominator, e^ℓ/(e^ℓ + e^a) (gpt-oss, arXiv 2508.10925; the sink carries no
+    value). ℓ (B, H, N) is the row's log-sum-exp over the keys it sees; ℓ = −∞ (no key) gives 0. Multiplying a
+    softmax output by it is attention with the sink as an extra zero-valued column, exactly, at O(N·H)."""
+    return torch.sigmoid(lse - sinks.to(lse.dtype)[:, None])[..., None]
+
+
+def group_sinks(sinks: torch.Tensor, key_heads: int, rows: int) -> torch.Tensor:
+    """sinks (H,) as the rows of `fold`'s layout: (Hk, r·rows), row ρ of group g the sink of query head
+    g·r + ρ // rows."""
+    return sinks.view(key_heads, -1, 1).expand(-1, -1, rows).reshape(key_heads, -1)
 
 
 def check_key_padding(spec: MechanismSpec, mask: Any, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -193,12 +231,16 @@ def first_key(key_padding_mask: torch.Tensor) -> torch.Tensor:
     return where.amin(-1)
 
 
-def softmax_or_zeros(scores: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def softmax_or_zeros(scores: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(scores) @ v for scores (B, H, Nq, Nk) with −inf where a key is masked or padded, and v (B, Hk, Nk, D)
     (`grouped_matmul`): a row with no key left is filled with 0 before the softmax (uniform, not NaN, so its
-    gradients stay finite) and outputs zeros. Fills `scores` in place."""
+    gradients stay finite) and outputs zeros. Fills `scores` in place. `sinks` (H,): each row scaled by
+    `sink_weight` of its log-sum-exp (one (Nq, Nk) temporary while it is summed, beside the scores)."""
     dead = scores.amax(-1, keepdim=True) == float("-inf")
-    return grouped_matmul(torch.softmax(scores.masked_fill_(dead, 0.0), dim=-1).masked_fill(dead, 0.0), v)
+    scores.masked_fill_(dead, 0.0)
+    weight = None if sinks is None else sink_weight(torch.logsumexp(scores, -1), sinks).masked_fill(dead, 0.0)
+    out = grouped_matmul(torch.softmax(scores, dim=-1).masked_fill(dead, 0.0), v)
+    return out if weight is None else out * weight.to(out.dtype)
 
 
 def grouped_matmul(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -10,12 +10,12 @@ from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
 from ._banded import banded_attention, banded_flops, banded_memory
 from ._cache import KVCache, attend, kv_bytes
-from ._common import check_key_padding, checked_shape
+from ._common import check_key_padding, check_sinks, checked_shape
 
 
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, block: int = 128,
                     lookback: int = 1, lookahead: int = 1,
-                    key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+                    key_padding_mask: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention where query i sees key j iff −lookback ≤ ⌊j/block⌋ − ⌊i/block⌋ ≤ lookahead
     (causal: lookahead is 0 and j ≤ i).
 
@@ -24,13 +24,17 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     head as one block's rows (`banded_attention`). O(n·block·d) time, O(n·d) memory.
     `key_padding_mask` (B, n) boolean, True where the key is padding: those keys get no weight (a query whose
     blocks hold only padding outputs zeros).
+    `sinks` (H,): a logit per query head joining every row's denominator with no value (gpt-oss, arXiv 2508.10925):
+    O(n·H) more (`banded_attention`).
     """
     s = checked_shape(SPEC, q, k, v, causal, block=block, lookback=lookback, lookahead=lookahead)
     b, back, ahead = _reach(s, block, lookback, lookahead)
     if key_padding_mask is not None:
         check_key_padding(SPEC, key_padding_mask, q, k)
+    if sinks is not None:
+        check_sinks(SPEC, sinks, q)
     return banded_attention(q, k, v, pattern=_pattern(causal, b, back, ahead), block=b, left=back * b,
-                            right=ahead * b, key_padding_mask=key_padding_mask)
+                            right=ahead * b, key_padding_mask=key_padding_mask, sinks=sinks)
 
 
 @functools.lru_cache(maxsize=64)  # one object for the same settings: `_banded.window_bias` is kept by it
@@ -64,12 +68,17 @@ def _memory(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -
     return banded_memory(s, block=b, left=back * b, right=ahead * b)
 
 
+def _sinks_memory(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
+    b, back, ahead = _reach(s, block, lookback, lookahead)
+    return banded_memory(s, block=b, left=back * b, right=ahead * b, sinks=True)
+
+
 def _remember(k, v, *, max_len: int | None = None, block: int = 128, lookback: int = 1,
-              lookahead: int = 1) -> KVCache:
+              lookahead: int = 1, sinks: torch.Tensor | None = None) -> KVCache:
     """A ring of (lookback + 1)·block tokens: the current block and the `lookback` before it. Slots follow
     positions modulo a whole number of blocks, so each block fills its own run of `block` slots."""
     return KVCache({"block": block, "lookback": lookback, "lookahead": lookahead}, k, v, max_len=max_len,
-                   limit=(lookback + 1) * block)
+                   limit=(lookback + 1) * block, sinks=sinks)
 
 
 def _step(q, k, v, cache: KVCache):
@@ -81,7 +90,7 @@ def _step(q, k, v, cache: KVCache):
     if cache.length > ring.capacity:
         slot, b = (cache.length - 1) % ring.capacity, cache.params["block"]
         hide = slice(slot + 1, (slot // b + 1) * b)
-    return attend(q, (keys, values), hide=hide), cache
+    return attend(q, (keys, values), hide=hide, sinks=cache.sinks), cache
 
 
 def _cache_bytes(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
@@ -100,12 +109,13 @@ SPEC = MechanismSpec(
     ),
     exact=True,
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·b·d)",
-              memory_big_o="O(n·d)"),
+              memory_big_o="O(n·d)", sinks_memory_bytes=_sinks_memory),
     supports=Supports(
         causal=True,
         cross=False,
         padding=True,
         shared_kv=True,
+        sinks=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(b·d)",
                               cache_big_o="O(b·d)"),
     ),

@@ -6,15 +6,16 @@ import torch.nn.functional as F
 
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
-from ._cache import KVCache, kv_bytes
-from ._common import check_key_padding, check_score_bias, checked_shape, first_key, fold, repeated, unfold
+from ._cache import KVCache, attend, kv_bytes
+from ._common import (check_key_padding, check_score_bias, check_sinks, checked_shape, first_key, fold, repeated,
+                      scale, sink_weight, unfold)
 
 _BACKENDS = {0: "math", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overrideable"}
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                    key_padding_mask: torch.Tensor | None = None,
-                   score_bias: torch.Tensor | None = None) -> torch.Tensor:
+                   score_bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q Kᵀ/√D [+ score_bias]) V through torch.nn.functional.scaled_dot_product_attention.
 
     Shapes as softmax_attention. PyTorch picks the kernel (see `sdpa_backend`): flash on CPU and on recent GPUs,
@@ -28,15 +29,19 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     flash kernel reads each shared head in place), where a fused kernel takes them so; elsewhere (CUDA in float32,
     an older torch) they are repeated (`in_place`).
     `score_bias`: float, broadcastable to (B, H, Nq, Nk), added to the scaled scores (ALiBi, relative positions:
-    attn_core.positional). It goes in as a float attn_mask, with −∞ where causality or padding forbids: flash
+    attn_core.positions.encodings). It goes in as a float attn_mask, with −∞ where causality or padding forbids: flash
     kernels take no mask, so PyTorch falls back to memory-efficient or math, and the mask is an (Nq, Nk) tensor
     per head it varies over.
+    `sinks` (H,): a logit per query head joining every row's denominator with no value (gpt-oss, arXiv 2508.10925),
+    through `sink_sdpa`; a row that sees no key outputs zeros.
     """
     checked_shape(SPEC, q, k, v, causal)
     if score_bias is not None:
         check_score_bias(SPEC, score_bias, q, k)
+    if sinks is not None:
+        check_sinks(SPEC, sinks, q)
     if key_padding_mask is None and score_bias is None:
-        return shared_sdpa(q, k, v, is_causal=causal)
+        return shared_sdpa(q, k, v, is_causal=causal) if sinks is None else sink_sdpa(q, k, v, sinks, causal)
     Nq, Nk = q.shape[-2], k.shape[-2]
     keep = torch.ones(Nq, Nk, dtype=torch.bool, device=q.device).tril_() if causal else None
     if key_padding_mask is not None:
@@ -46,8 +51,71 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     if score_bias is not None:  # float: added to the scores, −∞ where keep is False; attn_mask needs (..., Nq, Nk)
         bias = score_bias.to(q.dtype) if score_bias.dim() >= 2 else score_bias.to(q.dtype).expand(Nq, Nk)
         keep = bias if keep is None else bias.masked_fill(~keep, float("-inf"))
-    out = shared_sdpa(q, k, v, attn_mask=keep)
+    out = shared_sdpa(q, k, v, attn_mask=keep) if sinks is None else sink_sdpa(q, k, v, sinks, False, keep)
     return out if key_padding_mask is None else _zero_dead(out, key_padding_mask, causal)
+
+
+FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)  # (out, log-sum-exp)
+
+
+def sink_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor, causal: bool,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Fused attention whose rows have head h's sink logit a_h in their denominators (no value). Where the kernel
+    can hand back each row's log-sum-exp ℓ (`lse_sdpa`: the CPU flash kernel, no gradient asked for), its output
+    scaled by σ(ℓ − a_h) (`sink_weight`): O(n·H) more. Elsewhere the sink is a real key (`sink_key_sdpa`)."""
+    if _lse_ready(q, k, v, mask):
+        out, lse = lse_sdpa(q, k, v, causal, mask)
+        return out.mul_(sink_weight(lse, sinks).to(out.dtype))
+    return sink_key_sdpa(q, k, v, sinks, causal, mask)
+
+
+def _lse_ready(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether `lse_sdpa` runs these: on a CPU whose torch has the flash kernel that returns each row's log-sum-exp,
+    no gradient asked for (that log-sum-exp carries none), and a mask it takes without an (Nq, Nk) copy (none, a
+    float bias, or a boolean one of a row for every query)."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    fits = mask is None or mask.is_floating_point() or mask.shape[-2] == 1
+    return FLASH_CPU is not None and q.device.type == "cpu" and not grad and fits
+
+
+def lse_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output (B, H, Nq, D), log-sum-exp (B, H, Nq)) of the CPU flash kernel, which takes no shared heads: a call
+    for each query head of a group (heads j, r + j, …, one view of q), each against the Hk key/value heads in
+    place. A boolean mask becomes a float one of its shape (the kernel takes masks in q's dtype only), with a finite
+    floor (a row with no key gets a finite log-sum-exp far below any sink, so weight 0, not NaN)."""
+    if mask is not None and not mask.is_floating_point():
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, torch.finfo(q.dtype).min / 2)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    r = q.shape[1] // k.shape[1]
+    if r == 1:
+        return FLASH_CPU(q, k, v, 0.0, causal, attn_mask=mask)
+    out = q.new_empty(q.shape)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+    for j in range(r):  # query heads j, r + j, 2r + j, …: one of each group
+        found, sums = FLASH_CPU(q[:, j::r], k, v, 0.0, causal, attn_mask=mask)
+        out[:, j::r], lse[:, j::r] = found, sums
+        del found, sums
+    return out, lse
+
+
+def sink_key_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor, causal: bool,
+                  mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The sink as key 0 of a problem with D + 1 dimensions, for any device and with gradients (public API only):
+    q' = [q, a_h·√D], key 0 = [0…0, 1] and value 0, the keys [k, 0], scale 1/√D, so key 0 scores a_h on every row
+    of head h and the others q·k/√D. Causal (torch's mask is top-left), a zero query row goes first too: row i + 1
+    then sees key 0 and keys 0 … i. The mask gains a first column that keeps key 0. Copies q, k, v, O(n·D), and the
+    odd dimension slows the kernels (CPU flash: about 2×)."""
+    B, H, Nq, D = q.shape
+    lead = 1 if causal else 0
+    a = (sinks.to(q.dtype) / scale(D))[:, None, None].expand(B, H, Nq + lead, 1)  # a_h·√D
+    qx = torch.cat([F.pad(q, (0, 0, lead, 0)), a], dim=-1)  # (B, H, lead + Nq, D + 1)
+    kx = F.pad(k, (0, 1, 1, 0))  # (B, Hk, 1 + Nk, D + 1)
+    kx[:, :, 0, D] = 1.0
+    vx = F.pad(v, (0, 0, 1, 0))
+    if mask is not None:
+        mask = F.pad(mask, (1, 0), value=0.0 if mask.is_floating_point() else True)
+    return shared_sdpa(qx, kx, vx, attn_mask=mask, is_causal=causal, scale=scale(D))[:, :, lead:]
 
 
 def _zero_dead(out: torch.Tensor, key_padding_mask: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -180,9 +248,29 @@ def _biased_memory(s: Shape) -> float:
     masked = s.H * s.Nq * s.Nk * s.elem if s.causal else 0
     return float(s.bh * s.Nq * s.Nk * (2 * w + 1) + s.bh * s.Nq * s.D * w + upcast + repeat + masked)
 
-def _remember(k, v, *, max_len: int | None = None) -> KVCache:
+def _sinks_memory(s: Shape) -> float:
+    """With sinks, no padding or bias. On a CPU (`lse_sdpa`): the flash kernel's own allocations (its output and
+    log-sum-exp kept), or, with shared heads, the output and log-sum-exp of all heads beside each group member's call
+    (the spec's prediction for B·Hk problems); then the weights σ(ℓ − a), two (B, H, Nq) rows in the log-sum-exp's
+    dtype and one in q's for half inputs. Elsewhere (`sink_key_sdpa`): q, k, v copied with a key, a row (causal) and
+    a dimension more beside the kernel's output (and the repeated heads, `_memory`)."""
+    w = 8 if s.dtype == "float64" else 4
+    rows = s.bh * s.Nq
+    after = s.output_bytes + rows * (3 * w + (s.elem if s.elem != w else 0))
+    if s.device != "cpu":
+        lead = 1 if s.causal else 0
+        copies = (s.bh * (s.Nq + lead) * (2 * s.D + 1) + s.bk * (s.Nk + 1) * (2 * s.D + 1)) * s.elem
+        return float(copies + _memory(Shape(s.B, s.H, s.Nq + lead, s.Nk + 1, s.D, dtype=s.dtype, Hk=s.Hk,
+                                            device=s.device)))
+    if s.group == 1:
+        return float(max(_memory(s), after))
+    one = Shape(s.B, s.key_heads, s.Nq, s.Nk, s.D, dtype=s.dtype, causal=s.causal)
+    return float(max(s.output_bytes + rows * w + _memory(one), after))
+
+
+def _remember(k, v, *, max_len: int | None = None, sinks: torch.Tensor | None = None) -> KVCache:
     """Key-value cache of every token, as softmax's."""
-    return KVCache({}, k, v, max_len=max_len)
+    return KVCache({}, k, v, max_len=max_len, sinks=sinks)
 
 
 def _step(q, k, v, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
@@ -190,6 +278,8 @@ def _step(q, k, v, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
     O(n·d) for a context of n. The query heads sharing a key/value head go in as rows of one query (`fold`), so
     each cached head is read once."""
     keys, values = cache.append(k, v)
+    if cache.sinks is not None:  # the sink as one more score column: one row a head, O(n·d) as the kernel
+        return attend(q, (keys, values), sinks=cache.sinks), cache
     return unfold(F.scaled_dot_product_attention(fold(q, keys.shape[1]), keys, values), q.shape[1]), cache
 
 
@@ -206,7 +296,7 @@ SPEC = MechanismSpec(
     params=(),
     exact=True,
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n²·d)",
-              memory_big_o="O(n·d)", biased_memory_bytes=_biased_memory),
+              memory_big_o="O(n·d)", biased_memory_bytes=_biased_memory, sinks_memory_bytes=_sinks_memory),
     supports=Supports(
         causal=True,
         cross=True,
@@ -214,6 +304,7 @@ SPEC = MechanismSpec(
         shared_kv=True,
         repeats_kv=not GQA_NATIVE,
         score_bias=True,
+        sinks=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
                               cache_big_o="O(n·d)"),
     ),

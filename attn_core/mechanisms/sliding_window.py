@@ -10,7 +10,7 @@ from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
 from ._banded import banded_attention, banded_flops, banded_memory
 from ._cache import KVCache, kv_bytes, kv_step
-from ._common import check_key_padding, checked_shape
+from ._common import check_key_padding, check_sinks, checked_shape
 
 
 def tile(window: int, n: int) -> int:
@@ -23,7 +23,8 @@ def tile(window: int, n: int) -> int:
 
 
 def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                             window: int = 256, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+                             window: int = 256, key_padding_mask: torch.Tensor | None = None,
+                             sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Exact attention where query i sees key j iff |i − j| ≤ window (causal: 0 ≤ i − j ≤ window).
 
     q (B, H, n, D), k and v (B, Hk, n, D) → (B, H, n, D); any n. Rows are processed in blocks of `tile(window)`
@@ -33,13 +34,17 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     key/value head are one block's rows, so each window is cut once per key/value head (`banded_attention`).
     `key_padding_mask` (B, n) boolean, True where the key is padding: those keys get no weight (a query whose
     window holds only padding outputs zeros).
+    `sinks` (H,): a logit per query head joining every row's denominator with no value, as gpt-oss's 128-token
+    window layers have (arXiv 2508.10925): O(n·H) more (`banded_attention`).
     """
     s = checked_shape(SPEC, q, k, v, causal, window=window)
     pattern = _pattern(causal, window)
     if key_padding_mask is not None:
         check_key_padding(SPEC, key_padding_mask, q, k)
+    if sinks is not None:
+        check_sinks(SPEC, sinks, q)
     return banded_attention(q, k, v, pattern=pattern, block=tile(window, s.Nq), left=window,
-                            right=0 if causal else window, key_padding_mask=key_padding_mask)
+                            right=0 if causal else window, key_padding_mask=key_padding_mask, sinks=sinks)
 
 
 @functools.lru_cache(maxsize=64)  # one object for the same settings: `_banded.window_bias` is kept by it
@@ -66,10 +71,14 @@ def _memory(s: Shape, window: int = 256) -> float:
     return banded_memory(s, block=tile(window, s.Nq), left=window, right=0 if s.causal else window)
 
 
-def _remember(k, v, *, max_len: int | None = None, window: int = 256) -> KVCache:
+def _sinks_memory(s: Shape, window: int = 256) -> float:
+    return banded_memory(s, block=tile(window, s.Nq), left=window, right=0 if s.causal else window, sinks=True)
+
+
+def _remember(k, v, *, max_len: int | None = None, window: int = 256, sinks: torch.Tensor | None = None) -> KVCache:
     """A ring of the last window + 1 tokens (the window a new token sees, and the token itself, written before it
     is read): a step is O(w·d) time, the cache O(w·d) memory at any context."""
-    return KVCache({"window": window}, k, v, max_len=max_len, limit=window + 1)
+    return KVCache({"window": window}, k, v, max_len=max_len, limit=window + 1, sinks=sinks)
 
 
 def _cache_bytes(s: Shape, window: int = 256) -> float:
@@ -85,12 +94,13 @@ SPEC = MechanismSpec(
                   small=lambda n: max(1, n // 8), tokens=True),),
     exact=True,
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·w·d)",
-              memory_big_o="O(n·d)"),
+              memory_big_o="O(n·d)", sinks_memory_bytes=_sinks_memory),
     supports=Supports(
         causal=True,
         cross=False,
         padding=True,
         shared_kv=True,
+        sinks=True,
         generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(w·d)",
                               cache_big_o="O(w·d)"),
     ),

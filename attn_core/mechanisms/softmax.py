@@ -6,7 +6,8 @@ import torch
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, kv_bytes, kv_step
-from ._common import check_key_padding, check_score_bias, checked_shape, fold, grouped_matmul, scale, softmax_or_zeros
+from ._common import (check_key_padding, check_score_bias, check_sinks, checked_shape, fold, grouped_matmul, scale,
+                      softmax_or_zeros)
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None,
@@ -24,7 +25,7 @@ def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor |
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                       mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
-                      score_bias: torch.Tensor | None = None) -> torch.Tensor:
+                      score_bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q Kᵀ/√D [+ bias] [masked]) V.
 
     q (B, H, Nq, D), k and v (B, Hk, Nk, D) → (B, H, Nq, D). Hk < H: each key/value head is shared by H/Hk
@@ -35,18 +36,24 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those keys are filled with −inf too, and then
     a query that sees no key (its keys all padded or masked) outputs zeros instead of NaN.
     `score_bias`: float, broadcastable to (B, H, Nq, Nk), added to the scaled scores before masking (ALiBi, relative
-    positions: attn_core.positional); one more (Nq, Nk) temporary per head when it broadcasts.
+    positions: attn_core.positions.encodings); one more (Nq, Nk) temporary per head when it broadcasts.
+    `sinks` (H,): a logit per query head joining every row's denominator with no value (gpt-oss, arXiv 2508.10925):
+    each row scaled by σ(ℓ − a_h), ℓ its log-sum-exp (`sink_weight`); a row that sees no key outputs zeros.
     """
     checked_shape(SPEC, q, k, v, causal)
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"mask must be boolean (True = attend), got {mask.dtype}")
     if score_bias is not None:
         check_score_bias(SPEC, score_bias, q, k)
-    if key_padding_mask is None:
+    if sinks is not None:
+        check_sinks(SPEC, sinks, q)
+    if key_padding_mask is None and sinks is None:
         return grouped_matmul(torch.softmax(_scores(q, k, causal, mask, score_bias), dim=-1), v)
-    check_key_padding(SPEC, key_padding_mask, q, k)
-    keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
-    return softmax_or_zeros(_scores(q, k, causal, keep if mask is None else mask & keep, score_bias), v)
+    if key_padding_mask is not None:
+        check_key_padding(SPEC, key_padding_mask, q, k)
+        keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
+        mask = keep if mask is None else mask & keep
+    return softmax_or_zeros(_scores(q, k, causal, mask, score_bias), v, sinks)
 
 
 def _flops(s: Shape) -> float:
@@ -64,9 +71,15 @@ def _memory(s: Shape) -> float:
     return 2.0 * s.bh * s.Nq * s.Nk * s.elem
 
 
-def _remember(k, v, *, max_len: int | None = None) -> KVCache:
+def _sinks_memory(s: Shape) -> float:
+    """With sinks: the scores beside their log-sum-exp's (Nq, Nk) temporary, then beside the probabilities, as
+    without; the rows' log-sum-exp (input dtype) and weights (float32 and their dead-row copy) held beside."""
+    return _memory(s) + s.bh * s.Nq * (s.elem + 8)
+
+
+def _remember(k, v, *, max_len: int | None = None, sinks: torch.Tensor | None = None) -> KVCache:
     """Key-value cache of every token: a step reads all of it, O(n·d) time and memory at context n."""
-    return KVCache({}, k, v, max_len=max_len)
+    return KVCache({}, k, v, max_len=max_len, sinks=sinks)
 
 
 def _cache_bytes(s: Shape) -> float:
@@ -82,13 +95,14 @@ SPEC = MechanismSpec(
     params=(),
     exact=True,
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n²·d)",
-              memory_big_o="O(n²)"),
+              memory_big_o="O(n²)", sinks_memory_bytes=_sinks_memory),
     supports=Supports(
         causal=True,
         cross=True,
         padding=True,
         shared_kv=True,
         score_bias=True,
+        sinks=True,
         generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
                               cache_big_o="O(n·d)"),
     ),

@@ -144,14 +144,24 @@ def targets(cxx: str) -> list[tuple[tuple[str, ...], str]]:
     return found
 
 
+def _write_new(path: Path, text: str) -> None:
+    """A new file in the build's private folder (made 0700 a moment ago, removed with whatever it holds): created
+    exclusively, never following a link. Nothing is replaced, so the engine's write_atomic has nothing to protect."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.write(fd, text.encode("utf-8"))  # a few kB: one write
+    finally:
+        os.close(fd)
+
+
 def _compile(cxx: str, flags: tuple[str, ...], target: Path, seconds: float = BUILD_SECONDS) -> str | None:
     """SOURCES built into `target`, with signatures.h and signature.cpp written from the table into a build folder of
     its own beside it (mode 0700), the library made there and renamed into place (processes building at once do not
     collide), mode 0755; None, or the compiler's last words."""
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
-        (work / "signatures.h").write_text(signatures.header())
-        (work / "signature.cpp").write_text(signatures.signature_source())
+        _write_new(work / "signatures.h", signatures.header())
+        _write_new(work / "signature.cpp", signatures.signature_source())
         part = work / target.name
         try:
             status, said = _run([cxx, *flags, f"-I{work}", *map(str, SOURCES), str(work / "signature.cpp"),

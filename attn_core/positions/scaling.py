@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attn_core import rope
+from attn_core.positions import rope
 
 TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 _COMMON = frozenset({"rope_type", "type", "partial_rotary_factor", "rope_theta"})

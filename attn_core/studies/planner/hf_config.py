@@ -19,9 +19,9 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from attn_core.planner import MAX_CONTEXT, MAX_NAME, MAX_SIZE, MAX_SOURCE, Layer, Model
+from attn_core.studies.planner.model import MAX_CONTEXT, MAX_NAME, MAX_SIZE, MAX_SOURCE, Layer, Model
 from attn_core.spec import DTYPE_BYTES
-from attn_core.untrusted import clipped, printable, quoted
+from attn_core.engine.untrusted import clipped, printable, quoted
 
 MAX_CONFIG_BYTES = 4 << 20  # 4 MiB: DeepSeek-V3's config.json is 1.7 KB, a multimodal one a few KB
 MAX_LAYERS = 16384  # no published model has more than a few hundred layers

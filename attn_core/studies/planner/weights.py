@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attn_core.studies.planner.hf_config import _MISSING, MAX_VOCAB, SHOWN, Fields, Mixer, Reading, read
-from attn_core.untrusted import quoted
+from attn_core.engine.untrusted import quoted
 
 # Bits a parameter. MXFP4 (Open Compute Project, "OCP Microscaling Formats (MX) Specification" v1.0, 2023): blocks of
 # 32 FP4 (E2M1) values sharing one 8-bit (E8M0) scale, so (32 · 4 + 8) / 32 = 4.25 bits a value.

@@ -19,11 +19,11 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import pandas as pd
 
-from .engine.measurement import COLUMNS, SCHEMA
-from .engine import results
-from .engine.results import OPTIONAL, SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows, to_csv_bytes, to_json_bytes
-from .files import kind_of, not_a_file, read_regular
-from .untrusted import printable
+from attn_core.engine.measurement import COLUMNS, SCHEMA
+from attn_core.engine import results
+from attn_core.engine.results import (OPTIONAL, SCHEMA_VERSION as ROW_SCHEMA, Run, frame_from_rows, to_csv_bytes, to_json_bytes)
+from attn_core.engine.files import kind_of, not_a_file, read_regular
+from attn_core.engine.untrusted import printable
 
 HOME_VARIABLE = "ATTN_LAB_HOME"  # a folder: the store is FILE_NAME in it
 FILE_NAME = "runs.sqlite3"
@@ -598,9 +598,9 @@ def resume_plan(source: Store, run_id: int, environment: Mapping | None = None) 
     several) without a stored point of status in HAD, grouped by series. `environment`: the stamp to compare with
     the run's (env.environment of the device and dtype); the notes say what differs. StoreError for a run that is
     complete or running, or whose config cannot be read back."""
-    from .engine.config import SweepConfig
-    from .engine.measurement import theory_of
-    from .mechanisms import MEASURED
+    from attn_core.engine.config import SweepConfig
+    from attn_core.engine.measurement import theory_of
+    from attn_core.mechanisms import MEASURED
 
     info, run = source.info(run_id), source.run(run_id)
     try:

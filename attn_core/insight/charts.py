@@ -11,14 +11,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import export
-from ..engine.analysis import generating
-from ..insight.accuracy import METRIC_LABELS
-from .style import REFERENCE_GREY, colour_scale, styled
-from ..insight.effective import matrix_frame
-from ..insight.published import PUBLISHED
-from ..insight.theory import DECODE_EXTRAPOLATION, EXTRAPOLATION
-from ..untrusted import clipped, csv_bytes, file_stem, printable, vega_title
+from attn_core.charts import export
+from attn_core.engine.analysis import generating
+from attn_core.insight.accuracy import METRIC_LABELS
+from attn_core.charts.style import REFERENCE_GREY, colour_scale, styled
+from attn_core.insight.effective import matrix_frame
+from attn_core.insight.published import PUBLISHED
+from attn_core.insight.theory import DECODE_EXTRAPOLATION, EXTRAPOLATION
+from attn_core.engine.untrusted import clipped, csv_bytes, file_stem, printable, vega_title
 
 MIB = float(1 << 20)
 NAME_CHARS = 80  # of a run's name in a chart's title (a file's name or a kept run's: one line, not a paragraph)

@@ -6,9 +6,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .api import get, make_state
-from .mechanisms._common import check_finite, check_key_padding, divisors
-from .spec import MechanismSpec, Shape, dtype_name
+from attn_core.api import get, make_state
+from attn_core.mechanisms._common import check_finite, check_key_padding, divisors
+from attn_core.spec import MechanismSpec, Shape, dtype_name
 
 
 class MultiHeadAttention(nn.Module):

@@ -72,8 +72,8 @@ class Task:
 
     def check(self) -> "Task":
         """This task, or a ValueError whose sentence says what to change."""
-        from .api import check_seed
-        from .mechanisms import MECHANISMS
+        from attn_core.api import check_seed
+        from attn_core.mechanisms import MECHANISMS
 
         if self.scheme not in SCHEMES:
             raise ValueError(f"scheme {self.scheme!r} is unknown; choose one of {', '.join(SCHEMES)}")
@@ -187,9 +187,9 @@ def required_bytes(task: Task) -> tuple[int, int]:
     spec's memory model) over H/P heads of the whole sequence and the exchange back (2·local); state: the
     mechanism's own need over the n/P positions of its chunk and the (D + 1)-wide state. The launcher: the
     single-process mechanism it compares with (its spec's need over the whole problem) and the gathered output."""
-    from .engine.measure import required_bytes as needed
-    from .engine.problem import Problem
-    from .mechanisms import MECHANISMS
+    from attn_core.engine.measure import required_bytes as needed
+    from attn_core.engine.problem import Problem
+    from attn_core.mechanisms import MECHANISMS
 
     B, H, n, D, P, e = task.batch, task.heads, task.n, task.head_dim, task.procs, task.elem
     whole, local = B * H * n * D, B * H * n * D // P
@@ -214,8 +214,8 @@ def memory_guard(task: Task, device: str, margin: float = 0.2, limit: int | None
     """A reason to skip `task` when its need (required_bytes) × (1 + margin) exceeds the free memory, capped at
     `limit`: on the CPU the P ranks and the launcher share the machine's memory; on CUDA each rank has a GPU of its
     own and the launcher's reference stays on the CPU. None when it fits."""
-    from .engine import env
-    from .engine.measure import format_bytes
+    from attn_core.engine import env
+    from attn_core.engine.measure import format_bytes
 
     rank, launcher = required_bytes(task)
     checks = ([(task.procs * rank + launcher, "cpu", f"{task.procs} processes × {format_bytes(rank)} and "
@@ -290,7 +290,7 @@ def schemes_table(n: int, heads: int, head_dim: int, procs: int, *, batch: int =
 
 
 def attention_shape(model) -> dict:
-    """The attention layers of a planner model (attn_core.planner.Model) as schemes_table takes them: the query
+    """The attention layers of a planner model (attn_core.studies.planner.model.Model) as schemes_table takes them: the query
     heads, key/value heads and head dim of its most numerous kind of layer that is not a state mechanism (every kind
     where all are), and the count of its layers of that shape. E.g. Llama-3-8B: 32 layers of 32 heads, 8 key/value
     heads of 128."""
@@ -413,8 +413,8 @@ def inputs(task: Task, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor,
 def mechanism_state(task: Task, device: str = "cpu") -> dict:
     """The mechanism's seeded state over the whole sequence (mamba2's dt and A, Gated DeltaNet's gates), from the
     task's seed: every rank draws it whole and takes its positions, the reference takes it all."""
-    from .api import make_state
-    from .spec import Shape
+    from attn_core.api import make_state
+    from attn_core.spec import Shape
 
     shape = Shape(task.batch, task.heads, task.n, task.n, task.head_dim, causal=task.causal)
     return make_state(task.mechanism, shape, device, getattr(torch, task.dtype), seed=task.seed, **dict(task.params))
@@ -478,7 +478,7 @@ def positions_of(kpos: torch.Tensor, procs: int, causal: bool, owner: int) -> to
 def ulysses(q, k, v, link: Link, mechanism: str, causal: bool, params: dict) -> torch.Tensor:
     """Sequence-sharded q, k, v (B, H, n/P, D) → all-to-all → head-sharded (B, H/P, n, D) → the mechanism over the
     whole sequence → all-to-all back → (B, H, n/P, D). Four all-to-alls of (P − 1)/P of a shard each."""
-    from .api import attention
+    from attn_core.api import attention
 
     B, H, nl, D = q.shape
     P = link.procs
@@ -497,7 +497,7 @@ def linear_state_passing(q, k, v, link: Link) -> torch.Tensor:
     chunk; the prefix (S, z) of ranks before it arrives from r − 1 and (prefix + own) goes on to r + 1; then out_i =
     φ(q_i)ᵀ(S + Σ_{j ≤ i in chunk} φ(k_j) v_jᵀ) / φ(q_i)ᵀ(z + Σ φ(k_j)), by blocks of BLOCK positions. q, k, v (B,
     H, n/P, D); O((n/P)·D²) time a rank, O(D²) sent, whatever n."""
-    from .mechanisms.linear import feature_map
+    from attn_core.mechanisms.linear import feature_map
 
     fq, fk = feature_map(q), feature_map(k)
     own = torch.cat([fk.transpose(-2, -1) @ v, fk.sum(-2).unsqueeze(-1)], dim=-1)  # (B, H, D, D + 1): [S | z]
@@ -529,7 +529,7 @@ def mamba2_state_passing(q, k, v, link: Link, dt, A, chunk: int = 64) -> torch.T
     S_r = Σ_s exp(A·Σ_{s<t≤end} dt_t)·dt_s·k_s v_sᵀ, and its decay g_r = exp(A·Σ dt); the prefix P_r arrives from
     r − 1, g_r·P_r + S_r goes on; then the product's own chunked kernel runs from P_r. dt (B, H, n/P), A (H,);
     (B, H, D, D) sent, whatever n."""
-    from .mechanisms.mamba2 import ssd, ssd_state
+    from attn_core.mechanisms.mamba2 import ssd, ssd_state
 
     own = ssd_state(k, v, dt, A, chunk, q.shape[1])
     decay = (dt.sum(-1) * A).exp()[..., None, None]  # (B, H, 1, 1)
@@ -553,8 +553,8 @@ def deltanet_state_passing(q, k, v, link: Link, alpha, beta, chunk: int = 32) ->
 
 def _deltanet_run(q, k, v, log_alpha, beta, chunk: int, S):
     """gated_deltanet's chunked form from the state S (B·Hk, d_k, d_v) instead of zeros: (out or None, S after)."""
-    from .mechanisms import gated_deltanet as gdn
-    from .mechanisms._linear_core import causal_chunks
+    from attn_core.mechanisms import gated_deltanet as gdn
+    from attn_core.mechanisms._linear_core import causal_chunks
 
     B, Hk, n, d = k.shape
     out = None if q is None else torch.empty(*q.shape[:3], v.shape[-1], dtype=v.dtype, device=v.device)
@@ -610,7 +610,7 @@ def _worker(rank: int, tasks: tuple[Task, ...], procs: int, port: int, timeout_s
 
 def _measured(task: Task, rank: int, timeout, device: str, warmup: int, memory: bool, die_at: int | None,
               failure: str):
-    from .engine.env import peak_memory_probe
+    from attn_core.engine.env import peak_memory_probe
 
     q, k, v = inputs(task, device)
     link = Link(rank, task.procs, timeout)
@@ -718,7 +718,7 @@ def run_tasks(tasks: Sequence[Task], *, timeout_s: float = DEFAULT_TIMEOUT_S, de
     another exception in the caller ends every rank within seconds (Cancelled for `cancel`); every process is
     joined or killed before this returns or raises. `fail_rank` is a test hook: that rank exits abruptly at its
     first transfer of the timed call (`failure` "exit"), or stalls there, alive and silent ("stall")."""
-    from .engine.lock import LOCK_WAIT_S, SweepBusyError, SweepLockError, sweep_lock
+    from attn_core.engine.lock import LOCK_WAIT_S, SweepBusyError, SweepLockError, sweep_lock
 
     tasks = [t.check() for t in tasks]
     if not tasks:
@@ -975,7 +975,7 @@ def _stop(workers) -> None:
 
 
 def _skipped(task: Task, device: str, reason: str) -> Result:
-    from .engine.env import peak_memory_probe
+    from attn_core.engine.env import peak_memory_probe
 
     shape = (task.batch, task.heads, task.n, task.head_dim)
     return Result(task=task, backend="nccl" if device == "cuda" else "gloo", device=device, max_abs_diff=None,
@@ -985,8 +985,8 @@ def _skipped(task: Task, device: str, reason: str) -> Result:
 
 
 def _result(task: Task, device: str, shards: list, references: dict) -> Result:
-    from .api import attention
-    from .engine.env import peak_memory_probe
+    from attn_core.api import attention
+    from attn_core.engine.env import peak_memory_probe
 
     if task not in references:
         with torch.inference_mode():

@@ -3,7 +3,7 @@
 Added to the embeddings: sinusoidal (Vaswani et al. 2017, arXiv 1706.03762) and learned. In the scores: relative
 (Shaw et al. 2018, arXiv 1803.02155) and ALiBi (Press et al. 2021, arXiv 2108.12409), both additive score biases for a
 mechanism whose spec has `supports.score_bias`. On q and k before any mechanism: RoPE (Su et al. 2021, arXiv
-2104.09864; attn_core.rope). A kernel-feature mechanism (linear, Performer) still runs on rotated q and k, but its
+2104.09864; attn_core.positions.rope). A kernel-feature mechanism (linear, Performer) still runs on rotated q and k, but its
 score φ(q)·φ(k) is no longer a function of the rotation's difference: RoPE's relative property is lost there.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from . import rope as _rope
+from attn_core.positions import rope as _rope
 
 
 def _sizes(**values: int) -> None:
@@ -70,7 +70,7 @@ def relative_bias(n_q: int, n_k: int, max_distance: int = 4, *, heads: int = 1, 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """RoPE on x (..., n, d), d even: feature pair (2i, 2i+1) of the token at position p turned by p·base^(−2i/d);
     ⟨rope(q, i), rope(k, j)⟩ depends on i − j only, and norms are kept. Apply to q and k before any mechanism.
-    attn_core.rope.rotate, the implementation multi-head latent attention uses. O(n·d)."""
+    attn_core.positions.rope.rotate, the implementation multi-head latent attention uses. O(n·d)."""
     return _rope.rotate(x, positions, base=base)
 
 

@@ -25,12 +25,12 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import torch
 
-from .engine import env, measure
-from .engine.measurement import median_iqr, theory_of
-from .engine.problem import MAX_THREADS, Problem, Settings
-from .mechanisms import MEASURED
-from .mechanisms._common import validated
-from .planner import Layer, Model, Plan, plan
+from attn_core.engine import env, measure
+from attn_core.engine.measurement import median_iqr, theory_of
+from attn_core.engine.problem import MAX_THREADS, Problem, Settings
+from attn_core.mechanisms import MEASURED
+from attn_core.mechanisms._common import validated
+from attn_core.studies.planner.model import Layer, Model, Plan, plan
 
 PREFILL_NS = (512, 1024, 2048, 4096)  # prompt lengths a kind's causal prefill is timed at, while its budget lasts
 DECODE_NS = (4096, 8192, 16384, 32768)  # contexts a decode step is timed at

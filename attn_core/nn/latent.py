@@ -7,9 +7,9 @@ import numbers
 import torch
 from torch import nn
 
-from . import rope
-from .mechanisms._common import check_finite
-from .mechanisms.mla import LatentCache, latent_attention_absorbed, latent_attention_naive
+from attn_core.positions import rope
+from attn_core.mechanisms._common import check_finite
+from attn_core.mechanisms.mla import LatentCache, latent_attention_absorbed, latent_attention_naive
 
 # DeepSeek-V2 and V3 (both papers, their model settings): 128 heads of head_dim 128, kv_rank (d_c) 512 = 4·head_dim,
 # rope_dim (d_h^R) 64 = head_dim/2, q_rank (d_c') 1536 = 12·head_dim. A token then caches 512 + 64 = 576 values a

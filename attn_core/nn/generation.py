@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from .api import check_seed, get
-from .mechanisms._cache import Cache, KVCache, Ring, StateCache
-from .mechanisms._common import _VALIDATED, check_finite, check_qkv
-from .spec import Generation, MechanismSpec, Shape
+from attn_core.api import check_seed, get
+from attn_core.mechanisms._cache import Cache, KVCache, Ring, StateCache
+from attn_core.mechanisms._common import _VALIDATED, check_finite, check_qkv, check_sinks
+from attn_core.spec import Generation, MechanismSpec, Shape
 
 __all__ = ["Cache", "KVCache", "Ring", "StateCache", "cache_bytes", "can_generate", "prefill", "remember", "step"]
 
@@ -93,6 +93,9 @@ def _checked(key: str, q, k, v, max_len, params: dict) -> tuple[MechanismSpec, G
         check_seed(params["seed"], spec)
     check_qkv(q, k, v)
     check_finite(q=q, k=k, v=v)
+    sinks = params.pop("sinks", None)  # (H,) sink logits: to the forward pass and into the cache, for every step
+    if sinks is not None:
+        check_sinks(spec, sinks, q)
     spec.check(Shape.of(q, k, causal=True), params)
     n = k.shape[-2]
     if max_len is not None and (not isinstance(max_len, numbers.Integral) or isinstance(max_len, bool)
@@ -101,7 +104,7 @@ def _checked(key: str, q, k, v, max_len, params: dict) -> tuple[MechanismSpec, G
                          f"None to let the cache grow")
     given = (*spec.state.keys, "seed") if spec.state.init else spec.state.keys  # a seed draws the random state
     state = {name: params[name] for name in given if name in params}
-    return spec, gen, {**spec.resolved(params), **state}
+    return spec, gen, {**spec.resolved(params), **state, **({} if sinks is None else {"sinks": sinks})}
 
 
 def _check_step(key: str, q, k, v, cache) -> None:

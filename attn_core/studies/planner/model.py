@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from .mechanisms import MEASURED
-from .spec import DTYPE_BYTES, Shape
-from .untrusted import clipped, printable, quoted
+from attn_core.mechanisms import MEASURED
+from attn_core.spec import DTYPE_BYTES, Shape
+from attn_core.engine.untrusted import clipped, printable, quoted
 
 MAX_CONTEXT = 1 << 20  # 1,048,576 tokens: the longest context a plan is made for
 MAX_SIZE = 1 << 20  # heads, head sizes, windows, ranks and counts above this are typos, not models

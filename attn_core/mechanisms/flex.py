@@ -12,11 +12,12 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from . import masks, positional
-from .mechanisms import MECHANISMS
-from .mechanisms.sdpa import shared_sdpa
-from .mechanisms.softmax import softmax_attention
-from .spec import Shape
+from attn_core import masks
+from attn_core.positions import encodings as positional
+from attn_core.mechanisms import MECHANISMS
+from attn_core.mechanisms.sdpa import shared_sdpa
+from attn_core.mechanisms.softmax import softmax_attention
+from attn_core.spec import Shape
 
 IMPLEMENTATIONS = ("ours", "flex", "dense-mask")
 # The mechanisms that are masked softmax under a pattern (exact, with an Insight.pattern): the ones Flex and a dense
@@ -147,7 +148,7 @@ def sigmoid_flex_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     padding with the sink always seen, `sigmoid_score_mod`). Flex's output is then
     [Σ_j σ_ij v_j, Σ_j σ_ij·0 + 1] ÷ (1 + Σ_j σ_ij) row by row."""
     from torch.nn.attention.flex_attention import create_block_mask
-    from .mechanisms.sigmoid import offsets
+    from attn_core.mechanisms.sigmoid import offsets
     (batch, key_heads, nk, d), nq = k.shape, q.shape[-2]
     k = torch.cat([k, k.new_zeros(batch, key_heads, 1, d)], 2)
     sink_row = torch.cat([v.new_zeros(batch, key_heads, 1, d), v.new_ones(batch, key_heads, 1, 1)], -1)

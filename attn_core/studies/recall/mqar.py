@@ -19,12 +19,12 @@ import pandas as pd
 import torch
 from torch import nn
 
-from . import generation
-from .api import get
-from .mechanisms import MECHANISMS
-from .layers import MultiHeadAttention
-from .spec import Shape
-from .untrusted import clipped, printable
+from attn_core.nn import generation
+from attn_core.api import get
+from attn_core.mechanisms import MECHANISMS
+from attn_core.nn.layers import MultiHeadAttention
+from attn_core.spec import Shape
+from attn_core.engine.untrusted import clipped, printable
 
 # the page's and the CLI's mechanisms: softmax, a window narrower than the default task's 8 tokens of pairs, a state
 DEFAULT_MECHANISMS = (("softmax", {}), ("sliding_window", {"window": 4}), ("linear", {}), ("gated_deltanet", {}))
@@ -167,7 +167,7 @@ class Setup:
     def problems(self) -> list[str]:
         """What is wrong with these settings, one sentence each naming the setting to change; empty when they can
         run (the memory they need together is `memory_problem`'s, per mechanism)."""
-        from .engine.problem import MAX_THREADS
+        from attn_core.engine.problem import MAX_THREADS
 
         found = self.task.problems()
         for name in ("d_model", "layers", "heads", "batch", "eval_sequences", "eval_every", "seed"):
@@ -205,7 +205,7 @@ def _whole(value: Any, low: int, high: int) -> bool:
 def _device_problem(device: Any) -> str:
     """'' for a device this machine has, else the sentence (one without CUDA asked for cuda; meta, which holds no
     numbers to train)."""
-    from .engine import env
+    from attn_core.engine import env
 
     found = env.available_devices()
     if device in found:
@@ -307,8 +307,8 @@ def required_bytes(key: str, params: dict, setup: Setup) -> dict[str, float]:
     and one layer's gradients of them; the embeddings (3·B·n·d); the logits, their log-softmax and its gradient
     (3·B·n·V). 'evaluation pass': the forward of `eval_rows` sequences without gradients, its attention priced as a
     forward point, the blocks' other activations (8·rows·n·d) and the logits (rows·n·V). Their peak: `peak_bytes`."""
-    from .engine.measure import required_bytes as point_bytes
-    from .engine.problem import Problem
+    from attn_core.engine.measure import required_bytes as point_bytes
+    from attn_core.engine.problem import Problem
 
     d, n, V, B = setup.d_model, setup.task.seq, setup.task.vocab, setup.batch
     kv_heads = params.get("kv_heads")
@@ -347,8 +347,8 @@ def memory_problem(key: str, params: dict, setup: Setup, *, margin: float = MEMO
     """'' when training `key` fits: its need (`required_bytes`) × (1 + margin) within the free memory of the setup's
     device (capped at `limit`), as the engine's memory guard decides for a sweep's point; else the sentence, naming
     the part that needs the most and the settings that shrink it."""
-    from .engine import env
-    from .engine.measure import format_bytes
+    from attn_core.engine import env
+    from attn_core.engine.measure import format_bytes
 
     parts = required_bytes(key, params, setup)
     need = peak_bytes(parts) * (1 + margin)
@@ -575,6 +575,6 @@ def _saved_row(i: int, r: Any) -> dict:
 
 
 def reference() -> dict:
-    """The reference table shipped with the package (insight/data/recall_reference.json): {'command', 'machine',
+    """The reference table shipped with the package (reference.json beside this file): {'command', 'machine',
     'versions', 'note', 'setup', 'results': [Result.as_dict(), ...]}, computed with the CLI on a larger budget."""
-    return read_saved((Path(__file__).parent / "insight" / "data" / "recall_reference.json").read_text("utf-8"))
+    return read_saved((Path(__file__).parent / "reference.json").read_text("utf-8"))

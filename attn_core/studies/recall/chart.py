@@ -1,5 +1,5 @@
 """Associative recall's charts: accuracy while training, and recall against what a mechanism holds and the time it
-took (pure Altair: the frames of attn_core.recall in, a chart out)."""
+took (pure Altair: the frames of attn_core.studies.recall.mqar in, a chart out)."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import math
 import altair as alt
 import pandas as pd
 
-from .insight import _finish, _finite
-from .style import REFERENCE_GREY, colour_scale
+from attn_core.insight.charts import _finish, _finite
+from attn_core.charts.style import REFERENCE_GREY, colour_scale
 
 
 def _colour(frame: pd.DataFrame) -> alt.Color:

@@ -1,0 +1,1 @@
+"""Positions: rotary embedding (RoPE) and the encodings and biases a model adds to its tokens or scores."""
