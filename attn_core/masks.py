@@ -44,6 +44,15 @@ def block_local(block: int, lookback: int = 0, lookahead: int = 0) -> Pattern:
     return Pattern(f"block-local: block {block}, {lookback} back, {lookahead} ahead", pred)
 
 
+def chunked(chunk: int) -> Pattern:
+    """Llama 4's chunked attention: query i sees key j iff both lie in the same chunk of `chunk` tokens and j ≤ i
+    (⌊i/chunk⌋ = ⌊j/chunk⌋, causal). Block-local with no blocks before or after, causal: `local` computes it
+    (block = chunk, lookback = lookahead = 0), and its generation cache holds at most `chunk` tokens."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a whole number of tokens, at least 1, got {chunk!r}; Llama 4 uses 8192")
+    return Pattern(f"chunked: chunks of {chunk}, causal", (block_local(chunk) & causal).fn)
+
+
 def strided(stride: int) -> Pattern:
     """Sparse Transformer 'fixed': j in i's block of size stride, or j a summary key (j mod stride = stride − 1)."""
     def pred(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
