@@ -57,10 +57,13 @@ except ValueError as e:
 read = walk.readout()
 a, b, c = st.columns(3)
 a.metric("Spread of Q·K (standard deviation)", f"{read['raw_std']:.3g}",
-         help=f"q·k sums d_k = {d_k} products of unit-variance entries: its variance is about d_k.")
+         help=f"q·k sums d_k = {d_k} products: for entries of variance 1 its standard deviation would be about "
+              f"√d_k = {d_k ** 0.5:.3g}.")
 b.metric("Spread of the scores the softmax sees", f"{read['scores_std']:.3g}")
-c.metric("Largest softmax weight", f"{read['max_weight']:.3f}", help="Near 1: the softmax has saturated; one key "
-         "takes all of a query's attention and the gradient through the others vanishes.")
+c.metric("Largest softmax weight", "—" if read["max_weight"] != read["max_weight"] else f"{read['max_weight']:.3f}",
+         help=f"Over the {read['rows_counted']} rows (all heads) that choose between two keys or more: a row that "
+              "sees one key gives it weight 1 whatever the scores. Near 1: the softmax has saturated; one key takes "
+              "all of a query's attention and the gradient through the others vanishes.")
 
 big = 64 if S.get("talk") else 48  # a cell that holds its number ("-0.18") in the page's type
 

@@ -68,7 +68,30 @@ def test_the_readout_is_the_spread_and_the_largest_weight():
     raw = walk.raw.numpy()[0][allowed]
     read = walk.readout()
     assert read["raw_std"] == pytest.approx(np.std(raw)) and read["scores_std"] == pytest.approx(np.std(raw))
-    assert read["max_weight"] == pytest.approx(walk.weights.numpy().max())
+    # causal: row 0 sees only its own key (weight 1 whatever the scores), so it is left out of the saturation measure
+    choosing = allowed.sum(1) >= 2
+    assert not choosing[0] and choosing[1:].all()
+    assert read["max_weight"] == pytest.approx(walk.weights.numpy()[:, choosing].max())
+    assert read["max_weight"] < 1.0 and read["rows_counted"] == int(choosing.sum()) * walk.weights.shape[0]
+
+
+def test_a_walk_where_no_row_chooses_has_no_largest_weight():
+    walk = lesson.walk("alone", lesson.Setup(d_k=4, causal=True))
+    assert np.isnan(walk.readout()["max_weight"]) and walk.readout()["rows_counted"] == 0
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_the_scores_captions_state_the_walk_s_own_spread(scaled):
+    """Captions that describe a value are computed from it: the spread the page's metric shows, not a textbook 1."""
+    walk = lesson.walk(SENTENCE, lesson.Setup(d_k=4, scaled=scaled))
+    raw_std = float(np.std(walk.raw.numpy()[walk.allowed.numpy()[None].repeat(walk.raw.shape[0], 0)]))
+    says = {s.key: s.says for s in lesson.steps(walk)}
+    assert f"standard deviation of {raw_std:.3g}" in says["raw"]
+    if scaled:
+        scores_std = float(np.std(walk.scores.numpy()))
+        assert f"from {raw_std:.3g} to {scores_std:.3g}" in says["scaled"]
+    else:
+        assert f"spread of {raw_std:.3g}" in says["scaled"]
 
 
 def test_without_the_scale_large_d_k_saturates_the_softmax():

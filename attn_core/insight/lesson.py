@@ -76,11 +76,17 @@ class Walk:
 
     def readout(self) -> dict[str, float]:
         """The numbers that make saturation visible: the standard deviation of the raw (Q·K) and the shown scores
-        over the allowed cells of every head, and the largest softmax weight."""
+        over the allowed cells of every head, and the largest softmax weight among rows that choose between two keys
+        or more (`max_weight`, NaN where none does): a row that sees one key (the first word under the causal mask)
+        gives it weight 1 whatever the scores, which says nothing of saturation. `rows_counted` is how many rows the
+        largest weight was taken over (every head's)."""
         allowed = self.allowed.expand_as(self.raw)
+        choosing = self.allowed.sum(-1) >= 2  # (n,) rows with a choice to make
+        chosen = self.weights[..., choosing, :]
         return {"raw_std": float(self.raw[allowed].std(unbiased=False)),
                 "scores_std": float(self.scores[allowed].std(unbiased=False)),
-                "max_weight": float(self.weights.max())}
+                "max_weight": float(chosen.max()) if chosen.numel() else float("nan"),
+                "rows_counted": int(choosing.sum()) * int(self.weights.shape[0])}
 
 
 def words(sentence: str, what: str = "the sentence") -> list[str]:
@@ -216,6 +222,7 @@ def steps(w: Walk) -> list[Step]:
     heads = f" per head ({s.heads} heads)" if s.heads > 1 else ""
     cut = (lambda c: f" (the first {SHOWN_DIMS} of {c} columns drawn)" if c > SHOWN_DIMS else "")
     additive = s.score == "additive"
+    read = w.readout()  # the captions state the walk's own numbers
     found = [
         Step("x", "Embeddings X", "One vector per word, seeded by the word: no position, so attention alone does not "
              "know word order." + cut(d), f"X: {n} × {d} = n × d_model", w.x[None, :, :SHOWN_DIMS], w.queries,
@@ -230,14 +237,18 @@ def steps(w: Walk) -> list[Step]:
              w.v[..., :SHOWN_DIMS], w.keys, _dims(min(dk, SHOWN_DIMS), "v")),
         Step("raw", "Scores e = vᵀ tanh(q W_a + k U_a)" if additive else "Scores S = Q Kᵀ",
              ("A small network scores each (query, key) pair (Bahdanau et al. 2015): bounded by ‖v‖, no scaling "
-              "needed." if additive else f"One dot product per (query, key) pair: q·k has variance d_k = {dk}."),
+              "needed." if additive else f"One dot product per (query, key) pair. Here the scores spread with a standard "
+              f"deviation of {read['raw_std']:.3g}; for q and k of unit-variance entries it would be about "
+              f"√d_k = {math.sqrt(dk):.3g}."),
              f"S: {n} × {m} = n × m", w.raw, w.queries, w.keys, "score"),
     ]
     if not additive:
         found.append(Step("scaled", "Scaled S / √d_k" if s.scaled else "Not scaled: S as it is",
-                          (f"Divided by √d_k = {math.sqrt(dk):.3g}: the spread comes back to about 1." if s.scaled
-                           else "Without the √d_k the spread grows with d_k and the softmax saturates: one weight "
-                                "near 1, the rest near 0."), f"S: {n} × {m}", w.scores, w.queries, w.keys, "score"))
+                          (f"Divided by √d_k = {math.sqrt(dk):.3g}: the spread goes from {read['raw_std']:.3g} to "
+                           f"{read['scores_std']:.3g}, whatever d_k is." if s.scaled
+                           else f"Without the √d_k the scores keep their spread of {read['raw_std']:.3g}, which "
+                                "grows with d_k: the wider it is, the nearer the largest weight comes to 1 and the "
+                                "rest to 0 (the softmax saturates)."), f"S: {n} × {m}", w.scores, w.queries, w.keys, "score"))
     if not bool(w.allowed.all()):
         why = " and ".join(x for x in ("future words (causal)" if s.causal else "",
                                        "padding keys" if s.pad else "") if x)
