@@ -3,7 +3,7 @@ import pandas as pd
 import streamlit as st
 
 from attn_core import MECHANISMS
-from attn_core.studies.parallel import schemes as distributed
+from attn_core.studies import parallel as distributed
 from attn_core.studies.planner import model as planner
 from attn_core.spec import DTYPE_BYTES
 from attn_core.engine import env, positions
@@ -184,7 +184,7 @@ with generation_tab:
                 st.caption(f"{label(key)}: {form.step_tokens_note}")
 with devices_tab:
     st.caption("One causal attention layer split over P devices (and its bytes over all of a planner model's "
-               "attention layers when one is chosen), from attn_core.studies.parallel.schemes's cost model (the "
+               "attention layers when one is chosen), from attn_core.studies.parallel.cost's model (the "
                "bytes it predicts are the bytes its runs count): ring attention (arXiv 2310.01889), DeepSpeed-Ulysses "
                "(arXiv 2309.14509) and state passing. Measure a small run here with `python -m attn_core "
                "distributed --scheme ring --procs 2 --n 4096 --causal`.")

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from attn_core import cli
-from attn_core.studies.parallel import schemes as D
+from attn_core.studies import parallel as D
+from attn_core.studies.parallel import launch, rank
 from attn_core.engine.lock import sweep_lock
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
@@ -312,7 +313,7 @@ def test_a_stop_while_the_ranks_start_is_raised_once_they_have():
     got = []
     old = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
     try:
-        with D._stops_held():
+        with launch._stops_held():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
             assert got == []  # held: a start is never cut in two
@@ -353,7 +354,7 @@ def test_a_launch_that_cannot_start_skips_with_the_cause(monkeypatch):
     def no_loopback():
         raise OSError(99, "Cannot assign requested address")
 
-    monkeypatch.setattr(D, "free_port", no_loopback)
+    monkeypatch.setattr(launch, "free_port", no_loopback)
     with pytest.raises(D.DistributedError, match="cannot start and meet on localhost here.*Cannot assign"):
         D.check_launch()
     with pytest.raises(pytest.skip.Exception, match="cannot be launched here.*Cannot assign requested address"):
@@ -442,7 +443,7 @@ def killed_after(processes: list):
 
 
 LAUNCHER = """
-from attn_core import distributed as D
+from attn_core.studies import parallel as D
 said = []
 def cancel():  # asked every 0.2 s once every rank has started: says so once, never cancels
     if not said:
@@ -474,7 +475,7 @@ def test_a_launcher_killed_outright_takes_its_forkserver_and_ranks_with_it():
 
 ORPHAN = """
 import os, subprocess, sys
-child = subprocess.Popen([sys.executable, "-c", "import os, time; from attn_core import distributed as D; "
+child = subprocess.Popen([sys.executable, "-c", "import os, time; from attn_core.studies.parallel import rank as D; "
                           "D._die_with_parent(os.getppid()); print('ready', os.getpid(), flush=True); time.sleep(600)"])
 child.wait()
 """
@@ -499,10 +500,10 @@ def test_the_kernel_ends_a_rank_whose_parent_ends():
 @LINUX
 def test_a_rank_whose_parent_ended_before_it_asked_ends_at_once():
     """A parent gone before the request was in place cannot signal: the rank sees another parent and ends."""
-    script = "import os, sys; from attn_core import distributed as D; D._die_with_parent({}); print('alive')"
+    script = "import os, sys; from attn_core.studies.parallel import rank as D; D._die_with_parent({}); print('alive')"
     gone = subprocess.run([sys.executable, "-c", script.format("os.getppid() + 1")], capture_output=True, text=True,
                           cwd=ROOT)
-    assert gone.returncode == D.ORPHANED and gone.stdout == "", gone.stderr
+    assert gone.returncode == rank.ORPHANED and gone.stdout == "", gone.stderr
     here = subprocess.run([sys.executable, "-c", script.format("os.getppid()")], capture_output=True, text=True,
                           cwd=ROOT)
     assert here.returncode == 0 and here.stdout == "alive\n", here.stderr
@@ -510,8 +511,8 @@ def test_a_rank_whose_parent_ended_before_it_asked_ends_at_once():
 
 def watching_rank() -> None:
     """A rank's lifeline without the kernel's signal, as where there is none: the launcher's pipe alone."""
-    D._die_with_parent = lambda parent: None
-    D._lifeline(os.getppid())
+    rank._die_with_parent = lambda parent: None
+    rank._lifeline(os.getppid())
     print("ready", os.getpid(), flush=True)
     time.sleep(600)
 

@@ -13,6 +13,7 @@ import torch
 
 from attn_core.studies.recall import mqar as recall
 from attn_core.studies.recall import chart as recall_charts
+from attn_core.studies.recall import training as recall_training
 from attn_core.cli import main
 from attn_core.studies.recall.mqar import IGNORE, RecallModel, Setup, Task, mqar
 
@@ -220,8 +221,8 @@ def test_nothing_is_allocated_when_memory_would_not_fit(monkeypatch):
 
     built = []
     monkeypatch.setattr(env, "free_memory_bytes", lambda device: 1 << 20)  # 1 MiB free
-    monkeypatch.setattr(recall, "mqar", lambda *a, **k: built.append("data"))
-    monkeypatch.setattr(recall, "RecallModel", lambda *a, **k: built.append("model"))
+    monkeypatch.setattr(recall_training, "mqar", lambda *a, **k: built.append("data"))
+    monkeypatch.setattr(recall_training, "RecallModel", lambda *a, **k: built.append("model"))
     with pytest.raises(ValueError, match=r"would need .* 1\.0 MiB free on cpu; choose"):
         recall.train("softmax", {}, recall.Setup())
     assert built == []

@@ -224,7 +224,7 @@ def test_the_whole_model_cache_follows_the_key_value_heads_and_latent_attention_
 
 
 def test_the_schemes_table_takes_key_value_heads_and_layers():
-    from attn_core.studies.parallel import schemes as D
+    from attn_core.studies import parallel as D
 
     # Llama 3 8B's attention at 1M tokens over 8 devices, bf16: K and V of 8 heads, q and the output of 32
     got = D.schemes_table(1 << 20, 32, 128, 8, kv_heads=8, layers=32).set_index("scheme")

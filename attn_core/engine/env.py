@@ -116,6 +116,21 @@ def load_average() -> float | None:
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
+@contextlib.contextmanager
+def cpu_threads(count: int | None) -> Iterator[None]:
+    """torch's CPU threads set to `count` inside, as they were after (None: left alone). The studies pass one: their
+    matrices are small, and on a shared machine a second OpenMP thread of every call waits for a busy core (a
+    recall step took fifteen times as long with two threads as with one on a 2-core machine another program kept
+    busy; planner timings spread by ×10 or more)."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @dataclass(frozen=True)
 class Contention:
     """What other programs did to a span of wall time `wall_s`: `foreign_s` CPU-seconds they used (all cores,
