@@ -1,6 +1,7 @@
-"""Benchmark scripts: they print their figures; performance is never asserted in tests. What they share lives here:
-interleaved timing through the engine's timer and statistics, ratios of calls timed side by side, and the lines
-that open and close every printout."""
+"""Benchmark scripts: each a configuration over one runner (`runner.run`: the shared machine options, the header, its
+figures written as data); they print their figures, and performance is never asserted in tests. What they share
+lives here: interleaved timing through the engine's timer and statistics, ratios of calls timed side by side, and
+the lines that open and close every printout. `python -m attn_core.benchmarks` lists them."""
 from __future__ import annotations
 
 import math
@@ -118,25 +119,6 @@ def ratio_verdict(rounds: list[float], target: float, at_most: bool = True) -> s
     """'0.83 (IQR …, …–…)×, meets ≤ 1': the per-round ratios' median and spread, judged against a target."""
     good = median(rounds) <= target if at_most else median(rounds) >= target
     return f"{spread(rounds)}×, {'meets' if good else 'MISSES'} {'≤' if at_most else '≥'} {target:g}"
-
-
-def machine_options(parser, threads: int | None = None) -> None:
-    """The options of where a script measures: --threads (`threads`; None: torch's default), --device, --clock.
-    Read them back with `machine(args)`."""
-    parser.add_argument("--threads", type=int, default=threads,
-                        help=f"intra-op threads ({threads})" if threads else "torch's default unless given")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
-    parser.add_argument("--clock", choices=CLOCKS, default="wall",
-                        help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
-
-
-def machine(args) -> None:
-    """Act on `machine_options`: args.device resolved ('auto' → the best present), the threads set, and the
-    allocator steadied as in the engine's worker (buffers below 32 MiB reused, not faulted in anew)."""
-    args.device = env.resolve_device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    env.steady_allocator()
 
 
 def start(device: str, what: str) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from . import end, start
+from .runner import Benchmark, Figure, Machine, run
 from ..engine import presets, results
 from ..engine.config import DEFAULT_SWEEP, SweepConfig
 from attn_core.engine.files import write_atomic
@@ -246,13 +246,16 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, floor_s: float) -> dict:
             "within_10pct": int((off <= 1.1).sum()), "bias": float(np.exp(np.log(ratio).mean()))}
 
 
-def say(name: str, c: dict) -> None:
+def say(name: str, c: dict) -> list[Figure]:
+    """The comparison `c` printed; its median and worst ratio as figures (none without common points)."""
     if not c["points"]:
         print(f"  {name:<58} no common points")
-        return
+        return []
     print(f"  {name:<58} {c['points']:>2} points: median ×{c['median']:.3f}, worst ×{c['worst']:.2f} "
           f"({c['worst_at']}); within ×1.3: {c['within_1.3']}, within 10%: {c['within_10pct']}; first ÷ second "
           f"×{c['bias']:.3f} (geometric mean)")
+    return [Figure(f"{name}: median ratio", c["median"], "×", n=c["points"]),
+            Figure(f"{name}: worst ratio", c["worst"], "×", n=c["points"])]
 
 
 def disturbed_share(frame: pd.DataFrame, before: int) -> str:
@@ -274,9 +277,7 @@ def save(runs: dict[str, pd.DataFrame], folder: str | None) -> None:
             write_atomic(Path(folder) / f"{name.replace(' ', '_')}.csv", csv_bytes(frame))
 
 
-def main() -> None:
-    start("cpu", f"the dashboard against the command line, {os.cpu_count()} CPUs; Chromium shows the page "
-                 "throughout. Ratios are medians of the same point, max(a/b, b/a).")
+def measure(args) -> list[Figure]:
     quick = presets.QUICK_DEMO.for_device("cpu")[0]
     figures, runs = {}, {}
     with browser_page() as page:
@@ -303,21 +304,23 @@ def main() -> None:
                 print("an exception box is on the page:", page.locator(EXCEPTION).first.inner_text())
         finally:
             server.stop()
+    found = []
     for name, seconds in figures.items():
         print(f"  {name:<58} {seconds:6.2f} s")
+        found.append(Figure(name, seconds, "s"))
     print("Dashboard vs command line (target: every point ≥ 0.5 ms within ×1.3):")
     for i in (1, 2):
-        say(f"default sweep, run {i}", compare(runs[f"dash default {i}"], runs[f"cli default {i}"], 5e-4))
-        say(f"quick demo, run {i}", compare(runs[f"dash demo {i}"], runs[f"cli demo {i}"], 5e-4))
+        found += say(f"default sweep, run {i}", compare(runs[f"dash default {i}"], runs[f"cli default {i}"], 5e-4))
+        found += say(f"quick demo, run {i}", compare(runs[f"dash demo {i}"], runs[f"cli demo {i}"], 5e-4))
     print("Repeatability, two runs of one sweep (target: every point ≥ 1 ms within 10%):")
     for kind in ("dash", "cli"):
-        say(f"{kind} default sweep", compare(runs[f"{kind} default 1"], runs[f"{kind} default 2"], 1e-3))
-        say(f"{kind} quick demo", compare(runs[f"{kind} demo 1"], runs[f"{kind} demo 2"], 1e-3))
+        found += say(f"{kind} default sweep", compare(runs[f"{kind} default 1"], runs[f"{kind} default 2"], 1e-3))
+        found += say(f"{kind} quick demo", compare(runs[f"{kind} demo 1"], runs[f"{kind} demo 2"], 1e-3))
     print("A process spinning on one core from halfway through a default sweep in the dashboard:")
     print("  " + disturbed_share(runs["dash busy"], int(busy["points before the busy process"])))
-    say("its points against the clean dashboard run", compare(runs["dash busy"], runs["dash default 2"], 5e-4))
-    end()
+    found += say("its points against the clean dashboard run", compare(runs["dash busy"], runs["dash default 2"], 5e-4))
     save(runs, os.environ.get("ATTN_BENCH_OUT"))
+    return found
 
 
 def answer_during_sweep(page, url: str) -> float:
@@ -332,5 +335,17 @@ def answer_during_sweep(page, url: str) -> float:
     return seconds
 
 
+BENCHMARK = Benchmark(
+    "dashboard", "The dashboard's numbers against the command line's, in a real browser: agreement, repeatability, "
+    "the default sweep's time, the first point after Run, a click during a sweep, a busy core.", measure,
+    setting=lambda args: f"the dashboard against the command line, {os.cpu_count()} CPUs; Chromium shows the page "
+                         "throughout. Ratios are medians of the same point, max(a/b, b/a).",
+    machine=Machine(threads=None, devices=("cpu",), rounds=None, clocks=("wall",)), doc=__doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -8,8 +8,8 @@ n = 8192), interleaved in one process:
 
 B = 1, H = 8, D = 64, float32, forward, 2 torch threads, causal (the only form), the gates drawn outside the timed
 calls (init_state). Each round times every contestant once, in turn; figures are medians over the rounds with their
-spread, ratios taken round by round. On a machine other programs share, `--threads 1 --clock process` counts this
-process's CPU time instead (min over the rounds).
+spread, ratios taken round by round. On a machine other programs share, `--threads 1 --clock cpu` counts this
+process's CPU time instead.
 
 The peer is the reference a user would reach for: flash-linear-attention's `fla/ops/gated_delta_rule/naive.py`,
 pure PyTorch (its chunked form: a row-by-row forward substitution for the UT transform, then a loop over chunks). It
@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import end, interleaved, median, ratio_verdict, ratios, spread, start
+from . import interleaved, median, ratio_verdict, ratios, spread
+from .runner import Benchmark, Figure, Machine, run
 from attn_core.nn import generation as gen
 from ..engine import env
 from ..engine.analysis import loglog_slope
@@ -109,23 +110,27 @@ def check_agreement(calls: dict) -> str:
     return ", ".join(f"max |ours − {name}| = {e:.1e}" for name, e in found.items())
 
 
-def forward(args, naive) -> dict[int, list[float]]:
-    """n → our seconds per round, printed with the peer's and the ratio where it ran."""
-    ours = {}
+def forward(args, naive) -> tuple[dict[int, list[float]], list[Figure]]:
+    """n → our seconds per round, printed with the peer's and the ratio where it ran; and those figures."""
+    ours, figures = {}, []
     for n in args.ns:
         calls = contestants(n, args, naive, args.fused)
         agree = f"  ({check_agreement(calls)})" if len(calls) > 1 else ""
-        times = interleaved(calls, args.rounds, args.device, clock=args.clock_kind)
+        times = interleaved(calls, args.rounds, args.device, clock=args.clock)
         ours[n] = times["ours"]
         cells = "  ".join(f"{name} {spread(t, 1e3, '.1f')}" for name, t in times.items())
         print(f"n={n:6d}  ms: {cells}{agree}", flush=True)
+        figures += [Figure.of(f"{name} seconds per call, n = {n}", t) for name, t in times.items()]
         if "peer" in times:
             each = ratios(times["ours"], times["peer"])
             told = ratio_verdict(each, TARGET_PEER) if n == PEER_N else f"{spread(each)}×"
             print(f"{'':8s}ours/peer {told}", flush=True)
+            figures.append(Figure.judged(f"ours/peer, n = {n}", each, TARGET_PEER) if n == PEER_N else
+                           Figure.of(f"ours/peer, n = {n}", each, "×"))
         if "triton" in times:
             print(f"{'':8s}ours/triton {spread(ratios(times['ours'], times['triton']))}×", flush=True)
-    return ours
+            figures.append(Figure.of(f"ours/triton, n = {n}", ratios(times["ours"], times["triton"]), "×"))
+    return ours, figures
 
 
 def steps(n: int, args) -> tuple[list[float], int]:
@@ -142,65 +147,75 @@ def steps(n: int, args) -> tuple[list[float], int]:
     return times, cache.nbytes
 
 
-def generation(args) -> None:
-    medians, held = [], []
+def generation(args) -> list[Figure]:
+    medians, held, figures = [], [], []
     for n in args.contexts:
         times, nbytes = steps(n, args)
         medians.append(median(times))
         held.append(nbytes)
         print(f"context {n:6d}: step µs {spread(times, 1e6, '.1f')}, state {format_bytes(nbytes)}", flush=True)
+        figures += [Figure.of(f"step seconds, context {n}", times),
+                    Figure(f"state bytes, context {n}", nbytes, "bytes")]
     if len(args.contexts) > 1:
         t, b = loglog_slope(args.contexts, medians), loglog_slope(args.contexts, held)
         verdict = "meets" if abs(t) <= TARGET_STEP_SLOPE and abs(b) <= TARGET_STEP_SLOPE else "MISSES"
         print(f"slopes against the context: step time {t:+.3f}, state bytes {b:+.3f}, {verdict} |slope| ≤ "
               f"{TARGET_STEP_SLOPE}", flush=True)
+        figures += [Figure.slope(f"step {what} slope against the context", value, TARGET_STEP_SLOPE, absolute=True)
+                    for what, value in (("time", t), ("state bytes", b))]
+    return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", default="4096,8192,16384,32768", help="comma-separated sequence lengths")
     p.add_argument("--contexts", default="1024,4096,16384,32768", help="generation contexts, comma-separated")
-    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--chunk", type=int, default=0, help="our chunk; 0: the spec's default")
     p.add_argument("--peer-max", type=int, default=PEER_N, help="the longest n the peer is timed at")
-    p.add_argument("--clock", choices=["wall", "process"], default="wall",
-                   help="wall: medians of elapsed time; process: this process's CPU time (use --threads 1)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto (on CUDA, flash-linear-attention's Triton "
-                   "kernel is timed beside the peer, where it imports)")
     p.add_argument("--quick", action="store_true", help="n = 4096, 8192, 32768, 3 rounds; contexts 1k, 8k, 20 steps")
-    args = p.parse_args(argv)
-    args.device = env.resolve_device(args.device)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.quick:
         args.n, args.rounds, args.contexts, args.steps = "4096,8192,32768", 3, "1024,8192", 20
     args.ns, args.contexts = ([int(x) for x in s.split(",")] for s in (args.n, args.contexts))
-    args.clock_kind = "wall" if args.clock == "wall" else "cpu"
-    torch.set_num_threads(args.threads)
-    env.steady_allocator()
+
+
+def setting(args: argparse.Namespace) -> str:
+    chunk = args.chunk or MECHANISMS[KEY].defaults["chunk"]
+    return (f"B=1, H={args.heads}, D={args.head_dim}, float32, causal forward, chunk {chunk}, {args.rounds} "
+            f"interleaved rounds; {'wall' if args.clock == 'wall' else 'CPU'} ms: median (IQR, min–max)")
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     naive, version = peer()
     args.fused, fused_version = triton_peer() if args.device == "cuda" else (None, "")
-    chunk = args.chunk or MECHANISMS[KEY].defaults["chunk"]
-    start(args.device, f"B=1, H={args.heads}, D={args.head_dim}, float32, causal forward, chunk {chunk}, "
-                       f"{args.rounds} interleaved rounds; {'wall' if args.clock == 'wall' else 'CPU'} ms: median "
-                       f"(IQR, min–max)")
     print(f"peer: naive_chunk_gated_delta_rule of {version}, chunk 64, at n ≤ {args.peer_max}" if naive else
           f"peer skipped: {version}", flush=True)
     if args.device == "cuda":
         print(f"Triton peer: chunk_gated_delta_rule of {fused_version}, q and k normalised in the kernel"
               if args.fused else f"Triton peer skipped: {fused_version}", flush=True)
-    ours = forward(args, naive)
+    ours, figures = forward(args, naive)
     if len(args.ns) > 1:
         slope = loglog_slope(args.ns, [median(ours[n]) for n in args.ns])
         print(f"time slope over n = {args.ns[0]}…{args.ns[-1]}: {slope:.3f}, "
               f"{'meets' if slope <= TARGET_SLOPE else 'MISSES'} ≤ {TARGET_SLOPE}", flush=True)
+        figures.append(Figure.slope(f"ours time slope, n = {args.ns[0]}…{args.ns[-1]}", slope, TARGET_SLOPE))
     print(f"\nGeneration: B=1, H={args.heads}, D={args.head_dim}, {args.steps} steps a context, "
           f"each after its own prompt's state (remember)")
-    generation(args)
-    end()
-    return 0
+    return [*figures, *generation(args)]
+
+
+BENCHMARK = Benchmark(
+    "deltanet", "gated_deltanet: forward time slope, generation step and state against context, and beside "
+    "flash-linear-attention's chunk reference.", measure, options, settle, setting,
+    Machine(threads=2, rounds=5), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ process runs softmax (materialized, the arithmetic each ring step does on its bl
 the ring's two processes share between them. On a machine of few cores the two processes share those cores: the
 ring then splits the work without adding any, and what it shows is the cost of splitting (transfers, the online
 softmax), not a speed-up. Ring attention pays off where each process has a device of its own (Liu, Zaharia, Abbeel
-2023, arXiv 2310.01889); see attn_core.studies.parallel.schemes.overlap_block for when the transfer hides behind the compute.
+2023, arXiv 2310.01889); see attn_core.studies.parallel.cost.overlap_block for when the transfer hides behind the compute.
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ import time
 
 import torch
 
-from . import end, median, powers, spread, start
-from attn_core.studies.parallel import schemes as dist_attn
+from . import median, powers, spread
+from .runner import Benchmark, Figure, Machine, run
+from attn_core.studies import parallel as dist_attn
 from ..mechanisms import MECHANISMS
 
 HEADS, HEAD_DIM, PROCS = 8, 64, 2
@@ -43,23 +44,32 @@ def single(task: dist_attn.Task, rounds: int) -> dict[str, list[float]]:
     return times
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="n = 1024 and 2048, 3 rounds")
-    parser.add_argument("--causal", action="store_true", help="causal, zig-zag blocks")
-    args = parser.parse_args(argv)
-    ns, rounds = (powers(1024, 2048), 3) if args.quick else (powers(1024, 8192), 5)
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="n = 1024 and 2048, 3 rounds")
+    p.add_argument("--causal", action="store_true", help="causal, zig-zag blocks")
+
+
+def settle(args: argparse.Namespace) -> None:
+    args.ns = powers(1024, 2048) if args.quick else powers(1024, 8192)
+    if args.quick:
+        args.rounds = min(args.rounds, 3)
+
+
+def setting(args: argparse.Namespace) -> str:
     cores = os.cpu_count() or 1
-    torch.set_num_threads(cores)
-    start("cpu", f"ring attention over {PROCS} processes (gloo, {max(1, cores // PROCS)} thread each) against one "
-                 f"process ({cores} threads); B = 1, H = {HEADS}, D = {HEAD_DIM}, float32, "
-                 f"{'causal' if args.causal else 'not causal'}")
+    return (f"ring attention over {PROCS} processes (gloo, {max(1, cores // PROCS)} thread each) against one "
+            f"process ({torch.get_num_threads()} threads); B = 1, H = {HEADS}, D = {HEAD_DIM}, float32, "
+            f"{'causal' if args.causal else 'not causal'}")
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
+    cores, rounds, figures = os.cpu_count() or 1, args.rounds, []
     if cores <= PROCS:
         print(f"note: this machine has {cores} cores: the {PROCS} processes share them, so the ring cannot be faster "
               "than one process here; the figures show what splitting costs")
     print(f"{'n':>6s} {'ring ms':>24s} {'waiting %':>9s} {'softmax ms':>24s} {'sdpa ms':>24s} {'ring/softmax':>12s} "
           f"{'sent B/rank':>12s} {'model B':>12s} {'max |Δ|':>9s}")
-    for n in ns:
+    for n in args.ns:
         task = dist_attn.Task("ring", n=n, causal=args.causal, heads=HEADS, head_dim=HEAD_DIM, procs=PROCS)
         results = dist_attn.run_tasks([task] * rounds, memory=False, warmup=1)
         if results[0].status != "ok":
@@ -72,9 +82,25 @@ def main(argv=None) -> None:
               f"{spread(base['sdpa'], 1e3):>24s} {median(ring) / median(base['softmax']):12.2f} "
               f"{results[0].bytes_sent[0]:12,d} {results[0].bytes_predicted[0]:12,d} "
               f"{max(r.max_abs_diff for r in results):9.2g}", flush=True)
+        figures += [Figure.of(f"ring seconds per call, n = {n}", ring),
+                    Figure(f"ring's share of time waiting on transfers, n = {n}", share, "share"),
+                    *(Figure.of(f"{key} seconds per call, one process, n = {n}", base[key]) for key in base),
+                    Figure(f"ring/softmax, n = {n}", median(ring) / median(base["softmax"]), "×"),
+                    Figure(f"bytes sent per rank, n = {n}", results[0].bytes_sent[0], "bytes",
+                           target=f"the cost model's {results[0].bytes_predicted[0]}")]
     print("waiting %: the slower rank's seconds blocked on a transfer (after the step's compute) over its call's")
-    end()
+    return figures
+
+
+BENCHMARK = Benchmark(
+    "distributed", "Ring attention over 2 processes against the single-process kernel, the waiting and the bytes.",
+    measure, options, settle, setting,
+    Machine(threads=os.cpu_count() or 1, devices=("cpu",), rounds=5, clocks=("wall",)), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -16,7 +16,8 @@ import time
 import torch
 
 from .. import MECHANISMS
-from . import alternate, end, median, start
+from . import alternate, median
+from .runner import Benchmark, Figure, Machine, run
 from ..engine import env, worker
 from ..engine.measure import call_of, format_bytes, make_state
 from ..engine.config import DEFAULT_SWEEP, SweepConfig
@@ -28,15 +29,16 @@ MEMORY_MECHANISMS = ("softmax", "sdpa", "sliding_window")
 MEMORY_TOLERANCE, REPEAT_TOLERANCE, REPEAT_MIN_S, OVERHEAD_LIMIT, DEFAULT_LIMIT_S = 0.05, 0.10, 0.010, 0.05, 15.0
 
 
-def check_memory(ns: tuple[int, ...]) -> bool:
-    """Peak bytes above the inputs (torch.profiler, CPU allocator) against spec.cost.memory_bytes."""
+def check_memory(ns: tuple[int, ...]) -> tuple[bool, list[Figure]]:
+    """Peak bytes above the inputs (torch.profiler, CPU allocator) against spec.cost.memory_bytes: whether all are
+    within the tolerance, and each error."""
     config = SweepConfig(mechanisms=tuple((m, {}) for m in MEMORY_MECHANISMS), ns=ns,
                          problem=Problem(heads=8, d_model=512),
                          settings=Settings(warmup=1, min_repeats=1, min_time_s=0.0, point_budget_s=120.0))
     df = run_sweep(config)
     print(f"\n1. Peak memory vs spec prediction (B=1, H=8, D=64, fp32, forward; target ±{MEMORY_TOLERANCE:.0%})")
     print(f"   {'mechanism':<16}{'n':>6}  {'measured':>11}  {'predicted':>11}  {'error':>8}")
-    good = True
+    good, figures = True, []
     for _, r in df.iterrows():
         if r["status"] != "ok":
             print(f"   {r['mechanism']:<16}{r['n']:>6}  {r['status']}: {r['reason']}")
@@ -47,8 +49,10 @@ def check_memory(ns: tuple[int, ...]) -> bool:
         flag = "" if abs(error) <= MEMORY_TOLERANCE else "  OFF"
         print(f"   {r['mechanism']:<16}{r['n']:>6}  {format_bytes(r['peak_bytes']):>11}  "
               f"{format_bytes(r['predicted_bytes']):>11}  {error:>+8.2%}{flag}")
+        figures.append(Figure(f"peak memory over the spec's prediction − 1, {r['mechanism']}, n = {r['n']}", error,
+                              "share", target=f"within ±{MEMORY_TOLERANCE:g}", meets=abs(error) <= MEMORY_TOLERANCE))
     print(f"   method: {df['memory_method'].iloc[0]}")
-    return good
+    return good, figures
 
 
 def timed_sweep(config: SweepConfig) -> tuple[float, "object"]:
@@ -61,8 +65,9 @@ def timed_sweep(config: SweepConfig) -> tuple[float, "object"]:
     return time.perf_counter() - began, run.frame()
 
 
-def repeatability(a, b, title: str) -> bool:
-    """Print how well two sweeps agree on every point of ≥ 10 ms; True when all are within 10%."""
+def repeatability(a, b, title: str) -> tuple[bool, Figure]:
+    """Print how well two sweeps agree on every point of ≥ 10 ms; True when all are within 10%, and the largest
+    difference."""
     keys = ["mechanism", "n"]
     both = a[keys + ["time_median_s"]].merge(b[keys + ["time_median_s"]], on=keys, suffixes=("_a", "_b"))
     both = both[both[["time_median_s_a", "time_median_s_b"]].min(axis=1) >= REPEAT_MIN_S]
@@ -74,10 +79,11 @@ def repeatability(a, b, title: str) -> bool:
     for _, r in worst.head(3).iterrows():
         print(f"   {r['mechanism']:<16}{r['n']:>6}  {r['time_median_s_a'] * 1e3:9.2f} ms  "
               f"{r['time_median_s_b'] * 1e3:9.2f} ms  {r['diff']:6.1%}")
-    return bad.empty
+    return bad.empty, Figure(f"largest difference between two runs, {title}", worst["diff"].max(), "share",
+                             target=f"≤ {REPEAT_TOLERANCE:g} on every point of ≥ 10 ms", meets=bad.empty)
 
 
-def check_default_and_repeatability() -> dict[str, bool]:
+def check_default_and_repeatability() -> tuple[dict[str, bool], list[Figure]]:
     """The default dashboard sweep twice, back to back (its wall time, and how well the two agree); then the same
     points twice with the engine's standard timing (≥ 5 samples and ≥ 0.2 s per point), time only."""
     worker.prestart().wait_ready()
@@ -87,17 +93,21 @@ def check_default_and_repeatability() -> dict[str, bool]:
           f"{', '.join(map(str, DEFAULT_SWEEP.ns))}, {len(a)} points, worker pre-started; target ≤ "
           f"{DEFAULT_LIMIT_S:.0f} s): {first_s:.1f} s, then {second_s:.1f} s; statuses "
           f"{dict(a['status'].value_counts())}")
-    short = repeatability(a, b, "two back-to-back default sweeps (3 samples per point)")
+    short, short_figure = repeatability(a, b, "two back-to-back default sweeps (3 samples per point)")
     standard = DEFAULT_SWEEP.replaced(min_repeats=Settings.min_repeats, min_time_s=Settings.min_time_s,
                                       measure_memory=False)
     c, d = timed_sweep(standard)[1], timed_sweep(standard)[1]
-    long = repeatability(c, d, f"the same points with standard timing (≥ {standard.settings.min_repeats} samples, "
-                               f"≥ {standard.settings.min_time_s} s per point)")
-    return {"default sweep ≤ 15 s": first_s <= DEFAULT_LIMIT_S, "repeatability (default timing)": short,
-            "repeatability (standard timing)": long}
+    s = standard.settings
+    long, long_figure = repeatability(c, d, f"the same points with standard timing (≥ {s.min_repeats} samples, "
+                                            f"≥ {s.min_time_s} s per point)")
+    figures = [Figure(f"default dashboard sweep seconds, {which}", seconds, "s", target=f"≤ {DEFAULT_LIMIT_S:g}",
+                      meets=seconds <= DEFAULT_LIMIT_S)
+               for which, seconds in (("first", first_s), ("second", second_s))]
+    return ({"default sweep ≤ 15 s": first_s <= DEFAULT_LIMIT_S, "repeatability (default timing)": short,
+             "repeatability (standard timing)": long}, [*figures, short_figure, long_figure])
 
 
-def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> bool:
+def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> tuple[bool, list[Figure]]:
     """Engine (time_samples: per-sample synchronisation, clock reads, contention counters, cancel and budget checks) against a bare loop
     of the same thunk, interleaved round by round so drift of the machine hits both alike. Competing programs only
     add time, so the ratio of the fastest rounds is printed beside the ratio of the medians; the target is judged
@@ -105,7 +115,7 @@ def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> bool:
     settings, timed = Settings(warmup=1, min_repeats=5, min_time_s=0.0), env.device_timer("cpu")
     print(f"\n3. Harness overhead vs a bare timed loop (same process, same thunk, interleaved {rounds} rounds; "
           f"target ≤ {OVERHEAD_LIMIT:.0%})")
-    good = True
+    good, found = True, []
     for key, n in cases:
         problem = Problem(mechanism=key, n=n, batch=1, heads=8, d_model=512, device="cpu")
         spec = MECHANISMS[key]
@@ -129,25 +139,39 @@ def check_overhead(cases: list[tuple[str, int]], rounds: int = 15) -> bool:
         print(f"   {key:<16}{n:>6}  engine {e * 1e3:9.3f} ms  bare {b * 1e3:9.3f} ms  overhead {e / b - 1:+6.1%}"
               f"   (fastest rounds: {min(engine_t) * 1e3:.3f} vs {min(bare_t) * 1e3:.3f} ms, "
               f"{min(engine_t) / min(bare_t) - 1:+.1%})")
-    return good
+        found.append(Figure(f"harness overhead, {key}, n = {n}", e / b - 1, "share", target=f"≤ {OVERHEAD_LIMIT:g}",
+                            meets=e / b - 1 <= OVERHEAD_LIMIT))
+    return good, found
+
+
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="n = 1024 … 4096 for memory, one overhead case")
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
+    worker.prestart()
+    ns = (1024, 2048, 4096) if args.quick else (1024, 2048, 4096, 8192)
+    good, figures = check_memory(ns)
+    results = {"memory": good}
+    met, found = check_default_and_repeatability()
+    results.update(met)
+    cases = [("softmax", 1024)] if args.quick else [("softmax", 1024), ("sdpa", 1024), ("sliding_window", 2048),
+                                                   ("linear", 4096)]
+    results["overhead"], overhead = check_overhead(cases, args.rounds)
+    print(", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in results.items()))
+    worker.shutdown()
+    return [*figures, *found, *overhead]
+
+
+BENCHMARK = Benchmark(
+    "engine", "How far the measurement engine can be trusted here: memory against the specs, repeatability, harness "
+    "overhead, the default sweep's time.", measure, options,
+    setting=lambda args: "other work on the machine distorts timings",
+    machine=Machine(threads=None, devices=("cpu",), rounds=15, clocks=("wall",)), doc=__doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="n = 1024 … 4096 for memory, one overhead case")
-    args = parser.parse_args(argv)
-    start("cpu", "other work on the machine distorts timings")
-    worker.prestart()
-    ns = (1024, 2048, 4096) if args.quick else (1024, 2048, 4096, 8192)
-    results = {"memory": check_memory(ns)}
-    results.update(check_default_and_repeatability())
-    cases = [("softmax", 1024)] if args.quick else [("softmax", 1024), ("sdpa", 1024), ("sliding_window", 2048),
-                                                   ("linear", 4096)]
-    results["overhead"] = check_overhead(cases)
-    end()
-    print(", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in results.items()))
-    worker.shutdown()
-    return 0
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ import torch
 
 from attn_core import MECHANISMS, make_state
 from attn_core.mechanisms import flex
-from . import end, interleaved, machine, machine_options, ratio_verdict, ratios, spread, start
+from . import interleaved, ratio_verdict, ratios, spread
+from .runner import Benchmark, Figure, Machine, run
 from ..engine import env
 from ..engine.measure import format_bytes
 from ..spec import Shape
@@ -39,7 +40,7 @@ def params_of(args: argparse.Namespace) -> dict:
     params = dict(MECHANISMS[args.mechanism].defaults)
     if args.window is not None:
         if "window" not in params:
-            raise SystemExit(f"--window: {args.mechanism} has no window; its parameters are {', '.join(params)}")
+            raise ValueError(f"--window: {args.mechanism} has no window; its parameters are {', '.join(params)}")
         params["window"] = args.window
     return params
 
@@ -93,11 +94,12 @@ def calls(n: int, args: argparse.Namespace) -> tuple[dict[str, Callable[[], obje
     return found, once
 
 
-def compare(args: argparse.Namespace) -> None:
+def compare(args: argparse.Namespace) -> list[Figure]:
     method, peak_of = env.peak_memory_probe(args.device)
     print(f"Seconds per call, median (IQR, min–max) of {args.rounds} interleaved rounds; ours ÷ each as the median "
           f"(IQR, min–max) of each round's ratio (> 1: it is faster than ours); peak bytes above the inputs "
           f"({method}).")
+    figures = []
     for n in args.ns:
         found, once = calls(n, args)
         samples = interleaved(found, args.rounds, args.device, args.clock)
@@ -113,7 +115,16 @@ def compare(args: argparse.Namespace) -> None:
                       f"   ours ÷ it {spread(ratios(samples['ours'], samples[implementation]))}×")
             print(f"  {implementation:10s} {spread(samples[implementation], 1e3, '.3g'):>34s} ms   peak "
                   f"{format_bytes(peak):>10s}{versus}   {once.get(implementation, '')}", flush=True)
+            figures += [Figure.of(f"{implementation} seconds per call, n = {n}", samples[implementation]),
+                        Figure(f"{implementation} peak bytes, n = {n}", peak, "bytes")]
+            if implementation == "dense-mask":
+                figures.append(Figure.of(f"ours ÷ dense-mask, n = {n}",
+                                         ratios(samples["ours"], samples[implementation]), "×"))
         print(f"  {verdict(samples, n, args.busy)}", flush=True)
+        if "flex" in samples:
+            figures.append(Figure.judged(f"ours ÷ compiled Flex, n = {n}{', one core busy' if args.busy else ''}",
+                                         ratios(samples["ours"], samples["flex"]), TARGETS[args.busy]))
+    return figures
 
 
 def verdict(samples: dict[str, list[float]], n: int, busy: bool) -> str:
@@ -129,8 +140,7 @@ def verdict(samples: dict[str, list[float]], n: int, busy: bool) -> str:
     return f"verdict ({'one core busy' if busy else 'quiet'}): {said}{aside}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ns", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 4096, 16384],
                    help="comma-separated sequence lengths (default 1024,4096,16384)")
     p.add_argument("--mechanism", choices=CHOICES, default="sliding_window",
@@ -141,23 +151,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--causal", action="store_true")
-    p.add_argument("--rounds", type=int, default=9, help="interleaved calls per implementation and n")
     p.add_argument("--quick", action="store_true", help="n = 1024 and 4096, 5 rounds")
     p.add_argument("--busy", action="store_true", help="one process spinning on one core for the whole run")
-    machine_options(p, threads=2)
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.quick:
         args.ns, args.rounds = [1024, 4096], 5
     args.causal = args.causal or args.mechanism == "softmax"
-    machine(args)
-    setting = ", ".join(f"{k}={v}" for k, v in params_of(args).items())
+    params_of(args)  # refuses a --window the mechanism does not have
+
+
+def setting(args: argparse.Namespace) -> str:
+    said = ", ".join(f"{k}={v}" for k, v in params_of(args).items())
+    return (f"{args.mechanism}{f' ({said})' if said else ''}{', causal' if args.causal else ''}, B={args.batch}, "
+            f"H={args.heads}, D={args.head_dim}, fp32, forward: ours, compiled Flex, dense-mask SDPA"
+            f"{'; one core busy' if args.busy else ''}.")
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     with spinning(args.busy):
-        start(args.device, f"{args.mechanism}{f' ({setting})' if setting else ''}{', causal' if args.causal else ''}, "
-                           f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward: ours, compiled Flex, "
-                           f"dense-mask SDPA{'; one core busy' if args.busy else ''}.")
-        compare(args)
-        end()
-    return 0
+        return compare(args)
+
+
+BENCHMARK = Benchmark(
+    "flex", "One mask, three kernels: ours, compiled FlexAttention and SDPA with a dense mask, interleaved.",
+    measure, options, settle, setting, Machine(threads=2, rounds=9), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

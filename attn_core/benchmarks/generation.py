@@ -18,7 +18,8 @@ import sys
 
 import torch
 
-from . import end, powers, spread, start
+from . import powers, spread
+from .runner import Benchmark, Figure, Machine, run
 from ..engine import env
 from ..engine.analysis import loglog_slope
 from attn_core.nn import generation as gen
@@ -78,26 +79,28 @@ def time_steps(key: str, params: dict, n: int, args, device: str) -> tuple[list[
     return clean, held, set_aside
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-min", type=int, default=1024)
     p.add_argument("--n-max", type=int, default=65536)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=50, help="timed steps per point")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     p.add_argument("--slope-from", type=int, default=8192, help="the fitted slope uses n ≥ this")
-    p.add_argument("--device", default="cpu")
     p.add_argument("--mechanisms", default=",".join(LINES),
                    help="comma-separated keys (any mechanism with a generation form; parameters at its defaults "
                         "unless listed in LINES)")
     p.add_argument("--quick", action="store_true", help="n up to 8k, at most 20 steps, slope from 2k")
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
+    """--quick applied."""
     if args.quick:
         args.n_max, args.steps, args.slope_from = min(args.n_max, 8192), min(args.steps, 20), 2048
-    device = env.resolve_device(args.device)
-    torch.set_num_threads(args.threads)
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
+    device = args.device  # resolved, and the threads set, by the runner
     keys = [k.strip() for k in args.mechanisms.split(",") if k.strip()]
     for key in keys:
         able, why = gen.can_generate(key)
@@ -106,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k for k in keys if gen.can_generate(k)[0]]
     ns = powers(args.n_min, args.n_max)
 
-    start(device, f"B=1, H={args.heads}, D={args.head_dim}, fp32; {args.steps} timed steps per point after "
-                  f"{args.warmup}")
-    rows = []
+    rows, figures = [], []
     for n in ns:  # every mechanism at one n before the next n: a slow spell of the machine hits them all alike
         for key in keys:
             params = {**MECHANISMS[key].defaults, **LINES.get(key, {})}
@@ -136,11 +137,26 @@ def main(argv: list[str] | None = None) -> int:
         fastest = loglog_slope([r[1] for r in big], [r[5] for r in big])
         print(f"  {key:15s} time {loglog_slope([r[1] for r in big], [r[2] for r in big]):5.2f} "
               f"[{', '.join(f'{s:.2f}' for s in local)}]  fastest {fastest:5.2f}  cache {memory:5.2f}")
+        figures += [*(Figure(f"{key} step seconds, n = {r[1]}", r[2], "s", r[3], n=args.steps) for r in mine),
+                    Figure.slope(f"{key} step time slope, n ≥ {args.slope_from}",
+                                 loglog_slope([r[1] for r in big], [r[2] for r in big])),
+                    Figure.slope(f"{key} cache bytes slope, n ≥ {args.slope_from}", memory)]
     print("\nExpected: softmax and sdpa ≈ 1 (a step reads all n cached keys and values), sliding_window ≈ 0 "
           "(w + 1 of them), longformer ≈ 0 (w + 1 and the g global ones), linear and performer ≈ 0 (an m × D "
           "state). Timings on a shared machine are noisy.")
-    end()
-    return 0
+    return figures
+
+
+BENCHMARK = Benchmark(
+    "generation", "What each mechanism costs per generated token: a step's time against a cache of n tokens, the "
+    "cache's bytes, and the slope of the step time against n.", measure, options, settle,
+    lambda args: f"B=1, H={args.heads}, D={args.head_dim}, fp32; {args.steps} timed steps per point after "
+                 f"{args.warmup}",
+    Machine(threads=2, rounds=None, clocks=("wall",)), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

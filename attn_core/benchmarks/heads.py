@@ -25,7 +25,8 @@ from typing import Callable
 
 import torch
 
-from . import CLOCKS, alternate, end, median, ratio_verdict, ratios, spread, start, timer
+from . import alternate, median, ratio_verdict, ratios, spread, timer
+from .runner import Benchmark, Figure, Machine, run
 from .. import MultiLatentAttention, attention
 from attn_core.nn import generation as gen
 from ..engine import env
@@ -63,8 +64,9 @@ def side_by_side(calls: dict, rounds: int, args: argparse.Namespace) -> dict:
         return alternate({name: (lambda call=call: timed(call, 1)) for name, call in calls.items()}, rounds)
 
 
-def forward(args: argparse.Namespace) -> None:
+def forward(args: argparse.Namespace) -> list[Figure]:
     H, D, Hk = args.query_heads, HEAD_DIM, args.key_heads
+    figures = []
     print(f"\n1. Forward, attn_core.attention(key, q, k, v, causal=…) as a user calls it (arguments checked, NaN "
           f"scan included): q of H={H} heads, k and v of Hk={Hk} against Hk={H}; seconds per call, median (IQR, "
           f"min–max) of {args.rounds} interleaved rounds; the ratio t(Hk={Hk})/t(Hk={H}) round by round:")
@@ -84,12 +86,16 @@ def forward(args: argparse.Namespace) -> None:
             t = side_by_side(calls, args.rounds, args)
             print(f"{label}  Hk={H} {spread(t[H], fmt='.3g')} s  Hk={Hk} {spread(t[Hk], fmt='.3g')} s  "
                   f"ratio {ratio_verdict(ratios(t[Hk], t[H]), TARGET_GQA)}", flush=True)
+            where = f"{key}, {'causal' if causal else 'full'}, n = {n}"
+            figures += [*(Figure.of(f"forward seconds per call, Hk = {heads}, {where}", t[heads]) for heads in t),
+                        Figure.judged(f"t(Hk={Hk})/t(Hk={H}), {where}", ratios(t[Hk], t[H]), TARGET_GQA)]
         env.release_cached_memory(args.device)
+    return figures
 
 
-def cache_sizes(args: argparse.Namespace) -> None:
+def cache_sizes(args: argparse.Namespace) -> list[Figure]:
     H, D, Hk, n = args.query_heads, HEAD_DIM, args.key_heads, args.n
-    want = Fraction(Hk, H)
+    want, figures = Fraction(Hk, H), []
     print(f"\n2a. Generation cache, generation.remember(key, k, v) of n={n} tokens: used bytes with Hk={Hk} against "
           f"Hk={H}, which must be exactly {want.numerator}/{want.denominator}:")
     for key, params in LINES.items():
@@ -106,9 +112,12 @@ def cache_sizes(args: argparse.Namespace) -> None:
         print(f"  {key:14s} Hk={H} {format_bytes(used[H]):>10s}  Hk={Hk} {format_bytes(used[Hk]):>10s}  ratio "
               f"{got.numerator}/{got.denominator} = {float(got):.4f}, {'meets' if got == want else 'MISSES'} "
               f"= {want.numerator}/{want.denominator}")
+        figures.append(Figure(f"cache bytes Hk = {Hk} over Hk = {H}, {key}, n = {n}", float(got), "×",
+                              target=f"= {want.numerator}/{want.denominator}", meets=got == want))
+    return figures
 
 
-def decode(args: argparse.Namespace) -> None:
+def decode(args: argparse.Namespace) -> list[Figure]:
     H, D, n = args.query_heads, HEAD_DIM, args.context
     kinds = {H: "MHA", args.key_heads: "GQA", 1: "MQA"}
     print(f"\n2b. Decode, generation.step(key, q, k, v, cache) as a user calls it, at a context of {n} tokens, the "
@@ -127,16 +136,21 @@ def decode(args: argparse.Namespace) -> None:
     refused = warmed(calls)
     if refused:
         print(f"  refused: {refused}")
-        return
-    t = side_by_side(calls, args.steps, args)
+        return []
+    t, figures = side_by_side(calls, args.steps, args), []
     for key in DECODERS:
         for heads, kind in kinds.items():
             versus = "" if heads == H else f"  t/t(MHA) {spread(ratios(t[key, heads], t[key, H]))}×"
             print(f"  {key:8s} {kind} Hk={heads}  {spread(t[key, heads], 1e6, '.1f'):>34s} µs{versus}")
+            figures.append(Figure.of(f"decode step seconds, {key}, {kind} Hk = {heads}, context {n}", t[key, heads]))
+            if heads != H:
+                figures.append(Figure.of(f"decode step t/t(MHA), {key}, {kind} Hk = {heads}, context {n}",
+                                         ratios(t[key, heads], t[key, H]), "×"))
         medians = [median(t[key, heads]) for heads in kinds]
         falls = all(a > b for a, b in zip(medians, medians[1:]))
         print(f"  {key:8s} time per token falls with Hk ({' > '.join(str(h) for h in kinds)}): "
               f"{'yes' if falls else 'NO'}")
+    return figures
 
 
 def stepper(key: str, token: tuple[torch.Tensor, ...], cache: gen.Cache) -> Callable[[], torch.Tensor]:
@@ -168,7 +182,7 @@ def latent_steps(layer: MultiLatentAttention, n: int, args: argparse.Namespace) 
     return {"naive": one_step(False), "absorbed": one_step(True)}, cache
 
 
-def crossing(layer: MultiLatentAttention, args: argparse.Namespace) -> None:
+def crossing(layer: MultiLatentAttention, args: argparse.Namespace) -> list[Figure]:
     """Where the absorbed step overtakes the naive one: t(absorbed)/t(naive) at contexts from 1 token to
     args.context, and the shortest context from which it stays below 1."""
     contexts = [c for c in (1, 4, 16, 64, 256, 1024, 4096, 16384) if c <= args.context]
@@ -186,9 +200,10 @@ def crossing(layer: MultiLatentAttention, args: argparse.Namespace) -> None:
     first = next((n for i, n in enumerate(contexts) if all(below[i:])), None)
     print(f"  absorbed is faster from a context of {first:,} token{'s' if first > 1 else ''} on" if first is not None
           else "  absorbed is not faster for good within these contexts")
+    return [Figure("MLA context from which absorbed is faster than naive", first, "tokens")]
 
 
-def latent(args: argparse.Namespace) -> None:
+def latent(args: argparse.Namespace) -> list[Figure]:
     sizes = deepseek_proportions(args.heads, args.head_dim)
     H, D, r, rho, n = sizes["heads"], sizes["head_dim"], sizes["kv_rank"], sizes["rope_dim"], args.context
     d_model = H * D
@@ -217,11 +232,13 @@ def latent(args: argparse.Namespace) -> None:
           f"{DEEPSEEK['kv_rank']}, rope_dim {DEEPSEEK['rope_dim']}): {big_mla:,} against {big_mha:,}, "
           f"{big_mla / big_mha:.2%}. Sources: DeepSeek-V2, arXiv 2405.04434, section 2.1; DeepSeek-V3, arXiv "
           f"2412.19437 (the same attention sizes).")
-    crossing(layer, args)
+    return [*(Figure.of(f"MLA decode step seconds, {name}, context {n}", samples) for name, samples in t.items()),
+            Figure.judged(f"MLA t(absorbed)/t(naive), context {n}", ratios(t["absorbed"], t["naive"]), TARGET_MLA),
+            Figure(f"MLA cache per token over MHA's, {H} heads × {D}", mla / mha, "×"),
+            *crossing(layer, args)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=8192, help="sequence length of the forward calls")
     p.add_argument("--softmax-n", type=int, default=4096, help="softmax's own (it holds two H·n² fp32 matrices)")
     p.add_argument("--context", type=int, default=16384, help="tokens in the cache of a decode step")
@@ -229,29 +246,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key-heads", type=int, default=2, help="Hk of grouped-query attention, dividing H")
     p.add_argument("--heads", type=int, default=16, help="heads of the MLA layer (part 3)")
     p.add_argument("--head-dim", type=int, default=64, help="its head_dim, a multiple of 4")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of each forward line")
     p.add_argument("--steps", type=int, default=50, help="interleaved rounds of the decode steps")
-    p.add_argument("--threads", type=int, default=None, help="torch's default unless given")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
-    p.add_argument("--clock", choices=CLOCKS, default="wall",
-                   help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
     p.add_argument("--quick", action="store_true", help="n = 2048 (softmax too), decode at 4096, 20 steps")
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.quick:
         args.n, args.context, args.steps = 2048, 4096, min(args.steps, 20)
     args.softmax_n = min(args.softmax_n, args.n)
-    args.device = env.resolve_device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    env.steady_allocator()  # as in the engine's worker: chunk buffers below 32 MiB reused, not faulted in anew
-    start(args.device, f"B=1, fp32, the public calls timed in torch.inference_mode ({args.clock} clock); "
-                       f"sliding_window with window {LINES['sliding_window']['window']}.")
-    forward(args)
-    cache_sizes(args)
-    decode(args)
-    latent(args)
-    end()
-    return 0
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
+    return [*forward(args), *cache_sizes(args), *decode(args), *latent(args)]
+
+
+BENCHMARK = Benchmark(
+    "heads", "Grouped- and multi-query heads against multi-head attention; MLA's absorbed decode against its naive.",
+    measure, options, settle,
+    lambda args: f"B=1, fp32, the public calls timed in torch.inference_mode ({args.clock} clock); "
+                 f"sliding_window with window {LINES['sliding_window']['window']}.",
+    Machine(threads=None, rounds=5), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ gated_deltanet at 16384, kda's time slope 4096 → 16384 ≤ 1.15, i.e. time(16k
 
 B = 1, H = 8, D = 64, float32, causal forward, 2 torch threads, each mechanism's default chunk and seeded default
 gates drawn outside the timed calls (init_state). Each round times every call once, in turn (A B A B); figures are
-medians over the rounds with their spread, ratios taken round by round. `--clock process` counts this process's
+medians over the rounds with their spread, ratios taken round by round. `--clock cpu` counts this process's
 CPU time instead, for a machine other programs share (then use --threads 1).
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import argparse
 
 import torch
 
-from . import end, interleaved, median, ratio_verdict, ratios, spread, start
-from ..engine import env
+from . import interleaved, median, ratio_verdict, ratios, spread
+from .runner import Benchmark, Figure, Machine, run
 from ..mechanisms import MECHANISMS
 from ..spec import Shape
 
@@ -37,38 +37,49 @@ def calls(n: int, heads: int, head_dim: int, device: str) -> dict:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", default="4096,16384", help="two comma-separated sequence lengths")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--clock", choices=["wall", "process"], default="wall")
-    p.add_argument("--device", default="cpu")
-    args = p.parse_args(argv)
-    device = env.resolve_device(args.device)
-    ns = [int(x) for x in args.n.split(",")]
-    torch.set_num_threads(args.threads)
-    env.steady_allocator()
-    clock = "wall" if args.clock == "wall" else "cpu"
-    start(device, f"B=1, H={args.heads}, D={args.head_dim}, float32, causal forward, default chunks, {args.rounds} "
-                  f"interleaved rounds; {args.clock} ms: median (IQR, min–max)")
-    kda_times = {}
-    for n in ns:
-        times = interleaved(calls(n, args.heads, args.head_dim, device), args.rounds, device, clock=clock)
+
+
+def settle(args: argparse.Namespace) -> None:
+    args.ns = [int(x) for x in args.n.split(",")]
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
+    kda_times, figures = {}, []
+    for n in args.ns:
+        times = interleaved(calls(n, args.heads, args.head_dim, args.device), args.rounds, args.device,
+                            clock=args.clock)
         kda_times[n] = times["kda"]
         print(f"n={n:6d}  ms: " + "  ".join(f"{key} {spread(t, 1e3, '.1f')}" for key, t in times.items()), flush=True)
         each = ratios(times["kda"], times["gated_deltanet"])
-        told = ratio_verdict(each, TARGET_RATIO) if n == max(ns) else f"{spread(each)}×"
+        told = ratio_verdict(each, TARGET_RATIO) if n == max(args.ns) else f"{spread(each)}×"
         print(f"{'':8s}kda/gated_deltanet {told}", flush=True)
-    if len(ns) == 2:
-        a, b = ns
+        figures += [Figure.of(f"{key} seconds per call, n = {n}", t) for key, t in times.items()]
+        figures.append(Figure.judged(f"kda/gated_deltanet, n = {n}", each, TARGET_RATIO) if n == max(args.ns) else
+                       Figure.of(f"kda/gated_deltanet, n = {n}", each, "×"))
+    if len(args.ns) == 2:
+        a, b = args.ns
         per = median(kda_times[b]) / median(kda_times[a]) / (b / a)
         print(f"kda time({b})/time({a})/{b // a} = {per:.3f}, {'meets' if per <= TARGET_SLOPE else 'MISSES'} "
               f"≤ {TARGET_SLOPE}", flush=True)
-    end()
-    return 0
+        figures.append(Figure(f"kda time({b})/time({a})/{b // a}", per, "×", target=f"≤ {TARGET_SLOPE}",
+                              meets=per <= TARGET_SLOPE))
+    return figures
+
+
+BENCHMARK = Benchmark(
+    "kda", "kda beside gated_deltanet: forward time at two lengths, interleaved, and kda's time slope between them.",
+    measure, options, settle,
+    lambda args: f"B=1, H={args.heads}, D={args.head_dim}, float32, causal forward, default chunks, {args.rounds} "
+                 f"interleaved rounds; {args.clock} ms: median (IQR, min–max)",
+    Machine(threads=2, rounds=5), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

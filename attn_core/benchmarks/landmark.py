@@ -25,7 +25,8 @@ import sys
 import torch
 
 from .. import MECHANISMS
-from . import end, interleaved, point, powers, ratio_verdict, ratios, spread, start
+from . import interleaved, point, powers, ratio_verdict, ratios, spread
+from .runner import Benchmark, Figure, Machine, run
 from ..engine.analysis import fit_slopes, loglog_slope
 from ..engine.measure import format_bytes
 from ..engine.problem import Problem, Settings
@@ -64,7 +65,7 @@ def slopes(df, n_min: int | None = None) -> tuple[float, float, str]:
     return t, m, f" (fastest samples: {low:.2f})"
 
 
-def nystrom_scaling(args, settings: Settings) -> None:
+def nystrom_scaling(args, settings: Settings) -> list[Figure]:
     df = sweep("nystrom", {"landmarks": LANDMARKS, "pinv_iterations": STEPS}, args.nystrom_ns, settings)
     print(f"\n1. nystrom, m = {LANDMARKS}, {STEPS} pseudo-inverse steps: time and peak memory above the inputs")
     for _, r in df.iterrows():
@@ -75,6 +76,12 @@ def nystrom_scaling(args, settings: Settings) -> None:
     verdict = "meets" if t <= TARGET_SLOPE and m <= TARGET_SLOPE else "MISSES"
     print(f"   log-log slopes n = {args.nystrom_ns[0]}…{args.nystrom_ns[-1]}: time {t:.2f}, memory {m:.2f} "
           f"(target ≤ {TARGET_SLOPE}: {verdict}){note}")
+    span = f"n = {args.nystrom_ns[0]}…{args.nystrom_ns[-1]}"
+    return [*(Figure(f"nystrom median seconds, n = {r['n']}", r["time_median_s"], "s", r["time_iqr_s"],
+                     min(r["time_samples"]), max(r["time_samples"]), r["repeats"])
+              for _, r in df.iterrows() if r["status"] == "ok"),
+            Figure.slope(f"nystrom time slope, {span}", t, TARGET_SLOPE),
+            Figure.slope(f"nystrom memory slope, {span}", m, TARGET_SLOPE)]
 
 
 class _Packed(torch.nn.Module):
@@ -104,16 +111,17 @@ def peer_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     return lambda: module(x)
 
 
-def against_peer(args) -> None:
+def against_peer(args) -> list[Figure]:
     print(f"\n2. nystrom against nystrom-attention 0.0.14's core (m = {LANDMARKS}, {STEPS} steps), interleaved, "
           f"{args.rounds} rounds")
+    figures = []
     for n in args.peer_ns:
         g = torch.Generator().manual_seed(n)
         q, k, v = (torch.randn(B, H, n, D, generator=g) for _ in range(3))
         peer = peer_core(q, k, v)
         if peer is None:
             print("   skipped: nystrom-attention is not installed (pip install nystrom-attention==0.0.14)")
-            return
+            return figures
         ours_fn = MECHANISMS["nystrom"].fn
 
         def ours():
@@ -126,11 +134,14 @@ def against_peer(args) -> None:
         print(f"   n = {n:6d}  ours {spread(times['ours'], 1e3)} ms  peer {spread(times['peer'], 1e3)} ms  "
               f"ours/peer, median of rounds: {ratio_verdict(ratios(times['ours'], times['peer']), TARGET_RATIO)}  "
               f"outputs differ by {gap:.1e} (relative)")
+        figures += [Figure.of(f"nystrom {who} seconds per call, n = {n}", times[who]) for who in ("ours", "peer")]
+        figures.append(Figure.judged(f"nystrom ours/peer, n = {n}", ratios(times["ours"], times["peer"]), TARGET_RATIO))
     print("   The outputs differ because the peer starts the pseudo-inverse from Aᵀ divided by the largest column "
           "and row sums over all heads at once, ours (as the paper) per head's matrix.")
+    return figures
 
 
-def additive_scaling(args, settings: Settings) -> None:
+def additive_scaling(args, settings: Settings) -> list[Figure]:
     df = sweep("additive", {"attn_dim": ATTN_DIM}, args.additive_ns, settings)
     print(f"\n3. additive, attn_dim = {ATTN_DIM}: every query scores every key through {ATTN_DIM} tanh units")
     for _, r in df.iterrows():
@@ -145,34 +156,47 @@ def additive_scaling(args, settings: Settings) -> None:
     print(f"   log-log slopes n = {args.additive_ns[0]}…{args.additive_ns[-1]}: time {t:.2f} (≈ 2 expected: n² "
           f"pairs){note}; memory from n = {big}: {m:.2f} (the (n, n) scores and their softmax, as textbook "
           "softmax; at small n the bounded tanh workspace outweighs them)")
+    return [Figure(f"additive time slope, n = {args.additive_ns[0]}…{args.additive_ns[-1]}", t, "slope",
+                   target="≈ 2 (n² pairs)"),
+            Figure.slope(f"additive memory slope, n = {big}…{args.additive_ns[-1]}", m)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds against the peer")
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="minimum timed samples per engine point")
     p.add_argument("--min-time", type=float, default=0.3, help="minimum seconds of timed samples per engine point")
     p.add_argument("--parts", default="1,2,3", help="which of the three to run, e.g. 1,2")
     p.add_argument("--quick", action="store_true", help="n = 4096…16384 and 256…1024, 5 rounds at 4096 only")
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     args.nystrom_ns, args.peer_ns, args.additive_ns = powers(4096, 32768), [4096, 16384], powers(256, 2048)
     if args.quick:
         args.nystrom_ns, args.peer_ns, args.additive_ns, args.rounds = powers(4096, 16384), [4096], powers(256, 1024), 5
-    torch.set_num_threads(args.threads)
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     settings = Settings(warmup=1, min_repeats=args.repeats, min_time_s=args.min_time, point_budget_s=120.0,
                         threads=args.threads)
-    start("cpu", f"B={B}, H={H}, D={D}, fp32, forward. Timings on a shared machine are noisy: read the IQRs and "
-                 "the disturbed marks.")
-    parts = set(args.parts.split(","))
+    parts, figures = set(args.parts.split(",")), []
     if "1" in parts:
-        nystrom_scaling(args, settings)
+        figures += nystrom_scaling(args, settings)
     if "2" in parts:
-        against_peer(args)
+        figures += against_peer(args)
     if "3" in parts:
-        additive_scaling(args, settings)
-    end()
-    return 0
+        figures += additive_scaling(args, settings)
+    return figures
+
+
+BENCHMARK = Benchmark(
+    "landmark", "Nyströmformer (slopes, and against nystrom-attention) and additive attention (slope).",
+    measure, options, settle,
+    lambda args: f"B={B}, H={H}, D={D}, fp32, forward. Timings on a shared machine are noisy: read the IQRs and "
+                 "the disturbed marks.",
+    Machine(threads=2, devices=("cpu",), rounds=7, clocks=("wall",)), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

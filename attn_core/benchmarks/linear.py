@@ -9,7 +9,7 @@ B = 1, H = 8, D = 64, float32, forward, 2 torch threads, glibc's allocator fixed
 (env.steady_allocator: blocks of 32 MiB or more come fresh on every call); q, k, v (and Performer's projection) are
 built outside the timed calls. Each round times every contestant once, in turn (A B A B …), so a busy moment of the
 machine falls on all of them; the figures are medians over the rounds, the spread their min–max. On a machine
-other programs share, `--threads 1 --clock process` counts this process's CPU time instead (min over the rounds):
+other programs share, `--threads 1 --clock cpu` counts this process's CPU time instead (min over the rounds):
 waiting for a descheduled thread then costs nothing, which a 2-thread wall clock there charges to every op.
 
 `attention('linear')` is the public call a user makes, `attn_core.attention("linear", q, k, v)`, every check a user pays
@@ -37,8 +37,8 @@ import contextvars
 import torch
 
 from .. import MECHANISMS, attention, make_state
-from . import end, interleaved, median, spread, start
-from ..engine import env
+from . import interleaved, median, spread
+from .runner import Benchmark, Figure, Machine, run
 from ..engine.analysis import loglog_slope
 from ..spec import Shape
 
@@ -93,11 +93,11 @@ def contestants(n: int, causal: bool, heads: int, head_dim: int, peer, ours=OURS
     return calls
 
 
-def measure(args: argparse.Namespace, peer) -> dict[tuple[str, bool, int], float]:
+def measure(args: argparse.Namespace, peer) -> tuple[dict[tuple[str, bool, int], float], list[Figure]]:
     """(contestant, causal, n) → its figure in seconds (median of the rounds' wall times, or the least CPU time),
-    printed point by point with the spread and ours/peer."""
+    printed point by point with the spread and ours/peer; and those figures as the runner writes them."""
     clock, pick = ("wall", median) if args.clock == "wall" else ("cpu", min)
-    figures = {}
+    figures, found = {}, []
     for causal in (False, True):
         for n in args.ns:
             calls = contestants(n, causal, args.heads, args.head_dim, peer, OURS[:1] if args.linear_only else OURS)
@@ -106,61 +106,82 @@ def measure(args: argparse.Namespace, peer) -> dict[tuple[str, bool, int], float
             least = {name: f"min {fig[name] * 1e3:.1f}, " if pick is min else "" for name in fig}
             cells = [f"{name} {least[name]}{spread(t, 1e3, '.1f')}" for name, t in times.items()]
             print(f"{'causal' if causal else 'full  '} n={n:6d}  " + "  ".join(cells), flush=True)
+            where = f"{'causal' if causal else 'full'}, n = {n}"
+            found += [Figure.of(f"{name} seconds per call, {where}", t) if pick is median else
+                      Figure(f"{name} least CPU seconds per call, {where}", min(t), "s", n=len(t))
+                      for name, t in times.items()]
             if "peer" in fig:
                 target = f"  (target for linear ≤ {TARGETS[n]:.1f})" if n in TARGETS else ""
                 print(f"{'':14s}ours/peer: " + ", ".join(f"{name} {fig[name] / fig['peer']:.2f}×" for name in fig
                                                         if name != "peer" and "pytorch" not in name) + target,
                       flush=True)
+                found += [Figure(f"{name}/peer, {where}", fig[name] / fig["peer"], "×",
+                                 **({"target": f"≤ {TARGETS[n]:g}", "meets": fig[name] / fig["peer"] <= TARGETS[n]}
+                                    if n in TARGETS and name == "attention('linear')" else {}))
+                          for name in fig if name != "peer" and "pytorch" not in name]
             against = [(name, f"performer-pytorch m={name.split('m=')[1]}") for name in fig
                        if name.startswith("performer m=")]
             if any(peer in fig for _, peer in against):
                 print(f"{'':14s}ours/performer-pytorch (same m, same projection): "
                       + ", ".join(f"{name} {fig[name] / fig[peer]:.2f}×" for name, peer in against if peer in fig),
                       flush=True)
+                found += [Figure(f"{name}/performer-pytorch, {where}", fig[name] / fig[peer], "×")
+                          for name, peer in against if peer in fig]
             figures.update({(name, causal, n): f for name, f in fig.items()})
-    return figures
+    return figures, found
 
 
-def print_slopes(figures: dict[tuple[str, bool, int], float], ns: list[int]) -> None:
+def print_slopes(figures: dict[tuple[str, bool, int], float], ns: list[int]) -> list[Figure]:
     print(f"\nTime slopes, least squares of log t on log n over n = {ns[0]}…{ns[-1]} (target ≤ {TARGET_SLOPE}):")
+    found = []
     for causal in (False, True):
         for name in dict.fromkeys(name for name, c, _ in figures if c == causal):
             slope = loglog_slope(ns, [figures[name, causal, n] for n in ns])
             print(f"  {name:20s} {'causal' if causal else 'full  '} {slope:5.2f}")
+            found.append(Figure.slope(f"{name} time slope, {'causal' if causal else 'full'}, n = {ns[0]}…{ns[-1]}",
+                                      slope, TARGET_SLOPE))
+    return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", default="4096,8192,16384,32768", help="comma-separated sequence lengths")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--clock", choices=["wall", "process"], default="wall",
-                   help="wall: medians of elapsed time; process: minima of this process's CPU time (use --threads 1)")
     p.add_argument("--quick", action="store_true", help="n = 4096 and 8192, 3 rounds")
     p.add_argument("--linear-only", action="store_true",
                    help="linear (kernel and public call) and its peer only, without Performer and performer-pytorch")
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.quick:
         args.n, args.rounds = "4096,8192", 3
     args.ns = [int(x) for x in args.n.split(",")]
-    torch.set_num_threads(args.threads)
-    env.steady_allocator()
+
+
+def setting(args: argparse.Namespace) -> str:
+    least = "" if args.clock == "wall" else "min, "
+    return (f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, {args.rounds} interleaved rounds; "
+            f"{'wall' if args.clock == 'wall' else 'CPU'} ms: {least}median (IQR, min–max)")
+
+
+def body(args: argparse.Namespace) -> list[Figure]:
     peer = peer_functions()
     if peer is None:
         print("linear-attention-transformer is not installed (pip install linear-attention-transformer==0.19.1): "
               "ours are timed alone, without ratios.")
-    least = "" if args.clock == "wall" else "min, "
-    start("cpu", f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, {args.rounds} interleaved rounds; "
-                 f"{'wall' if args.clock == 'wall' else 'CPU'} ms: {least}median (IQR, min–max)")
     print("Whole calls, feature maps included. peer: linear_attn (softmax features, no normalizer) and "
           "causal_linear_attn (buckets of 64 see the buckets before them, not their own); ours: exact causal.")
-    figures = measure(args, peer)
-    if len(args.ns) > 1:
-        print_slopes(figures, args.ns)
-    end()
-    return 0
+    figures, found = measure(args, peer)
+    return [*found, *(print_slopes(figures, args.ns) if len(args.ns) > 1 else [])]
+
+
+BENCHMARK = Benchmark(
+    "linear", "linear and performer against linear-attention-transformer and performer-pytorch, interleaved.",
+    body, options, settle, setting, Machine(threads=2, devices=("cpu",), rounds=5), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import sys
 import torch
 
 from .. import MECHANISMS
-from . import end, point, powers, start
+from . import point, powers
+from .runner import Benchmark, Figure, Machine, run
 from ..engine import env
 from ..engine.analysis import fit_slopes
 from ..engine.measure import format_bytes
@@ -61,7 +62,7 @@ def measure(args: argparse.Namespace):
     return frame_from_rows(rows)
 
 
-def report(df, args) -> None:
+def report(df, args) -> list[Figure]:
     ok = df[df.status == "ok"].copy()
     ok["line"] = ok.mechanism + ok.causal.map({True: " (causal)", False: ""})
     ok["ms"] = ok.time_median_s * 1e3
@@ -75,6 +76,8 @@ def report(df, args) -> None:
     print("Memory: peak bytes allocated above the inputs, torch.profiler allocator events; time: median (IQR).\n")
     cols = ["line", "n", "ms", "iqr_ms", "peak_MiB", "predicted_MiB", "GFLOP/s", "% matmul"]
     print(ok[cols].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    figures = [Figure(f"{r.line} median seconds, n = {r.n}", r.time_median_s, "s", r.time_iqr_s, n=r.repeats)
+               for r in ok.itertuples()]
 
     print(f"\nLog-log slopes from n = {args.slope_from} to the largest n measured "
           f"(targets for the efficient mechanisms: time ≤ {TARGET_TIME_SLOPE}, memory ≤ {TARGET_MEMORY_SLOPE}):")
@@ -90,6 +93,12 @@ def report(df, args) -> None:
                 mark = "meets target" if good else "MISSES target"
             print(f"  {line:28s} time {t.slope[line]:5.2f}  memory {m.slope.get(line, float('nan')):5.2f}  "
                   f"(n {t.n_min[line]:.0f}–{t.n_max[line]:.0f})  {mark}")
+            span = f"n = {t.n_min[line]:.0f}…{t.n_max[line]:.0f}"
+            efficient = key in EFFICIENT
+            figures += [Figure.slope(f"{line} time slope, {span}", t.slope[line],
+                                     TARGET_TIME_SLOPE if efficient else None),
+                        Figure.slope(f"{line} memory slope, {span}", m.slope.get(line, float("nan")),
+                                     TARGET_MEMORY_SLOPE if efficient else None)]
 
     at = ok[(ok.n == args.compare_n) & ~ok.causal].set_index("mechanism")
     if {"sliding_window", "sdpa", "softmax"} <= set(at.index):
@@ -97,20 +106,23 @@ def report(df, args) -> None:
         print(f"\nAt n = {args.compare_n}: sliding_window (w=256) is {sd.ms / sw.ms:.1f}× faster than sdpa "
               f"(target ≥ 10×) and uses {sw.peak_bytes / sm.peak_bytes:.4f} of softmax's peak memory "
               f"(target < 0.01; {format_bytes(sw.peak_bytes)} vs {format_bytes(sm.peak_bytes)}).")
+        figures += [Figure(f"speed-up of sliding_window over sdpa, n = {args.compare_n}", sd.ms / sw.ms, "×",
+                           target="≥ 10", meets=sd.ms / sw.ms >= 10),
+                    Figure(f"sliding_window peak over softmax's, n = {args.compare_n}", sw.peak_bytes / sm.peak_bytes,
+                           "×", target="< 0.01", meets=sw.peak_bytes / sm.peak_bytes < 0.01)]
     low = ok[(ok.n >= 4096) & (ok["% matmul"] < 25)]
     if len(low):
         print("\nBelow 25% of the matmul throughput at n ≥ 4096:")
         for line, g in low.groupby("line"):
             print(f"  {line}: {g['% matmul'].min():.0f}–{g['% matmul'].max():.0f}%")
+    return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-min", type=int, default=1024)
     p.add_argument("--n-max", type=int, default=32768)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3, help="minimum timed samples per point")
     p.add_argument("--min-time", type=float, default=0.5, help="minimum seconds of timed samples per point")
     p.add_argument("--budget", type=float, default=60.0, help="seconds per point; larger n of a slower line skip")
@@ -119,17 +131,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mechanisms", default="", help="comma-separated keys (default: all)")
     p.add_argument("--quick", action="store_true", help="n = 512…4096, slopes from 1024")
     p.add_argument("--csv", default="", help="also write the rows to this CSV file")
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.quick:
         args.n_min, args.n_max, args.slope_from, args.compare_n = 512, 4096, 1024, 4096
-    torch.set_num_threads(args.threads)
-    start("cpu", f"B=1, H={args.heads}, D={args.head_dim}, fp32, forward, through the measurement engine")
+
+
+def body(args: argparse.Namespace) -> list[Figure]:
     df = measure(args)
     if args.csv:
         write_atomic(args.csv, csv_bytes(df))
-    report(df, args)
-    end()
-    return 0
+    return report(df, args)
+
+
+BENCHMARK = Benchmark(
+    "mechanisms", "Every mechanism through the engine: time, peak memory, log-log slopes, share of the matmul "
+    "throughput.", body, options, settle,
+    lambda args: f"B=1, H={args.heads}, D={args.head_dim}, fp32, forward, through the measurement engine",
+    Machine(threads=2, devices=("cpu",), rounds=None, clocks=("wall",)), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

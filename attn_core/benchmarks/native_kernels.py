@@ -18,7 +18,8 @@ import os
 import torch
 
 from .. import native
-from . import end, forward_call, interleaved, machine, machine_options, ratios, spread, start
+from . import forward_call, interleaved, ratios, spread
+from .runner import Benchmark, Figure, Machine, run
 
 CASES = (("topk", False), ("topk", True), ("nsa", True))
 
@@ -38,21 +39,21 @@ def with_switch(call, on: bool):
     return switched
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=16384)
     p.add_argument("--top-k", type=int, default=2048)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of each comparison")
     p.add_argument("--quick", action="store_true", help="n = 4096 with top_k = 512, for a first look")
-    machine_options(p, threads=2)
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.quick:
         args.n, args.top_k = 4096, 512
-    machine(args)
-    start(args.device, f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward, n = {args.n}.")
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     try:
         native.build()  # explicit: a forward call never builds
     except RuntimeError:
@@ -60,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  CPU kernels: {native.describe()}")
     if args.device != "cpu" or not native.expected():
         print("  nothing to compare: the C++ kernels run on the CPU only, and need a built library")
-        end()
-        return 0
+        return []
+    figures = []
     for key, causal in CASES:
         params = {"top_k": args.top_k} if key == "topk" else {}
         call = forward_call(key, args.n, args, params, causal=causal)
@@ -69,13 +70,28 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             diff = float((calls["C++"]() - calls["torch"]()).abs().max())
         samples = interleaved(calls, args.rounds, args.device, args.clock)
-        print(f"\n{key}, {'causal' if causal else 'not causal'}: seconds per call, median (IQR, min–max), "
+        mask = "causal" if causal else "not causal"
+        print(f"\n{key}, {mask}: seconds per call, median (IQR, min–max), "
               f"{args.rounds} interleaved rounds; outputs differ by at most {diff:.2g}")
         for name, times in samples.items():
             print(f"  {name:6s} {spread(times, fmt='.3g'):>34s} s")
         print(f"  speed-up of C++ over torch: {spread(ratios(samples['torch'], samples['C++']))}×")
-    end()
-    return 0
+        figures += [*(Figure.of(f"{key} {name} seconds per call, n = {args.n}, {mask}", times)
+                      for name, times in samples.items()),
+                    Figure.of(f"speed-up of C++ over torch, {key}, n = {args.n}, {mask}",
+                              ratios(samples["torch"], samples["C++"]), "×")]
+    return figures
+
+
+BENCHMARK = Benchmark(
+    "native_kernels", "Our C++ CPU kernels (top-k, NSA) against the torch forms they stand beside, interleaved.",
+    measure, options, settle,
+    lambda args: f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward, n = {args.n}.",
+    Machine(threads=2, rounds=5), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

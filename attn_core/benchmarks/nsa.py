@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from .. import MECHANISMS
-from . import CLOCKS, end, forward_call, interleaved, ratio_verdict, ratios, room, spread, start
-from ..engine import env
+from . import forward_call, interleaved, ratio_verdict, ratios, room, spread
+from .runner import Benchmark, Figure, Machine, run
 from ..mechanisms import nsa
 from ..spec import Shape
 
@@ -31,7 +29,7 @@ PAPER = {8192: 2048, 16384: 2560, 32768: 3584, 65536: 5632}  # Table 4: expected
 TARGET_N = 16384  # the issue's comparison: NSA at the paper's settings ≥ 4× faster than softmax at n = 16384
 
 
-def versus_softmax(args: argparse.Namespace) -> None:
+def versus_softmax(args: argparse.Namespace) -> list[Figure]:
     """NSA against each baseline at args.compare_n, causal: the speed-up of each round, judged against the target
     for softmax (the issue's comparison) and shown beside sdpa; a baseline the free memory cannot hold is skipped
     with its reason."""
@@ -44,54 +42,69 @@ def versus_softmax(args: argparse.Namespace) -> None:
     setting = "" if n == TARGET_N else f" (a first look: the target is set at n = {TARGET_N})"
     if KEY in skipped or not lines:
         print(f"  speed-up not judged (target ≥ {TARGET_SPEEDUP:g}×): nothing to compare with here")
-        return
+        return []
     calls = {key: forward_call(key, n, args, causal=True) for key in (*lines, KEY)}
     samples = interleaved(calls, args.rounds, args.device, args.clock)
     print(f"\nAt n = {n}, {args.rounds} interleaved rounds: seconds per call, median (IQR, min–max); speed-up of "
           f"{KEY} as the median (IQR, min–max) of each round's ratio (target ≥ {TARGET_SPEEDUP}× over softmax):")
     print(f"  {KEY:8s} {spread(samples[KEY], fmt='.3g'):>34s} s")
+    figures = [Figure.of(f"{KEY} seconds per call, n = {n}, causal", samples[KEY])]
     for key in lines:
         print(f"  {key:8s} {spread(samples[key], fmt='.3g'):>34s} s   "
               f"{spread(ratios(samples[key], samples[KEY]))}×")
+        figures.append(Figure.of(f"{key} seconds per call, n = {n}, causal", samples[key]))
+        if key != "softmax":
+            figures.append(Figure.of(f"speed-up of {KEY} over {key}, n = {n}, causal",
+                                     ratios(samples[key], samples[KEY]), "×"))
     if "softmax" in skipped:
         print(f"  speed-up over softmax not judged (target ≥ {TARGET_SPEEDUP:g}×): softmax could not run here")
     else:
         verdict = ratio_verdict(ratios(samples["softmax"], samples[KEY]), TARGET_SPEEDUP, at_most=False)
         print(f"  speed-up of {KEY} over softmax: {verdict}{setting}")
+        figures.append(Figure.judged(f"speed-up of {KEY} over softmax, n = {n}, causal",
+                                     ratios(samples["softmax"], samples[KEY]), TARGET_SPEEDUP, at_most=False))
+    return figures
 
 
-def decode_counts() -> None:
+def decode_counts() -> list[Figure]:
     print("\nTokens one decode step reads (compressed + selected + window; the paper's Table 4 beside):")
+    figures = []
     for n, paper in PAPER.items():
         c = nsa.decode_tokens(n)
         print(f"  n = {n:6d}: {c['compressed']:5d} + {c['selected']:5d} + {c['window']:4d} = {c['total']:5d}   "
               f"paper {paper} (n/16 + 1024 + 512; blocks ending by n are n/16 − 1)")
+        figures.append(Figure(f"tokens one decode step reads, n = {n}", c["total"], "tokens",
+                              target=f"paper's Table 4: {paper}"))
+    return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-n", type=int, default=16384)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the comparison")
-    p.add_argument("--clock", choices=CLOCKS, default="wall",
-                   help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
     p.add_argument("--quick", action="store_true", help="the comparison at n = 4096")
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.quick:
         args.compare_n = 4096
-    args.device = env.resolve_device(args.device)
-    torch.set_num_threads(args.threads)
-    env.steady_allocator()
-    start(args.device, f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward, causal.")
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     print(f"  {KEY}: {', '.join(f'{k}={v}' for k, v in MECHANISMS[KEY].defaults.items())}")
-    versus_softmax(args)
-    decode_counts()
-    end()
-    return 0
+    return [*versus_softmax(args), *decode_counts()]
+
+
+BENCHMARK = Benchmark(
+    "nsa", "NSA at the paper's settings against exact softmax (and sdpa), causal; the tokens a decode step reads.",
+    measure, options, settle,
+    lambda args: f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward, causal.",
+    Machine(threads=2, rounds=3), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import end, start
+from .runner import Benchmark, Figure, Machine, run
 from attn_core.studies.planner import model as planner
 from attn_core.studies.planner import measure as pm
 
@@ -23,8 +23,8 @@ def verdict(ratio: float) -> str:
     return f"{ratio:.2f}×, {'meets' if 1 / TARGET <= ratio <= TARGET else 'MISSES'} ×{TARGET:g}"
 
 
-def check(name: str, args: argparse.Namespace) -> tuple[float, float]:
-    """One model: its kinds timed, its stack run; the two ratios (measured ÷ predicted)."""
+def check(name: str, args: argparse.Namespace) -> list[Figure]:
+    """One model: its kinds timed, its stack run; the two ratios (measured ÷ predicted), prefill's and decode's."""
     timings = pm.measure_kinds(planner.find(name), budget_s=args.budget, device=args.device, threads=args.threads)
     got = pm.check_stack(timings, budget_s=args.budget)
     print(f"\n{name}: kinds timed in {timings.spent_s:.1f} s on {timings.device} ({timings.threads} thread(s), "
@@ -39,25 +39,37 @@ def check(name: str, args: argparse.Namespace) -> tuple[float, float]:
           f"{got.prefill_measured_s * 1e3:.3g} ms, ratio {verdict(got.prefill_ratio)}")
     print(f"  decode step at {got.decode_n:,}: predicted {got.decode_predicted_s * 1e3:.3g} ms, measured "
           f"{got.decode_measured_s * 1e3:.3g} ms, ratio {verdict(got.decode_ratio)}")
-    return got.prefill_ratio, got.decode_ratio
+    return [Figure(f"{name} {what} measured ÷ predicted", ratio, "×", target=f"within ×{TARGET:g}",
+                   meets=1 / TARGET <= ratio <= TARGET)
+            for what, ratio in (("prefill", got.prefill_ratio), ("decode step", got.decode_ratio))]
+
+
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default=",".join(MODELS), help="built-in models, comma-separated")
+    p.add_argument("--budget", type=float, default=20.0, help="seconds to time a model's kinds, and again its stack")
+    p.add_argument("--quick", action="store_true", help="6 s a model")
+
+
+def settle(args: argparse.Namespace) -> None:
+    if args.quick:
+        args.budget = 6.0
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
+    figures = [f for name in args.models.split(",") for f in check(name.strip(), args)]
+    inside = sum(bool(f.meets) for f in figures)
+    print(f"\n{inside} of {len(figures)} ratios within ×{TARGET:g}")
+    return figures
+
+
+BENCHMARK = Benchmark(
+    "planner", "The planner's prediction of a scaled-down stack against the stack run for real.", measure, options,
+    settle, lambda args: "the planner's prediction of a scaled-down stack against the stack run for real",
+    Machine(threads=1, rounds=None), __doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(MODELS), help="built-in models, comma-separated")
-    p.add_argument("--budget", type=float, default=20.0, help="seconds to time a model's kinds, and again its stack")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads while timing (default 1)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
-    p.add_argument("--quick", action="store_true", help="6 s a model")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.budget = 6.0
-    start(args.device, "the planner's prediction of a scaled-down stack against the stack run for real")
-    ratios = [r for name in args.models.split(",") for r in check(name.strip(), args)]
-    inside = sum(1 / TARGET <= r <= TARGET for r in ratios)
-    print(f"\n{inside} of {len(ratios)} ratios within ×{TARGET:g}")
-    end()
-    return 0
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

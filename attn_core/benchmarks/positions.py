@@ -21,7 +21,8 @@ import argparse
 
 import torch
 
-from . import alternate, end, machine, machine_options, point, ratios, spread, start, timer
+from . import alternate, point, ratios, spread, timer
+from .runner import Benchmark, Figure, Machine, run
 from attn_core import attention
 from attn_core.positions import encodings as positional
 from ..engine import env
@@ -43,8 +44,8 @@ def calls(key: str, n: int, device: str, causal: bool) -> dict:
             "ALiBi": lambda: attention(key, q, k, v, causal=causal, score_bias=bias)}
 
 
-def measure(args: argparse.Namespace) -> None:
-    timed = timer(args.device, args.clock)
+def measure(args: argparse.Namespace) -> list[Figure]:
+    timed, figures = timer(args.device, args.clock), []
     print(f"\nseconds per forward call, median (IQR, min–max) of {args.rounds} interleaved rounds; the ratio to no "
           f"positions round by round:")
     for key in KEYS:
@@ -59,11 +60,17 @@ def measure(args: argparse.Namespace) -> None:
                 label = f"  {key:8s} {'causal' if causal else 'full':6s} n={n:5d}"
                 versus = "  ".join(f"{name} {spread(ratios(t[name], t['none']))}×" for name in ("RoPE", "ALiBi"))
                 print(f"{label}  none {spread(t['none'], fmt='.3g')} s  {versus}", flush=True)
+                where = f"{key}, {'causal' if causal else 'full'}, n = {n}"
+                figures += [Figure.of(f"seconds per call, no positions, {where}", t["none"]),
+                            *(Figure.of(f"{name}/none, {where}", ratios(t[name], t["none"]), "×")
+                              for name in ("RoPE", "ALiBi"))]
         env.release_cached_memory(args.device)
+    return figures
 
 
-def through_engine(args: argparse.Namespace) -> None:
+def through_engine(args: argparse.Namespace) -> list[Figure]:
     """Each (mechanism, n, positions) measured alone by the engine (benchmarks.point), non-causal."""
+    figures = []
     print("\nthrough the engine, one point at a time (median of its samples; peak measured / predicted):")
     settings = Settings(warmup=1, min_repeats=args.rounds, min_time_s=0.2)
     for key in KEYS:
@@ -78,25 +85,34 @@ def through_engine(args: argparse.Namespace) -> None:
                     continue
                 cells.append(f"{where} {row['time_median_s'] * 1e3:.2f} ms, {format_bytes(row['peak_bytes'])} / "
                              f"{format_bytes(row['predicted_bytes'])}")
+                figures += [Figure(f"engine median seconds, {key}, positions {where}, n = {n}", row["time_median_s"],
+                                   "s", row["time_iqr_s"], n=row["repeats"]),
+                            Figure(f"engine peak bytes, {key}, positions {where}, n = {n}", row["peak_bytes"], "bytes",
+                                   target=f"the spec's {row['predicted_bytes']:.0f}")]
             print(f"  {key:8s} n={n:5d}  " + "  ".join(cells), flush=True)
+    return figures
+
+
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ns", type=int, nargs="+", default=[1024, 4096], help="sequence lengths")
+    p.add_argument("--quick", action="store_true", help="n = 512 and 1024, 5 rounds")
+
+
+def settle(args: argparse.Namespace) -> None:
+    if args.quick:
+        args.ns, args.rounds = [512, 1024], min(args.rounds, 5)
+
+
+BENCHMARK = Benchmark(
+    "positions", "What positions cost: softmax and SDPA with none, RoPE and ALiBi, side by side and in the engine.",
+    lambda args: [*measure(args), *through_engine(args)], options, settle,
+    lambda args: f"B=1, H={HEADS}, D={HEAD_DIM}, fp32, the public calls timed in torch.inference_mode "
+                 f"({args.clock} clock).",
+    Machine(threads=None, rounds=7), __doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ns", type=int, nargs="+", default=[1024, 4096], help="sequence lengths")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of each line")
-    p.add_argument("--quick", action="store_true", help="n = 512 and 1024, 5 rounds")
-    machine_options(p)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.ns, args.rounds = [512, 1024], min(args.rounds, 5)
-    machine(args)
-    start(args.device, f"B=1, H={HEADS}, D={HEAD_DIM}, fp32, the public calls timed in torch.inference_mode "
-                       f"({args.clock} clock).")
-    measure(args)
-    through_engine(args)
-    end()
-    return 0
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

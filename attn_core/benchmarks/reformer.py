@@ -17,7 +17,8 @@ import math
 import torch
 
 from .. import MECHANISMS
-from . import end, interleaved, point, ratio_verdict, ratios, spread, start
+from . import interleaved, point, ratio_verdict, ratios, spread
+from .runner import Benchmark, Figure, Machine, run
 from ..engine.analysis import fit_slopes, loglog_slope
 from ..engine.measure import format_bytes
 from ..engine.problem import Problem, Settings
@@ -27,7 +28,7 @@ from ..spec import Shape
 TARGET_TIME_SLOPE, TARGET_RATIO = 1.25, 1.0
 
 
-def slopes(args: argparse.Namespace) -> None:
+def slopes(args: argparse.Namespace) -> list[Figure]:
     settings = Settings(warmup=1, min_repeats=args.repeats, min_time_s=0.0, point_budget_s=args.budget,
                         threads=args.threads)
     params = (("bucket_size", args.bucket_size), ("n_hashes", args.n_hashes))
@@ -41,7 +42,7 @@ def slopes(args: argparse.Namespace) -> None:
                   f"{row['time_median_s'] * 1e3:9.1f} ms (IQR {row['time_iqr_s'] * 1e3:.1f})  "
                   f"peak {format_bytes(row['peak_bytes']):>10s}  predicted {format_bytes(row['predicted_bytes']):>10s}"
                   f"  {row['reason']}", flush=True)
-    df = frame_from_rows(rows)
+    df, figures = frame_from_rows(rows), []
     for causal in sorted(set(df.causal)):
         part = df[(df.causal == causal) & (df.status == "ok")]
         t, m = fit_slopes(part, "time_median_s").iloc[0], fit_slopes(part, "peak_bytes").iloc[0]
@@ -54,16 +55,18 @@ def slopes(args: argparse.Namespace) -> None:
         verdict = "meets" if t_slope <= TARGET_TIME_SLOPE else "MISSES"
         print(f"  {label}: time {t_slope:.2f}, memory {m.slope:.2f} ({verdict} the time target ≤ "
               f"{TARGET_TIME_SLOPE}; {note})")
+        figures += [Figure.slope(f"time {label}", t_slope, TARGET_TIME_SLOPE), Figure.slope(f"memory {label}", m.slope)]
+    return figures
 
 
-def peer_ratios(args: argparse.Namespace) -> None:
+def peer_ratios(args: argparse.Namespace) -> list[Figure]:
     try:
         from reformer_pytorch.reformer_pytorch import LSHAttention
     except ImportError:
         print("  reformer-pytorch is not installed (pip install reformer-pytorch==1.4.4): the side-by-side "
               "comparison is skipped.")
-        return
-    fn = MECHANISMS["reformer"].fn
+        return []
+    fn, figures = MECHANISMS["reformer"].fn, []
     for causal in (False, True) if args.causal else (False,):
         peer = LSHAttention(bucket_size=args.bucket_size, n_hashes=args.n_hashes, causal=causal)
         for n in args.peer_n:
@@ -79,40 +82,53 @@ def peer_ratios(args: argparse.Namespace) -> None:
             def theirs():
                 peer(qk2, v2)
 
-            times = interleaved({"ours": ours, "peer": theirs}, args.pairs)
+            times = interleaved({"ours": ours, "peer": theirs}, args.rounds)
             a, b = times["ours"], times["peer"]
             print(f"  {'causal' if causal else 'full  '} n={n:6d}  ours {spread(a, 1e3, '.1f')} ms  peer "
                   f"{spread(b, 1e3, '.1f')} ms  ratio ours/peer, median of pairs: "
                   f"{ratio_verdict(ratios(a, b), TARGET_RATIO)}", flush=True)
+            where = f"{'causal' if causal else 'full'}, n = {n}"
+            figures += [Figure.of(f"ours seconds per call, {where}", a),
+                        Figure.of(f"peer seconds per call, {where}", b),
+                        Figure.judged(f"ours/peer, {where}", ratios(a, b), TARGET_RATIO)]
+    return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--bucket-size", type=int, default=64)
     p.add_argument("--n-hashes", type=int, default=4)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--causal", action="store_true", help="measure the causal form as well")
     p.add_argument("--slope-n", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
     p.add_argument("--peer-n", type=int, nargs="+", default=[4096, 8192, 16384])
     p.add_argument("--repeats", type=int, default=3, help="minimum timed samples per point of the slopes")
-    p.add_argument("--pairs", type=int, default=5, help="interleaved calls of each side per n")
     p.add_argument("--budget", type=float, default=120.0, help="seconds per point of the slopes")
     p.add_argument("--skip-slopes", action="store_true")
     p.add_argument("--skip-peer", action="store_true")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    start("cpu", f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, bucket_size={args.bucket_size}, "
-                 f"n_hashes={args.n_hashes}")
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
+    figures = []
     if not args.skip_slopes:
         print("Time (median of the engine's samples) and peak memory (profiler) over n:")
-        slopes(args)
+        figures += slopes(args)
     if not args.skip_peer:
         print("\nSide by side with reformer-pytorch's LSHAttention, interleaved:")
-        peer_ratios(args)
-    end()
-    return 0
+        figures += peer_ratios(args)
+    return figures
+
+
+BENCHMARK = Benchmark(
+    "reformer", "Reformer's LSH attention: time and memory slopes, and its speed beside reformer-pytorch's, "
+    "interleaved (--rounds: calls of each side per n).", measure, options,
+    setting=lambda args: f"B=1, H={args.heads}, D={args.head_dim}, float32, forward, bucket_size={args.bucket_size}, "
+                         f"n_hashes={args.n_hashes}",
+    machine=Machine(threads=2, devices=("cpu",), rounds=5, clocks=("wall",)), doc=__doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from .. import MECHANISMS
-from . import CLOCKS, end, forward_call, interleaved, ratio_verdict, ratios, room, spread, start
-from ..engine import env
+from . import forward_call, interleaved, ratio_verdict, ratios, room, spread
+from .runner import Benchmark, Figure, Machine, run
 from ..spec import Shape
 
 KEY, BASELINE = "topk", "softmax"
@@ -28,9 +26,9 @@ TARGET_N, TARGET_SPEEDUP = 16384, 4.0  # the issue's comparison: topk with top_k
 MASKS = {"both": (False, True), "causal": (True,), "full": (False,)}
 
 
-def versus_baseline(args: argparse.Namespace, params: dict, causal: bool) -> None:
+def versus_baseline(args: argparse.Namespace, params: dict, causal: bool) -> list[Figure]:
     """topk against softmax at args.compare_n with this mask: each timed, the speed-up judged against the target;
-    a contestant the free memory cannot hold is skipped with its reason."""
+    a contestant the free memory cannot hold is skipped with its reason (and gives no figure)."""
     n = args.compare_n
     shape = Shape(args.batch, args.heads, n, n, args.head_dim, dtype="float32", causal=causal)
     mask = "causal" if causal else "not causal"
@@ -40,7 +38,7 @@ def versus_baseline(args: argparse.Namespace, params: dict, causal: bool) -> Non
         print(f"  {key:8s} {why}")
     if skipped:
         print(f"  speed-up not judged (target ≥ {TARGET_SPEEDUP:g}×): {' and '.join(skipped)} could not run here")
-        return
+        return []
     calls = {KEY: forward_call(KEY, n, args, params, causal=causal), BASELINE: forward_call(BASELINE, n, args,
                                                                                             causal=causal)}
     samples = interleaved(calls, args.rounds, args.device, args.clock)
@@ -54,36 +52,42 @@ def versus_baseline(args: argparse.Namespace, params: dict, causal: bool) -> Non
     setting = "" if (n, params["top_k"]) == (TARGET_N, PARAMS["top_k"]) else \
         f" (a first look: the target is set at n = {TARGET_N} with top_k = {PARAMS['top_k']})"
     print(f"  speed-up of {KEY} over {BASELINE}: {verdict}{setting}")
+    where = f"n = {n}, top_k = {params['top_k']}, {mask}"
+    return [*(Figure.of(f"{key} seconds per call, {where}", samples[key]) for key in (BASELINE, KEY)),
+            Figure.judged(f"speed-up of {KEY} over {BASELINE}, {where}", ratios(base, samples[KEY]), TARGET_SPEEDUP,
+                          at_most=False)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-n", type=int, default=16384)
     p.add_argument("--top-k", type=int, default=PARAMS["top_k"])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
     p.add_argument("--mask", choices=list(MASKS), default="both",
                    help="both (default): causal and not, one after the other; causal; or full (not causal)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the comparison")
-    p.add_argument("--clock", choices=CLOCKS, default="wall",
-                   help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
     p.add_argument("--quick", action="store_true", help="n = 4096 with top_k = 512, for a first look")
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.quick:
         args.compare_n, args.top_k = 4096, 512
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     params = {**PARAMS, "top_k": args.top_k}
-    args.device = env.resolve_device(args.device)
-    torch.set_num_threads(args.threads)
-    env.steady_allocator()  # as in the engine's worker: block buffers below 32 MiB reused, not faulted in anew
-    start(args.device, f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward.")
     print(f"  {KEY}: {', '.join(f'{k}={v}' for k, v in params.items())}")
-    for causal in MASKS[args.mask]:
-        versus_baseline(args, params, causal)
-    end()
-    return 0
+    return [figure for causal in MASKS[args.mask] for figure in versus_baseline(args, params, causal)]
+
+
+BENCHMARK = Benchmark(
+    "sparse_select", "topk (DeepSeek Sparse Attention's form) against materialized softmax, causal and not.",
+    measure, options, settle, lambda args: f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward.",
+    Machine(threads=2, rounds=3), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

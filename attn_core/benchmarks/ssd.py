@@ -26,7 +26,8 @@ import argparse
 
 import torch
 
-from . import end, interleaved, median, powers, ratio_verdict, ratios, spread, start
+from . import interleaved, median, powers, ratio_verdict, ratios, spread
+from .runner import Benchmark, Figure, Machine, run
 from attn_core.nn import generation as gen
 from ..api import make_state
 from ..engine import env
@@ -96,17 +97,21 @@ def check_peer(args) -> float:
     return float((ours - theirs).abs().max() / ours.abs().max())
 
 
-def forward(args) -> dict[int, float]:
-    """n → our median seconds; prints each n's figures and, at n = 8192, ours/peer round by round."""
-    figures = {}
+def forward(args) -> tuple[dict[int, float], list[Figure]]:
+    """n → our median seconds; prints each n's figures and, at n = 8192, ours/peer round by round; and those
+    figures."""
+    figures, found = {}, []
     for n in args.ns:
         times = interleaved(contestants(n, args, peer=n == PEER_N), args.rounds)
         print(f"n={n:6d}  " + "  ".join(f"{name} {spread(t, 1e3, '.1f')} ms" for name, t in times.items()), flush=True)
+        found += [Figure.of(f"{name} seconds per call, n = {n}", t) for name, t in times.items()]
         if len(times) > 1:
             print(f"{'':8s}ours/peer {ratio_verdict(ratios(times['mamba2'], times['paper listing']), TARGET_RATIO)}",
                   flush=True)
+            found.append(Figure.judged(f"ours/peer, n = {n}", ratios(times["mamba2"], times["paper listing"]),
+                                       TARGET_RATIO))
         figures[n] = median(times["mamba2"])
-    return figures
+    return figures, found
 
 
 def step_time(n: int, args) -> tuple[float, float, int]:
@@ -126,8 +131,8 @@ def step_time(n: int, args) -> tuple[float, float, int]:
     return med, iqr, cache.nbytes
 
 
-def generation(args) -> None:
-    contexts = powers(1024, args.max_context)
+def generation(args) -> list[Figure]:
+    contexts, figures = powers(1024, args.max_context), []
     print(f"\nGeneration: one step against a context of n tokens, {args.steps} steps each")
     steps, held = [], []
     for n in contexts:
@@ -135,41 +140,54 @@ def generation(args) -> None:
         steps.append(med)
         held.append(nbytes)
         print(f"  n={n:6d}  step {med * 1e6:7.1f} µs (IQR {iqr * 1e6:.1f})  state {nbytes} bytes", flush=True)
+        figures += [Figure(f"step seconds, context {n}", med, "s", iqr, n=args.steps),
+                    Figure(f"state bytes, context {n}", nbytes, "bytes")]
     for what, ys in (("step time", steps), ("state bytes", held)):
         slope = loglog_slope(contexts, ys)
         verdict = "meets" if abs(slope) <= TARGET_FLAT else "MISSES"
         print(f"  {what} slope {slope:+.3f}, {verdict} |slope| ≤ {TARGET_FLAT}")
+        figures.append(Figure.slope(f"{what} slope against the context", slope, TARGET_FLAT, absolute=True))
+    return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", default="4096,8192,16384,32768", help="comma-separated sequence lengths")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--chunk", type=int, default=MECHANISMS["mamba2"].param("chunk").default)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--max-context", type=int, default=32768)
     p.add_argument("--quick", action="store_true", help="n = 4096 and 8192, contexts 1k…8k, 3 rounds, 20 steps")
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.quick:
         args.n, args.rounds, args.steps, args.max_context = "4096,8192", 3, 20, 8192
     args.ns = [int(x) for x in args.n.split(",")]
-    torch.set_num_threads(args.threads)
-    env.steady_allocator()
-    start("cpu", f"B=1, H={args.heads}, D={args.head_dim}, chunk={args.chunk}, float32, forward, causal, "
-                 f"{args.rounds} interleaved rounds; wall ms: median (IQR, min–max)")
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     print(f"ours against the paper's listing at n = {4 * args.chunk}: largest difference "
           f"{check_peer(args):.1e} of the largest output")
-    figures = forward(args)
+    figures, found = forward(args)
     if len(args.ns) > 1:
         slope = loglog_slope(args.ns, [figures[n] for n in args.ns])
         verdict = "meets" if slope <= TARGET_SLOPE else "MISSES"
         print(f"time slope over n = {args.ns[0]}…{args.ns[-1]}: {slope:.2f}, {verdict} ≤ {TARGET_SLOPE}")
-    generation(args)
-    end()
-    return 0
+        found.append(Figure.slope(f"mamba2 time slope, n = {args.ns[0]}…{args.ns[-1]}", slope, TARGET_SLOPE))
+    return [*found, *generation(args)]
+
+
+BENCHMARK = Benchmark(
+    "ssd", "mamba2 (chunked SSD) against the Mamba-2 paper's minimal SSD listing, its time slope, and its generation "
+    "step and state against context.", measure, options, settle,
+    lambda args: f"B=1, H={args.heads}, D={args.head_dim}, chunk={args.chunk}, float32, forward, causal, "
+                 f"{args.rounds} interleaved rounds; wall ms: median (IQR, min–max)",
+    Machine(threads=2, devices=("cpu",), rounds=5, clocks=("wall",)), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ import argparse
 import os
 import tempfile
 import time
+from dataclasses import replace
 from typing import Callable
 
-from . import end, median, spread, start
+from . import median, spread
+from .runner import Benchmark, Figure, Machine, run
 from attn_core.engine import store
 
 TARGET_S = 0.2  # the bound on the history read
@@ -58,14 +60,19 @@ def history_read(path: str) -> None:
         kept.size_bytes()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--points", type=int, default=10_000)
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--quick", action="store_true", help="5 rounds instead of 30")
-    args = p.parse_args()
-    rounds = 5 if args.quick else 30
-    start("cpu", f"the run store with {args.points:,} points in {args.runs} runs, {rounds} rounds each")
+
+
+def settle(args: argparse.Namespace) -> None:
+    if args.quick:
+        args.rounds = min(args.rounds, 5)
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
+    rounds = args.rounds
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, store.FILE_NAME)
         t0 = time.perf_counter()
@@ -84,8 +91,24 @@ def main() -> None:
             run_id = kept.begin({}, {})
             commits = timed(lambda: kept.add_points(run_id, [row("softmax", 256)]), rounds)
         print(f"one point committed (synchronous, as a sweep does): {spread(commits, 1e3)} ms")
-    end()
+    where = f"{args.points} points in {args.runs} runs"
+    return [replace(Figure.of(f"history read seconds, {where}", history), target=f"< {TARGET_S:g}",
+                    meets=median(history) < TARGET_S),
+            Figure.of(f"one run read back whole, seconds, {where}", one),
+            Figure.of(f"a writer's open, seconds, {where}", opened),
+            Figure.of(f"one point committed, seconds, {where}", commits)]
+
+
+BENCHMARK = Benchmark(
+    "store", "The run store's costs with 10,000 stored points: the history read, one run read back, a writer's "
+    "open, one point committed.", measure, options, settle,
+    lambda args: f"the run store with {args.points:,} points in {args.runs} runs, {args.rounds} rounds each",
+    Machine(threads=None, devices=("cpu",), rounds=30, clocks=("wall",)), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from .. import MECHANISMS
-from . import CLOCKS, end, forward_call, interleaved, powers, median, ratio_verdict, ratios, spread, start
+from . import forward_call, interleaved, powers, median, ratio_verdict, ratios, spread
+from .runner import Benchmark, Figure, Machine, run
 from ..engine import env
 from ..engine.analysis import loglog_slope
 from ..engine.measure import format_bytes
@@ -30,7 +29,7 @@ TARGET_SLOPE, TARGET_SPEEDUP = 1.15, 8.0
 SPEEDUP = {"sliding_window": 20.0}  # issue 29: the sliding window (w = 256) at least 20× sdpa at n = 16384
 
 
-def slopes(args: argparse.Namespace) -> None:
+def slopes(args: argparse.Namespace) -> list[Figure]:
     ns = powers(args.n_min, args.n_max)
     method, peak_of = env.peak_memory_probe(args.device)
     times: dict[str, list[float]] = {key: [] for key in LINES}
@@ -50,13 +49,17 @@ def slopes(args: argparse.Namespace) -> None:
             print(f"  {key:14s} n={n:6d}  {spread(samples[key], 1e3, '.3g'):>34s} ms   "
                   f"peak {format_bytes(peak):>10s} (spec {format_bytes(predicted)})", flush=True)
     print(f"\nLog-log slopes, n = {ns[0]}…{ns[-1]} (target ≤ {TARGET_SLOPE} each):")
+    figures = []
     for key in LINES:
         t, m = loglog_slope(ns, times[key]), loglog_slope(ns, peaks[key])
         verdict = "meets target" if t <= TARGET_SLOPE and m <= TARGET_SLOPE else "MISSES target"
         print(f"  {key:14s} time {t:5.2f}   memory {m:5.2f}   {verdict}")
+        figures += [Figure.slope(f"{key} {what} slope, n = {ns[0]}…{ns[-1]}", value, TARGET_SLOPE)
+                    for what, value in (("time", t), ("memory", m))]
+    return figures
 
 
-def versus_baseline(args: argparse.Namespace) -> None:
+def versus_baseline(args: argparse.Namespace) -> list[Figure]:
     n = args.compare_n
     calls = {key: forward_call(key, n, args, params) for key, params in LINES.items()}
     calls[BASELINE] = forward_call(BASELINE, n, args)
@@ -68,38 +71,44 @@ def versus_baseline(args: argparse.Namespace) -> None:
     for key in LINES:
         print(f"  {key:14s} {spread(samples[key], fmt='.3g'):>34s} s   "
               f"{ratio_verdict(ratios(base, samples[key]), SPEEDUP.get(key, TARGET_SPEEDUP), at_most=False)}")
+    return [*(Figure.of(f"{key} seconds per call, n = {n}", samples[key]) for key in samples),
+            *(Figure.judged(f"speed-up of {key} over {BASELINE}, n = {n}", ratios(base, samples[key]),
+                            SPEEDUP.get(key, TARGET_SPEEDUP), at_most=False) for key in LINES)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-min", type=int, default=4096)
     p.add_argument("--n-max", type=int, default=32768)
     p.add_argument("--compare-n", type=int, default=16384)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", default="cpu", help="cpu, cuda, mps or auto")
     p.add_argument("--causal", action="store_true")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved calls per line and n for the slopes")
     p.add_argument("--compare-rounds", type=int, default=3, help="interleaved rounds of the sdpa comparison")
-    p.add_argument("--clock", choices=CLOCKS, default="wall",
-                   help="wall (default), or cpu: the process's CPU seconds, for a first look on a shared machine")
     p.add_argument("--quick", action="store_true", help="n = 1024…4096, the comparison at 4096")
-    args = p.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> None:
     if args.quick:
         args.n_min, args.n_max, args.compare_n = 1024, 4096, 4096
-    args.device = env.resolve_device(args.device)
-    torch.set_num_threads(args.threads)
-    env.steady_allocator()  # as in the engine's worker: chunk buffers below 32 MiB reused, not faulted in anew
-    start(args.device, f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, forward"
-                       f"{', causal' if args.causal else ''}.")
+
+
+def measure(args: argparse.Namespace) -> list[Figure]:
     for key, params in LINES.items():
         print(f"  {key}: {', '.join(f'{k}={v}' for k, v in params.items())}")
-    slopes(args)
-    versus_baseline(args)
-    end()
-    return 0
+    return [*slopes(args), *versus_baseline(args)]
+
+
+BENCHMARK = Benchmark(
+    "window", "The sliding window, Longformer and BigBird: time and memory slopes, and their speed-up over sdpa.",
+    measure, options, settle,
+    lambda args: f"B={args.batch}, H={args.heads}, D={args.head_dim}, fp32, "
+                 f"forward{', causal' if args.causal else ''}.",
+    Machine(threads=2, rounds=5), __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(BENCHMARK, argv)
 
 
 if __name__ == "__main__":
