@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from .mechanisms import LATENT, MECHANISMS
-from .mechanisms._common import check_finite, check_key_padding, check_qkv, check_score_bias, check_sinks
+from .mechanisms._common import (check_finite, check_key_padding, check_output_gate, check_qk_norm, check_qkv,
+                                 check_score_bias, check_sinks)
 from .spec import MechanismSpec, Shape
 
 
@@ -53,7 +54,8 @@ def check_seed(seed: Any, spec: MechanismSpec | None = None) -> None:
 
 def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
               key_padding_mask: torch.Tensor | None = None, score_bias: torch.Tensor | None = None,
-              sinks: torch.Tensor | None = None, **params: Any) -> torch.Tensor:
+              sinks: torch.Tensor | None = None, output_gate: torch.Tensor | None = None,
+              qk_norm: bool | torch.Tensor = False, **params: Any) -> torch.Tensor:
     """Run mechanism `key` on q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D) with its keyword parameters.
     Hk < H: each key/value head serves H/Hk consecutive query heads (grouped-query attention; Hk = 1: multi-query),
     for a mechanism whose spec has `supports.shared_kv`; the others refuse it with a sentence.
@@ -74,6 +76,9 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     (gpt-oss's attention sinks, arXiv 2508.10925); mechanisms whose spec has `sinks` take it, the others refuse it
     with a sentence.
 
+    `output_gate`: gate logits g of q's shape, out ⊙ σ(g) (arXiv 2505.06708); `qk_norm`: True or a (D,) weight, q and
+    k RMS-normalised per head before the scores. Options of the softmax family (`supports.output_gate`, `qk_norm`).
+
     `seed`: for a mechanism that draws random state (`seeded()`: projections, rotations, gates), the seed of the
     state not passed; a mechanism without any refuses it with a sentence."""
     spec = get(key)
@@ -92,6 +97,13 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if sinks is not None:
         check_sinks(spec, sinks, q)  # its own finiteness check: a sink of −inf is no sink, said so
         params["sinks"] = sinks
+    if output_gate is not None:
+        check_output_gate(spec, output_gate, q)
+        check_finite(output_gate=output_gate)
+        params["output_gate"] = output_gate
+    if qk_norm is not False:
+        check_qk_norm(spec, qk_norm, q)
+        params["qk_norm"] = qk_norm
     if key_padding_mask is None:
         return spec.fn(q, k, v, causal=causal, **params)
     check_key_padding(spec, key_padding_mask, q, k)

@@ -201,6 +201,29 @@ class Cost:
         elementwise, which `executed_flops` leaves out as it does the softmax's)."""
         return float(shape.bh * shape.Nq * (shape.D + 4))
 
+    @staticmethod
+    def gate_flops(shape: Shape) -> float:
+        """FLOPs `output_gate=` adds: σ(g) (an exponential, an addition, a division, a negation) and a product per
+        output element: 5·B·H·Nq·D."""
+        return 5.0 * shape.bh * shape.Nq * shape.D
+
+    @staticmethod
+    def qk_norm_flops(shape: Shape, weighted: bool = False) -> float:
+        """FLOPs `qk_norm=` adds: per row of q and of k, D squares and sums, a root, D products (D more with a
+        weight): (B·H·Nq + B·Hk·Nk)·((3 + weighted)·D + 2)."""
+        return float((shape.bh * shape.Nq + shape.bk * shape.Nk) * ((3 + weighted) * shape.D + 2))
+
+    def options_memory(self, shape: Shape, *, output_gate: bool = False, qk_norm: bool = False,
+                       **params: Any) -> float:
+        """Predicted peak bytes with the softmax family's options: the normalised q and k held through the call
+        (`qk_norm`), and at the end σ(g) and the gated output beside the output (`output_gate`)."""
+        peak = self.memory_bytes(shape, **params)
+        if output_gate:
+            peak = max(peak, 3.0 * shape.output_bytes)
+        if qk_norm:
+            peak += (shape.bh * shape.Nq + shape.bk * shape.Nk) * shape.D * shape.elem
+        return float(peak)
+
     def sinks_memory(self, shape: Shape, **params: Any) -> float:
         """Predicted peak bytes of a call given `sinks=` (no padding, no score bias): `sinks_memory_bytes`, or
         `memory_bytes` where the sinks add nothing at the peak."""
@@ -265,6 +288,9 @@ class Supports:
     `sinks`: the function takes `sinks=`, one float logit a_h per query head (H,), which joins each row's softmax
     denominator as a key with no value (gpt-oss, arXiv 2508.10925): out = Σ_j e^(s_ij) v_j / (Σ_j e^(s_ij) + e^(a_h)),
     in forward, backward, padding, shared key/value heads and its generation step; `no_sinks`: why not, when not.
+    `output_gate`: the function takes `output_gate=`, gate logits g of q's shape: out = attn(q, k, v) ⊙ σ(g) (Qiu et
+    al. 2025, arXiv 2505.06708; Qwen3-Next's full-attention layers). `qk_norm`: it takes `qk_norm=` (True, or a (D,)
+    weight): q and k RMS-normalised per head before the scores (Llama 4, Qwen3, Gemma 3).
     `checks_finite`: the function refuses NaN and ±inf in q, k and v itself (outside `validated()`), most cheaply
     from values it computes anyway, so `attn_core.attention` does not read the inputs once more to check them.
     """
@@ -286,6 +312,10 @@ class Supports:
     checks_finite: bool = False
     sinks: bool = False
     no_sinks: str = ""
+    output_gate: bool = False
+    no_output_gate: str = ""
+    qk_norm: bool = False
+    no_qk_norm: str = ""
 
 
 @dataclass(frozen=True)

@@ -250,6 +250,22 @@ def plain_causal(spec) -> bool:
     return bool(spec.supports.causal_only)
 
 
+def chunk_pieces(n: int, rows: int, chunk: int) -> list[tuple[int, int]]:
+    """(tokens, chunk) of each piece a chunked recurrence runs over n tokens, walked one segment at a time: segments
+    of `rows` tokens (the last one the rest), each cut into chunks of `chunk`; a segment's whole chunks are one
+    piece, the tokens left over (fewer than `chunk`) one piece whose chunk is their count. No padding."""
+    pieces, start = [], 0
+    while start < n:
+        length = min(rows, n - start)
+        whole, rest = length - length % chunk, length % chunk
+        if whole:
+            pieces.append((whole, chunk))
+        if rest:
+            pieces.append((rest, rest))
+        start += length
+    return pieces
+
+
 def ssd_recurrence(q, k, v, dt, A, pad=None) -> torch.Tensor:
     """Mamba-2's recurrence token by token in float64 (Dao and Gu 2024, arXiv 2405.21060, scalar A per head):
     h_t = exp(dt_t·A)·h_{t−1} + dt_t·k_t v_tᵀ, y_t = h_tᵀ q_t, each query head reading key/value head ⌊i·Hk/H⌋;

@@ -44,8 +44,9 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
     where both go in one call, else `_edge_bytes` for each). With `extra` keys joined
     afterwards (`joined`, as on a CPU without gradients): their keys and values and each row's log-sum-exp held
     throughout, and the join (`_join_bytes`); not joined (`_merged`): the first chunk's, as `_chunk_bytes` says.
-    `sinks` (on a CPU without gradients, no padding): each row's log-sum-exp held throughout too, the ends called
-    per query head of a group, and the sink weights (`_sink_bytes`) after the last call."""
+    `sinks` (on a CPU without gradients, no padding): the same calls, each handing back its rows' log-sum-exp,
+    which become their weights as the rows are written (`_write`): nothing more at the peak, the ends called per
+    query head of a group where they are not one call."""
     span, elem, d = left + block + right, s.elem, s.D
     n_blocks = -(-s.Nq // block)
     base = s.bh * s.Nq * d * elem
@@ -56,13 +57,13 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
     lo, hi = interior(s.Nq, block, left, right)
     peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype)) if hi > lo else 0.0
     ends = edges(s.Nq, block, left, right)
-    if not extra and not sinks and s.group == 1 and same_ends(s.Nq, block, left, right):  # both ends in one call
+    if not extra and s.group == 1 and same_ends(s.Nq, block, left, right):  # both ends in one call
         peak = max(peak, _ends_bytes(s, *ends[0], left, right))
     else:
         for a, e in ends:
             peak = max(peak, _edge_bytes(s, a, e, left, right, bool(extra) or sinks))
-    if sinks and not extra:  # the log-sum-exp held throughout, the weights after
-        return base + max(peak, _sink_bytes(s)) + s.bh * s.Nq * _lse_bytes(s)
+    if extra and sinks:  # the joint log-sum-exp's weights after the join
+        peak = max(peak, _sink_bytes(s))
     if extra:  # the extra keys and values (B, Hk, g, D) and each row's log-sum-exp held throughout
         peak = max(peak, _join_bytes(s, extra)) + s.bh * s.Nq * _lse_bytes(s) + 2 * s.bk * extra * d * elem
     return base + peak
@@ -237,19 +238,21 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     pad = None if key_padding_mask is None else padding_bias(key_padding_mask, q.dtype)
     if pad is None and (extra is None and sinks is None or joins(q, k, v)):
         lse = None
-        if extra is not None or sinks is not None:  # the log-sum-exp kernel reads rows of unit stride only (the public call copies)
+        if extra is not None or sinks is not None:  # the log-sum-exp kernel reads rows of unit stride only
             q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        if extra is not None:  # kept for the join; sinks alone weigh each call's rows as they are written
             lse = q.new_empty(B, H, n, dtype=lse_dtype(q.dtype))
+        inline = sinks if extra is None else None
         lo, hi = interior(n, block, left, right)
         if hi > lo:  # no bias where the band keeps every key of its window (block-local, not causal): none is added
-            _fused(q, k, v, out, lo, hi - lo, block, left, span, None if whole else inner_bias, lse)
+            _fused(q, k, v, out, lo, hi - lo, block, left, span, None if whole else inner_bias, lse, inline)
         ends = edges(n, block, left, right)
-        if lse is not None or not _ends_together(q, k, v, out, ends, block, left, right, inner_bias, whole):
+        if lse is not None or not _ends_together(q, k, v, out, ends, block, left, right, inner_bias, whole, inline):
             for qa, qe in ends:
-                _edge(q, k, v, out, qa, qe, block, left, right, inner_bias, whole, lse)
+                _edge(q, k, v, out, qa, qe, block, left, right, inner_bias, whole, lse, inline)
         if extra is not None:
-            _join_extra(q, out, lse, extra, pattern, sums=sinks is not None)
-        if sinks is not None:
+            _join_extra(q, out, lse, extra, pattern, sinks is not None)  # sums: the joint log-sum-exp kept
+        if extra is not None and sinks is not None:
             out.mul_(sink_weight(lse, sinks).to(out.dtype))
         return out
     for first in range(0, n_blocks, step):  # extra keys or padding: every block in chunks, its scores held
@@ -339,15 +342,17 @@ def edge_keys(n: int, a: int, e: int, left: int, right: int) -> tuple[int, int]:
 
 
 def _edge(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, a: int, e: int, block: int,
-          left: int, right: int, inner_bias: torch.Tensor, whole: bool, lse: torch.Tensor | None = None) -> None:
+          left: int, right: int, inner_bias: torch.Tensor, whole: bool, lse: torch.Tensor | None = None,
+          sinks: torch.Tensor | None = None) -> None:
     """Query rows [a, e) of an end of the sequence in one call of PyTorch's fused kernel against the keys they may
     see (`edge_keys`, cut at the end, so no key is padded or masked for lying outside [0, n)), rows written into
     `out`, with `edge_bias` (None where it would add nothing). A block's window reaches at most left + right keys
     past its rows: the region costs about what its blocks' windows would. `lse` (B, H, n): the rows' log-sum-exp
-    written there too (by a kernel without shared heads: one call for each query head of a group)."""
+    written there too (by a kernel without shared heads: one call for each query head of a group); `sinks` (H,):
+    the rows written scaled by their sink weights (`_write`), by the same calls."""
     ka, ke = edge_keys(k.shape[-2], a, e, left, right)
     bias = edge_bias(inner_bias, whole, a, e, ka, ke, block, left)
-    if lse is None:
+    if lse is None and sinks is None:
         out[:, :, a:e] = shared_sdpa(q[:, :, a:e], k[:, :, ka:ke], v[:, :, ka:ke], attn_mask=bias)
         return
     B, H, _, D = q.shape
@@ -355,8 +360,9 @@ def _edge(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, 
     r = H // Hk
     for j in range(r):  # query heads j, r + j, 2r + j, …: one of each group, as `_fused` takes them
         found, sums = FLASH_CPU(q[:, j::r, a:e], k[:, :, ka:ke], v[:, :, ka:ke], 0.0, False, attn_mask=bias)
-        out[:, j::r, a:e] = found
-        lse[:, j::r, a:e] = sums.reshape(B, Hk, e - a)
+        if lse is not None:
+            lse[:, j::r, a:e] = sums.reshape(B, Hk, e - a)
+        _write(out[:, j::r, a:e], found, sums.view(B, Hk, e - a), None if sinks is None else sinks[j::r].view(Hk, 1))
 
 
 def same_ends(n: int, block: int, left: int, right: int) -> bool:
@@ -371,7 +377,7 @@ def same_ends(n: int, block: int, left: int, right: int) -> bool:
 
 def _ends_together(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                    ends: list[tuple[int, int]], block: int, left: int, right: int, inner_bias: torch.Tensor,
-                   whole: bool) -> bool:
+                   whole: bool, sinks: torch.Tensor | None = None) -> bool:
     """Both ends of the sequence in one call of the fused kernel where their regions have one shape (rows and keys
     alike: a window as wide on both sides, n a multiple of the block), as two "heads" of a strided view of q, k, v
     and out (no copy): one call and one copy where `_edge` makes two of each, which a busy core delays less (each
@@ -395,8 +401,22 @@ def _ends_together(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
               for (a, e), (ka, ke) in zip(ends, ((k0, k1), (j0, j1)))]
     mask = None if all(b is None for b in biases) else torch.stack(  # 4-D: a 3-D mask leaves the flash kernel
         [torch.zeros(rows, keys, dtype=q.dtype, device=q.device) if b is None else b for b in biases])[None]
-    views[3].copy_(F.scaled_dot_product_attention(*views[:3], attn_mask=mask))
+    if sinks is None:
+        views[3].copy_(F.scaled_dot_product_attention(*views[:3], attn_mask=mask))
+        return True
+    found, sums = FLASH_CPU(*views[:3], 0.0, False, attn_mask=mask)  # (B·H, 2, rows, D) and (B·H, 2, rows)
+    _write(views[3], found, sums, sinks.repeat(B).view(B * H, 1, 1))
     return True
+
+
+def _write(dest: torch.Tensor, rows: torch.Tensor, sums: torch.Tensor, sinks: torch.Tensor | None) -> None:
+    """dest ← rows (…, D), each scaled by σ(ℓ − a) (`sink_weight`) from its log-sum-exp ℓ in `sums` (…) and its
+    head's sink logit, broadcastable to sums, where `sinks` is given: one pass over the rows either way (a busy core
+    stretches every parallel operation to a time slice, so the weights ride on the copy). `sums` is spent."""
+    if sinks is None:
+        dest.copy_(rows)
+        return
+    torch.mul(rows, torch.sigmoid(sums.sub_(sinks.to(sums.dtype)))[..., None].to(rows.dtype), out=dest)
 
 
 def edge_bias(inner_bias: torch.Tensor, whole: bool, a: int, e: int, ka: int, ke: int, block: int,
@@ -420,7 +440,8 @@ def edge_bias(inner_bias: torch.Tensor, whole: bool, a: int, e: int, ka: int, ke
 
 
 def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lo: int, c: int, block: int,
-           left: int, span: int, inner_bias: torch.Tensor | None, lse: torch.Tensor | None = None) -> None:
+           left: int, span: int, inner_bias: torch.Tensor | None, lse: torch.Tensor | None = None,
+           sinks: torch.Tensor | None = None) -> None:
     """Query blocks lo … lo + c − 1 (all inside, `interior`) in one call of PyTorch's fused kernel
     (`F.scaled_dot_product_attention`: no scores held, one parallel operation for all of them) per query head of a
     group: each block's window of S keys a strided view of k and v (overlapping windows, no copy), its (block, S)
@@ -428,7 +449,8 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     problems of c "heads" of block rows; the j-th query heads of all groups are a strided view of q too, and each
     result is copied into `out`. Every parallel operation of a call costs a synchronisation of the threads, which a
     busy core stretches to a time slice: H/Hk calls instead of chunks of about eight operations each hold up under
-    load. `lse` (B, H, n): each row's log-sum-exp written there too."""
+    load. `lse` (B, H, n): each row's log-sum-exp written there too. `sinks` (H,): the rows written scaled by their
+    sink weights (`_write`)."""
     B, H, n, D = q.shape
     Hk = k.shape[1]
     r, qs = H // Hk, lo * block
@@ -437,13 +459,18 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     .reshape(B * Hk, c, span, D) for x in (k, v))  # (B·Hk, c, S, D), views of k and v
     for j in range(r):  # query heads j, r + j, 2r + j, …: one of each group
         queries = q[:, j::r, qs:qs + c * block].reshape(B * Hk, c, block, D)  # a view unless q's heads are split
-        if lse is None:
+        dest = out[:, j::r, qs:qs + c * block].unflatten(2, (c, block))  # (B, Hk, c, block, D), any strides
+        if lse is None and sinks is None:
             rows = F.scaled_dot_product_attention(queries, keys, values, attn_mask=inner_bias)
-        else:
-            rows, sums = FLASH_CPU(queries, keys, values, 0.0, False, attn_mask=inner_bias)
+            dest.copy_(rows.unflatten(0, (B, Hk)))
+            del rows
+            continue
+        rows, sums = FLASH_CPU(queries, keys, values, 0.0, False, attn_mask=inner_bias)
+        if lse is not None:
             lse[:, j::r, qs:qs + c * block] = sums.reshape(B, Hk, c * block)
-        out[:, j::r, qs:qs + c * block].unflatten(2, (c, block)).copy_(rows.unflatten(0, (B, Hk)))  # any strides
-        del rows
+        _write(dest, rows.unflatten(0, (B, Hk)), sums.unflatten(0, (B, Hk)),
+               None if sinks is None else sinks[j::r].view(Hk, 1, 1))
+        del rows, sums
 
 
 def _chunk(qc: torch.Tensor, k, v, qs: int, block: int, left: int, inner_bias: torch.Tensor, pattern: Pattern,

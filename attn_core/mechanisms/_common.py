@@ -202,6 +202,68 @@ def group_sinks(sinks: torch.Tensor, key_heads: int, rows: int) -> torch.Tensor:
     return sinks.view(key_heads, -1, 1).expand(-1, -1, rows).reshape(key_heads, -1)
 
 
+# -- options of the softmax family: an output gate (Qiu et al. 2025, arXiv 2505.06708; Qwen3-Next's full-attention
+# layers) and QK-norm (RMS-normalised q and k per head before the scores: Llama 4, Qwen3, Gemma 3)
+QK_NORM_EPS = 1e-6  # Qwen3's and Gemma 3's rms_norm_eps
+
+
+def check_output_gate(spec: MechanismSpec, gate: Any, q: torch.Tensor) -> None:
+    """ValueError with a sentence unless `spec` takes an output gate and `gate` is gate logits for these inputs: a
+    tensor of q's shape (B, H, Nq, D), dtype and device. Skipped inside `validated()`."""
+    if _VALIDATED.get():
+        return
+    _refuse_unless(spec, "output_gate", "an output gate", "its output is not one softmax row per query head",
+                   "or gate the output yourself: out * torch.sigmoid(gate)")
+    if not isinstance(gate, torch.Tensor) or tuple(gate.shape) != tuple(q.shape):
+        got = tuple(gate.shape) if isinstance(gate, torch.Tensor) else type(gate).__name__
+        raise ValueError(f"output_gate must be gate logits of q's shape (batch, heads, queries, head_dim) = "
+                         f"{tuple(q.shape)}, got {got}; draw one with output_gate_logits(shape, seed=0)")
+    if gate.dtype != q.dtype or gate.device != q.device:
+        raise ValueError(f"output_gate is {gate.dtype} on {gate.device} but q is {q.dtype} on {q.device}; convert "
+                         f"it with output_gate.to(q)")
+
+
+def check_qk_norm(spec: MechanismSpec, qk_norm: Any, q: torch.Tensor) -> None:
+    """ValueError with a sentence unless `spec` takes QK-norm and `qk_norm` is True, False or a learned weight: a
+    floating tensor (D,) on q's device. Skipped inside `validated()`."""
+    if _VALIDATED.get() or qk_norm is False:
+        return
+    _refuse_unless(spec, "qk_norm", "QK-norm", "it has no scores q·k to normalise",
+                   "or normalise q and k yourself before the call (rms_norm)")
+    if qk_norm is True:
+        return
+    D = q.shape[-1]
+    if not isinstance(qk_norm, torch.Tensor) or not qk_norm.is_floating_point() or tuple(qk_norm.shape) != (D,):
+        got = (f"{qk_norm.dtype} {tuple(qk_norm.shape)}" if isinstance(qk_norm, torch.Tensor)
+               else type(qk_norm).__name__)
+        raise ValueError(f"qk_norm must be True, False or a floating weight of shape (head_dim,) = ({D},), got {got}")
+    if qk_norm.device != q.device:
+        raise ValueError(f"the qk_norm weight is on {qk_norm.device} but q is on {q.device}; move it with "
+                         f"qk_norm.to({str(q.device)!r})")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = QK_NORM_EPS) -> torch.Tensor:
+    """x / √(mean(x²) + ε) over the last dimension [· weight] (Zhang & Sennrich 2019, arXiv 1910.07467), summed in
+    float32 for half inputs, returned in x's dtype. O(numel) time."""
+    work = x.float() if x.dtype in HALF else x
+    out = work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + eps)
+    return (out if weight is None else out * weight.to(out.dtype)).to(x.dtype)
+
+
+def qk_normed(q: torch.Tensor, k: torch.Tensor, qk_norm: bool | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k RMS-normalised per head and position (`rms_norm`), one learned (D,) weight for both where given."""
+    weight = None if qk_norm is True else qk_norm
+    return rms_norm(q, weight), rms_norm(k, weight)
+
+
+def output_gate_logits(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0) -> torch.Tensor:
+    """Seeded gate logits (B, H, Nq, D), standard normal: in a model g = x W_g, a projection of the layer's input;
+    here state drawn outside the kernel and passed as `output_gate=`."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape.B, shape.H, shape.Nq, shape.D, generator=g, dtype=torch.float64).to(device=device,
+                                                                                                   dtype=dtype)
+
+
 def check_key_padding(spec: MechanismSpec, mask: Any, q: torch.Tensor, k: torch.Tensor) -> None:
     """ValueError with a sentence unless `spec` takes a key-padding mask and `mask` is one for these inputs: a boolean
     (B, Nk) tensor on k's device, True where the key is padding. Skipped inside `validated()`. Callers call it only

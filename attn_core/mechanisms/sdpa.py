@@ -7,15 +7,16 @@ import torch.nn.functional as F
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, attend, kv_bytes
-from ._common import (check_key_padding, check_score_bias, check_sinks, checked_shape, first_key, fold, repeated,
-                      scale, sink_weight, unfold)
+from ._common import (check_key_padding, check_output_gate, check_qk_norm, check_score_bias, check_sinks,
+                      checked_shape, first_key, fold, qk_normed, repeated, scale, sink_weight, unfold)
 
 _BACKENDS = {0: "math", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overrideable"}
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                    key_padding_mask: torch.Tensor | None = None,
-                   score_bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                   score_bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                   output_gate: torch.Tensor | None = None, qk_norm: bool | torch.Tensor = False) -> torch.Tensor:
     """softmax(Q Kᵀ/√D [+ score_bias]) V through torch.nn.functional.scaled_dot_product_attention.
 
     Shapes as softmax_attention. PyTorch picks the kernel (see `sdpa_backend`): flash on CPU and on recent GPUs,
@@ -34,7 +35,16 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     per head it varies over.
     `sinks` (H,): a logit per query head joining every row's denominator with no value (gpt-oss, arXiv 2508.10925),
     through `sink_sdpa`; a row that sees no key outputs zeros.
+    `qk_norm` (True, or a (D,) weight): q and k RMS-normalised per head first (Llama 4, Qwen3, Gemma 3).
+    `output_gate` (B, H, Nq, D): gate logits g, out ⊙ σ(g) (arXiv 2505.06708, Qwen3-Next).
     """
+    if output_gate is not None or qk_norm is not False:
+        if output_gate is not None:
+            check_output_gate(SPEC, output_gate, q)
+        check_qk_norm(SPEC, qk_norm, q)
+        out = sdpa_attention(*(qk_normed(q, k, qk_norm) if qk_norm is not False else (q, k)), v, causal=causal,
+                             key_padding_mask=key_padding_mask, score_bias=score_bias, sinks=sinks)
+        return out if output_gate is None else out * torch.sigmoid(output_gate)
     checked_shape(SPEC, q, k, v, causal)
     if score_bias is not None:
         check_score_bias(SPEC, score_bias, q, k)
@@ -305,6 +315,8 @@ SPEC = MechanismSpec(
         repeats_kv=not GQA_NATIVE,
         score_bias=True,
         sinks=True,
+        output_gate=True,
+        qk_norm=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
                               cache_big_o="O(n·d)"),
     ),

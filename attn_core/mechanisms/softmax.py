@@ -6,8 +6,8 @@ import torch
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, kv_bytes, kv_step
-from ._common import (check_key_padding, check_score_bias, check_sinks, checked_shape, fold, grouped_matmul, scale,
-                      softmax_or_zeros)
+from ._common import (check_key_padding, check_output_gate, check_qk_norm, check_score_bias, check_sinks,
+                      checked_shape, fold, grouped_matmul, qk_normed, scale, sink_weight, softmax_or_zeros)
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None,
@@ -25,7 +25,8 @@ def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor |
 
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                       mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
-                      score_bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                      score_bias: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                      output_gate: torch.Tensor | None = None, qk_norm: bool | torch.Tensor = False) -> torch.Tensor:
     """softmax(Q Kᵀ/√D [+ bias] [masked]) V.
 
     q (B, H, Nq, D), k and v (B, Hk, Nk, D) → (B, H, Nq, D). Hk < H: each key/value head is shared by H/Hk
@@ -39,7 +40,16 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     positions: attn_core.positions.encodings); one more (Nq, Nk) temporary per head when it broadcasts.
     `sinks` (H,): a logit per query head joining every row's denominator with no value (gpt-oss, arXiv 2508.10925):
     each row scaled by σ(ℓ − a_h), ℓ its log-sum-exp (`sink_weight`); a row that sees no key outputs zeros.
+    `qk_norm` (True, or a (D,) weight): q and k RMS-normalised per head first (Llama 4, Qwen3, Gemma 3).
+    `output_gate` (B, H, Nq, D): gate logits g, out ⊙ σ(g) (arXiv 2505.06708, Qwen3-Next).
     """
+    if output_gate is not None or qk_norm is not False:
+        if output_gate is not None:
+            check_output_gate(SPEC, output_gate, q)
+        check_qk_norm(SPEC, qk_norm, q)
+        out = softmax_attention(*(qk_normed(q, k, qk_norm) if qk_norm is not False else (q, k)), v, causal=causal,
+                                mask=mask, key_padding_mask=key_padding_mask, score_bias=score_bias, sinks=sinks)
+        return out if output_gate is None else out * torch.sigmoid(output_gate)
     checked_shape(SPEC, q, k, v, causal)
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"mask must be boolean (True = attend), got {mask.dtype}")
@@ -47,6 +57,10 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
         check_score_bias(SPEC, score_bias, q, k)
     if sinks is not None:
         check_sinks(SPEC, sinks, q)
+    if key_padding_mask is None and sinks is not None and mask is None:  # no row is left without a key
+        s = _scores(q, k, causal, None, score_bias)
+        weight = sink_weight(torch.logsumexp(s, -1), sinks)  # one (Nq, Nk) temporary beside the scores
+        return grouped_matmul(torch.softmax(s, dim=-1), v) * weight
     if key_padding_mask is None and sinks is None:
         return grouped_matmul(torch.softmax(_scores(q, k, causal, mask, score_bias), dim=-1), v)
     if key_padding_mask is not None:
@@ -72,9 +86,9 @@ def _memory(s: Shape) -> float:
 
 
 def _sinks_memory(s: Shape) -> float:
-    """With sinks: the scores beside their log-sum-exp's (Nq, Nk) temporary, then beside the probabilities, as
-    without; the rows' log-sum-exp (input dtype) and weights (float32 and their dead-row copy) held beside."""
-    return _memory(s) + s.bh * s.Nq * (s.elem + 8)
+    """With sinks (no padding or mask): the scores beside their log-sum-exp's (Nq, Nk) temporary, then beside the
+    probabilities, as without; the rows' weights σ(ℓ − a) held beside, in the inputs' dtype."""
+    return _memory(s) + s.bh * s.Nq * s.elem
 
 
 def _remember(k, v, *, max_len: int | None = None, sinks: torch.Tensor | None = None) -> KVCache:
@@ -103,6 +117,8 @@ SPEC = MechanismSpec(
         shared_kv=True,
         score_bias=True,
         sinks=True,
+        output_gate=True,
+        qk_norm=True,
         generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(n·d)",
                               cache_big_o="O(n·d)"),
     ),
