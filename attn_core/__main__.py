@@ -1,4 +1,4 @@
-"""`python -m attn_core sweep ...`: see attn_core.cli (and --help)."""
+"""`python -m attn_core VERB ...`: see attn_core.cli (and --help)."""
 import sys
 
 from .cli import main

@@ -216,3 +216,74 @@ def test_a_sweep_says_its_estimated_time_and_how_before_measuring():
     assert code == 0 and first.startswith("measuring 4 points: 2 mechanisms × 2 lengths; estimated "), first
     assert re.search(r"; estimated (under 1 s|\d+ s)(–\d+ s)? on a quiet machine \(from the specs' FLOPs at this "
                      r"machine's measured matmul rate, [\d,]+ GFLOP/s, down to a tenth of it\)", first), first
+
+
+# -- the verbs: one module each behind one protocol ------------------------------------------------------------------
+
+def test_every_verb_is_a_module_with_a_name_a_parser_and_a_run():
+    names = [verb.NAME for verb in cli.VERBS]
+    assert names == ["sweep", "show", "plan", "runs", "recall", "distributed", "native"]
+    assert all(callable(verb.add_parser) and callable(verb.run) for verb in cli.VERBS)
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(sub.choices) == names
+    assert cli.VERBS[2].__name__ == "attn_core.studies.planner.cli"  # a study's verb lives in its study's folder
+
+
+def test_native_status_says_the_kernels_form_and_build_says_why_it_cannot(monkeypatch):
+    from attn_core import native
+
+    code, out, _ = run_main("native", "status")
+    assert code == 0 and out == native.describe() + "\n"
+    monkeypatch.setattr(native, "build", lambda: "C++ (c++ 12, -O3)")
+    assert run_main("native", "build") == (0, "C++ (c++ 12, -O3)\n", "")
+
+    def cannot() -> str:
+        raise RuntimeError("the C++ kernels cannot be built: no C++ compiler on the PATH (set CXX)")
+
+    monkeypatch.setattr(native, "build", cannot)
+    assert run_main("native", "build") == (1, "", "error: the C++ kernels cannot be built: no C++ compiler on the "
+                                                  "PATH (set CXX)\n")
+    assert run_main("native")[0] == 2
+
+
+# meta-llama/Meta-Llama-3-8B, config.json (the fields the planner and the weight count read)
+LLAMA3_8B = {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 8192,
+             "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "model_type": "llama"}
+
+
+def write_config(tmp_path: Path, config: dict) -> str:
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_plan_reads_a_hugging_face_config_and_counts_its_weights(tmp_path):
+    import json
+
+    path = write_config(tmp_path, LLAMA3_8B)
+    code, out, err = run_main("plan", path, "--context", "128k", "--json")
+    assert code == 0 and err == ""
+    made = json.loads(out)
+    assert made["kv_cache_bytes"] == 32 * 2 * 8 * 128 * 131072 * 2 == 16 * 2**30  # layers, k and v, heads, dims, B
+    assert abs(made["parameters"] - 8.03e9) <= 0.005 * 8.03e9  # Meta's model card: 8.03B
+    assert made["weights_bytes"] == 2 * made["parameters"]  # bfloat16
+    assert made["active_parameters"] == made["parameters"] - 128256 * 4096  # a token reads one embedding row
+    assert made["active_weights_bytes"] == 2 * made["active_parameters"]
+    code, out, err = run_main("plan", path, "--context", "128k")
+    assert code == 0 and "KV cache 16.0 GiB" in out
+    weights = next(line for line in out.splitlines() if "weights:" in line)
+    assert re.search(r"weights: 8,0\d\d,\d{3},\d{3} parameters, 15\.0 GiB in bfloat16; active a token: "
+                     r"7,\d{3},\d{3},\d{3} parameters, 14\.0 GiB", weights)
+
+
+def test_a_configs_notes_are_printed_escaped(tmp_path):
+    path = write_config(tmp_path, {**LLAMA3_8B, "frob\x1b[2Jnicate": 1, "_name_or_path": "meta/\x1b]0;x\x07Llama"})
+    code, out, _ = run_main("plan", path, "--context", "4096")
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    assert r"note: fields this reader does not use, left out of the plan: frob\x1b[2Jnicate" in out
+    assert out.startswith(r"\x1b]0;x\x07Llama at 4,096 tokens")
+    code, _, err = run_main("plan", write_config(tmp_path, {**LLAMA3_8B, "num_key_value_heads": 5}))
+    assert code == 2 and err.startswith("error: ") and "num_key_value_heads" in err
