@@ -399,6 +399,9 @@ SPEC = MechanismSpec(
     supports=Supports(
         causal=True,
         cross=False,
+        no_rope_relative=("Its decay Diag(α) acts on each key channel, and RoPE turns the channels by the position: "
+                          "a common shift changes which rotated features decay, so the output moves (Kimi Linear runs "
+                          "its KDA layers without RoPE, the decays carrying the position)."),
         causal_only="the state S_t is built from tokens 1 … t, one after another: the recurrence is causal by "
                     "construction, with no form in which a query reads later keys",
         padding=True,
