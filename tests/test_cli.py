@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import re
 import signal
@@ -287,3 +288,31 @@ def test_a_configs_notes_are_printed_escaped(tmp_path):
     assert out.startswith(r"\x1b]0;x\x07Llama at 4,096 tokens")
     code, _, err = run_main("plan", write_config(tmp_path, {**LLAMA3_8B, "num_key_value_heads": 5}))
     assert code == 2 and err.startswith("error: ") and "num_key_value_heads" in err
+
+
+def test_plan_on_a_gpu_gives_the_roofline_with_its_method_and_sources():
+    """Llama-3-8B on an H100 SXM at 8k, batch 1, bf16. A step reads its 8.03e9 bf16 weights (16.06e9 B) and the
+    cache: 32 layers × 2 × 8 heads × 128 × 2 B = 128 KiB a token, × 8,192 = 1 GiB; at 3.35e12 B/s that is
+    (16,060,522,496 + 1,073,741,824) / 3.35e12 s, memory-bound (FLOPs are ~2 × 8.03e9, far below 989e12 × that)."""
+    code, out, err = run_main("plan", "llama-3-8b", "--context", "8k", "--gpu", "h100-sxm", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    step = (2 * 8_030_261_248 + 32 * 2 * 8 * 128 * 2 * 8192) / 3.35e12
+    assert got["decode_tokens_per_s"] == pytest.approx(1 / step, rel=1e-3)
+    assert got["bandwidth_bytes_per_s"] == 3.35e12 and got["flops_per_s"] == pytest.approx(989e12, rel=0.01)
+    assert got["roofline"]["decode_bound"].startswith("memory-bound")
+    assert "not measured" in got["roofline"]["method"] and "datasheet" in got["roofline"]["device_source"]
+    code, text, err = run_main("plan", "llama-3-8b", "--context", "8k", "--gpu", "h100-sxm")
+    assert code == 0 and "decode 195.5 tokens/s (memory-bound" in text and "a roofline prediction" in text
+
+
+def test_plan_as_an_engine_holds_it_and_bad_choices_refused():
+    # Gemma-3-27B at 128k: vLLM's uniform pages hold every layer at full size, more than the window formula
+    code, out, err = run_main("plan", "gemma-3-27b", "--context", "128k", "--engine", "vllm-uniform", "--json")
+    assert code == 0, err
+    held = json.loads(out)["engine_cache"]
+    assert held["engine"] == "vllm-uniform" and held["bytes"] > json.loads(out)["kv_cache_bytes"]
+    code, out, err = run_main("plan", "llama-3-8b", "--gpu", "a-toaster")
+    assert code == 2 and "a-toaster" in err and "h100" in err.lower()
+    code, out, err = run_main("plan", "llama-3-8b", "--cache-dtype", "int3")
+    assert code == 2 and "int3" in err

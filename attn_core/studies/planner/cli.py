@@ -12,7 +12,8 @@ from attn_core.cli.common import EXIT_OK, EXIT_USAGE
 from attn_core.engine.files import read_regular
 from attn_core.engine.measure import format_bytes
 from attn_core.engine.untrusted import printable, terminal
-from attn_core.studies.planner import hf_config, measure as planner_measure, model as planner
+from attn_core.studies.planner import engines, hf_config, measure as planner_measure, model as planner, roofline
+from attn_core.studies.planner.devices import DEVICES, find_device, this_machine
 from attn_core.studies.planner.weights import Weights, count_weights
 
 NAME = "plan"
@@ -29,6 +30,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "(default 131072, at most 1M)")
     pl.add_argument("--batch", type=int, default=1, help="sequences held at once (default 1)")
     pl.add_argument("--dtype", default=None, help="the cache's dtype: bf16, fp16, fp32 (default: the model's)")
+    pl.add_argument("--gpu", default=None, metavar="NAME",
+                    help=f"predict decode tokens/s and prefill time on a device by the roofline: {', '.join(DEVICES)}, "
+                         "or 'here' (this machine, measured)")
+    pl.add_argument("--cache-dtype", default=None, metavar="D",
+                    help=f"the cache as engines store it: {', '.join(engines.CACHE_DTYPES)} (scales included)")
+    pl.add_argument("--engine", default=None, choices=list(engines.ENGINES),
+                    help="hold the cache as this engine does (pages, sliding layers at their window or full size)")
+    pl.add_argument("--page", type=int, default=None, metavar="P",
+                    help="tokens a page with --engine (default: the engine's, 16 for vLLM)")
     pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     pl.add_argument("--measure", action="store_true",
                     help="time each layer kind here and predict the model's prefill time and decode tokens/s")
@@ -50,6 +60,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         model, weights, notes = load_model(args.model)
         made = planner.plan(model, args.context, batch=args.batch, dtype=args.dtype)
+        held = _held(model, args)
+        line = _roofline(model, weights, args)
         predicted = _measured_plan(made, args.budget, err) if args.measure else None
     except (ValueError, OSError) as e:
         err.write(f"error: {printable(e)}\n")
@@ -58,12 +70,61 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         made_dict = made.as_dict()
         made_dict["notes"] += notes
         out.write(json.dumps({**made_dict, **(weights_dict(weights) if weights else {}),
+                              **({"engine_cache": held.as_dict()} if held else {}),
+                              **({"roofline": line.as_dict(), **_roofline_keys(line)} if line else {}),
                               **({"predicted": predicted.as_dict()} if predicted else {})}, indent=2) + "\n")
         return EXIT_OK
     _print_plan(made, weights, notes, out)
+    if held:
+        _print_held(held, out)
+    if line:
+        _print_roofline(model, weights, line, args, out)
     if predicted:
         _print_prediction(made, predicted, out)
     return EXIT_OK
+
+
+def _held(model: planner.Model, args: argparse.Namespace) -> engines.EngineCache | None:
+    """The cache as --engine holds it, in --cache-dtype, in pages of --page; None where neither is asked for."""
+    if args.engine is None and args.cache_dtype is None and args.page is None:
+        return None
+    return engines.cache_by_engine(model, args.context, dtype=args.cache_dtype or "bfloat16", page_tokens=args.page,
+                                   engine=args.engine or "formula", batch=args.batch)
+
+
+def _roofline(model: planner.Model, weights: Weights | None, args: argparse.Namespace) -> roofline.Roofline | None:
+    """The roofline on --gpu ('here': this machine as measured); None without --gpu."""
+    if args.gpu is None:
+        return None
+    device = this_machine() if args.gpu.strip().lower() == "here" else find_device(args.gpu)
+    return roofline.roofline(model, device, args.context, batch=args.batch, weights=weights,
+                             cache_dtype=args.cache_dtype or "bfloat16")
+
+
+def _roofline_keys(line: roofline.Roofline) -> dict:
+    """The roofline's headline figures at the top level of --json, as scripts read them."""
+    return {key: line.as_dict()[key] for key in ("bandwidth_bytes_per_s", "flops_per_s", "decode_tokens_per_s",
+                                                  "prefill_seconds")}
+
+
+def _print_held(held: engines.EngineCache, out: TextIO) -> None:
+    out.write(f"  as {held.engine} holds it ({held.dtype}, pages of {held.page_tokens}): {format_bytes(held.bytes)} "
+              f"(keys and values {format_bytes(held.kv_bytes)}, states {format_bytes(held.state_bytes)})\n")
+    for note in held.notes:
+        out.write(f"note: {printable(note)}\n")
+
+
+def _print_roofline(model: planner.Model, weights: Weights | None, line: roofline.Roofline,
+                    args: argparse.Namespace, out: TextIO) -> None:
+    crossover = roofline.crossover_context(model, weights, batch=args.batch, cache_dtype=line.cache_dtype)
+    out.write(f"  on {line.device}: decode {line.decode_tokens_per_s:,.1f} tokens/s ({line.decode_bound}), "
+              f"prefill of {line.context:,} tokens {line.prefill_seconds:.3g} s ({line.prefill_bound}); the cache "
+              f"read passes the weights read "
+              f"{f'at {crossover:,} tokens' if crossover else 'at no context up to 1M tokens'}\n")
+    out.write(f"note: {roofline.METHOD} Device: {printable(line.device_source)}. Weights: "
+              f"{printable(line.weights_source)}\n")
+    for note in line.notes:
+        out.write(f"note: {printable(note)}\n")
 
 
 def load_model(name: str) -> tuple[planner.Model, Weights | None, list[str]]:

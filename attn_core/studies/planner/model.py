@@ -2,7 +2,8 @@
 a context length: what it remembers (keys and values or latents, which grow with the context; recurrent states,
 which do not) per kind and in all, the prefill attention FLOPs, and the bytes a decoded token reads. Every figure
 comes from the layer's mechanism spec, the single source of its costs; the built-in models carry the source of their
-configuration. Predictions, not measurements: the weights, the MLPs and the activations are left out.
+configuration. Predictions, not measurements: the attention's cache and FLOPs here; weights.py counts the weights
+and roofline.py adds them to a decode step and a prefill.
 
     plan(MODELS["llama-3-8b"], 131072).kv_cache_bytes   # 2 · 32 layers · 8 heads · 128 · 2 bytes · 131,072 = 16 GiB
 """
@@ -265,7 +266,8 @@ def plan(model: Model, context: int, *, batch: int = 1, dtype: str | None = None
     notes += [f"{layer.name}: its {layer.head_dim} × {layer.state_width} state a head is counted in the bytes; its "
               f"prefill FLOPs are the {layer.mechanism} kernel's, which keeps a {layer.head_dim} × {layer.head_dim} "
               "one" for layer in model.layers if layer.state_width != layer.head_dim]
-    notes.append("predicted from the specs' cost models, not measured: weights, MLPs and activations are left out")
+    notes.append("predicted from the specs' cost models, not measured: the cache and the attention's FLOPs; the "
+                 "weights and MLPs are counted apart (weights.count_weights, roofline)")
     return Plan(model, context, batch, name, kinds, tuple(notes))
 
 
