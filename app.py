@@ -32,9 +32,9 @@ with st.sidebar:
     st.toggle("Talk mode", key="talk", persist_state="session",
               help="Large type, high contrast, full-width charts, settings folded away.")
     st.caption(f"Measuring on {device_line(env.resolve_device('auto'))}")
+    keep_watching()  # a sweep this session shows is kept while any page of it is open (draws nothing)
 if st.session_state.get("talk"):
     st.html(TALK_CSS)
-keep_watching()  # a sweep this session shows is kept while any page of it is open
 
 st.navigation([
     st.Page("pages/home.py", title="Home", icon=":material/home:", default=True),
