@@ -13,6 +13,7 @@ import torch
 
 import attn_core as ac
 from attn_core import native
+from attn_core.native import loader, ops, toolchain
 from attn_core.engine import env
 from attn_core.mechanisms import _sparse
 from attn_core.mechanisms import topk as tk
@@ -206,7 +207,7 @@ def test_the_fused_softmax_is_the_formula(B, H, Hk, S, r, m, D, kk, dtype, parte
     part, many parts holding none or one of a row's keys; float32 at widths of whole vectors, the others whole)."""
     if parted:
         elem = torch.finfo(dtype).bits // 8
-        monkeypatch.setattr(native, "PART_BYTES", 4 * 2 * D * elem)
+        monkeypatch.setattr(ops, "PART_BYTES", 4 * 2 * D * elem)
         assert native.part_keys(m, D, elem) == 4
     g = torch.Generator().manual_seed(r * m + kk)
     q = torch.randn(B, H, r, D, generator=g, dtype=dtype)
@@ -229,7 +230,7 @@ def test_the_fused_softmax_gives_nan_where_softmax_does_and_refuses_bad_position
     """A NaN or +inf score makes its row NaN (softmax over it is), other rows untouched; a −inf one only drops its
     key. A selected position outside the keys is refused with a sentence before the kernel reads it."""
     if part_bytes:  # parts of one key: a NaN part, an infinite one, a dropped one, each carried on
-        monkeypatch.setattr(native, "PART_BYTES", part_bytes)
+        monkeypatch.setattr(ops, "PART_BYTES", part_bytes)
         assert native.part_keys(4, 16, 4) == 1
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 4, 16, generator=g) for _ in range(3))
@@ -350,14 +351,14 @@ def test_the_kernels_build_and_answer_without_avx512(tmp_path, monkeypatch):
     has no indexer, and its plain loops give the stable sort's selection and the row-by-row softmax (float32 at a
     vector width, whole rows where a part's width is asked for)."""
     target = tmp_path / "plain.so"
-    assert native._compile(native.compiler(), native.FLAGS, target) is None
-    lib = native._load(target)  # (tmp_path: a folder of this user's that no one else can write)
+    assert toolchain._compile(native.compiler(), native.FLAGS, target) is None
+    lib = toolchain._load(target)  # (tmp_path: a folder of this user's that no one else can write)
     assert lib.attn_index_available() == 0 and lib.attn_select_openmp() == 0
-    monkeypatch.setitem(native._loaded, "lib", lib)
+    monkeypatch.setitem(loader._loaded, "lib", lib)
     scores = scores_of("ties", 6, 5003, torch.float32, seed=3)
     got, want = native.select(scores, 600), stable_top(scores, 600)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    monkeypatch.setattr(native, "PART_BYTES", 4 * 2 * 64 * 4)
+    monkeypatch.setattr(ops, "PART_BYTES", 4 * 2 * 64 * 4)
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, n, 64, generator=g) for n in (5, 90, 90))
     idx = torch.randint(0, 90, (1, 1, 5, 30), generator=g).sort(-1).values

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from attn_core import native
-from attn_core.native import cache
+from attn_core.native import cache, loader, toolchain
 from tests.test_native import stable_top
 
 OTHER = 65534  # another user: nobody
@@ -47,7 +47,7 @@ def plant(path: Path, marker: Path) -> None:
 def fresh(tmp_path, monkeypatch):
     """This process with no library loaded, no private folder made, and the cache under tmp_path/cache/native (the
     state put back after)."""
-    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(loader, "_loaded", {})
     monkeypatch.setattr(cache, "_private", [])
     monkeypatch.setenv(native.CACHE, str(tmp_path / "cache"))
     return tmp_path / "cache" / "native"
@@ -143,7 +143,7 @@ def test_with_no_cache_to_make_the_build_goes_to_a_private_folder(tmp_path, monk
     account): the build goes to a folder made for this process (mkdtemp, mode 0700, ours), never to a shared
     attention-lab folder in the temporary directory, and `describe` says so."""
     needs_compiler()
-    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(loader, "_loaded", {})
     monkeypatch.setattr(cache, "_private", [])
     monkeypatch.delenv(native.CACHE, raising=False)
     (tmp_path / "not-a-folder").write_text("")
@@ -179,8 +179,8 @@ def test_a_compiler_past_its_time_limit_is_killed_with_its_children(tmp_path, mo
     script.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "hanging 1.0"; exit 0; fi\n'
                       f'sleep 600 &\necho $! >> "{pids}"\nsleep 600\n')
     script.chmod(0o755)
-    monkeypatch.setattr(native, "_loaded", {})
-    monkeypatch.setattr(native, "TRIES", ((),))
+    monkeypatch.setattr(loader, "_loaded", {})
+    monkeypatch.setattr(toolchain, "TRIES", ((),))
     monkeypatch.setenv(native.CACHE, str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", str(script))
     with pytest.raises(RuntimeError, match="the compiler ran past 1 s and was stopped"):

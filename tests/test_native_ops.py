@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attn_core import native
-from attn_core.native import signatures
+from attn_core.native import loader, signatures, toolchain
 from tests.test_native import built, stable_top  # noqa: F401  (built: the fixture)
 
 
@@ -101,8 +101,8 @@ def test_a_declaration_that_differs_from_the_cpp_fails_the_build_loudly(name, ol
     function; nothing is loaded."""
     if native.compiler() is None:
         pytest.skip("no C++ compiler here (set CXX to one)")
-    monkeypatch.setattr(native, "_loaded", {})
-    monkeypatch.setattr(native, "TRIES", ((),))  # one plain try: the refusal is the same with any flags
+    monkeypatch.setattr(loader, "_loaded", {})
+    monkeypatch.setattr(toolchain, "TRIES", ((),))  # one plain try: the refusal is the same with any flags
     monkeypatch.setenv(native.CACHE, str(tmp_path))
     with_declaration(monkeypatch, name, old, new)
     with pytest.raises(RuntimeError, match=f"cannot be built: .*conflicting declaration of C function .*{name}"):
@@ -117,20 +117,20 @@ def test_a_library_built_from_other_declarations_is_refused_then_rebuilt_with_a_
     and whose selection is the stable sort's."""
     if native.compiler() is None:
         pytest.skip("no C++ compiler here (set CXX to one)")
-    monkeypatch.setattr(native, "_loaded", {})
-    monkeypatch.setattr(native, "TRIES", ((),))
+    monkeypatch.setattr(loader, "_loaded", {})
+    monkeypatch.setattr(toolchain, "TRIES", ((),))
     monkeypatch.setenv(native.CACHE, str(tmp_path))
     cxx = native.compiler()
     older = signatures.KERNELS + (signatures.Kernel("attn_retired", "void", ("int64_t n",)),)
     with monkeypatch.context() as m:
         m.setattr(signatures, "KERNELS", older)
         stale = tmp_path / "stale.so"
-        assert native._compile(cxx, native.FLAGS, stale) is None
+        assert toolchain._compile(cxx, native.FLAGS, stale) is None
     (tmp_path / "native").mkdir(mode=0o700)
     target = tmp_path / "native" / native.targets(cxx)[0][1]
     shutil.copy(stale, target)
     with pytest.raises(native.Stale, match="built from other kernel declarations"):
-        native._load(target)
+        toolchain._load(target)
     assert native.library() is None and "built from other kernel declarations" in native.describe()
     assert native.build().startswith("C++ (")
     lib = native.library()

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from attn_core.studies.planner.hf_config import _MISSING, MAX_VOCAB, SHOWN, Fields, Mixer, Reading, read
+from attn_core.studies.planner.hf_config import read
+from attn_core.studies.planner.hf_fields import _MISSING, MAX_VOCAB, SHOWN, Fields, Mixer, Reading
 from attn_core.engine.untrusted import quoted
 
 # Bits a parameter. MXFP4 (Open Compute Project, "OCP Microscaling Formats (MX) Specification" v1.0, 2023): blocks of

@@ -1,0 +1,258 @@
+"""The C++ kernels as torch operators (attn_lab::select, selected_softmax, index_scores: torch.library custom ops
+with fake implementations and no backward), and the wrappers that check what each kernel would misread."""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .loader import describe, library
+
+FLOATS = (torch.float32, torch.float64)  # the kernels' types (`select`, `selected_softmax`)
+
+
+def _threads(items: int) -> int:
+    """Threads a kernel splits `items` rows (or pairs of rows) among: torch's, at most one a row. The kernels and their
+    scratch's pricing both take it from here."""
+    return max(1, min(torch.get_num_threads(), items))
+
+
+def _refuse_unless(ok: bool, what: str, got: str) -> None:
+    if not ok:
+        raise ValueError(f"native {what}; got {got}")
+
+
+def _kernels() -> ctypes.CDLL:
+    """The library, for an op's implementation (its wrapper has checked there is one)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the C++ kernels are not loaded ({describe()})")
+    return lib
+
+
+def _no_backward(name: str):
+    def backward(ctx, *grads):
+        raise RuntimeError(f"attn_lab::{name} (a C++ kernel) has no backward: call it without gradients; the "
+                           f"attention functions run the torch form where gradients are wanted")
+    return backward
+
+
+# ---- select: the kk highest scores of each row --------------------------------------------------------------------
+
+@torch.library.custom_op("attn_lab::select", mutates_args=(), device_types="cpu")
+def _select_op(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, m) float32 or float64 scores → (positions (rows, kk) int64, usable (rows, kk) bool): select.cpp."""
+    flat = scores.contiguous()
+    rows, m = flat.shape
+    idx = torch.empty(rows, kk, dtype=torch.long)
+    usable = torch.empty(rows, kk, dtype=torch.bool)
+    if rows == 0:
+        return idx, usable
+    threads = _threads(rows)
+    wide = flat.dtype == torch.float64
+    scratch = torch.empty(threads * 2 * (m + 16), dtype=torch.int64 if wide else torch.int32)
+    lib = _kernels()
+    fn = lib.attn_select_f64 if wide else lib.attn_select_f32
+    fn(flat.data_ptr(), rows, m, kk, threads, scratch.data_ptr(), idx.data_ptr(), usable.data_ptr())
+    return idx, usable
+
+
+@_select_op.register_fake
+def _(scores, kk):
+    return scores.new_empty(scores.shape[0], kk, dtype=torch.long), scores.new_empty(scores.shape[0], kk,
+                                                                                     dtype=torch.bool)
+
+
+_select_op.register_autograd(_no_backward("select"))
+
+
+def runs(scores: torch.Tensor) -> bool:
+    """Whether `select` takes these scores: float32 or float64 on the CPU, rows of at least one key, and a library."""
+    return scores.device.type == "cpu" and scores.dtype in FLOATS and scores.dim() >= 1 and scores.shape[-1] > 0 \
+        and library() is not None
+
+
+def select(scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kk highest scores of each row (…, m) of NaN-free float32 or float64 CPU scores (`runs`): (indices (…, kk)
+    int64, increasing in each row; usable (…, kk): the score is above −inf), ties at the threshold going to the
+    earlier keys: topk._select_exact's selection, with the earliest keys where −inf scores fill a row. O(m) a row
+    (select.cpp, the op attn_lab::select), on torch.get_num_threads() threads. Scratch: 2·(m + 16) keys a thread (of
+    the scores' width)."""
+    _refuse_unless(library() is not None and scores.device.type == "cpu" and scores.dtype in FLOATS
+                   and scores.dim() >= 1 and 1 <= kk <= scores.shape[-1],
+                   f"select needs a built library, float32 or float64 CPU scores and 1 <= kk <= "
+                   f"{scores.shape[-1] if scores.dim() else 0} (the row's length)",
+                   f"{scores.dtype} scores of shape {tuple(scores.shape)} on {scores.device} and kk = {kk}")
+    rows_shape, m = scores.shape[:-1], scores.shape[-1]
+    idx, usable = torch.ops.attn_lab.select(scores.detach().reshape(-1, m), kk)
+    return idx.view(*rows_shape, kk), usable.view(*rows_shape, kk)
+
+
+def scratch_bytes(m: int, rows: int, elem: int = 4) -> int:
+    """Bytes of `select`'s scratch for `rows` rows of m scores of `elem` bytes: 2·(m + 16) keys of `elem` bytes for
+    each of its threads, min(torch.get_num_threads(), rows)."""
+    return _threads(rows) * 2 * (m + 16) * elem
+
+
+# ---- selected_softmax: softmax over each query's selected keys ----------------------------------------------------
+
+def _rows_of(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """x (B, X, n, D) as rows of D read in place (a copy where its rows are not), and its batch and head strides."""
+    if x.stride(-1) != 1 or x.stride(-2) != x.shape[-1]:
+        x = x.contiguous()
+    return x, x.stride(0), x.stride(1)
+
+
+@torch.library.custom_op("attn_lab::selected_softmax", mutates_args=(), device_types="cpu")
+def _selected_softmax_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, usable: torch.Tensor,
+                         width: int) -> torch.Tensor:
+    """q (B, H, r, D), k and v (B, Hk, m, D), idx and usable (B, S, r, kk), `width` keys a part (0: whole rows) →
+    (B, H, r, D): selected_softmax.cpp. Refuses a position outside 0 … m − 1 with a sentence."""
+    B, H, r, D = q.shape
+    Hk, m = k.shape[1], k.shape[2]
+    S, kk = idx.shape[1], idx.shape[-1]
+    out = q.new_empty(B, H, r, D)
+    if out.numel() == 0:
+        return out
+    if kk == 0:
+        return out.zero_()
+    low, high = torch.aminmax(idx)
+    if int(low) < 0 or int(high) >= m:
+        raise ValueError(f"selected positions must lie in 0 … {m - 1}, got {int(low)} … {int(high)}")
+    idx = idx.contiguous()
+    flags = None if bool(usable.all()) else usable.contiguous()
+    q, qb, qh = _rows_of(q.detach())
+    k, kb, kh = _rows_of(k.detach())
+    v, vb, vh = _rows_of(v.detach())
+    threads = _threads(r)
+    parts = -(-m // width) if width else 0
+    scratch = q.new_empty(threads * kk)
+    state = q.new_empty(r * (D + 4) if parts else 1)
+    bounds = torch.empty(B * S * r * (parts + 1) if parts else 1, dtype=torch.int64)
+    lib = _kernels()
+    fn = lib.attn_selected_softmax_f64 if q.dtype == torch.float64 else lib.attn_selected_softmax_f32
+    fn(q.data_ptr(), qb, qh, k.data_ptr(), kb, kh, v.data_ptr(), vb, vh, idx.data_ptr(),
+       None if flags is None else flags.data_ptr(), B, H, r, D, Hk, S, kk, m, width, D ** -0.5, threads,
+       scratch.data_ptr(), state.data_ptr(), bounds.data_ptr(), out.data_ptr())
+    return out
+
+
+@_selected_softmax_op.register_fake
+def _(q, k, v, idx, usable, width):
+    return q.new_empty(q.shape)
+
+
+_selected_softmax_op.register_autograd(_no_backward("selected_softmax"))
+
+
+def softmax_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether `selected_softmax` takes these, once in the work dtype: floating CPU tensors, no gradient wanted
+    through them, and a library."""
+    wanted = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return all(t.device.type == "cpu" and t.is_floating_point() for t in (q, k, v)) and not wanted and \
+        library() is not None
+
+
+def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
+                     usable: torch.Tensor) -> torch.Tensor:
+    """softmax_s∈sel(t) (q_t·k_s/√D) v_s in one pass a query row (selected_softmax.cpp, the op
+    attn_lab::selected_softmax): q (B, H, r, D), k and v (B, Hk, m, D) of one CPU float dtype (`softmax_runs`), idx
+    and usable (B, S, r, kk) with S = 1 or Hk → (B, H, r, D). A row with no usable key outputs zeros, one with a NaN
+    or +inf score NaN. Reads k and v in place; holds the output and kk scores a thread (`softmax_scratch_bytes`).
+    Refuses, with a sentence, an index outside 0 … m − 1 (the kernel would read past the keys). No backward: a
+    gradient through it raises (`softmax_runs` sends such calls to the torch form)."""
+    B, H, r, D = q.shape
+    Hk, m = k.shape[1], k.shape[2]
+    S, kk = idx.shape[1], idx.shape[-1]
+    _refuse_unless(library() is not None and S in (1, Hk) and H % Hk == 0 and idx.shape == (B, S, r, kk)
+                   and usable.shape == idx.shape and k.shape == (B, Hk, m, D) and v.shape == k.shape
+                   and idx.dtype == torch.int64 and usable.dtype == torch.bool and q.dtype in FLOATS
+                   and k.dtype == v.dtype == q.dtype
+                   and all(t.device.type == "cpu" for t in (q, k, v, idx, usable)),
+                   "selected_softmax needs a library, CPU tensors, q (B, H, r, D), k and v (B, Hk, m, D) of q's "
+                   "float32 or float64, and a selection (B, 1 or Hk, r, kk) of int64 positions and bool flags",
+                   f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype}, "
+                   f"positions {tuple(idx.shape)} {idx.dtype}, flags {usable.dtype}")
+    return torch.ops.attn_lab.selected_softmax(q, k, v, idx, usable, _parts(m, D, q.element_size())[0])
+
+
+PART_BYTES = 1 << 19  # a part's keys and values: 512 KiB, within a core's own cache (see `part_keys`)
+
+
+def part_keys(m: int, D: int, elem: int) -> int:
+    """Keys of one part in `selected_softmax` (0: whole rows): where a head's m keys and values outgrow PART_BYTES
+    twice over, every row's entries among the first `part_keys` keys are taken, then the next part's, the softmax
+    carried from part to part (its highest score, sum and output, rescaled as a higher score comes), so that each
+    part's keys and values are read from the core's cache. A block of top-k at n = 16384, top_k = 2048, D = 64 (341
+    rows, a head's keys and values 8 MB) took 18.9, 17.1, 17.2, 17.7 and 20.1 ms in parts of 256 … 4,096 keys, 23.3
+    in whole rows (float32; the kernel's other widths and types run whole rows)."""
+    width = max(1, PART_BYTES // (2 * D * elem))
+    return width if m > 2 * width else 0
+
+
+def _parts(m: int, D: int, elem: int) -> tuple[int, int]:
+    """(`part_keys`, the parts of m keys it makes; 0 for whole rows)."""
+    width = part_keys(m, D, elem)
+    return width, -(-m // width) if width else 0
+
+
+def softmax_scratch_bytes(B: int, S: int, r: int, m: int, D: int, kk: int, elem: int = 4) -> int:
+    """Bytes of `selected_softmax`'s scratch: kk scores of `elem` bytes for each of its threads, min(threads, r);
+    where it runs in parts (`part_keys`), each row's running state (D + 4 numbers) and where each row's entries of
+    each part begin (int64, B·S·r·(parts + 1))."""
+    parts = _parts(m, D, elem)[1]
+    carried = (r * (D + 4) * elem + 8 * B * S * r * (parts + 1)) if parts else elem + 8
+    return _threads(r) * kk * elem + carried
+
+
+# ---- index_scores: top-k's indexer --------------------------------------------------------------------------------
+
+@torch.library.custom_op("attn_lab::index_scores", mutates_args=(), device_types="cpu")
+def _index_op(qi: torch.Tensor, kt: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """qi (B, r, IH·dI) float32, kt (B, dI, m), w (IH,) → (B, r, m) float32: index.cpp."""
+    B, r, width = qi.shape
+    heads, m = w.shape[0], kt.shape[2]
+    out = torch.empty(B, r, m)
+    if out.numel() == 0:
+        return out
+    if qi.stride(2) != 1 or qi.stride(1) != width:
+        qi = qi.contiguous()
+    kt, w = kt.to(torch.float32), w.to(torch.float32).contiguous()
+    if kt.stride(2) != 1:
+        kt = kt.contiguous()
+    threads = _threads(B * -(-r // 2))
+    _kernels().attn_index_scores_f32(qi.data_ptr(), qi.stride(0), kt.data_ptr(), kt.stride(0), kt.stride(1),
+                                     w.data_ptr(), B, r, m, heads, width // heads, threads, out.data_ptr())
+    return out
+
+
+@_index_op.register_fake
+def _(qi, kt, w):
+    return qi.new_empty(qi.shape[0], qi.shape[1], kt.shape[2], dtype=torch.float32)
+
+
+_index_op.register_autograd(_no_backward("index_scores"))
+
+
+def index_runs(qi: torch.Tensor) -> bool:
+    """Whether `index_scores` takes these indexer queries: float32 on the CPU, and a library built with AVX-512."""
+    if qi.device.type != "cpu" or qi.dtype != torch.float32:
+        return False
+    lib = library()
+    return lib is not None and bool(lib.attn_index_available())
+
+
+def index_scores(qi: torch.Tensor, kt: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) (index.cpp, the op attn_lab::index_scores): qi (B, r, IH·dI)
+    float32 CPU (`index_runs`), kt the indexer keys transposed (B, dI, m; a view of the first m of longer rows is read
+    in place), w (IH,) → (B, r, m), float32. Two query rows, four heads and 32 keys at a time in registers, the ReLU
+    (NaN kept, as torch.relu keeps it) and weighted sum in them: nothing beside the scores. Refuses mismatched shapes
+    with a sentence."""
+    lib = library()
+    _refuse_unless(lib is not None and bool(lib.attn_index_available()) and qi.dim() == 3 and w.dim() == 1
+                   and kt.dim() == 3 and kt.shape[0] == qi.shape[0] and w.shape[0] * kt.shape[1] == qi.shape[2]
+                   and qi.dtype == torch.float32 and kt.is_floating_point() and w.is_floating_point()
+                   and all(t.device.type == "cpu" for t in (qi, kt, w)),
+                   "index_scores needs a library built with AVX-512, CPU float32 queries (B, r, IH·dI), keys "
+                   "(B, dI, m) and weights (IH,)", f"{tuple(qi.shape)} {qi.dtype}, {tuple(kt.shape)}, {tuple(w.shape)}")
+    return torch.ops.attn_lab.index_scores(qi, kt, w)
