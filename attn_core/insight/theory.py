@@ -181,7 +181,10 @@ def big_o_table() -> pd.DataFrame:
 # Generation at the scale of a whole model: what each layer's attention remembers, times the layers.
 DECODE_EXTRAPOLATION = ("an extrapolation, not a measurement: each generated token reads the whole cache once, at the "
                         "device's measured memory bandwidth; the model's weights, its other layers and the compute "
-                        "are not counted, so real decoding is slower")
+                        "are not counted, so real decoding is slower. Plan a model counts them (the weights read "
+                        "once a step, and the step's FLOPs against the device's, by one roofline, and times the "
+                        "layer kinds here): where compute sets the pace, as MLA's absorbed step on a CPU, its "
+                        "figures can order the designs differently from these")
 
 
 def model_problems(*, layers: int, heads: int, head_dim: int, batch: int, kv_heads: int | None = None) -> list[str]:
