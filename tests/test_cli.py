@@ -222,12 +222,12 @@ def test_a_sweep_says_its_estimated_time_and_how_before_measuring():
 # -- the verbs: one module each behind one protocol ------------------------------------------------------------------
 
 def test_every_verb_is_a_module_with_a_name_a_parser_and_a_run():
-    names = [verb.NAME for verb in cli.VERBS]
+    names = [verb.NAME for verb in cli.verbs()]
     assert names == ["sweep", "show", "plan", "runs", "recall", "distributed", "native"]
-    assert all(callable(verb.add_parser) and callable(verb.run) for verb in cli.VERBS)
+    assert all(callable(verb.add_parser) and callable(verb.run) for verb in cli.verbs())
     sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert list(sub.choices) == names
-    assert cli.VERBS[2].__name__ == "attn_core.studies.planner.cli"  # a study's verb lives in its study's folder
+    assert cli.verbs()[2].__name__ == "attn_core.studies.planner.cli"  # a study's verb lives in its study's folder
 
 
 def test_native_status_says_the_kernels_form_and_build_says_why_it_cannot(monkeypatch):

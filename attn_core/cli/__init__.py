@@ -10,34 +10,41 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib
 import sys
 from typing import Sequence, TextIO
 
-from attn_core.cli import native, runs, show, sweep
 from attn_core.cli.common import (EPILOG, EXIT_BUSY, EXIT_OK, EXIT_POINTS, EXIT_SIGNALLED, EXIT_UNSAVED, EXIT_USAGE,
                                   Interrupted, StopSignals, Verb, out_problem, parse_mechanisms, parse_ns, parse_size)
 from attn_core.cli.sweep import config_from_args, format_summary, save_or_fall_back
-from attn_core.studies.parallel import cli as distributed
-from attn_core.studies.planner import cli as plan
-from attn_core.studies.recall import cli as recall
 
 # The verbs, in the order --help lists them: each a module with NAME, add_parser(sub) and run(args, out, err) (the
-# Verb protocol). A study's verb lives in its study's folder; adding a verb is one file and one entry here.
-VERBS: tuple[Verb, ...] = (sweep, show, plan, runs, recall, distributed, native)
+# Verb protocol). A study's verb lives in its study's folder; adding a verb is one file and one entry here. They are
+# named, and imported when the parser is built: a study's verb imports this package's common pieces, so importing
+# the studies from here would make the command line and the studies import each other.
+VERB_MODULES = ("attn_core.cli.sweep", "attn_core.cli.show", "attn_core.studies.planner.cli", "attn_core.cli.runs",
+                "attn_core.studies.recall.cli", "attn_core.studies.parallel.cli", "attn_core.cli.native")
+
+
+@functools.cache
+def verbs() -> tuple[Verb, ...]:
+    """The verb modules of VERB_MODULES, imported once."""
+    return tuple(importlib.import_module(name) for name in VERB_MODULES)
 
 _size = parse_size  # the name the tests know
 
 __all__ = ["EXIT_BUSY", "EXIT_OK", "EXIT_POINTS", "EXIT_SIGNALLED", "EXIT_UNSAVED", "EXIT_USAGE", "Interrupted",
-           "StopSignals", "VERBS", "Verb", "build_parser", "config_from_args", "format_summary", "main",
-           "out_problem", "parse_mechanisms", "parse_ns", "parse_size", "save_or_fall_back"]
+           "StopSignals", "VERB_MODULES", "Verb", "build_parser", "config_from_args", "format_summary", "main",
+           "out_problem", "parse_mechanisms", "parse_ns", "parse_size", "save_or_fall_back", "verbs"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m attn_core", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{" + ",".join(verb.NAME for verb in VERBS) + "}")
-    for verb in VERBS:
+                                metavar="{" + ",".join(verb.NAME for verb in verbs()) + "}")
+    for verb in verbs():
         verb.add_parser(sub)
     return parser
 
@@ -52,5 +59,5 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     except SystemExit as e:  # argparse exits 2 on bad arguments, 0 on --help
         return int(e.code or 0)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed, for files that record it
-    runs_of = {verb.NAME: verb.run for verb in VERBS}
+    runs_of = {verb.NAME: verb.run for verb in verbs()}
     return runs_of[args.command](args, out, err)
