@@ -65,8 +65,8 @@ def case(key: str, causal: bool, padded: bool):
 @pytest.fixture(scope="module")
 def compiled_flex():
     """One compiled FlexAttention call for the whole module (a compile takes seconds): packed documents with key
-    padding, its output and its one-time costs; the module's compiled tests skip, with the reason, where
-    torch.compile cannot run."""
+    padding, its output and its one-time costs; the module's compiled tests skip, naming what is missing, only where
+    the machine cannot compile (FlexUnavailable: no C++ compiler, an unsupported platform); any other error fails."""
     q, k, v = inputs(1)
     pattern = masks.document([50, 70, 80])
     try:
@@ -121,6 +121,38 @@ def test_a_flex_call_run_outside_the_compiler_is_refused_as_an_eager_fallback():
     q, k, v = inputs()
     with pytest.raises(flex.EagerFallback, match="not Flex's time"):
         flex._flex_call(q, k, v, None, False)  # what Dynamo does after its recompile limit: run the frame as Python
+
+
+def failing_compile(inner: Exception):
+    """A first call that fails as Inductor fails: InductorError ← LoweringException ← `inner`."""
+    from torch._inductor import exc
+
+    def call():
+        lowering = exc.LoweringException(inner, "flex_attention", [], {})
+        lowering.__cause__ = inner
+        raise exc.InductorError(lowering, None)
+    return call
+
+
+def test_only_a_missing_capability_is_flex_unavailable_and_any_other_failure_is_raised():
+    """No working C++ compiler is a capability the machine lacks: FlexUnavailable, and the compiled tests above skip
+    naming it. A code generator's bug or a wrong kernel is raised as it is, so those tests fail, never skip."""
+    from torch._inductor import exc
+
+    with pytest.raises(flex.FlexUnavailable, match=r"cannot run here .*No working C\+\+ compiler"):
+        flex.first_call(failing_compile(exc.InvalidCxxCompiler()))
+    with pytest.raises(flex.FlexUnavailable, match="cannot run here"):
+        flex.first_call(failing_compile(exc.TritonMissing(None)))
+    for error in (AssertionError("an index out of range in the generated kernel"), ValueError("a bad block mask")):
+        with pytest.raises(exc.InductorError) as raised:
+            flex.first_call(failing_compile(error))
+        assert not isinstance(raised.value, flex.FlexUnavailable)
+
+    def wrong_kernel():
+        raise RuntimeError("shape mismatch in the compiled kernel")
+    with pytest.raises(RuntimeError, match="shape mismatch") as raised:
+        flex.first_call(wrong_kernel)
+    assert type(raised.value) is RuntimeError
 
 
 def test_refusals_say_what_to_change():

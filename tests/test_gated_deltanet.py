@@ -14,7 +14,7 @@ from attn_core.insight import effective as ef
 from attn_core.mechanisms import gated_deltanet as gdn
 from attn_core.mechanisms._linear_core import causal_chunks
 from attn_core.spec import Shape
-from tests.baselines import gated_delta_reference
+from tests.baselines import chunk_pieces, gated_delta_reference
 from tests.test_mechanisms import profiled_peak
 
 KEY = "gated_deltanet"
@@ -242,9 +242,8 @@ def test_spec_costs_count_the_chunk_forms_work():
 
 
 def looped_segments(s: Shape, chunk: int) -> list[tuple[int, int, int]]:
-    """The plain reference: every chunk the kernel runs, listed one by one as `chunked` loops over them."""
-    rows = gdn.segment_rows(s.bk, s.D, chunk)
-    return [(1, e - a, c) for a, e, c in causal_chunks(s.Nk, rows, chunk)]
+    """The plain reference: every chunk the kernel runs, walked token range by token range (tests.baselines)."""
+    return [(1, tokens, c) for tokens, c in chunk_pieces(s.Nk, gdn.segment_rows(s.bk, s.D, chunk), chunk)]
 
 
 # n: a few tokens, a chunk either side, a segment either side (256 tokens at B·Hk = 8, d = 64, C = 32), segments
@@ -255,6 +254,8 @@ def looped_segments(s: Shape, chunk: int) -> list[tuple[int, int, int]]:
 def test_the_cost_models_segments_are_the_kernels_chunks(monkeypatch, n, B, H, Hk, d, chunk, dtype):
     s = Shape(B, H, n, n, d, dtype=dtype, causal=True, Hk=Hk)
     looped = looped_segments(s, chunk)
+    kernels = causal_chunks(n, gdn.segment_rows(s.bk, s.D, chunk), chunk)  # what `chunked` loops over
+    assert [(1, e - a, c) for a, e, c in kernels] == looped
     assert sorted((r, c) for m, r, c in gdn._segments(s, chunk) for _ in range(m)) == sorted(k[1:] for k in looped)
     closed = gdn._memory(s, chunk), gdn._flops(s, chunk), gdn._executed_flops(s, chunk)
     monkeypatch.setattr(gdn, "_segments", looped_segments)

@@ -7,6 +7,8 @@ import io
 import json
 import os
 import re
+import shutil
+import tempfile
 import threading
 
 import pytest
@@ -206,21 +208,12 @@ def test_the_cli_sweep_of_these_tests_is_valid(tmp_path):
 
 # ---- 2. --out checked before measuring; a failed save falls back ----
 
-def unwritable_folder(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes into any folder")
-    folder = tmp_path / "locked"
-    folder.mkdir(mode=0o500)
-    return str(folder / "run.json")
-
-
 OUT_CASES = [  # (make the --out path in tmp_path, words)
     (lambda tmp: str(tmp / "missing" / "run.json"), ["folder", "missing", "does not exist"]),
     (lambda tmp: (tmp / "file.txt").write_text("x") and str(tmp / "file.txt" / "run.json"),
      ["file.txt", "is a file, not a folder"]),
     (lambda tmp: (tmp / "dir.json").mkdir() or str(tmp / "dir.json"), ["dir.json", "is a folder", "name a file"]),
     (lambda tmp: os.mkfifo(tmp / "pipe.json") or str(tmp / "pipe.json"), ["pipe.json", "cannot be written"]),
-    (unwritable_folder, ["locked", "cannot be written", "Permission denied"]),
 ]
 
 
@@ -231,6 +224,58 @@ def test_a_bad_out_is_refused_before_measuring(tmp_path, make, words):
     assert code == 2 and err.startswith(f"error: --out {path!r}") and "points in" not in err
     for w in words:
         assert w in err
+
+
+NOBODY = 65534  # the unprivileged user and group of Linux distributions
+
+
+def run_main_without_root(*argv: str) -> tuple[int, str, str]:
+    """run_main in a forked child that has given up root's rights for good (uid and gid 65534, no other groups) when
+    this process has them: root writes into any folder, and the tests run as root here and in CI. The child runs
+    what this process has imported (it may not read root's home, where Python lives) and never returns to pytest."""
+    if os.geteuid() != 0:
+        return run_main(*argv)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            reply = run_main(*argv) if os.geteuid() == NOBODY else (-1, "", "root's rights were not given up")
+        except BaseException as e:  # noqa: BLE001 - said to the parent, which fails the test with it
+            reply = (-1, "", f"the child failed: {type(e).__name__}: {e}")
+        finally:
+            try:
+                with os.fdopen(write, "w") as pipe:
+                    json.dump(reply, pipe)
+            finally:
+                os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        reply = json.load(pipe)
+    os.waitpid(pid, 0)
+    return tuple(reply)
+
+
+def test_an_out_in_a_read_only_folder_of_ones_own_is_refused_before_measuring():
+    """A folder its owner made read-only (0500), checked by a user without root's rights: a child that dropped
+    them, the folder given to that user, in a folder it may pass through (pytest's own are root's, 0700)."""
+    base = tempfile.mkdtemp(prefix="attn-lab-locked-")
+    try:
+        os.chmod(base, 0o711)
+        folder = os.path.join(base, "locked")
+        os.mkdir(folder, 0o500)
+        if os.geteuid() == 0:
+            os.chown(folder, NOBODY, NOBODY)
+        path = os.path.join(folder, "run.json")
+        code, _, err = run_main_without_root(*BASE, "--out", path)
+        assert code == 2 and err.startswith(f"error: --out {path!r}") and "points in" not in err, err
+        assert "cannot be written" in err and "Permission denied" in err
+        assert not os.path.exists(path)
+    finally:
+        shutil.rmtree(base)
 
 
 def test_probing_out_changes_no_file(tmp_path):

@@ -16,7 +16,7 @@ from attn_core.insight import effective as ef
 from attn_core.mechanisms import kda
 from attn_core.mechanisms._linear_core import causal_chunks
 from attn_core.spec import Shape
-from tests.baselines import kda_reference
+from tests.baselines import chunk_pieces, kda_reference
 from tests.test_mechanisms import profiled_peak
 
 KEY = "kda"
@@ -303,9 +303,8 @@ def test_spec_costs_count_the_chunk_forms_work():
 
 
 def looped_segments(s: Shape, chunk: int) -> list[tuple[int, int, int]]:
-    """Every chunk the kernel runs, listed one by one as `chunked` loops over them."""
-    rows = kda.segment_rows(s.bk, s.D, chunk)
-    return [(1, e - a, c) for a, e, c in causal_chunks(s.Nk, rows, chunk)]
+    """The plain reference: every chunk the kernel runs, walked token range by token range (tests.baselines)."""
+    return [(1, tokens, c) for tokens, c in chunk_pieces(s.Nk, kda.segment_rows(s.bk, s.D, chunk), chunk)]
 
 
 @pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 255, 256, 257, 1000, 4097, 65_536 + 77])
@@ -314,6 +313,8 @@ def looped_segments(s: Shape, chunk: int) -> list[tuple[int, int, int]]:
 def test_the_cost_models_segments_are_the_kernels_chunks(monkeypatch, n, B, H, Hk, d, chunk, dtype):
     s = Shape(B, H, n, n, d, dtype=dtype, causal=True, Hk=Hk)
     looped = looped_segments(s, chunk)
+    kernels = causal_chunks(n, kda.segment_rows(s.bk, s.D, chunk), chunk)  # what `chunked` loops over
+    assert [(1, e - a, c) for a, e, c in kernels] == looped
     assert sorted((r, c) for m, r, c in kda._segments(s, chunk) for _ in range(m)) == sorted(k[1:] for k in looped)
     closed = kda._memory(s, chunk), kda._flops(s, chunk), kda._executed_flops(s, chunk)
     monkeypatch.setattr(kda, "_segments", looped_segments)

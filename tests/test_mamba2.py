@@ -229,7 +229,11 @@ def test_no_quadratic_tensor_at_32768_tokens():
 @pytest.mark.parametrize("n,chunk,bh", [(1, 64, 1), (100, 64, 2), (3000, 64, 6), (5000, 7, 8), (64, 64, 8)])
 def test_the_cost_models_segments_are_the_kernels(n, chunk, bh):
     from attn_core.mechanisms._linear_core import causal_chunks
-    ran = sorted((e - a, c) for a, e, c in causal_chunks(n, mamba2.segment_rows(bh, n, chunk), chunk))
+    from tests.baselines import chunk_pieces
+
+    rows = mamba2.segment_rows(bh, n, chunk)
+    ran = sorted(chunk_pieces(n, rows, chunk))  # the plain walk, written apart from the kernel's
+    assert sorted((e - a, c) for a, e, c in causal_chunks(n, rows, chunk)) == ran  # what `ssd` loops over
     modelled = sorted((rows, c) for m, rows, c in mamba2._segments(Shape(1, bh, n, n, 8), chunk) for _ in range(m))
     assert ran == modelled
 

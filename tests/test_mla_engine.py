@@ -168,7 +168,7 @@ def test_the_absorbed_step_does_less_work_than_the_naive_one_at_every_context():
         assert absorbed < naive
 
 
-def test_a_sweep_in_the_worker_names_the_series_and_finds_where_absorbed_overtakes_naive():
+def test_a_sweep_in_the_worker_names_the_series_and_compares_each_with_the_naive_form():
     config = presets.PRESETS["One cache, four sizes"].configs[0].replaced(
         mechanisms=(("sdpa", {}), ("mla", dict(WIDTHS)), ("mla_naive", dict(WIDTHS))), heads=4, d_model=32,
         ns=(16, 64), min_repeats=1, min_time_s=0.0)
@@ -176,5 +176,16 @@ def test_a_sweep_in_the_worker_names_the_series_and_finds_where_absorbed_overtak
     assert list(df["status"]) == ["ok"] * 6
     assert set(ac.engine.analysis.row_series_name(row) for _, row in df.iterrows()) == {
         "Softmax (fused SDPA)", "MLA absorbed (kv_rank=24, rope_dim=6)", "MLA naive (kv_rank=24, rope_dim=6)"}
+    # The preset's own metric, the cache a generated token keeps, has no contention in it: fp32, per token, SDPA's
+    # keys and values 2·H·D = 2·4·8 numbers, either MLA its latent and rotary key, kv_rank + rope_dim = 24 + 6.
+    cache = {key: [n * per_token * 4 for n in (16, 64)] for key, per_token in
+             (("sdpa", 2 * 4 * 8), ("mla", 24 + 6), ("mla_naive", 24 + 6))}
+    assert {key: list(df[df["mechanism"] == key]["peak_bytes"]) for key in cache} == cache
+    memory = ac.crossovers(df, "peak_bytes", baseline="mla_naive").set_index("mechanism")["note"].to_dict()
+    assert memory == {key: "not within the measured range: not smaller than mla_naive up to n = 64"
+                      for key in ("sdpa", "mla")}  # SDPA's cache is larger, the absorbed form's the same
+    # Times: a point timed while other programs took the CPU is left out, as on the page, so the series compared
+    # are those with a clean point, whatever else the machine did.
+    clean = df[(df["status"] == "ok") & ~df["disturbed"].astype(bool)]
     cross = ac.crossovers(df, "time_median_s", baseline="mla_naive")
-    assert set(cross["mechanism"]) == {"sdpa", "mla"}
+    assert set(cross["mechanism"]) == set(clean["mechanism"]) - {"mla_naive"}

@@ -345,6 +345,9 @@ class Job:
                     prestart()  # a fresh worker for the next sweep, warming up in the background
                     return
                 worker = self._ready_worker(settings.threads)
+                # the new process's matmul figure, measured now: its next point must not pay it (seconds on a busy
+                # machine) inside its budget and hard limit
+                worker.environment(sweep.problem.device, sweep.problem.dtype, settings.threads)
 
     # -- the run store --
     def _open_record(self) -> None:

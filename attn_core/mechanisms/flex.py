@@ -31,7 +31,8 @@ Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class FlexUnavailable(RuntimeError):
-    """torch.compile cannot build FlexAttention on this machine (no C++ compiler, an unsupported platform)."""
+    """torch.compile cannot build FlexAttention on this machine (no C++ compiler, an unsupported platform): a missing
+    capability, never a failing kernel (`missing_capability`)."""
 
 
 class EagerFallback(RuntimeError):
@@ -226,7 +227,8 @@ def forward_of(implementation: str, masking: Masking, nq: int, nk: int, batch: i
 
 def first_call(call: Callable[[], Any]) -> tuple[Any, OneTime]:
     """(the result of `call`'s first run, its time as the compile cost when Dynamo compiled a graph in it).
-    FlexUnavailable with a sentence when compiling fails; EagerFallback when the call ran eagerly."""
+    FlexUnavailable with a sentence when the machine cannot compile (`missing_capability`); any other error as
+    raised; EagerFallback when the call ran eagerly."""
     from torch._dynamo.utils import counters
     graphs = counters["stats"]["unique_graphs"]
     began = time.perf_counter()
@@ -234,12 +236,33 @@ def first_call(call: Callable[[], Any]) -> tuple[Any, OneTime]:
         out = call()
     except EagerFallback:
         raise
-    except Exception as e:  # noqa: BLE001 - no C++ compiler, an unsupported platform, a code generator's bug
+    except Exception as e:  # noqa: BLE001 - only what the machine lacks becomes FlexUnavailable
+        if not missing_capability(e):
+            raise  # a wrong kernel or a code generator's bug is a failure, never "cannot run here"
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise FlexUnavailable(f"compiled FlexAttention cannot run here ({type(e).__name__}: {first}); choose "
                               "implementation 'ours' or 'dense-mask'") from e
     took = time.perf_counter() - began
     return out, OneTime(compile_s=took if counters["stats"]["unique_graphs"] > graphs else math.nan)
+
+
+def missing_capability(e: BaseException) -> bool:
+    """Whether a failed compile lacked something of the machine's: torch.compile unsupported on this platform or
+    Python, no working C++ compiler, no Triton or a GPU too old for it. Looked for along the causes, as Dynamo
+    and Inductor wrap the compiler's error (InductorError ← LoweringException ← InvalidCxxCompiler)."""
+    import torch._dynamo
+    from torch._inductor import exc
+
+    if not torch._dynamo.is_dynamo_supported():
+        return True
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (exc.InvalidCxxCompiler, exc.TritonMissing, exc.GPUTooOldForTriton)):
+            return True
+        seen.add(id(cause))
+        cause = getattr(cause, "inner_exception", None) or cause.__cause__ or cause.__context__
+    return False
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: str, *, implementation: str = "ours",
