@@ -134,15 +134,7 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     in_place = q.device.type == "cpu" and not (torch.is_grad_enabled() and (qs.requires_grad or ks.requires_grad))
     scores = qs.new_zeros(B, H, r * kk) if in_place else qs.new_empty(B, H, r * kk)
     zeros = None if in_place else qs.new_zeros(r * kk)
-    for b in range(B):
-        for s in range(S):
-            col = idx[b, s].reshape(-1)
-            for h in _heads(H, S, Hk, s):
-                if in_place:
-                    _sampled_into(scores[b, h], crow, col, qs[b, h], ks[b, h // g], m)
-                else:
-                    scores[b, h] = torch.sparse.sampled_addmm(_csr(crow, col, zeros, (r, m)), qs[b, h],
-                                                              ks[b, h // g].t(), beta=0.0).values()
+    _sampled_scores(scores, qs, ks, idx, crow, zeros, m, in_place)
     del qs, zeros
     scores = scores.view(B, S, H // S, r, kk)  # the heads of each selection together: its flags broadcast, not copied
     if bool(usable.all()):  # every selected key counts (no mask, no padding): three passes over the scores fewer
@@ -161,6 +153,25 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
                                                               per_sample_weights=p[b, h])
     del p
     return out.to(q.dtype)
+
+
+def _sampled_scores(scores: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, idx: torch.Tensor, crow: torch.Tensor,
+                    zeros: torch.Tensor | None, m: int, in_place: bool) -> None:
+    """scores (B, H, r·kk) ← each head's scaled queries qs (B, H, r, D) times its keys ks (B, Hk, m, D) at the
+    selected (t, s) of idx (B, S, r, kk), CSR's values in row order (`crow`: kk entries a row): `in_place` written
+    by the product itself (`_sampled_into`), else a product over a pattern of `zeros` copied in."""
+    B, H, r, _ = qs.shape
+    Hk, S = ks.shape[1], idx.shape[1]
+    g = H // Hk
+    for b in range(B):
+        for s in range(S):
+            col = idx[b, s].reshape(-1)
+            for h in _heads(H, S, Hk, s):
+                if in_place:
+                    _sampled_into(scores[b, h], crow, col, qs[b, h], ks[b, h // g], m)
+                else:
+                    scores[b, h] = torch.sparse.sampled_addmm(_csr(crow, col, zeros, (r, m)), qs[b, h],
+                                                              ks[b, h // g].t(), beta=0.0).values()
 
 
 def selected_softmax_bytes(s: Shape, r: int, kk: int, m: int | None = None, S: int = 1) -> float:

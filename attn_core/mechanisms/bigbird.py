@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from .. import masks
 from ..spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
-from ._banded import (chunk_blocks, dense_rows, dense_rows_memory, floor, padding_bias, query_blocks, softmax_seen,
-                      write_blocks)
+from ._banded import chunk_blocks, dense_rows, floor, padding_bias, query_blocks, softmax_seen, write_blocks
+from ._banded_memory import dense_rows_memory
 from ._common import check_key_padding, checked_shape, trusted
 from .sdpa import SPEC as SDPA
 

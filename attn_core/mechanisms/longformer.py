@@ -8,7 +8,8 @@ import torch
 
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
-from ._banded import Extra, banded_attention, banded_flops, banded_memory, dense_rows, dense_rows_memory, joins
+from ._banded import Extra, banded_attention, dense_rows, joins
+from ._banded_memory import banded_flops, banded_memory, dense_rows_memory
 from ._cache import KVCache, Ring, attend, kv_bytes
 from ._common import check_key_padding, checked_shape, trusted
 from .sliding_window import _pattern as _band, tile as band_tile  # the band is the sliding window's

@@ -2,15 +2,14 @@
 'Native Sparse Attention: Hardware-Aligned and Natively Trainable Sparse Attention', arXiv 2502.11089)."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import Cache, Ring, kv_bytes
 from ._common import GPU_WORKSPACE, GPUS, check_key_padding, checked_shape, scale, trusted
-from ._sparse import gathered_softmax, selected_softmax, selected_softmax_bytes, work_dtype
+from ._nsa_branches import _block_bytes, _selected, _softmax_rows, compressed, rows, visible_blocks
+from ._sparse import work_dtype
 
 ROWS = 64  # queries per block of the forward pass on a CPU (the selections of a block are one sparse product a head)
 GPU_BLOCK_NUMBERS = 1 << 27  # a GPU block's compressed, selected and window keys, a row and head each (`block_rows`)
@@ -32,113 +31,6 @@ def block_rows(device: str, bh: int, n: int, *, block: int = 32, stride: int = 1
         return ROWS
     keys = visible_blocks(n - 1, block, stride) + min(select_blocks, -(-n // select_block)) * select_block + window
     return max(ROWS, min(GPU_WORKSPACE * ROWS, GPU_BLOCK_NUMBERS // (bh * keys)))
-
-
-# -- the three branches over one block of queries -------------------------------------------------------------
-def compressed(x: torch.Tensor, block: int, stride: int) -> torch.Tensor:
-    """Mean of each block of `block` tokens starting every `stride`: x (B, Hk, n, D) → (B, Hk, m, D),
-    m = ⌊(n − block)/stride⌋ + 1 (0 when n < block). The paper compresses with a learned MLP (with an intra-block
-    position encoding); the mean is its parameter-free stand-in."""
-    n = x.shape[2]
-    if n < block:
-        return x.new_empty(*x.shape[:2], 0, x.shape[-1])
-    return x.unfold(2, block, stride).mean(-1)
-
-
-def visible_blocks(t: int, block: int, stride: int) -> int:
-    """Compressed blocks a query at position t sees: those ending at or before it, i·stride + block − 1 ≤ t."""
-    return 0 if t + 1 < block else (t + 1 - block) // stride + 1
-
-
-def _block_scores(p: torch.Tensor, s: int, e: int, block: int, stride: int, select_block: int) -> torch.Tensor:
-    """Selection-block importance from compressed attention p (B, Hk, r, c), summed over a group's query heads: each
-    compressed block's probability spread evenly over the tokens it pooled, then summed over each selection block of
-    `select_block` tokens (the paper's Eq. 9 weighs the overlapping blocks by their spatial relationship; this is that
-    overlap in tokens). Works in units of g = gcd(block, stride, select_block) tokens, sums of non-negative terms only,
-    so a block no compressed block covers scores exactly 0. → (B, Hk, r, ⌈e/select_block⌉)."""
-    g = math.gcd(block, stride, select_block)
-    nsel = -(-e // select_block)
-    units, per_sel = nsel * select_block // g, select_block // g
-    start = p.new_zeros(*p.shape[:-1], units)
-    c = p.shape[-1]
-    start[..., 0:c * (stride // g):stride // g] = p * (g / block)
-    mass = start.clone()
-    for o in range(1, block // g):  # a compressed block covers block/g units from its start
-        mass[..., o:] += start[..., :-o]
-    return mass.view(*p.shape[:-1], nsel, per_sel).sum(-1)
-
-
-def _selected(score: torch.Tensor, s: int, e: int, select_block: int, select_blocks: int) -> torch.Tensor:
-    """Indices (B, Hk, r, S') of the blocks each query reads, S' = min(select_blocks, blocks so far): the first
-    block and the query's own block always, then the highest scores, ties to the earlier block (a stable sort);
-    blocks past the query are ranked last and masked by the caller."""
-    t = torch.arange(s, e, device=score.device)
-    j = torch.arange(score.shape[-1], device=score.device)
-    score = score.masked_fill(j * select_block > t[:, None], float("-inf"))
-    score[..., 0] = float("inf")
-    score.scatter_(-1, (t // select_block)[:, None].expand(*score.shape[:-1], 1), float("inf"))
-    order = torch.sort(score, dim=-1, descending=True, stable=True).indices
-    return order[..., :min(select_blocks, score.shape[-1])]
-
-
-def _softmax_rows(scores: torch.Tensor, dead_ok: bool) -> torch.Tensor:
-    if not dead_ok:
-        return torch.softmax(scores, dim=-1)
-    dead = scores.amax(-1, keepdim=True) == float("-inf")
-    return torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
-
-
-def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_block: int, select_blocks: int,
-         window: int, selectable: tuple | None = None) -> torch.Tensor:
-    """The outputs of queries at positions s … e−1 (q (B, H, r, D), e = s + r) over keys and values k, v
-    (B, Hk, ≥ e, D) in token order and their compressed kc, vc (B, Hk, ≥ visible, D); gates (B, H, r) each;
-    `selectable`: k and v padded to whole selection blocks (`nsa_attention`), else k and v.
-    Per key/value head, its H/Hk query heads stacked as rows: compression (softmax over the visible compressed
-    blocks), selection (softmax over the gathered tokens of the chosen blocks, ≤ t) and the window
-    (t − window < j ≤ t)."""
-    B, H, r, D = q.shape
-    Hk, e = k.shape[1], s + q.shape[2]
-    G = H // Hk
-    t = torch.arange(s, e, device=q.device)
-    qs = (q * scale(D)).view(B, Hk, G * r, D)
-
-    # compression: the blocks visible to the last query; earlier queries mask those ending after them
-    c = visible_blocks(e - 1, block, stride)
-    out_cmp = None
-    if c:
-        sc = (qs @ kc[:, :, :c].transpose(-2, -1)).view(B, Hk, G, r, c)
-        ends = torch.arange(c, device=q.device) * stride + block - 1
-        sc.masked_fill_(ends > t[:, None], float("-inf"))
-        p = _softmax_rows(sc, dead_ok=s < block - 1)
-        out_cmp = (p.view(B, Hk, G * r, c) @ vc[:, :, :c]).view(B, H, r, D)
-        score = _block_scores(p.sum(2), s, e, block, stride, select_block)
-        del sc, p
-    else:
-        score = q.new_zeros(B, Hk, r, -(-e // select_block))
-
-    # selection: one set of blocks per key/value head and query, read in place by sparse products (no copy of k, v)
-    idx = _selected(score, s, e, select_block, select_blocks).sort(-1).values  # (B, Hk, r, S'), blocks in order
-    pos = (idx[..., None] * select_block + torch.arange(select_block, device=q.device)).flatten(-2)  # (B, Hk, r, L)
-    usable = pos <= t[:, None]  # not past the query; pos increases along each row, as CSR takes it
-    ks, vs = (k, v) if selectable is None else selectable
-    if -(-e // select_block) * select_block <= ks.shape[2]:  # every selected position is a key: sparse products
-        out_slc = selected_softmax(q, ks, vs, pos, usable)
-    else:  # a step inside a block: its positions past the end read the last key, masked (one query: a small copy)
-        out_slc = gathered_softmax(q, ks, vs, pos.clamp_(max=ks.shape[2] - 1), usable)
-    del idx, pos, usable
-
-    # sliding window: keys lo … e−1
-    lo = max(0, s - window + 1)
-    sw = (qs @ k[:, :, lo:e].transpose(-2, -1)).view(B, Hk, G, r, e - lo)
-    j = torch.arange(lo, e, device=q.device)
-    sw.masked_fill_((j > t[:, None]) | (j <= t[:, None] - window), float("-inf"))
-    sw = torch.softmax(sw, dim=-1)  # the scores' buffer freed before the product (a half product's scratch beside)
-    out_win = (sw.view(B, Hk, G * r, e - lo) @ v[:, :, lo:e]).view(B, H, r, D)
-    del sw
-
-    g_cmp, g_slc, g_win = (x[..., None] for x in gates)
-    out = out_slc * g_slc + out_win * g_win
-    return out if out_cmp is None else out + out_cmp * g_cmp
 
 
 # -- gates: seeded defaults drawn outside the kernel -------------------------------------------------------------
@@ -379,43 +271,6 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
     full = n // r * r
     ends = {(0, min(r, n))} | ({(full - r, full)} if full else set()) | ({(full, n)} if full < n else set())
     return fixed + max(_block_bytes(s, a, end, **p) for a, end in ends)
-
-
-def _block_bytes(s: Shape, a: int, end: int, *, block: int, stride: int, select_block: int, select_blocks: int,
-                 window: int) -> float:
-    """Peak bytes of `rows` over queries a … end − 1, stage by stage in the order it makes them, each beside the
-    scaled queries: the compressed scores beside the mask of blocks ending after a query; their softmax (into two
-    copies where a row sees no block yet); the compressed output, the group's summed probabilities and the block
-    scores' units, start and running mass, beside both (`_block_scores`); then, beside the compressed output and the
-    block scores, the ranking (a masked copy sorted: values and int64 order) and the kept blocks' sort; the
-    positions (int64, from the blocks' own) and their flags; the sparse products (`selected_softmax_bytes`); the
-    window's scores beside their three masks and its keys' positions, then softmax, then the output beside the
-    probabilities; the gated sum. The queries' positions and the blocks' ends (int64) from the compression on."""
-    e, w = s.elem, max(s.elem, 4)
-    r, c = end - a, visible_blocks(end - 1, block, stride)
-    nsel = -(-end // select_block)
-    kept_blocks = min(select_blocks, nsel)
-    L = kept_blocks * select_block
-    E, out = s.bk * r * L, s.bh * r * s.D * e  # selected positions; one output of the block's rows (bytes)
-    chosen = s.bk * r * nsel * e  # the block scores
-    if c:
-        sc, summed = s.bh * r * c * e, s.bk * r * c * e
-        units = s.bk * r * (nsel * select_block // math.gcd(block, stride, select_block)) * e
-        compression = out + max(sc + r * c, (3 if a < block - 1 else 2) * sc,
-                                2 * sc + out + summed + max(units + summed, 2 * units + chosen))
-    else:
-        compression = out + chosen
-    kept = 2 * out + chosen if c else out + chosen  # the scaled queries, the compressed output, the block scores
-    kept += 8 * (r + c)  # the queries' positions and the compressed blocks' ends (int64)
-    order = s.bk * r * kept_blocks * 8
-    ranking = kept + max(chosen * 2 + s.bk * r * nsel * 8, s.bk * r * nsel * 8 + 2 * order)
-    positions = kept + order + 8 * E + max(order, E)
-    products = kept + order + 9 * E + selected_softmax_bytes(s, r, L, s.Nk + -s.Nk % select_block, s.bk // s.B)
-    wn = end - max(0, a - window + 1)
-    sw = s.bh * r * wn * e
-    windowed = kept + out + 8 * wn + max(sw + 3 * r * wn, 2 * sw, sw + out)
-    gated = kept + 5 * out
-    return max(compression, ranking, positions, products, windowed, gated)
 
 
 def _branches(q, k, block: int, stride: int, select_block: int, select_blocks: int):

@@ -8,7 +8,8 @@ import torch
 
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
-from ._banded import banded_attention, banded_flops, banded_memory
+from ._banded import banded_attention
+from ._banded_memory import banded_flops, banded_memory
 from ._cache import KVCache, kv_bytes, kv_step
 from ._common import check_key_padding, check_sinks, checked_shape
 
