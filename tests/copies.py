@@ -1,7 +1,7 @@
 """Every mechanism file of the catalogue copied under a new key, "copy_of_<key>": the same source loaded as the module
 attn_core.mechanisms.copy_of_<key> (so its relative imports resolve), registered through the plugin door,
 ATTN_CORE_MECHANISMS="tests.copies:COPIES". A mechanism is one file: each copy must pass the registry-wide tests as
-its original does (tests/test_copies.py)."""
+its original does (tests/contract/test_copies.py)."""
 from __future__ import annotations
 
 import functools

@@ -1,5 +1,5 @@
 """Published Hugging Face config.json files as dicts (the values of each model's file), which the planner's tests
-read: tests/test_planner_hf.py (caches and weights) and tests/test_planner_hf_refusals.py (broken configs)."""
+read: tests/studies/test_planner_hf.py (caches and weights) and tests/studies/test_planner_hf_refusals.py (broken configs)."""
 from __future__ import annotations
 
 # meta-llama/Meta-Llama-3-8B, config.json

@@ -1,0 +1,355 @@
+"""The real app in a real browser: `streamlit run app.py` on 127.0.0.1, driven through Debian's headless chromium.
+
+Screenshots go to test-artifacts/. Without chromium this skips, except under CI, where it fails."""
+import contextlib
+import importlib.util
+import json
+import os
+from urllib.parse import quote_plus
+from pathlib import Path
+
+import pytest
+
+from attn_core import MECHANISMS
+from attn_core.charts import scaling
+from attn_core.engine import lock, presets, stage
+from attn_core.benchmarks.dashboard import CHART, CHROMIUM, EXCEPTION, app_server, browser_page, wait_idle
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+PAGES = {"": "Attention Lab", "learn": "Learn", "benchmark": "Benchmark", "accuracy": "Accuracy",
+         "patterns": "Patterns", "theory": "Theory", "planner": "Plan a model", "compare": "Compare runs"}
+# A tiny sweep as a link: settings are bound to the URL (multiselects by their labels).
+TINY = ("bench_exact=Softmax+%28materialized%29&bench_approx=Linear+%28elu%2B1%29&bench_n=64&bench_n=128&bench_steps=2"
+        "&bench_d_model=64&bench_heads=2")
+
+# Every mechanism on the shortest sweep: the longest labels the page shows
+# every mechanism that runs without the causal mask (those that run causal only would refuse the sweep)
+_BIDIRECTIONAL = [s for s in MECHANISMS.values() if not s.supports.causal_only]
+EVERY = "&".join([*(f"bench_exact={quote_plus(s.label)}" for s in _BIDIRECTIONAL if s.exact),
+                  *(f"bench_approx={quote_plus(s.label)}" for s in _BIDIRECTIONAL if not s.exact),
+                  "bench_n=256", "bench_n=512", "bench_steps=2", "bench_d_model=64", "bench_heads=2"])
+
+
+def _need_chromium() -> None:
+    missing = []
+    if not os.access(CHROMIUM, os.X_OK):
+        missing.append(f"Debian's chromium is not at {CHROMIUM} (apt-get install chromium)")
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("the playwright package is not installed (pip install playwright)")
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the browser test, but " + "; ".join(missing))
+        pytest.skip("; ".join(missing))
+
+
+@pytest.fixture
+def private_tmp(tmp_path) -> dict:
+    """The server's temp folder and run store, so its sweep lock and its history are its own: a sweep running
+    elsewhere must not stall this test, nor runs kept by other tests change the page it sees."""
+    return {"TMPDIR": str(tmp_path), "ATTN_LAB_HOME": str(tmp_path / "store")}
+
+
+@pytest.fixture
+def page():
+    _need_chromium()
+    ARTIFACTS.mkdir(exist_ok=True)
+    with browser_page(1400, 2200) as p:
+        yield p
+
+
+def test_tiny_sweep_draws_the_chart_without_an_exception(page, private_tmp):
+    from playwright.sync_api import expect  # the page fixture has checked that playwright is there
+
+    with app_server(private_tmp) as server:
+        page.goto(f"{server.url}/benchmark?{TINY}")
+        run = page.locator(".st-key-bench_run button")
+        run.wait_for()
+        wait_idle(page)
+        # The link's settings land in the widgets after the first script run: wait for them (auto-retrying).
+        expect(page.locator(".st-key-bench_exact")).to_contain_text("Softmax (materialized)", timeout=30_000)
+        expect(page.locator(".st-key-bench_approx")).to_contain_text("Linear (elu+1)", timeout=30_000)
+        assert page.locator(".st-key-bench_exact").inner_text().count("Softmax (materialized)") == 1
+        run.click()
+        page.wait_for_selector(CHART)
+        page.locator(".st-key-bench_stop button[disabled]").wait_for()
+        page.locator("summary:visible", has_text="Export").first.click()  # the Export expander, not hidden text
+        wait_idle(page)
+        page.screenshot(path=ARTIFACTS / "browser-benchmark-tiny-sweep.png", full_page=True)
+        for key, magic in (("bench_dl_time_png", b"\x89PNG"), ("bench_dl_json", b"{")):
+            with page.expect_download() as download:  # deferred: made by the server on the click
+                page.locator(f".st-key-{key} button").click()
+            assert Path(download.value.path()).read_bytes().startswith(magic)
+        assert page.locator(CHART).count() == 2
+        assert page.locator(EXCEPTION).count() == 0
+        assert page.locator('[data-testid="stDataFrame"]').count() >= 1
+
+
+@pytest.mark.parametrize("path", list(PAGES))
+def test_each_page_opens_by_its_url_as_the_first_request(page, path, private_tmp):
+    from playwright.sync_api import expect  # the page fixture has checked that playwright is there
+
+    with app_server(private_tmp) as server:
+        page.goto(f"{server.url}/{path}")
+        page.get_by_role("heading", name=PAGES[path], exact=True).first.wait_for()
+        # A first request runs the page once outside the router, which reruns it (ensure_routed): the script is idle
+        # for a moment between the two runs, so wait for the router's own sidebar before judging the page.
+        sidebar = page.locator('[data-testid="stSidebar"]')
+        expect(sidebar.get_by_text("Talk mode")).to_have_count(1, timeout=60_000)
+        wait_idle(page)
+        page.screenshot(path=ARTIFACTS / f"browser-page-{path or 'home'}.png", full_page=True)
+        assert page.locator(EXCEPTION).count() == 0
+        assert "Page not found" not in page.content()
+        # the router ran: its sidebar and page titles, not streamlit's file-name navigation
+        assert sidebar.get_by_text("Talk mode").count() == 1
+        assert sidebar.get_by_text("Compare runs").count() == 1
+
+
+def test_talk_mode_is_the_first_click_on_a_fresh_server_and_it_counts(page, private_tmp):
+    with app_server(private_tmp) as server:
+        page.goto(server.url)
+        page.get_by_role("heading", name="Attention Lab").wait_for()
+        wait_idle(page)
+        page.locator(".st-key-talk label p").click()
+        # the server answered: talk mode's style is on the page (a lost click leaves the browser's 16px)
+        page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'", timeout=10_000)
+        wait_idle(page)
+        page.screenshot(path=ARTIFACTS / "browser-home-talk-mode.png", full_page=True)
+
+
+def test_a_reload_finds_the_running_sweep_and_a_sweep_nobody_watches_is_cancelled(page, private_tmp):
+    """Reload mid-sweep: the new page shows the sweep's progress and can stop it. Close every page: no page says it
+    is there any more (its heartbeat), and the server cancels the sweep after its orphan time and says so in its
+    log."""
+    longer = TINY.replace("bench_n=64&bench_n=128&bench_steps=2", "bench_n=256&bench_n=16%2C384&bench_steps=7")
+    orphan_s = 15  # the server's own (stage.ORPHAN_VARIABLE): the sweep is still measuring when it runs out
+    with app_server({**private_tmp, stage.ORPHAN_VARIABLE: str(orphan_s)}) as server:
+        page.goto(f"{server.url}/benchmark?{longer}")
+        wait_idle(page)
+        page.locator(".st-key-bench_run button").click()
+        page.locator('[data-testid="stProgress"]').wait_for()
+        page.reload()
+        page.get_by_text("was started before this page opened").wait_for()
+        page.locator('[data-testid="stProgress"]').wait_for()
+        assert page.locator(".st-key-bench_stop button:not([disabled])").count() == 1
+        assert page.locator(EXCEPTION).count() == 0
+        page.goto("about:blank")  # every page of the sweep has gone
+        path = os.path.join(lock.user_folder(private_tmp["TMPDIR"]), lock.LOCK_NAME)
+        with lock.sweep_lock(wait_s=orphan_s + 120, path=path):  # free once the sweep has ended
+            pass
+        assert "cancelled: no page has shown it" in server.output()
+
+
+# Text cut short on the page: an element that clips what it holds (an ellipsis, hidden overflow) holding more than
+# fits (Streamlit shortens a button's label in a div.stMarkdownEllipsis).
+CUT_SHORT = """() => [...document.querySelectorAll('[data-testid="stMain"] *')].filter(e => {
+    const cs = getComputedStyle(e);
+    return e.offsetParent !== null && e.textContent.trim() && e.scrollWidth > e.clientWidth + 1
+        && (cs.textOverflow === 'ellipsis' || ['hidden', 'clip'].includes(cs.overflowX));
+}).map(e => e.textContent.trim().slice(0, 60))"""
+GRID_WIDE = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')].filter(g => g.offsetParent !== null)
+    .map(g => { const s = g.querySelector('.dvn-scroller'); return s ? s.scrollWidth - s.clientWidth : 0; })
+    .filter(wider => wider > 1)"""  # data grids draw on a canvas: a column cut off shows only as a wider scroller
+CHART_TEXT = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg text')]
+    .filter(t => t.textContent.trim()).map(t => [t.textContent, parseFloat(getComputedStyle(t).fontSize)])"""
+
+
+def settled(page, probe: str, want, timeout_ms: int = 10_000):
+    """The probe's value once the page has settled: waited on until it reads `want` or the timeout passes (a
+    rerun's layout, a sidebar folding, talk mode's fonts growing, which a loaded machine draws late), then read
+    once more for the caller's assertion, so a layout that stays wrong still fails."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    expected = json.dumps(json.dumps(want, separators=(",", ":")))  # as JSON.stringify writes it, quoted for JS
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(f"JSON.stringify(({probe})()) === {expected}", timeout=timeout_ms)
+    return page.evaluate(probe)
+
+
+@pytest.mark.parametrize("width, height", [(1280, 720), (1920, 1080)])
+def test_talk_mode_fits_a_projector_and_a_screen(width, height, private_tmp):
+    """Talk mode at both sizes: sidebar folded, nothing cut short, each chart and its title within the window,
+    every chart text at least 18 px, the summary a short table in large type."""
+    from attn_core.charts.style import TALK_MIN_PX
+
+    _need_chromium()
+    with app_server(private_tmp) as server, browser_page(width, height) as page:
+        # every mechanism, so that the Settings panel holds its longest labels
+        page.goto(f"{server.url}/benchmark?{EVERY}")
+        page.locator(".st-key-bench_run button").wait_for()
+        wait_idle(page)
+        page.locator(".st-key-talk label p").click()
+        page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'")
+        wait_idle(page)
+        page.get_by_text("Settings (folded away in talk mode)").click()
+        page.locator(".st-key-bench_d_model input").wait_for()  # open
+        page.wait_for_function("""() => { const s = document.querySelector('[data-testid="stSidebar"]');
+                                         return s.getBoundingClientRect().right <= 1; }""")  # folded away
+        page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}-settings.png")
+        assert page.evaluate(CUT_SHORT) == []
+        page.locator(".st-key-bench_run button").click()
+        page.locator(".st-key-bench_stop button:not([disabled])").wait_for()
+        page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
+        page.locator('[data-testid="stTable"]').wait_for()
+        wait_idle(page)
+        page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}.png", full_page=True)
+        assert page.locator(EXCEPTION).count() == 0
+        assert page.evaluate(CUT_SHORT) == []
+        header = page.locator('[data-testid="stHeader"]').bounding_box()["height"]
+        charts = page.locator(CHART)
+        assert charts.count() == 2
+        stop = page.locator(".st-key-bench_stop button p")  # disabled: grey, not black text that looks live
+        assert stop.evaluate("p => getComputedStyle(p).color") not in ("rgb(0, 0, 0)", "rgb(49, 51, 63)")
+        for i in range(2):
+            charts.nth(i).scroll_into_view_if_needed()
+            page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}-chart{i + 1}.png")
+            box = charts.nth(i).bounding_box()
+            assert box["height"] <= height - header, (box, header)
+            assert box["width"] <= width
+        texts = page.evaluate(CHART_TEXT)
+        assert texts and min(size for _, size in texts) >= TALK_MIN_PX, sorted(texts, key=lambda t: t[1])[:3]
+        assert not any(text.endswith("…") for text, _ in texts)
+        table = page.locator('[data-testid="stTable"]')
+        assert float(table.evaluate("t => parseFloat(getComputedStyle(t.querySelector('td')).fontSize)")) >= 18
+        assert table.locator("tbody tr").count() == len(_BIDIRECTIONAL)  # one row each; the rest a click away
+        assert page.get_by_text("Every column of the summary").count() == 1
+
+
+def test_learn_page_in_talk_mode_at_1280x720_is_readable(private_tmp):
+    """Every step's figure at 1280×720 in talk mode: nothing cut short, every chart text at least 18 px, each figure
+    within the window's width."""
+    from attn_core.charts.style import TALK_MIN_PX
+
+    _need_chromium()
+    with app_server(private_tmp) as server, browser_page(1280, 720) as page:
+        page.goto(f"{server.url}/learn?")
+        page.get_by_role("heading", name="Learn", exact=True).first.wait_for()
+        wait_idle(page)
+        page.locator(".st-key-talk label p").click()
+        page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'")
+        wait_idle(page)
+        page.locator('[data-testid="stTable"]').wait_for()
+        page.screenshot(path=ARTIFACTS / "browser-learn-talk-1280x720.png")
+        assert page.locator(EXCEPTION).count() == 0
+        assert page.evaluate(CUT_SHORT) == []
+        texts = page.evaluate(CHART_TEXT)
+        assert texts and min(size for _, size in texts) >= TALK_MIN_PX, sorted(texts, key=lambda t: t[1])[:3]
+        assert not any(text.endswith("…") for text, _ in texts)
+        main = page.locator('[data-testid="stMain"]').bounding_box()
+        for chart in page.locator(CHART).all():
+            box = chart.bounding_box()
+            assert box["x"] + box["width"] <= main["x"] + main["width"]
+
+
+# Content wider than the main area: the page scrolls sideways, or a panel is cut off at its right edge.
+OVERFLOW = """() => { const main = document.querySelector('[data-testid="stMain"]');
+    const right = main.getBoundingClientRect().right;
+    return [document.documentElement.scrollWidth > window.innerWidth + 1,
+            [...main.querySelectorAll('[data-testid="stVegaLiteChart"], [data-testid="stHorizontalBlock"]')]
+              .filter(e => e.offsetParent !== null && e.getBoundingClientRect().right > right + 1).length]; }"""
+IN_VIEW = """() => { const c = document.querySelector('[data-testid="stVegaLiteChart"]');
+    if (!c) return false; const b = c.getBoundingClientRect();
+    return b.top >= 0 && b.top < window.innerHeight / 2; }"""
+PRESETS_LOOK_FOR = {name: p.look_for for name, p in presets.PRESETS.items()}
+SCROLL_DOWN = """() => { const m = document.querySelector('[data-testid="stMain"]');
+    m.scrollTo({top: m.scrollHeight}); }"""
+
+
+# A line of the page that says only "None": an expression statement written by Streamlit's magic.
+STRAY_NONE = """() => document.querySelector('[data-testid="stMain"]').innerText.split('\\n')
+    .filter(line => line.trim() === 'None').length"""
+FIT_JARGON = ("least squares", "log space", "fitted")  # the method, kept behind "How this was measured"
+
+
+def finished_run_reads_plainly(page, *, export: bool) -> None:
+    """A finished run's page: no stray "None" under its summary, no fitting method in a chart's legend; `export`: the
+    exported SVG carries no fit either, and the one-line busy footnote exactly when the page says the computer was
+    busy."""
+    import html
+
+    page.locator('[data-testid="stDataFrame"], [data-testid="stTable"]').first.wait_for()  # the summary is drawn
+    assert page.evaluate(STRAY_NONE) == 0
+    legend = " ".join(text for text, _ in page.evaluate(CHART_TEXT)).lower()
+    assert legend and not [words for words in FIT_JARGON if words in legend], legend
+    if not export:
+        return
+    busy = page.get_by_text("the computer was busy: hollow points left out").count() > 0
+    page.locator("summary:visible", has_text="Export").first.click()
+    with page.expect_download() as download:
+        page.locator(".st-key-bench_dl_time_svg button").click()
+    svg = html.unescape(Path(download.value.path()).read_text(encoding="utf-8"))
+    assert not [words for words in FIT_JARGON if words in svg.lower()]
+    assert (scaling.BUSY_FOOTNOTE in svg) == busy, busy
+
+
+def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_window(private_tmp):
+    """Issue 30, on one server: the quick demo's chart in view as soon as it is drawn, at 1280×720 and 1920×1080,
+    normal and talk mode (no scrolling, though Home was scrolled down), and so is the chart of a preset started from
+    the Benchmark page scrolled down to its presets; the Learn page's export popovers hold their buttons and none lies
+    on the page; nothing wider than the window and no label cut short at 1280×720 on every page with settings, normal
+    and talk."""
+    from playwright.sync_api import expect
+
+    _need_chromium()
+    preset = "Where linear attention wins"
+    with app_server(private_tmp) as server:
+        for width, height, talk in ((1280, 720, False), (1920, 1080, False), (1280, 720, True), (1920, 1080, True)):
+            shot = f"{width}x{height}{'-talk' * talk}"
+            with browser_page(width, height) as page:
+                page.goto(server.url)
+                page.locator(".st-key-home_demo button").wait_for()
+                wait_idle(page)
+                if talk:
+                    page.locator(".st-key-talk label p").click()
+                    page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'")
+                    wait_idle(page)
+                page.evaluate(SCROLL_DOWN)  # as a reader does before the demo button; the run must bring the chart up
+                page.locator(".st-key-home_demo button").click()
+                page.wait_for_selector(CHART, timeout=120_000)
+                page.wait_for_function(IN_VIEW, timeout=30_000)  # drawn in view, no scroll asked
+                page.screenshot(path=ARTIFACTS / f"browser-first-chart-{shot}.png")
+                page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
+                wait_idle(page)
+                assert page.evaluate(CUT_SHORT) == [], (width, talk)  # preset names, options, tables whole
+                assert page.evaluate(GRID_WIDE) == [], (width, talk)
+                assert page.evaluate(OVERFLOW) == [False, 0], (width, talk)
+                finished_run_reads_plainly(page, export=not talk)
+                # a preset from the Benchmark page, its buttons below the finished run's chart: the new chart comes up
+                page.evaluate(SCROLL_DOWN)
+                button = page.locator(f".st-key-bench_preset_{preset.lower().replace(' ', '_')} button")
+                button.scroll_into_view_if_needed()
+                assert not page.evaluate(IN_VIEW), shot  # the reader is down among the presets
+                button.click()
+                expect(page.get_by_text(PRESETS_LOOK_FOR[preset])).to_have_count(1, timeout=30_000)
+                page.wait_for_selector(CHART, timeout=120_000)
+                page.wait_for_function(IN_VIEW, timeout=30_000)
+                page.screenshot(path=ARTIFACTS / f"browser-preset-chart-{shot}.png")
+                stop = page.locator(".st-key-bench_stop button")
+                if stop.is_enabled():
+                    stop.click()  # its chart is in view: the rest of its sweep is not this test's business
+                page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
+        with browser_page(1280, 720) as page:
+            page.goto(f"{server.url}/learn")
+            page.get_by_role("heading", name="Learn", exact=True).first.wait_for()
+            wait_idle(page)
+            assert page.locator('[data-testid="stDownloadButton"]').count() == 0  # none spilled onto the page
+            popover = page.locator('[data-testid="stPopover"] button').first
+            popover.click()
+            page.locator('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]').first.wait_for()
+            assert page.locator('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]').count() == 3
+            page.screenshot(path=ARTIFACTS / "browser-learn-popover-1280x720.png")
+            page.keyboard.press("Escape")
+            for path in ("learn", "patterns", "theory", "accuracy", "planner", "recall", "compare"):
+                page.goto(f"{server.url}/{path}")
+                page.locator('[data-testid="stMain"] h1').first.wait_for()
+                if path not in ("recall", "compare"):  # these two open on a table, not a chart
+                    page.locator(CHART).first.wait_for(state="attached", timeout=120_000)
+                wait_idle(page)
+                assert settled(page, OVERFLOW, [False, 0]) == [False, 0], path
+                assert settled(page, CUT_SHORT, []) == [], path  # labels, chips and buttons whole at 1280×720
+                assert page.evaluate(GRID_WIDE) == [], path  # and every column of a table in view
+                page.locator(".st-key-talk label p").click()  # and in talk mode's large type
+                page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'")
+                wait_idle(page)
+                assert settled(page, OVERFLOW, [False, 0]) == [False, 0], (path, "talk")
+                assert settled(page, CUT_SHORT, []) == [], (path, "talk")
+                assert page.locator(EXCEPTION).count() == 0
