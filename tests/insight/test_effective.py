@@ -18,7 +18,7 @@ SMALL = {"sliding_window": {"window": 3}, "local": {"block": 4, "lookback": 1, "
 # Weights that are not a distribution: Nyströmformer's F·A⁺·B, whose pseudo-inverse has negative entries and whose
 # rows sum to 1 only as far as the iteration has converged (6 steps: within 5% here).
 SIGNED = {"nystrom": 0.1}
-# Weights not meant to sum to 1, checked in the mechanism's own tests (tests/test_<key>.py).
+# Weights not meant to sum to 1, checked in the mechanism's own tests (tests/mechanisms/test_<key>.py).
 UNNORMALIZED = {"differential": "rows sum to 1 − λ, some entries negative", "sigmoid": "sigmoids nothing normalises",
                 "mamba2": "a recurrence's (q·k)·decay·dt: signed, rows not normalised",
                 "gated_deltanet": "a memory's decayed, delta-corrected mixing matrix: rows of any sum",
