@@ -14,7 +14,7 @@ import pytest
 from attn_core import mechanisms
 from tests import copies
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 # The test modules parametrized over the registry (ac.MECHANISMS), each case's id naming its mechanism.
 REGISTRY_WIDE = ("contract/test_mechanisms.py", "nn/test_generation.py", "contract/test_padding.py", "insight/test_effective.py", "nn/test_layers.py",
                  "engine/test_hardening_library.py", "nn/test_generate_mode.py")

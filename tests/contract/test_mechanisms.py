@@ -303,7 +303,7 @@ def test_spec_costs_are_positive_and_grow_as_stated(key, causal):
 
 def test_import_does_not_pull_in_streamlit():
     code = "import sys, attn_core; assert 'streamlit' not in sys.modules, 'streamlit imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
 
 
 def profiled_peak(fn) -> int:
