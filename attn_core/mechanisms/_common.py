@@ -250,6 +250,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = Q
     return (out if weight is None else out * weight.to(out.dtype)).to(x.dtype)
 
 
+def with_options(spec: MechanismSpec, attend: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 qk_norm: bool | torch.Tensor, output_gate: torch.Tensor | None, **kwargs: Any) -> torch.Tensor:
+    """`attend(q, k, v, **kwargs)` with the softmax family's options, each checked with a sentence: q and k
+    RMS-normalised first (`qk_norm`), the output gated by σ(`output_gate`) after. O(n·H·D) on top of `attend`."""
+    if output_gate is not None:
+        check_output_gate(spec, output_gate, q)
+    check_qk_norm(spec, qk_norm, q)
+    out = attend(*(qk_normed(q, k, qk_norm) if qk_norm is not False else (q, k)), v, **kwargs)
+    return out if output_gate is None else out * torch.sigmoid(output_gate)
+
+
 def qk_normed(q: torch.Tensor, k: torch.Tensor, qk_norm: bool | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k RMS-normalised per head and position (`rms_norm`), one learned (D,) weight for both where given."""
     weight = None if qk_norm is True else qk_norm

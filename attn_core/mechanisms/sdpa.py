@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, attend, kv_bytes
-from ._common import (check_key_padding, check_output_gate, check_qk_norm, check_score_bias, check_sinks,
-                      checked_shape, first_key, fold, qk_normed, repeated, scale, sink_weight, unfold)
+from ._common import (check_key_padding, check_score_bias, check_sinks, checked_shape, first_key, fold, repeated,
+                      scale, sink_weight, unfold, with_options)
 
 _BACKENDS = {0: "math", 1: "flash", 2: "memory-efficient", 3: "cuDNN", 4: "overrideable"}
 
@@ -39,12 +39,8 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     `output_gate` (B, H, Nq, D): gate logits g, out ⊙ σ(g) (arXiv 2505.06708, Qwen3-Next).
     """
     if output_gate is not None or qk_norm is not False:
-        if output_gate is not None:
-            check_output_gate(SPEC, output_gate, q)
-        check_qk_norm(SPEC, qk_norm, q)
-        out = sdpa_attention(*(qk_normed(q, k, qk_norm) if qk_norm is not False else (q, k)), v, causal=causal,
-                             key_padding_mask=key_padding_mask, score_bias=score_bias, sinks=sinks)
-        return out if output_gate is None else out * torch.sigmoid(output_gate)
+        return with_options(SPEC, sdpa_attention, q, k, v, qk_norm=qk_norm, output_gate=output_gate, causal=causal,
+                            key_padding_mask=key_padding_mask, score_bias=score_bias, sinks=sinks)
     checked_shape(SPEC, q, k, v, causal)
     if score_bias is not None:
         check_score_bias(SPEC, score_bias, q, k)

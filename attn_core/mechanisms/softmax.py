@@ -6,8 +6,8 @@ import torch
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import KVCache, kv_bytes, kv_step
-from ._common import (check_key_padding, check_output_gate, check_qk_norm, check_score_bias, check_sinks,
-                      checked_shape, fold, grouped_matmul, qk_normed, scale, sink_weight, softmax_or_zeros)
+from ._common import (check_key_padding, check_score_bias, check_sinks, checked_shape, fold, grouped_matmul, scale,
+                      sink_weight, softmax_or_zeros, with_options)
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, mask: torch.Tensor | None,
@@ -44,12 +44,8 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     `output_gate` (B, H, Nq, D): gate logits g, out ⊙ σ(g) (arXiv 2505.06708, Qwen3-Next).
     """
     if output_gate is not None or qk_norm is not False:
-        if output_gate is not None:
-            check_output_gate(SPEC, output_gate, q)
-        check_qk_norm(SPEC, qk_norm, q)
-        out = softmax_attention(*(qk_normed(q, k, qk_norm) if qk_norm is not False else (q, k)), v, causal=causal,
-                                mask=mask, key_padding_mask=key_padding_mask, score_bias=score_bias, sinks=sinks)
-        return out if output_gate is None else out * torch.sigmoid(output_gate)
+        return with_options(SPEC, softmax_attention, q, k, v, qk_norm=qk_norm, output_gate=output_gate, causal=causal,
+                            mask=mask, key_padding_mask=key_padding_mask, score_bias=score_bias, sinks=sinks)
     checked_shape(SPEC, q, k, v, causal)
     if mask is not None and mask.dtype != torch.bool:
         raise ValueError(f"mask must be boolean (True = attend), got {mask.dtype}")
