@@ -88,7 +88,7 @@ def show_chart(chart, **options) -> None:
 
 def ensure_routed() -> None:
     """Call first in every page and in the router. The one private Streamlit call of the dashboard, kept here alone
-    (tests/test_server.py fails the day Streamlit changes it). A folder named pages/ beside app.py puts a fresh
+    (tests/engine/test_server.py fails the day Streamlit changes it). A folder named pages/ beside app.py puts a fresh
     server in Streamlit's legacy multipage mode until st.navigation first runs: a deep link as its first request runs
     the page alone (the router never runs, the page has no frame), and "/" runs the router as a legacy page, whose
     widgets then change identity on the next run (a first click is lost). Leave that mode for good (as st.navigation

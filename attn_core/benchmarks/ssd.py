@@ -11,7 +11,7 @@ round (the two calls of a round ran side by side).
 
 The peer, `paper_ssd`, is written here from the listing 'ssd_minimal_discrete' of Dao and Gu 2024 ('Transformers are
 SSMs', arXiv 2405.21060, section 7 and appendix): the benchmark's stand-in for the public reference a user would reach
-for, not the project's code. It computes the same thing (tests/test_mamba2.py checks ours against a recurrence; this
+for, not the project's code. It computes the same thing (tests/mechanisms/test_mamba2.py checks ours against a recurrence; this
 script checks the two against each other before timing) in the paper's four einsum steps: the diagonal blocks with
 the decay mask exp(segsum), each chunk's state, the chunk states mixed by an (nc + 1) × (nc + 1) decay matrix (nc
 chunks: quadratic in nc, where ours runs the recurrence over chunks), and the states read by the queries. It takes its
