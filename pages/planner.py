@@ -20,7 +20,7 @@ ensure_routed()  # a deep link as a server's first request: let the router run f
 
 NS = [2**k for k in range(10, 21)]
 DTYPES = ["model's own", "bfloat16", "float16", "float32"]
-STATE_KINDS = ["gated_deltanet", "mamba2", "linear"]  # mechanisms whose generation keeps a fixed-size state
+STATE_KINDS = ["gated_deltanet", "kda", "mamba2", "linear"]  # mechanisms whose generation keeps a fixed-size state
 SHARES = [i / 8 for i in range(9)]
 NEW = "new"  # the model list's entry for a model built from scratch (planner.NEW_MODEL)
 BASES = {**planner.MODELS, NEW: planner.NEW_MODEL}

@@ -235,10 +235,9 @@ def _recurrent(m: Mixer, notes: list[str]) -> Layer:
         return Layer(name="Gated DeltaNet", mechanism="gated_deltanet", count=1, heads=m.heads, head_dim=m.head_dim,
                      state_dim=None if m.key_dim == m.head_dim else m.key_dim)
     if m.kind == "kda":
-        notes.append("Kimi Delta Attention shown as Gated DeltaNet: its state, d_k × d_v a head, is the same size; "
-                     "only its gate (a decay per channel, not per head) differs")
-        return Layer(name="KDA (as Gated DeltaNet)", mechanism="gated_deltanet", count=1, heads=m.heads,
-                     head_dim=m.head_dim)
+        notes.append("Kimi Delta Attention (kda): a d_k × d_v state a head, the gated delta rule with a decay a key "
+                     "channel")
+        return Layer(name="KDA", mechanism="kda", count=1, heads=m.heads, head_dim=m.head_dim)
     if m.kind == "lightning":
         notes.append("lightning attention shown as linear attention: a head_dim × head_dim state a head (the linear "
                      "kind also keeps a head_dim normaliser, 1/head_dim more)")

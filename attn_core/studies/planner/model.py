@@ -31,7 +31,7 @@ _LAYER_FIELDS = ("name", "mechanism", "count", "heads", "head_dim", "kv_heads", 
 # Mechanisms whose state per head is (key width) × head_dim, so a layer may set the key width (`state_dim`): the spec's
 # bytes, for a head_dim × head_dim state, scale exactly by state_dim / head_dim (linear attention's normaliser is
 # key-wide too). Performer's state is as wide as its features instead: its own parameter sets it.
-STATE_DIM_KINDS = ("mamba2", "gated_deltanet", "linear")
+STATE_DIM_KINDS = ("mamba2", "gated_deltanet", "kda", "linear")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -267,7 +267,7 @@ def plan(model: Model, context: int, *, batch: int = 1, dtype: str | None = None
               f"prefill FLOPs are the {layer.mechanism} kernel's, which keeps a {layer.head_dim} × {layer.head_dim} "
               "one" for layer in model.layers if layer.state_width != layer.head_dim]
     notes.append("predicted from the specs' cost models, not measured: the cache and the attention's FLOPs; the "
-                 "weights and MLPs are counted apart (weights.count_weights, roofline)")
+                 "weights and MLPs are counted apart (the weights line of a config.json, and --gpu's roofline)")
     return Plan(model, context, batch, name, kinds, tuple(notes))
 
 
