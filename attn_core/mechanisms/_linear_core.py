@@ -11,9 +11,10 @@ import torch.nn.functional as F
 
 from ..spec import Shape
 from ._common import HALF, check_finite, trusted, workspace
+from ._cpu import caches
 
 LOG2E = 1 / math.log(2)  # exp(x) = 2^(x·log₂e): torch's exp2 runs 2.5× faster than its exp on the CPU
-CHUNK_BYTES = 2 << 20  # one chunk's rows of φ and V, all heads, float32 (see chunk_rows)
+CHUNK_BYTES = caches().own  # one chunk's rows of φ and V, all heads, float32: the cores' own L2 (see chunk_rows)
 MIN_ROWS = 64  # fewer rows per chunk and the per-op overhead (a few µs a call) outweighs what the cache saves
 
 QueryMap = Callable[[torch.Tensor], torch.Tensor]
@@ -36,8 +37,9 @@ def chunk_rows(bh: int, n: int, m: int, d: int, causal: bool, device: str = "cpu
     """Rows per chunk: the B·H heads' rows of φ (m wide) and of V or the output (D wide), float32, fill CHUNK_BYTES
     (on a GPU, `workspace`'s multiple of it), rounded down to a power of two, at least MIN_ROWS and one causal block,
     at most n (causal: rounded up to whole blocks). B·H = 8, D = 64, CPU: linear 512 rows, Performer's m = 256
-    128. 2 MiB is the L2 of the two cores the benchmark runs on (1 MiB each, AMD EPYC; each thread maps half the
-    heads); measured at n = 8192 the time is flat within 5–10% from a quarter to four times that. The causal chunk
+    128. CHUNK_BYTES is the level-2 cache of the cores the threads run on, together (`_cpu.Caches.own`: each thread
+    maps its share of the heads into its own core's cache): 2 MiB on the AMD EPYC it was measured on (1 MiB a core,
+    two cores), where the time at n = 8192 is flat within 5–10% from a quarter to four times that. The causal chunk
     holds as much again in block states and C×C products; half the rows for it ran no faster on one thread and
     5–10% slower on two (twice the ops)."""
     unit = causal_block(m, d) if causal else 1
@@ -263,12 +265,14 @@ def _same_keys(x: torch.Tensor, floor: torch.Tensor | None) -> tuple[torch.Tenso
 
 
 # -- elu + 1 in whole-tensor operations (linear attention's float32/float64 forward)
-WHOLE_BYTES = 16 << 20  # the largest (B·H, n, D) query tensor the whole-tensor form takes (see `whole_ready`)
+WHOLE_BYTES = caches().shared // 2  # the largest (B·H, n, D) query tensor the whole-tensor form takes: half the
+# last-level cache, its φ and scratch as large again (see `whole_fits`)
 
 
 def whole_fits(bh: int, n: int, d: int) -> bool:
-    """True when B·H query rows of n positions, D wide, fill at most WHOLE_BYTES in float32: such tensors stay in the
-    shared cache between operations, so `elu_attention` loses little by making them whole (and groups the heads
+    """True when B·H query rows of n positions, D wide, fill at most WHOLE_BYTES in float32 (half the CPU's
+    last-level cache, `_cpu.caches`: 16 MiB on the benchmark's EPYC): such tensors stay in the shared cache between
+    operations, so `elu_attention` loses little by making them whole (and groups the heads
     where that keeps a group in cache, `_non_causal_groups`). Longer inputs go to the
     cache-blocked chunks, whose tensors stay in each core's own cache (B = 1, H = 8, D = 64 on the benchmark's two
     cores, CPU time of one thread against linear-attention-transformer's calls: whole 1.18× at n = 8192 and 0.85×
@@ -296,7 +300,8 @@ def _divide(num: torch.Tensor, den: torch.Tensor, out: torch.Tensor | None = Non
     return not math.isfinite(low + high)
 
 
-GROUP_BYTES = 4 << 20  # one group's query rows in the non-causal whole form (see `_non_causal_groups`)
+GROUP_BYTES = caches().shared // 8  # one group's query rows in the non-causal whole form: with its φ, scratch,
+# keys and output about half the last-level cache (4 MiB on the benchmark's EPYC; see `_non_causal_groups`)
 
 
 def phi_into(x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:

@@ -9,10 +9,12 @@ import torch
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import Cache
 from ._common import check_key_padding, checked_shape, repeated, trusted, workspace
+from ._cpu import caches
 from ._linear_core import _grouped_rows, _rows, causal_chunks, work_dtype
 from .gated_deltanet import BETA_LOGIT, DT_RANGE, _chunk_flops, unit
 
-SEGMENT_BYTES = 2 << 20  # one segment's chunk tensors, all key/value heads, float32 (see `segment_rows`)
+SEGMENT_BYTES = caches().own  # one segment's chunk tensors, all key/value heads, float32: the cores' own L2, as
+# gated_deltanet's (see `segment_rows`, `_cpu.Caches.own`)
 # The chunk's products are formed as (k̂ ⊙ e^γ)(k̂ ⊙ e^−γ)ᵀ while a chunk's decay, −γ at its end, stays within this
 # many nats in every channel: e^−γ then neither overflows nor, times the smallest k̂ entry, loses digits to
 # subnormals (float32: e^80 < 3.4·10³⁸, and a subnormal's 1.4·10⁻⁴⁵ times e^80 is 8·10⁻¹¹). Past it (gates of a

@@ -1,0 +1,104 @@
+"""The CPU the kernels run on, read when they are imported: its cache sizes and the cores this process may use.
+
+The CPU kernels size their blocks, chunks and groups of heads so that the tensors one step makes stay in a cache
+between its operations. Those sizes were first tuned on one CPU (an AMD EPYC with 1 MiB of level-2 cache a core and
+32 MiB of level-3 shared by its two cores); they are written here as fractions of the caches of the CPU at hand, so
+that they give the tuned values on that CPU and scale on another (an Intel Xeon with 2 MiB a core and 36 MiB shared
+gets chunks twice as long). Where the OS does not say (no sysfs, no `sysconf` names), the values of that EPYC stand in.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+FALLBACK_L2 = 1 << 20  # bytes a core, the EPYC the sizes were first measured on
+FALLBACK_SHARED = 32 << 20  # its last-level cache
+
+
+@dataclass(frozen=True)
+class Caches:
+    """A core's own cache (`per_core`, the unified level 2, bytes), the last level the cores share (`shared`,
+    bytes), and the cores this process may use that the kernels' threads run on (`cores`); `source` says where the
+    sizes were read."""
+
+    per_core: int
+    shared: int
+    cores: int
+    source: str
+
+    @property
+    def own(self) -> int:
+        """The level-2 caches of the cores the threads run on, together: the most a step's working set, split
+        between the threads, can take and stay in each core's own cache."""
+        return self.per_core * self.cores
+
+    def describe(self) -> str:
+        mib = 1 << 20
+        return (f"L2 {self.per_core / mib:g} MiB a core × {self.cores} cores, last level {self.shared / mib:g} MiB "
+                f"({self.source})")
+
+
+def _size(text: str) -> int:
+    """'1024K' → 1048576; '36M' → 37748736; '512' → 512."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def _from_sysfs(root: Path = SYSFS) -> tuple[int | None, int | None]:
+    """(level-2 bytes a core, last-level bytes) from Linux's sysfs, None for what it does not list."""
+    l2 = shared = None
+    top = 0
+    try:
+        entries = sorted(root.glob("index*"))
+    except OSError:
+        return None, None
+    for entry in entries:
+        try:
+            level = int((entry / "level").read_text())
+            kind = (entry / "type").read_text().strip()
+            size = _size((entry / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if kind not in ("Unified", "Data"):
+            continue
+        if level == 2:
+            l2 = size
+        if level >= top and level >= 2:
+            top, shared = level, size
+    return l2, shared
+
+
+def _from_sysconf() -> tuple[int | None, int | None]:
+    """The same from glibc's sysconf names (0 or missing where it does not know)."""
+    def read(name: str) -> int | None:
+        try:
+            value = os.sysconf(name) if name in os.sysconf_names else 0
+        except (OSError, ValueError):
+            return None
+        return value if value > 0 else None
+    l2 = read("SC_LEVEL2_CACHE_SIZE")
+    return l2, read("SC_LEVEL3_CACHE_SIZE") or l2
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity), no more than torch's intra-op threads at import."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, torch.get_num_threads()))
+
+
+@functools.lru_cache(maxsize=1)
+def caches() -> Caches:
+    """This CPU's caches (read once a process): sysfs, then sysconf, then the EPYC's sizes."""
+    for source, (l2, shared) in (("sysfs", _from_sysfs()), ("sysconf", _from_sysconf())):
+        if l2:
+            return Caches(l2, max(shared or l2, l2), usable_cores(), source)
+    return Caches(FALLBACK_L2, FALLBACK_SHARED, usable_cores(), "not reported: an AMD EPYC's sizes assumed")
