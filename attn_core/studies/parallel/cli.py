@@ -21,8 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                   "state passing), bytes sent counted beside the cost model")
     p.add_argument("--scheme", required=True, choices=("ring", "ulysses", "state"),
                    help="ring: key/value blocks passed around a ring (softmax); ulysses: heads exchanged by "
-                        "all-to-all (any mechanism over q, k, v); state: the running state of linear, mamba2 or "
-                        "gated_deltanet passed on (causal)")
+                        "all-to-all (any mechanism over q, k, v); state: the running state of linear, mamba2, "
+                        "gated_deltanet or kda passed on (causal)")
     p.add_argument("--mechanism", default="softmax", help="a mechanism key (default %(default)s)")
     p.add_argument("--procs", type=int, default=2, help="processes P (default %(default)s)")
     p.add_argument("--n", type=int, default=1024, help="sequence length, a multiple of P (causal ring: of 2·P)")

@@ -15,7 +15,7 @@ def bytes_predicted(scheme: str, shape: tuple[int, int, int, int], procs: int, c
     not (zig-zag keeps the work even, not the traffic smaller). ulysses: four all-to-alls (q, k, v in, the output
     back), each keeping 1/P of its buffer at home: 4·(P − 1)·B·(H/P)·(n/P)·D·elem ≈ 4·n·H·D/P values. state: rank r
     < P − 1 sends the prefix of states in max(elem, 4) bytes, independent of n: B·H·(D·D + D) numbers for linear
-    (the state and its normaliser), B·H·D·D for mamba2 and gated_deltanet (multi-head: Hk = H); the last sends
+    (the state and its normaliser), B·H·D·D for mamba2, gated_deltanet and kda (multi-head: Hk = H); the last sends
     nothing."""
     B, H, n, D = shape
     if scheme == "ring":
@@ -23,7 +23,7 @@ def bytes_predicted(scheme: str, shape: tuple[int, int, int, int], procs: int, c
     if scheme == "ulysses":
         return (4 * (procs - 1) * B * (H // procs) * (n // procs) * D * elem,) * procs
     if scheme == "state":
-        per_head = {"linear": D * D + D, "mamba2": D * D, "gated_deltanet": D * D}[mechanism]
+        per_head = {"linear": D * D + D, "mamba2": D * D, "gated_deltanet": D * D, "kda": D * D}[mechanism]
         return (B * H * per_head * max(elem, 4),) * (procs - 1) + (0,)
     raise ValueError(f"scheme {scheme!r} is unknown; choose one of {', '.join(SCHEMES)}")
 

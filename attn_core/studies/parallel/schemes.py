@@ -189,8 +189,9 @@ def mamba2_state_passing(q, k, v, link: Link, dt, A, chunk: int = 64) -> torch.T
 
 
 def deltanet_state_passing(q, k, v, link: Link, alpha, beta, chunk: int = 32) -> torch.Tensor:
-    """Gated DeltaNet (Yang, Kautz, Hatamizadeh 2024, arXiv 2412.06464) over this rank's chunk: the update Sᵀ ←
-    α(I − β k̂k̂ᵀ)Sᵀ + β k̂vᵀ is affine in S, so the chunk maps a state before it to M_r·P + S_r, with M_r (d_k × d_k)
+    """Gated DeltaNet (Yang, Kautz, Hatamizadeh 2024, arXiv 2412.06464) or Kimi Delta Attention (arXiv 2510.26692:
+    `alpha` (B, Hk, n/P, D), a decay a key channel) over this rank's chunk: the update Sᵀ ← (I − β k̂k̂ᵀ)·α·Sᵀ + β k̂vᵀ
+    (α a number, or Diag(α)) is affine in S, so the chunk maps a state before it to M_r·P + S_r, with M_r (d_k × d_k)
     the chunk's run from the identity with v = 0 and S_r its run from zero; the prefix P_r arrives from r − 1,
     M_r·P_r + S_r goes on; then the chunked kernel runs from P_r. (B·Hk, D, D) sent, M_r stays home."""
     log_alpha = alpha.log()
@@ -203,14 +204,17 @@ def deltanet_state_passing(q, k, v, link: Link, alpha, beta, chunk: int = 32) ->
 
 
 def _deltanet_run(q, k, v, log_alpha, beta, chunk: int, S):
-    """gated_deltanet's chunked form from the state S (B·Hk, d_k, d_v) instead of zeros: (out or None, S after)."""
-    from attn_core.mechanisms import gated_deltanet as gdn
+    """The chunked form from the state S (B·Hk, d_k, d_v) instead of zeros: (out or None, S after); kda's when the
+    decays have a key channel each (log_alpha (B, Hk, n, D)), else gated_deltanet's. The two kernels share their
+    segment's signature."""
+    from attn_core.mechanisms import gated_deltanet, kda
     from attn_core.mechanisms._linear_core import causal_chunks
 
+    kernel = kda if log_alpha.dim() == 4 else gated_deltanet
     B, Hk, n, d = k.shape
     out = None if q is None else torch.empty(*q.shape[:3], v.shape[-1], dtype=v.dtype, device=v.device)
-    for s, e, c in causal_chunks(n, gdn.segment_rows(B * Hk, d, chunk, k.device.type), chunk):
-        S = gdn._segment(q, k, v, log_alpha, beta, S, out, s, e, c)
+    for s, e, c in causal_chunks(n, kernel.segment_rows(B * Hk, d, chunk, k.device.type), chunk):
+        S = kernel._segment(q, k, v, log_alpha, beta, S, out, s, e, c)
     return out, S
 
 
@@ -225,7 +229,7 @@ def compute(task: Task, link: Link, q, k, v) -> torch.Tensor:
         return ulysses(ql, kl, vl, link, task.mechanism, task.causal, dict(task.params))
     if task.mechanism == "linear":
         return linear_state_passing(ql, kl, vl, link)
-    state = {key: t[:, :, pos] if t.dim() == 3 else t for key, t in mechanism_state(task, q.device).items()}
+    state = {key: t[:, :, pos] if t.dim() >= 3 else t for key, t in mechanism_state(task, q.device).items()}
     if task.mechanism == "mamba2":
         return mamba2_state_passing(ql, kl, vl, link, **state, **dict(task.params))
-    return deltanet_state_passing(ql, kl, vl, link, **state, **dict(task.params))
+    return deltanet_state_passing(ql, kl, vl, link, **state, **dict(task.params))  # gated_deltanet or kda

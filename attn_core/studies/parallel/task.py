@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 SCHEMES = ("ring", "ulysses", "state")
-STATE_MECHANISMS = ("linear", "mamba2", "gated_deltanet")  # causal forms with a running state `state` passes on
+# causal forms with a running state `state` passes on
+STATE_MECHANISMS = ("linear", "mamba2", "gated_deltanet", "kda")
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,8 @@ def inputs(task: Task, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor,
 
 
 def mechanism_state(task: Task, device: str = "cpu") -> dict:
-    """The mechanism's seeded state over the whole sequence (mamba2's dt and A, Gated DeltaNet's gates), from the
-    task's seed: every rank draws it whole and takes its positions, the reference takes it all."""
+    """The mechanism's seeded state over the whole sequence (mamba2's dt and A, Gated DeltaNet's and KDA's gates),
+    from the task's seed: every rank draws it whole and takes its positions, the reference takes it all."""
     from attn_core.api import make_state
     from attn_core.spec import Shape
 
