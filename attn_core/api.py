@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .mechanisms import LATENT, MECHANISMS
+from .mechanisms._cpu import free_core_threads
 from .mechanisms._common import (check_finite, check_key_padding, check_output_gate, check_qk_norm, check_qkv,
                                  check_score_bias, check_sinks)
 from .spec import MechanismSpec, Shape
@@ -80,7 +81,11 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     k RMS-normalised per head before the scores. Options of the softmax family (`supports.output_gate`, `qk_norm`).
 
     `seed`: for a mechanism that draws random state (`seeded()`: projections, rotations, gates), the seed of the
-    state not passed; a mechanism without any refuses it with a sentence."""
+    state not passed; a mechanism without any refuses it with a sentence.
+
+    On a CPU, a call of a million numbers or more runs on no more threads than the cores other programs leave free
+    at that instant (`_cpu.free_core_threads`; torch's own count when the machine is otherwise idle), then torch's
+    thread count is set back: a busy core would otherwise hold up every parallel operation of the call."""
     spec = get(key)
     # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
     takes_mask = "mask" in inspect.signature(spec.fn).parameters
@@ -104,7 +109,10 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if qk_norm is not False:
         check_qk_norm(spec, qk_norm, q)
         params["qk_norm"] = qk_norm
-    if key_padding_mask is None:
+    if key_padding_mask is not None:
+        check_key_padding(spec, key_padding_mask, q, k)
+        params["key_padding_mask"] = key_padding_mask
+    if q.device.type != "cpu":
         return spec.fn(q, k, v, causal=causal, **params)
-    check_key_padding(spec, key_padding_mask, q, k)
-    return spec.fn(q, k, v, causal=causal, key_padding_mask=key_padding_mask, **params)
+    with free_core_threads(max(q.numel(), k.numel())):  # no more threads than the cores free now
+        return spec.fn(q, k, v, causal=causal, **params)

@@ -8,10 +8,12 @@ gets chunks twice as long). Where the OS does not say (no sysfs, no `sysconf` na
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -102,3 +104,91 @@ def caches() -> Caches:
         if l2:
             return Caches(l2, max(shared or l2, l2), usable_cores(), source)
     return Caches(FALLBACK_L2, FALLBACK_SHARED, usable_cores(), "not reported: an AMD EPYC's sizes assumed")
+
+
+# -- threads from the free cores at call time -------------------------------------------------------------------
+FIT_WORK = 1 << 20  # B·H·n·D numbers at least (a call of a millisecond or more) before the free cores are counted
+_LOADAVG: list[int] = []  # /proc/loadavg opened once (a pread each call: a few µs)
+
+
+def _running_now() -> int | None:
+    """Tasks running or runnable on the machine this instant, the reader included (Linux: /proc/loadavg's fourth
+    field, 'running/total'); None where the OS does not say."""
+    try:
+        if not _LOADAVG:
+            _LOADAVG.append(os.open("/proc/loadavg", os.O_RDONLY))
+        return int(os.pread(_LOADAVG[0], 128, 0).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_TASKS: dict[str, int] = {}  # this process's threads' stat files, opened once each
+
+
+def _own_running() -> int:
+    """This process's threads running or runnable this instant (state R in /proc/self/task/*/stat): the caller,
+    and torch's workers still spinning after their last operation."""
+    try:
+        tasks = set(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+    for tid in [t for t in _TASKS if t not in tasks]:  # threads gone: their files closed
+        with contextlib.suppress(OSError):
+            os.close(_TASKS.pop(tid))
+    count = 0
+    for tid in tasks:
+        try:
+            if tid not in _TASKS:
+                _TASKS[tid] = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+            stat = os.pread(_TASKS[tid], 512, 0)
+        except OSError:
+            continue
+        count += stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"R"
+    return max(count, 1)
+
+
+def others_running() -> int:
+    """Threads of other programs running or waiting for a core this instant (0 where the OS does not say): the
+    machine's count less this process's own. One file read when the machine is otherwise idle; the process's
+    threads are read only when it is not."""
+    total = _running_now()
+    if total is None or total <= 1:
+        return 0
+    return max(total - _own_running(), 0)
+
+
+def fitted(threads: int, cores: int, others: int) -> int:
+    """The threads a call takes: as many as torch would (`threads`), but no more than the cores other programs
+    leave free, and at least one."""
+    return max(1, min(threads, cores - others))
+
+
+@contextlib.contextmanager
+def free_core_threads(work: int) -> Iterator[None]:
+    """torch's intra-op threads cut, for the calls inside, to the cores free at this instant (`fitted`), then set
+    back. Why: each parallel operation ends when its slowest thread does; with another program on one of two
+    cores, the thread that shares that core waits a time slice (milliseconds) at every operation, and a kernel made
+    of many small operations (chunks, blocks, groups of heads) pays it at each. On the benchmark's 2-core EPYC at
+    load 15, linear attention at n = 8192 took 6.9× a whole-tensor peer's time on 2 threads and 0.95× on one. Calls
+    of less than FIT_WORK numbers (B·H·n·D) are left alone: their time is too short for the count to pay."""
+    want = torch.get_num_threads()
+    if work < FIT_WORK or want <= 1:
+        yield
+        return
+    use = fitted(want, usable_cores_now(), others_running())
+    if use == want:
+        yield
+        return
+    torch.set_num_threads(use)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(want)
+
+
+def usable_cores_now() -> int:
+    """Cores this process may run on now (its affinity), whatever torch's threads."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -1,0 +1,72 @@
+"""Threads from the free cores at call time (`mechanisms._cpu.free_core_threads`): the count read from the OS's
+instantaneous counters, the threads cut inside and set back after, the results unchanged."""
+import os
+
+import pytest
+import torch
+
+from attn_core import attention
+from attn_core.mechanisms import _cpu
+
+
+@pytest.mark.parametrize("threads,cores,others,expected", [
+    (2, 2, 0, 2),  # quiet: torch's own count
+    (2, 2, 1, 1),  # one core taken by another program
+    (2, 2, 5, 1),  # a crowded machine: still one thread
+    (8, 16, 4, 8),  # enough free cores: unchanged
+    (8, 8, 3, 5),
+    (1, 2, 0, 1),
+])
+def test_fitted_threads(threads, cores, others, expected):
+    assert _cpu.fitted(threads, cores, others) == expected
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_threads_are_cut_inside_and_set_back_after(monkeypatch, two_threads):
+    monkeypatch.setattr(_cpu, "others_running", lambda: 1)
+    monkeypatch.setattr(_cpu, "usable_cores_now", lambda: 2)
+    with _cpu.free_core_threads(_cpu.FIT_WORK):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    with pytest.raises(RuntimeError):
+        with _cpu.free_core_threads(_cpu.FIT_WORK):
+            raise RuntimeError("a failing call")
+    assert torch.get_num_threads() == 2
+
+
+def test_small_calls_and_a_quiet_machine_are_left_alone(monkeypatch, two_threads):
+    monkeypatch.setattr(_cpu, "others_running", lambda: 1)
+    with _cpu.free_core_threads(_cpu.FIT_WORK - 1):
+        assert torch.get_num_threads() == 2
+    monkeypatch.setattr(_cpu, "others_running", lambda: 0)
+    monkeypatch.setattr(_cpu, "usable_cores_now", lambda: 2)
+    with _cpu.free_core_threads(_cpu.FIT_WORK):
+        assert torch.get_num_threads() == 2
+
+
+def test_attention_runs_on_the_free_cores_with_the_same_result(monkeypatch, two_threads):
+    seen = []
+    real = _cpu.fitted
+    monkeypatch.setattr(_cpu, "fitted", lambda *a: seen.append(a) or real(*a))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 2048, 64, generator=g, dtype=torch.float64) for _ in range(3))  # 2^20 numbers
+    quiet = attention("linear", q, k, v)
+    monkeypatch.setattr(_cpu, "others_running", lambda: 1)
+    monkeypatch.setattr(_cpu, "usable_cores_now", lambda: 2)
+    busy = attention("linear", q, k, v)
+    assert seen and seen[-1] == (2, 2, 1) and torch.get_num_threads() == 2
+    torch.testing.assert_close(busy, quiet, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="needs Linux's /proc/loadavg")
+def test_the_counters_are_read_from_proc():
+    assert _cpu._running_now() >= 1  # this process's own thread is running as it reads
+    assert _cpu._own_running() >= 1
+    assert _cpu.others_running() >= 0
