@@ -1,10 +1,15 @@
 """The dashboard's numbers against the command line's, in a real browser: agreement of the medians (default sweep and
 quick demo), repeatability of two runs, the default sweep's time, the first point after Run (fresh server and warm),
 a click while a sweep runs, and what a process spinning on one core does to a sweep's points (flagged or re-measured
-clean). Prints figures; asserts nothing. `python -m attn_core.benchmarks.dashboard`."""
+clean). With `--demos` instead: the quick demo and the presets run through the dashboard's own Job (each with its
+announced budget, Preset.seconds) while a process spins on one core, announced against taken for each; the figures
+the presets announce come from here. Prints figures; asserts nothing. `python -m attn_core.benchmarks.dashboard`."""
 from __future__ import annotations
 
+import argparse
 import contextlib
+import math
+import multiprocessing
 import os
 import signal
 import socket
@@ -18,11 +23,11 @@ from typing import Iterator
 
 import numpy as np
 import pandas as pd
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from .runner import Benchmark, Figure, Machine, run
 from ..engine import presets, results
 from ..engine.config import DEFAULT_SWEEP, SweepConfig
+from ..engine.job import KEPT_BUSY, Job
 from attn_core.engine.files import write_atomic
 from attn_core.engine.untrusted import csv_bytes
 
@@ -159,6 +164,8 @@ def exported(page) -> pd.DataFrame:
         page.get_by_text("Export", exact=True).first.click()
     button.wait_for()
     wait_idle(page)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout  # only the browser's part needs it
+
     for attempt in range(6):  # a click the page was not ready for starts no download: click again
         try:
             with page.expect_download(timeout=10_000) as download:
@@ -278,6 +285,8 @@ def save(runs: dict[str, pd.DataFrame], folder: str | None) -> None:
 
 
 def measure(args) -> list[Figure]:
+    if args.demos is not None:
+        return demos(args.demos, args.spin_s, args.try_s)
     quick = presets.QUICK_DEMO.for_device("cpu")[0]
     figures, runs = {}, {}
     with browser_page() as page:
@@ -335,9 +344,96 @@ def answer_during_sweep(page, url: str) -> float:
     return seconds
 
 
+# ---- --demos: the demos keep their word ----
+
+DEMOS = {presets.QUICK_DEMO.name: presets.QUICK_DEMO, **presets.PRESETS}
+SLACK = 1.5  # a demo keeps its word when it ends within its announced seconds × this
+
+
+def _spin(core: int, limit_s: float) -> None:
+    """Keep one core busy for `limit_s` seconds at most (a neighbour: a browser, a video call)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setaffinity(0, {core})
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        pass
+
+
+@contextlib.contextmanager
+def spinning(limit_s: float) -> Iterator[None]:
+    """A process spinning on the last core, started with multiprocessing, ending by itself after `limit_s` and killed
+    when the block ends."""
+    spinner = multiprocessing.get_context("spawn").Process(target=_spin, args=((os.cpu_count() or 1) - 1, limit_s),
+                                                           daemon=True, name="attn_core-spinner")
+    spinner.start()
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.join(5)
+
+
+def run_demo(preset: presets.Preset, budget_s: float | None) -> dict:
+    """One demo through the dashboard's Job on the CPU with the budget `budget_s`: seconds taken, seconds to its
+    first point, points kept hollow (KEPT_BUSY), samples retaken."""
+    began = time.perf_counter()
+    job = Job.measure(preset.name, preset.for_device("cpu"), keep=False, budget_s=budget_s)
+    first = math.nan
+    while not job.wait(0.05):
+        if math.isnan(first) and job.measurements:
+            first = time.perf_counter() - began
+    taken = time.perf_counter() - began
+    frame = job.frame()
+    ok = frame[frame["status"] == "ok"]
+    return {"taken": taken, "first": first if not math.isnan(first) else taken, "points": len(frame),
+            "kept": int((ok["reason"] == KEPT_BUSY).sum()), "retaken": int(ok["retaken"].sum()),
+            "error": job.error or ""}
+
+
+def demos(names: list[str], spin_s: float, try_s: float | None) -> list[Figure]:
+    """Each demo named (all when none is) with a process spinning on one core: announced against taken. A demo
+    that announces nothing yet runs under the budget `try_s` (None: none), and what it took is the figure to
+    announce."""
+    chosen = {name: DEMOS[name] for name in (names or DEMOS)}
+    found: list[Figure] = []
+    print(f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores; a process spins "
+          "on one core throughout")
+    with spinning(spin_s):
+        for name, preset in chosen.items():
+            r = run_demo(preset, preset.seconds or try_s)
+            said = (f"{preset.seconds:5.0f} s" if preset.seconds else
+                    f"none (tried {try_s:g} s)" if try_s else "none")
+            kept = (preset.seconds is None or r["taken"] <= SLACK * preset.seconds) and not r["error"]
+            print(f"  {name:<34} announced {said}  taken {r['taken']:6.1f} s  first point {r['first']:5.1f} s  "
+                  f"{r['points']:>2} points, {r['kept']} kept hollow, {r['retaken']} samples retaken"
+                  + (f"  ERROR {r['error']}" if r["error"] else "") + ("" if kept else "  (word not kept)"))
+            target = None if preset.seconds is None else f"≤ {SLACK * preset.seconds:.0f}"
+            found += [Figure(f"{name}: seconds taken", r["taken"], "s", target=target,
+                             meets=None if target is None else kept),
+                      Figure(f"{name}: seconds to the first point", r["first"], "s")]
+    print(f"load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return found
+
+
+def options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--demos", nargs="*", default=None, metavar="NAME",
+                   help="drive the quick demo and the presets (or those named) through the dashboard's job with one "
+                        "core busy, instead of the browser comparisons")
+    p.add_argument("--spin-s", type=float, default=900.0, help="the longest the spinning process runs (s)")
+    p.add_argument("--try-s", type=float, default=None,
+                   help="the budget of a demo that announces no seconds yet (default: none)")
+
+
+def settle(args: argparse.Namespace) -> None:
+    unknown = [name for name in args.demos or () if name not in DEMOS]
+    if unknown:
+        raise ValueError(f"no demo called {', '.join(map(repr, unknown))}; the demos are {', '.join(DEMOS)}")
+
+
 BENCHMARK = Benchmark(
     "dashboard", "The dashboard's numbers against the command line's, in a real browser: agreement, repeatability, "
-    "the default sweep's time, the first point after Run, a click during a sweep, a busy core.", measure,
+    "the default sweep's time, the first point after Run, a click during a sweep, a busy core; or (--demos) each "
+    "demo's announced seconds against those it took with one core busy.", measure, options=options, settle=settle,
     setting=lambda args: f"the dashboard against the command line, {os.cpu_count()} CPUs; Chromium shows the page "
                          "throughout. Ratios are medians of the same point, max(a/b, b/a).",
     machine=Machine(threads=None, devices=("cpu",), rounds=None, clocks=("wall",)), doc=__doc__)

@@ -4,10 +4,12 @@ lock), or plays a saved run back point by point; on a Stage it first waits its t
 `poll()`, `progress`, `cancel()`, `done`, `error`, `frame()`, `result()`."""
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -19,9 +21,11 @@ from .measure import resolve_mechanisms
 from .measurement import Measurement, theory_of, unmeasured
 from .problem import Problem
 from .results import SCHEMA_VERSION, Run, frame_from_rows
-from .timing import MIN_SAMPLE_S
+from .timing import MIN_SAMPLE_S, busy
 from attn_core.engine.store import Store, StoreError
 from .worker import WorkerError, get_worker, prestart
+
+KEPT_BUSY = "kept: the machine was busy"  # the reason on a point kept disturbed (drawn hollow)
 
 # A point normally ends by itself within about 2 × point_budget_s (a warm-up call and one sample past the budget);
 # one still running at HARD_LIMIT_FACTOR × budget + HARD_LIMIT_GRACE_S is stopped by killing the worker.
@@ -31,13 +35,24 @@ HARD_LIMIT_FACTOR, HARD_LIMIT_GRACE_S = 3.0, 10.0
 @dataclass(frozen=True)
 class Progress:
     """Where a job is: points `done` of `total`, seconds left (None until a point has been timed), what runs now,
-    and the seconds since it started."""
+    the seconds since it started, whether other programs were taking the machine at the last point (`busy`), and
+    whether it measures now (`measuring`: not queued, withdrawn, replayed or finished)."""
 
     done: int
     total: int
     eta_s: float | None
     current: str
     elapsed_s: float = 0.0
+    busy: bool = False
+    measuring: bool = False
+
+    @property
+    def eta_text(self) -> str:
+        """The time left in words: 'about 12 s left', 'the machine is busy: about 40 s left', 'measuring the first
+        point…' before any point gives a rate; '' when there is nothing to say."""
+        if self.eta_s is None:
+            return "measuring the first point…" if self.measuring and self.done == 0 else ""
+        return f"{'the machine is busy: ' if self.busy else ''}about {self.eta_s:.0f} s left"
 
 
 class Job:
@@ -49,8 +64,10 @@ class Job:
     def __init__(self, name: str, sweeps: Sequence[SweepConfig] = (), *, extra_mechanisms: tuple[str, ...] = (),
                  lock_wait_s: float | None = None, replay: Run | None = None, points_per_s: float = 3.0,
                  clock: Callable[[], float] = time.monotonic, keep: bool = True, store_path: str | None = None,
-                 resume: int | None = None):
+                 resume: int | None = None, budget_s: float | None = None, workers: Callable[[], Any] = get_worker):
         self.name = name
+        self.budget_s = budget_s  # a demo's wall-clock budget (the seconds it announces); None: no budget
+        self._workers = workers  # where the measuring worker comes from (a test's fake)
         self.sweeps = tuple(s.replaced(device=env.resolve_device(s.problem.device)) for s in sweeps)
         self.extra_mechanisms = tuple(extra_mechanisms)
         self.registry = resolve_mechanisms(self.extra_mechanisms)
@@ -68,8 +85,10 @@ class Job:
         self._cancel = threading.Event()
         self._finished = threading.Event()
         self._current = "starting"
-        self._speeds: dict[tuple, float] = {}  # series → achieved GFLOP/s (executed FLOPs) at its last point
-        self._overhead, self._timed = 0.0, 0  # seconds a point costs beyond its calls (inputs, transfers): mean
+        self._speeds: dict[tuple, float] = {}  # series → GFLOP/s (executed FLOPs) at its last point, quiet machine
+        self._overhead, self._timed = 0.0, 0  # seconds a point costs beyond its calls (inputs, waits): mean
+        self._retaken, self._repeats = 0, 0  # samples taken again for contention, and samples kept, in all
+        self._slowdown, self._busy = 1.0, False  # the last point's: time × this under its foreign load; busy
         self._clock = clock
         self._began: float | None = None
         self._ended: float | None = None
@@ -90,19 +109,22 @@ class Job:
     @classmethod
     def measure(cls, name: str, sweeps: Sequence[SweepConfig], *, stage=None, watcher: str = "",
                 extra_mechanisms: tuple[str, ...] = (), lock_wait_s: float | None = None, keep: bool = True,
-                store_path: str | None = None, resume: int | None = None) -> "Job":
+                store_path: str | None = None, resume: int | None = None, budget_s: float | None = None,
+                workers: Callable[[], Any] = get_worker) -> "Job":
         """Validate the sweeps (ValueError listing their problems, each a sentence) and start measuring them one
         after another, or queue them on `stage` (for `watcher`, a session) to start when the machine is free. If
         another sweep holds the machine's lock, the job waits up to `lock_wait_s` (default LOCK_WAIT_S) showing
         'waiting for another sweep…', then ends with `error` saying that one is running. Its points go to the run
-        store as they arrive (`keep`; at `store_path`, else store.default_path()), into run `resume` if given."""
+        store as they arrive (`keep`; at `store_path`, else store.default_path()), into run `resume` if given.
+        `budget_s`: a demo's wall-clock budget; each point gets a share of what is left of it, weighed by its
+        forecast, and past its share is kept as it is (no retakes, drawn hollow and labelled KEPT_BUSY)."""
         registry = resolve_mechanisms(tuple(extra_mechanisms))
         found = [p for s in sweeps for p in s.problems(registry)] if sweeps else ["no sweep is given"]
         if found:
             found = list(dict.fromkeys(found))
             raise ValueError(" ".join(p[0].upper() + p[1:] + ("" if p.endswith(".") else ".") for p in found))
         job = cls(name, sweeps, extra_mechanisms=extra_mechanisms, lock_wait_s=lock_wait_s, keep=keep,
-                  store_path=store_path, resume=resume)
+                  store_path=store_path, resume=resume, budget_s=budget_s, workers=workers)
         if stage is None:
             job.start()
         else:
@@ -211,7 +233,7 @@ class Job:
             return Progress(done, self.total, (self.total - done) / self.points_per_s, now, elapsed)
         if self.done:
             return Progress(done, self.total, 0.0, "finished", elapsed)
-        return Progress(done, self.total, self._eta(done), current, elapsed)
+        return Progress(done, self.total, self._eta(done, elapsed), current, elapsed, self._busy, True)
 
     def cancel(self) -> None:
         """Stop soon (within about a second; a kernel that does not return by then is stopped by killing the
@@ -246,32 +268,62 @@ class Job:
         with self._guard:
             self._points.extend(self._source[len(self._points):upto])
 
-    def _eta(self, done: int) -> float | None:
-        """Seconds left, from the specs' executed FLOPs and this device's speed: each remaining point is its
-        calls (warm-up, the memory run, the samples) at executed FLOPs ÷ its series' achieved GFLOP/s at its last
-        point (a series not measured yet: the median of all measured points, or a quarter of the device's matmul
-        figure before any), capped at the point budget, plus the per-point overhead seen so far."""
+    def _forecast(self, done: int, retakes: bool = True) -> list[float] | None:
+        """Each remaining point's expected seconds: its calls at executed FLOPs ÷ its series' speed (GFLOP/s on a
+        quiet machine, the last measured one's: else the median of all; before any, a quarter of the device's matmul
+        figure), slowed by the foreign load measured at the last point, its samples taken 1 + (retakes per kept
+        sample so far) times (`retakes`), capped at the point budget, plus the per-point overhead seen so far
+        (inputs, waits for quiet). None when nothing gives a speed yet."""
         with self._guard:
-            measured, overhead = dict(self._speeds), self._overhead
+            measured, overhead, slowdown = dict(self._speeds), self._overhead, self._slowdown
+            rate = self._retaken / self._repeats if retakes and self._repeats else 0.0
         device = self.env.get("device_gflops")
         if not measured and not device:
             return None
         typical = float(np.median(list(measured.values()))) if measured else 0.25 * device
-        remaining = 0.0
+        out = []
         for problem, settings in self._plan[done:]:
             executed = theory_of(self.registry[problem.mechanism], problem).executed_flops
-            call_s = executed / 1e9 / measured.get(_series(problem), typical)
-            remaining += _point_seconds(settings, call_s) + overhead
-        return remaining
+            call_s = (0.0 if np.isnan(executed) else executed) / 1e9 / measured.get(_series(problem), typical)
+            out.append(_point_seconds(settings, call_s * slowdown, rate) + overhead)
+        return out
+
+    def _eta(self, done: int, elapsed: float = 0.0) -> float | None:
+        """Seconds left: the forecast's sum (None until a point has been timed: a first line never promises what
+        nothing measured). Under a budget, at most what is left of it, but never below the remaining points taken
+        once each without retakes."""
+        if not self._timed:
+            return None
+        left = sum(self._forecast(done) or [])
+        if self.budget_s is not None:
+            left = min(left, max(self.budget_s - elapsed, sum(self._forecast(done, retakes=False) or [])))
+        return left
+
+    def _share(self, index: int) -> float:
+        """The wall-clock seconds point `index` may take: what is left of the budget, in proportion to its forecast
+        among the remaining points' (equal shares before any forecast); inf without a budget."""
+        if self.budget_s is None:
+            return float("inf")
+        left = max(self.budget_s - (self._clock() - self._began), 0.0)
+        weights = self._forecast(index) or [1.0] * (len(self._plan) - index)
+        return left * weights[0] / sum(weights) if sum(weights) > 0 else left / len(weights)
 
     def _add(self, point: Measurement, elapsed_s: float = 0.0) -> None:
-        """Points arrive in the plan's order, so the next one's settings are the plan's."""
+        """Points arrive in the plan's order, so the next one's settings are the plan's. `elapsed_s`: the point's
+        wall-clock seconds, waits included."""
         with self._guard:
             settings = self._plan[len(self._points)][1] if not self.replaying else None
             self._points.append(point)
             if settings is not None and point.ok and point.summary.gflops > 0:
-                self._speeds[_series(point.problem)] = point.summary.gflops
-                left = max(elapsed_s - _point_seconds(settings, point.summary.median_s), 0.0)
+                c = point.conditions
+                foreign = 0.0 if np.isnan(c.foreign_cpu) else c.foreign_cpu
+                threads = 1.0 if np.isnan(c.threads) else c.threads
+                self._slowdown = max(1.0, (threads + foreign) / (os.cpu_count() or 1))
+                self._speeds[_series(point.problem)] = point.summary.gflops * self._slowdown  # on a quiet machine
+                self._busy = c.disturbed or c.retaken > 0 or busy(foreign, int(threads))
+                retakes = c.retaken / max(point.summary.repeats, 1)
+                self._retaken, self._repeats = self._retaken + c.retaken, self._repeats + point.summary.repeats
+                left = max(elapsed_s - _point_seconds(settings, point.summary.median_s, retakes), 0.0)
                 self._timed += 1
                 self._overhead += (left - self._overhead) / self._timed  # running mean over the timed points
 
@@ -309,7 +361,7 @@ class Job:
 
     def _ready_worker(self, threads: int | None):
         self._set_current("starting the measurement worker")
-        worker = get_worker()
+        worker = self._workers()
         info = worker.wait_ready(cancelled=self._cancel.is_set)
         self._threads = float(threads or info["threads"])
         return worker
@@ -331,15 +383,18 @@ class Job:
                 self._add(self._kept(self._unmeasured(problem, "skipped", over_budget[series])))
                 continue
             self._set_current(problem.describe())
+            began = self._clock()
             outcome = worker.measure(problem, settings, self.extra_mechanisms, limit_s=limit,
-                                     cancelled=self._cancel.is_set)
+                                     cancelled=self._cancel.is_set, wall_s=self._share(len(self.measurements)))
             point = outcome.point or self._unmeasured(
                 problem, "cancelled" if outcome.failure == "cancelled" else "failed", outcome.detail)
             if outcome.elapsed_s > budget:
                 over_budget[series] = (f"at n = {problem.n} this mechanism took {outcome.elapsed_s:.1f} s, "
                                        f"over the per-point budget of {budget:g} s; raise the budget to measure "
                                        "larger n")
-            self._add(self._kept(point), outcome.elapsed_s)
+            if point.ok and point.conditions.disturbed and not point.reason:
+                point = dataclasses.replace(point, reason=KEPT_BUSY)
+            self._add(self._kept(point), self._clock() - began)
             if outcome.failure in ("died", "timeout", "cancelled"):
                 if self._cancel.is_set():
                     prestart()  # a fresh worker for the next sweep, warming up in the background
@@ -408,10 +463,10 @@ def estimate_s(config: SweepConfig, gflops: float, registry, shares: tuple[float
                      for f in flops) for share in shares)
 
 
-def _point_seconds(c, call_s: float) -> float:
+def _point_seconds(c, call_s: float, retakes: float = 0.0) -> float:
     """A point's expected seconds under settings `c` at `call_s` a call: warm-up and memory calls, then the samples,
-    capped at the point budget."""
-    timed = max(c.min_repeats * max(call_s, MIN_SAMPLE_S), c.min_time_s)
+    each taken 1 + `retakes` times on average, capped at the point budget."""
+    timed = max(c.min_repeats * max(call_s, MIN_SAMPLE_S), c.min_time_s) * (1.0 + retakes)
     return min((c.warmup + c.measure_memory) * call_s + timed, c.point_budget_s)
 
 

@@ -136,10 +136,11 @@ def _timed(fn: Callable[..., torch.Tensor], problem: Problem, tensors: tuple[tor
 
 
 def measure(spec: MechanismSpec, problem: Problem, settings: Settings, cancelled: Callable[[], bool] = lambda: False,
-            turns: Turns = Turns()) -> tuple[Measurement, float]:
+            turns: Turns = Turns(), wall_s: float = math.inf) -> tuple[Measurement, float]:
     """Measure one point; (its Measurement, seconds it took). Statuses: ok; skipped (the problem cannot run, or the
     memory guard); oom on an allocator failure; failed on any other exception (its message is the reason);
-    cancelled. Time and memory come from separate runs, so profiling never inflates a time."""
+    cancelled. Time and memory come from separate runs, so profiling never inflates a time. `wall_s`: the point's
+    share of a demo's wall-clock budget, waits included; past it its samples are kept as they are (time_samples)."""
     start = time.perf_counter()
     try:
         if why := problem.spec_problems(spec):  # a generation it has no form for is skipped; the rest fail
@@ -149,7 +150,7 @@ def measure(spec: MechanismSpec, problem: Problem, settings: Settings, cancelled
         reason = guard(spec, problem, settings)
         if reason:
             return unmeasured(spec, problem, "skipped", reason, threads=torch.get_num_threads()), 0.0
-        point, waited = _measured(spec, problem, settings, cancelled, turns)
+        point, waited = _measured(spec, problem, settings, cancelled, turns, start + wall_s)
         once = sum(s for s in (point.one_time.compile_s, point.one_time.mask_s) if not math.isnan(s))
         # neither waits for quiet nor one-time costs (a compile, a block mask) count against the budget
         return point, time.perf_counter() - start - waited - once
@@ -190,7 +191,7 @@ def step_call(spec: MechanismSpec, problem: Problem, state: dict) -> tuple[Calla
 
 
 def _measured(spec: MechanismSpec, problem: Problem, settings: Settings, cancelled: Callable[[], bool],
-              turns: Turns) -> tuple[Measurement, float]:
+              turns: Turns, until: float = math.inf) -> tuple[Measurement, float]:
     state = make_state(spec, problem)
     peak, method, first_call_s = float("nan"), "", None
     generating, device = problem.mode == "generate", problem.device
@@ -218,7 +219,8 @@ def _measured(spec: MechanismSpec, problem: Problem, settings: Settings, cancell
             method, peak = _peak(thunk, device, cancelled)
             took = time.perf_counter() - began
             first_call_s = took if took >= 0.05 else None
-        timing = time_samples(thunk, device, settings, cancelled, first_call_s=first_call_s, turns=turns)
+        timing = time_samples(thunk, device, settings, cancelled, first_call_s=first_call_s, turns=turns,
+                              until=until)
         if settings.measure_memory and device != "cpu" and not generating:  # GPUs: after timing
             if timing.spent_s - timing.waited_s <= settings.point_budget_s:
                 method, peak = _peak(thunk, device, cancelled)

@@ -23,6 +23,9 @@ class Preset:
     configs: tuple[SweepConfig, ...]
     metric: str = "time_median_s"  # the chart to show first
     log: bool = True
+    # The seconds it announces and keeps to (the job's wall-clock budget): a figure attn_core/benchmarks/dashboard.py
+    # --demos measured through the dashboard's job with a process spinning on one core; None: not measured, no promise.
+    seconds: float | None = None
 
     def for_device(self, device: str, dtype: str | None = None) -> tuple[SweepConfig, ...]:
         """The configs on `device`, with longer sequences on an accelerator."""
@@ -40,7 +43,9 @@ def _config(mechanisms: tuple[str, ...], n_min: int, n_max: int, steps: int, **s
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("The quadratic wall",
            "Softmax's time and memory bend up as n² while the window and linear attention grow as n.",
-           (_config(("softmax", "sliding_window", "linear"), 256, 4096, 5),), metric="peak_bytes"),
+           (_config(("softmax", "sliding_window", "linear"), 256, 4096, 5),), metric="peak_bytes",
+           # attn_core/benchmarks/dashboard.py --demos, 2026-11-28: 52.7 s on 2 cores at load 13–15, one core spinning
+           seconds=53.0),
     Preset("Where linear attention wins",
            "Below n* the plain softmax is faster; past the marked crossover the linear mechanisms win.",
            (_config(("softmax", "linear", "performer"), 128, 4096, 6, d_model=256, heads=4),)),
@@ -94,7 +99,10 @@ PRESETS.update({p.name: p for p in (
            (DEFAULT_SWEEP.replaced(mechanisms=(("sdpa", {}), ("sdpa", {"kv_heads": 8}), ("sdpa", {"kv_heads": 1}),
                                                ("mla", {}), ("mla_naive", {})),
                                    ns=log_spaced(512, 16384, 6), mode="generate", heads=32, d_model=4096),),
-           metric="peak_bytes"),
+           metric="peak_bytes",
+           # attn_core/benchmarks/dashboard.py --demos, 2026-11-28: 104.8 s on 2 cores at load 13–15, one core
+           # spinning
+           seconds=105.0),
 )})
 PRESETS.update({p.name: p for p in (
     Preset("One mask, three kernels",
@@ -105,8 +113,27 @@ PRESETS.update({p.name: p for p in (
                                         ns=log_spaced(1024, 8192, 4), implementation=implementation)
                  for implementation in IMPLEMENTATIONS)),
 )})
+PRESETS.update({p.name: p for p in (
+    # Kimi Linear (arXiv 2510.26692) runs three KDA layers to one MLA layer; KDA is Gated DeltaNet (arXiv 2412.06464)
+    # with a decay for each key channel
+    Preset("Kimi Linear vs Gated DeltaNet vs softmax",
+           "Each new token: softmax reads a key-value cache that grows with the context n, Gated DeltaNet and Kimi "
+           "Linear's KDA update a d × d state a head, the same size at any context, so their time per token stays "
+           "flat; KDA's decay for each key channel changes what a step multiplies, not how much.",
+           (_config(("softmax", "gated_deltanet", "kda"), 1024, 16384, 5, mode="generate"),)),
+    # RetNet (arXiv 2307.08621), simple GLA (arXiv 2312.06635) and lightning attention (arXiv 2501.08313) are
+    # mamba2's kernel at other gates (attn_core/mechanisms/retention.py), so mamba2's line is what they cost
+    Preset("The retention family",
+           "RetNet's retention, simple GLA and MiniMax's lightning attention are one kernel, Mamba-2's chunked SSD, "
+           "with a decay a head (fixed, or one a token): the Mamba-2 line is what each costs. It grows as n, like "
+           "linear attention, which forgets nothing; the decay is what lets them keep recent tokens sharp.",
+           (_config(("linear", "mamba2"), 256, 4096, 5, causal=True),)),
+)})
 QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short sequences.",
-                    (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),))
+                    (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),),
+                    # attn_core/benchmarks/dashboard.py --demos, 2026-11-28: 29.9 s (16.1 s of it starting a fresh
+                    # worker) on 2 cores at load 13–15, one core spinning
+                    seconds=30.0)
 
 
 def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
@@ -131,3 +158,10 @@ def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
     left += ["both masks (causal and bidirectional)"] if frame["causal"].nunique() > 1 else []
     left += [f"{key} (not in this build)" for key in dict.fromkeys(seen["mechanism"]) if key not in MEASURED]
     return config, left
+
+
+def announced_s(name: str) -> float | None:
+    """The seconds the preset or quick demo called `name` announces (its measured Preset.seconds); None for any
+    other sweep."""
+    demo = PRESETS.get(name) or (QUICK_DEMO if name == QUICK_DEMO.name else None)
+    return None if demo is None else demo.seconds

@@ -10,7 +10,7 @@ from .config import SweepConfig
 from .job import Job
 from .results import Run
 from .stage import Stage
-from . import worker
+from . import presets, worker
 
 HEARTBEAT_S = 5.0  # how often a page that watches a job says so, whatever the page: well inside stage.ORPHAN_S
 _stage: Stage | None = None
@@ -56,12 +56,16 @@ def seen(session: str) -> None:
     stage().seen(session)
 
 
-def submit(name: str, configs: Sequence[SweepConfig], session: str, *, resume: int | None = None) -> Job:
+def submit(name: str, configs: Sequence[SweepConfig], session: str, *, resume: int | None = None,
+           budget_s: float | None = None) -> Job:
     """Sweeps run one after another as one job, queued on the stage for `session` (into run `resume` of the store,
-    if given). Sweeps that cannot run (a preset on a device without its dtype) give a job that ended at once with the
-    sentences as its error."""
+    if given). A demo (a preset or the quick demo, by its name) keeps to the seconds it announces (`budget_s`, else
+    its Preset.seconds). Sweeps that cannot run (a preset on a device without its dtype) give a job that ended at
+    once with the sentences as its error."""
+    if budget_s is None and resume is None:
+        budget_s = presets.announced_s(name)
     try:
-        return Job.measure(name, tuple(configs), stage=stage(), watcher=session, resume=resume)
+        return Job.measure(name, tuple(configs), stage=stage(), watcher=session, resume=resume, budget_s=budget_s)
     except ValueError as e:
         return Job.refused(name, str(e))
 

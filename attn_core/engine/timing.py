@@ -26,8 +26,9 @@ class Timing:
     """The timed samples of one point: `samples` (seconds per call) that the median is taken from, the seconds
     spent in all, what other programs did during those samples (`contention`), how many samples were taken again
     because another program took CPU from them (`retaken`), whether the point stayed disturbed after the
-    bounded retakes (then `samples` holds every sample, disturbed ones included), and the seconds it waited for its
-    turn or for quiet (`waited_s`, part of `spent_s`; not counted against the point's budget)."""
+    bounded retakes (then `samples` holds every sample, disturbed ones included), the seconds it waited for its
+    turn or for quiet (`waited_s`, part of `spent_s`; not counted against the point's budget), and whether it ran
+    past its share of a demo's wall-clock budget (`late`: from then on no retake and no wait for quiet)."""
 
     samples: list[float]
     spent_s: float
@@ -35,6 +36,7 @@ class Timing:
     retaken: int = 0
     disturbed: bool = False
     waited_s: float = 0.0
+    late: bool = False
 
 
 MAX_RETAKES = 20  # disturbed samples taken again per point, at most ...
@@ -97,7 +99,7 @@ def take_turn(probe: env.ContentionProbe, threads: int, crowded: bool, turns: Tu
 
 def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
                  cancelled: Callable[[], bool] = lambda: False, probe: env.ContentionProbe | None = None,
-                 first_call_s: float | None = None, turns: Turns = Turns()) -> Timing:
+                 first_call_s: float | None = None, turns: Turns = Turns(), until: float = math.inf) -> Timing:
     """Seconds per call, one sample per block of back-to-back calls: `warmup` untimed calls, then samples until
     both `min_repeats` clean samples and `min_time_s` of them are reached, or the point's `point_budget_s` is spent
     (≥ 1 sample). Each sample takes its turn (take_turn): none starts while the caller's page draws, and after a
@@ -105,7 +107,9 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
     program took CPU from this process anyway (env.Contention.disturbed) is set aside and taken again, at most
     MAX_RETAKES times and RETAKE_S seconds; a point still short of clean samples then is `disturbed`.
     `first_call_s`: the thunk already ran once, taking that long (it counts as a warm-up call). Waits do not count
-    towards the budget. Raises Cancelled when `cancelled()` turns true."""
+    towards the budget. `until` (on this module's clock, waits included): the end of the point's share of a demo's
+    wall-clock budget; past it the point is `late` and kept as it is: no retake, no wait for quiet, and it ends at
+    `min_repeats` samples whatever `min_time_s` asks. Raises Cancelled when `cancelled()` turns true."""
     timed, threads = env.device_timer(device), torch.get_num_threads()
     probe = probe or env.ContentionProbe()
     start, one, warm = time.perf_counter(), first_call_s or 0.0, probe.mark()
@@ -119,19 +123,21 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
     kept: list[tuple[float, env.Contention]] = []
     set_aside: list[tuple[float, env.Contention]] = []
     spent = retake_s = waited = 0.0
-    last_hit = False
+    last_hit = late = False
     while len(kept) + len(set_aside) < MAX_SAMPLES:
         if cancelled():
             raise Cancelled
-        waited += take_turn(probe, threads, crowded, turns, cancelled)
+        late = late or time.perf_counter() >= until
+        waited += take_turn(probe, threads, crowded and not late, turns, cancelled)
         try:
             mark = probe.mark()
             t = timed(thunk, calls)
             seen = probe.since(mark)
         finally:
             turns.release()
-        over = time.perf_counter() - start - waited > settings.point_budget_s
-        may_retake = len(set_aside) < MAX_RETAKES and retake_s < max(RETAKE_S, spent) and not over
+        now = time.perf_counter()
+        over, late = now - start - waited > settings.point_budget_s, late or now >= until
+        may_retake = len(set_aside) < MAX_RETAKES and retake_s < max(RETAKE_S, spent) and not (over or late)
         hit = seen.disturbed(threads)
         crowded, last_hit = hit and last_hit, hit  # a blip passes by itself; after two in a row, wait for quiet
         if hit and may_retake:
@@ -140,10 +146,10 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
             continue
         kept.append((t / calls, seen))
         spent += t
-        if over or (len(kept) >= settings.min_repeats and spent >= settings.min_time_s):
+        if over or (len(kept) >= settings.min_repeats and (spent >= settings.min_time_s or late)):
             break
     clean = [(t, c) for t, c in kept if not c.disturbed(threads)]
     disturbed = len(clean) < min(settings.min_repeats, len(kept))
     used = kept + set_aside if disturbed else kept
     total = sum((c for _, c in used), env.Contention(0.0, 0.0, 0.0))
-    return Timing([t for t, _ in used], time.perf_counter() - start, total, len(set_aside), disturbed, waited)
+    return Timing([t for t, _ in used], time.perf_counter() - start, total, len(set_aside), disturbed, waited, late)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -112,11 +113,12 @@ class Worker:
         return reply[1]
 
     def measure(self, problem: Any, settings: Any, extra: tuple[str, ...], *, limit_s: float,
-                cancelled: Callable[[], bool]) -> Outcome:
-        """Measure one Problem; the same object comes back on its Measurement. A worker that dies, runs past `limit_s`, or ignores a cancel for CANCEL_GRACE_S is
-        killed, and the Outcome says so (the caller starts a new worker)."""
+                cancelled: Callable[[], bool], wall_s: float = math.inf) -> Outcome:
+        """Measure one Problem; the same object comes back on its Measurement. `wall_s`: its share of a demo's
+        wall-clock budget (measure.measure). A worker that dies, runs past `limit_s`, or ignores a cancel for
+        CANCEL_GRACE_S is killed, and the Outcome says so (the caller starts a new worker)."""
         self.cancel_event.clear()
-        self._conn.send(("measure", problem, settings, extra))
+        self._conn.send(("measure", problem, settings, extra, wall_s))
         start, cancel_at = time.monotonic(), None
         while True:
             if self._conn.poll(0.05):
@@ -293,11 +295,11 @@ def _serve(conn: Any, cancel_event: Any, held_until: Any, in_sample: Any) -> Non
                                         "device_gflops": gflops,
                                         "device_gflops_disturbed": env.matmul_disturbed(device, dtype)})
             elif kind == "measure":
-                _, problem, settings, extra = message
+                _, problem, settings, extra, wall_s = message
                 torch.set_num_threads(settings.threads or default_threads)
                 spec = measure.resolve_mechanisms(extra)[problem.mechanism]
                 point, elapsed = measure.measure(spec, problem, settings, cancel_event.is_set,
-                                                 _turns(held_until, in_sample))
+                                                 _turns(held_until, in_sample), wall_s)
                 reply = ("point", point, elapsed)
             else:
                 reply = ("error", f"unknown request {kind!r}")
