@@ -135,13 +135,16 @@ class Generation:
     `nbytes` when preallocated for exactly that context).
     `prefill(q, k, v, *, max_len=None, **params) -> (out, cache)`: the causal outputs of the prompt and its cache;
     None: the mechanism's own causal forward beside `remember`. Set it when one pass serves both (Performer's φ(K)).
-    `step_flops(shape, **params)`: FLOPs of one step after shape.Nk tokens; None: 2 per cached number, the cost of
-    a key-value cache (q·k over each cached key, p·v over each cached value: 4·L·d for L tokens). A fixed-size state
-    is read and updated in each step and gives its own.
+    `step_flops(shape, **params)`: FLOPs of one step after shape.Nk tokens; None: 2 per cached number for each
+    query head that reads it, the cost of a key-value cache (q·k over each cached key, p·v over each cached value:
+    4·B·H·L·d for L tokens, whatever Hk: under GQA each of a key/value head's H / Hk query heads reads it). A
+    fixed-size state is read and updated in each step and gives its own.
     `step_big_o`, `cache_big_o`: a step's time and the cache's size in the context length n, for charts.
     `step_tokens(n, **params) -> {branch: tokens, ..., 'total': tokens}`: for a mechanism whose step reads a bounded
     part of its cache (NSA), the tokens a step at context n reads, branch by branch; `step_tokens_note`: how that
     count stands to the paper's, with its source. None: a key-value cache read whole, or a fixed-size state.
+    `keep_first`: a windowed cache that can also keep the first S tokens (StreamingLLM, arXiv 2309.17453): its
+    forward, `remember` and `cache_bytes` take `keep_first=S` (attn_core.mechanisms._streaming).
     """
 
     remember: Callable[..., Any]
@@ -153,12 +156,14 @@ class Generation:
     cache_big_o: str = "O(cache)"
     step_tokens: Callable[..., dict[str, int]] | None = None
     step_tokens_note: str = ""
+    keep_first: bool = False
 
     def flops(self, shape: Shape, **params: Any) -> float:
-        """FLOPs of one step after shape.Nk tokens: `step_flops`, or 2 per number the cache holds."""
+        """FLOPs of one step after shape.Nk tokens: `step_flops`, or 2 per number the cache holds times the query
+        heads sharing it (shape.group = H / Hk)."""
         if self.step_flops is not None:
             return float(self.step_flops(shape, **params))
-        return 2.0 * self.cache_bytes(shape, **params) / shape.elem
+        return 2.0 * self.cache_bytes(shape, **params) / shape.elem * shape.group
 
 
 @dataclass(frozen=True)
@@ -287,7 +292,8 @@ class Supports:
     feature map or projection that does not commute with the rotation); empty: RoPE stays relative.
     `sinks`: the function takes `sinks=`, one float logit a_h per query head (H,), which joins each row's softmax
     denominator as a key with no value (gpt-oss, arXiv 2508.10925): out = Σ_j e^(s_ij) v_j / (Σ_j e^(s_ij) + e^(a_h)),
-    in forward, backward, padding, shared key/value heads and its generation step; `no_sinks`: why not, when not.
+    in forward, backward, padding, shared key/value heads and its generation step (the softmax family, the banded
+    and block-sparse patterns, top-k over its selection, NSA in each branch's softmax); `no_sinks`: why not, when not.
     `output_gate`: the function takes `output_gate=`, gate logits g of q's shape: out = attn(q, k, v) ⊙ σ(g) (Qiu et
     al. 2025, arXiv 2505.06708; Qwen3-Next's full-attention layers). `qk_norm`: it takes `qk_norm=` (True, or a (D,)
     weight): q and k RMS-normalised per head before the scores (Llama 4, Qwen3, Gemma 3).

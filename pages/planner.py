@@ -1,16 +1,20 @@
-"""Plan a model: what a whole model's attention holds and costs at a context length, from the specs (planner.py)."""
+"""Plan a model: a whole model's weights, cache, decode speed and prefill time on a GPU (the roofline), its designs
+compared and its layer pattern drawn (planner.py)."""
 import dataclasses
 import hashlib
 
 import pandas as pd
 import streamlit as st
 
-from attn_core.studies.planner import model as planner, measure as planner_measure
+from attn_core.studies.planner import compare as planner_compare, engines, measure as planner_measure
+from attn_core.studies.planner import model as planner, pattern as planner_pattern, roofline
+from attn_core.studies.planner import upload as planner_upload
+from attn_core.studies.planner.devices import DEVICES, find_device
+from attn_core.studies.planner.weights import BITS
 from attn_core.insight import charts as insight_charts
 from attn_core.studies.planner import chart as planner_charts
 from attn_core.engine import env
 from attn_core.engine.measure import format_bytes
-from attn_core.insight import theory
 from attn_core.mechanisms import MEASURED
 from attn_core.spec import DTYPE_BYTES
 from attn_core.engine.untrusted import file_stem, literal
@@ -19,47 +23,84 @@ from pages._shared import ensure_routed, export_row, keyed, label, show_chart
 ensure_routed()  # a deep link as a server's first request: let the router run first
 
 NS = [2**k for k in range(10, 21)]
-DTYPES = ["model's own", "bfloat16", "float16", "float32"]
 STATE_KINDS = ["gated_deltanet", "kda", "mamba2", "linear"]  # mechanisms whose generation keeps a fixed-size state
 SHARES = [i / 8 for i in range(9)]
 NEW = "new"  # the model list's entry for a model built from scratch (planner.NEW_MODEL)
+HERE = "here"  # the GPU list's entry for this machine, measured
 BASES = {**planner.MODELS, NEW: planner.NEW_MODEL}
 KINDS = [k for k, spec in MEASURED.items() if spec.supports.generation is not None]  # what a layer can be
 SIZE_HELP = {"count": "layers of this kind", "heads": "query heads", "kv_heads": "key/value heads (blank: one each)",
              "head_dim": "a head's width", "window": "tokens a query sees, itself included (sliding_window)",
              "kv_rank": "the latent's width (mla)", "rope_dim": "the shared rotary key's width (mla)",
              "state_dim": "a recurrent state's key side (Mamba-2's d_state; blank: head_dim)"}
+PREDICTED = planner_charts.PREDICTED
+CHART_METRICS = {"cache_per_token": "cache a token", "read_bytes": "bytes a step reads",
+                 "decode_tokens_per_s": "decode tokens/s", "prefill_seconds": "prefill time"}
+
+
+def _kinds_shown(made: planner.Plan) -> pd.DataFrame:
+    """The plan's kinds with their bytes in IEC units (format_bytes), as the page shows them."""
+    table = planner.kinds_table(made)
+    for column in ("bytes a layer", "bytes in all"):
+        table[column] = table[column].map(format_bytes)
+    table["prefill FLOPs"] = table["prefill FLOPs"].map("{:.3g}".format)
+    return table
+
+
+def _designs_shown(table: pd.DataFrame) -> pd.DataFrame:
+    """compare's rows with bytes in IEC units, speeds rounded, short headers: no text cut short in a column."""
+    return pd.DataFrame({"design": table["design"], "cache": table["cache_bytes"].map(format_bytes),
+                         "a token": table["cache_per_token"].map(format_bytes),
+                         "a step reads": table["read_bytes"].map(format_bytes),
+                         "decode tokens/s": table["decode_tokens_per_s"].round(1),
+                         "prefill s": table["prefill_seconds"].map("{:.3g}".format),
+                         "bound: decode, prefill": [f"{_short(d)}, {_short(p)}" for d, p in
+                                                    zip(table["decode_bound"], table["prefill_bound"])]})
+
+
+def _short(bound: str) -> str:
+    """'memory-bound: bytes' → 'bytes'."""
+    return bound.split(": ")[-1]
 
 st.title("Plan a model")
-st.caption("A model's attention as a stack of layer kinds: what it holds at a context length (keys and values, "
-           "latents, recurrent states), its prefill FLOPs and what a new token reads. Predicted from each layer's "
-           "spec, not measured; weights, MLPs and activations are left out.")
-with st.expander("Settings", expanded=True, icon=":material/tune:"):
+st.caption("A whole model on a GPU: weights, cache, decode speed and prefill time, predicted (roofline), not measured.")
+top = st.container()  # the plan and its first chart, filled once the settings below are read: in view when drawn
+with st.expander("Settings: model, context, GPU, cache", expanded=True, icon=":material/tune:"):
     left, mid, right = st.columns(3)
     name = left.selectbox("Model", [*planner.MODELS, NEW], format_func=lambda k: BASES[k].name if k != NEW else
                           "A new model (build it below)", **keyed("plan_model"))
-    upload = left.file_uploader("Or a model file (JSON, as the download below writes)", type=["json"],
-                                key="plan_upload")
+    upload = left.file_uploader("Or a file: a Hugging Face config.json, or a model file as the download below "
+                                "writes", type=["json"], key="plan_upload")
     context = mid.select_slider("Context n (tokens)", NS, 131072, format_func="{:,}".format, **keyed("plan_n"))
     batch = int(mid.number_input("Batch (sequences held at once)", 1, 1 << 16, 1, **keyed("plan_batch")))
-    dtype = right.selectbox("Cache dtype", DTYPES, **keyed("plan_dtype"))
-    gpu_gib = right.number_input("A GPU's memory (GiB)", 1.0, 4096.0, 80.0, **keyed("plan_gpu"))
+    device_key = right.selectbox("GPU", [*DEVICES, HERE], format_func=lambda k: DEVICES[k].name if k != HERE else
+                                 "This machine (measured)", **keyed("plan_device"))
+    a, b, c = st.columns(3)
+    dtype = a.selectbox("Cache dtype", list(engines.CACHE_DTYPES), list(engines.CACHE_DTYPES).index("bfloat16"),
+                        help="How the engine stores a cached value, its scales included (engines.CACHE_DTYPES)",
+                        **keyed("plan_dtype"))
+    engine = b.selectbox("Engine", list(engines.ENGINES), list(engines.ENGINES).index("vllm"),
+                         help="; ".join(f"{k}: {e.label}" for k, e in engines.ENGINES.items()), **keyed("plan_engine"))
+    page = int(c.number_input("Page size (tokens)", 1, 1 << 16, 16, help="Tokens a page of the cache holds (vLLM: "
+                              "16); 1 holds it token by token", **keyed("plan_page")))
+    weights_slot = st.container()  # asked for once the model is known, where its weights are not
 
-base, slug = BASES[name], name
+base, slug, given = BASES[name], name, None
 if upload is not None:
-    text = upload.getvalue()[: 1 << 20]
+    raw = upload.getvalue()
     try:
-        base, slug = planner.Model.from_json(text.decode("utf-8", errors="replace")), hashlib.sha1(text).hexdigest()
+        given = planner_upload.read_upload(raw)
     except ValueError as e:
         st.error(f"The file {literal(upload.name[:80])} is not a model this page can plan: {literal(e)}",
                  icon=":material/edit:")
         st.stop()
+    base, slug = given.model, hashlib.sha1(raw).hexdigest()
 with st.expander("Edit the model: any field, any layer kind (a row each; add or delete rows)", icon=":material/edit:"):
     left, mid, right = st.columns(3)  # keyed by the model edited: another model starts from its own fields
     title = left.text_input("Name", base.name, max_chars=planner.MAX_NAME, key=f"plan_name_{slug}")
     longest = mid.number_input("Trained context (tokens)", 1, planner.MAX_CONTEXT * 16, base.max_context,
                                key=f"plan_context_{slug}")
-    own = right.selectbox("Its cache dtype", list(DTYPE_BYTES), list(DTYPE_BYTES).index(base.dtype),
+    own = right.selectbox("Its dtype", list(DTYPE_BYTES), list(DTYPE_BYTES).index(base.dtype),
                           key=f"plan_own_{slug}")
     rows = st.data_editor(
         planner.layers_frame(base), key=f"plan_layers_{slug}", num_rows="dynamic", hide_index=True,
@@ -74,31 +115,49 @@ except ValueError as e:
     st.stop()
 if model != base:
     model = dataclasses.replace(model, source=f"edited here from {base.name}")
-made = planner.plan(model, context, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
+plan_dtype = dtype if dtype in DTYPE_BYTES else None  # the attention's own figures: the model's dtype otherwise
+made = planner.plan(model, context, batch=batch, dtype=plan_dtype)
 
+if given is not None and given.weights is not None and model == base:
+    weights = given.weights  # counted from the config.json
+elif model.name.lower() in roofline.PUBLISHED:
+    weights = None  # the published count
+else:
+    with weights_slot:
+        st.caption("This model's weights are not known: give them.")
+        a, b = st.columns(2)
+        total = a.number_input("Parameters (billions)", 0.001, 10000.0, 8.0, **keyed("plan_params"))
+        active = b.number_input("Of them, a token uses (billions)", 0.001, 10000.0, 8.0, **keyed("plan_active"))
+    width = BITS[model.dtype] / 8
+    weights = (total * 1e9 * width, min(active, total) * 1e9 * width)
+try:
+    device = find_device(device_key)
+    held = engines.cache_by_engine(model, context, dtype=dtype, page_tokens=page, engine=engine, batch=batch)
+    line = roofline.roofline(model, device, context, batch=batch, weights=weights, cache_dtype=dtype)
+except ValueError as e:
+    st.error(f"No plan with these settings: {literal(e)}", icon=":material/edit:")
+    st.stop()
 st.subheader(literal(model.name))  # a name from a file is text: never bold, a link or an image fetched
 if model.source:
-    st.caption(f"Configuration: {literal(model.source)}")
-here = env.device_info(env.resolve_device("auto"))["total_memory_bytes"]
+    st.caption(f"Configuration: {literal(model.source)}" + (f"; {planner_upload.describe(given)}"
+                                                           if given is not None and model == base else ""))
 a, b, c, d = st.columns(4)
-a.metric("KV cache", format_bytes(made.kv_cache_bytes),
-         help="The attention layers' keys and values, or their latents (MLA), for every token of the context.")
-b.metric("Recurrent state", format_bytes(made.state_bytes))
+a.metric("KV cache", format_bytes(held.kv_bytes),
+         help="The attention layers' keys and values, or their latents (MLA), for every token of the context, as the "
+              "engine holds them.")
+b.metric("Recurrent state", format_bytes(held.state_bytes))
 c.metric("Prefill attention FLOPs", f"{made.prefill_flops:.3g}")
-d.metric("A new token reads", format_bytes(made.decode_bytes))
-fits = [f"{where} ({format_bytes(size)}): {'fits' if made.fits(size) else 'does not fit'}"
-        for where, size in (("this machine", here), ("the GPU", gpu_gib * theory.GIB))]
-st.caption(f"The cache of {made.context:,} tokens × {made.batch} in {made.dtype}, against " + "; ".join(fits)
-           + ". The weights need room too.")
-for note in made.notes:
+d.metric("A new token reads", format_bytes(made.decode_bytes),
+         help="Of the attention: every cache and state, whole (the weights it reads too are in the decode above)")
+for note in dict.fromkeys([*made.notes, *held.notes, *line.notes, f"device: {device.source}"]):
     st.caption(f"Note: {literal(note)}")
-st.dataframe(planner.kinds_table(made), hide_index=True,
-             column_config={"bytes a layer": st.column_config.NumberColumn(format="compact"),
-                            "bytes in all": st.column_config.NumberColumn(format="compact"),
-                            "prefill FLOPs": st.column_config.NumberColumn(format="scientific")})
+if given is not None and given.notes and model == base:
+    with st.expander(f"What the config.json reader assumed or left out ({len(given.notes)})"):
+        for note in given.notes:
+            st.caption(literal(note))
+st.dataframe(_kinds_shown(made), hide_index=True)
 st.download_button("This model as a file (JSON)", model.to_json(), f"{file_stem(model.name.lower())}.json",
-                   "application/json",
-                   key="plan_dl_model", on_click="ignore")
+                   "application/json", key="plan_dl_model", on_click="ignore")
 
 st.subheader("A hybrid of it")
 st.caption("Turn a share of its first kind of layer into layers with a fixed-size state, as Qwen3-Next keeps one full "
@@ -114,8 +173,8 @@ except ValueError as e:  # an edited first kind the new one cannot copy: said, a
     st.warning(f"No hybrid of this model into {label(kind)}: {literal(e)}", icon=":material/edit:")
     mixed, turned, share = model, model, 0
 share = share if mixed.layers != model.layers else 0  # a share that turns no whole layer: no hybrid to compare
-hybrid_plan = planner.plan(mixed, context, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
-where = planner.crossover(mixed, model, batch=batch, dtype=None if dtype == DTYPES[0] else dtype) if share else None
+hybrid_plan = planner.plan(mixed, context, batch=batch, dtype=plan_dtype)
+where = planner.crossover(mixed, model, batch=batch, dtype=plan_dtype) if share else None
 a, b, c = st.columns(3)  # the hybrid's figures, three to a row: no label cut short at 1280 px
 a.metric("Hybrid: cache and state", format_bytes(hybrid_plan.total_bytes),
          f"{hybrid_plan.total_bytes / made.total_bytes - 1:+.0%}" if made.total_bytes else None, delta_color="inverse")
@@ -138,17 +197,71 @@ else:
     except ValueError as e:  # a kind without points
         speed.caption(f"Hybrid decode tokens/s: {literal(e)}")
 
+with top:  # metrics and the first chart above the settings: in view once drawn
+    a, b, c, d, e = st.columns(5)
+    a.metric("Weights", format_bytes(line.weights_bytes), help=f"All of them. Source: {line.weights_source}")
+    b.metric("Weights a token reads", format_bytes(line.active_weights_bytes),
+             help="Those one token multiplies by (a mixture of experts reads its active experts only)")
+    c.metric("Cache", format_bytes(held.bytes), help=f"{held.label}, {held.dtype}, pages of {held.page_tokens}")
+    d.metric("Decode tokens/s", f"{line.decode_tokens_per_s:,.1f}", help=roofline.METHOD)
+    e.metric(f"Prefill of {context:,} (s)", f"{line.prefill_seconds:.3g}", help=roofline.METHOD)
+    lines = [model, *([mixed] if share else [])]
+    known = {m.name: roofline.weights_read(model, weights) for m in lines}
+    speeds = planner_compare.speed_curves(lines, device, NS, batch=batch, weights=known, cache_dtype=dtype)
+    for metric in ("decode_tokens_per_s", "prefill_seconds"):
+        speed_chart = planner_charts.roofline_chart(speeds, metric, device=device.name)
+        show_chart(speed_chart)
+        export_row(speed_chart, speeds, f"plan-{metric.split('_')[0]}", f"plan_dl_{metric.split('_')[0]}",
+                   folded=True)
+        if metric.startswith("decode"):
+            need = line.weights_bytes + held.bytes
+            fits = "fits" if need <= device.memory_bytes else "does not fit"
+            st.caption(f"{literal(model.name)} on {literal(device.name)}, {PREDICTED}: decode {line.decode_bound}, "
+                       f"prefill {line.prefill_bound}. Weights and cache {format_bytes(need)} against its "
+                       f"{format_bytes(device.memory_bytes)}: {fits}.")
+
 st.subheader("Cache against context, every built-in model")
 yours = dataclasses.replace(model, name=f"{model.name} (yours)") if model.name.lower() in planner.MODELS else model
 models = [*planner.MODELS.values(), *([yours] if model not in planner.MODELS.values() else []),
           *([mixed] if share else [])]
-frame = planner.curves(models, NS, batch=batch, dtype=None if dtype == DTYPES[0] else dtype)
+frame = planner.curves(models, NS, batch=batch, dtype=plan_dtype)
+here = env.device_info(env.resolve_device("auto"))["total_memory_bytes"]
 chart = insight_charts.theory_chart(frame, "cache_bytes", legend="Model",
-                                    budgets={"this machine": here, "the GPU": gpu_gib * theory.GIB})
+                                    budgets={"this machine": here, device.name: device.memory_bytes})
 if share:  # the hybrid is drawn: mark where it starts to hold less than the model
     chart = planner_charts.marked(chart, where, "the hybrid holds less from here")
 show_chart(chart)
 export_row(chart, frame, "plan-cache", "plan_dl_cache")
+
+st.subheader("The layers in order, and each kind's mask")
+config = given.config if given is not None and model == base else None
+layers_frame = planner_pattern.pattern_frame(model, 16, config)
+layers_chart = planner_charts.layers_chart(layers_frame, title=f"{model.name}: {model.layer_count} layers")
+show_chart(layers_chart)
+export_row(layers_chart, layers_frame, "plan-layers", "plan_dl_layers", folded=True)
+
+st.subheader("Compare designs")
+st.caption("The same model rebuilt as MHA, GQA, MQA, MLA (DeepSeek's proportions), a sliding-window hybrid and a "
+           "hybrid into any kind, each reading this model's weights, on the GPU and context above: "
+           f"{PREDICTED}.")
+a, b, c, d = st.columns(4)
+turned_kind = model.layers[planner_compare.target(model)]
+choices = [g for g in range(turned_kind.heads - 1, 0, -1) if turned_kind.heads % g == 0] or [1]
+preferred = next((g for g in (turned_kind.kv_heads, 8) if g in choices), choices[0])
+groups = a.selectbox("GQA: key/value heads", choices, choices.index(preferred), **keyed("plan_cmp_groups"))
+into = b.selectbox("Turned into", KINDS, KINDS.index("gated_deltanet"), format_func=label, **keyed("plan_cmp_into"))
+ratio = c.select_slider("Share turned", SHARES, 0.75, format_func="{:.1%}".format, **keyed("plan_cmp_share"))
+window = int(d.number_input("Window (tokens)", 2, planner.MAX_CONTEXT, 4096, **keyed("plan_cmp_window")))
+designs = planner_compare.Designs(kv_groups=int(groups), share=float(ratio), window=window, into=into)
+table, notes = planner_compare.compare(model, device, context, designs=designs, batch=batch, weights=weights,
+                                       cache_dtype=dtype)
+st.dataframe(_designs_shown(table), hide_index=True)
+for note in notes:
+    st.caption(f"Note: {literal(note)}")
+shown = st.selectbox("Chart", list(CHART_METRICS), format_func=CHART_METRICS.get, **keyed("plan_cmp_metric"))
+compare_chart = planner_charts.compare_chart(table, shown, context=context, device=device.name)
+show_chart(compare_chart)
+export_row(compare_chart, table, "plan-designs", "plan_dl_designs", folded=True)
 
 st.subheader("Measured on this machine")
 st.caption("Each kind of layer timed here, on fewer heads where it has many (its group of key/value heads kept), "
@@ -185,11 +298,10 @@ st.dataframe(pd.DataFrame([{"layers": k.layer.name, "count": k.layer.count, "pre
                             "how (decode)": k.decode_method} for k in predicted.kinds]), hide_index=True)
 for note in predicted.notes:
     st.caption(f"Note: {literal(note)}")
-speeds = planner_measure.decode_curves(model, timings, NS, batch=batch,
-                                       dtype=None if dtype == DTYPES[0] else dtype)
-speed_chart = insight_charts.theory_chart(speeds, "tokens_per_s", legend="Model")
-show_chart(speed_chart)
-export_row(speed_chart, speeds, "plan-decode", "plan_dl_decode")
+timed = planner_measure.decode_curves(model, timings, NS, batch=batch, dtype=plan_dtype)
+timed_chart = insight_charts.theory_chart(timed, "tokens_per_s", legend="Model")
+show_chart(timed_chart)
+export_row(timed_chart, timed, "plan-decode-timed", "plan_dl_timed")
 
 st.caption("The prediction's own check: a scaled-down stack of this model's kinds in its proportions, run for real "
            "at twice the longest length timed (shorter if the budget asks), against what the same timings predict.")

@@ -4,7 +4,7 @@ import streamlit as st
 
 from attn_core import MECHANISMS
 from attn_core.studies import parallel as distributed
-from attn_core.studies.planner import model as planner
+from attn_core.studies.planner import model as planner, roofline
 from attn_core.spec import DTYPE_BYTES
 from attn_core.engine import env, positions
 from attn_core.insight import charts as insight_charts
@@ -43,7 +43,7 @@ st.title("Theory")
 st.caption("Costs from each mechanism's spec: nothing is run, so n can be a million tokens. Memory is the forward "
            "call's predicted peak above its inputs, plus the inputs.")
 device = env.resolve_device("auto")
-with st.expander("Settings", expanded=True, icon=":material/tune:"):
+with st.expander("Settings", icon=":material/tune:"):  # folded: the chart first in view
     keys = st.multiselect("Mechanisms", list(MECHANISMS), STORY, format_func=label,  # whole names
                           help="Three to start: softmax's n², a window's and linear attention's n. Add any other.",
                           **keyed("th_mechanisms"))
@@ -171,6 +171,12 @@ with generation_tab:
     chart = insight_charts.theory_chart(cache, "tokens_per_s")
     show_chart(chart)
     export_row(chart, cache, "theory-tokens", "th_dl_theory-tokens")
+    ref = roofline.roofline(planner.find("llama-3-8b"), "H100 SXM", 8192)  # Plan a model's one roofline
+    st.caption(f"Why Plan a model states fewer tokens a second: these are the memory term of its roofline "
+               f"(roofline.py) with the weights and the FLOPs left out, batch ÷ (cache bytes ÷ bandwidth). It adds the "
+               f"weights read every step and takes the slower of bytes and FLOPs: Llama 3 8B at 8,192 tokens on an "
+               f"{ref.device}, {ref.decode_tokens_per_s:,.1f} tokens/s there, against "
+               f"{ref.bandwidth_bytes_per_s / ref.cache_bytes:,.0f} from its cache alone.")
     reads = theory.step_reads(keys, params=params)
     if len(reads):
         st.markdown("**Tokens one decode step reads, against the context** (the rest of the cache stays unread; the "

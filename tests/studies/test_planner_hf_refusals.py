@@ -3,6 +3,7 @@ sentence, values clipped); junk in any field raises nothing else; a file is read
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 
@@ -64,6 +65,16 @@ HOSTILE = [
     ({**GRANITE_H, "mamba_n_heads": 7}, "mamba_n_heads"),
     ({**FALCON_H1_34B, "mamba_d_state": None}, "mamba_d_state"),
     ({**MAMBA_CODESTRAL, "state_size": [128]}, "state_size"),
+    ({**LLAMA3_8B, "num_hidden_layers": 100000}, "num_hidden_layers"),  # past MAX_LAYERS: a typo, not a model
+    ({**LLAMA3_8B, "hidden_size": -4096}, "hidden_size"),
+    ({**LLAMA3_8B, "num_key_value_heads": 0}, "num_key_value_heads"),
+    ({**LLAMA3_8B, "num_attention_heads": False}, "num_attention_heads"),
+    ({**DEEPSEEK_V3, "num_attention_heads": "128"}, "num_attention_heads"),
+    ({**GPT_OSS_20B, "layer_types": ["sliding_attention", "full_attention"] * 11}, "layer_types"),
+    ({**QWEN3_NEXT, "full_attention_interval": 0}, "full_attention_interval"),
+    ({**MINIMAX_01, "attn_type_list": [True] * 80}, "attn_type_list"),
+    ({**LLAMA3_8B, "model_type": "=cmd|' /C calc'!A0"}, "model_type"),
+    ({"model_type": "my_new_arch", "num_hidden_layers": 12, "hidden_size": 1024}, "model_type"),
 ]
 
 
@@ -213,3 +224,51 @@ def test_code_in_a_config_is_text_never_run():
     config = parse_config('{"model_type": "__import__(\'os\').system(\'false\')", "num_hidden_layers": 1}')
     with pytest.raises(ValueError, match="model_type"):
         from_hf_config(config)
+
+
+# --- through the command line: a sentence on stderr, status 2, no traceback, nothing run ----------------------------
+
+def test_every_hostile_config_file_is_refused_by_the_cli_in_one_sentence(tmp_path):
+    from attn_core import cli
+
+    for i, (config, field) in enumerate(HOSTILE):
+        path = write(tmp_path, json.dumps(config), f"config{i}.json")
+        out, err = io.StringIO(), io.StringIO()
+        assert cli.main(["plan", str(path), "--context", "128k", "--json"], out, err) == 2, field
+        lines = err.getvalue().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0], lines
+        assert "Traceback" not in err.getvalue() and out.getvalue() == ""
+
+
+def test_a_formula_or_escape_sequence_as_a_name_comes_back_as_inert_text():
+    from attn_core.engine.untrusted import csv_bytes, literal, terminal
+    from attn_core.studies.planner.model import curves
+
+    formula = "=cmd|' /C calc'!A0"
+    model, _ = from_hf_config(LLAMA3_8B, name=formula)
+    assert model.name == formula  # kept as the text it is: nothing in it is evaluated
+    assert from_hf_config({**LLAMA3_8B, "_name_or_path": "=1+2"})[0].name == "=1+2"
+    exported = csv_bytes(curves([model], [1024])).decode()
+    assert "'" + formula in exported  # a spreadsheet shows it as typed (OWASP's leading ')
+    assert not any(line.startswith("=") for line in exported.splitlines())
+    assert literal(model.name).startswith("\\=")  # Markdown shows every punctuation character as typed
+    escape, _ = from_hf_config({**LLAMA3_8B, "_name_or_path": "x/\x1b]0;pwned\x07\x1b[2J"})
+    assert "\x1b" not in escape.name and "\\x1b]0;pwned\\x07" in terminal(escape.name)
+
+
+@pytest.mark.parametrize("text, field", [
+    ('{"model_type": "gemma3_text", "num_hidden_layers": 26, "num_attention_heads": 4, "head_dim": 256, '
+     '"sliding_window": NaN}', "sliding_window"),
+    ('{"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096, '
+     '"num_key_value_heads": -Infinity}', "num_key_value_heads"),
+])
+def test_more_nan_and_infinity_sizes_are_refused_by_name(text, field):
+    with pytest.raises(ValueError, match=field):
+        from_hf_config(parse_config(text))
+
+
+def test_a_bool_where_a_count_goes_is_refused_where_the_weights_read_it():
+    with pytest.raises(ValueError, match="vocab_size"):
+        count_weights({**LLAMA3_8B, "vocab_size": True})
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        count_weights({**LLAMA3_8B, "tie_word_embeddings": 1})

@@ -12,7 +12,8 @@ from attn_core.cli.common import EXIT_OK, EXIT_USAGE
 from attn_core.engine.files import read_regular
 from attn_core.engine.measure import format_bytes
 from attn_core.engine.untrusted import printable, terminal
-from attn_core.studies.planner import engines, hf_config, measure as planner_measure, model as planner, roofline
+from attn_core.studies.planner import builtin, engines, hf_config, roofline
+from attn_core.studies.planner import measure as planner_measure, model as planner
 from attn_core.studies.planner.devices import DEVICES, find_device, this_machine
 from attn_core.studies.planner.weights import Weights, count_weights
 
@@ -42,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     pl.add_argument("--measure", action="store_true",
                     help="time each layer kind here and predict the model's prefill time and decode tokens/s")
+    pl.add_argument("--check", action="store_true",
+                    help="run a scaled-down stack of the model with an MLP of its shape here and print the roofline's "
+                         "predicted ÷ measured, prefill and decode (about --budget seconds)")
     pl.add_argument("--budget", type=float, default=10.0, metavar="S",
                     help="seconds the timing of the kinds may take, about (default 10)")
 
@@ -63,7 +67,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         held = _held(model, args)
         line = _roofline(model, weights, args)
         predicted = _measured_plan(made, args.budget, err) if args.measure else None
-    except (ValueError, OSError) as e:
+        checked = _checked(model, args, err) if args.check else None
+    except (ValueError, OSError, RuntimeError) as e:
         err.write(f"error: {printable(e)}\n")
         return EXIT_USAGE
     if args.json:
@@ -72,7 +77,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write(json.dumps({**made_dict, **(weights_dict(weights) if weights else {}),
                               **({"engine_cache": held.as_dict()} if held else {}),
                               **({"roofline": line.as_dict(), **_roofline_keys(line)} if line else {}),
-                              **({"predicted": predicted.as_dict()} if predicted else {})}, indent=2) + "\n")
+                              **({"predicted": predicted.as_dict()} if predicted else {}),
+                              **({"roofline_check": checked.as_dict()} if checked else {})}, indent=2) + "\n")
         return EXIT_OK
     _print_plan(made, weights, notes, out)
     if held:
@@ -81,6 +87,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         _print_roofline(model, weights, line, args, out)
     if predicted:
         _print_prediction(made, predicted, out)
+    if checked:
+        _print_check(checked, out)
     return EXIT_OK
 
 
@@ -130,9 +138,12 @@ def _print_roofline(model: planner.Model, weights: Weights | None, line: rooflin
 def load_model(name: str) -> tuple[planner.Model, Weights | None, list[str]]:
     """The model `name` names: a built-in one, a model file, or a Hugging Face config.json (a JSON object with a
     `model_type`), read by hf_config, its weights counted by count_weights and the notes of both on what they
-    assumed or left out. ValueError or OSError with a sentence otherwise."""
+    assumed or left out (a built-in model read from a config: its weights and notes too). ValueError or OSError
+    with a sentence otherwise."""
     if not (os.path.isfile(name) or name.endswith(".json")):
-        return planner.find(name), None, []
+        model = planner.find(name)
+        key = model.name.lower()
+        return model, builtin.WEIGHTS.get(key), list(builtin.NOTES.get(key, []))
     text = _read_model(name)
     config = _hf_config(text)
     if config is None:
@@ -188,6 +199,26 @@ def _print_prediction(made: planner.Plan, predicted: planner_measure.Prediction,
         out.write(f"    {terminal(kind.layer.name, 80)}: {kind.prefill_method}; {kind.decode_method}\n")
     for note in predicted.notes:
         out.write(f"note: {printable(note)}\n")
+
+
+def _checked(model: planner.Model, args: argparse.Namespace, err: TextIO) -> planner_measure.RooflineCheck:
+    """The roofline checked on a scaled-down stack with its MLPs, run here (about --budget seconds)."""
+    err.write("checking the roofline on a scaled-down stack here\n")
+    if os.path.isfile(args.model) or args.model.endswith(".json"):
+        config = _hf_config(_read_model(args.model))  # a config.json gives the MLP's shape; a model file has none
+    else:
+        config = builtin.CONFIG.get(model.name.lower())
+    return planner_measure.check_roofline(model, config=config, budget_s=args.budget)
+
+
+def _print_check(got: planner_measure.RooflineCheck, out: TextIO) -> None:
+    out.write(f"  roofline check here: prefill of {got.prefill_n:,} tokens predicted {got.prefill_predicted_s:.3g} s, "
+              f"measured {got.prefill_measured_s:.3g} s, predicted ÷ measured {got.prefill_ratio:.2f} "
+              f"({got.prefill_bound}); decode step at {got.decode_n:,} predicted {got.decode_predicted_s:.3g} s, "
+              f"measured {got.decode_measured_s:.3g} s, predicted ÷ measured {got.decode_ratio:.2f} "
+              f"({got.decode_bound})\n")
+    for note in got.notes:
+        out.write(f"note: {terminal(note, 1000)}\n")
 
 
 def _measured_plan(made: planner.Plan, budget_s: float, err: TextIO) -> planner_measure.Prediction:

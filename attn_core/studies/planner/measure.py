@@ -13,8 +13,11 @@ projections, MLPs and weights are left out.
     timings = measure_kinds(find("llama-3-8b"), budget_s=10)
     predict(plan(find("llama-3-8b"), 32768), timings).tokens_per_s
 
+The roofline's own check (roofline_check.py): the scaled-down stack with an MLP of the model's shape beside each
+layer, run here, against the roofline on this machine as measured, as predicted ÷ measured (`check_roofline`).
+
 Here: a model's kinds measured. timing.py: a kind's points, their fit and the timed calls; predict.py: the
-prediction and the stack check. Their public names are re-exported here.
+prediction and the stack check; roofline_check.py: the roofline's. Their public names are re-exported here.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ from attn_core.mechanisms import MEASURED
 from attn_core.studies.planner.model import Layer, Model
 from attn_core.studies.planner.predict import (KindPrediction, Prediction, StackCheck, check_stack,  # noqa: F401
                                                decode_curves, full_flops, predict, stack_model, stack_order)
+from attn_core.studies.planner.roofline_check import (MlpShape, RooflineCheck, check_roofline,  # noqa: F401
+                                                      mlp_shape, scaled_stack)
 from attn_core.studies.planner.timing import (DECODE_NS, FIT_POINTS, GUARD, MAX_BUDGET_S, MEASURED_HEADS,  # noqa: F401
                                               MODES, PREFILL_NS, REPEATS, STACK_LAYERS, Fit, KindTiming, Point,
                                               Timings, fit, problem_of, same_kind, scaled, threads_text, timed)

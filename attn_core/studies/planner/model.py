@@ -1,9 +1,9 @@
 """The model planner: a model as a stack of attention layer kinds with a count each, and what its attention costs at
 a context length: what it remembers (keys and values or latents, which grow with the context; recurrent states,
 which do not) per kind and in all, the prefill attention FLOPs, and the bytes a decoded token reads. Every figure
-comes from the layer's mechanism spec, the single source of its costs; the built-in models carry the source of their
-configuration. Predictions, not measurements: the attention's cache and FLOPs here; weights.py counts the weights
-and roofline.py adds them to a decode step and a prefill.
+comes from the layer's mechanism spec, the single source of its costs; the built-in models (builtin.py, most read
+from their config.json) carry the source of their configuration. Predictions, not measurements: the attention's
+cache and FLOPs here; weights.py counts the weights and roofline.py adds them to a decode step and a prefill.
 
     plan(MODELS["llama-3-8b"], 131072).kv_cache_bytes   # 2 · 32 layers · 8 heads · 128 · 2 bytes · 131,072 = 16 GiB
 """
@@ -401,10 +401,22 @@ def _cell(value: Any) -> Any:
 
 def find(name: str) -> Model:
     """A built-in model by name, case-insensitive ('Llama-3-8B', 'llama-3-8b'); ValueError listing them otherwise."""
+    from attn_core.studies.planner.builtin import MODELS
+
     key = str(name).strip().lower()
     if key not in MODELS:
         raise ValueError(f"no built-in model {quoted(str(name))}; choose one of {', '.join(MODELS)}, or a model file")
     return MODELS[key]
+
+
+def __getattr__(name: str) -> Any:
+    """`MODELS`, the built-in models, from builtin.py: most are read from their config.json by hf_config, which
+    stands on this module, so they are imported when first asked for (PEP 562)."""
+    if name == "MODELS":
+        from attn_core.studies.planner.builtin import MODELS
+
+        return MODELS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _name_fits(name: Any) -> bool:
@@ -431,60 +443,6 @@ def _dtype(name: Any) -> str | None:
     return name if name in DTYPE_BYTES else None
 
 
-def _attention(count: int, heads: int, kv_heads: int | None, *, name: str = "full attention",
-               mechanism: str = "sdpa", window: int | None = None) -> Layer:
-    return Layer(name=name, mechanism=mechanism, count=count, heads=heads, kv_heads=kv_heads, head_dim=128,
-                 window=window)
-
-
-_BUILT_IN = (
-    # Meta, Llama 3 8B and 70B, config.json: hidden 4096 / 8192, 32 / 80 layers, 32 / 64 heads of 128, 8 key/value
-    # heads; context 8192
-    Model(name="Llama-3-8B", layers=(_attention(32, 32, 8),), max_context=8192,
-          source="Meta, meta-llama/Meta-Llama-3-8B config.json: 32 layers, 32 heads of 128, 8 key/value heads"),
-    Model(name="Llama-3-70B", layers=(_attention(80, 64, 8),), max_context=8192,
-          source="Meta, meta-llama/Meta-Llama-3-70B config.json: 80 layers, 64 heads of 128, 8 key/value heads"),
-    Model(name="Mistral-7B", max_context=8192,
-          layers=(_attention(32, 32, 8, name="sliding window", mechanism="sliding_window", window=4096),),
-          source="Jiang et al. 2023, 'Mistral 7B', arXiv 2310.06825, table 1: 32 layers, 32 heads of 128, 8 "
-                 "key/value heads, window 4096, context 8192"),
-    Model(name="Gemma-3-27B", max_context=131072,
-          layers=(_attention(52, 32, 16, name="local (sliding window)", mechanism="sliding_window", window=1024),
-                  _attention(10, 32, 16, name="global")),
-          source="Gemma Team 2025, 'Gemma 3 Technical Report', arXiv 2503.19786, and google/gemma-3-27b-pt "
-                 "config.json: 62 layers, 5 local (window 1024) to 1 global, 32 heads of 128, 16 key/value heads"),
-    Model(name="DeepSeek-V3", max_context=131072,
-          layers=(Layer(name="multi-head latent attention", mechanism="mla", count=61, heads=128, head_dim=128,
-                        kv_rank=512, rope_dim=64, prefill_mechanism="mla_naive"),),
-          source="DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report', arXiv 2412.19437, section 4.2: 61 layers, 128 "
-                 "heads of 128, latent 512, rotary key 64"),
-    Model(name="Qwen3-Next-80B-A3B", max_context=262144,
-          layers=(Layer(name="Gated DeltaNet", mechanism="gated_deltanet", count=36, heads=32, head_dim=128),
-                  Layer(name="gated attention", mechanism="sdpa", count=12, heads=16, kv_heads=2, head_dim=256)),
-          source="Qwen, Qwen/Qwen3-Next-80B-A3B-Instruct model card and config.json: 48 layers, 12 × (3 Gated "
-                 "DeltaNet, 1 gated attention); attention 16 query and 2 key/value heads of 256; Gated DeltaNet 32 "
-                 "value heads and 16 query-key heads of 128 (q and k are repeated to the 32 value heads, so each "
-                 "holds a 128 × 128 state); the short convolutions' few cached tokens are left out"),
-    # The paper's abstract gives the shares (43% Mamba-2, 7% attention, 50% MLP); Megatron-LM's examples/mamba README
-    # the counts, 24, 4 and 28 of 56 layers in its --hybrid-layer-pattern for the report's 8B hybrid; its script for
-    # those checkpoints the sizes: --hidden-size 4096 --num-attention-heads 32
-    # --num-query-groups 8, and the Mamba-2 sizes it leaves at megatron.core's HybridConfig and MambaMixer defaults
-    # (mamba_state_dim 128, mamba_head_dim 64, mamba_num_groups 8, expand 2), the same as state-spaces/mamba's
-    # Mamba2 defaults (d_state 128, headdim 64, expand 2): 2 · 4096 / 64 = 128 heads, each a 64 × 128 state.
-    Model(name="Mamba-2-Hybrid-8B", max_context=131072,
-          layers=(Layer(name="Mamba-2", mechanism="mamba2", count=24, heads=128, head_dim=64, state_dim=128),
-                  _attention(4, 32, 8, name="self-attention")),
-          source="Waleffe et al. 2024, 'An Empirical Study of Mamba-based Language Models', arXiv 2406.07887: 56 "
-                 "layers, 24 Mamba-2, 4 self-attention, 28 MLP; NVIDIA Megatron-LM examples/mamba (README, "
-                 "run_text_gen_server_8b.sh): width 4096, attention 32 heads of 128 over 8 key/value groups; Mamba-2 "
-                 "at the code's defaults, state 128, head 64, expand 2: 128 heads, each a 64 × 128 state; context "
-                 "128k for nvidia/mamba2-hybrid-8b-3t-128k. States counted as this build's mamba2 kernel holds them, "
-                 "in float32 (state-spaces/mamba keeps them in the weights' dtype); the 4-token convolution states "
-                 "are left out"),
-    Model(name="MHA-8B", layers=(_attention(32, 32, None, name="multi-head attention"),), max_context=8192,
-          source="a baseline, not a released model: Llama 3 8B's width with one key/value head per query head"),
-)
-MODELS: dict[str, Model] = {m.name.lower(): m for m in _BUILT_IN}
 NEW_MODEL = Model(name="My model", max_context=8192,
                   layers=(Layer(name="attention", mechanism="sdpa", count=1, heads=8, head_dim=64),))  # a start
 

@@ -6,6 +6,7 @@ insightful visual performance model', CACM 52(4)). A prediction from data sheets
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -13,6 +14,7 @@ import pandas as pd
 
 from attn_core.engine.untrusted import quoted
 from attn_core.mechanisms import MEASURED
+from attn_core.studies.planner.builtin import WEIGHTS
 from attn_core.studies.planner.devices import Device, find_device
 from attn_core.studies.planner.engines import cache_by_engine
 from attn_core.spec import DTYPE_BYTES
@@ -68,6 +70,23 @@ PUBLISHED: dict[str, WeightsRead] = {
     "mamba-2-hybrid-8b": _published(8.66e9, 8.66e9, "bfloat16",
                                     "Waleffe et al. 2024 (arXiv 2406.07887), as recalled: 8.66B for the 8B "
                                     "Mamba-2-Hybrid; not verified here"),
+    # The models read from a config.json (builtin.CONFIGS): their published totals, against which the weights counted
+    # from the config (builtin.WEIGHTS, what the roofline reads) are checked in tests/studies/test_planner_builtin.py
+    "gpt-oss-20b": _published(20.91e9, 3.61e9, "bfloat16", "OpenAI, gpt-oss model card (arXiv 2508.10925), table 1: "
+                              "20.91B total, 3.61B active (the input embeddings not counted as active)"),
+    "gpt-oss-120b": _published(116.83e9, 5.13e9, "bfloat16", "OpenAI, gpt-oss model card (arXiv 2508.10925), table "
+                               "1: 116.83B total, 5.13B active"),
+    "llama-4-scout-17b-16e": _published(109e9, 17e9, "bfloat16", "Meta, Llama 4 model card: 109B total (the vision "
+                                        "encoder included), 17B active"),
+    "deepseek-v3.2": _published(671e9, 37e9, "float8", "DeepSeek-V3.2-Exp keeps V3's sizes: 671B total, 37B "
+                                "activated (arXiv 2412.19437), the 14B multi-token-prediction module left out"),
+    "kimi-linear-48b-a3b": _published(48e9, 3e9, "bfloat16", "Moonshot AI, 'Kimi Linear' (arXiv 2510.26692) and "
+                                      "its model card: 48B total, 3B active"),
+    "minimax-m1": _published(456e9, 45.9e9, "bfloat16", "MiniMax, 'MiniMax-M1' (arXiv 2506.13585): 456B total, "
+                             "45.9B activated a token"),
+    "granite-4.0-h-tiny": _published(7e9, 1e9, "bfloat16", "IBM, Granite 4.0 model card: 7B total, 1B active "
+                                     "(rounded figures)"),
+    "nemotron-h-8b": _published(8e9, 8e9, "bfloat16", "NVIDIA, 'Nemotron-H' (arXiv 2504.03624): 8B, dense"),
     "mha-8b": _published(8.03e9 + 805_306_368, 8.03e9 + 805_306_368, "bfloat16",
                          "Llama 3 8B's 8.03B plus the key and value projections of one head per query head: 32 layers "
                          "· 2 · 4096 · (4096 − 1024) = 805,306,368 more"),
@@ -76,8 +95,13 @@ PUBLISHED: dict[str, WeightsRead] = {
 
 def weights_read(model: Model, weights: Weights | WeightsRead | tuple[float, float] | None = None) -> WeightsRead:
     """What `model` reads of its weights: a `Weights` (count_weights of its config.json), a WeightsRead, a tuple
-    (total bytes, active bytes) whose parameters are counted at the model's dtype width, or None: PUBLISHED for a
-    built-in model. ValueError naming `weights` otherwise."""
+    (total bytes, active bytes) whose parameters are counted at the model's dtype width, or None: for a built-in
+    model, its weights counted from its config (builtin.WEIGHTS: gpt-oss's MXFP4 experts, DeepSeek's FP8), else
+    PUBLISHED. ValueError naming `weights` otherwise."""
+    if weights is None and model.name.lower() in WEIGHTS:
+        counted = weights_read(model, WEIGHTS[model.name.lower()])
+        published = PUBLISHED[model.name.lower()]
+        return dataclasses.replace(counted, source=f"{counted.source} (published: {published.source})")
     if isinstance(weights, WeightsRead):
         return weights
     if isinstance(weights, Weights):
@@ -179,18 +203,15 @@ def roofline(model: Model, device: Device | str, context: int, *, batch: int = 1
 
 def decode_attention_flops(model: Model, context: int) -> float:
     """FLOPs of one sequence's attention for one new token at `context`, summed over the layers: each spec's
-    Generation.flops (its step_flops, or 2 per cached number: 4·L·d a key/value head over L tokens). Where a spec
-    gives no step_flops its default counts one query per key/value head, so it is scaled by the group H / Hk (q·k and
-    p·v run once per query head: 4·L·d·H); a recurrent state's by state_width / head_dim, as plan scales its bytes."""
+    Generation.flops (its step_flops, or 2 per cached number for each query head reading it: 4·L·d·H over L tokens,
+    q·k and p·v once per query head whatever the key/value heads); a recurrent state's scaled by state_width /
+    head_dim, as plan scales its bytes."""
     total, made = 0.0, plan(model, context)
     for kind in made.kinds:
         layer = kind.layer
         spec = MEASURED[layer.mechanism]
-        gen = spec.supports.generation
         shape = layer.shape(1, context, 1, made.dtype)
-        flops = gen.flops(shape, **spec.resolved(layer.params))
-        if gen.step_flops is None:
-            flops *= shape.group
+        flops = spec.supports.generation.flops(shape, **spec.resolved(layer.params))
         if kind.kind == "state":
             flops *= layer.state_width / layer.head_dim
         total += flops * layer.count
