@@ -13,9 +13,9 @@ import sys
 from .runner import Benchmark, run
 
 # The catalogue, one line a script, as the mechanisms' (principle 4: explicit, no import of a folder's files).
-NAMES = ("dashboard", "deltanet", "distributed", "engine", "flex", "generation", "heads", "kda", "landmark", "linear",
-         "mechanisms", "native_kernels", "nsa", "planner", "positions", "reformer", "sinks", "sparse_select", "ssd",
-         "store", "window")
+NAMES = ("busy", "chunked", "dashboard", "deltanet", "distributed", "engine", "flex", "generation", "heads", "kda",
+         "landmark", "linear", "mechanisms", "native_kernels", "nsa", "planner", "positions", "reformer", "sinks",
+         "sparse_select", "ssd", "store", "window")
 
 
 def benchmark(name: str) -> Benchmark:

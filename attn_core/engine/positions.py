@@ -4,11 +4,13 @@ spec's FLOPs and memory. Both are built once outside the timed call, as a model 
 shares them across its layers: RoPE's cos and sin tables, ALiBi's (H, Nq, Nk) bias."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
 
-from attn_core.positions import encodings as positional, rope
+import attn_core.positional as positional  # encodings and RoPE scaling under the package's one name
+from attn_core.positions import rope, scaling
 from ..mechanisms import MEASURED
 from ..spec import MechanismSpec, Shape
 
@@ -53,6 +55,24 @@ def spec_problem(spec: MechanismSpec, positions: str, *, head_dim: int, generati
     return None
 
 
+def scaling_problem(positions: str, rope_scaling: Any, *, head_dim: int) -> str | None:
+    """Why a measured call cannot take `rope_scaling` (a config's dict, or None) with `positions` at `head_dim` (a
+    sentence saying what to change: an unknown rope_type, a missing or bad field, a rotary share that turns no whole
+    pairs), or None."""
+    if rope_scaling is None:
+        return None
+    if positions != "rope":
+        return (f"rope_scaling scales RoPE's frequencies, so it needs positions rope, not {positions}; set rope or "
+                "drop rope_scaling")
+    if why := scaling.rope_scaling_problem(rope_scaling):
+        return why
+    try:
+        scaling.rotary_dim(head_dim, rope_scaling)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def note(spec: MechanismSpec, positions: str) -> str:
     """The sentence a page shows beside `spec` with `positions`: where RoPE loses its relative property; '' else."""
     if positions != "rope" or not spec.supports.no_rope_relative:
@@ -77,19 +97,30 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def turner(n_q: int, n_k: int, head_dim: int, *, device: str, dtype: torch.dtype,
-           first: int | None = None) -> Callable[..., tuple[torch.Tensor, ...]]:
+def turner(n_q: int, n_k: int, head_dim: int, *, device: str, dtype: torch.dtype, first: int | None = None,
+           rope_scaling: Mapping[str, Any] | None = None,
+           base: float = 10000.0) -> Callable[..., tuple[torch.Tensor, ...]]:
     """turn(q, k, *rest) → (RoPE of q, RoPE of k, *rest), its tables built here, once: keys at positions 0 … n_k − 1,
     queries at the last n_q of them (n_k − n_q …, as alibi_bias places them); `first`: q and k both from there (a
-    generating step: one token at position n). O(n·d) each call."""
+    generating step: one token at position n). `rope_scaling`: a config's dict (`scaling_problem` says what it
+    refuses, as a ValueError here), the tables from positional.rope_inv_freq's θ and attention factor, the channels
+    past partial_rotary_factor's share passed through; dynamic's θ are those for the whole sequence (n_k tokens, or
+    first + 1). O(n·d) each call."""
+    if why := scaling_problem("rope", rope_scaling, head_dim=head_dim):
+        raise ValueError(why)
+    total = n_k if first is None else first + 1
+
     def tables(start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         at = torch.arange(start, start + count, device=device)
-        return rope.angles(at, head_dim, dtype=_work_dtype(dtype))
+        if rope_scaling is None:
+            return rope.angles(at, head_dim, base, dtype=_work_dtype(dtype))
+        return positional.scaled_angles(at, head_dim, base, rope_scaling, seq_len=total, dtype=_work_dtype(dtype))
     cq, sq = tables(n_k - n_q if first is None else first, n_q)
     ck, sk = (cq, sq) if first is not None or n_q == n_k else tables(0, n_k)
+    rotate = rope.apply if rope_scaling is None else positional.apply_partial
 
     def turn(q: torch.Tensor, k: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (rope.apply(q, cq, sq), rope.apply(k, ck, sk), *rest)
+        return (rotate(q, cq, sq), rotate(k, ck, sk), *rest)
     return turn
 
 

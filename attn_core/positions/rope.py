@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -43,9 +45,14 @@ def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return turned.flatten(-2).to(x.dtype)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:
+def rotate(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
+           rope_scaling: Mapping[str, Any] | None = None, max_position_embeddings: int | None = None) -> torch.Tensor:
     """RoPE: x (..., N, d), d even, with its feature pair (2i, 2i+1) turned by the angle p·θ_i, θ_i = base^(−2i/d),
     for the position p of its token; positions (N,), or (..., N) broadcasting to x's leading dimensions.
+    `rope_scaling`: a config's dict (rope_type linear, dynamic, yarn or llama3; partial_rotary_factor), its θ and
+    attention factor from scaling.rope_inv_freq, the channels past the rotary share passed through; a rope_type this
+    library does not compute is refused with a sentence (ValueError). `max_position_embeddings`: the config's, for
+    dynamic and yarn without original_max_position_embeddings.
 
     The defining property: a rotation is orthogonal and rotations compose, so
     ⟨rotate(q, i), rotate(k, j)⟩ = ⟨q, R(j − i) k⟩ depends on the positions only through i − j, and position 0
@@ -58,5 +65,10 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -
         raise ValueError(f"rotary embedding turns features in pairs, so x needs an even number of features; it has "
                          f"{x.shape[-1]}: drop or pad one feature")
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if rope_scaling is not None:
+        from attn_core.positions import scaling  # imported here: scaling builds on this module
+        tables = scaling.scaled_angles(positions, x.shape[-1], base, rope_scaling, dtype=dtype,
+                                       max_position_embeddings=max_position_embeddings)
+        return scaling.apply_partial(x, *tables)
     cos, sin = angles(positions, x.shape[-1], base, dtype=dtype)
     return apply(x, cos, sin)
