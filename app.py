@@ -22,10 +22,13 @@ def device_line(device: str) -> str:
     return f"{info['name']} · {info['total_memory_bytes'] / 2**30:.0f} GiB · {info['threads']} threads"
 
 
+PAGE_ICON = "📈"  # chart increasing (U+1F4C8)
 ensure_routed()  # a fresh server's first request, even to "/", would otherwise run this as a legacy page
 talk = bool(st.session_state.get("talk"))
-# talk mode folds the sidebar away (its arrow brings it back, with the switch to leave talk mode)
-st.set_page_config(page_title="Attention Lab", page_icon=":material/monitoring:", layout="wide",
+# talk mode folds the sidebar away (its arrow brings it back, with the switch to leave talk mode). The icon is an
+# emoji: Streamlit draws it into a data: URL, while a ":material/…:" favicon is fetched from fonts.gstatic.com,
+# which fails offline (the navigation's material icons come from the font Streamlit ships, not the network).
+st.set_page_config(page_title="Attention Lab", page_icon=PAGE_ICON, layout="wide",
                    initial_sidebar_state="collapsed" if talk else "auto")
 server.prestart()  # the measuring worker and the C++ kernels, once per server, without waiting for them
 with st.sidebar:

@@ -4,7 +4,8 @@ from attn_core import masks
 from .api import attention, get, make_state
 from attn_core.nn.layers import MultiHeadAttention
 from attn_core.nn.latent import MultiLatentAttention, LatentCache
-from attn_core.positions import encodings as positional, rope
+from attn_core import positional
+from attn_core.positions import rope
 from .mechanisms import MEASURED, MECHANISMS
 from .mechanisms.sdpa import sdpa_backend
 from .spec import MechanismSpec, Param, Shape

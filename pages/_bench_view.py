@@ -9,7 +9,7 @@ import streamlit as st
 from attn_core.engine import untrusted
 from attn_core.charts import export, payoff, scaling
 from attn_core.engine import analysis, positions, results, worker
-from pages._bench_form import AXES, BASELINES, CURVES, NUMBERS, keyed, talk
+from pages._bench_form import AXES, BASELINES, CURVES, NUMBERS, SHOWN_PRESETS, keyed, talk
 from pages._shared import bench_state, export_row, label, seen, show_chart
 
 S = st.session_state
@@ -26,8 +26,9 @@ CHART_CSS = "".join(f".st-key-bench_chart_{m} {{ flex: 0 0 auto !important; heig
                     for m in scaling.METRICS)
 CHART_HEIGHT = {False: "clamp(380px, calc(100vh - 12rem), 1000px)", True: "max(420px, calc(100vh - 4.5rem))"}
 # The columns a speaker talks about; the rest of the summary is one click away.
-FIRST_COLUMNS = ["Mechanism", "time ∝ n^k: k", "memory ∝ n^k: k", "speed-up vs softmax (×)",
-                "memory saving vs softmax (×)", "at n (vs softmax)"]
+# Each ratio is followed by the n it was taken at (a speaker quotes the pair).
+FIRST_COLUMNS = ["Mechanism", "time ∝ n^k: k", "memory ∝ n^k: k", "speed-up vs softmax (×)", "speed-up at n",
+                 "memory saving vs softmax (×)", "memory saving at n"]
 
 
 def style() -> None:
@@ -117,7 +118,7 @@ def ticker() -> None:
     if job.done:
         st.rerun()  # Run comes back, the table and the exports appear
     p = job.progress
-    eta = f" · about {p.eta_s:.0f} s left" if p.eta_s is not None else ""
+    eta = f" · {p.eta_text}" if p.eta_text else ""  # retakes and a busy machine counted; none before a rate
     st.progress(min(p.done / max(p.total, 1), 1.0),
                 text=f"{p.done} of {p.total} points · now {untrusted.literal(p.current)}{eta}")
     if not replay and state.pacing.wants_redraw(id(job), p.done, time.monotonic()):
@@ -145,7 +146,10 @@ def results_view(job, chart_place=st) -> None:
                  format_func=CURVES.get, **keyed("bench_curves"))
         st.segmented_control("Crossover n* against", BASELINES, default="softmax", required=True,
                              format_func=label, **keyed("bench_baseline"))
-    if job.done and (missing := analysis.baseline_note(df, S.get("bench_baseline") or "softmax")):
+    baseline = S.get("bench_baseline") or "softmax"
+    preset = SHOWN_PRESETS.get(bench_state().preset or "")
+    asked = analysis.crossover_asked(preset.look_for if preset else None, baseline)
+    if job.done and asked and (missing := analysis.baseline_note(df, baseline)):
         st.info(missing, icon=":material/info:")
     notes = []  # how the points were measured: behind an expander under the charts, not above them
     for metric in metrics():
@@ -172,7 +176,8 @@ def results_view(job, chart_place=st) -> None:
         # data grid does not; a missing figure reads "—", not "None"); every column behind an expander.
         short = table[[c for c in FIRST_COLUMNS if c in table]].set_index("Mechanism")
         short.index = short.index.map(untrusted.literal)  # st.table renders Markdown; a replayed run's labels are text
-        st.table(short.style.format({"at n (vs softmax)": "{:,.0f}"}, precision=2, na_rep="—"), border="horizontal")
+        ns = {c: "{:,.0f}" for c in ("speed-up at n", "memory saving at n") if c in short}
+        st.table(short.style.format(ns, precision=2, na_rep="—"), border="horizontal")
         with st.expander("Every column of the summary"):
             st.dataframe(table, hide_index=True)
         for note in analysis.summary_notes(df):

@@ -5,7 +5,7 @@ import streamlit as st
 from attn_core import MECHANISMS
 from attn_core.engine import untrusted
 from attn_core.insight import charts as insight_charts
-from attn_core.insight import published
+from attn_core.insight import published, ratio
 from attn_core.engine import analysis, results
 from pages import _run_store as history
 from pages._shared import ensure_routed, export_row, keyed, show_chart
@@ -94,6 +94,6 @@ if ratios.empty:
     st.warning(f"{untrusted.literal(a)} and {untrusted.literal(b)} share no point (same mechanism, parameters, n, "
                "dtype, mode, mask and sizes).")
     st.stop()
-chart = insight_charts.ratio_chart(ratios, a, b, metric)
+chart = ratio.ratio_chart(ratios, a, b, metric)
 show_chart(chart)
 export_row(chart, ratios, "runs-ratio", "cmp_dl_runs-ratio")

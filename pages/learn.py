@@ -5,6 +5,7 @@ import streamlit as st
 from attn_core.insight import charts as insight_charts
 from attn_core.insight import further, lesson
 from attn_core.engine import untrusted
+from attn_core.positions import chart as rope_chart
 from pages._shared import ensure_routed, export_row, keyed, open_benchmark, show_chart
 
 ensure_routed()  # a deep link as a server's first request: let the router run first
@@ -12,7 +13,8 @@ S = st.session_state
 SENTENCE, SOURCE = "the cat sat on the mat", "le chat était assis"
 D_KS = [1, 2, 4, 8, 16, 64, 128, 512]
 WALL = "The quadratic wall"  # the Benchmark preset that measures the cost live
-POSITION_VIEWS = ["permuted sentence", "sinusoidal table", "RoPE by offset", "ALiBi per head"]
+POSITION_VIEWS = ["permuted sentence", "sinusoidal table", "RoPE by offset", "ALiBi per head",
+                  "RoPE past the trained length"]
 TEMPERATURES = [0.01, 0.03, 0.1, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 100.0]
 
 
@@ -71,8 +73,8 @@ big = 64 if S.get("talk") else 48  # a cell that holds its number ("-0.18") in t
 def figure(step: lesson.Step, stem: str) -> None:
     """A step's heatmap, its shape under its sentence, and its exports."""
     st.caption(f"{step.says} **{step.shape}**")
-    per_head = (1100 // step.matrix.shape[0] - 140) // len(step.columns)  # heads side by side within ~1,100 px
-    cell = max(20, min(big, per_head, 640 // len(step.rows)))  # and no taller than ~640 px
+    # heads side by side within the column, the padded keys (the last columns) included
+    cell = lesson.cell_px(step.matrix.shape[0], len(step.rows), len(step.columns), talk=bool(S.get("talk")))
     chart = insight_charts.step_chart(step, cell=cell, numbers=cell >= big * 0.85)
     show_chart(chart, width="content")
     export_row(chart, insight_charts.step_frame(step), stem, f"learn_dl_{stem}", folded=True)
@@ -116,9 +118,17 @@ elif view == POSITION_VIEWS[2]:
     k_at = right.selectbox("Key word", range(len(tokens)), min(1, len(tokens) - 1), format_func=tokens.__getitem__,
                            **keyed("learn_rope_k"))
     step = further.rope_step(sentence, setup, min(q_at, len(tokens) - 1), min(k_at, len(tokens) - 1))
-else:
+elif view == POSITION_VIEWS[3]:
     step = further.alibi_step(len(tokens))
-figure(step, f"learn-{number}-{step.key}")
+else:  # RoPE scaling: a published config's scores by offset, with and without its rope_scaling
+    name = st.selectbox("Config", list(rope_chart.EXAMPLES), **keyed("learn_rope_scaling"))
+    example = rope_chart.EXAMPLES[name]
+    show_chart(rope_chart.decay_chart(rope_chart.example_frame(name), example.trained,
+                                      subtitle=f"head_dim {example.head_dim}, rope_theta {example.base:,.0f}; "
+                                               f"{example.source}"))
+    st.caption(rope_chart.CAPTION)
+if view != POSITION_VIEWS[4]:
+    figure(step, f"learn-{number}-{step.key}")
 
 number += 1
 st.subheader(f"{number}. Attention as a soft dictionary lookup")

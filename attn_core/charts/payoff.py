@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine import analysis
-from .style import colour_scale, styled
+from .style import colour_scale, styled, wrapped
 
 K_MIN_MAX = 1000  # the k axis reaches at least this far, and 4× past the largest break-even k
 GRID = 41  # log-spaced k per line
@@ -103,7 +103,7 @@ def payoff_chart(df: pd.DataFrame, n: int, *, talk: bool = False) -> alt.TopLeve
                 "a one-time cost not measured (nothing compiled at this n) counts 0"]
     if faster := analysis.flex_faster(df[df["n"] == n]):
         subtitle.append(faster.split(":")[0] + f" at n = {n:,}.")
-    title = alt.TitleParams(f"When does compiling pay off? n = {n:,}", subtitle=subtitle, anchor="start")
+    title = alt.TitleParams(f"When does compiling pay off? n = {n:,}", subtitle=wrapped(subtitle), anchor="start")
     return styled(alt.layer(*layers).properties(width=620, height=380, title=title), talk=talk)
 
 

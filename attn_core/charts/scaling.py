@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine import analysis
-from .style import colour_scale, house_config
+from .style import MAX_COLOURS, REPEAT_DASH, colour_scale, house_config, repeated, wrapped
 # the datasets a chart draws (scaling_data): pages and tests import them from here
 from .scaling_data import CURVES, METRICS, chart_frames, points_frame, records, with_series
 
@@ -30,7 +30,12 @@ MASK_DASHES = {"bidirectional": [1, 0], "causal": [14, 4, 3, 4]}
 TIME_METHODS = {"cuda": "median of CUDA-event timings", "mps": "median wall-clock, synchronized",
                 "cpu": "median wall-clock"}
 THEORY_HOW = ["Dashed: theory, scaled to the clean points"]  # how: the page's "How this was measured"
-BUSY_FOOTNOTE = "Hollow points: timed while the computer was busy; left out of the dashed curves"
+BUSY_FOOTNOTE = "Hollow: timed while the computer was busy; left out of the dashed curves"  # one subtitle line
+# The on-screen legend of hollow points (the footnote is the export's): lines, so the plot keeps its width
+BUSY_LEGEND = ("Hollow: timed while the", "computer was busy; left out", "of the lines and dashed curves")
+BUSY_LABEL = "busy"  # scaling_data gives each hollow point this value
+TITLE_CHARS = 60  # a title line's characters at most: 18 px type is ~10 px a character
+SAME_VALUES = 0.02  # relative: two lines within 2 % at every common n lie on each other at any size a chart has
 ROOFLINE_HOW = ["Dotted: executed FLOPs at the device's", "measured matmul throughput"]
 EMPTY_DOMAIN = {True: (1.0, 10.0), False: (0.0, 1.0)}  # a y scale with nothing to draw (log, linear): keeps its height
 
@@ -118,7 +123,7 @@ class ChartShape:
     talk: bool
     width: int | str  # pixels, or "container": the page's box (a page fits it to the screen)
     height: int | str
-    title: str
+    title: str | tuple[str, ...]  # one line, or lines (a long title is wrapped, never cut)
     subtitle: str | tuple[str, ...]
     y_title: tuple[str, ...]
     lines: tuple[str, ...]  # the colour scale's domain ...
@@ -131,6 +136,7 @@ class ChartShape:
     formulas: tuple[tuple[str, str], ...]  # line → its theory formula, written into the colour legend
     y_domain: tuple[float, ...] = ()  # set only when the values span no range (none, or all equal): Vega's own else
     generate: bool = False  # generation steps: time per token against the context, the cache's memory
+    dashed: tuple[str, ...] = ()  # measured lines drawn dashed: on an earlier line, or repeating its colour
 
 
 def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, *, log: bool = True,
@@ -138,21 +144,53 @@ def chart_shape(df: pd.DataFrame, frames: dict[str, pd.DataFrame], metric: str, 
                 width: int | str | None = None, height: int | str | None = None) -> ChartShape:
     unit, name = METRICS[metric][1], metric_name(df, metric)
     every = pd.concat([frames[key] for key in ("points", "disturbed", "missing") if key in frames])
-    scale = colour_scale(every.drop_duplicates("line")[["mechanism", "line"]].itertuples(index=False))
+    scale = colour_scale(every.drop_duplicates("line")[["mechanism", "line"]].itertuples(index=False), MAX_COLOURS)
     theory = frames.get("theory")
     kinds = tuple(k for k in DASHES if theory is not None and k in set(theory["kind"]))
     labels = tuple(theory.loc[theory["kind"] == k, "kind_label"].iloc[0] for k in kinds)
     spec_curves = theory[theory["kind"] == "spec"].drop_duplicates("line") if theory is not None else theory
     formulas = () if spec_curves is None else tuple(zip(spec_curves["line"], spec_curves["curve"].str.replace(
         " fit", "")))
+    drawn = pd.concat([frames[key] for key in ("points", "disturbed") if key in frames])
+    on = on_each_other(drawn, METRICS[metric][0])
+    masks = every["mask"].nunique() > 1
+    lines = [subtitle if subtitle is not None else default_subtitle(df)] if not isinstance(subtitle, list) else subtitle
+    if on:
+        lines = [*lines, "; ".join(f"{upper} lies on {lower}" for upper, lower in on.items()) + " (the same values)"
+                 + ("" if masks else ": drawn dashed")]
+    if again := repeated(scale):
+        lines = [*lines, f"More than {MAX_COLOURS} lines: {', '.join(again)} repeat an earlier colour"
+                 + ("" if masks else ", dashed")]
+    dashed = tuple(dict.fromkeys([*on, *again])) if not masks else ()
     return ChartShape(metric, log, talk, width or (900 if talk else 640), height or (500 if talk else 380),
-                      title or default_title(df, metric),
-                      tuple(subtitle) if isinstance(subtitle, list) else
-                      (subtitle if subtitle is not None else default_subtitle(df)),
+                      _one_or_lines(wrapped(title or default_title(df, metric), TITLE_CHARS)),
+                      _one_or_lines(wrapped(lines)),
                       tuple(_y_title(df, metric, unit, name, log)), tuple(scale.domain), tuple(scale.range),
-                      every["mask"].nunique() > 1, tuple(frames), kinds, labels,
+                      masks, tuple(frames), kinds, labels,
                       tuple(sorted(set(df["n"].astype(int)))) if 1 < df["n"].nunique() <= 9 else (),
-                      formulas, _fixed_domain(frames, METRICS[metric][0], log), analysis.generating(df))
+                      formulas, _fixed_domain(frames, METRICS[metric][0], log), analysis.generating(df), dashed)
+
+
+def _one_or_lines(lines: list[str]) -> str | tuple[str, ...]:
+    """A subtitle as Vega-Lite takes it: one line as its text ('' for none), more as a tuple of lines."""
+    return tuple(lines) if len(lines) > 1 else (lines[0] if lines else "")
+
+
+def on_each_other(drawn: pd.DataFrame, column: str) -> dict[str, str]:
+    """Lines drawn on an earlier line: {line: the earlier line} for each pair whose values differ by at most
+    SAME_VALUES (relative) at every n both have, at least two of them (MLA absorbed's cache is MLA naive's).
+    O(lines² · points)."""
+    values = {line: part.groupby("n")[column].median() for line, part in drawn.groupby("line", sort=False)}
+    found: dict[str, str] = {}
+    names = list(values)
+    for i, upper in enumerate(names):
+        for lower in names[:i]:
+            common = values[upper].index.intersection(values[lower].index)
+            a, b = values[upper][common].to_numpy(float), values[lower][common].to_numpy(float)
+            if len(common) >= 2 and lower not in found and np.all(np.abs(a - b) <= SAME_VALUES * np.abs(b)):
+                found[upper] = lower
+                break
+    return found
 
 
 def _fixed_domain(frames: dict[str, pd.DataFrame], column: str, log: bool) -> tuple[float, ...]:
@@ -219,18 +257,22 @@ def _measured_layers(shape: ChartShape, x: alt.X, y: alt.Y, yscale: alt.Scale, c
     marker = {"shape": alt.Shape("mask:N", legend=None) if shape.masks else alt.value("circle"),
               "tooltip": tooltip(shape.generate)}
     layers = []
-    if "lines" in shape.datasets:
-        drawn = alt.Chart(alt.NamedData(name="lines")).encode(x=x, y=y, color=colour)
-        mask = {"strokeDash": alt.StrokeDash("mask:N", title="Mask (line style)", scale=alt.Scale(
-            domain=list(MASK_DASHES), range=list(MASK_DASHES.values())))} if shape.masks else {}
-        layers.append(drawn.mark_line(strokeWidth=4 if talk else 2).encode(detail="series:N", **mask))
-        if shape.metric == "time_median_s":  # the IQR: 25th to 75th percentile of the samples
-            layers.append(drawn.mark_errorbar(ticks=True, thickness=2 if talk else 1).encode(
-                y=alt.Y("iqr_low:Q", title=list(shape.y_title), scale=yscale), y2="iqr_high:Q"))
-    else:
+    if "lines" in shape.datasets:  # the clean points only: a hollow point stands alone
+        layers.extend(_line_layers(shape, x, y, colour))
+    if "bars" in shape.datasets:  # the IQR of every drawn time point: 25th to 75th percentile of the samples
+        layers.append(alt.Chart(alt.NamedData(name="bars")).mark_errorbar(ticks=True, thickness=2 if talk else 1)
+                      .encode(x=x, y=alt.Y("iqr_low:Q", title=list(shape.y_title), scale=yscale), y2="iqr_high:Q",
+                              color=colour))
+    if not {"lines", "disturbed"} & set(shape.datasets):
         layers.append(alt.Chart(alt.InlineData(values=[{}])).mark_text(
             text="No measured value to draw", fontSize=18 if talk else 12, color="#555555").encode(
             x=alt.value({"expr": "width / 2"}), y=alt.value({"expr": "height / 2"})))
+    if "disturbed" in shape.datasets:  # what hollow means, in a legend of its own (invisible points, under the rest)
+        layers.append(alt.Chart(alt.NamedData(name="disturbed")).mark_point(size=0, opacity=0).encode(
+            x=x, y=y, shape=alt.Shape("busy:N", title=list(BUSY_LEGEND), scale=alt.Scale(
+                domain=[BUSY_LABEL], range=["circle"]), legend=alt.Legend(
+                symbolFillColor="transparent", symbolStrokeColor="#000000", symbolOpacity=1,
+                symbolStrokeWidth=3 if talk else 2, symbolSize=220 if talk else 120))))
     layers.append(alt.Chart(alt.NamedData(name="points")).mark_point(
         filled=True, size=160 if talk else 60, opacity=1).encode(x=x, y=y, color=colour, **marker))
     if "disturbed" in shape.datasets:  # timed while other programs took CPU: hollow, left out of the fits
@@ -245,6 +287,22 @@ def _measured_layers(shape: ChartShape, x: alt.X, y: alt.Y, yscale: alt.Scale, c
                      alt.Tooltip("n:Q", title=length_name(shape.generate), format=",d"),
                      alt.Tooltip("why:N", title="Not drawn"), alt.Tooltip("params:N", title="Parameters")]))
     return layers
+
+
+def _line_layers(shape: ChartShape, x: alt.X, y: alt.Y, colour: alt.Color) -> list:
+    """The solid lines through the clean points (told apart by mask when the chart mixes them), and the lines of
+    shape.dashed drawn dashed on top of them (a line on another, or one repeating another's colour)."""
+    drawn = alt.Chart(alt.NamedData(name="lines")).encode(x=x, y=y, color=colour, detail="series:N")
+    width = 4 if shape.talk else 2
+    if shape.masks:
+        return [drawn.mark_line(strokeWidth=width).encode(strokeDash=alt.StrokeDash(
+            "mask:N", title="Mask (line style)", scale=alt.Scale(domain=list(MASK_DASHES),
+                                                                  range=list(MASK_DASHES.values()))))]
+    if not shape.dashed:
+        return [drawn.mark_line(strokeWidth=width)]
+    dashed = alt.FieldOneOfPredicate(field="line", oneOf=list(shape.dashed))
+    return [drawn.mark_line(strokeWidth=width).transform_filter(alt.LogicalNotPredicate(**{"not": dashed})),
+            drawn.mark_line(strokeWidth=width, strokeDash=REPEAT_DASH).transform_filter(dashed)]
 
 
 def chart_note(df: pd.DataFrame, metric: str = "time_median_s", *, log: bool = True,
@@ -365,9 +423,11 @@ def default_subtitle(df: pd.DataFrame) -> str:
 
 SUMMARY_COLUMNS = {
     "series": "Mechanism", "time_exponent": "time ∝ n^k: k", "memory_exponent": "memory ∝ n^k: k",
-    "speedup_vs_softmax": "speed-up vs softmax (×)", "memory_saving_vs_softmax": "memory saving vs softmax (×)",
-    "at_n_vs_softmax": "at n (vs softmax)", "speedup_vs_sdpa": "speed-up vs SDPA (×)",
-    "memory_saving_vs_sdpa": "memory saving vs SDPA (×)", "at_n_vs_sdpa": "at n (vs SDPA)",
+    # each ratio beside the n it was taken at: the two may differ (a disturbed time at the largest n)
+    "speedup_vs_softmax": "speed-up vs softmax (×)", "at_n_vs_softmax": "speed-up at n",
+    "memory_saving_vs_softmax": "memory saving vs softmax (×)", "memory_at_n_vs_softmax": "memory saving at n",
+    "speedup_vs_sdpa": "speed-up vs SDPA (×)", "at_n_vs_sdpa": "speed-up vs SDPA at n",
+    "memory_saving_vs_sdpa": "memory saving vs SDPA (×)", "memory_at_n_vs_sdpa": "memory saving vs SDPA at n",
     "gflops": "GFLOP/s at largest n (executed FLOPs)", "useful_gflops": "GFLOP/s at largest n (useful FLOPs)",
     "pct_of_device": "% of device matmul (executed FLOPs)", "memory_method": "memory measured by",
     "ok_points": "points measured", "points": "points planned", "note": "note",

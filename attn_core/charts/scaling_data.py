@@ -99,17 +99,20 @@ def _contention(disturbed: bool, cores: float, retaken: int) -> str:
 
 def chart_frames(df: pd.DataFrame, metric: str, *, theory: pd.DataFrame | None = None,
                  crossovers: pd.DataFrame | None = None, log: bool = True) -> dict[str, pd.DataFrame]:
-    """The datasets a scaling chart draws, in display units and by name: lines (every drawn point, for the lines and
-    the IQR bars), points (drawn filled), disturbed (drawn hollow), missing (not drawn: crosses on the bottom edge),
-    theory (dashed curves) and crossings (n* marks). Empty ones are left out, points excepted."""
+    """The datasets a scaling chart draws, in display units and by name: lines (the clean drawn points, which the
+    solid lines join: a disturbed point joined to them drew V shapes and spikes), bars (every drawn time point, for
+    the IQR bars), points (drawn filled), disturbed (drawn hollow, alone), missing (not drawn: crosses on the bottom
+    edge), theory (dashed curves) and crossings (n* marks). Empty ones are left out, points excepted."""
     column, _, divisor, _ = METRICS[metric]
     keep = ["mechanism", "label", "params", "causal", "n", column, "line", "series", "mask", "status", "drawn", "why",
             "time", "memory", "predicted", "memory_method", "throughput", "contention"]
     pts = points_frame(df, metric, log)  # only what the chart draws or shows goes into the spec: it stays small
     drawn = pts[pts["drawn"]]
     spread = ["iqr_low", "iqr_high"] if metric == "time_median_s" else []
-    frames = {"lines": drawn[["n", column, *spread, "line", "series", "mask"]],
-              "points": drawn.loc[~drawn["hollow"], keep], "disturbed": drawn.loc[drawn["hollow"], keep],
+    frames = {"lines": drawn.loc[~drawn["hollow"], ["n", column, "line", "series", "mask"]],
+              "bars": drawn[["n", column, *spread, "line", "series", "mask"]] if spread else drawn.iloc[:0],
+              "points": drawn.loc[~drawn["hollow"], keep],
+              "disturbed": drawn.loc[drawn["hollow"], keep].assign(busy="busy"),  # the legend's one entry
               "missing": pts.loc[~pts["drawn"], keep]}
     pts = pts[keep]
     if theory is not None and len(theory):

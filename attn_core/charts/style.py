@@ -2,6 +2,7 @@
 talk mode's large type."""
 from __future__ import annotations
 
+import textwrap
 from typing import Iterable
 
 import altair as alt
@@ -20,13 +21,18 @@ PALETTE = ["#E69F00", "#332288", "#999933", "#0072B2", "#000000", "#D55E00",
 REFERENCE_GREY = "#6E6E6E"  # published figures, measured elsewhere (no palette entry is grey)
 FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif"
 TALK_MIN_PX = 18  # the smallest chart text in talk mode
+MAX_COLOURS = 8  # colours one chart uses at most: past eight, hues are hard to tell apart and to name
+REPEAT_DASH = [6, 3]  # a line whose colour an earlier line of the chart already has
+SUBTITLE_CHARS = 78  # a subtitle line's characters at most: 13 px DejaVu Sans is ~7.5 px a character, 78 fill ~580 px
 
 
-def colour_scale(lines: Iterable[tuple[str, str]]) -> alt.Scale:
-    """A colour for each (mechanism, line) pair, all different in a chart of up to len(PALETTE) lines: a mechanism's
-    first line takes its home colour (PALETTE at its place in the catalogue, so the same on every page) unless an
-    earlier mechanism took it; the rest (a second setting, a mechanism outside the catalogue or whose home was
-    taken) take the first palette colour still free, in the catalogue's order. Past len(PALETTE) lines they repeat."""
+def colour_scale(lines: Iterable[tuple[str, str]], most: int = len(PALETTE)) -> alt.Scale:
+    """A colour for each (mechanism, line) pair, at most `most` in a chart, all different up to that many lines
+    (a chart that tells a repeat apart by its dash passes MAX_COLOURS; the default keeps every palette colour for
+    charts that cannot, whose lines would otherwise share a colour): a mechanism's first line takes its home colour (PALETTE at its place in the catalogue, so the same on
+    every page) unless an earlier mechanism took it; the rest (a second setting, a mechanism outside the catalogue
+    or whose home was taken) take the first palette colour still free, in the catalogue's order. Past `most` lines
+    the colours repeat, in the domain's order; `repeated` names those lines, which a chart draws dashed."""
     order = list(MEASURED)
     ranked = sorted(dict.fromkeys(lines), key=lambda ml: order.index(ml[0]) if ml[0] in order else len(order))
     colour: dict[str, str] = {}
@@ -42,7 +48,31 @@ def colour_scale(lines: Iterable[tuple[str, str]]) -> alt.Scale:
             free = [c for c in PALETTE if c not in colour.values()]
             colour[line] = free[0] if free else PALETTE[i % len(PALETTE)]
     domain = list(dict.fromkeys(line for _, line in ranked))
+    used: list[str] = []
+    for k, line in enumerate(domain):  # the cap: colour most + 1 is replaced by the first one again, and so on
+        if colour[line] not in used and len(used) == most:
+            colour[line] = used[(k - most) % most]
+        used += [colour[line]] if colour[line] not in used else []
     return alt.Scale(domain=domain, range=[colour[line] for line in domain])
+
+
+def repeated(scale: alt.Scale) -> list[str]:
+    """The lines of a colour_scale whose colour an earlier line of its domain has (only past MAX_COLOURS)."""
+    seen: set[str] = set()
+    out = []
+    for line, colour in zip(scale.domain, scale.range):
+        if colour in seen:
+            out.append(line)
+        seen.add(colour)
+    return out
+
+
+def wrapped(lines: str | Iterable[str], chars: int = SUBTITLE_CHARS) -> list[str]:
+    """A title's or subtitle's text as lines of at most `chars` characters, broken between words (Vega-Lite draws a
+    list as lines; one long line is cut with "…" at the chart's edge). A word longer than `chars` is broken."""
+    lines = [lines] if isinstance(lines, str) else list(lines)
+    return [part for line in lines for part in (textwrap.wrap(line, chars, break_on_hyphens=False) or [""])
+            if line]
 
 
 def house_config(talk: bool = False) -> alt.Config:

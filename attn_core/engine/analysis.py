@@ -280,9 +280,11 @@ def _ratio_at_largest_common(g: pd.DataFrame, base: pd.DataFrame, metric: str) -
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """One row per series: fitted time and memory exponents (NaN below MIN_FIT_POINTS clean points), speed-up and
-    memory saving (baseline ÷ mechanism, > 1 is better) against softmax and SDPA at the largest n both measured
-    clean, GFLOP/s on executed and on useful FLOPs and % of the device's matmul throughput at the largest clean n,
-    the memory method, how many points are ok, and a note saying why a figure is missing or above 100 %."""
+    memory saving (baseline ÷ mechanism, > 1 is better) against softmax and SDPA, each at the largest n both measured
+    clean and with the n it was taken at (at_n_vs_*: the speed-up's, memory_at_n_vs_*: the saving's; a disturbed
+    time leaves the speed-up at a smaller n than the saving), GFLOP/s on executed and on useful FLOPs and % of the
+    device's matmul throughput at the largest clean n, the memory method, how many points are ok, and a note saying
+    why a figure is missing or above 100 %."""
     fits = {metric: fit_slopes(df, metric).set_index(_series(df)) for metric in METRICS}
     clean = {metric: clean_points(df, metric) for metric in METRICS}
     rows = []
@@ -296,8 +298,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                 base = first_series(clean[metric][clean[metric]["mechanism"] == baseline])
                 ratio, n = _ratio_at_largest_common(clean_points(g, metric), base, metric)
                 row[f"{name}_vs_{baseline}"] = ratio
-                if metric == "time_median_s":
-                    row[f"at_n_vs_{baseline}"] = n
+                row[f"{'at_n' if metric == 'time_median_s' else 'memory_at_n'}_vs_{baseline}"] = n
         timed = clean_points(g, "time_median_s").sort_values("n")
         last = timed.iloc[-1] if len(timed) else None
         row.update({"gflops": float(last["gflops"]) if last is not None else math.nan,
@@ -309,8 +310,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         row["note"] = _row_note(fits, key, row["pct_of_device"])
         rows.append(row)
     return pd.DataFrame(rows, columns=[
-        "mechanism", "series", "params", "time_exponent", "memory_exponent", "speedup_vs_softmax",
-        "memory_saving_vs_softmax", "at_n_vs_softmax", "speedup_vs_sdpa", "memory_saving_vs_sdpa", "at_n_vs_sdpa",
+        "mechanism", "series", "params", "time_exponent", "memory_exponent", "speedup_vs_softmax", "at_n_vs_softmax",
+        "memory_saving_vs_softmax", "memory_at_n_vs_softmax", "speedup_vs_sdpa", "at_n_vs_sdpa",
+        "memory_saving_vs_sdpa", "memory_at_n_vs_sdpa",
         "gflops", "useful_gflops", "pct_of_device", "memory_method", "ok_points", "points", "note"])
 
 
@@ -390,6 +392,13 @@ def baseline_note(df: pd.DataFrame, baseline: str, metric: str = "time_median_s"
     if clean_points(mine, metric).empty:
         return f"No crossover against {label}: every point of it was disturbed by other programs."
     return ""
+
+
+def crossover_asked(look_for: str | None, baseline: str = "softmax") -> bool:
+    """Whether a sweep asks for a crossover, so that baseline_note's notice is worth showing: a sweep of the reader's
+    own (`look_for` None), a baseline other than the default softmax picked, or a preset whose sentence talks of n*
+    ("One cache, four sizes" measures no softmax and asks for no crossover: a notice about one misleads)."""
+    return look_for is None or baseline != "softmax" or any(w in look_for for w in ("n*", "crossover", "overtake"))
 
 
 def summary_notes(df: pd.DataFrame) -> list[str]:

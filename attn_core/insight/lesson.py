@@ -79,14 +79,19 @@ class Walk:
         over the allowed cells of every head, and the largest softmax weight among rows that choose between two keys
         or more (`max_weight`, NaN where none does): a row that sees one key (the first word under the causal mask)
         gives it weight 1 whatever the scores, which says nothing of saturation. `rows_counted` is how many rows the
-        largest weight was taken over (every head's)."""
+        largest weight was taken over (every head's); `max_row_keys` how many keys the row holding it sees (an even
+        split gives each 1 / max_row_keys); `q_std`, `k_std` the standard deviations of Q's and K's entries."""
         allowed = self.allowed.expand_as(self.raw)
-        choosing = self.allowed.sum(-1) >= 2  # (n,) rows with a choice to make
-        chosen = self.weights[..., choosing, :]
+        keys = self.allowed.sum(-1)  # (n,) keys each row sees
+        choosing = keys >= 2  # rows with a choice to make
+        chosen = self.weights[..., choosing, :]  # (H, r, m)
+        row = int(chosen.amax(dim=(0, 2)).argmax()) if chosen.numel() else -1
         return {"raw_std": float(self.raw[allowed].std(unbiased=False)),
                 "scores_std": float(self.scores[allowed].std(unbiased=False)),
                 "max_weight": float(chosen.max()) if chosen.numel() else float("nan"),
-                "rows_counted": int(choosing.sum()) * int(self.weights.shape[0])}
+                "rows_counted": int(choosing.sum()) * int(self.weights.shape[0]),
+                "max_row_keys": int(keys[choosing][row]) if row >= 0 else 0,
+                "q_std": float(self.q.std(unbiased=False)), "k_std": float(self.k.std(unbiased=False))}
 
 
 def words(sentence: str, what: str = "the sentence") -> list[str]:
@@ -208,6 +213,31 @@ class Step:
 
 
 SHOWN_DIMS = 16  # columns of a Q, K, V or embedding matrix drawn; the rest are said to be left out
+# A heatmap's room on the Learn page: the main column at 1280 px with the sidebar open (about 820 px; talk mode folds
+# the sidebar, ~1,190 px), less what is not cells: the words down the left and the colour legend (~170 px, ×1.4 in
+# talk mode's type) and the gap between two heads' panels (20 px).
+COLUMN_PX = {False: 800, True: 1150}
+AROUND_PX = {False: 170, True: 240}
+PANEL_GAP_PX, MIN_CELL_PX = 20, 12
+
+
+def cell_px(panels: int, rows: int, columns: int, *, talk: bool = False) -> int:
+    """A heatmap cell's side in pixels such that `panels` panels of rows × columns cells, their labels and legend fit
+    the page's column (a padded key is the last column: a heatmap wider than the column cut it off first); at most
+    64 (talk) or 48 px, a cell that holds its number, and no panel taller than ~640 px; MIN_CELL_PX at the least,
+    so the widest walks (four heads of 12 words and 4 padding keys) still spill past a column of 800 px."""
+    room = COLUMN_PX[talk] - AROUND_PX[talk] - PANEL_GAP_PX * (panels - 1)
+    biggest = 64 if talk else 48
+    return max(MIN_CELL_PX, min(biggest, room // (panels * columns), 640 // rows))
+
+
+def _spread_word(read: dict[str, float]) -> str:
+    """What the spread does to the weights, in this walk's numbers: the largest weight of a row that chooses, beside
+    an even split of that row's keys; '' when no row chooses."""
+    if read["max_row_keys"] < 2:
+        return ""
+    return (f"The largest weight of a row with a choice is {read['max_weight']:.3f}, where an even split of its "
+            f"{read['max_row_keys']} keys gives {1 / read['max_row_keys']:.3f}.")
 
 
 def _dims(count: int, name: str) -> list[str]:
@@ -238,14 +268,14 @@ def steps(w: Walk) -> list[Step]:
         Step("raw", "Scores e = vᵀ tanh(q W_a + k U_a)" if additive else "Scores S = Q Kᵀ",
              ("A small network scores each (query, key) pair (Bahdanau et al. 2015): bounded by ‖v‖, no scaling "
               "needed." if additive else f"One dot product per (query, key) pair. Here the scores spread with a standard "
-              f"deviation of {read['raw_std']:.3g}; for q and k of unit-variance entries it would be about "
-              f"√d_k = {math.sqrt(dk):.3g}."),
+              f"deviation of {read['raw_std']:.3g} (Q's entries {read['q_std']:.3g}, K's {read['k_std']:.3g}); for "
+              f"q and k of entries with standard deviation 1 it would be about √d_k = {math.sqrt(dk):.3g}."),
              f"S: {n} × {m} = n × m", w.raw, w.queries, w.keys, "score"),
     ]
     if not additive:
         found.append(Step("scaled", "Scaled S / √d_k" if s.scaled else "Not scaled: S as it is",
                           (f"Divided by √d_k = {math.sqrt(dk):.3g}: the spread goes from {read['raw_std']:.3g} to "
-                           f"{read['scores_std']:.3g}, whatever d_k is." if s.scaled
+                           f"{read['scores_std']:.3g}. {_spread_word(read)}".rstrip() if s.scaled
                            else f"Without the √d_k the scores keep their spread of {read['raw_std']:.3g}, which "
                                 "grows with d_k: the wider it is, the nearer the largest weight comes to 1 and the "
                                 "rest to 0 (the softmax saturates)."), f"S: {n} × {m}", w.scores, w.queries, w.keys, "score"))

@@ -344,20 +344,41 @@ def test_the_palette_is_twelve_colours_each_far_from_the_others():
     assert min(distances) > 20  # CIE76: 2.3 is just noticeable; the old Softmax and Linear oranges were 14 apart
 
 
+def assert_at_most_eight_far_apart(colours: dict[str, str], k: int) -> None:
+    """A chart of k lines: min(k, 8) colours, every pair of them more than 10 apart in CIE76 ΔE (2.3 is just
+    noticeable), all from the palette."""
+    distinct = sorted(set(colours.values()))
+    assert len(colours) == k and len(distinct) == min(k, 8) and set(distinct) <= set(style.PALETTE)
+    assert all(math.dist(cie_lab(a), cie_lab(b)) > 10 for i, a in enumerate(distinct) for b in distinct[i + 1:])
+
+
 @pytest.mark.parametrize("k", range(1, 13))
-def test_up_to_twelve_mechanisms_get_distinct_palette_colours(k):
+def test_up_to_twelve_mechanisms_get_at_most_eight_far_apart_colours_the_rest_dashed(k):
     keys = [*MECHANISMS][:13]
     keys = [keys[0], keys[-1], *keys[1:-1]][:k]  # softmax and the 13th, whose home colours are the same
-    colours = colours_of(scaling.scaling_chart(results_frame(tuple(keys)), "time_median_s").to_dict())
-    assert len(colours) == k and len(set(colours.values())) == k and set(colours.values()) <= set(style.PALETTE)
+    df = results_frame(tuple(keys), skip_last=False)
+    df["time_median_s"] *= 1.5 ** df["mechanism"].map(keys.index)  # no line on another: only repeats are dashed
+    spec = scaling.scaling_chart(df, "time_median_s").to_dict()
+    colours = colours_of(spec)
+    assert_at_most_eight_far_apart(colours, k)
+    dashed = dashed_lines(spec)
+    assert len(dashed) == max(k - 8, 0)  # the lines past the eighth repeat a colour: each drawn dashed, and named
+    assert all(line in " ".join(spec["title"]["subtitle"]) for line in dashed)
 
 
 @pytest.mark.parametrize("k", range(1, 13))
-def test_up_to_twelve_settings_of_one_mechanism_get_distinct_palette_colours(k):
+def test_up_to_twelve_settings_of_one_mechanism_get_at_most_eight_far_apart_colours(k):
     one = results_frame(("sliding_window",))
-    df = pd.concat([one.assign(params=json.dumps({"window": w})) for w in range(1, k + 1)], ignore_index=True)
-    colours = colours_of(scaling.scaling_chart(df, "time_median_s").to_dict())
-    assert len(colours) == k and len(set(colours.values())) == k and set(colours.values()) <= set(style.PALETTE)
+    df = pd.concat([one.assign(params=json.dumps({"window": w}), time_median_s=one["time_median_s"] * w)
+                    for w in range(1, k + 1)], ignore_index=True)
+    assert_at_most_eight_far_apart(colours_of(scaling.scaling_chart(df, "time_median_s").to_dict()), k)
+
+
+def dashed_lines(spec: dict) -> list[str]:
+    """The measured lines a spec draws dashed: those its dashed line layer keeps (its filter's oneOf)."""
+    found = [layer for layer in spec["layer"] if layer["data"]["name"] == "lines"
+             and isinstance(layer["mark"], dict) and layer["mark"].get("strokeDash")]
+    return [name for layer in found for name in layer["transform"][0]["filter"]["oneOf"]]
 
 
 def test_the_quick_demo_draws_softmax_and_linear_in_far_apart_colours():

@@ -250,7 +250,7 @@ def test_the_scatter_draws_each_mechanism_on_a_log_axis_and_names_those_without_
     assert dots["encoding"]["x"]["scale"]["type"] == "log"
     rows = [r for data in spec["datasets"].values() for r in data if "state_bytes" in r]
     assert {r["mechanism"] for r in rows} == {"softmax", "sliding_window:window=4"}
-    assert "bigbird" in " ".join(spec["title"]["subtitle"])
+    assert "BigBird (block sparse)" in " ".join(spec["title"]["subtitle"])  # the name every page gives it
     by_time = recall_charts.recall_scatter(table, "train_s").to_dict()
     assert {r["mechanism"] for data in by_time["datasets"].values() for r in data if "train_s" in r} >= {"bigbird"}
 
