@@ -201,7 +201,8 @@ with top:  # metrics and the first chart above the settings: in view once drawn
     a, b, c, d, e = st.columns(5)
     a.metric("Weights", format_bytes(line.weights_bytes), help=f"All of them. Source: {line.weights_source}")
     b.metric("Weights a token reads", format_bytes(line.active_weights_bytes),
-             help="Those one token multiplies by (a mixture of experts reads its active experts only)")
+             help="Those one token multiplies by: not an untied input embedding table, of which it reads one row; "
+                  "a mixture of experts reads its active experts only")
     c.metric("Cache", format_bytes(held.bytes), help=f"{held.label}, {held.dtype}, pages of {held.page_tokens}")
     d.metric("Decode tokens/s", f"{line.decode_tokens_per_s:,.1f}", help=roofline.METHOD)
     e.metric(f"Prefill of {context:,} (s)", f"{line.prefill_seconds:.3g}", help=roofline.METHOD)

@@ -25,9 +25,7 @@ d = recall.Setup()
 st.title("Associative recall")
 st.caption("Multi-query associative recall (MQAR, Zoology, arXiv 2312.04927): a sequence of key–value pairs, then "
            "queries of earlier keys; a tiny causal model (two blocks of the mechanism and an MLP) must answer each "
-           "with its value. Softmax attention keeps every pair; a window or a fixed-size state keeps only what fits. "
-           "Gated DeltaNet's and Mamba-2's gates are their seeded draws here, not learned from the input: their "
-           "recall is a lower bound of the published models'.")
+           "with its value. Softmax attention keeps every pair; a window or a fixed-size state keeps only what fits.")
 
 with st.expander("Saved: the reference made with the command line on a larger budget, or a file of yours",
                  expanded=True, icon=":material/table_chart:"):
@@ -41,7 +39,7 @@ with st.expander("Saved: the reference made with the command line on a larger bu
             st.error(f"{literal(upload.name[:80])} cannot be shown: {literal(e)}", icon=":material/edit:")
     ref, made = recall.frame(reference["results"]), reference["setup"]
     subtitle = (f"seq {made['seq']}, {made['pairs']} pairs, vocabulary {made['vocab']}, d_model "
-                f"{made['d_model']}, {made['steps']} steps · {reference['machine']}")
+                f"{made['d_model']}, {made['steps']} steps")  # the machine: in the caption below, once
     show_chart(recall_charts.recall_scatter(ref, chance=made["chance"], title="Recall against state, saved",
                                             subtitle=subtitle))
     st.dataframe(ref[["mechanism", "accuracy", "state_bytes", "train_s", "best_lr"]], hide_index=True)

@@ -291,19 +291,21 @@ def test_a_configs_notes_are_printed_escaped(tmp_path):
 
 
 def test_plan_on_a_gpu_gives_the_roofline_with_its_method_and_sources():
-    """Llama-3-8B on an H100 SXM at 8k, batch 1, bf16. A step reads its 8.03e9 bf16 weights (16.06e9 B) and the
-    cache: 32 layers × 2 × 8 heads × 128 × 2 B = 128 KiB a token, × 8,192 = 1 GiB; at 3.35e12 B/s that is
-    (16,060,522,496 + 1,073,741,824) / 3.35e12 s, memory-bound (FLOPs are ~2 × 8.03e9, far below 989e12 × that)."""
+    """Llama-3-8B on an H100 SXM at 8k, batch 1, bf16. A step reads its 8.03e9 weights less the untied input
+    embedding table, of which a token reads one row (128,256 × 4,096 = 525,336,576): 7,504,663,424 in bf16,
+    15,009,326,848 B; and the cache: 32 layers × 2 × 8 heads × 128 × 2 B = 128 KiB a token, × 8,192 = 1 GiB; at
+    3.35e12 B/s that is (15,009,326,848 + 1,073,741,824) / 3.35e12 s = 4.80 ms, 208.29 tokens/s, memory-bound (FLOPs
+    are ~2 × 7.5e9, far below 989e12 × that)."""
     code, out, err = run_main("plan", "llama-3-8b", "--context", "8k", "--gpu", "h100-sxm", "--json")
     assert code == 0, err
     got = json.loads(out)
-    step = (2 * 8_030_261_248 + 32 * 2 * 8 * 128 * 2 * 8192) / 3.35e12
+    step = (2 * (8.03e9 - 128_256 * 4096) + 32 * 2 * 8 * 128 * 2 * 8192) / 3.35e12
     assert got["decode_tokens_per_s"] == pytest.approx(1 / step, rel=1e-3)
     assert got["bandwidth_bytes_per_s"] == 3.35e12 and got["flops_per_s"] == pytest.approx(989e12, rel=0.01)
     assert got["roofline"]["decode_bound"].startswith("memory-bound")
     assert "not measured" in got["roofline"]["method"] and "datasheet" in got["roofline"]["device_source"]
     code, text, err = run_main("plan", "llama-3-8b", "--context", "8k", "--gpu", "h100-sxm")
-    assert code == 0 and "decode 195.5 tokens/s (memory-bound" in text and "a roofline prediction" in text
+    assert code == 0 and "decode 208.3 tokens/s (memory-bound" in text and "a roofline prediction" in text
 
 
 def test_plan_as_an_engine_holds_it_and_bad_choices_refused():

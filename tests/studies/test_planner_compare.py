@@ -11,7 +11,11 @@ from attn_core.studies.planner.roofline import roofline
 
 LLAMA = planner.find("llama-3-8b")  # 32 layers, 32 heads of 128, 8 key/value heads, bf16
 H100_BANDWIDTH, H100_FLOPS = 3.35e12, 989e12  # NVIDIA H100 SXM data sheet: 3.35 TB/s, 989 dense bf16 TFLOP/s
-LLAMA_WEIGHTS = 8.03e9 * 2  # 8.03B parameters in bf16, the published count, read whole each step
+# What a decode step reads of Llama 3 8B's weights: the published 8.03B less its untied input embedding table, of
+# which a token reads one row (128,256 · 4,096 = 525,336,576, vocabulary · width from its config.json):
+# 7,504,663,424 parameters, 15,009,326,848 bytes in bf16
+LLAMA_ACTIVE = 8.03e9 - 128_256 * 4096
+LLAMA_WEIGHTS = LLAMA_ACTIVE * 2
 
 
 def rows(model=LLAMA, context=8192, **kw):
@@ -37,14 +41,19 @@ def test_cache_a_token_of_each_design_is_the_hand_count():
 
 def test_decode_and_prefill_follow_the_roofline_by_hand():
     table, _ = rows()
-    for design, per_token in (("as is", 131072), ("MQA", 16384)):
+    # as is: 15,009,326,848 + 131,072 · 8192 = 16,083,068,672 B → 3.35e12 / that = 208.29 tokens a second;
+    # MQA: 15,009,326,848 + 16,384 · 8192 = 15,143,544,576 B → 221.22 tokens a second
+    for design, per_token, speed in (("as is", 131072, 208.29), ("MQA", 16384, 221.22)):
         read = LLAMA_WEIGHTS + per_token * 8192
         assert table.loc[design, "read_bytes"] == pytest.approx(read)
         assert table.loc[design, "decode_tokens_per_s"] == pytest.approx(H100_BANDWIDTH / read, rel=1e-4)
+        assert table.loc[design, "decode_tokens_per_s"] == pytest.approx(speed, abs=0.01)
         assert table.loc[design, "decode_bound"].startswith("memory-bound")
-    # prefill of 8,192: 2 FLOPs a weight a token plus causal attention, 4·H·d per (i, j ≤ i) pair, 32 layers
+    # prefill of 8,192: 2 FLOPs an active weight a token (2 · 7,504,663,424 · 8192 = 122,956,405,538,816) plus causal
+    # attention, 4·H·d per (i, j ≤ i) pair, 32 layers (17,594,333,528,064): 140,550,739,066,880 / 989e12 = 0.1421 s
     attention = 32 * 4 * 32 * 128 * 8192 * 8193 / 2
-    want = (2 * 8.03e9 * 8192 + attention) / H100_FLOPS
+    want = (2 * LLAMA_ACTIVE * 8192 + attention) / H100_FLOPS
+    assert want == pytest.approx(0.14211, abs=1e-5)
     assert table.loc["as is", "prefill_seconds"] == pytest.approx(want, rel=1e-3)
     assert table.loc["as is", "prefill_bound"].startswith("compute-bound")
 
@@ -75,7 +84,10 @@ def test_turned_reaches_every_kind_and_refuses_by_name():
 def test_speed_curves_add_each_line_s_crossover_where_the_cache_read_passes_the_weights():
     frame = compare.speed_curves([LLAMA], "H100 SXM", [1024, 1 << 20])
     crossing = frame[frame["crossover"]]
-    n = -(-LLAMA_WEIGHTS // 131072)  # the first context whose 128 KiB a token reach 16.06e9 bytes: 122,529
+    # the first context whose 128 KiB a token reach 15,009,326,848 bytes: 15,009,326,848 / 131,072 = 114,512.08, so
+    # 114,513 (114,512 · 131,072 = 15,009,316,864 falls short)
+    n = -(-LLAMA_WEIGHTS // 131072)
+    assert n == 114_513
     assert list(crossing["context"]) == [n] and list(frame["context"]) == [1024, n, 1 << 20]
     assert crossing["decode_tokens_per_s"].iloc[0] == pytest.approx(
         H100_BANDWIDTH / (LLAMA_WEIGHTS + 131072 * n), rel=1e-6)
@@ -91,4 +103,6 @@ def test_the_theory_page_s_cache_only_speed_is_the_roofline_s_memory_term_withou
     assert cache["tokens_per_s"].iloc[0] == pytest.approx(H100_BANDWIDTH / line.cache_bytes)
     # what the Theory page's caption quotes beside its own figures (pages/theory.py calls this same roofline)
     assert line.decode_tokens_per_s == pytest.approx(H100_BANDWIDTH / (LLAMA_WEIGHTS + 131072 * 8192), rel=1e-4)
-    assert f"{line.decode_tokens_per_s:,.1f}" == "195.5"
+    # 3.35e12 / (15,009,326,848 + 1,073,741,824 = 16,083,068,672) = 208.29; the cache alone 3.35e12 / 1 GiB = 3,120
+    assert f"{line.decode_tokens_per_s:,.1f}" == "208.3"
+    assert f"{line.bandwidth_bytes_per_s / line.cache_bytes:,.0f}" == "3,120"

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from attn_core.studies.planner import chart, compare, model as planner, pattern, upload
+from attn_core.studies.planner import chart, compare, hf_config, model as planner, pattern, upload
 from attn_core.studies.planner.model import Layer
+from tests.hf_configs import GEMMA3_1B, GEMMA3_27B, GPT_OSS_20B
 
 # Meta-Llama-3-8B's config.json, its published values
 LLAMA_CONFIG = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -36,6 +37,57 @@ def test_a_config_s_own_layer_order_is_read():
     model = upload.read_upload(json.dumps(config).encode()).model
     order, read = pattern.layer_order(model, config)
     assert read and [i for i, k in enumerate(order) if k == "full attention"] == [5, 11]
+
+
+def five_local_one_global(n: int, local: str) -> list[str]:
+    """Gemma 3's order written out: layer i (from 0) is global iff i + 1 is a multiple of 6."""
+    order = []
+    for i in range(n):
+        order.append("full attention" if (i + 1) % 6 == 0 else local)
+    return order
+
+
+def test_layer_kinds_reads_gemma_3_s_five_local_to_one_global_from_sliding_window_pattern():
+    # google/gemma-3-27b-it: 62 layers, sliding_window_pattern 6, a window of 1,024: globals at 5, 11, …, 59 (10 of
+    # them), the last two layers local
+    kinds = hf_config.layer_kinds(GEMMA3_27B)
+    assert kinds == five_local_one_global(62, "sliding window (1,024)")
+    assert [i for i, k in enumerate(kinds) if k == "full attention"] == [5, 11, 17, 23, 29, 35, 41, 47, 53, 59]
+    assert kinds.count("sliding window (1,024)") == 52
+
+
+def test_layer_kinds_reads_gemma_3_s_layer_types_over_its_pattern():
+    types = []
+    for i in range(26):  # gemma-3-1b's 26 layers as transformers writes layer_types: 5 sliding, then 1 full
+        types.append("full_attention" if (i + 1) % 6 == 0 else "sliding_attention")
+    # a sliding_window_pattern of 2 beside it is not what the layers are: layer_types is
+    config = {**GEMMA3_1B, "sliding_window_pattern": 2, "layer_types": types}
+    kinds = hf_config.layer_kinds(config)
+    assert kinds == five_local_one_global(26, "sliding window (512)")
+    assert [i for i, k in enumerate(kinds) if k == "full attention"] == [5, 11, 17, 23]
+    other = {**GEMMA3_1B, "layer_types": ["full_attention", "sliding_attention"] * 13}  # not 5 : 1, read as written
+    assert hf_config.layer_kinds(other)[:4] == ["full attention", "sliding window (512)"] * 2
+
+
+def test_layer_kinds_reads_gpt_oss_alternating_and_the_pattern_orders_the_model_by_it():
+    # openai/gpt-oss-20b: layer_types sliding, full, sliding, … over 24 layers, a window of 128
+    kinds = hf_config.layer_kinds(GPT_OSS_20B)
+    assert kinds == ["sliding window (128)" if i % 2 == 0 else "full attention" for i in range(24)]
+    model, _ = hf_config.from_hf_config(GPT_OSS_20B)
+    assert pattern.layer_order(model, GPT_OSS_20B) == (kinds, True)
+    gemma, _ = hf_config.from_hf_config(GEMMA3_27B)
+    order, read = pattern.layer_order(gemma, GEMMA3_27B)
+    assert read and order == five_local_one_global(62, "sliding window (1,024)")
+
+
+def test_layer_kinds_refuses_a_config_it_cannot_read_by_the_field():
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        hf_config.layer_kinds({k: v for k, v in GPT_OSS_20B.items() if k != "num_hidden_layers"})
+    with pytest.raises(ValueError, match="layer_types"):
+        hf_config.layer_kinds({**GPT_OSS_20B, "layer_types": ["sliding_attention"] * 3})  # 3 of 24 layers
+    # the pattern, given a config the reader refuses, spreads the kinds and says the order is assumed
+    model, _ = hf_config.from_hf_config(GPT_OSS_20B)
+    assert not pattern.layer_order(model, {"model_type": 5})[1]
 
 
 @pytest.mark.parametrize("layer, rule", [

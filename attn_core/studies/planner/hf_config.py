@@ -207,6 +207,16 @@ def from_hf_config(config: dict, *, name: str | None = None) -> tuple[Model, lis
     return model, list(dict.fromkeys(notes))  # each note once
 
 
+def layer_kinds(config: dict) -> list[str]:
+    """Each layer's kind, first layer first, named as from_hf_config names its rows ("full attention", "sliding
+    window (1,024)", "Mamba-2", ...): Gemma 3's 62 layers are 5 "sliding window (1,024)" then 1 "full attention", ten
+    times, then 2 sliding. A layer of several mixers (Falcon-H1's attention beside Mamba-2) joins their kinds with
+    " + "; one without a mixer (Nemotron-H's MLP layers) is ""; the caches beside a kind (a convolution's state,
+    DSA's indexer keys) are not layers. O(layers). ValueError naming the field, as `read` gives it."""
+    reading = read(config)
+    return [" + ".join(_rows(m, reading.max_context, [])[0].name for m in mixers) for mixers in reading.layers]
+
+
 def _rows(m: Mixer, max_context: int, notes: list[str]) -> list[Layer]:
     """The planner's rows for one layer's mixer: its own kind, and any cache beside it (a convolution's last
     inputs, DSA's indexer keys) as a row of its own."""

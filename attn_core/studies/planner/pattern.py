@@ -31,14 +31,12 @@ def layer_order(model: Model, config: dict | None = None) -> tuple[list[str], bo
     """Each layer's kind name, first layer first, and whether that order is read (True) or assumed (False). Read from
     `config` (its per-layer mixers, hf_config.read) where its kinds are the model's; otherwise the kinds are spread
     evenly, the rarest first: c layers of N at the free slots ⌊(k+1)·free/c⌋ − 1 (Gemma 3's 10 global of 62 land
-    every 6th, as its config places them). O(N · kinds)."""
+    every 6th, as its config places them). O(N · kinds). Read through hf_config.layer_kinds."""
     names = {layer.name for layer in model.layers}
     if config is not None:
         try:
-            reading = hf_config.read(config)
-            order = [" + ".join(hf_config._rows(m, reading.max_context, [])[0].name for m in mixers)  # noqa: SLF001
-                     for mixers in reading.layers]
-        except (ValueError, AttributeError, IndexError):
+            order = hf_config.layer_kinds(config)
+        except ValueError:  # a config the reader refuses: the order is spread, as without one
             order = []
         if order and set(order) <= names:
             return order, True

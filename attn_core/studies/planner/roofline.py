@@ -2,7 +2,7 @@
 over the memory bandwidth and its FLOPs over the peak FLOP/s (Williams, Waterman and Patterson 2009, 'Roofline: an
 insightful visual performance model', CACM 52(4)). A prediction from data sheets, not a measurement.
 
-    roofline(MODELS["llama-3-8b"], find_device("H100 SXM"), 8192).decode_tokens_per_s   # ≈ 195.5, memory-bound
+    roofline(MODELS["llama-3-8b"], find_device("H100 SXM"), 8192).decode_tokens_per_s   # ≈ 208.3, memory-bound
 """
 from __future__ import annotations
 
@@ -31,30 +31,37 @@ MEMORY, COMPUTE = "memory-bound: bytes", "compute-bound: FLOPs"
 @dataclass(frozen=True, kw_only=True)
 class WeightsRead:
     """A model's parameters (`total`, and `active`: those one token multiplies by) and their bytes, with where the
-    figures come from."""
+    figures come from; `routed`: a mixture of experts, whose batch may reach more than one token's active experts (a
+    dense model's active count falls short of its total only by its untied input embedding table)."""
 
     total: float
     active: float
     total_bytes: float
     active_bytes: float
     source: str
+    routed: bool = False
 
 
-def _published(total: float, active: float, dtype: str, source: str) -> WeightsRead:
+def _published(total: float, active: float, dtype: str, source: str, *, routed: bool = False) -> WeightsRead:
     width = BITS[dtype] / 8
     return WeightsRead(total=total, active=active, total_bytes=total * width, active_bytes=active * width,
-                       source=f"{source}; {dtype} weights")
+                       source=f"{source}; {dtype} weights", routed=routed)
 
 
-# Published parameter counts of the built-in models (their planner models carry no config.json). A dense model's
-# active count is its total: the embedding table, a row of which a token reads, is counted as read (6.5% of Llama 3 8B).
+# Published parameter counts of the built-in models (their planner models carry no config.json). What a token reads
+# is counted as count_weights counts it from a config.json, so that a built-in model and its own config.json give one
+# figure: an untied input embedding table, of which a token reads one row, is not read (525M of Llama 3 8B's 8.03B); a
+# tied one is, as the output head every token multiplies by (Gemma 3).
+EMBED_LLAMA3_8B = 128_256 * 4096  # vocabulary × width, from its config.json
+EMBED_LLAMA3_70B = 128_256 * 8192
+EMBED_MISTRAL_7B = 32_000 * 4096
 PUBLISHED: dict[str, WeightsRead] = {
-    "llama-3-8b": _published(8.03e9, 8.03e9, "bfloat16",
+    "llama-3-8b": _published(8.03e9, 8.03e9 - EMBED_LLAMA3_8B, "bfloat16",
                              "Meta Llama 3 8B model card: 8.03B; count_weights of its config.json: 8,030,261,248"),
-    "llama-3-70b": _published(70.6e9, 70.6e9, "bfloat16",
+    "llama-3-70b": _published(70.6e9, 70.6e9 - EMBED_LLAMA3_70B, "bfloat16",
                               "Meta Llama 3 70B on Hugging Face: 70.6B; its config.json (80 layers, width 8192, MLP "
                               "28,672, vocabulary 128,256, untied) counts 70,553,706,496"),
-    "mistral-7b": _published(7.24e9, 7.24e9, "bfloat16",
+    "mistral-7b": _published(7.24e9, 7.24e9 - EMBED_MISTRAL_7B, "bfloat16",
                              "Mistral 7B v0.1 on Hugging Face: 7.24B; count_weights of its config.json: 7,241,732,096"),
     "gemma-3-27b": _published(27.0e9, 27.0e9, "bfloat16",
                               "Gemma 3 Technical Report (arXiv 2503.19786), table 1: 1,416M embedding and 25,600M "
@@ -63,31 +70,32 @@ PUBLISHED: dict[str, WeightsRead] = {
     "deepseek-v3": _published(671e9, 37e9, "float8",
                               "DeepSeek-V3 Technical Report (arXiv 2412.19437): 671B total, 37B activated a token "
                               "(the 14B multi-token-prediction module left out); released in FP8, whose block scales "
-                              "and bf16 embeddings and norms add 0.3% (count_weights: 673.2e9 bytes)"),
+                              "and bf16 embeddings and norms add 0.3% (count_weights: 673.2e9 bytes)", routed=True),
     "qwen3-next-80b-a3b": _published(80e9, 3e9, "bfloat16",
                                      "Qwen3-Next-80B-A3B model card: 80B in total, 3B activated; count_weights of its "
-                                     "config.json gives 79.7e9 and 3.56e9 (with the output head)"),
+                                     "config.json gives 79.7e9 and 3.56e9 (with the output head)", routed=True),
     "mamba-2-hybrid-8b": _published(8.66e9, 8.66e9, "bfloat16",
                                     "Waleffe et al. 2024 (arXiv 2406.07887), as recalled: 8.66B for the 8B "
                                     "Mamba-2-Hybrid; not verified here"),
     # The models read from a config.json (builtin.CONFIGS): their published totals, against which the weights counted
     # from the config (builtin.WEIGHTS, what the roofline reads) are checked in tests/studies/test_planner_builtin.py
     "gpt-oss-20b": _published(20.91e9, 3.61e9, "bfloat16", "OpenAI, gpt-oss model card (arXiv 2508.10925), table 1: "
-                              "20.91B total, 3.61B active (the input embeddings not counted as active)"),
+                              "20.91B total, 3.61B active (the input embeddings not counted as active)", routed=True),
     "gpt-oss-120b": _published(116.83e9, 5.13e9, "bfloat16", "OpenAI, gpt-oss model card (arXiv 2508.10925), table "
-                               "1: 116.83B total, 5.13B active"),
+                               "1: 116.83B total, 5.13B active", routed=True),
     "llama-4-scout-17b-16e": _published(109e9, 17e9, "bfloat16", "Meta, Llama 4 model card: 109B total (the vision "
-                                        "encoder included), 17B active"),
+                                        "encoder included), 17B active", routed=True),
     "deepseek-v3.2": _published(671e9, 37e9, "float8", "DeepSeek-V3.2-Exp keeps V3's sizes: 671B total, 37B "
-                                "activated (arXiv 2412.19437), the 14B multi-token-prediction module left out"),
+                                "activated (arXiv 2412.19437), the 14B multi-token-prediction module left out",
+                                routed=True),
     "kimi-linear-48b-a3b": _published(48e9, 3e9, "bfloat16", "Moonshot AI, 'Kimi Linear' (arXiv 2510.26692) and "
-                                      "its model card: 48B total, 3B active"),
+                                      "its model card: 48B total, 3B active", routed=True),
     "minimax-m1": _published(456e9, 45.9e9, "bfloat16", "MiniMax, 'MiniMax-M1' (arXiv 2506.13585): 456B total, "
-                             "45.9B activated a token"),
+                             "45.9B activated a token", routed=True),
     "granite-4.0-h-tiny": _published(7e9, 1e9, "bfloat16", "IBM, Granite 4.0 model card: 7B total, 1B active "
-                                     "(rounded figures)"),
+                                     "(rounded figures)", routed=True),
     "nemotron-h-8b": _published(8e9, 8e9, "bfloat16", "NVIDIA, 'Nemotron-H' (arXiv 2504.03624): 8B, dense"),
-    "mha-8b": _published(8.03e9 + 805_306_368, 8.03e9 + 805_306_368, "bfloat16",
+    "mha-8b": _published(8.03e9 + 805_306_368, 8.03e9 + 805_306_368 - EMBED_LLAMA3_8B, "bfloat16",
                          "Llama 3 8B's 8.03B plus the key and value projections of one head per query head: 32 layers "
                          "· 2 · 4096 · (4096 − 1024) = 805,306,368 more"),
 }
@@ -95,9 +103,9 @@ PUBLISHED: dict[str, WeightsRead] = {
 
 def weights_read(model: Model, weights: Weights | WeightsRead | tuple[float, float] | None = None) -> WeightsRead:
     """What `model` reads of its weights: a `Weights` (count_weights of its config.json), a WeightsRead, a tuple
-    (total bytes, active bytes) whose parameters are counted at the model's dtype width, or None: for a built-in
-    model, its weights counted from its config (builtin.WEIGHTS: gpt-oss's MXFP4 experts, DeepSeek's FP8), else
-    PUBLISHED. ValueError naming `weights` otherwise."""
+    (total bytes, active bytes) whose parameters are counted at the model's dtype width (active < total taken as a
+    mixture of experts), or None: for a built-in model, its weights counted from its config (builtin.WEIGHTS:
+    gpt-oss's MXFP4 experts, DeepSeek's FP8), else PUBLISHED. ValueError naming `weights` otherwise."""
     if weights is None and model.name.lower() in WEIGHTS:
         counted = weights_read(model, WEIGHTS[model.name.lower()])
         published = PUBLISHED[model.name.lower()]
@@ -106,7 +114,8 @@ def weights_read(model: Model, weights: Weights | WeightsRead | tuple[float, flo
         return weights
     if isinstance(weights, Weights):
         return WeightsRead(total=weights.total, active=weights.active, total_bytes=weights.bytes,
-                           active_bytes=weights.active_bytes, source=f"counted from a config.json, {weights.dtype}")
+                           active_bytes=weights.active_bytes, source=f"counted from a config.json, {weights.dtype}",
+                           routed=weights.parts.get("experts", 0) > 0)
     if weights is None:
         key = model.name.lower()
         if key not in PUBLISHED:
@@ -117,7 +126,7 @@ def weights_read(model: Model, weights: Weights | WeightsRead | tuple[float, flo
             and weights[1] <= weights[0]):
         width = DTYPE_BYTES.get(DTYPE_ALIASES.get(str(model.dtype).lower(), str(model.dtype).lower()), 2)
         return WeightsRead(total=weights[0] / width, active=weights[1] / width, total_bytes=float(weights[0]),
-                           active_bytes=float(weights[1]), source="given as bytes")
+                           active_bytes=float(weights[1]), source="given as bytes", routed=weights[1] < weights[0])
     raise ValueError(f"weights must be a Weights, or (total bytes, active bytes) with 0 < active ≤ total, got "
                      f"{quoted(weights, 60)}")
 
@@ -187,7 +196,7 @@ def roofline(model: Model, device: Device | str, context: int, *, batch: int = 1
     notes = list(one.notes)
     if context > model.max_context:
         notes.append(f"{context:,} tokens is past the {model.max_context:,} {model.name} was trained for")
-    if read.active < read.total and batch > 1:
+    if read.routed and batch > 1:
         notes.append(f"a mixture of experts: {batch} tokens a step route to up to {batch} times the active experts, so "
                      "the step reads between the active weights (counted here) and all of them")
     decode_seconds, decode_bound = _time(decode_bytes, decode_flops, chip)
