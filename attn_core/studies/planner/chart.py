@@ -5,7 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
-from attn_core.charts.style import colour_scale, styled
+from attn_core.charts.style import MAX_COLOURS, REPEAT_DASH, colour_scale, repeated, styled
 from attn_core.engine.untrusted import vega_title
 from attn_core.insight.charts import n_axis
 
@@ -31,9 +31,11 @@ def _house(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
     return styled(chart).properties(padding={"top": 10, "left": 5, "right": 5, "bottom": 5})
 
 
-def _models(frame: pd.DataFrame, column: str) -> alt.Scale:
-    """A colour per model or design, in the house palette (style.colour_scale, none of them a mechanism)."""
-    return colour_scale(("", str(name)) for name in dict.fromkeys(frame[column]))
+def _models(frame: pd.DataFrame, column: str, most: int | None = None) -> alt.Scale:
+    """A colour per model or design, in the house palette (style.colour_scale, none of them a mechanism); with
+    `most`, at most that many colours, the lines past them dashed by the chart (`style.repeated`)."""
+    lines = (("", str(name)) for name in dict.fromkeys(frame[column]))
+    return colour_scale(lines) if most is None else colour_scale(lines, most)
 
 
 def roofline_chart(frame: pd.DataFrame, metric: str = "decode_tokens_per_s", *, device: str = "") -> alt.LayerChart:
@@ -45,14 +47,18 @@ def roofline_chart(frame: pd.DataFrame, metric: str = "decode_tokens_per_s", *, 
     x = alt.X("context:Q", title="Context n (tokens, log₂ scale; K = 1024)", scale=alt.Scale(type="log", base=2),
               axis=n_axis(data["context"]))
     y = alt.Y("y:Q", title=title, scale=alt.Scale(type="log"), axis=alt.Axis(format=fmt))
-    colour = alt.Color("model:N", scale=_models(data, "model"), title="Model",
+    scale = _models(data, "model", MAX_COLOURS)  # nine models: eight colours, the ninth dashed
+    colour = alt.Color("model:N", scale=scale, title="Model",
                        legend=alt.Legend(labelLimit=0, orient="bottom", direction="vertical"))
+    dashed = repeated(scale)
     tooltip = [alt.Tooltip("model:N"), alt.Tooltip("context:Q", format=","), alt.Tooltip("y:Q", title=title,
                                                                                       format=".4g"),
                alt.Tooltip("bound:N", title="decode bound")]
     base = alt.Chart(data).encode(x=x, y=y, color=colour)
     crossed = alt.Chart(data[data["crossover"]]).encode(x=x, y=y, color=colour)
-    layers = [base.mark_line(), base.mark_point(filled=True, size=25).encode(tooltip=tooltip),
+    dash = alt.condition(alt.FieldOneOfPredicate("model", dashed), alt.value(REPEAT_DASH), alt.value([1, 0])) \
+        if dashed else alt.value([1, 0])
+    layers = [base.mark_line().encode(strokeDash=dash), base.mark_point(filled=True, size=25).encode(tooltip=tooltip),
               crossed.mark_point(size=160, strokeWidth=2, shape="diamond").encode(tooltip=tooltip)]
     where = f" on {device}" if device else ""
     subtitle = [f"{PREDICTED}{where}: max(bytes ÷ bandwidth, FLOPs ÷ FLOP/s) a step",
