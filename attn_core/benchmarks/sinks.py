@@ -1,11 +1,14 @@
-"""What attention sinks cost (gpt-oss, arXiv 2508.10925): SDPA, sliding-window and block-local forward with and
-without `sinks=`, a logit per head in each row's softmax denominator. Interleaved calls (A B A B …), median with its
+"""What attention sinks cost (gpt-oss, arXiv 2508.10925): the forward of every mechanism that takes `sinks=` (SDPA,
+sliding window, block-local, Longformer, BigBird, top-k, NSA) with and without it, a logit per head in each row's
+softmax denominator (NSA: in each branch's). Interleaved calls (A B A B …), median with its
 spread and the ratio round by round, through `attn_core.attention` as a user calls it, in torch.inference_mode (the
-fused kernels hand back each row's log-sum-exp ℓ, and the rows are scaled by σ(ℓ − a): O(n·H) more).
+fused kernels hand back each row's log-sum-exp ℓ, and the rows are scaled by σ(ℓ − a): O(n·H) more; top-k's and
+NSA's C++ softmax keeps no ℓ, so it is found from the selected scores again, the scores' half of that softmax more).
 
     python -m attn_core.benchmarks.sinks                 # B=1, H=8, D=64, fp32, n = 16384, causal
     python -m attn_core.benchmarks.sinks --both          # causal and not
     python -m attn_core.benchmarks.sinks --ns 4096       # a first look
+    python -m attn_core.benchmarks.sinks --keys topk nsa # some of them
 
 Target: with sinks ≤ 1.05× without at n = 16384.
 """
@@ -17,9 +20,10 @@ import torch
 
 from . import alternate, ratio_verdict, ratios, spread, timer
 from .runner import Benchmark, Figure, Machine, run
-from attn_core import attention
+from attn_core import attention, get
 
-CASES = (("sdpa", {}), ("sliding_window", {"window": 128}), ("local", {}))  # gpt-oss's windows hold 128 tokens
+CASES = (("sdpa", {}), ("sliding_window", {"window": 128}), ("local", {}),  # gpt-oss's windows hold 128 tokens
+         ("longformer", {"window": 128}), ("bigbird", {}), ("topk", {}), ("nsa", {}))  # the rest: their defaults
 HEADS, HEAD_DIM = 8, 64
 
 
@@ -31,8 +35,8 @@ def measure(args: argparse.Namespace) -> list[Figure]:
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, generator=g).to(args.device) for _ in range(3))
         sinks = torch.randn(HEADS, generator=g).to(args.device)
-        for key, params in CASES:
-            for causal in (True, False) if args.both else (True,):
+        for key, params in (case for case in CASES if case[0] in args.keys):
+            for causal in (True, False) if args.both and not get(key).supports.causal_only else (True,):
                 with torch.inference_mode():
                     contestants = {"plain": lambda: attention(key, q, k, v, causal=causal, **params),
                                    "sinks": lambda: attention(key, q, k, v, causal=causal, sinks=sinks, **params)}
@@ -53,10 +57,12 @@ def measure(args: argparse.Namespace) -> list[Figure]:
 def options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ns", type=int, nargs="+", default=[16384], help="sequence lengths")
     p.add_argument("--both", action="store_true", help="not causal too (SDPA at 16384: seconds a call on a CPU)")
+    p.add_argument("--keys", nargs="+", default=[key for key, _ in CASES], choices=[key for key, _ in CASES],
+                   help="the mechanisms (all that take sinks)")
 
 
 BENCHMARK = Benchmark(
-    "sinks", "What attention sinks cost: SDPA, sliding window and block-local with and without sinks=, side by side.",
+    "sinks", "What attention sinks cost: every mechanism that takes sinks=, with and without them, side by side.",
     measure, options, lambda args: None,
     lambda args: f"B=1, H={HEADS}, D={HEAD_DIM}, fp32, the public calls timed in torch.inference_mode "
                  f"({args.clock} clock).",

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..masks import Pattern
 from ._common import fold, group_sinks, sink_weight, unfold
-from .sdpa import shared_sdpa
+from .sdpa import shared_sdpa, sink_sdpa
 
 # Scores held at once per chunk of query blocks, in elements (over all batch·heads): bounds the workspace.
 CHUNK_ELEMS = 1 << 21
@@ -137,7 +137,8 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
         inline = sinks if extra is None else None
         lo, hi = interior(n, block, left, right)
         if hi > lo:  # no bias where the band keeps every key of its window (block-local, not causal): none is added
-            _fused(q, k, v, out, lo, hi - lo, block, left, span, None if whole else inner_bias, lse, inline)
+            _fused(q, k, v, out, lo, hi - lo, block, left, span, None if whole else inner_bias, lse, inline,
+                   causal_square(pattern, block, left, span, q.dtype, q.device))
         ends = edges(n, block, left, right)
         if lse is not None or not _ends_together(q, k, v, out, ends, block, left, right, inner_bias, whole, inline):
             for qa, qe in ends:
@@ -170,6 +171,20 @@ def window_bias(pattern: Pattern, block: int, left: int, span: int, dtype: torch
         keep = pattern(base + r, base - left + t)
         bias = torch.zeros(block, span, dtype=dtype, device=device).masked_fill_(~keep, floor(dtype))
         return bias, bool(keep.all())
+
+
+@functools.lru_cache(maxsize=64)
+def causal_square(pattern: Pattern, block: int, left: int, span: int, dtype: torch.dtype,
+                  device: torch.device) -> bool:
+    """Whether each block's window is its own block (left 0, S = block) and the pattern keeps exactly j ≤ i in it:
+    Llama 4's chunked attention (masks.chunked; local with block = chunk, no blocks back or ahead, causal). `_fused`
+    then asks the fused kernel for is_causal instead of adding the bias, and its causal kernels skip the tiles
+    above the diagonal: half the work of the square. Once a pattern, size, dtype and device."""
+    if left or span != block:
+        return False
+    bias, _ = window_bias(pattern, block, left, span, dtype, device)
+    row, col = torch.arange(block, device=device)[:, None], torch.arange(block, device=device)[None, :]
+    return bool(torch.equal(bias == 0, col <= row))
 
 
 def interior(n: int, block: int, left: int, right: int) -> tuple[int, int]:
@@ -333,7 +348,7 @@ def edge_bias(inner_bias: torch.Tensor, whole: bool, a: int, e: int, ka: int, ke
 
 def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lo: int, c: int, block: int,
            left: int, span: int, inner_bias: torch.Tensor | None, lse: torch.Tensor | None = None,
-           sinks: torch.Tensor | None = None) -> None:
+           sinks: torch.Tensor | None = None, causal: bool = False) -> None:
     """Query blocks lo … lo + c − 1 (all inside, `interior`) in one call of PyTorch's fused kernel
     (`F.scaled_dot_product_attention`: no scores held, one parallel operation for all of them) per query head of a
     group: each block's window of S keys a strided view of k and v (overlapping windows, no copy), its (block, S)
@@ -342,7 +357,7 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     result is copied into `out`. Every parallel operation of a call costs a synchronisation of the threads, which a
     busy core stretches to a time slice: H/Hk calls instead of chunks of about eight operations each hold up under
     load. `lse` (B, H, n): each row's log-sum-exp written there too. `sinks` (H,): the rows written scaled by their
-    sink weights (`_write`)."""
+    sink weights (`_write`). `causal` (`causal_square`): the kernel's is_causal in place of the bias."""
     B, H, n, D = q.shape
     Hk = k.shape[1]
     r, qs = H // Hk, lo * block
@@ -353,11 +368,12 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
         queries = q[:, j::r, qs:qs + c * block].reshape(B * Hk, c, block, D)  # a view unless q's heads are split
         dest = out[:, j::r, qs:qs + c * block].unflatten(2, (c, block))  # (B, Hk, c, block, D), any strides
         if lse is None and sinks is None:
-            rows = F.scaled_dot_product_attention(queries, keys, values, attn_mask=inner_bias)
+            rows = F.scaled_dot_product_attention(queries, keys, values, attn_mask=None if causal else inner_bias,
+                                                  is_causal=causal)
             dest.copy_(rows.unflatten(0, (B, Hk)))
             del rows
             continue
-        rows, sums = FLASH_CPU(queries, keys, values, 0.0, False, attn_mask=inner_bias)
+        rows, sums = FLASH_CPU(queries, keys, values, 0.0, causal, attn_mask=None if causal else inner_bias)
         if lse is not None:
             lse[:, j::r, qs:qs + c * block] = sums.reshape(B, Hk, c * block)
         _write(dest, rows.unflatten(0, (B, Hk)), sums.unflatten(0, (B, Hk)),
@@ -427,14 +443,16 @@ def _merged(qc: torch.Tensor, kw: torch.Tensor, vw: torch.Tensor, bias: torch.Te
 
 
 def dense_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, positions: torch.Tensor,
-               causal: bool, key_padding_mask: torch.Tensor | None = None) -> None:
+               causal: bool, key_padding_mask: torch.Tensor | None = None,
+               sinks: torch.Tensor | None = None) -> None:
     """Rows `positions` of `out` (B, H, n, D) replaced by softmax attention over all n keys (causal: j ≤ i): the
     global tokens' rows, through PyTorch's fused kernel (`F.scaled_dot_product_attention`, no (rows, n) scores
     held; k, v of Hk < H heads read in place, `enable_gqa`). Causal, in slabs of rows whose (rows, n) additive
     mask holds about CHUNK_ELEMS entries. `key_padding_mask` (B, n), True where the key is padding: left out by a
     per-key bias, a slab's (rows, n) scores then held, the query heads sharing a key/value head as rows of one
     product (`fold`); a row that sees no unpadded key outputs zeros. O(g·n·D) time, O(n·D) memory beyond the
-    output."""
+    output. `sinks` (H,): each head's sink logit in its rows' denominators (`sdpa.sink_sdpa`, or, with padding, in
+    `softmax_seen` on the slab's scores)."""
     B, H, n, D = q.shape
     Hk = k.shape[1]
     rows = dense_slab(n, len(positions), causal or key_padding_mask is not None)
@@ -445,12 +463,14 @@ def dense_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
         if causal:  # j = i stays: no row is empty
             future = torch.arange(n, device=q.device) > p[:, None]
             mask = torch.zeros(future.shape, dtype=q.dtype, device=q.device).masked_fill_(future, floor(q.dtype))
-        if pad is None:
+        if pad is None and sinks is None:
             seen = shared_sdpa(q.index_select(2, p), k, v, attn_mask=None if mask is None else mask[None, None])
+        elif pad is None:
+            seen = sink_sdpa(q.index_select(2, p), k, v, sinks, False, None if mask is None else mask[None, None])
         else:  # (B, 1, 1, 1, n) padding beside the (rows, n) mask, on the (B, Hk, r, rows, n) view of the scores
             scores = fold(q.index_select(2, p) * (1.0 / math.sqrt(D)), Hk) @ k.transpose(-2, -1)
             scores.view(B, Hk, H // Hk, len(p), n).add_(pad if mask is None else pad + mask)
-            seen = unfold(softmax_seen(scores, v), H)
+            seen = unfold(softmax_seen(scores, v, None if sinks is None else group_sinks(sinks, Hk, len(p))), H)
         out.index_copy_(2, p, seen)
 
 

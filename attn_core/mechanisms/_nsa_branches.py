@@ -58,6 +58,7 @@ def _selected(score: torch.Tensor, s: int, e: int, select_block: int, select_blo
 
 
 def _softmax_rows(scores: torch.Tensor, dead_ok: bool) -> torch.Tensor:
+    """softmax over the last axis; `dead_ok`: a row whose scores are all −∞ gives zeros, not NaN."""
     if not dead_ok:
         return torch.softmax(scores, dim=-1)
     dead = scores.amax(-1, keepdim=True) == float("-inf")
@@ -65,13 +66,17 @@ def _softmax_rows(scores: torch.Tensor, dead_ok: bool) -> torch.Tensor:
 
 
 def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_block: int, select_blocks: int,
-         window: int, selectable: tuple | None = None) -> torch.Tensor:
+         window: int, selectable: tuple | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The outputs of queries at positions s … e−1 (q (B, H, r, D), e = s + r) over keys and values k, v
     (B, Hk, ≥ e, D) in token order and their compressed kc, vc (B, Hk, ≥ visible, D); gates (B, H, r) each;
     `selectable`: k and v padded to whole selection blocks (`nsa_attention`), else k and v.
     Per key/value head, its H/Hk query heads stacked as rows: compression (softmax over the visible compressed
     blocks), selection (softmax over the gathered tokens of the chosen blocks, ≤ t) and the window
-    (t − window < j ≤ t)."""
+    (t − window < j ≤ t).
+    `sinks` (H,): head h's logit joins each branch's softmax with no value (gpt-oss, arXiv 2508.10925), each
+    branch's rows scaled by σ(ℓ − a_h) (`_branch_sink`); the blocks are ranked as without them."""
+    if sinks is not None:
+        sinks = sinks.view(k.shape[1], -1, 1)  # (Hk, G, 1): a group's heads, as the branches stack them
     B, H, r, D = q.shape
     Hk, e = k.shape[1], s + q.shape[2]
     G = H // Hk
@@ -87,6 +92,8 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
         sc.masked_fill_(ends > t[:, None], float("-inf"))
         p = _softmax_rows(sc, dead_ok=s < block - 1)
         out_cmp = (p.view(B, Hk, G * r, c) @ vc[:, :, :c]).view(B, H, r, D)
+        if sinks is not None:
+            out_cmp = out_cmp * _branch_sink(sc, sinks).view(B, H, r, 1)
         score = _block_scores(p.sum(2), s, e, block, stride, select_block)
         del sc, p
     else:
@@ -97,10 +104,11 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
     pos = (idx[..., None] * select_block + torch.arange(select_block, device=q.device)).flatten(-2)  # (B, Hk, r, L)
     usable = pos <= t[:, None]  # not past the query; pos increases along each row, as CSR takes it
     ks, vs = (k, v) if selectable is None else selectable
+    flat = None if sinks is None else sinks.flatten()
     if -(-e // select_block) * select_block <= ks.shape[2]:  # every selected position is a key: sparse products
-        out_slc = selected_softmax(q, ks, vs, pos, usable)
+        out_slc = selected_softmax(q, ks, vs, pos, usable, flat)
     else:  # a step inside a block: its positions past the end read the last key, masked (one query: a small copy)
-        out_slc = gathered_softmax(q, ks, vs, pos.clamp_(max=ks.shape[2] - 1), usable)
+        out_slc = gathered_softmax(q, ks, vs, pos.clamp_(max=ks.shape[2] - 1), usable, flat)
     del idx, pos, usable
 
     # sliding window: keys lo … e−1
@@ -108,17 +116,30 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
     sw = (qs @ k[:, :, lo:e].transpose(-2, -1)).view(B, Hk, G, r, e - lo)
     j = torch.arange(lo, e, device=q.device)
     sw.masked_fill_((j > t[:, None]) | (j <= t[:, None] - window), float("-inf"))
+    win_weight = None if sinks is None else _branch_sink(sw, sinks)  # every row sees itself: ℓ is finite
     sw = torch.softmax(sw, dim=-1)  # the scores' buffer freed before the product (a half product's scratch beside)
     out_win = (sw.view(B, Hk, G * r, e - lo) @ v[:, :, lo:e]).view(B, H, r, D)
     del sw
+    if win_weight is not None:
+        out_win = out_win * win_weight.view(B, H, r, 1)
 
     g_cmp, g_slc, g_win = (x[..., None] for x in gates)
     out = out_slc * g_slc + out_win * g_win
     return out if out_cmp is None else out + out_cmp * g_cmp
 
 
+def _branch_sink(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """σ(ℓ − a) (B, Hk, G, r, 1) of a branch's scores (B, Hk, G, r, L) with −∞ where a key is hidden, and the sinks
+    (Hk, G, 1) of a group's heads: the share of its mass a row's keys keep once the sink joins its denominator
+    (`_common.sink_weight`); a row with no key (ℓ = −∞) gets 0, so a branch a row sees nothing of outputs zeros.
+    The blocks stay ranked by the compressed probabilities without the sink: σ(ℓ − a_h) is one factor a row and head,
+    which would only reweigh a group's heads against each other, so sinks change what the branches output, not which
+    tokens they read."""
+    return torch.sigmoid(torch.logsumexp(scores, -1) - sinks.to(scores.dtype))[..., None]
+
+
 def _block_bytes(s: Shape, a: int, end: int, *, block: int, stride: int, select_block: int, select_blocks: int,
-                 window: int) -> float:
+                 window: int, sinks: bool = False) -> float:
     """Peak bytes of `rows` over queries a … end − 1, stage by stage in the order it makes them, each beside the
     scaled queries: the compressed scores beside the mask of blocks ending after a query; their softmax (into two
     copies where a row sees no block yet); the compressed output, the group's summed probabilities and the block
@@ -146,7 +167,8 @@ def _block_bytes(s: Shape, a: int, end: int, *, block: int, stride: int, select_
     order = s.bk * r * kept_blocks * 8
     ranking = kept + max(chosen * 2 + s.bk * r * nsel * 8, s.bk * r * nsel * 8 + 2 * order)
     positions = kept + order + 8 * E + max(order, E)
-    products = kept + order + 9 * E + selected_softmax_bytes(s, r, L, s.Nk + -s.Nk % select_block, s.bk // s.B)
+    products = kept + order + 9 * E + selected_softmax_bytes(s, r, L, s.Nk + -s.Nk % select_block, s.bk // s.B,
+                                                             sinks)
     wn = end - max(0, a - window + 1)
     sw = s.bh * r * wn * e
     windowed = kept + out + 8 * wn + max(sw + 3 * r * wn, 2 * sw, sw + out)

@@ -10,9 +10,10 @@ import torch.nn.functional as F
 
 from .. import masks
 from ..spec import Cost, Insight, MechanismSpec, Param, Shape, State, Supports
-from ._banded import chunk_blocks, dense_rows, floor, padding_bias, query_blocks, softmax_seen, write_blocks
+from ._banded import (FLASH_CPU, chunk_blocks, dense_rows, floor, joins, padding_bias, query_blocks, softmax_seen,
+                      write_blocks)
 from ._banded_memory import dense_rows_memory
-from ._common import check_key_padding, checked_shape, trusted
+from ._common import check_key_padding, check_sinks, checked_shape, group_sinks, trusted
 from .sdpa import SPEC as SDPA
 
 
@@ -81,7 +82,7 @@ def init_state(shape: Shape, device=None, dtype=torch.float32, *, seed: int = 0,
 
 def bigbird_attention(q, k, v, *, causal: bool = False, block: int = 64, window_blocks: int = 3,
                       global_blocks: int = 2, random_blocks: int = 3, random_table: torch.Tensor | None = None,
-                      seed: int = 0, key_padding_mask: torch.Tensor | None = None):
+                      seed: int = 0, key_padding_mask: torch.Tensor | None = None, sinks: torch.Tensor | None = None):
     """Exact attention where query block ⌊i/b⌋ = β sees key block γ iff γ is in its window
     (−⌊w/2⌋ ≤ γ − β ≤ ⌊(w − 1)/2⌋), or β or γ is one of the first g (global) blocks, or γ is in row β of
     `random_table`; causal: and j ≤ i. b = block, w = window_blocks, g = global_blocks.
@@ -95,6 +96,9 @@ def bigbird_attention(q, k, v, *, causal: bool = False, block: int = 64, window_
     densely (`dense_rows`). No n×n tensor: O(n·K·b·D) time, O(n·D) memory. `key_padding_mask` (B, n) boolean, True
     where the key is padding: those keys are left out of every row (a chunk's scores then held: the fused kernel
     takes no per-batch bias there); a query that sees no unpadded key outputs zeros.
+    `sinks` (H,): head h's logit joins every row's denominator with no value (gpt-oss, arXiv 2508.10925): each row
+    scaled by σ(ℓ − a_h), ℓ its log-sum-exp, handed back by the CPU's fused kernel (no gradient asked for), else
+    from a chunk's scores, then held (`_chunk`); the global rows through `sdpa.sink_sdpa` (`dense_rows`).
     """
     params = {"block": block, "window_blocks": window_blocks, "global_blocks": global_blocks,
               "random_blocks": random_blocks}
@@ -109,10 +113,12 @@ def bigbird_attention(q, k, v, *, causal: bool = False, block: int = 64, window_
                          f"n = {s.Nq}, got {got}; draw it with attn_core.make_state(key, shape, ...)")
     if key_padding_mask is not None:
         check_key_padding(SPEC, key_padding_mask, q, k)
+    if sinks is not None:
+        check_sinks(SPEC, sinks, q)
     out = q.new_empty(q.shape)
     if L.g < L.nb:
-        _block_rows(q, k, v, out, _key_blocks(L, random_table.to(q.device)), L, causal, key_padding_mask)
-    dense_rows(q, k, v, out, torch.arange(min(L.g * L.b, s.Nq), device=q.device), causal, key_padding_mask)
+        _block_rows(q, k, v, out, _key_blocks(L, random_table.to(q.device)), L, causal, key_padding_mask, sinks)
+    dense_rows(q, k, v, out, torch.arange(min(L.g * L.b, s.Nq), device=q.device), causal, key_padding_mask, sinks)
     return out
 
 
@@ -127,10 +133,11 @@ def _key_blocks(L: Layout, table: torch.Tensor) -> torch.Tensor:
 
 
 def _block_rows(q, k, v, out: torch.Tensor, key_blocks: torch.Tensor, L: Layout, causal: bool,
-                key_padding_mask: torch.Tensor | None = None) -> None:
+                key_padding_mask: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> None:
     """Rows of the non-global query blocks, in chunks of c blocks (c·b·K·b scores per head ≤ CHUNK_ELEMS over all
     heads): each chunk's keys and values gathered once per key/value head, (B·Hk, c, K·b, D), and attended to in
-    one fused call by the H/Hk query heads sharing it, stacked as each block's rows (`query_blocks`)."""
+    one fused call by the H/Hk query heads sharing it, stacked as each block's rows (`query_blocks`); `sinks` (H,)
+    as the rows' sink logits of such a block, (Hk, r·b)."""
     B, H, n, D = q.shape
     span = L.keys * L.b
     step = chunk_blocks(B * H, L.b, span)
@@ -138,19 +145,24 @@ def _block_rows(q, k, v, out: torch.Tensor, key_blocks: torch.Tensor, L: Layout,
     kb, vb = ((F.pad(x, (0, 0, 0, pad)) if pad else x).view(B, x.shape[1], L.nb, L.b, D) for x in (k, v))
     bias = None if key_padding_mask is None else padding_bias(F.pad(key_padding_mask, (0, pad), value=True),
                                                               q.dtype)[:, 0, :, 0]  # (B, nb·b)
+    a = None if sinks is None else group_sinks(sinks, k.shape[1], L.b)
+    lse = sinks is not None and bias is None and joins(q, k, v)  # the fused kernel hands back the log-sum-exp
     for first in range(L.g, L.nb, step):
         c, qs = min(step, L.nb - first), first * L.b
         qc = query_blocks(q, k.shape[1], qs, c, L.b)  # (B, Hk, c, r·b, D), scaled
-        write_blocks(out, _chunk(qc, kb, vb, key_blocks[first - L.g:first - L.g + c], qs, n, causal, bias), qs, L.b)
+        write_blocks(out, _chunk(qc, kb, vb, key_blocks[first - L.g:first - L.g + c], qs, n, causal, bias, a, lse),
+                     qs, L.b)  # the chunk's rows die here, not beside the next chunk's
 
 
-def _chunk(qc, kb, vb, blocks: torch.Tensor, qs: int, n: int, causal: bool,
-           padded: torch.Tensor | None = None) -> torch.Tensor:
+def _chunk(qc, kb, vb, blocks: torch.Tensor, qs: int, n: int, causal: bool, padded: torch.Tensor | None = None,
+           sinks: torch.Tensor | None = None, lse: bool = False) -> torch.Tensor:
     """c query blocks from row qs of n, qc (B, Hk, c, r·b, D) scaled (`query_blocks`), against their key blocks (c, K),
     gathered whole from the blocked keys and values kb, vb (B, Hk, nb, b, D), masked where a slot holds no key, a
     key lies past n or (causal) after the query; `padded`: the keys' padding bias (B, nb·b), added to the gathered
     keys' scores, which are then held: → (B, Hk, c, r·b, D); temporaries die on return. Causal, the mask is
-    written out for each of a block's r·b rows (a row's cells depend on its position)."""
+    written out for each of a block's r·b rows (a row's cells depend on its position). `sinks` (Hk, r·b): each
+    row's sink logit, its rows scaled by σ(ℓ − a): ℓ from the CPU's fused kernel (`lse`), else from the scores,
+    then held (`softmax_seen`)."""
     B, Hk, c, rows, D = qc.shape
     b = kb.shape[3]
     tokens = (blocks[:, :, None] * b + torch.arange(b, device=qc.device)).flatten(1)  # (c, K·b)
@@ -163,11 +175,16 @@ def _chunk(qc, kb, vb, blocks: torch.Tensor, qs: int, n: int, causal: bool,
     index = blocks.clamp_min(0).flatten()  # a slot without a key reads block 0, masked
     keys, values = (x.index_select(2, index).view(B * Hk, c, -1, D) for x in (kb, vb))  # (B·Hk, c, K·b, D)
     queries = qc.view(B * Hk, c, rows, D)
-    if padded is None:
+    if padded is None and sinks is None:
         return F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias[None], scale=1.0).view(qc.shape)
+    if lse:  # (B·Hk, c, r·b) log-sum-exp beside the rows: σ(ℓ − a) in place
+        found, sums = FLASH_CPU(queries, keys, values, 0.0, False, attn_mask=bias[None], scale=1.0)
+        weight = torch.sigmoid(sums.view(B, Hk, c, rows).sub_(sinks[:, None].to(sums.dtype)))
+        return found.view(qc.shape).mul_(weight[..., None].to(found.dtype))
     scores = (queries @ keys.transpose(-2, -1)).view(B, Hk, c, rows, -1).add_(bias)
-    scores.add_(padded[:, tokens].view(B, 1, c, 1, -1))  # the gathered keys' padding
-    return softmax_seen(scores, values.view(B, Hk, c, -1, D))
+    if padded is not None:
+        scores.add_(padded[:, tokens].view(B, 1, c, 1, -1))  # the gathered keys' padding
+    return softmax_seen(scores, values.view(B, Hk, c, -1, D), None if sinks is None else sinks[:, None])
 
 
 def _pattern(causal: bool, block: int = 64, window_blocks: int = 3, global_blocks: int = 2, random_blocks: int = 3,
@@ -279,6 +296,7 @@ SPEC = MechanismSpec(
         cross=False,
         padding=True,
         shared_kv=True,
+        sinks=True,
         no_generation="Its random blocks are drawn from the whole sequence's blocks, so each new block changes "
                       "the draw of every block before it: there is no cache a step can extend.",
     ),

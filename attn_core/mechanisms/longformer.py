@@ -11,7 +11,7 @@ from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State
 from ._banded import Extra, banded_attention, dense_rows, joins
 from ._banded_memory import banded_flops, banded_memory, dense_rows_memory
 from ._cache import KVCache, Ring, attend, kv_bytes
-from ._common import check_key_padding, checked_shape, trusted
+from ._common import check_key_padding, check_sinks, checked_shape, trusted
 from .sliding_window import _pattern as _band, tile as band_tile  # the band is the sliding window's
 
 
@@ -26,7 +26,8 @@ def tile(window: int, n: int, *, joined: bool = True) -> int:
 
 
 def longformer_attention(q, k, v, *, causal: bool = False, window: int = 256, global_tokens: int = 2,
-                         global_positions: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None):
+                         global_positions: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
+                         sinks: torch.Tensor | None = None):
     """Exact attention where query i sees key j iff |i − j| ≤ window, or i or j is a global position (causal:
     and j ≤ i, so a global token sees only the past and a query sees a global key only at j ≤ i).
 
@@ -40,29 +41,35 @@ def longformer_attention(q, k, v, *, causal: bool = False, window: int = 256, gl
     (the global rows in slabs).
     `key_padding_mask` (B, n) boolean, True where the key is padding: those keys are left out of every row, band
     and global alike (scores then held per chunk); a query that sees no unpadded key outputs zeros.
+    `sinks` (H,): head h's logit joins every row's denominator with no value (gpt-oss, arXiv 2508.10925): the band
+    and global keys' joint log-sum-exp ℓ scales each row by σ(ℓ − a_h) (`banded_attention`), the global rows
+    through `sdpa.sink_sdpa` (`dense_rows`). O(n·H) more.
     """
     s = checked_shape(SPEC, q, k, v, causal, window=window, global_tokens=global_tokens)
     if key_padding_mask is not None:
         check_key_padding(SPEC, key_padding_mask, q, k)
+    if sinks is not None:
+        check_sinks(SPEC, sinks, q)
     n = s.Nq
     positions = _positions(n, global_tokens, global_positions, q.device)
     pattern = _pattern(causal, window, global_tokens, positions)
     # every token global: dense attention alone
     out = (q.new_empty(q.shape) if len(positions) == n else
-           _band_rows(q, k, v, causal, window, positions, pattern, key_padding_mask))
-    dense_rows(q, k, v, out, positions, causal, key_padding_mask)
+           _band_rows(q, k, v, causal, window, positions, pattern, key_padding_mask, sinks))
+    dense_rows(q, k, v, out, positions, causal, key_padding_mask, sinks)
     return out
 
 
 def _band_rows(q, k, v, causal: bool, window: int, positions: torch.Tensor, pattern: masks.Pattern,
-               key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+               key_padding_mask: torch.Tensor | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Every row against its band and the global keys (the global rows too, replaced afterwards); the global keys'
     copies die on return, before the global rows are made."""
     extra = (Extra(k.index_select(2, positions), v.index_select(2, positions), positions, pattern)
              if len(positions) else None)
     joined = key_padding_mask is None and joins(q, k, v)
     return banded_attention(q, k, v, pattern=_band(causal, window), block=tile(window, q.shape[-2], joined=joined),
-                            left=window, right=0 if causal else window, extra=extra, key_padding_mask=key_padding_mask)
+                            left=window, right=0 if causal else window, extra=extra, key_padding_mask=key_padding_mask,
+                            sinks=sinks)
 
 
 def _positions(n: int, global_tokens: int, given: torch.Tensor | None, device) -> torch.Tensor:
@@ -136,13 +143,13 @@ def _memory(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
 
 
 def _remember(k, v, *, max_len: int | None = None, window: int = 256, global_tokens: int = 2,
-              global_positions: torch.Tensor | None = None) -> KVCache:
+              global_positions: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> KVCache:
     """Two rings: the last window + 1 tokens (`tokens`, as sliding_window's) and the global tokens' keys and values
     (`globals`, in position order). The first g positions by default: those the prompt holds now, the rest joining
     as they are generated; given `global_positions` must all lie in the prompt, since a global token's step would
     need every key before it. O((w + g)·d) memory at any context."""
     n, g = k.shape[2], global_tokens
-    cache = KVCache({"window": window, "global_tokens": g}, k, v, max_len=max_len, limit=window + 1)
+    cache = KVCache({"window": window, "global_tokens": g}, k, v, max_len=max_len, limit=window + 1, sinks=sinks)
     if global_positions is None:
         held = torch.arange(min(g, n), device=k.device)
     else:
@@ -168,11 +175,11 @@ def _step(q, k, v, cache: KVCache):
     given = cache.params.get("global_positions")  # sorted; None: the first g
     if given is None and p < g:  # a global token: it sees every position up to its own
         glob.append(k, v)
-        return attend(q, glob.view()), cache
+        return attend(q, glob.view(), sinks=cache.sinks), cache
     before = min(g, max(p - w, 0)) if given is None else bisect.bisect_left(given, p - w)
     gk, gv = glob.view()
     pairs = ((keys, values),) + (((gk[:, :, :before], gv[:, :, :before]),) if before else ())
-    return attend(q, *pairs), cache
+    return attend(q, *pairs, sinks=cache.sinks), cache
 
 
 def _cache_bytes(s: Shape, window: int = 256, global_tokens: int = 2) -> float:
@@ -199,6 +206,7 @@ SPEC = MechanismSpec(
         cross=False,
         padding=True,
         shared_kv=True,
+        sinks=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_big_o="O((w + g)·d)",
                               cache_big_o="O((w + g)·d)"),
     ),

@@ -7,7 +7,7 @@ import torch
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import Cache, Ring, kv_bytes
-from ._common import GPU_WORKSPACE, GPUS, check_key_padding, checked_shape, scale, trusted
+from ._common import GPU_WORKSPACE, GPUS, check_key_padding, check_sinks, checked_shape, scale, trusted
 from ._nsa_branches import _block_bytes, _selected, _softmax_rows, compressed, rows, visible_blocks
 from ._sparse import work_dtype
 
@@ -80,7 +80,7 @@ def _checked_gate(name: str, t, q: torch.Tensor, longer: bool) -> torch.Tensor:
 # -- the mechanism -------------------------------------------------------------------------------------------------
 def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block: int = 32, stride: int = 16,
                   select_block: int = 64, select_blocks: int = 16, window: int = 512, g_cmp=None, g_slc=None,
-                  g_win=None, seed: int = 0) -> torch.Tensor:
+                  g_win=None, seed: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """o_t = g_cmp·Attn(q_t, K̃_{≤t}, Ṽ_{≤t}) + g_slc·Attn(q_t, K_sel(t), V_sel(t))
     + g_win·Attn(q_t, K_win(t), V_win(t)), causal only. K̃, Ṽ: means over blocks of `block` tokens every `stride`
     (`compressed`), a query seeing those that end at or before it. K_sel(t): the tokens ≤ t of `select_blocks`
@@ -91,11 +91,16 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
     q (B, H, n, D), k, v (B, Hk, n, D) → (B, H, n, D); gates (B, H, n) in [0, 1] (seeded from `seed` when None).
     Queries in blocks of `block_rows`: O(n·(n/stride + select_blocks·select_block + window)·d) time, O(n·d) memory
     (each block's gathered keys are rows·select_blocks·select_block·d per key/value head; nothing n × n).
+    `sinks` (H,): head h's logit a_h joins each of the three branches' softmax with no value (gpt-oss, arXiv
+    2508.10925): Attn(q_t, K, V) = Σ_j e^(s_j) v_j / (Σ_j e^(s_j) + e^(a_h)) in each branch, before the gates mix
+    them; the blocks read are those without sinks (`_nsa_branches.rows`). O(n·H) more a branch.
     """
     checked_shape(SPEC, q, k, v, causal, block=block, stride=stride, select_block=select_block,
                   select_blocks=select_blocks, window=window)
     if key_padding_mask is not None:
         check_key_padding(SPEC, key_padding_mask, q, k)  # refuses it with the spec's sentence
+    if sinks is not None:
+        check_sinks(SPEC, sinks, q)
     p = {"block": block, "stride": stride, "select_block": select_block, "select_blocks": select_blocks,
          "window": window}
     gates = _gates(q, {"g_cmp": g_cmp, "g_slc": g_slc, "g_win": g_win}, seed)
@@ -109,17 +114,19 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
     for s in range(0, n, r):
         e = min(n, s + r)
         out[:, :, s:e] = rows(q[:, :, s:e], k, v, kc, vc, s, [g[..., s:e] for g in gates], **p,
-                              selectable=selectable)
+                              selectable=selectable, sinks=sinks)
     return out
 
 
 # -- generation: a key-value cache and the compressed blocks so far ------------------------------------------------
 class NSACache(Cache):
     """`tokens`: every token's k, v (selection may pick any block); `blocks`: the compressed k, v of each block
-    completed so far; the gates of the tokens to come (inputs of future steps, not counted in `nbytes`)."""
+    completed so far; the gates of the tokens to come (inputs of future steps, not counted in `nbytes`); `sinks` (H,)
+    the layer's sink logits, or None."""
 
-    def __init__(self, params: dict, k, v, gates, seed: int, max_len: int | None):
+    def __init__(self, params: dict, k, v, gates, seed: int, max_len: int | None, sinks: torch.Tensor | None = None):
         super().__init__(params, k)
+        self.sinks = sinks
         n = k.shape[2]
         self.tokens = Ring(k, v, reserve=max_len or 0)
         ahead = max(max_len or 0, n)
@@ -160,26 +167,28 @@ def _params(block=32, stride=16, select_block=64, select_blocks=16, window=512) 
 
 
 def _remember(k, v, *, max_len: int | None = None, g_cmp=None, g_slc=None, g_win=None, seed: int = 0,
-              **params) -> NSACache:
+              sinks: torch.Tensor | None = None, **params) -> NSACache:
     """The prompt's keys and values and its compressed blocks; gates given past the prompt are kept for the steps.
-    The gates are per query head: without queries, their head count is taken from the gates given, or the key/value
-    heads' (the steps' queries must then have as many heads)."""
+    The gates are per query head: without queries, their head count is taken from the gates given, else the sinks',
+    else the key/value heads' (the steps' queries must then have as many heads)."""
     p = _params(**params)
     given = [g_cmp, g_slc, g_win]
     like = next((g for g in given if g is not None), None)
     B, Hk, n, D = k.shape
-    H = Hk if like is None else like.shape[1]
+    H = (Hk if sinks is None else sinks.shape[0]) if like is None else like.shape[1]
     q = k.new_empty(B, H, n, D)
     gates = _gates(q, dict(zip(GATES, given)), seed, longer=True)
-    return NSACache(p, k, v, list(gates), seed, max_len)
+    return NSACache(p, k, v, list(gates), seed, max_len, sinks)
 
 
-def _prefill(q, k, v, *, max_len: int | None = None, g_cmp=None, g_slc=None, g_win=None, seed: int = 0, **params):
+def _prefill(q, k, v, *, max_len: int | None = None, g_cmp=None, g_slc=None, g_win=None, seed: int = 0,
+             sinks: torch.Tensor | None = None, **params):
     """The prompt's causal outputs and its cache."""
     gates = _gates(q, {"g_cmp": g_cmp, "g_slc": g_slc, "g_win": g_win}, seed, longer=True)
     n = q.shape[2]
-    out = nsa_attention(q, k, v, causal=True, **params, **{name: g[..., :n] for name, g in zip(GATES, gates)})
-    cache = NSACache(_params(**params), k, v, list(gates), seed, max_len)
+    out = nsa_attention(q, k, v, causal=True, **params, sinks=sinks,
+                        **{name: g[..., :n] for name, g in zip(GATES, gates)})
+    cache = NSACache(_params(**params), k, v, list(gates), seed, max_len, sinks)
     return out, cache
 
 
@@ -196,7 +205,7 @@ def _step(q, k, v, cache: NSACache):
         cache.blocks.append(keys[:, :, t + 1 - block:].mean(2, keepdim=True),
                             values[:, :, t + 1 - block:].mean(2, keepdim=True))
     kc, vc = cache.blocks.view()
-    return rows(q, keys, values, kc, vc, t, gates, **p), cache
+    return rows(q, keys, values, kc, vc, t, gates, **p, sinks=cache.sinks), cache
 
 
 def decode_tokens(n: int, block: int = 32, stride: int = 16, select_block: int = 64, select_blocks: int = 16,
@@ -256,12 +265,12 @@ def _flops(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, win
     return 4.0 * s.bh * s.D * float((cmp + sel + win).sum())
 
 
-def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512) -> float:
+def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, window=512, sinks: bool = False) -> float:
     """Peak bytes above the inputs: the output, the compressed keys and values (and k and v for the selection, when
     padded to whole selection blocks or copied from half precision), plus the largest stage of one query block
     (`_block_bytes`). Every stage grows with a block's end, so the last full block and the partial one, and the first,
     whose rows may see no compressed block yet (softmax then masks into copies). Gates given (as the engine gives
-    them), not drawn."""
+    them), not drawn. `sinks`: the selection's sink correction at its products (`selected_softmax_bytes`)."""
     e, w = s.elem, max(s.elem, 4)
     n, short = s.Nq, -s.Nq % select_block
     fixed = s.output_bytes + kv_bytes(s, visible_blocks(n - 1, block, stride)) + \
@@ -270,7 +279,7 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
     r = block_rows(s.device, s.bh, n, **p)
     full = n // r * r
     ends = {(0, min(r, n))} | ({(full - r, full)} if full else set()) | ({(full, n)} if full < n else set())
-    return fixed + max(_block_bytes(s, a, end, **p) for a, end in ends)
+    return fixed + max(_block_bytes(s, a, end, **p, sinks=sinks) for a, end in ends)
 
 
 def _branches(q, k, block: int, stride: int, select_block: int, select_blocks: int):
@@ -376,7 +385,8 @@ SPEC = MechanismSpec(
     exact=False,
     state=State(init=init_state, keys=GATES),
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory,
-              time_big_o="O(n·(n/stride + n_sel·l' + w)·d)", memory_big_o="O(n·d)"),
+              time_big_o="O(n·(n/stride + n_sel·l' + w)·d)", memory_big_o="O(n·d)",
+              sinks_memory_bytes=lambda s, **p: _memory(s, **p, sinks=True)),
     supports=Supports(
         causal=True,
         cross=False,
@@ -386,6 +396,7 @@ SPEC = MechanismSpec(
         no_padding="its compressed blocks average whatever tokens they span, padding included, so a mask would "
                    "have to reshape the blocks",
         shared_kv=True,
+        sinks=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, prefill=_prefill,
                               step_flops=_step_flops, step_big_o="O((n/stride + n_sel·l' + w)·d)",
                               cache_big_o="O(n·d)", step_tokens=decode_tokens, step_tokens_note=STEP_TOKENS_NOTE),

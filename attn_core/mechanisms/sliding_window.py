@@ -10,7 +10,8 @@ from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
 from ._banded import banded_attention
 from ._banded_memory import banded_flops, banded_memory
-from ._cache import KVCache, kv_bytes, kv_step
+from . import _streaming
+from ._cache import KVCache, kv_bytes
 from ._common import check_key_padding, check_sinks, checked_shape
 
 
@@ -25,7 +26,7 @@ def tile(window: int, n: int) -> int:
 
 def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                              window: int = 256, key_padding_mask: torch.Tensor | None = None,
-                             sinks: torch.Tensor | None = None) -> torch.Tensor:
+                             sinks: torch.Tensor | None = None, keep_first: int = 0) -> torch.Tensor:
     """Exact attention where query i sees key j iff |i − j| ≤ window (causal: 0 ≤ i − j ≤ window).
 
     q (B, H, n, D), k and v (B, Hk, n, D) → (B, H, n, D); any n. Rows are processed in blocks of `tile(window)`
@@ -37,6 +38,8 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     window holds only padding outputs zeros).
     `sinks` (H,): a logit per query head joining every row's denominator with no value, as gpt-oss's 128-token
     window layers have (arXiv 2508.10925): O(n·H) more (`banded_attention`).
+    `keep_first` S: the first S keys seen by every query too (causal: j ≤ i), StreamingLLM's pattern (arXiv
+    2309.17453; `_streaming.streaming_window`), as its generation keeps them.
     """
     s = checked_shape(SPEC, q, k, v, causal, window=window)
     pattern = _pattern(causal, window)
@@ -44,6 +47,11 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         check_key_padding(SPEC, key_padding_mask, q, k)
     if sinks is not None:
         check_sinks(SPEC, sinks, q)
+    if keep_first:
+        _streaming.check_keep_first(SPEC, keep_first)
+        return _streaming.streaming_window(q, k, v, band=pattern, block=tile(window, s.Nq), window=window,
+                                           causal=causal, keep_first=keep_first, key_padding_mask=key_padding_mask,
+                                           sinks=sinks)
     return banded_attention(q, k, v, pattern=pattern, block=tile(window, s.Nq), left=window,
                             right=0 if causal else window, key_padding_mask=key_padding_mask, sinks=sinks)
 
@@ -76,14 +84,19 @@ def _sinks_memory(s: Shape, window: int = 256) -> float:
     return banded_memory(s, block=tile(window, s.Nq), left=window, right=0 if s.causal else window, sinks=True)
 
 
-def _remember(k, v, *, max_len: int | None = None, window: int = 256, sinks: torch.Tensor | None = None) -> KVCache:
+def _remember(k, v, *, max_len: int | None = None, window: int = 256, sinks: torch.Tensor | None = None,
+              keep_first: int = 0) -> KVCache:
     """A ring of the last window + 1 tokens (the window a new token sees, and the token itself, written before it
-    is read): a step is O(w·d) time, the cache O(w·d) memory at any context."""
+    is read): a step is O(w·d) time, the cache O(w·d) memory at any context. `keep_first` S: the first S tokens
+    kept beside it (StreamingLLM, `_streaming.remember`), O((w + S)·d)."""
+    if keep_first:
+        return _streaming.remember(k, v, max_len=max_len, window=window, keep_first=keep_first, sinks=sinks)
     return KVCache({"window": window}, k, v, max_len=max_len, limit=window + 1, sinks=sinks)
 
 
-def _cache_bytes(s: Shape, window: int = 256) -> float:
-    return kv_bytes(s, min(s.Nk, window + 1))
+def _cache_bytes(s: Shape, window: int = 256, keep_first: int = 0) -> float:
+    """The last min(n, w + 1) tokens' keys and values, and the first min(n, S) with keep_first (StreamingLLM)."""
+    return _streaming.cache_bytes(s, window, keep_first) if keep_first else kv_bytes(s, min(s.Nk, window + 1))
 
 
 SPEC = MechanismSpec(
@@ -102,8 +115,8 @@ SPEC = MechanismSpec(
         padding=True,
         shared_kv=True,
         sinks=True,
-        generation=Generation(remember=_remember, step=kv_step, cache_bytes=_cache_bytes, step_big_o="O(w·d)",
-                              cache_big_o="O(w·d)"),
+        generation=Generation(remember=_remember, step=_streaming.step, cache_bytes=_cache_bytes, step_big_o="O(w·d)",
+                              cache_big_o="O(w·d)", keep_first=True),
     ),
     insight=Insight(
         pattern=_pattern,

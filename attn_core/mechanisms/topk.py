@@ -8,7 +8,7 @@ import torch
 from .. import native
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import KVCache, kv_bytes, tensor_bytes
-from ._common import check_key_padding, checked_shape, repeated, scale, trusted, workspace
+from ._common import check_key_padding, check_sinks, checked_shape, repeated, scale, trusted, workspace
 from ._sparse import selected_softmax, selected_softmax_bytes, work_dtype
 from ._topk_select import NEG, _first_sampled, _forms, _sampled_bytes, select
 from ._topk_select import _select_exact, _select_sampled  # noqa: F401  (read as topk._select_*: tests, docs)
@@ -125,7 +125,8 @@ def index_scores(qi: torch.Tensor, ki: torch.Tensor, w: torch.Tensor, kt: torch.
 def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                    key_padding_mask: torch.Tensor | None = None, top_k: int = 2048, index_heads: int = 4,
                    index_dim: int = 32, index_q: torch.Tensor | None = None, index_k: torch.Tensor | None = None,
-                   index_w: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
+                   index_w: torch.Tensor | None = None, seed: int = 0,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
     """o_t = softmax over S_t of q_t·k_s/√D, times v_s, where S_t holds the top_k keys by the indexer's score
     I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) (causal: among s ≤ t; padded keys never). With top_k ≥ the keys a
     query sees, softmax attention.
@@ -140,10 +141,15 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     sparse products that read k and v in place (`_sparse.selected_softmax`).
     O(n²·dI·IH + n·top_k·D·H) time, O(n·(D·H + IH·dI)) memory. Ties at a query's top_k-th score go to the earlier
     keys (`select`). The selection is not differentiable: gradients flow through the selected softmax only.
+    `sinks` (H,): head h's logit joins the softmax over each query's selected keys with no value (gpt-oss, arXiv
+    2508.10925); it changes no selection. On the CPU without gradients the C++ softmax runs and the sink is applied
+    to its output through each row's log-sum-exp (`_sparse._sink_corrected`, derived there): o·σ(ℓ − a_h).
     """
     s = checked_shape(SPEC, q, k, v, causal, top_k=top_k, index_heads=index_heads, index_dim=index_dim)
     if key_padding_mask is not None:
         check_key_padding(SPEC, key_padding_mask, q, k)
+    if sinks is not None:
+        check_sinks(SPEC, sinks, q)
     wq, wk, w = _state(q, index_q, index_k, index_w, seed, index_heads, index_dim)
     with torch.no_grad():
         qi, ki = index_queries(q, wq), index_keys(k, wk)
@@ -174,7 +180,8 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
                     scores.masked_fill_(key_padding_mask[:, None, :m], NEG)
                 idx[:, i - a:j - a], usable[:, i - a:j - a] = select(scores, kk, finite=finite)
                 del scores
-        out[:, :, a:e] = selected_softmax(q[:, :, a:e], kw[:, :, :m], vw[:, :, :m], idx[:, None], usable[:, None])
+        out[:, :, a:e] = selected_softmax(q[:, :, a:e], kw[:, :, :m], vw[:, :, :m], idx[:, None], usable[:, None],
+                                          sinks)
         del idx, usable  # not alive beside the next block's indexer
     return out
 
@@ -183,10 +190,11 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
 class TopkCache(KVCache):
     """The tokens' keys and values (`rings['tokens']`) and their indexer keys `index` (B, capacity, dI), written in
     place and doubling with the keys; the indexer's projections and weights (`index_q`, `index_k`, `index_w`) are the
-    layer's, not counted in `nbytes`."""
+    layer's, not counted in `nbytes`; `sinks` (H,) the layer's sink logits, or None."""
 
-    def __init__(self, params: dict, k, v, ki: torch.Tensor, state: tuple, *, max_len: int | None = None):
-        super().__init__(params, k, v, max_len=max_len)
+    def __init__(self, params: dict, k, v, ki: torch.Tensor, state: tuple, *, max_len: int | None = None,
+                 sinks: torch.Tensor | None = None):
+        super().__init__(params, k, v, max_len=max_len, sinks=sinks)
         self.index = ki.new_empty(ki.shape[0], self.rings["tokens"].capacity, ki.shape[-1])
         self.index[:, :ki.shape[1]] = ki
         self.index_q, self.index_k, self.index_w = state
@@ -209,14 +217,15 @@ class TopkCache(KVCache):
 
 
 def _remember(k, v, *, max_len: int | None = None, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32,
-              index_q=None, index_k=None, index_w=None, seed: int = 0) -> TopkCache:
+              index_q=None, index_k=None, index_w=None, seed: int = 0,
+              sinks: torch.Tensor | None = None) -> TopkCache:
     """Every token's key and value, and its indexer key k^I (B, n, dI): a step scores them all (O(n·dI·IH)) and
     attends over top_k of them (O(top_k·D)); O(n·(D·Hk + dI)) kept."""
     state = _state(k, index_q, index_k, index_w, seed, index_heads, index_dim)
     with torch.no_grad():
         ki = index_keys(k, state[1])
     params = {"top_k": top_k, "index_heads": index_heads, "index_dim": index_dim}
-    return TopkCache(params, k, v, ki, state, max_len=max_len)
+    return TopkCache(params, k, v, ki, state, max_len=max_len, sinks=sinks)
 
 
 def _step(q, k, v, cache: TopkCache):
@@ -228,7 +237,7 @@ def _step(q, k, v, cache: TopkCache):
         scores = index_scores(index_queries(q, cache.index_q), cache.index[:, :cache.length], cache.index_w)
         idx, usable = select(scores, top_k, finite=bool(torch.isfinite(scores).all()))
         del scores
-    return selected_softmax(q, keys, values, idx[:, None], usable[:, None]), cache
+    return selected_softmax(q, keys, values, idx[:, None], usable[:, None], cache.sinks), cache
 
 
 def _cache_bytes(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
@@ -291,7 +300,7 @@ def _executed_flops(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim
         4.0 * s.bh * selected * s.D
 
 
-def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32) -> float:
+def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 32, sinks: bool = False) -> float:
     """Peak bytes above the inputs: the indexer's queries and keys (and, for the C++ indexer, the keys transposed),
     the output (and float32 copies of half k, v), and the largest stage of one query block, in the order the kernel
     makes them. Beside the block's selection (int64 indices and a flag, 9 bytes a selected key) and an indexer
@@ -300,7 +309,7 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
     float32: nothing), the step's causal mask, its selection (on the CPU the C++ form's indices and flags beside its
     scratch, `native.scratch_bytes`; elsewhere `_sampled_bytes`, or the exact form's values and int64 indices beside
     a flag per score and its sort, in the blocks that take each, `_forms`). Then the sparse products over the block
-    (`_sparse.selected_softmax_bytes`)."""
+    (`_sparse.selected_softmax_bytes`; `sinks`: with the sink's log-sum-exp found beside it)."""
     e, w = s.elem, max(s.elem, 4)
     fixed = s.B * (s.Nq * index_heads * index_dim + s.Nk * index_dim) * w + s.output_bytes
     if e < w:
@@ -326,7 +335,7 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
                                         exact * Ei * (w + 26),  # the sort: values, indices, flags, their sort
                                         sampled * _sampled_bytes(s.B * ri, m, kk, w),  # or the sampled selection
                                         in_cpp * (9 * Ei + native.scratch_bytes(m, s.B * ri, w))),  # or C++'s
-                   held + selected_softmax_bytes(s, r, kk, m))
+                   held + selected_softmax_bytes(s, r, kk, m, sinks=sinks))
     return fixed + peak
 
 
@@ -389,7 +398,8 @@ SPEC = MechanismSpec(
     exact=False,
     state=State(init=init_state, keys=("index_q", "index_k", "index_w")),
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory,
-              time_big_o="O(n²·dI·IH + n·k·d)", memory_big_o="O(n·d)"),
+              time_big_o="O(n²·dI·IH + n·k·d)", memory_big_o="O(n·d)",
+              sinks_memory_bytes=lambda s, **p: _memory(s, **p, sinks=True)),
     supports=Supports(
         no_rope_relative=("Its indexer scores keys through fixed projections and a ReLU: which keys are kept changes "
                           "when every position shifts, though the softmax over them is relative."),
@@ -397,6 +407,7 @@ SPEC = MechanismSpec(
         cross=True,
         padding=True,
         shared_kv=True,
+        sinks=True,
         generation=Generation(remember=_remember, step=_step, cache_bytes=_cache_bytes, step_flops=_step_flops,
                               step_big_o="O(n·dI·IH + k·d)", cache_big_o="O(n·d)"),
     ),

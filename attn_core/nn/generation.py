@@ -11,6 +11,7 @@ import torch
 from attn_core.api import check_seed, get
 from attn_core.mechanisms._cache import Cache, KVCache, Ring, StateCache
 from attn_core.mechanisms._common import _VALIDATED, check_finite, check_qkv, check_sinks
+from attn_core.mechanisms._streaming import check_keep_first
 from attn_core.spec import Generation, MechanismSpec, Shape
 
 __all__ = ["Cache", "KVCache", "Ring", "StateCache", "cache_bytes", "can_generate", "prefill", "remember", "step"]
@@ -29,8 +30,9 @@ def prefill(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, max_
 
     `max_len`: the longest context expected (≥ n), so that the cache is allocated once; without it, a key-value
     cache starts at n tokens and doubles when full. `params`: the mechanism's parameters and random state, as for
-    its forward call (Performer's `projection`, or a `seed` to draw it from). ValueError with a sentence for a
-    mechanism that cannot generate, bad shapes or settings.
+    its forward call (Performer's `projection`, or a `seed` to draw it from); `keep_first=S` for a windowed cache
+    that keeps the first S tokens too (StreamingLLM, arXiv 2309.17453; spec.supports.generation.keep_first). ValueError
+    with a sentence for a mechanism that cannot generate, bad shapes or settings.
     """
     spec, gen, kw = _checked(key, q, k, v, max_len, params)
     if gen.prefill is not None:
@@ -64,8 +66,18 @@ def cache_bytes(key: str, shape: Shape, **params: Any) -> float:
     spec = get(key)
     if "seed" in params:
         check_seed(params["seed"], spec)
+    first = _keep_first(spec, params)
     spec.check_params(params, extra=(*spec.state.keys, "seed"))
-    return _generation(spec).cache_bytes(shape, **spec.resolved(params))
+    return _generation(spec).cache_bytes(shape, **spec.resolved(params), **first)
+
+
+def _keep_first(spec: MechanismSpec, params: dict) -> dict:
+    """{'keep_first': S} popped from `params` and checked (StreamingLLM), or {} where absent or 0."""
+    if "keep_first" not in params:
+        return {}
+    first = params.pop("keep_first")
+    check_keep_first(spec, first)
+    return {"keep_first": first} if first else {}
 
 
 def _owned(cache: Cache, spec: MechanismSpec) -> Cache:
@@ -96,6 +108,7 @@ def _checked(key: str, q, k, v, max_len, params: dict) -> tuple[MechanismSpec, G
     sinks = params.pop("sinks", None)  # (H,) sink logits: to the forward pass and into the cache, for every step
     if sinks is not None:
         check_sinks(spec, sinks, q)
+    first = _keep_first(spec, params)
     spec.check(Shape.of(q, k, causal=True), params)
     n = k.shape[-2]
     if max_len is not None and (not isinstance(max_len, numbers.Integral) or isinstance(max_len, bool)
@@ -104,7 +117,7 @@ def _checked(key: str, q, k, v, max_len, params: dict) -> tuple[MechanismSpec, G
                          f"None to let the cache grow")
     given = (*spec.state.keys, "seed") if spec.state.init else spec.state.keys  # a seed draws the random state
     state = {name: params[name] for name in given if name in params}
-    return spec, gen, {**spec.resolved(params), **state, **({} if sinks is None else {"sinks": sinks})}
+    return spec, gen, {**spec.resolved(params), **state, **({} if sinks is None else {"sinks": sinks}), **first}
 
 
 def _check_step(key: str, q, k, v, cache) -> None:
