@@ -120,12 +120,11 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     differentiable in q, k and v. Devices without these ops, and rows of more entries than keys (repeated ones,
     which CSR cannot hold), take `gathered_softmax`.
     `sinks` (H,): head h's logit a_h joins each row's denominator with no value (gpt-oss, arXiv 2508.10925). In the
-    torch forms, each row scaled by σ(ℓ − a_h), ℓ the log-sum-exp of the scores it holds anyway. The C++ kernel
-    hands back the output alone, so there the sink is applied outside (`_sink_corrected`)."""
+    torch forms, each row scaled by σ(ℓ − a_h), ℓ the log-sum-exp of the scores it holds anyway; in the C++ kernel,
+    e^(a_h − M) joins each row's sum of weights in the same pass."""
     work = work_dtype(q.dtype)
     if native.softmax_runs(q, k, v):  # the CPU without gradients: one fused pass a query row
-        out = native.selected_softmax(q.to(work), k.to(work), v.to(work), idx, usable)
-        return (out if sinks is None else _sink_corrected(out, q, k, idx, usable, sinks)).to(q.dtype)
+        return native.selected_softmax(q.to(work), k.to(work), v.to(work), idx, usable, sinks).to(q.dtype)
     if q.device.type not in ("cpu", "cuda") or idx.shape[-1] > k.shape[2]:  # more entries a row than keys: repeats
         return gathered_softmax(q, k, v, idx, usable, sinks)
     B, H, r, D = q.shape
@@ -163,30 +162,6 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     return (out if weight is None else out * weight).to(q.dtype)
 
 
-def _sink_corrected(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor, usable: torch.Tensor,
-                    sinks: torch.Tensor) -> torch.Tensor:
-    """The C++ kernel's output o (B, H, r, D), computed without the sink, turned into attention with it. With a row's
-    scores s_j over its usable selected keys, M = max s_j and Z = Σ e^(s_j − M), the kernel returns
-    o = Σ e^(s_j − M) v_j / Z. The sink adds e^(a − M) to the normaliser and nothing to the sum:
-    o' = Σ e^(s_j − M) v_j / (Z + e^(a − M)) = o · Z/(Z + e^(a − M)) = o · (1 − σ), σ = e^a/(e^ℓ + e^a) the sink's
-    share, ℓ = M + log Z the row's log-sum-exp; 1 − σ = σ(ℓ − a) (`_common.sink_weight`). The kernel keeps no ℓ,
-    so it is found here from the selected scores (`_sampled_scores`, in place: the scores' half of the work again,
-    4·r·kk·D → 6·r·kk·D FLOPs a head, and one (B, H, r·kk) buffer); a row with no usable key has ℓ = −∞, weight 0,
-    and outputs zeros, as without. In o's (work) dtype. The torch product is slower than the kernel: top-k at
-    n = 1024 took 1.3–4.7× (median 2.7×) its time without sinks here, CPU clock, 2 cores under a load average of 21;
-    ℓ = M + log Z handed back by selected_softmax.cpp, which holds both per row, would make it O(r·H)."""
-    B, H, r, D = q.shape
-    S, kk = idx.shape[1], idx.shape[-1]
-    qs, ks = (x.to(out.dtype) for x in (q, k))
-    scores = qs.new_zeros(B, H, r * kk)
-    crow = torch.arange(0, r * kk + 1, kk, device=q.device)
-    _sampled_scores(scores, qs * scale(D), ks, idx, crow, None, k.shape[2], True)
-    scores = scores.view(B, S, H // S, r, kk)
-    if not bool(usable.all()):
-        scores.masked_fill_(~usable[:, :, None], NEG)
-    return out.mul_(sink_weight(torch.logsumexp(scores, -1).view(B, H, r), sinks).to(out.dtype))
-
-
 def _sampled_scores(scores: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, idx: torch.Tensor, crow: torch.Tensor,
                     zeros: torch.Tensor | None, m: int, in_place: bool) -> None:
     """scores (B, H, r·kk) ← each head's scaled queries qs (B, H, r, D) times its keys ks (B, Hk, m, D) at the
@@ -214,18 +189,16 @@ def selected_softmax_bytes(s: Shape, r: int, kk: int, m: int | None = None, S: i
     their running sum (int64); the output beside its copy in a half dtype. Nothing is sized by the keys: they are
     read in place. On the CPU (`native.selected_softmax`, over m keys, S selections; the forward without gradients,
     which the engine's peaks are): float32 copies of half queries beside the output and its scratch
-    (`native.softmax_scratch_bytes`), then, the copies gone, the output beside its copy in a half dtype. `sinks`
-    there (`_sink_corrected`): beside the output, the queries again (float32 for half ones) and scaled, the CSR row
-    offsets and the selected scores beside their log-sum-exp's exponentials (two r·kk a head); the torch forms: the
-    log-sum-exp's exponentials beside the scores, one r·kk a head more."""
+    (`native.softmax_scratch_bytes`), then, the copies gone, the output beside its copy in a half dtype; `sinks`
+    there add nothing (one more term in each row's sum). The torch forms with `sinks`: the log-sum-exp's
+    exponentials beside the scores, one r·kk a head more."""
     e, w = s.elem, max(s.elem, 4)
     probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
     general = 16 * (r * kk + 1) if w == 8 else 0
     half = s.bh * r * s.D * e if e < w else 0
     if s.device == "cpu" and native.expected():
         scratch = native.softmax_scratch_bytes(s.B, S, r, s.Nk if m is None else m, s.D, kk, w)
-        corrected = (block if half else 0) + block + 8 * (r + 1) + 2 * probs if sinks else 0
-        return block + max((block if half else 0) + scratch, half, corrected)
+        return block + max((block if half else 0) + scratch, half)
     if sinks:
         general += probs  # the log-sum-exp's exponentials, beside the scores and the probabilities
     return 8 * (r + 1) + max(2 * block if half else 0, block + probs, 2 * probs, probs + block + r * s.D * w + general,

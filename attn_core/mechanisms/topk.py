@@ -142,8 +142,8 @@ def topk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     O(n²·dI·IH + n·top_k·D·H) time, O(n·(D·H + IH·dI)) memory. Ties at a query's top_k-th score go to the earlier
     keys (`select`). The selection is not differentiable: gradients flow through the selected softmax only.
     `sinks` (H,): head h's logit joins the softmax over each query's selected keys with no value (gpt-oss, arXiv
-    2508.10925); it changes no selection. On the CPU without gradients the C++ softmax runs and the sink is applied
-    to its output through each row's log-sum-exp (`_sparse._sink_corrected`, derived there): o·σ(ℓ − a_h).
+    2508.10925); it changes no selection. On the CPU without gradients the C++ softmax adds e^(a_h − M) to each
+    row's sum of weights in its one pass (M the row's highest score), so a sink costs one exponential a row.
     """
     s = checked_shape(SPEC, q, k, v, causal, top_k=top_k, index_heads=index_heads, index_dim=index_dim)
     if key_padding_mask is not None:

@@ -3,6 +3,7 @@ with fake implementations and no backward), and the wrappers that check what eac
 from __future__ import annotations
 
 import ctypes
+from typing import Optional
 
 import torch
 
@@ -105,9 +106,10 @@ def _rows_of(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 @torch.library.custom_op("attn_lab::selected_softmax", mutates_args=(), device_types="cpu")
 def _selected_softmax_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, usable: torch.Tensor,
-                         width: int) -> torch.Tensor:
-    """q (B, H, r, D), k and v (B, Hk, m, D), idx and usable (B, S, r, kk), `width` keys a part (0: whole rows) →
-    (B, H, r, D): selected_softmax.cpp. Refuses a position outside 0 … m − 1 with a sentence."""
+                         width: int, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q (B, H, r, D), k and v (B, Hk, m, D), idx and usable (B, S, r, kk), `width` keys a part (0: whole rows),
+    sinks (H,) of q's dtype or None → (B, H, r, D): selected_softmax.cpp. Refuses a position outside 0 … m − 1 with a
+    sentence."""
     B, H, r, D = q.shape
     Hk, m = k.shape[1], k.shape[2]
     S, kk = idx.shape[1], idx.shape[-1]
@@ -131,14 +133,16 @@ def _selected_softmax_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx:
     bounds = torch.empty(B * S * r * (parts + 1) if parts else 1, dtype=torch.int64)
     lib = _kernels()
     fn = lib.attn_selected_softmax_f64 if q.dtype == torch.float64 else lib.attn_selected_softmax_f32
+    logits = None if sinks is None else sinks.detach().to(q.dtype).contiguous()
     fn(q.data_ptr(), qb, qh, k.data_ptr(), kb, kh, v.data_ptr(), vb, vh, idx.data_ptr(),
-       None if flags is None else flags.data_ptr(), B, H, r, D, Hk, S, kk, m, width, D ** -0.5, threads,
-       scratch.data_ptr(), state.data_ptr(), bounds.data_ptr(), out.data_ptr())
+       None if flags is None else flags.data_ptr(), B, H, r, D, Hk, S, kk, m, width, D ** -0.5,
+       None if logits is None else logits.data_ptr(), threads, scratch.data_ptr(), state.data_ptr(),
+       bounds.data_ptr(), out.data_ptr())
     return out
 
 
 @_selected_softmax_op.register_fake
-def _(q, k, v, idx, usable, width):
+def _(q, k, v, idx, usable, width, sinks=None):
     return q.new_empty(q.shape)
 
 
@@ -154,13 +158,15 @@ def softmax_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
-                     usable: torch.Tensor) -> torch.Tensor:
+                     usable: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax_s∈sel(t) (q_t·k_s/√D) v_s in one pass a query row (selected_softmax.cpp, the op
     attn_lab::selected_softmax): q (B, H, r, D), k and v (B, Hk, m, D) of one CPU float dtype (`softmax_runs`), idx
     and usable (B, S, r, kk) with S = 1 or Hk → (B, H, r, D). A row with no usable key outputs zeros, one with a NaN
     or +inf score NaN. Reads k and v in place; holds the output and kk scores a thread (`softmax_scratch_bytes`).
     Refuses, with a sentence, an index outside 0 … m − 1 (the kernel would read past the keys). No backward: a
-    gradient through it raises (`softmax_runs` sends such calls to the torch form)."""
+    gradient through it raises (`softmax_runs` sends such calls to the torch form). `sinks` (H,): head h's logit
+    a_h joins each row's denominator with no value (gpt-oss's attention sinks): out = Σ e^(s_j − M) v_j /
+    (Σ e^(s_j − M) + e^(a_h − M)), M the row's highest score, in the same pass (no second look at the scores)."""
     B, H, r, D = q.shape
     Hk, m = k.shape[1], k.shape[2]
     S, kk = idx.shape[1], idx.shape[-1]
@@ -168,12 +174,14 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
                    and usable.shape == idx.shape and k.shape == (B, Hk, m, D) and v.shape == k.shape
                    and idx.dtype == torch.int64 and usable.dtype == torch.bool and q.dtype in FLOATS
                    and k.dtype == v.dtype == q.dtype
-                   and all(t.device.type == "cpu" for t in (q, k, v, idx, usable)),
+                   and all(t.device.type == "cpu" for t in (q, k, v, idx, usable))
+                   and (sinks is None or (sinks.shape == (H,) and sinks.device.type == "cpu"
+                                          and sinks.is_floating_point())),
                    "selected_softmax needs a library, CPU tensors, q (B, H, r, D), k and v (B, Hk, m, D) of q's "
                    "float32 or float64, and a selection (B, 1 or Hk, r, kk) of int64 positions and bool flags",
                    f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype}, "
                    f"positions {tuple(idx.shape)} {idx.dtype}, flags {usable.dtype}")
-    return torch.ops.attn_lab.selected_softmax(q, k, v, idx, usable, _parts(m, D, q.element_size())[0])
+    return torch.ops.attn_lab.selected_softmax(q, k, v, idx, usable, _parts(m, D, q.element_size())[0], sinks)
 
 
 PART_BYTES = 1 << 19  # a part's keys and values: 512 KiB, within a core's own cache (see `part_keys`)

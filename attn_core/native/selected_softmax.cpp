@@ -87,15 +87,17 @@ inline void begin(F* st, int64_t D) {
 }
 
 // a row's output from its running state after its last part: NaN where a NaN or +inf score came, zeros where nothing
-// usable did, else the weighted sum over the sum of the weights
+// usable did, else the weighted sum over the sum of the weights, a sink logit `sink` (−inf: none) adding e^(sink − M)
+// to that sum and nothing to the weighted one (gpt-oss's attention sinks)
 template <typename F>
-inline void finish(const F* st, int64_t D, F* out) {
+inline void finish(const F* st, int64_t D, F sink, F* out) {
   if (st[2] != 0 || st[1] == 0) {
     const F fill = st[2] != 0 ? std::numeric_limits<F>::quiet_NaN() : F(0);
     for (int64_t c = 0; c < D; ++c) out[c] = fill;
     return;
   }
-  for (int64_t c = 0; c < D; ++c) out[c] = st[4 + c] / st[1];
+  const F total = st[1] + std::exp(sink - st[0]);
+  for (int64_t c = 0; c < D; ++c) out[c] = st[4 + c] / total;
 }
 
 #if defined(__AVX512F__)
@@ -160,12 +162,12 @@ inline bool part_row(const float* q, const float* K, const float* V, const int64
 // or null: all usable). float32 at part16's widths: the whole row as one part; else plain loops
 template <typename F>
 void one_row(const F* q, const F* K, const F* V, const int64_t* sel, const bool* ok, int64_t kk, int64_t D,
-             F scale, F* sc, F* out) {
+             F scale, F sink, F* sc, F* out) {
 #if defined(__AVX512F__)
   if constexpr (std::is_same<F, float>::value) {
     float st[4 + 128];
     begin(st, std::min<int64_t>(D, 128));
-    if (part_row(q, K, V, sel, ok, 0, kk, D, scale, sc, st)) return finish(st, D, out);
+    if (part_row(q, K, V, sel, ok, 0, kk, D, scale, sc, st)) return finish(st, D, sink, out);
   }
 #endif
   constexpr F NEG = -std::numeric_limits<F>::infinity();
@@ -183,7 +185,7 @@ void one_row(const F* q, const F* K, const F* V, const int64_t* sel, const bool*
     sc[j] = s;
   }
   if (degenerate<F>(bad, top, D, out)) return;
-  F total = 0;
+  F total = std::exp(sink - top);  // the sink's share of the denominator (0 without one)
   for (int64_t j = 0; j < kk; ++j) total += (sc[j] = std::exp(sc[j] - top));
   for (int64_t c = 0; c < D; ++c) out[c] = 0;
   for (int64_t i = 0; i < kk; ++i) {
@@ -208,8 +210,8 @@ bool parts_take(int64_t D) {
 
 template <typename F>
 void selected(const F* q, const int64_t* qs, const F* k, const F* v, const int64_t* kvs, const int64_t* idx,
-              const bool* ok, const int64_t* dims, F scale, int64_t threads, F* scratch, F* state, int64_t* bounds,
-              F* out) {
+              const bool* ok, const int64_t* dims, F scale, const F* sinks, int64_t threads, F* scratch, F* state,
+              int64_t* bounds, F* out) {
   const int64_t B = dims[0], H = dims[1], r = dims[2], D = dims[3], Hk = dims[4], S = dims[5], kk = dims[6];
   const int64_t m = dims[7], width = parts_take<F>(D) ? dims[8] : 0;
   const int64_t P = width > 0 ? (m + width - 1) / width : 0, row_state = D + 4;
@@ -245,10 +247,12 @@ void selected(const F* q, const int64_t* qs, const F* k, const F* v, const int64
       const bool* flags = ok ? ok + (b * S + s) * r * kk : nullptr;
       const F* qh = q + b * qs[0] + h * qs[1];
       F* oh = out + bh * r * D;
+      const F sink = sinks ? sinks[h] : -std::numeric_limits<F>::infinity();  // head h's sink logit, or none
       if (P == 0) {
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < r; ++t)
-          one_row<F>(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, kk, D, scale, sc, oh + t * D);
+          one_row<F>(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, kk, D, scale, sink, sc,
+                     oh + t * D);
         continue;
       }
       const int64_t* at = bounds + (b * S + s) * r * (P + 1);
@@ -270,9 +274,10 @@ void selected(const F* q, const int64_t* qs, const F* k, const F* v, const int64
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < r; ++t) {
         if (at[t * (P + 1)] < 0)  // not in increasing order: the whole row at once
-          one_row<F>(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, kk, D, scale, sc, oh + t * D);
+          one_row<F>(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, kk, D, scale, sink, sc,
+                     oh + t * D);
         else
-          finish(state + t * row_state, D, oh + t * D);
+          finish(state + t * row_state, D, sink, oh + t * D);
       }
     }
   }
@@ -285,25 +290,26 @@ extern "C" {
 // q: rows of D, its batch and head strides; k, v: rows of D, each with its batch and head strides;
 // idx (B, S, r, kk) int64, every entry in [0, m); ok: the same shape, or null (every key usable);
 // width: keys a part (0, or a type or width part16 lacks, for whole rows);
-// scratch: threads · kk; state: r · (D + 4); bounds: B · S · r · (⌈m / width⌉ + 1); out (B, H, r, D)
+// sinks: H logits, one a query head, or null (none); scratch: threads · kk; state: r · (D + 4);
+// bounds: B · S · r · (⌈m / width⌉ + 1); out (B, H, r, D)
 void attn_selected_softmax_f32(const float* q, int64_t q_batch, int64_t q_head, const float* k, int64_t k_batch,
                                int64_t k_head, const float* v, int64_t v_batch, int64_t v_head, const int64_t* idx,
                                const bool* ok, int64_t B, int64_t H, int64_t r, int64_t D, int64_t Hk, int64_t S,
-                               int64_t kk, int64_t m, int64_t width, float scale, int64_t threads, float* scratch,
-                               float* state, int64_t* bounds, float* out) {
+                               int64_t kk, int64_t m, int64_t width, float scale, const float* sinks, int64_t threads,
+                               float* scratch, float* state, int64_t* bounds, float* out) {
   const int64_t qs[2] = {q_batch, q_head}, kvs[4] = {k_batch, k_head, v_batch, v_head};
   const int64_t dims[9] = {B, H, r, D, Hk, S, kk, m, width};
-  selected<float>(q, qs, k, v, kvs, idx, ok, dims, scale, threads, scratch, state, bounds, out);
+  selected<float>(q, qs, k, v, kvs, idx, ok, dims, scale, sinks, threads, scratch, state, bounds, out);
 }
 
 void attn_selected_softmax_f64(const double* q, int64_t q_batch, int64_t q_head, const double* k, int64_t k_batch,
                                int64_t k_head, const double* v, int64_t v_batch, int64_t v_head, const int64_t* idx,
                                const bool* ok, int64_t B, int64_t H, int64_t r, int64_t D, int64_t Hk, int64_t S,
-                               int64_t kk, int64_t m, int64_t width, double scale, int64_t threads, double* scratch,
-                               double* state, int64_t* bounds, double* out) {
+                               int64_t kk, int64_t m, int64_t width, double scale, const double* sinks,
+                               int64_t threads, double* scratch, double* state, int64_t* bounds, double* out) {
   const int64_t qs[2] = {q_batch, q_head}, kvs[4] = {k_batch, k_head, v_batch, v_head};
   const int64_t dims[9] = {B, H, r, D, Hk, S, kk, m, width};
-  selected<double>(q, qs, k, v, kvs, idx, ok, dims, scale, threads, scratch, state, bounds, out);
+  selected<double>(q, qs, k, v, kvs, idx, ok, dims, scale, sinks, threads, scratch, state, bounds, out);
 }
 
 }  // extern "C"

@@ -36,8 +36,8 @@ SELECTED_SOFTMAX = _typed(
     "attn_selected_softmax", "void",
     "const {F}* q, int64_t q_batch, int64_t q_head, const {F}* k, int64_t k_batch, int64_t k_head, const {F}* v, "
     "int64_t v_batch, int64_t v_head, const int64_t* idx, const bool* ok, int64_t B, int64_t H, int64_t r, "
-    "int64_t D, int64_t Hk, int64_t S, int64_t kk, int64_t m, int64_t width, {F} scale, int64_t threads, "
-    "{F}* scratch, {F}* state, int64_t* bounds, {F}* out")
+    "int64_t D, int64_t Hk, int64_t S, int64_t kk, int64_t m, int64_t width, {F} scale, const {F}* sinks, "
+    "int64_t threads, {F}* scratch, {F}* state, int64_t* bounds, {F}* out")
 INDEX = Kernel("attn_index_scores_f32", "void", tuple(
     a.strip() for a in ("const float* qi, int64_t qb, const float* kT, int64_t kb, int64_t ks, const float* w, "
                         "int64_t B, int64_t r, int64_t m, int64_t IH, int64_t dI, int64_t threads, float* out")
