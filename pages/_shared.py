@@ -3,7 +3,10 @@ state (other pages read it and ask it for a preset), and this session's side of 
 (attn_core.engine.server)."""
 from __future__ import annotations
 
+import json
+import sys
 import uuid
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +89,82 @@ def show_chart(chart, **options) -> None:
     st.altair_chart(chart, theme=None, **options)
 
 
+# Every page's look beyond the theme (style tags only: Streamlit sends them aside, they take no room on the page).
+HOUSE_CSS = """<style>
+[data-testid="stMultiSelectTagsContainer"] [data-tag] { height: auto; min-height: 1.75rem; }
+[data-testid="stMultiSelectTagsContainer"] [data-tag] > span { white-space: normal; overflow: visible;
+  text-overflow: clip; }
+[data-testid="stMainBlockContainer"] { padding-top: 3.5rem; }
+[data-testid="stMainBlockContainer"] h1 { font-size: 2.25rem; padding-top: 0; }
+</style>"""  # a chip holds its whole label, on two lines if need be (Streamlit cuts it "Performe…"); less blank
+# above the title (Streamlit's 6rem), so that a page's first chart starts higher in the window
+
+
+# The box of the first element matching SELECTOR brought whole into the window, once per TOKEN in the browser (once
+# per element drawn when TOKEN is empty: a page opened anew, not a widget's rerun). It waits for the element; if any
+# of it lies under Streamlit's header bar or below the window, it scrolls the main area by the least that shows it
+# whole (a box taller than the room gets its top just under the header). It holds that until the app's script has
+# been idle for HOLD ms, against late layout (elements above it go when the run ends) and the browser's scroll
+# anchoring (a page opened from a scrolled page keeps that scroll), and lets go at once when the reader scrolls,
+# clicks or types (never fought), or after WAIT ms. The mark is kept by the browser
+# (window.attnLabView, or on the element): one kept on the server is set before the browser has the script, which a
+# rerun may drop unsent.
+VIEW_WAIT_MS, VIEW_HOLD_MS = 20_000, 3_000
+INTO_VIEW = """<script>(() => {
+  const token = "TOKEN";
+  if (token && window.attnLabView === token) return;
+  if (token) window.attnLabView = token;
+  const until = Date.now() + WAIT, events = ["wheel", "touchstart", "keydown", "mousedown"];
+  let held = null, idle = null, done = false;
+  const stop = () => { done = true; events.forEach(e => window.removeEventListener(e, stop, true)); };
+  events.forEach(e => window.addEventListener(e, stop, true));
+  const tick = () => {
+    if (done || (token && window.attnLabView !== token)) return stop();
+    const main = document.querySelector('[data-testid="stMain"]');
+    const box = main?.querySelector(SELECTOR);  // found anew each time: a rerun may replace it
+    const mark = "MARK";
+    if (box && !token && held === null && box.dataset.attnLabViewed === mark) return stop();  // shown already
+    if (box && box.getBoundingClientRect().height > 0) {
+      box.dataset.attnLabViewed = mark;
+      const header = document.querySelector('[data-testid="stHeader"]')?.getBoundingClientRect().bottom || 0;
+      const b = box.getBoundingClientRect(), room = window.innerHeight - header - 16;
+      const by = b.top < header || (b.bottom > window.innerHeight && b.height > room) ? b.top - header - 8
+               : b.bottom > window.innerHeight ? b.bottom - window.innerHeight + 8 : 0;
+      if (by) main.scrollBy({top: by, behavior: "instant"});  // not smoothly: the next tick reads where it is
+      held = held ?? Date.now();
+    }
+    const running = document.querySelector('[data-testid="stApp"]')?.dataset.testScriptState !== "notRunning";
+    idle = running || held === null ? null : idle ?? Date.now();
+    if (Date.now() < until && (idle === null || Date.now() - idle < HOLD)) setTimeout(tick, 100); else stop();
+  };
+  tick();
+})();</script>"""
+FIRST_CHART = '[data-testid="stVegaLiteChart"]'
+
+
+def scroll_into_view(selector: str, token: str = "", mark: str = "") -> None:
+    """Bring the first element of the main area matching the CSS `selector` whole into the window, once for each
+    `token` in the browser, or (no token) once for each element drawn (not at every redraw: a reader may scroll
+    meanwhile). See INTO_VIEW."""
+    script = INTO_VIEW.replace("TOKEN", token).replace("SELECTOR", json.dumps(selector)).replace("MARK", mark)
+    st.html(script.replace("WAIT", str(VIEW_WAIT_MS)).replace("HOLD", str(VIEW_HOLD_MS)),
+            unsafe_allow_javascript=True)
+
+
+BENCH_CHART = '[class*="st-key-bench_chart_"] [data-testid="stVegaLiteChart"]'
+
+
+def bench_chart_into_view(job) -> None:
+    """The Benchmark page's first chart whole in the window once when a job is shown (a run, a preset, a replay) and
+    once more when it ends (the progress line above it goes)."""
+    state = bench_state()
+    if job is None:
+        return
+    if state.scrolled_for[0] is not job:  # the job itself, not its id: a new job may reuse a freed one's id
+        state.scrolled_for = (job, uuid.uuid4().hex)
+    scroll_into_view(BENCH_CHART, f"{state.scrolled_for[1]}-{'ended' if job.done else 'shown'}")
+
+
 def ensure_routed() -> None:
     """Call first in every page and in the router. The one private Streamlit call of the dashboard, kept here alone
     (tests/engine/test_server.py fails the day Streamlit changes it). A folder named pages/ beside app.py puts a fresh
@@ -96,6 +175,11 @@ def ensure_routed() -> None:
     mode, and the layout names the folder pages/."""
     from streamlit.runtime.pages_manager import PagesManager
 
+    st.html(HOUSE_CSS)  # every page and the router call this first: the one place that reaches every page
+    # a page's first chart whole in view once drawn, and again when talk mode's type has grown it (a changed mark:
+    # the browser runs a script again only when its text changes, so the page's file is in it too)
+    page = Path(sys._getframe(1).f_globals.get("__file__", "app")).stem  # the calling page's file
+    scroll_into_view(FIRST_CHART, mark=f"{page}-{'talk' if st.session_state.get('talk') else 'plain'}")
     if PagesManager.uses_pages_directory:
         PagesManager.uses_pages_directory = False
         if not st.session_state:  # a fresh session: no click or value can be lost by running again

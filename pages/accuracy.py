@@ -61,7 +61,7 @@ def scatter(settings, keys: tuple[str, ...]):
 
 st.title("Accuracy")
 st.caption("Each mechanism's output against exact softmax attention computed in float64 on the same seeded inputs.")
-with st.expander("Settings", expanded=True, icon=":material/tune:"):
+with st.expander("Settings", icon=":material/tune:"):  # folded: the chart first in view
     left, mid, right = st.columns(3)
     key = left.selectbox("Mechanism", list(MECHANISMS), list(MECHANISMS).index("performer"), format_func=label,
                          **keyed("acc_mechanism"))
@@ -85,7 +85,11 @@ with st.expander("Settings", expanded=True, icon=":material/tune:"):
                      help=f"Show {label(key)} on {flip} inputs, where it "
                           + ("works as designed." if inputs == hard else "fails: " + why_hard))
     seed = right.number_input("Seed", 0, 2**31 - 1, 0, **keyed("acc_seed"))
-    causal = right.toggle("Causal mask", **keyed("acc_causal"))
+    if only := MECHANISMS[key].supports.causal_only:  # a recurrence (KDA, Mamba-2, ...) has no other form
+        causal = right.toggle("Causal mask", True, disabled=True, key=f"acc_causal_only_{key}",
+                              help=f"{label(key)} runs causal only: {only}.")
+    else:
+        causal = right.toggle("Causal mask", **keyed("acc_causal"))
     dtype = right.selectbox("dtype of the mechanism", ["float32", "float64"], **keyed("acc_dtype"))
 
 settings = dict(n=n, d_model=int(d_model), heads=int(heads), inputs=inputs, seed=int(seed), causal=causal,
@@ -121,7 +125,7 @@ st.caption("KL(softmax ‖ mechanism) is infinite when the mechanism gives zero 
            f"can be negative (a pseudo-inverse) have no KL. KL is computed for n ≤ {accuracy.KL_MAX_N}.")
 
 st.subheader("Speed vs accuracy, every mechanism")
-if st.toggle("Time every mechanism at these settings (a few seconds)", False, **keyed("acc_scatter")):
+if st.toggle("Time every mechanism at these settings (one call each)", False, **keyed("acc_scatter")):
     table = scatter(settings, tuple(MECHANISMS))
     chart = insight_charts.speed_accuracy_chart(table)
     show_chart(chart)

@@ -3,7 +3,7 @@ import streamlit as st
 
 from attn_core.engine import presets
 from pages import _bench_form as form, _bench_view as view
-from pages._shared import bench_state, ensure_routed
+from pages._shared import bench_chart_into_view, bench_state, ensure_routed
 
 ensure_routed()
 state = bench_state()
@@ -18,7 +18,7 @@ job = state.job
 running, busy = state.running, state.busy  # the job shown ticks and Stop stops it; this session's own blocks a second
 talk = form.talk()
 view.style()
-view.to_top(job)
+bench_chart_into_view(job)  # the chart of a run or preset whole in the window
 st.title("Benchmark")
 for note in notes:
     st.warning(note, icon=":material/link_off:")

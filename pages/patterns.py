@@ -23,7 +23,7 @@ def counted(key: str, n: int, causal: bool, params: dict, seed: int) -> str:
 st.title("Patterns")
 st.caption("Which (query, key) cells each mechanism computes, and the attention matrix it effectively applies, "
            "beside exact softmax.")
-with st.expander("Settings", expanded=True, icon=":material/tune:"):
+with st.expander("Settings", icon=":material/tune:"):  # folded: the chart first in view
     left, mid, right = st.columns(3)
     text = left.text_input("Sentence (its words label the positions)", SENTENCE, max_chars=200,
                            **keyed("pat_sentence"))
@@ -49,7 +49,7 @@ except ValueError as e:
 n = len(tokens)
 params = {}
 if chosen:
-    with st.expander("Mechanism parameters", expanded=True, icon=":material/settings:"):
+    with st.expander("Mechanism parameters", icon=":material/settings:"):
         for key in chosen:
             spec = MECHANISMS[key]
             small = effective.small_defaults(key, n)
