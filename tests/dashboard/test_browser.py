@@ -133,7 +133,10 @@ def test_a_reload_finds_the_running_sweep_and_a_sweep_nobody_watches_is_cancelle
     """Reload mid-sweep: the new page shows the sweep's progress and can stop it. Close every page: no page says it
     is there any more (its heartbeat), and the server cancels the sweep after its orphan time and says so in its
     log."""
-    longer = TINY.replace("bench_n=64&bench_n=128&bench_steps=2", "bench_n=256&bench_n=16%2C384&bench_steps=7")
+    # 16 lengths of a batch of 16: minutes of measuring on any CPU (7 lengths of one sequence ended in 12.8 s on a
+    # quiet machine, before the orphan time), so the sweep is still running when the orphan time runs out
+    longer = TINY.replace("bench_n=64&bench_n=128&bench_steps=2", "bench_n=256&bench_n=16%2C384&bench_steps=16"
+                          ) + "&bench_batch=16"
     orphan_s = 15  # the server's own (stage.ORPHAN_VARIABLE): the sweep is still measuring when it runs out
     with app_server({**private_tmp, stage.ORPHAN_VARIABLE: str(orphan_s)}) as server:
         page.goto(f"{server.url}/benchmark?{longer}")
