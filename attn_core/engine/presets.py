@@ -48,28 +48,42 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            seconds=53.0),
     Preset("Where linear attention wins",
            "Below n* the plain softmax is faster; past the marked crossover the linear mechanisms win.",
-           (_config(("softmax", "linear", "performer"), 128, 4096, 6, d_model=256, heads=4),)),
+           (_config(("softmax", "linear", "performer"), 128, 4096, 6, d_model=256, heads=4),),
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 60.5 s on 2 cores, one core spinning
+           seconds=60.0),
     Preset("Materialized vs fused softmax",
            "Same arithmetic, same answer: the fused kernel never stores the n×n scores, so its memory grows as n.",
-           (_config(("softmax", "sdpa"), 256, 4096, 5),), metric="peak_bytes"),
+           (_config(("softmax", "sdpa"), 256, 4096, 5),), metric="peak_bytes",
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 39.2 s on 2 cores, one core spinning
+           seconds=40.0),
     Preset("Causal vs bidirectional",
            "A causal mask halves the useful work; only kernels that skip the masked half get faster.",
-           tuple(_config(("softmax", "sdpa", "linear"), 256, 2048, 4, causal=causal) for causal in (False, True))),
+           tuple(_config(("softmax", "sdpa", "linear"), 256, 2048, 4, causal=causal) for causal in (False, True)),
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 60.3 s on 2 cores, one core spinning
+           seconds=60.0),
     Preset("The O(n log n) middle",
            "Reformer hashes similar tokens into buckets: a sort, n·log n, between softmax's n² and linear's n.",
-           (_config(("softmax", "reformer", "linear"), 256, 4096, 5),)),
+           (_config(("softmax", "reformer", "linear"), 256, 4096, 5),),
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 58.1 s on 2 cores, one core spinning
+           seconds=60.0),
     Preset("Long documents",
            "Longformer's global tokens and BigBird's random blocks cost little on top of the window; the fused "
            "exact kernel still grows as n².",
-           (_config(("sdpa", "sliding_window", "longformer", "bigbird"), 512, 8192, 5),)),
+           (_config(("sdpa", "sliding_window", "longformer", "bigbird"), 512, 8192, 5),),
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 61.1 s on 2 cores, one core spinning
+           seconds=60.0),
     Preset("Why the KV cache hurts",
            "Each new token reads the whole key-value cache: softmax's time per token and its cache grow as the "
            "context n, a sliding window's stay flat once n passes the window.",
-           (_config(("softmax", "sdpa", "sliding_window"), 1024, 32768, 6, mode="generate"),)),
+           (_config(("softmax", "sdpa", "sliding_window"), 1024, 32768, 6, mode="generate"),),
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 60.4 s on 2 cores, one core spinning
+           seconds=60.0),
     Preset("Constant-memory generation",
            "Linear attention and Performer carry a fixed-size state, the same bytes at any context, while softmax's "
            "key-value cache grows as n; past the marked crossover their tokens are cheaper too.",
-           (_config(("softmax", "linear", "performer"), 1024, 32768, 6, mode="generate"),), metric="peak_bytes"),
+           (_config(("softmax", "linear", "performer"), 1024, 32768, 6, mode="generate"),), metric="peak_bytes",
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 60.4 s on 2 cores, one core spinning
+           seconds=60.0),
 )}
 PRESETS.update({p.name: p for p in (
     Preset("Heads that share keys",
@@ -78,18 +92,24 @@ PRESETS.update({p.name: p for p in (
            "falls with that read.",
            (DEFAULT_SWEEP.replaced(mechanisms=(("sdpa", {}), ("sdpa", {"kv_heads": 8}), ("sdpa", {"kv_heads": 1})),
                                    ns=log_spaced(1024, 32768, 6), mode="generate", heads=32, d_model=2048),),
-           metric="peak_bytes"),
+           metric="peak_bytes",
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 60.4 s on 2 cores, one core spinning
+           seconds=60.0),
     Preset("Linear attention grew gates",
            "Linear attention's fixed-size state learned to forget (Mamba-2's decay per head) and to overwrite what "
            "it stored (Gated DeltaNet's delta rule): all three grow as n, in chunks, while softmax bends up as n².",
-           (_config(("softmax", "linear", "mamba2", "gated_deltanet"), 256, 4096, 5, causal=True),)),
+           (_config(("softmax", "linear", "mamba2", "gated_deltanet"), 256, 4096, 5, causal=True),),
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 60.8 s on 2 cores, one core spinning
+           seconds=60.0),
     Preset("Learned sparsity",
            "Each query reads a few thousand chosen keys: a window of 256, the top 256 keys of DeepSeek's indexer "
            "(a cheap n² pass picks them), NSA's compressed blocks, 16 selected blocks and a window of 512. Their "
            "time grows near n while softmax bends up as n².",
            (DEFAULT_SWEEP.replaced(mechanisms=(("softmax", {}), ("sliding_window", {}), ("topk", {"top_k": 256}),
                                                ("nsa", {})),
-                                   ns=log_spaced(1024, 8192, 4), causal=True),)),
+                                   ns=log_spaced(1024, 8192, 4), causal=True),),
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 66.1 s on 2 cores, one core spinning
+           seconds=60.0),
     # Llama 3 8B's attention width (Meta's config: hidden size 4096, 32 heads of 128, 8 key/value heads) with
     # DeepSeek-V2/V3's latent of 512 + 64 values a token (arXiv 2405.04434, 2412.19437), the MLA specs' defaults
     Preset("One cache, four sizes",
@@ -111,7 +131,9 @@ PRESETS.update({p.name: p for p in (
            "and block mask are paid once, before timing, and shown apart.",
            tuple(DEFAULT_SWEEP.replaced(mechanisms=(("sliding_window", {"window": 256}),),
                                         ns=log_spaced(1024, 8192, 4), implementation=implementation)
-                 for implementation in IMPLEMENTATIONS)),
+                 for implementation in IMPLEMENTATIONS),
+           # attn_core/benchmarks/dashboard.py --demos --try-s 60, 2026-11-28: 63.8 s on 2 cores, one core spinning
+           seconds=60.0),
 )})
 PRESETS.update({p.name: p for p in (
     # Kimi Linear (arXiv 2510.26692) runs three KDA layers to one MLA layer; KDA is Gated DeltaNet (arXiv 2412.06464)

@@ -92,7 +92,8 @@ def speed_accuracy_chart(frame: pd.DataFrame) -> alt.TopLevelMixin:
                         front=frame["pareto"].map({True: "on the Pareto front", False: "dominated"}))
     kept = _finite(data, "rel_fro")
     x = alt.X("time_ms:Q", title="Time per call (ms, in-process quick timing, log scale)", scale=alt.Scale(type="log"))
-    y = alt.Y("rel_fro:Q", title="Relative Frobenius error vs softmax (log scale)", scale=alt.Scale(type="log"))
+    y = alt.Y("rel_fro:Q", title=["Relative Frobenius error", "vs softmax (log scale)"],  # two lines: whole in talk
+              scale=alt.Scale(type="log"))                                                  # mode's type too
     tooltip = [alt.Tooltip("label:N", title="Mechanism"), alt.Tooltip("params:N", title="Parameters"),
                alt.Tooltip("time_ms:Q", title="Time (ms)", format=".3g"),
                alt.Tooltip("rel_fro:Q", title="Relative error", format=".3g"),
