@@ -3,7 +3,7 @@ sliding window, block-local, Longformer, BigBird, top-k, NSA) with and without i
 softmax denominator (NSA: in each branch's). Interleaved calls (A B A B …), median with its
 spread and the ratio round by round, through `attn_core.attention` as a user calls it, in torch.inference_mode (the
 fused kernels hand back each row's log-sum-exp ℓ, and the rows are scaled by σ(ℓ − a): O(n·H) more; top-k's and
-NSA's C++ softmax keeps no ℓ, so it is found from the selected scores again, the scores' half of that softmax more).
+NSA's C++ selected softmax adds e^(a − M) to each row's sum in its one pass: one exponential a row).
 
     python -m attn_core.benchmarks.sinks                 # B=1, H=8, D=64, fp32, n = 16384, causal
     python -m attn_core.benchmarks.sinks --both          # causal and not
