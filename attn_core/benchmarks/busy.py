@@ -178,27 +178,23 @@ def _gates(key: str, n: int) -> dict:
     return make_state(key, Shape(B, H, n, n, D, dtype="float32", causal=True), seed=0)
 
 
-def pair_gated_deltanet(n, causal=True):
-    naive = _fla("gated_delta_rule", "naive_chunk_gated_delta_rule")
-    q, k, v = _inputs(n)
-    gates = _gates("gated_deltanet", n)
-    qt, kt, vt, g, beta = _bthd(q, k, v, gates["alpha"].log(), gates["beta"])
-    return _public("gated_deltanet", q, k, v, True, **gates), \
-        (lambda: naive(F.normalize(qt, dim=-1, eps=1e-6), F.normalize(kt, dim=-1, eps=1e-6), vt, g, beta,
-                       scale=D ** -0.5)[0])
+def _delta_pair(key: str, folder: str, name: str):
+    """`key` (gated_deltanet or kda: the same gates, a decay a head or a channel) against fla's pure-PyTorch chunked
+    form `name` from fla/ops/<folder>/naive.py, which takes log-decays, unnormalised q and k and (B, n, H, …)."""
+    def make(n, causal=True):
+        naive = _fla(folder, name)
+        q, k, v = _inputs(n)
+        gates = _gates(key, n)
+        qt, kt, vt, g, beta = _bthd(q, k, v, gates["alpha"].log(), gates["beta"])
+        return _public(key, q, k, v, True, **gates), \
+            (lambda: naive(F.normalize(qt, dim=-1, eps=1e-6), F.normalize(kt, dim=-1, eps=1e-6), vt, g, beta,
+                           scale=D ** -0.5)[0])
+    return make
 
 
+pair_gated_deltanet = _delta_pair("gated_deltanet", "gated_delta_rule", "naive_chunk_gated_delta_rule")
+pair_kda = _delta_pair("kda", "kda", "naive_chunk_kda")
 KDA_PEER_N = 2048  # the peer's recurrence inside a chunk is a loop over its tokens: at 8k a call takes minutes
-
-
-def pair_kda(n, causal=True):
-    naive = _fla("kda", "naive_chunk_kda")
-    q, k, v = _inputs(n)
-    gates = _gates("kda", n)
-    qt, kt, vt, g, beta = _bthd(q, k, v, gates["alpha"].log(), gates["beta"])
-    return _public("kda", q, k, v, True, **gates), \
-        (lambda: naive(F.normalize(qt, dim=-1, eps=1e-6), F.normalize(kt, dim=-1, eps=1e-6), vt, g, beta,
-                       scale=D ** -0.5)[0])
 
 
 def pair_mamba2(n, causal=True):
