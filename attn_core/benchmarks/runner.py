@@ -28,6 +28,7 @@ from ..engine import env
 from ..engine.files import write_atomic
 from ..engine.measure import format_bytes
 from ..engine.measurement import median_iqr
+from ..mechanisms._cpu import size_of, usable_cores_now as usable_cores
 
 FIGURES = Path(__file__).resolve().parents[2] / "docs" / "figures"  # where --figures writes <name>.json
 DEVICES = ("cpu", "cuda", "mps", "auto")
@@ -239,21 +240,11 @@ def plain(value):
     return str(value)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), where the OS says; else all of them."""
-    with contextlib.suppress(AttributeError, OSError):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def load_averages() -> list[float] | None:
     """The OS's load averages over 1, 5 and 15 minutes (os.getloadavg); None where there are none."""
     with contextlib.suppress(AttributeError, OSError):
         return [round(x, 2) for x in os.getloadavg()]
     return None
-
-
-CACHE_SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 
 
 def cpu_caches() -> dict[str, int]:
@@ -264,7 +255,7 @@ def cpu_caches() -> dict[str, int]:
         with contextlib.suppress(OSError, ValueError, KeyError):
             level, kind, size = ((index / part).read_text().strip() for part in ("level", "type", "size"))
             suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
-            found[f"L{level}{suffix}"] = int(size.rstrip("KMG")) * CACHE_SIZE_UNITS.get(size[-1], 1)
+            found[f"L{level}{suffix}"] = size_of(size)
     return found
 
 

@@ -45,7 +45,7 @@ class Caches:
                 f"({self.source})")
 
 
-def _size(text: str) -> int:
+def size_of(text: str) -> int:
     """'1024K' → 1048576; '36M' → 37748736; '512' → 512."""
     text = text.strip().upper()
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
@@ -64,7 +64,7 @@ def _from_sysfs(root: Path = SYSFS) -> tuple[int | None, int | None]:
         try:
             level = int((entry / "level").read_text())
             kind = (entry / "type").read_text().strip()
-            size = _size((entry / "size").read_text())
+            size = size_of((entry / "size").read_text())
         except (OSError, ValueError):
             continue
         if kind not in ("Unified", "Data"):
@@ -90,11 +90,7 @@ def _from_sysconf() -> tuple[int | None, int | None]:
 
 def usable_cores() -> int:
     """Cores this process may run on (its affinity), no more than torch's intra-op threads at import."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, torch.get_num_threads()))
+    return max(1, min(usable_cores_now(), torch.get_num_threads()))
 
 
 @functools.lru_cache(maxsize=1)

@@ -36,7 +36,7 @@ def test_no_sysfs_reads_nothing(tmp_path):
 
 @pytest.mark.parametrize("text,value", [("1024K", 1 << 20), ("36M", 36 << 20), ("512", 512), ("1G", 1 << 30)])
 def test_sizes_as_sysfs_writes_them(text, value):
-    assert _cpu._size(text) == value
+    assert _cpu.size_of(text) == value
 
 
 def test_the_kernels_sizes_are_fractions_of_this_cpus_caches():
