@@ -11,12 +11,12 @@ import math
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
-import types
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
+
+from attn_core.engine import spawning
 
 _LOG = logging.getLogger(__name__)
 _CTX = multiprocessing.get_context("spawn")  # fork would copy the caller's threads and CUDA state
@@ -55,20 +55,6 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-@contextlib.contextmanager
-def _bare_main_module() -> Iterator[None]:
-    """Hide the caller's __main__ while the worker starts. spawn runs the parent's __main__ again in the child, and
-    Streamlit installs each page script as __main__ during its run: the worker would run the dashboard (or crash
-    in it). With a bare __main__ the child imports only what the worker needs, from any host."""
-    saved = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if saved is not None:
-            sys.modules["__main__"] = saved
-
-
 class Worker:
     """Handle on one worker process. Requests go through a pipe, one at a time; `cancel_event` asks the point in
     flight to stop at its next sample; until the wall-clock time in `held_until` (a page is drawing) no timed sample
@@ -81,7 +67,7 @@ class Worker:
         self.process = _CTX.Process(target=_serve, args=(child, self.cancel_event, self.held_until, self.in_sample),
                                     daemon=True,
                                     name="attn_core-worker")
-        with _bare_main_module():
+        with spawning.without_main():  # Streamlit's page script is __main__: the worker must not run it
             self.process.start()
         child.close()
         self.info: dict[str, Any] | None = None

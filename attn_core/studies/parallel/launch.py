@@ -14,15 +14,14 @@ import os
 import queue
 import signal
 import socket
-import sys
 import threading
 import time
-import types
 from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from attn_core.engine.spawning import without_main
 from attn_core.studies.parallel.cost import bytes_predicted, memory_guard
 from attn_core.studies.parallel.rank import probe_worker, worker
 from attn_core.studies.parallel.task import Result, Task, inputs, mechanism_state, positions
@@ -178,7 +177,7 @@ def _context():
     quiet = [getattr(signal, name) for name in ("SIGINT", "SIGHUP") if hasattr(signal, name)] if main else []
     held = {signum: signal.signal(signum, signal.SIG_IGN) for signum in quiet}  # for the fork and exec alone
     try:
-        with _bare_main():
+        with without_main():
             forkserver.ensure_running()
     finally:
         for signum, handler in held.items():
@@ -230,9 +229,9 @@ def _launch(tasks, procs, timeout_s, device, warmup, memory, fail_rank, failure,
 
 
 def _start(workers, stopped=lambda: False) -> None:
-    """Start each worker, the caller's __main__ hidden and stops held meanwhile (`_bare_main`, `_stops_held`); none
+    """Start each worker, the caller's __main__ hidden and stops held meanwhile (`without_main`, `_stops_held`); none
     more once `stopped()`."""
-    with _bare_main(), _stops_held():
+    with without_main(), _stops_held():
         for w in workers:
             if stopped():
                 break
@@ -291,20 +290,6 @@ def _stops_held():
             signal.signal(signum, handler)
         if len(noted) == 1:
             signal.raise_signal(noted[0])
-
-
-@contextlib.contextmanager
-def _bare_main():
-    """The caller's __main__ hidden while workers start: a spawned process re-runs the parent's main module before
-    its target (multiprocessing's spawn), which in a script without a `__name__ == "__main__"` guard, or under
-    Streamlit (whose script runner leaves the page it ran as __main__), starts it over. The workers need nothing of
-    it: their target lives in attn_core.studies.parallel.rank."""
-    saved = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = saved
 
 
 def _failure(workers, rank: int, text: str) -> str:
