@@ -109,6 +109,10 @@ def show_settings(config: SweepConfig) -> list[str]:
     own = [f"{label(key)} {sharing(p.heads, params['kv_heads'])}" for key, params in config.mechanisms
            if "kv_heads" in params]
     left += [f"each series' own key/value heads ({', '.join(own)})"] if own else []
+    kept = [label(key) + (" · sinks" if params.get("sinks") else "")
+            + (f" · keeps first {params['keep_first']}" if params.get("keep_first") else "")
+            for key, params in config.mechanisms if params.get("sinks") or params.get("keep_first")]
+    left += [f"each series' own sinks and first tokens kept ({', '.join(kept)})"] if kept else []
     S.update({"bench_exact": [k for k in keys if MEASURED[k].exact],
               "bench_approx": [k for k in keys if not MEASURED[k].exact], "bench_n": tuple(near),
               "bench_causal": p.causal, "bench_mode": p.mode, "bench_positions": p.positions})

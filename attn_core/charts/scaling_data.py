@@ -26,8 +26,11 @@ def with_series(df: pd.DataFrame) -> pd.DataFrame:
     out = df.copy()
     where = df["positions"] if "positions" in df else ["none"] * len(df)
     by = df["implementation"] if "implementation" in df.columns else ["ours"] * len(df)
+    sinks = df["sinks"] if "sinks" in df.columns else [False] * len(df)
+    kept = df["keep_first"] if "keep_first" in df.columns else [0] * len(df)
     out["line"] = pd.Series([analysis.series_name(*row) for row in
-                             zip(df["mechanism"], df["label"], df["params"], df["heads"], df["kv_heads"], where, by)],
+                             zip(df["mechanism"], df["label"], df["params"], df["heads"], df["kv_heads"], where, by,
+                                 sinks, kept)],
                             index=df.index, dtype=object)
     out["mask"] = df["causal"].map({True: "causal", False: "bidirectional"}).astype(object)
     out["series"] = out["line"] + (" · " + out["mask"] if df["causal"].nunique() > 1 else "")

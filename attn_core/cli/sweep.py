@@ -231,7 +231,8 @@ def _row_line(point: Measurement) -> str:
     shared = f" {sharing(row['heads'], row['kv_heads'])}" if row["kv_heads"] != row["heads"] else ""
     where = f" + {NAMES[row['positions']]}" if row["positions"] != "none" else ""
     by = f" by {row['implementation']}" if row["implementation"] != "ours" else ""
-    what = f"{row['mechanism']}{shared}{where}{by} n={row['n']}"
+    own = (" sinks" if row["sinks"] else "") + (f" keep_first={row['keep_first']}" if row["keep_first"] else "")
+    what = f"{row['mechanism']}{shared}{own}{where}{by} n={row['n']}"
     if row["status"] != "ok":
         return f"{what}: {row['status']}: {row['reason']}"
     per, memory = (" a token", "cache") if row["mode"] == "generate" else ("", "peak")

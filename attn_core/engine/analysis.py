@@ -57,10 +57,12 @@ def _too_few(clean: int, disturbed: int) -> str:
 
 
 def series_name(mechanism: str, label: str, params: str, heads: int | None = None,
-                kv_heads: int | None = None, positions: str = "none", implementation: str = "ours") -> str:
+                kv_heads: int | None = None, positions: str = "none", implementation: str = "ours",
+                sinks: bool = False, keep_first: int = 0) -> str:
     """'Sliding window (window=128)': the label, plus the parameters that differ from the spec's defaults, ' + RoPE'
     or ' + ALiBi' with positions, 'GQA-2' or 'MQA' where the key/value heads are shared ('Softmax (fused SDPA) ·
-    GQA-2'), and who ran it when not our kernel ('Sliding window · compiled Flex')."""
+    GQA-2'), ' · sinks' and ' · keeps first 4' (Problem.sinks, keep_first), and who ran it when not our kernel
+    ('Sliding window · compiled Flex')."""
     values = json.loads(params or "{}")
     spec = MEASURED.get(mechanism)
     defaults = spec.defaults if spec is not None else {}
@@ -69,18 +71,22 @@ def series_name(mechanism: str, label: str, params: str, heads: int | None = Non
     name += f" + {NAMES[positions]}" if positions in ("rope", "alibi") else ""
     shared = heads is not None and kv_heads is not None and int(kv_heads) != int(heads)
     name = f"{name} · {sharing(int(heads), int(kv_heads))}" if shared else name
+    name += " · sinks" if sinks else ""
+    name += f" · keeps first {int(keep_first)}" if keep_first else ""
     return f"{name} · {IMPLEMENTED_BY[implementation]}" if implementation in IMPLEMENTED_BY else name
 
 
 def row_series_name(row: pd.Series) -> str:
     """series_name of a result row."""
     return series_name(row["mechanism"], row["label"], row["params"], row["heads"], row["kv_heads"],
-                       row.get("positions", "none"), row.get("implementation", "ours"))
+                       row.get("positions", "none"), row.get("implementation", "ours"), row.get("sinks", False),
+                       row.get("keep_first", 0))
 
 
 def _series(df: pd.DataFrame) -> list[str]:
-    """The columns that tell series apart: SERIES, and the positions and implementation where the frame has them."""
-    return SERIES + [c for c in ("positions", "implementation") if c in df.columns]
+    """The columns that tell series apart: SERIES, and the positions, implementation, sinks and kept first tokens
+    where the frame has them."""
+    return SERIES + [c for c in ("positions", "implementation", "sinks", "keep_first") if c in df.columns]
 
 
 def _groups(df: pd.DataFrame):
@@ -115,9 +121,11 @@ def fit_slopes(df: pd.DataFrame, metric: str = "time_median_s", n_min: int | Non
                      "why": "" if enough else _too_few(len(set(n)), len(ok) - len(clean)),
                      "params": params, "kv_heads": kv_heads, "series": name,
                      "positions": g.iloc[0].get("positions", "none"),
-                     "implementation": g.iloc[0].get("implementation", "ours")})
+                     "implementation": g.iloc[0].get("implementation", "ours"),
+                     "sinks": g.iloc[0].get("sinks", False), "keep_first": g.iloc[0].get("keep_first", 0)})
     return pd.DataFrame(rows, columns=["mechanism", "metric", "slope", "n_min", "n_max", "points", "disturbed",
-                                       "why", "params", "kv_heads", "series", "positions", "implementation"])
+                                       "why", "params", "kv_heads", "series", "positions", "implementation",
+                                       "sinks", "keep_first"])
 
 
 def _own_curve(spec: MechanismSpec, metric: str, row: pd.Series) -> tuple[str, Callable[[int], float]]:
@@ -127,9 +135,11 @@ def _own_curve(spec: MechanismSpec, metric: str, row: pd.Series) -> tuple[str, C
     time = metric == "time_median_s"
     if row["mode"] == "generate" and spec.supports.generation is not None:
         gen = spec.supports.generation
+        params |= {"keep_first": int(row["keep_first"])} if row.get("keep_first", 0) else {}  # StreamingLLM
         cost, big_o = (gen.flops, gen.step_big_o) if time else (gen.cache_bytes, gen.cache_big_o)
     else:
-        cost = spec.cost.flops if time else spec.cost.memory_bytes
+        memory = spec.cost.sinks_memory if row.get("sinks", False) else spec.cost.memory_bytes
+        cost = spec.cost.flops if time else memory
         big_o = spec.cost.time_big_o if time else spec.cost.memory_big_o
 
     def at(n: int) -> float:

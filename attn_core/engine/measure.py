@@ -107,6 +107,8 @@ def call_of(spec: MechanismSpec, problem: Problem, *tensors: torch.Tensor, state
     kwargs = {**problem.kwargs, **state}
     if (mask := problem.key_padding_mask()) is not None:
         kwargs["key_padding_mask"] = mask
+    if (sinks := problem.sink_logits()) is not None:  # built outside the timed call, as a layer holds its own
+        kwargs["sinks"] = sinks
     device, dtype = problem.device, getattr(torch, problem.dtype)
     if problem.positions == "alibi":
         kwargs["score_bias"] = positions.alibi(problem.heads, problem.n, problem.keys, device=device, dtype=dtype)
@@ -178,7 +180,9 @@ def step_call(spec: MechanismSpec, problem: Problem, state: dict) -> tuple[Calla
         kept = (rope(kept[0], torch.arange(problem.n, device=problem.device)), *kept[1:])
         turn = positions.turner(1, 1, problem.head_dim, device=problem.device, dtype=getattr(torch, problem.dtype),
                                 first=problem.n)
-    cache = gen.remember(*kept, max_len=problem.n + 1, **spec.resolved(problem.kwargs), **state)
+    series = {"sinks": problem.sink_logits()} if problem.sinks else {}
+    series |= {"keep_first": problem.keep_first} if problem.keep_first else {}  # StreamingLLM's first tokens
+    cache = gen.remember(*kept, max_len=problem.n + 1, **spec.resolved(problem.kwargs), **state, **series)
     del kept
     token = operands(spec, dataclasses.replace(problem, n=1, n_kv=None, seed=(problem.seed + 1) % (MAX_SEED + 1)))
     mark = cache.mark()

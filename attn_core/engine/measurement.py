@@ -30,6 +30,7 @@ SCHEMA = (
     ("sdpa_backend", "text"), ("threads", "float"), ("foreign_cpu", "float"), ("load_average", "float"),
     ("disturbed", "bool"), ("retaken", "int"), ("positions", "text"),
     ("implementation", "text"), ("compile_s", "float"), ("mask_s", "float"),
+    ("sinks", "bool"), ("keep_first", "int"),
 )
 # theory_flops: the pattern's useful FLOPs; executed_flops: what the kernel computes (padding, masked halves), the
 # figure gflops and pct_of_device use. foreign_cpu: cores other processes used during the kept timed samples;
@@ -38,7 +39,9 @@ SCHEMA = (
 # padding: the padded keys at the end of each sequence. positions: none, rope or alibi (engine/positions.py).
 # implementation: who ran a mechanism defined by a mask (ours, flex, dense-mask); compile_s and mask_s: its one-time
 # costs (attn_core.mechanisms.flex.OneTime), never part of the time. A file saved before a column existed reads it as its
-# default (results.OPTIONAL). A column added later goes last (the store appends it by a migration: store.py).
+# default (results.OPTIONAL). sinks: a sink logit a head passed (gpt-oss); keep_first: the first tokens a windowed
+# generation cache kept (StreamingLLM); older files read them as off and 0. A column added later goes last (the
+# store appends it by a migration: store.py).
 COLUMNS = tuple(name for name, _ in SCHEMA)
 KINDS = {kind: tuple(name for name, k in SCHEMA if k == kind) for kind in ("text", "bool", "int", "float")}
 
@@ -125,7 +128,8 @@ class Measurement:
                 "sdpa_backend": c.sdpa_backend, "threads": c.threads, "foreign_cpu": c.foreign_cpu,
                 "load_average": c.load_average, "disturbed": c.disturbed, "retaken": c.retaken,
                 "positions": p.positions, "implementation": p.implementation,
-                "compile_s": self.one_time.compile_s, "mask_s": self.one_time.mask_s}
+                "compile_s": self.one_time.compile_s, "mask_s": self.one_time.mask_s, "sinks": p.sinks,
+                "keep_first": p.keep_first}
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Measurement":
@@ -136,7 +140,8 @@ class Measurement:
                           n=row["n"], d_model=row["d_model"], dtype=row["dtype"], device=row["device"],
                           mode=row["mode"], causal=bool(row["causal"]), padding=row["padding"],
                           positions=row.get("positions") or "none",
-                          implementation=row.get("implementation") or "ours")
+                          implementation=row.get("implementation") or "ours", sinks=bool(row.get("sinks", False)),
+                          keep_first=int(row.get("keep_first", 0) or 0))
         return cls(problem=problem,
                    theory=Theory(row["label"], bool(row["exact"]), params, row["theory_flops"],
                                  row["executed_flops"], row["predicted_bytes"]),
@@ -162,17 +167,20 @@ def theory_of(spec: MechanismSpec, problem: Problem) -> Theory:
         gen = spec.supports.generation
         if gen is None:
             return Theory(spec.label, spec.exact, params)
-        step = gen.flops(shape, **params) + positions.step_flops(shape, problem.positions)
-        return Theory(spec.label, spec.exact, params, step, step, float(gen.cache_bytes(shape, **params)))
+        kept = {**params, "keep_first": problem.keep_first} if problem.keep_first else params  # StreamingLLM
+        step = gen.flops(shape, **kept) + positions.step_flops(shape, problem.positions)
+        return Theory(spec.label, spec.exact, params, step, step, float(gen.cache_bytes(shape, **kept)))
     factor = BACKWARD_FLOP_FACTOR if problem.mode == "forward+backward" else 1
     if problem.implementation != "ours":  # another kernel's work and memory under the same pattern (no positions)
         flops = float(cost.flops(shape, **params))
         executed, peak = cost_of(problem.implementation, shape, flops)
         return Theory(spec.label, spec.exact, params, factor * flops, factor * executed, peak)
     added = positions.added_flops(shape, problem.positions)  # with positions: their work too (positions.py)
+    # sinks: the spec's peak with them (Problem refuses sinks beside positions in these modes)
+    peak = (float(cost.sinks_memory(shape, **params)) if problem.sinks
+            else positions.peak_bytes(spec, shape, problem.positions, **params))
     return Theory(spec.label, spec.exact, params, factor * (float(cost.flops(shape, **params)) + added),
-                  factor * (float(cost.executed(shape, **params)) + added),
-                  positions.peak_bytes(spec, shape, problem.positions, **params))
+                  factor * (float(cost.executed(shape, **params)) + added), peak)
 
 
 def unmeasured(spec: MechanismSpec, problem: Problem, status: str, reason: str = "", **conditions: Any) -> Measurement:

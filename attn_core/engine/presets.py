@@ -151,6 +151,22 @@ PRESETS.update({p.name: p for p in (
            "linear attention, which forgets nothing; the decay is what lets them keep recent tokens sharp.",
            (_config(("linear", "mamba2"), 256, 4096, 5, causal=True),)),
 )})
+PRESETS.update({p.name: p for p in (
+    # StreamingLLM keeps the first 4 tokens beside the window (arXiv 2309.17453, §3.2: four initial tokens suffice);
+    # gpt-oss gives each head a learned sink logit on its 128-token sliding-window layers (arXiv 2508.10925)
+    Preset("Sinks keep a window stable",
+           "Each new token: the full cache grows with the context n, while a window of 256 keeps 257 tokens' keys "
+           "and values at any n, and StreamingLLM's 4 first tokens beside it 261. gpt-oss's learned sink is one "
+           "logit a head in the softmax, not a token: its window of 128 keeps 129 tokens and the sink costs no cache.",
+           (DEFAULT_SWEEP.replaced(mechanisms=(("sdpa", {}), ("sliding_window", {"window": 256}),
+                                               ("sliding_window", {"window": 256, "keep_first": 4}),
+                                               ("sliding_window", {"window": 128, "sinks": True})),
+                                   ns=log_spaced(1024, 32768, 6), mode="generate"),),
+           metric="peak_bytes",
+           # attn_core/benchmarks/dashboard.py --demos, 2026-11-28: 60.3 s on 2 cores at load 2.9–3.8, one core
+           # spinning (the machine busy: 18 of 24 points kept disturbed, drawn hollow)
+           seconds=60.0),
+)})
 QUICK_DEMO = Preset("Quick demo", "Softmax against linear attention on short sequences.",
                     (_config(("softmax", "linear"), 128, 2048, 5, d_model=256, heads=4),),
                     # attn_core/benchmarks/dashboard.py --demos, 2026-11-28: 29.9 s (16.1 s of it starting a fresh
@@ -162,11 +178,11 @@ def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
     """The sweep a results frame was measured with, read from its rows (the file's own config is not trusted), and
     what of the frame that one config cannot hold: a second mask, a second shape, mechanisms this build lacks."""
     first = frame.iloc[0]
-    seen = frame.drop_duplicates(["mechanism", "params", "kv_heads"])
+    own = [c for c in ("sinks", "keep_first") if c in frame]  # a series' own sinks and first tokens kept
+    seen = frame.drop_duplicates(["mechanism", "params", "kv_heads", *own])
     shared = frame["kv_heads"].nunique() > 1  # then each series says its own key/value heads
-    mechanisms = tuple((key, {**json.loads(params), **({"kv_heads": int(kv)} if shared else {})})
-                       for key, params, kv in zip(seen["mechanism"], seen["params"], seen["kv_heads"])
-                       if key in MEASURED)
+    mechanisms = tuple((row["mechanism"], _series_params(row, shared)) for row in seen.to_dict("records")
+                       if row["mechanism"] in MEASURED)
     kv_heads = None if shared or int(first["kv_heads"]) == int(first["heads"]) else int(first["kv_heads"])
     ns = tuple(sorted({int(n) for n in frame["n"]}))
     config = DEFAULT_SWEEP.replaced(mechanisms=mechanisms, ns=ns, batch=int(first["batch"]),
@@ -180,6 +196,15 @@ def config_of(frame: pd.DataFrame) -> tuple[SweepConfig, list[str]]:
     left += ["both masks (causal and bidirectional)"] if frame["causal"].nunique() > 1 else []
     left += [f"{key} (not in this build)" for key in dict.fromkeys(seen["mechanism"]) if key not in MEASURED]
     return config, left
+
+
+def _series_params(row: dict, shared: bool) -> dict:
+    """A series' parameters as a sweep gives them, from one of its rows: the mechanism's, its own key/value heads
+    when the frame's series differ in them, its sinks and its kept first tokens when on (Problem.SERIES_FIELDS)."""
+    own = {"kv_heads": int(row["kv_heads"])} if shared else {}
+    own |= {"sinks": True} if row.get("sinks", False) else {}
+    own |= {"keep_first": int(row["keep_first"])} if row.get("keep_first", 0) else {}
+    return {**json.loads(row["params"]), **own}
 
 
 def announced_s(name: str) -> float | None:

@@ -13,6 +13,7 @@ import torch
 
 from . import env, positions as _positions
 from attn_core.mechanisms.flex import IMPLEMENTATIONS, implementation_problem
+from ..mechanisms import MEASURED
 from ..mechanisms._common import divisors
 from ..spec import DTYPE_BYTES, MechanismSpec, Shape
 
@@ -20,7 +21,8 @@ MODES = ("forward", "forward+backward", "generate")
 MAX_COUNT = 2**40  # n, batch, heads, d_model, repeats: far above any run, far below int64
 MAX_THREADS = 4 * (os.cpu_count() or 1)  # far more torch threads than cores only thrash; 10,000 crash the worker
 MAX_SEED = 2**63 - 1  # torch's generator takes a 64-bit seed
-SERIES_FIELDS = ("kv_heads",)  # problem fields a series of a sweep may set for itself, beside its mechanism's params
+# problem fields a series of a sweep may set for itself, beside its mechanism's params
+SERIES_FIELDS = ("kv_heads", "sinks", "keep_first")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +33,10 @@ class Problem:
     self-attention (n keys). `padding`: the last `padding` keys of every sequence are padding (key_padding_mask).
     `mode`: the forward pass, forward and backward, or "generate": one new token's step against the cache of n
     tokens (causal whatever `causal` says). `positions`: "none", "rope" (q and k turned inside the measured call)
-    or "alibi" (its score bias passed to it): engine/positions.py."""
+    or "alibi" (its score bias passed to it): engine/positions.py. `sinks`: a (heads,) sink logit a query head drawn
+    from the seed (`sink_logits`) and passed as `sinks=`, a key with no value in each row's softmax (gpt-oss, arXiv
+    2508.10925). `keep_first` S (generate mode): the windowed cache keeps the first S tokens too (StreamingLLM,
+    arXiv 2309.17453), passed to the generation's `remember`."""
 
     mechanism: str = "softmax"
     params: tuple[tuple[str, Any], ...] = ()
@@ -49,6 +54,8 @@ class Problem:
     seed: int = 0
     positions: str = "none"
     implementation: str = "ours"
+    sinks: bool = False
+    keep_first: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -81,9 +88,12 @@ class Problem:
     def at(self, mechanism: str, params: Mapping[str, Any], n: int) -> "Problem":
         """This problem for another mechanism and length (a sweep's point). A series may set the problem's own
         `SERIES_FIELDS` among its parameters (kv_heads: MHA, GQA-8 and MQA as three lines of one chart); they go to
-        the problem's field, the rest to `params`."""
+        the problem's field, the rest to `params`; sinks given as 1 or 0 (the command line's numbers: `--mechanisms
+        sliding_window:sinks=1`) is on or off."""
         own = {k: v for k, v in params.items() if k not in SERIES_FIELDS}
         fields = {k: v for k, v in params.items() if k in SERIES_FIELDS}
+        if type(fields.get("sinks")) is int and fields["sinks"] in (0, 1):
+            fields["sinks"] = bool(fields["sinks"])
         return dataclasses.replace(self, mechanism=mechanism, params=tuple(sorted(own.items())), n=n, **fields)
 
     def describe(self) -> str:
@@ -91,7 +101,9 @@ class Problem:
         heads = f", {sharing(self.heads, self.key_heads)}" if self.key_heads != self.heads else ""
         where = f" + {_positions.NAMES[self.positions]}" if self.positions in ("rope", "alibi") else ""
         by = f" by {self.implementation}" if self.implementation != "ours" else ""
-        return f"{self.mechanism}{extra}{heads}{where}{by} at n = {self.n}"
+        kept = (" with sinks" if self.sinks is True else "") + (f", keeping the first {self.keep_first}"
+                                                               if self.keep_first else "")
+        return f"{self.mechanism}{extra}{heads}{where}{kept}{by} at n = {self.n}"
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Seeded q (B, H, n, D), k and v (B, H_kv, n_kv, D) on the problem's device and dtype."""
@@ -100,6 +112,14 @@ class Problem:
         dtype = getattr(torch, self.dtype)
         return tuple(torch.randn(self.batch, h, n, self.head_dim, generator=g).to(self.device, dtype)
                      for h, n in sizes)
+
+    def sink_logits(self) -> torch.Tensor | None:
+        """(heads,) standard-normal sink logits, one a query head, drawn from seed + 2 (seed + 1 draws a generated
+        token) on the problem's device and dtype; None without sinks."""
+        if not self.sinks:
+            return None
+        g = torch.Generator().manual_seed((self.seed + 2) % (MAX_SEED + 1))
+        return torch.randn(self.heads, generator=g).to(self.device, getattr(torch, self.dtype))
 
     def key_padding_mask(self) -> torch.Tensor | None:
         """(B, n_kv) bool, True on the last `padding` keys of every sequence; None without padding."""
@@ -141,7 +161,8 @@ class Problem:
         return self.spec_problems(spec)
 
     def size_problems(self) -> list[str]:
-        """The sizes this problem cannot have (lengths, key/value heads, padding), each a sentence; [] when all can."""
+        """The sizes this problem cannot have (lengths, key/value heads, padding) and the series fields it cannot take
+        as given (sinks, keep_first), each a sentence; [] when all can."""
         found = []
         if not _is_count(self.n) or (self.n_kv is not None and not _is_count(self.n_kv)):
             found.append(f"sequence lengths must be positive integers below 2**40, got {self.n!r}"
@@ -152,13 +173,21 @@ class Problem:
             found.append(f"key/value heads must divide the {self.heads} query heads, got {self.kv_heads!r}{choices}")
         if not (_is_int(self.padding) and 0 <= self.padding < (self.keys if _is_count(self.keys) else 1)):
             found.append(f"padding must be a whole number of keys from 0 to n − 1, got {self.padding!r}")
+        if not isinstance(self.sinks, bool):
+            found.append(f"sinks must be true or false, got {self.sinks!r}")
+        if not (_is_int(self.keep_first) and 0 <= self.keep_first < MAX_COUNT):
+            found.append(f"keep_first must be a whole number of first tokens to keep, 0 or more (StreamingLLM keeps "
+                         f"4), got {self.keep_first!r}")
+        elif self.keep_first and self.mode != "generate":
+            found.append(f"keep_first keeps the first tokens in a generation cache, so it needs the generate mode; "
+                         f"choose the mode generate, or set keep_first to 0 (got mode {self.mode!r})")
         return found
 
     def spec_problems(self, spec: MechanismSpec) -> list[str]:
         """What `spec` cannot do of this problem, each a sentence starting with its label."""
         if self.mode == "generate" and (why := generation_problem(spec)):
             return [why]
-        found = []
+        found = _series_problems(self, spec)
         if why := implementation_problem(self.implementation, spec.key, self.mode, _resolved(self.device)):
             found.append(why)
         if self.key_heads != self.heads and not spec.supports.shared_kv:
@@ -239,6 +268,29 @@ def generation_problem(spec: MechanismSpec) -> str | None:
         return None
     why = spec.supports.no_generation or "Its spec gives no generation form."
     return f"{spec.label} cannot generate token by token. {why} Leave it out, or choose the forward mode."
+
+
+def _series_problems(problem: Problem, spec: MechanismSpec) -> list[str]:
+    """What `spec` cannot take of the problem's sinks and kept first tokens (a series may set them: checked with
+    the spec), each a sentence saying what to change."""
+    found = []
+    if problem.sinks is True and problem.implementation != "ours":
+        found.append("sinks are passed to our own kernels only; choose the implementation 'ours', or turn sinks off")
+    if problem.sinks is True and problem.positions != "none" and problem.mode != "generate":
+        found.append(f"sinks with positions ({problem.positions}) have no predicted peak here (their path with "
+                     "turned or biased scores is not modelled); set positions to none, or turn sinks off")
+    if problem.sinks is True and not spec.supports.sinks:
+        why = spec.supports.no_sinks or "Its spec takes no sink logits."
+        takers = ", ".join(s.label for s in MEASURED.values() if s.supports.sinks)
+        found.append(f"{spec.label} cannot take attention sinks. {why} Turn sinks off, or choose a mechanism that "
+                     f"takes them: {takers}.")
+    gen = spec.supports.generation
+    if _is_int(problem.keep_first) and problem.keep_first > 0 and (gen is None or not gen.keep_first):
+        takers = ", ".join(s.label for s in MEASURED.values()
+                           if s.supports.generation is not None and s.supports.generation.keep_first)
+        found.append(f"{spec.label} cannot keep the first tokens (StreamingLLM): its cache is not a window the first "
+                     f"tokens fall out of. Set keep_first to 0, or choose {takers}.")
+    return found
 
 
 def _resolved(device: str) -> str:

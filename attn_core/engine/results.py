@@ -34,8 +34,9 @@ MAX_FILE_BYTES = 32 * 1024 * 1024  # ~100k points; larger files are refused befo
 ADDED_IN_2 = {"executed_flops": None, "foreign_cpu": None, "load_average": None, "disturbed": False, "retaken": 0}
 ADDED_IN_3 = ("kv_heads", "padding")
 # Columns added without a new file version: a file of any version may lack them (no positions, our own kernels'
-# points, no one-time costs).
-OPTIONAL = {"positions": "none", "implementation": "ours", "compile_s": None, "mask_s": None}
+# points, no one-time costs, no sinks, no first tokens kept).
+OPTIONAL = {"positions": "none", "implementation": "ours", "compile_s": None, "mask_s": None, "sinks": False,
+            "keep_first": 0}
 TEXT, BOOL, INT, FLOAT = (KINDS[kind] for kind in ("text", "bool", "int", "float"))
 # The most characters a loaded row's text keeps (longer is cut, ending "…"); params are JSON, so longer is refused.
 TEXT_CHARS = {"label": 200, "reason": 500, "memory_method": 200}
@@ -374,7 +375,7 @@ def _cell(column: str, value: Any) -> Any:
             return value.strip().lower() == "true"
         raise ValueError("true or false")
     if column in INT:
-        low = 1 if column not in ("repeats", "retaken", "padding") else 0
+        low = 1 if column not in ("repeats", "retaken", "padding", "keep_first") else 0
         number = _number(value)
         if isinstance(number, float) and number.is_integer():
             number = int(number)  # 256.0, as other tools write whole numbers

@@ -24,10 +24,11 @@ _SQL_TYPES = {"text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REA
 # Migration k takes a store of schema version k − 1 to version k; the list only grows. A change of the saved row
 # schema (measurement.SCHEMA) needs a migration here too: test_store checks that the two agree.
 # Row columns added after the first schema, appended by migrations 2, 3, …, each with the value a point stored
-# before it holds (no positions; our own kernel; NULL: no one-time cost measured).
+# before it holds (no positions; our own kernel; NULL: no one-time cost measured; no sinks, no first tokens kept).
 _LATER = {"positions": " NOT NULL DEFAULT 'none'", "implementation": " NOT NULL DEFAULT 'ours'", "compile_s": "",
-          "mask_s": ""}
-_ADDED = (("positions",), ("implementation", "compile_s", "mask_s"))  # the columns of migration 2, of 3
+          "mask_s": "", "sinks": " NOT NULL DEFAULT 0", "keep_first": " NOT NULL DEFAULT 0"}
+# the columns of migration 2, of 3, of 4
+_ADDED = (("positions",), ("implementation", "compile_s", "mask_s"), ("sinks", "keep_first"))
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (f"PRAGMA application_id = {APPLICATION_ID}",
      "CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, created TEXT NOT NULL, name TEXT NOT NULL DEFAULT '',"

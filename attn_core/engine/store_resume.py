@@ -31,8 +31,9 @@ class Resume:
     notes: tuple[str, ...] = ()
 
 
-def _point_key(mechanism: str, n: int, kv_heads: int, params: Mapping) -> tuple:
-    return mechanism, int(n), int(kv_heads), json.dumps(dict(params), sort_keys=True)
+def _point_key(mechanism: str, n: int, kv_heads: int, params: Mapping, sinks: bool = False,
+               keep_first: int = 0) -> tuple:
+    return mechanism, int(n), int(kv_heads), json.dumps(dict(params), sort_keys=True), bool(sinks), int(keep_first)
 
 
 def resumable(source: Store, run_id: int) -> list[dict]:
@@ -68,7 +69,8 @@ def resume_plan(source: Store, run_id: int, environment: Mapping | None = None) 
         configs = [SweepConfig.from_dict(c) for c in _sweeps_of(run_id, info["status"], run.config)]
     except (ValueError, TypeError) as e:
         raise StoreError(f"run {run_id}'s config cannot be read back ({e}); measure it again as a new sweep") from None
-    had = {_point_key(r["mechanism"], r["n"], r["kv_heads"], json.loads(r["params"] or "{}"))
+    had = {_point_key(r["mechanism"], r["n"], r["kv_heads"], json.loads(r["params"] or "{}"), r["sinks"],
+                      r["keep_first"])
            for r in run.frame.to_dict("records") if r["status"] in HAD}
     sweeps, missing = [], 0
     for config in configs:
@@ -79,7 +81,7 @@ def resume_plan(source: Store, run_id: int, environment: Mapping | None = None) 
                 problem = config.problem.at(key, series_params, n)
                 spec = MEASURED.get(key)
                 params = theory_of(spec, problem).params if spec is not None else dict(problem.params)
-                if _point_key(key, n, problem.key_heads, params) not in had:
+                if _point_key(key, n, problem.key_heads, params, problem.sinks, problem.keep_first) not in had:
                     ns.append(n)
             if ns:
                 lacking.setdefault(tuple(ns), []).append((key, series_params))
