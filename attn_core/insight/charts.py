@@ -115,7 +115,7 @@ def _panels(frame: pd.DataFrame, *, value: str, value_title: str, x_title: str, 
     """Unstyled heatmap of a matrix_frame: queries down, keys across, in order; one panel per head, two to a row."""
     rows = frame.drop_duplicates("i").sort_values("i")["query"].tolist()
     cols = frame.drop_duplicates("j").sort_values("j")["key"].tolist()
-    side = max(260, min(440, 22 * max(len(rows), len(cols))))  # readable cells on a wide screen, not a stamp
+    side = _side(frame)
     if binary:
         data = frame.assign(cell=frame[value].astype(bool).map({True: "computed", False: "not computed"}))
         colour = alt.Color("cell:N", legend=None, scale=alt.Scale(domain=["computed", "not computed"],
@@ -143,15 +143,26 @@ def _panels(frame: pd.DataFrame, *, value: str, value_title: str, x_title: str, 
 def pattern_chart(cells: pd.DataFrame, weights: pd.DataFrame, *, title: str, subtitle: str | list[str] = "",
                   x_title: str = "key", cells_x_title: str = "key",
                   weights_title: str = "Effective attention") -> alt.TopLevelMixin:
-    """One above the other: the cells a mechanism computes (blue; effective.attention_maps 'cells') and the weights it
-    applies, one panel per head ('weights'), each with its own colour scale."""
+    """The cells a mechanism computes (blue; effective.attention_maps 'cells') and the weights it applies, one panel
+    per head ('weights'), each with its own colour scale. Side by side for one head of up to 13 tokens (two panels
+    and their axes fit the 850 px column of a 1280 px window with the sidebar open, and the whole chart a 720 px
+    window's height); one above the other otherwise (never wider than two panels)."""
     left = _panels(cells, value="computed", value_title="", x_title=cells_x_title, binary=True).properties(
         title=alt.TitleParams("Cells computed (blue)", anchor="start"))
     right = _panels(weights, value="weight", value_title="weight", x_title=x_title, binary=False).properties(
         title=alt.TitleParams(weights_title, anchor="start"))
-    chart = alt.vconcat(left, right, spacing=30).resolve_scale(color="independent")  # one above the other: no
-    # wider than two panels (1280 px with the sidebar open holds that, not four)
+    beside = weights["head"].nunique() == 1 and _side(weights) <= SIDE_BY_SIDE_MAX
+    chart = (alt.hconcat(left, right, spacing=40) if beside else alt.vconcat(left, right, spacing=30)).resolve_scale(
+        color="independent")
     return _finish(chart.properties(title=alt.TitleParams(title, subtitle=subtitle, anchor="start")))
+
+
+SIDE_BY_SIDE_MAX = 290  # px a panel: 13 tokens at 22 px a cell; two such panels, axes and a legend make ~800 px
+
+
+def _side(frame: pd.DataFrame) -> int:
+    """A heatmap panel's side in px: 22 a cell, at least 260 (readable on a wide screen, not a stamp), at most 440."""
+    return max(260, min(440, 22 * max(frame["i"].nunique(), frame["j"].nunique())))
 
 
 def step_frame(step) -> pd.DataFrame:

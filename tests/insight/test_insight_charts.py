@@ -177,7 +177,20 @@ def test_pattern_heatmaps_are_large_enough_to_read():
                           for i in range(12) for j in range(12)])
     weights = cells.rename(columns={"computed": "weight"}).assign(weight=lambda f: f["weight"] / 12.0)
     spec = insight_charts.pattern_chart(cells, weights, title="t").to_dict()
-    assert all(panel["width"] >= 260 and panel["height"] >= 260 for panel in spec["vconcat"])
+    assert all(panel["width"] >= 260 and panel["height"] >= 260 for panel in spec["hconcat"])
+
+
+def test_one_head_of_a_sentence_sits_side_by_side_and_a_long_one_or_two_heads_stack():
+    """Two panels of 12 tokens (22 px a cell: 264 px) side by side fit an 850 px column; 20 tokens (440 px) or two
+    heads (four panels) would not, and stack."""
+    def frame(heads, n):
+        cells = pd.DataFrame([{"head": h, "i": i, "j": j, "query": str(i), "key": str(j), "computed": True}
+                              for h in range(heads) for i in range(n) for j in range(n)])
+        return cells, cells.rename(columns={"computed": "weight"}).assign(weight=1.0 / n)
+
+    assert "hconcat" in insight_charts.pattern_chart(*frame(1, 12), title="t").to_dict()
+    assert "vconcat" in insight_charts.pattern_chart(*frame(1, 20), title="t").to_dict()
+    assert "vconcat" in insight_charts.pattern_chart(*frame(2, 12), title="t").to_dict()
 
 
 @pytest.mark.parametrize("name, state", [("accuracy", FAST_ACCURACY), ("theory", {})])
