@@ -2,7 +2,6 @@
 shown or replayed."""
 import functools
 import time
-import uuid
 
 import streamlit as st
 
@@ -33,50 +32,6 @@ FIRST_COLUMNS = ["Mechanism", "time ∝ n^k: k", "memory ∝ n^k: k", "speed-up 
 
 def style() -> None:
     st.html(STILL_CSS + TOP_CSS + f"<style>{CHART_CSS.replace('HEIGHT', CHART_HEIGHT[talk()])}</style>")
-
-
-# The window back to the top, where the chart of a run just started is drawn. A page opened from a scrolled page
-# (Home's demo button, below the fold in talk mode) keeps that page's scroll; the browser's scroll anchoring then
-# follows the folding panel down, and the chart would be off screen. The script is sent with every full run while a
-# job is shown, and the browser keeps the once-per-job mark (window.attnLabTop): a mark kept on the server is set
-# before the browser has the script, which a rerun may drop unsent (Streamlit stops a script at its next element).
-# It waits for the chart, then holds the top for TOP_HOLD_MS against anchoring and late layout, and lets go at once
-# when the reader scrolls, clicks or types (never fought), or after TOP_WAIT_MS.
-TOP_WAIT_MS, TOP_HOLD_MS = 20_000, 1_500
-TO_TOP = """<script>(() => {
-  if (window.attnLabTop === "TOKEN") return;
-  window.attnLabTop = "TOKEN";
-  const until = Date.now() + WAIT, events = ["wheel", "touchstart", "keydown", "mousedown"];
-  let held = null, done = false;
-  const stop = () => { done = true; events.forEach(e => window.removeEventListener(e, stop, true)); };
-  events.forEach(e => window.addEventListener(e, stop, true));
-  const tick = () => {
-    if (done || window.attnLabTop !== "TOKEN") return stop();
-    const main = document.querySelector('[data-testid="stMain"]');
-    const chart = main && main.querySelector('[class*="st-key-bench_chart_"] [data-testid="stVegaLiteChart"]');
-    if (chart) {
-      main.scrollTo({top: 0});
-      const header = document.querySelector('[data-testid="stHeader"]')?.getBoundingClientRect().bottom || 0;
-      const top = chart.getBoundingClientRect().top;
-      if (top > window.innerHeight / 2) main.scrollTo({top: top - header - 8});  // the top alone leaves it low
-      held = held ?? Date.now();
-    }
-    if (Date.now() < until && (held === null || Date.now() - held < HOLD)) setTimeout(tick, 100); else stop();
-  };
-  tick();
-})();</script>"""
-
-
-def to_top(job) -> None:
-    """Scroll the page so that the chart of `job` is in view, once for each job in the browser (not at every redraw:
-    a user may scroll while it runs)."""
-    state = bench_state()
-    if job is None:
-        return
-    if state.scrolled_for[0] is not job:  # the job itself, not its id: a new job may reuse a freed one's id
-        state.scrolled_for = (job, uuid.uuid4().hex)
-    script = TO_TOP.replace("TOKEN", state.scrolled_for[1]).replace("WAIT", str(TOP_WAIT_MS))
-    st.html(script.replace("HOLD", str(TOP_HOLD_MS)), unsafe_allow_javascript=True)
 
 
 def live(job, chart_place=st) -> None:

@@ -18,10 +18,9 @@ from attn_core.charts.style import REFERENCE_GREY, colour_scale, styled
 from attn_core.insight.effective import matrix_frame
 from attn_core.insight.published import PUBLISHED
 from attn_core.insight.theory import DECODE_EXTRAPOLATION, EXTRAPOLATION
-from attn_core.engine.untrusted import clipped, csv_bytes, file_stem, printable, vega_title
+from attn_core.engine.untrusted import csv_bytes, file_stem
 
 MIB = float(1 << 20)
-NAME_CHARS = 80  # of a run's name in a chart's title (a file's name or a kept run's: one line, not a paragraph)
 LOG2_X = alt.Scale(type="log", base=2)
 
 
@@ -360,24 +359,6 @@ def runs_chart(frame: pd.DataFrame, metric: str = "time_median_s") -> alt.TopLev
     return _finish(alt.layer(*_measured(data, column, y_title)).properties(width=620, height=400, title=alt.TitleParams(
         f"{y_title.split(' (')[0]} vs {length}, {data['source'].nunique()} runs", anchor="start",
         subtitle="colour: mechanism · shape: run and machine")))
-
-
-def ratio_chart(ratios: pd.DataFrame, a_name: str, b_name: str, metric: str = "time_median_s") -> alt.TopLevelMixin:
-    """Run B ÷ run A per point (reference.run_ratio), log scale, a rule at 1 (same on both)."""
-    what = "time" if metric == "time_median_s" else "peak memory"
-    a_name, b_name = (clipped(printable(name), NAME_CHARS) for name in (a_name, b_name))  # file names: one line each
-    kept = _finite(ratios, "ratio")
-    x = alt.X("n:Q", title="Sequence length n (tokens, log₂ scale; K = 1024)", scale=LOG2_X, axis=n_axis(kept["n"]))
-    y = alt.Y("ratio:Q", title=vega_title(f"{what}: {b_name} ÷ {a_name} (log scale)"), scale=alt.Scale(
-        type="log", nice=False, domain=list(ratio_domain(kept["ratio"]))))
-    base = alt.Chart(kept).encode(x=x, y=y, color=_colour(ratios))
-    layers = [base.mark_line().encode(detail="params:N"), base.mark_point(filled=True, size=70).encode(
-        tooltip=[alt.Tooltip("label:N", title="Mechanism"), alt.Tooltip("params:N", title="Parameters"),
-                 alt.Tooltip("n:Q", format=","), alt.Tooltip("ratio:Q", format=".3g")]),
-        alt.Chart(pd.DataFrame({"one": [1.0]})).mark_rule(color="black", strokeDash=[4, 3]).encode(y="one:Q")]
-    return _finish(alt.layer(*layers).properties(width=620, height=360, title=alt.TitleParams(
-        f"Ratio of {what}, {b_name} ÷ {a_name}", subtitle=f"above 1: {b_name} took more; below 1: less",
-        anchor="start")))
 
 
 def ratio_domain(ratios: pd.Series, pad: float = 1.15) -> tuple[float, float]:

@@ -16,7 +16,7 @@ from attn_core.engine import store, untrusted
 from attn_core.charts import export
 from attn_core.insight import charts as insight_charts
 from attn_core.engine import results
-from attn_core.insight import published
+from attn_core.insight import published, ratio
 from tests.apptest_helpers import displayed
 from tests.dashboard.test_app import APP, fresh_stage, private_sweep_lock, routed  # noqa: F401 (fixtures apply here)
 from tests.charts.test_charts import results_frame
@@ -113,7 +113,7 @@ def hostile_charts(text: str) -> list[tuple[object, object]]:
     model = planner.Model.from_json(json.dumps({"name": name, "layers": [
         {"name": name, "mechanism": "sdpa", "count": 2, "heads": 4, "head_dim": 64}]}))
     curves = planner.curves([model], [1024, 4096])
-    return [(insight_charts.runs_chart(frame), frame), (insight_charts.ratio_chart(ratios, a, b), ratios),
+    return [(insight_charts.runs_chart(frame), frame), (ratio.ratio_chart(ratios, a, b), ratios),
             (insight_charts.theory_chart(curves, "cache_bytes", legend="Model"), curves)]
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from attn_core.insight import accuracy, effective, published, theory
+from attn_core.insight import accuracy, effective, published, ratio, theory
 from attn_core.insight import charts as insight_charts
 from attn_core.engine import results
 from tests.apptest_helpers import chart_specs as charts, displayed
@@ -145,7 +145,7 @@ def test_ratio_axis_fits_ratios_near_one():
     """Ratios of 1.0 to 1.6 on an axis of about 0.87 to 1.84, not Vega's nice 1 to 10."""
     ratios = pd.DataFrame({"mechanism": ["softmax"] * 3, "label": ["Softmax"] * 3, "params": ["{}"] * 3,
                            "n": [256, 512, 1024], "ratio": [1.0, 1.3, 1.6]})
-    y = insight_charts.ratio_chart(ratios, "A", "B").to_dict()["layer"][0]["encoding"]["y"]
+    y = ratio.ratio_chart(ratios, "A", "B").to_dict()["layer"][0]["encoding"]["y"]
     low, high = y["scale"]["domain"]
     assert y["scale"]["nice"] is False and 0.8 < low < 1.0 and 1.6 < high < 2.0
     assert insight_charts.ratio_domain(pd.Series([0.25, 0.5])) == pytest.approx((0.25 / 1.15, 1.15))
