@@ -56,7 +56,11 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     if key_padding_mask is None and sinks is not None and mask is None:  # no row is left without a key
         s = _scores(q, k, causal, None, score_bias)
         weight = sink_weight(torch.logsumexp(s, -1), sinks)  # one (Nq, Nk) temporary beside the scores
-        return grouped_matmul(torch.softmax(s, dim=-1), v) * weight
+        p = torch.softmax(s, dim=-1)
+        del s  # P·V runs beside the probabilities alone, as without sinks (autograd keeps what it needs)
+        out = grouped_matmul(p, v)
+        del p
+        return out * weight
     if key_padding_mask is None and sinks is None:
         return grouped_matmul(torch.softmax(_scores(q, k, causal, mask, score_bias), dim=-1), v)
     if key_padding_mask is not None:
@@ -83,8 +87,9 @@ def _memory(s: Shape) -> float:
 
 def _sinks_memory(s: Shape) -> float:
     """With sinks (no padding or mask): the scores beside their log-sum-exp's (Nq, Nk) temporary, then beside the
-    probabilities, as without; the rows' weights σ(ℓ − a) held beside, in the inputs' dtype."""
-    return _memory(s) + s.bh * s.Nq * s.elem
+    probabilities, as without; at the end P·V and its rescaled copy, (B, H, Nq, D) each (the larger where D is
+    comparable to n); the rows' weights σ(ℓ − a) held beside throughout, in the inputs' dtype."""
+    return max(_memory(s), 2.0 * s.bh * s.Nq * s.D * s.elem) + s.bh * s.Nq * s.elem
 
 
 def _remember(k, v, *, max_len: int | None = None, sinks: torch.Tensor | None = None) -> KVCache:

@@ -412,3 +412,16 @@ def test_a_case_is_checked_once_before_it_is_measured_and_never_inside_a_timed_c
         assert _common.checked_shape(ac.get("softmax"), q, k, v, "no") == ac.Shape(1, 1, 4, 4, 2, causal=True)
     with pytest.raises(ValueError, match="causal must be True or False"):
         _common.checked_shape(ac.get("softmax"), q, k, v, "no")
+
+
+@pytest.mark.parametrize("key", ["local", "sliding_window"])
+def test_a_band_s_first_point_in_a_process_measures_its_steady_peak_not_the_bias_it_keeps(key):
+    """A band's first call builds the (block, S) bias every later call reuses (`_banded.window_bias`, kept): the
+    point's peak is a steady call's, which the spec predicts to the byte (5% above it when the first call's
+    allocation was taken)."""
+    from attn_core.mechanisms import _banded
+
+    _banded.window_bias.cache_clear()
+    problem = Problem(mechanism=key, n=1024, heads=8, d_model=512, causal=True)
+    row = measure.measure(ac.get(key), problem, QUICK, wall_s=0.0)[0].to_row()
+    assert row["status"] == "ok" and row["peak_bytes"] == row["predicted_bytes"]
