@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from functools import partial
 
 import altair as alt
@@ -146,11 +147,14 @@ def pattern_chart(cells: pd.DataFrame, weights: pd.DataFrame, *, title: str, sub
     per head ('weights'), each with its own colour scale. Side by side for one head of up to 13 tokens (two panels
     and their axes fit the 850 px column of a 1280 px window with the sidebar open, and the whole chart a 720 px
     window's height); one above the other otherwise (never wider than two panels)."""
-    left = _panels(cells, value="computed", value_title="", x_title=cells_x_title, binary=True).properties(
-        title=alt.TitleParams("Cells computed (blue)", anchor="start"))
-    right = _panels(weights, value="weight", value_title="weight", x_title=x_title, binary=False).properties(
-        title=alt.TitleParams(weights_title, anchor="start"))
     beside = weights["head"].nunique() == 1 and _side(weights) <= SIDE_BY_SIDE_MAX
+    lines = (lambda text: textwrap.wrap(text, _side(weights) // 7) or [""]) if beside else (lambda text: text)
+    # side by side, a title longer than its panel would widen the chart past the column: wrapped to the panel's
+    # width (about 7 px a character at Vega's 13 px title font)
+    left = _panels(cells, value="computed", value_title="", x_title=cells_x_title, binary=True).properties(
+        title=alt.TitleParams(lines("Cells computed (blue)"), anchor="start"))
+    right = _panels(weights, value="weight", value_title="weight", x_title=x_title, binary=False).properties(
+        title=alt.TitleParams(lines(weights_title), anchor="start"))
     chart = (alt.hconcat(left, right, spacing=40) if beside else alt.vconcat(left, right, spacing=30)).resolve_scale(
         color="independent")
     return _finish(chart.properties(title=alt.TitleParams(title, subtitle=subtitle, anchor="start")))

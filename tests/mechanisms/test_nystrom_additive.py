@@ -297,9 +297,9 @@ def test_the_patterns_page_tells_signed_weights_and_scored_pairs_apart():
     at = page("patterns", pat_mechanisms=["nystrom", "additive"])
     assert errors(at) == []
     charts = {spec["title"]["text"]: spec for spec in chart_specs(at)}
-    weights_title = charts["Nyströmformer"]["hconcat"][1]["title"]["text"]
+    weights_title = " ".join(charts["Nyströmformer"]["hconcat"][1]["title"]["text"])  # wrapped to the panel
     assert weights_title == "Effective attention: a linear map of v, some weights negative"
-    assert charts["Additive (Bahdanau)"]["hconcat"][1]["title"]["text"] == "Effective attention (rows sum to 1)"
+    assert " ".join(charts["Additive (Bahdanau)"]["hconcat"][1]["title"]["text"]) == "Effective attention (rows sum to 1)"
     counted = charts["Additive (Bahdanau)"]["title"]["subtitle"][1]
     assert counted.endswith("100.0% of the n² cells"), counted
     assert "implicitly" in charts["Nyströmformer"]["title"]["subtitle"][1]
