@@ -90,10 +90,11 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
         sc = (qs @ kc[:, :, :c].transpose(-2, -1)).view(B, Hk, G, r, c)
         ends = torch.arange(c, device=q.device) * stride + block - 1
         sc.masked_fill_(ends > t[:, None], float("-inf"))
+        top = None if sinks is None else sc.amax(-1)  # each row's largest score, for its log-sum-exp
         p = _softmax_rows(sc, dead_ok=s < block - 1)
         out_cmp = (p.view(B, Hk, G * r, c) @ vc[:, :, :c]).view(B, H, r, D)
         if sinks is not None:
-            out_cmp = out_cmp * _branch_sink(sc, sinks).view(B, H, r, 1)
+            out_cmp = out_cmp * _branch_sink(top, p, sinks).view(B, H, r, 1)
         score = _block_scores(p.sum(2), s, e, block, stride, select_block)
         del sc, p
     else:
@@ -116,8 +117,9 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
     sw = (qs @ k[:, :, lo:e].transpose(-2, -1)).view(B, Hk, G, r, e - lo)
     j = torch.arange(lo, e, device=q.device)
     sw.masked_fill_((j > t[:, None]) | (j <= t[:, None] - window), float("-inf"))
-    win_weight = None if sinks is None else _branch_sink(sw, sinks)  # every row sees itself: ℓ is finite
+    top = None if sinks is None else sw.amax(-1)  # every row sees itself: finite
     sw = torch.softmax(sw, dim=-1)  # the scores' buffer freed before the product (a half product's scratch beside)
+    win_weight = None if sinks is None else _branch_sink(top, sw, sinks)
     out_win = (sw.view(B, Hk, G * r, e - lo) @ v[:, :, lo:e]).view(B, H, r, D)
     del sw
     if win_weight is not None:
@@ -128,14 +130,18 @@ def rows(q, k, v, kc, vc, s: int, gates, *, block: int, stride: int, select_bloc
     return out if out_cmp is None else out + out_cmp * g_cmp
 
 
-def _branch_sink(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """σ(ℓ − a) (B, Hk, G, r, 1) of a branch's scores (B, Hk, G, r, L) with −∞ where a key is hidden, and the sinks
-    (Hk, G, 1) of a group's heads: the share of its mass a row's keys keep once the sink joins its denominator
-    (`_common.sink_weight`); a row with no key (ℓ = −∞) gets 0, so a branch a row sees nothing of outputs zeros.
+def _branch_sink(top: torch.Tensor, p: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """σ(ℓ − a) (B, Hk, G, r, 1) of a branch whose scores (B, Hk, G, r, L), −∞ where a key is hidden, have row
+    maxima `top` (B, Hk, G, r) and softmax `p`, and the sinks (Hk, G, 1) of a group's heads: the share of its mass a
+    row's keys keep once the sink joins its denominator (`_common.sink_weight`). ℓ is read off the softmax instead
+    of a second pass of exponentials (a log-sum-exp: 6–9% of NSA's call at 16k): a row's largest probability is
+    e^(m − ℓ), at its largest score m, so ℓ = m − log max p; two passes of maxima, O(r·L) comparisons. A row with no
+    key (m = −∞) gets 0, so a branch a row sees nothing of outputs zeros.
     The blocks stay ranked by the compressed probabilities without the sink: σ(ℓ − a_h) is one factor a row and head,
     which would only reweigh a group's heads against each other, so sinks change what the branches output, not which
     tokens they read."""
-    return torch.sigmoid(torch.logsumexp(scores, -1) - sinks.to(scores.dtype))[..., None]
+    lse = torch.where(top == float("-inf"), top, top - torch.log(p.amax(-1)))
+    return torch.sigmoid(lse - sinks.to(top.dtype))[..., None]
 
 
 def _block_bytes(s: Shape, a: int, end: int, *, block: int, stride: int, select_block: int, select_blocks: int,
