@@ -317,11 +317,17 @@ def _stderr_silenced() -> Iterator[None]:
 
 
 def _profiled_peak(thunk: Callable[[], object]) -> int:
-    """Running maximum of the CPU allocator's bytes in use above the start: torch.profiler records one '[memory]'
-    event per allocation (+bytes) and per free (−bytes); summed one by one in time order from the raw kineto
-    events. (Not the op list's self_cpu_memory_usage: that nets each op's allocations and frees at the op's
-    start, so a buffer an op allocates and frees itself, such as sdpa's log-sum-exp and scratch, is never seen.)
-    The autograd profiler that torch.profiler wraps: the wrapper's first use imports torch._inductor (a second)."""
+    """Running maximum of the CPU allocator's bytes in use above the start (`profiled_peak_held`)."""
+    return profiled_peak_held(thunk)[0]
+
+
+def profiled_peak_held(thunk: Callable[[], object]) -> tuple[int, int]:
+    """(peak, held): the running maximum of the CPU allocator's bytes in use above the start, and the bytes still in
+    use once the call's result is dropped (what it keeps for later calls, such as a cached table). torch.profiler
+    records one '[memory]' event per allocation (+bytes) and per free (−bytes); summed one by one in time order from
+    the raw kineto events. (Not the op list's self_cpu_memory_usage: that nets each op's allocations and frees at the
+    op's start, so a buffer an op allocates and frees itself, such as sdpa's log-sum-exp and scratch, is never
+    seen.) The autograd profiler that torch.profiler wraps: the wrapper's first use imports torch._inductor."""
     from torch.autograd import DeviceType
     from torch.autograd.profiler import profile
 
@@ -334,7 +340,7 @@ def _profiled_peak(thunk: Callable[[], object]) -> int:
     for event in sorted(events, key=lambda e: e.start_ns()):  # stable: ties keep the order they were recorded in
         in_use += event.nbytes()
         peak = max(peak, in_use)
-    return peak
+    return peak, in_use
 
 
 def _cuda_peak(thunk: Callable[[], object]) -> int:

@@ -218,15 +218,15 @@ def _measured(spec: MechanismSpec, problem: Problem, settings: Settings, cancell
                 method, peak = "cache tensors held (exact)", float(cache.used_bytes)
         if settings.measure_memory and device == "cpu" and not generating:
             # On CPU the profiled call is the first warm-up: the allocator sees the same blocks in every call, and
-            # a call of ≥ 50 ms needs no second warm-up (the profiler's own cost is then small beside it). A
-            # shorter call is profiled once more and that peak kept: a first call also builds what a mechanism
-            # keeps for every later one (a band's (block, S) bias: 5% of block-local's peak at n = 1024), which
-            # belongs to no call's steady state; where that matters, the call is cheap.
+            # a call of ≥ 50 ms needs no second warm-up (the profiler's own cost is then small beside it). A first
+            # call that keeps memory once its result is dropped built something for every later call (a band's
+            # (block, S) bias: 5% of block-local's peak at n = 1024), which is no call's steady state: the next
+            # call is profiled instead.
             began = time.perf_counter()
-            method, peak = _peak(thunk, device, cancelled)
+            method, (peak, held) = env.MEMORY_METHODS["cpu"], _cpu_peak(thunk, cancelled)
             took = time.perf_counter() - began
-            if took < 0.05 and not cancelled():
-                method, peak = _peak(thunk, device, cancelled)
+            if held > 0:
+                peak, _ = _cpu_peak(thunk, cancelled)
             first_call_s = took if took >= 0.05 else None
         timing = time_samples(thunk, device, settings, cancelled, first_call_s=first_call_s, turns=turns,
                               until=until)
@@ -245,6 +245,15 @@ def _measured(spec: MechanismSpec, problem: Problem, settings: Settings, cancell
     return Measurement(problem, theory, "ok", samples=tuple(timing.samples),
                        summary=Summary.of(timing.samples, theory.executed_flops, device_gflops),
                        peak_bytes=peak, memory_method=method, conditions=conditions, one_time=one_time), timing.waited_s
+
+
+def _cpu_peak(thunk: Callable[[], Any], cancelled: Callable[[], bool]) -> tuple[float, float]:
+    """(peak bytes of one call above what existed before it, bytes it still holds after), from a clean allocator."""
+    if cancelled():
+        raise Cancelled
+    env.release_cached_memory("cpu")
+    peak, held = env.profiled_peak_held(thunk)
+    return float(peak), float(held)
 
 
 def _peak(thunk: Callable[[], Any], device: str, cancelled: Callable[[], bool]) -> tuple[str, float]:
