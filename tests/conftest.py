@@ -1,10 +1,24 @@
-"""Fixtures every test shares: the run store kept in a private folder, never the user's own."""
+"""Fixtures every test shares: the run store kept in a private folder, never the user's own; one torch thread a
+process."""
 from __future__ import annotations
 
-import pytest
+import os
 
-from attn_core import native
+# One thread a process, this one and every process the tests start (the measuring worker, the dashboard's server, the
+# CLI), set before torch is imported. The suite must pass in minutes on two cores with one of them kept busy, as a
+# laptop is; there a two-thread parallel region waits for the busy core's time slice at every operation, and
+# tests/contract took 466 s instead of 83 (with one thread: 104 s for its three slowest tests, 223 s before). Tests
+# of the thread choices set the threads they need themselves; the benchmark scripts, not the tests, measure speed.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from attn_core import native  # noqa: E402
 from attn_core.engine import store
+
+
+torch.set_num_threads(1)  # where torch was imported before this file (a plugin): the variable came too late
 
 
 @pytest.fixture(autouse=True, scope="session")

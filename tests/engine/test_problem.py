@@ -10,6 +10,7 @@ import torch
 
 import attn_core as ac
 from attn_core.engine import measure
+from attn_core.mechanisms._common import GPU_WORKSPACE
 from attn_core.engine.config import SweepConfig
 from attn_core.engine.job import Job
 from attn_core.engine.measurement import COLUMNS, Measurement
@@ -153,6 +154,9 @@ def test_top_k_and_nsa_blocks_on_a_gpu_hold_more_rows_and_their_memory_models_fo
 
 def test_a_gated_delta_segment_on_a_gpu_holds_more_chunks_and_its_memory_model_follows():
     cpu, gpu = gated_deltanet.segment_rows(8, 64, 32), gated_deltanet.segment_rows(8, 64, 32, "cuda")
-    assert gpu % 32 == 0 and gpu >= 16 * cpu
+    per_token = 4 * 8 * (7 * 64 + 3 * 32)  # float32: k̂, v, the two right sides, q̂ (7·d) and the C-wide terms (3·C)
+    room = GPU_WORKSPACE * gated_deltanet.SEGMENT_BYTES  # a GPU's workspace: GPU_WORKSPACE times a CPU's
+    assert gpu % 32 == 0 and gpu * per_token <= room < (gpu + 32) * per_token  # filled, in whole chunks of 32
+    assert cpu == max(gated_deltanet.SEGMENT_BYTES // per_token // 32, 8) * 32 < gpu  # at least 8 chunks on a CPU
     shapes = [ac.Shape(1, 8, 16384, 16384, 64, causal=True, device=d) for d in ("cpu", "cuda")]
     assert ac.get("gated_deltanet").cost.memory_bytes(shapes[1]) > ac.get("gated_deltanet").cost.memory_bytes(shapes[0])
