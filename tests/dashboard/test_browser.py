@@ -333,10 +333,12 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
                 assert page.evaluate(OVERFLOW) == [False, 0], (width, talk)
                 finished_run_reads_plainly(page, export=not talk)
                 # a preset from the Benchmark page, its buttons below the finished run's chart: the new chart comes up
-                page.evaluate(SCROLL_DOWN)
                 button = page.locator(f".st-key-bench_preset_{preset.lower().replace(' ', '_')} button")
+                # the reader down among the presets, the chart out of view: scrolled to the bottom until the page has
+                # stopped growing (the finished run's table and exports may still be drawn)
+                page.wait_for_function(f"() => {{ ({SCROLL_DOWN})(); return !({IN_VIEW})(); }}", timeout=30_000)
                 button.scroll_into_view_if_needed()
-                assert not page.evaluate(IN_VIEW), shot  # the reader is down among the presets
+                assert not page.evaluate(IN_VIEW), shot
                 button.click()
                 expect(page.get_by_text(PRESETS_LOOK_FOR[preset])).to_have_count(1, timeout=30_000)
                 page.wait_for_selector(CHART, timeout=120_000)
