@@ -186,6 +186,19 @@ def causal_chunks(n: int, rows: int, c: int) -> list[tuple[int, int, int]]:
     return chunks
 
 
+def chunk_kinds(n: int, rows: int, c: int) -> dict[tuple[int, int], int]:
+    """{(positions, block): how many} of causal_chunks(n, rows, c)'s chunks, counted without listing them: O(1), so
+    that the cost models stay instant at any n (the planner and Theory search n up to 2**40)."""
+    kinds: dict[tuple[int, int], int] = {}
+    full, last = divmod(n, rows)
+    for length, count in ((rows, full), (last, 1)):
+        whole = length // c * c
+        for piece in ((whole, c), (length - whole, length - whole)):
+            if count and piece[0] > 0:
+                kinds[piece] = kinds.get(piece, 0) + count
+    return kinds
+
+
 def linear_core_flops(s: Shape, m: int, *, executed: bool = False) -> float:
     """Matmul FLOPs of linear_attention_core with φ of width m on shape s. Useful work, both forms: per key/value
     head (B·Hk) the state φ(K)ᵀV (2·Nk·m·D); per query head (B·H) its product with φ(Q) (2·Nq·m·D) and the
@@ -199,9 +212,9 @@ def linear_core_flops(s: Shape, m: int, *, executed: bool = False) -> float:
         return 2.0 * (s.bk * nk * m * (d + int(executed)) + s.bh * nq * m * (d + 1))
     c = causal_block(m, d)
     if executed:
-        return sum(2.0 * (e - a) * (s.bk * m * (d + 1) + s.bh * (m * (d + 1) + b * (m + d + 1)))
-                   + 2.0 * s.bk * ((e - a) // b) ** 2 * m * (d + 1)
-                   for a, e, b in causal_chunks(nq, chunk_rows(s.bh, nq, m, d, True, s.device), c))
+        return sum(count * (2.0 * r * (s.bk * m * (d + 1) + s.bh * (m * (d + 1) + b * (m + d + 1)))
+                            + 2.0 * s.bk * (r // b) ** 2 * m * (d + 1))
+                   for (r, b), count in chunk_kinds(nq, chunk_rows(s.bh, nq, m, d, True, s.device), c).items())
     full, rest = divmod(nq, c)
     cells = full * c * (c + 1) / 2 + rest * (rest + 1) / 2  # in-block pairs with j ≤ i
     return s.bk * 2.0 * nq * m * d + s.bh * (nq * (2.0 * m * d + 2.0 * m) + 2.0 * cells * (m + d))
@@ -234,7 +247,7 @@ def linear_core_memory(s: Shape, m: int, query_map: float, key_map: float) -> fl
     cq = d if s.group > 1 else cp  # the chunk of q copied (grouped, or in float32)
     sc = m * (d + 1)  # the carried state
     alive = 0.0
-    for r, b in {(e - a, size) for a, e, size in causal_chunks(nq, rows, c)}:
+    for r, b in chunk_kinds(nq, rows, c):
         blocks = (r // b) * sc
         features = r * (kh + qh) * m  # φ(K) and φ(Q) of the chunk
         alive = max(alive, kh * sc + max(

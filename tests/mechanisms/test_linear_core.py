@@ -262,3 +262,22 @@ def test_whole_tensor_form_zeroes_a_query_whose_features_underflow():
         out = core.elu_attention(q, k, v, causal)
         assert torch.equal(out[0, 1, 5], torch.zeros(8)) and out.isfinite().all()
         torch.testing.assert_close(out[0, 0], explicit("linear", q, k, v, causal)[0, 0].float(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("n, rows, c", [(1, 1, 1), (7, 3, 2), (100, 32, 64), (1000, 96, 64), (4097, 512, 64),
+                                        (5000, 600, 7), (64, 64, 64)])
+def test_chunk_kinds_counts_what_the_kernel_loops_over(n, rows, c):
+    listed: dict[tuple[int, int], int] = {}
+    for s, e, b in core.causal_chunks(n, rows, c):  # what linear_attention_core iterates, chunk by chunk
+        listed[(e - s, b)] = listed.get((e - s, b), 0) + 1
+    assert core.chunk_kinds(n, rows, c) == listed
+    assert sum(k * count for (k, _), count in listed.items()) == n
+
+
+def test_the_causal_cost_models_take_no_list_of_chunks_at_a_trillion_tokens(monkeypatch):
+    """Theory and the planner ask the models at n up to 2**40: counted, not listed (a list of 2**40 / rows chunks
+    took the Theory page 33 s)."""
+    monkeypatch.setattr(core, "causal_chunks", lambda *a: pytest.fail("the cost model listed the chunks"))
+    s = ac.Shape(B=1, H=8, Nq=2**40, Nk=2**40, D=64, causal=True)
+    cost = linear.SPEC.cost
+    assert cost.memory_bytes(s) > 0 and cost.executed(s) >= cost.flops(s) > 0
