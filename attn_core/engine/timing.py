@@ -3,6 +3,7 @@ taking its turn with a page drawing beside it, and set aside and taken again whe
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -45,6 +46,17 @@ QUIET_STEP_S, QUIET_WAIT_S = 0.025, 0.5  # after two disturbed samples in a row:
 HOLD_MAX_S = 3.0  # the longest a hold (a page is drawing) keeps one sample waiting ...
 AFTER_HOLD_QUIET_S, AFTER_HOLD_WAIT_S = 0.1, 1.0  # ... then 0.1 s of quiet (the browser drew), waited 1 s at most
 BUSY_OTHERS = 0.5  # threads or cores of other programs beyond the spare ones that make a moment not quiet
+RETAKES = "ATTN_LAB_RETAKES"  # "0": keep every sample as measured (retaking), for this process and those it starts
+
+
+def retaking() -> bool:
+    """Whether disturbed samples are set aside and taken again and quiet moments waited for: yes, unless the
+    environment variable ATTN_LAB_RETAKES is "0". Off, a sample is kept as measured (a point left disturbed is drawn
+    hollow and labelled, as a demo past its budget is): a sweep on a machine that is never quiet (a laptop on
+    stage, a test suite beside other programs) takes the time its samples take, not up to RETAKE_S and QUIET_WAIT_S
+    more a point. Read at each point, so the worker and the dashboard's server follow the variable they started
+    with."""
+    return os.environ.get(RETAKES, "").strip() != "0"
 
 
 def wait_for_quiet(probe: env.ContentionProbe, threads: int, quiet_s: float = QUIET_STEP_S,
@@ -78,17 +90,18 @@ class Turns:
 
 
 def take_turn(probe: env.ContentionProbe, threads: int, crowded: bool, turns: Turns,
-              cancelled: Callable[[], bool]) -> float:
+              cancelled: Callable[[], bool], settle: bool = True) -> float:
     """Wait until a timed sample may start, and claim it: while the page holds the machine (HOLD_MAX_S at most, so
     a page that never lets go cannot stall a sweep), then for AFTER_HOLD_QUIET_S of quiet (the browser draws what
-    it was sent); when other programs `crowded` it just before, for a short quiet moment. The seconds waited."""
+    it was sent; not when `settle` is off: retaking()); when other programs `crowded` it just before, for a short
+    quiet moment. The seconds waited."""
     began, drew = time.perf_counter(), False
     while time.perf_counter() - began < HOLD_MAX_S and not cancelled():
         if not turns.claim():
             drew = True
             time.sleep(QUIET_STEP_S / 5)
             continue
-        if not (drew or crowded):
+        if not ((drew and settle) or crowded):
             break
         turns.release()  # the page may draw while this waits for quiet
         wait_for_quiet(probe, threads, *((AFTER_HOLD_QUIET_S, AFTER_HOLD_WAIT_S) if drew else (QUIET_STEP_S,
@@ -109,10 +122,11 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
     `first_call_s`: the thunk already ran once, taking that long (it counts as a warm-up call). Waits do not count
     towards the budget. `until` (on this module's clock, waits included): the end of the point's share of a demo's
     wall-clock budget; past it the point is `late` and kept as it is: no retake, no wait for quiet, and it ends at
-    `min_repeats` samples whatever `min_time_s` asks. Raises Cancelled when `cancelled()` turns true."""
+    `min_repeats` samples whatever `min_time_s` asks. With retaking() off, every sample is kept as it is: no retake
+    and no wait for quiet from the first. Raises Cancelled when `cancelled()` turns true."""
     timed, threads = env.device_timer(device), torch.get_num_threads()
     probe = probe or env.ContentionProbe()
-    start, one, warm = time.perf_counter(), first_call_s or 0.0, probe.mark()
+    start, one, warm, keep = time.perf_counter(), first_call_s or 0.0, probe.mark(), not retaking()
     for _ in range(settings.warmup - (first_call_s is not None)):
         if cancelled():
             raise Cancelled
@@ -128,7 +142,7 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
         if cancelled():
             raise Cancelled
         late = late or time.perf_counter() >= until
-        waited += take_turn(probe, threads, crowded and not late, turns, cancelled)
+        waited += take_turn(probe, threads, crowded and not (late or keep), turns, cancelled, settle=not keep)
         try:
             mark = probe.mark()
             t = timed(thunk, calls)
@@ -137,7 +151,8 @@ def time_samples(thunk: Callable[[], Any], device: str, settings: Settings,
             turns.release()
         now = time.perf_counter()
         over, late = now - start - waited > settings.point_budget_s, late or now >= until
-        may_retake = len(set_aside) < MAX_RETAKES and retake_s < max(RETAKE_S, spent) and not (over or late)
+        may_retake = (len(set_aside) < MAX_RETAKES and retake_s < max(RETAKE_S, spent)
+                      and not (over or late or keep))
         hit = seen.disturbed(threads)
         crowded, last_hit = hit and last_hit, hit  # a blip passes by itself; after two in a row, wait for quiet
         if hit and may_retake:

@@ -37,6 +37,12 @@ def measure_case(spec, problem, settings):
     return point.to_row(), elapsed
 
 
+@pytest.fixture(autouse=True)
+def retaking(monkeypatch):
+    """This file tests the timing loop as a user meets it: retakes on (the suite turns them off: tests/conftest.py)."""
+    monkeypatch.delenv(loop.RETAKES, raising=False)
+
+
 def test_median_and_iqr_are_derived_from_the_samples():
     assert median_iqr([3.0, 1.0, 2.0, 4.0, 5.0]) == (3.0, 2.0)
     assert median_iqr([7.0]) == (7.0, 0.0)
@@ -297,6 +303,23 @@ def test_a_first_product_that_loads_the_library_does_not_end_the_matmul_doubling
 def test_matmul_throughput_is_measured_once_and_cached():
     first = env.matmul_gflops("cpu", "float32")
     assert first > 0 and env.matmul_gflops("cpu", "float32") == first
+
+
+@pytest.mark.parametrize("value, retakes", [("0", False), (" 0\n", False), ("1", True), ("", True), ("no", True)])
+def test_retakes_off_keep_every_sample_as_measured_and_never_wait_for_quiet(monkeypatch, value, retakes):
+    """ATTN_LAB_RETAKES=0: the same disturbed samples are kept, none set aside, no wait for quiet, and after a page's
+    hold no quiet moment is waited for either; the point ends at min_repeats and says it is disturbed."""
+    monkeypatch.setenv(loop.RETAKES, value)
+    waits = []
+    monkeypatch.setattr(loop, "wait_for_quiet", lambda *args: waits.append(args))
+    held = iter([False, True, True, True, True, True, True, True] + [True] * 100)  # the page holds the first claim
+    timing = time_samples(lambda: None, "cpu", Settings(warmup=1, min_repeats=3, min_time_s=0.0),
+                          probe=FakeProbe([True] * 100), turns=loop.Turns(lambda: next(held)))
+    assert timing.disturbed
+    if retakes:
+        assert timing.retaken == loop.MAX_RETAKES and waits
+    else:
+        assert (timing.retaken, len(timing.samples), waits) == (0, 3, [])
 
 
 def test_cpu_peak_counts_buffers_an_op_allocates_and_frees_itself():
