@@ -2,7 +2,10 @@
 process."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # One thread a process, this one and every process the tests start (the measuring worker, the dashboard's server, the
 # CLI), set before torch is imported. The suite must pass in minutes on two cores with one of them kept busy, as a
@@ -10,6 +13,20 @@ import os
 # tests/contract took 466 s instead of 83 (with one thread: 104 s for its three slowest tests, 223 s before). Tests
 # of the thread choices set the threads they need themselves; the benchmark scripts, not the tests, measure speed.
 os.environ["OMP_NUM_THREADS"] = "1"
+# Every sample kept as measured (attn_core.engine.timing.retaking): the suite's sweeps run beside each other's and
+# other programs' work, where quiet never comes; waiting for it and retaking took a dashboard test 79 s instead of 9
+# with one core busy. The tests of retaking turn it back on (tests/engine/test_measure.py).
+os.environ["ATTN_LAB_RETAKES"] = "0"
+
+# Each of the suite's processes (pytest-xdist's workers, below) keeps its own temporary folder, where the sweep
+# lock lives: two workers' sweeps must not queue behind each other. Short (Chromium's sockets live there, and a Unix
+# socket's path is at most 107 bytes) and passable by others (0711: the privilege test's child runs as nobody).
+if _WORKER := os.environ.get("PYTEST_XDIST_WORKER"):
+    _TMP = tempfile.mkdtemp(prefix=f"al-{_WORKER}-")
+    os.chmod(_TMP, 0o711)
+    os.environ["TMPDIR"] = _TMP
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    atexit.register(shutil.rmtree, _TMP, True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -19,6 +36,51 @@ from attn_core.engine import store
 
 
 torch.set_num_threads(1)  # where torch was imported before this file (a plugin): the variable came too late
+
+
+MAX_WORKERS = 4  # the suite's processes at most: some tests hold a few GiB, and each worker builds the kernels
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """`python3 -m pytest -q` runs the suite in one process a core (at most MAX_WORKERS; pytest-xdist, each test
+    file kept on one worker, so a file's module fixtures are made once): on two cores the suite waits half as long,
+    and with one core kept busy the second worker still takes what the busy core leaves. A run naming files or tests
+    (`pytest tests/x.py::test`), asking for `-n` itself, or on one core stays in one process, as does `-n 0`."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.pluginmanager.has_plugin("xdist"):
+        return
+    named = [a for a in config.args if not os.path.isdir(a.split("::")[0])]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if config.option.numprocesses is None and not named and cores > 1 and not config.getoption("usepdb"):
+        config.option.numprocesses = min(cores, MAX_WORKERS)
+        if config.option.dist == "no":
+            config.option.dist = "loadfile"
+            config.option.loadscopereorder = False  # LONGEST_FIRST's order, not the files with most tests first
+
+
+# The suite's longest files, measured with one core busy (seconds), handed out first (longest processing time first):
+# xdist would hand out the files with most tests first, and these have few, so one worker was left with the browser
+# tests for minutes after the other had ended. The others follow in their usual order.
+LONGEST_FIRST = (
+    "tests/dashboard/test_browser.py",  # 200
+    "tests/dashboard/test_browser_in_view.py",  # 150
+    "tests/contract/test_mechanisms.py",  # 90
+    "tests/dashboard/test_app_runs.py",  # 80
+    "tests/dashboard/test_browser_first_minutes.py",  # 70
+    "tests/contract/test_copies.py",  # 70
+    "tests/mechanisms/test_sinks.py",  # 60
+    "tests/dashboard/test_browser_first_request.py",  # 50
+    "tests/cli/test_cli.py",  # 40
+    "tests/engine/test_sweep.py",  # 35
+    "tests/dashboard/test_hardening_web.py",  # 30
+    "tests/mechanisms/test_flex.py",  # 30
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """LONGEST_FIRST's files first, each file's tests in their order (a stable sort)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -14,7 +14,7 @@ from attn_core.engine.job import Job
 from tests.apptest_helpers import chart_specs, displayed
 # the fixtures apply here too: a private sweep lock, a fresh stage, routed pages, and a swept run of this module's own
 from tests.dashboard.test_app import (APP, TINY, benchmark, fresh_stage, private_sweep_lock, routed, run_to_end,  # noqa: F401
-                            swept, warnings, widget)
+                            RERUN_S, swept, warnings, widget)
 
 
 def replaying(swept: AppTest, speed: float) -> AppTest:
@@ -200,7 +200,7 @@ def test_a_second_session_finds_the_running_sweep_and_its_own_run_queues_behind_
     end = time.monotonic() + 240  # both tabs rerun, as their timers do: a tab that stops asking is a tab closed
     while not (shared.done and queued.done):  # (the stage withdraws a queued job nobody watches)
         assert time.monotonic() < end, "the sweeps did not finish"
-        time.sleep(0.1)
+        (shared if not shared.done else queued).wait(RERUN_S)
         first.run()
         second.run()
     assert not queued.queued and len(queued.frame()) > 0 and not second.exception
