@@ -14,10 +14,10 @@ def test_every_file_handed_out_first_exists():
     assert [p for p in conftest.LONGEST_FIRST if not (ROOT / p).is_file()] == []
 
 
-@pytest.mark.parametrize("args, workers", [([], 2), (["tests"], 2), (["tests/engine/test_measure.py"], None),
+@pytest.mark.parametrize("args, workers", [([], 3), (["tests"], 3), (["tests/engine/test_measure.py"], None),
                                            (["tests/engine/test_measure.py::test_x"], None)])
-def test_the_whole_suite_runs_a_process_a_core_and_a_named_file_one(monkeypatch, args, workers):
-    """On two cores (the affinity this process sees, faked), asked for directories: two workers, each file on one;
+def test_the_whole_suite_runs_a_process_a_core_and_one_more_and_a_named_file_one(monkeypatch, args, workers):
+    """On two cores (the affinity this process sees, faked), asked for directories: three workers, each file on one;
     asked for a file or a test: one process."""
     class Option:
         numprocesses, dist, loadscopereorder = None, "no", True

@@ -172,7 +172,9 @@ def test_a_shown_run_sets_the_settings_panel_to_it_and_says_so(tmp_path):
 
 
 def test_a_replay_counts_only_the_points_its_charts_show(swept):
-    at = replaying(swept, 2.0)
+    # the slowest pace (8 s for the four points): at 2 points a second a page run on a busy machine took the whole
+    # replay, and the test saw one count
+    at = replaying(swept, 0.5)
     job, seen = at.session_state["bench"].job, []
     while not job.done:
         counted = int(next(p for p in at.get("progress")).proto.text.split(" of ")[0])
