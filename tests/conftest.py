@@ -2,7 +2,7 @@
 process."""
 from __future__ import annotations
 
-import atexit
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -26,7 +26,9 @@ if _WORKER := os.environ.get("PYTEST_XDIST_WORKER"):
     os.chmod(_TMP, 0o711)
     os.environ["TMPDIR"] = _TMP
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
-    atexit.register(shutil.rmtree, _TMP, True)
+    # removed at exit after multiprocessing's own folders in it (theirs are finalized at priority -100; an atexit
+    # hook would run first and leave their finalizers a missing folder to print about)
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(_TMP, True), exitpriority=-101)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
