@@ -49,14 +49,21 @@ BUSY_OTHERS = 0.5  # threads or cores of other programs beyond the spare ones th
 RETAKES = "ATTN_LAB_RETAKES"  # "0": keep every sample as measured (retaking), for this process and those it starts
 
 
+_OFF, _ON = ("0", "false", "no", "off"), ("", "1", "true", "yes", "on")
+
+
 def retaking() -> bool:
     """Whether disturbed samples are set aside and taken again and quiet moments waited for: yes, unless the
-    environment variable ATTN_LAB_RETAKES is "0". Off, a sample is kept as measured (a point left disturbed is drawn
-    hollow and labelled, as a demo past its budget is): a sweep on a machine that is never quiet (a laptop on
-    stage, a test suite beside other programs) takes the time its samples take, not up to RETAKE_S and QUIET_WAIT_S
-    more a point. Read at each point, so the worker and the dashboard's server follow the variable they started
-    with."""
-    return os.environ.get(RETAKES, "").strip() != "0"
+    environment variable ATTN_LAB_RETAKES is "0" (or false, no, off). Off, a sample is kept as measured (a point left
+    disturbed is drawn hollow and labelled, as a demo past its budget is): a sweep on a machine that is never quiet
+    (a laptop on stage, a test suite beside other programs) takes the time its samples take, not up to RETAKE_S and
+    QUIET_WAIT_S more a point. Read at each point, so the worker and the dashboard's server follow the variable they
+    started with. ValueError, a sentence, for any other value (the point fails with it as its reason)."""
+    value = os.environ.get(RETAKES, "").strip().lower()
+    if value not in _OFF + _ON:
+        raise ValueError(f"{RETAKES} must be 0 (keep every sample as measured) or 1 (retake disturbed samples), got "
+                         f"{os.environ[RETAKES]!r}; set it to one of them or unset it")
+    return value not in _OFF
 
 
 def wait_for_quiet(probe: env.ContentionProbe, threads: int, quiet_s: float = QUIET_STEP_S,

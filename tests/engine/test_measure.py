@@ -305,7 +305,8 @@ def test_matmul_throughput_is_measured_once_and_cached():
     assert first > 0 and env.matmul_gflops("cpu", "float32") == first
 
 
-@pytest.mark.parametrize("value, retakes", [("0", False), (" 0\n", False), ("1", True), ("", True), ("no", True)])
+@pytest.mark.parametrize("value, retakes", [("0", False), (" 0\n", False), ("Off", False), ("no", False),
+                                            ("1", True), ("", True), ("yes", True)])
 def test_retakes_off_keep_every_sample_as_measured_and_never_wait_for_quiet(monkeypatch, value, retakes):
     """ATTN_LAB_RETAKES=0: the same disturbed samples are kept, none set aside, no wait for quiet, and after a page's
     hold no quiet moment is waited for either; the point ends at min_repeats and says it is disturbed."""
@@ -320,6 +321,12 @@ def test_retakes_off_keep_every_sample_as_measured_and_never_wait_for_quiet(monk
         assert timing.retaken == loop.MAX_RETAKES and waits
     else:
         assert (timing.retaken, len(timing.samples), waits) == (0, 3, [])
+
+
+def test_a_retakes_value_that_means_neither_is_refused_with_a_sentence(monkeypatch):
+    monkeypatch.setenv(loop.RETAKES, "sometimes")
+    with pytest.raises(ValueError, match="ATTN_LAB_RETAKES must be 0 .* or 1 .*, got 'sometimes'; set it"):
+        time_samples(lambda: None, "cpu", Settings(warmup=1, min_repeats=1, min_time_s=0.0), probe=FakeProbe([]))
 
 
 def test_cpu_peak_counts_buffers_an_op_allocates_and_frees_itself():
