@@ -110,15 +110,14 @@ def performer_attention(q, k, v, *, causal: bool = False, features: int = 256, p
     (exact masking); a query that sees no unpadded key outputs zeros.
     """
     shape = checked_shape(SPEC, q, k, v, causal, features=features)
-    w = _projection(shape, v, features, projection, seed)
+    # only the base-2 projection is held: a half projection's float32 copy goes once it is scaled
+    b = base2(_projection(shape, v, features, projection, seed))
     if key_padding_mask is None:  # φ mapped chunk by chunk inside the core, in base 2
-        b = base2(w)
         return linear_attention_core(q, k, v, causal, lambda x: query_features(x, b),
                                      lambda x, floor: key_features(x, b, floor), features)
     check_key_padding(SPEC, key_padding_mask, q, k)
-    b = base2(w)
-    phi_q = query_features(q.to(w.dtype), b)  # φ(Q) first, as without a mask
-    return mapped(phi_q, key_features(k.to(w.dtype), b, key_padding_mask=key_padding_mask)[0], v, causal)
+    phi_q = query_features(q.to(b.dtype), b)  # φ(Q) first, as without a mask
+    return mapped(phi_q, key_features(k.to(b.dtype), b, key_padding_mask=key_padding_mask)[0], v, causal)
 
 
 def _projection(shape: Shape, v: torch.Tensor, features: int, projection: torch.Tensor | None,

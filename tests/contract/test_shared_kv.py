@@ -14,7 +14,7 @@ from attn_core.nn import generation as gen
 from attn_core.spec import Shape
 from tests.baselines import allowed, masked_softmax, runs, trace_peak_bytes
 from tests.copies import original, with_copies
-from tests.contract.test_mechanisms import MEMORY_PARAMS, REF_KIND, SMALL
+from tests.contract.test_mechanisms import MEMORY_N, MEMORY_PARAMS, REF_KIND, SMALL
 
 SHARING = [k for k, s in ac.MECHANISMS.items() if s.supports.shared_kv]
 REFUSING = [k for k, s in ac.MECHANISMS.items() if not s.supports.shared_kv]
@@ -148,11 +148,12 @@ def test_spec_memory_with_shared_heads_matches_the_allocator(key, causal):
     spec = ac.get(key)
     if not runs(spec, causal):
         pytest.skip(f"{key} does not run with causal={causal}")
-    shape = Shape(2, 4, 3000, 3000, 40, causal=causal, Hk=1)
+    n = MEMORY_N.get(original(key), 3000)  # the allocator reading's length
+    shape = Shape(2, 4, n, n, 40, causal=causal, Hk=1)
     params = MEMORY_PARAMS.get(original(key), {})
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 4, 3000, 40, generator=g)
-    k, v = (torch.randn(2, 1, 3000, 40, generator=g) for _ in "kv")
+    q = torch.randn(2, 4, n, 40, generator=g)
+    k, v = (torch.randn(2, 1, n, 40, generator=g) for _ in "kv")
     state = ac.make_state(key, shape, **params)
     with torch.inference_mode():
         call = lambda: spec.fn(q, k, v, causal=causal, **params, **state)  # noqa: E731

@@ -10,6 +10,7 @@ import attn_core as ac
 from attn_core.nn import generation as gen
 from attn_core.spec import Shape
 from tests.baselines import allowed, sink_softmax, trace_peak_bytes
+from tests.contract.test_mechanisms import MEMORY_N
 
 SINKS = [key for key, spec in ac.MECHANISMS.items() if spec.supports.sinks]
 SPARSE = {"longformer", "bigbird", "topk", "nsa"}  # their patterns, selections and branches: test_sinks_sparse.py
@@ -125,13 +126,15 @@ def test_a_mechanism_without_sinks_refuses_them_naming_those_that_take_them():
 @pytest.mark.parametrize("key", SINKS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("n, d", [(3000, 40), (1024, 128)])
+@pytest.mark.parametrize("n, d", [(None, 40), (1024, 128)], ids=["its-n-40", "1024-128"])
 def test_spec_memory_with_sinks_matches_the_allocator(key, causal, dtype, n, d):
     """sinks_memory against the allocator's records within 2%, at the shape of
-    test_spec_memory_matches_an_independent_allocator_reading (B=2, H=3, n=3000, D=40), defaults, and at a short
-    sequence of wide heads (n = 1024, D = 128), where a (B, H, n, D) tensor more or less is 6% of softmax's peak."""
+    test_spec_memory_matches_an_independent_allocator_reading (B=2, H=3, D=40, n = 3000 or its MEMORY_N),
+    defaults, and at a short sequence of wide heads (n = 1024, D = 128), where a (B, H, n, D) tensor more or less is
+    6% of softmax's peak."""
     if ac.get(key).supports.causal_only and not causal:
         pytest.skip(f"{key} runs causal only")
+    n = n or MEMORY_N.get(key, 3000)
     shape = Shape(2, 3, n, n, d, dtype=dtype, causal=causal)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, n, d, generator=g).to(getattr(torch, dtype)) for _ in range(3))
