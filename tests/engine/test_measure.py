@@ -37,9 +37,11 @@ def measure_case(spec, problem, settings):
     return point.to_row(), elapsed
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def retaking(monkeypatch):
-    """This file tests the timing loop as a user meets it: retakes on (the suite turns them off: tests/conftest.py)."""
+    """The timing loop as a user meets it, retakes on (the suite turns them off: tests/conftest.py), for the tests of
+    retaking, whose probes are scripted. Not for the tests that measure real calls: among the suite's processes
+    every sample is disturbed, and each point waited for quiet (the file took 80 s with one core busy, 14 s alone)."""
     monkeypatch.delenv(loop.RETAKES, raising=False)
 
 
@@ -78,7 +80,7 @@ def test_time_samples_stops_at_the_budget_with_at_least_one_sample():
     assert len(timing.samples) == 1 and timing.spent_s > 0
 
 
-def test_a_disturbed_sample_is_set_aside_and_taken_again(monkeypatch):
+def test_a_disturbed_sample_is_set_aside_and_taken_again(monkeypatch, retaking):
     monkeypatch.setattr(loop, "wait_for_quiet", lambda *args: None)
     probe = FakeProbe([False, True, True, False, False])
     timing = time_samples(lambda: None, "cpu", Settings(warmup=1, min_repeats=3, min_time_s=0.0), probe=probe)
@@ -86,7 +88,7 @@ def test_a_disturbed_sample_is_set_aside_and_taken_again(monkeypatch):
     assert timing.contention.foreign_s == 0.0  # only the clean samples are described
 
 
-def test_a_point_that_stays_disturbed_is_kept_and_flagged(monkeypatch):
+def test_a_point_that_stays_disturbed_is_kept_and_flagged(monkeypatch, retaking):
     monkeypatch.setattr(loop, "wait_for_quiet", lambda *args: None)
     probe = FakeProbe([True] * 100)
     timing = time_samples(lambda: None, "cpu", Settings(warmup=1, min_repeats=3, min_time_s=0.0), probe=probe)
@@ -342,7 +344,7 @@ def test_cpu_peak_counts_buffers_an_op_allocates_and_frees_itself():
         assert engine == trace_peak_bytes(call) > q.numel() * 4  # more than the output alone
 
 
-def test_no_timed_sample_starts_while_the_page_holds_the_worker(monkeypatch):
+def test_no_timed_sample_starts_while_the_page_holds_the_worker(monkeypatch, retaking):
     """The hold (a page drawing) lifts 0.15 s in, on the loop's clock (FakeClock: it moves as the loop waits): every
     call after the warm-up comes after it, each sample is released when it ends, and the wait, longer than the
     point's 0.1 s budget, does not eat it (its samples are still taken)."""
@@ -359,7 +361,7 @@ def test_no_timed_sample_starts_while_the_page_holds_the_worker(monkeypatch):
     assert timing.waited_s >= lifted
 
 
-def test_a_hold_is_bounded_so_a_page_that_never_lets_go_cannot_stall_a_sweep(monkeypatch):
+def test_a_hold_is_bounded_so_a_page_that_never_lets_go_cannot_stall_a_sweep(monkeypatch, retaking):
     """A page that never lets go: the sample waits HOLD_MAX_S on the loop's clock, asking every QUIET_STEP_S / 5,
     then goes on."""
     clock, claims = FakeClock(), []
