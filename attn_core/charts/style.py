@@ -21,9 +21,11 @@ PALETTE = ["#E69F00", "#332288", "#999933", "#0072B2", "#000000", "#D55E00",
 REFERENCE_GREY = "#6E6E6E"  # published figures, measured elsewhere (no palette entry is grey)
 FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif"
 TALK_MIN_PX = 18  # the smallest chart text in talk mode
+TALK_SCALE = 1.4  # talk mode's type against the usual: 13 px becomes 18
 MAX_COLOURS = 8  # colours one chart uses at most: past eight, hues are hard to tell apart and to name
 REPEAT_DASH = [6, 3]  # a line whose colour an earlier line of the chart already has
 SUBTITLE_CHARS = 78  # a subtitle line's characters at most: 13 px DejaVu Sans is ~7.5 px a character, 78 fill ~580 px
+TALK_SUBTITLE_CHARS = 56  # talk mode's 18 px subtitles: ~10.4 px a character, 56 fill the same ~580 px
 
 
 def colour_scale(lines: Iterable[tuple[str, str]], most: int = len(PALETTE)) -> alt.Scale:
@@ -77,7 +79,7 @@ def wrapped(lines: str | Iterable[str], chars: int = SUBTITLE_CHARS) -> list[str
 
 def house_config(talk: bool = False) -> alt.Config:
     """House look, with installed fonts so exports show text; talk: large type and thick strokes for a projector."""
-    big = 1.4 if talk else 1.0  # talk: every text at least 18 px (TALK_MIN_PX), read from the back row
+    big = TALK_SCALE if talk else 1.0  # talk: every text at least 18 px (TALK_MIN_PX), read from the back row
     return alt.Config(
         font=FONT, background="white",
         title=alt.TitleConfig(fontSize=round(18 * big), subtitleFontSize=round(13 * big), color="#000000",
@@ -92,6 +94,23 @@ def house_config(talk: bool = False) -> alt.Config:
         view=alt.ViewConfig(stroke="#000000" if talk else "#BBBBBB"))
 
 
+def for_talk(chart: alt.TopLevelMixin, big: float = TALK_SCALE) -> alt.TopLevelMixin:
+    """The chart laid out for talk mode's larger type: its subtitle's lines wrapped to TALK_SUBTITLE_CHARS (a line
+    written for 13 px runs past the chart's width at 18 px, where Vega cuts it with "…"), and a height given in
+    pixels `big` times larger, as its texts are. A page draws a single or layered chart to its column's width with
+    titles, axes and legend inside that height (Vega's autosize "fit"): at the old height the larger texts left the
+    planner's plot 60 px tall at 1280×720."""
+    title = chart.title
+    if isinstance(title, alt.TitleParams) and title.subtitle is not alt.Undefined:
+        title = title.copy()
+        title.subtitle = wrapped(title.subtitle, TALK_SUBTITLE_CHARS)
+        chart = chart.properties(title=title)
+    height = getattr(chart, "height", alt.Undefined)
+    if isinstance(height, (int, float)) and not isinstance(height, bool):
+        chart = chart.properties(height=round(height * big))
+    return chart
+
+
 def styled(chart: alt.TopLevelMixin, talk: bool = False) -> alt.TopLevelMixin:
-    """Any chart in the house look (see house_config)."""
-    return chart.properties(config=house_config(talk))
+    """Any chart in the house look (see house_config); talk: laid out for the larger type (for_talk)."""
+    return (for_talk(chart) if talk else chart).properties(config=house_config(talk))

@@ -4,6 +4,7 @@ import json
 import math
 import re
 
+import altair as alt
 import numpy as np
 import pandas as pd
 import pytest
@@ -424,3 +425,19 @@ def test_no_text_mark_of_a_scaling_chart_sits_at_a_data_x():
     df = results_frame(ns=(64, 128, 256, 512), skip_last=False)
     spec = scaling.figure(df, "time_median_s", curves=("spec", "n²", "n")).to_dict()
     assert layer_data(spec, "rule") and layer_data(spec, "text") == []
+
+
+def test_talk_mode_wraps_a_subtitle_for_its_type_and_gives_a_fitted_chart_room_for_it():
+    """A subtitle written for 13 px, 78 characters a line, is cut by Vega at 18 px: in talk mode no line is longer
+    than 56 characters and no word is lost; a height in pixels grows as the type does (1.4×); a chart without a
+    subtitle or height is left as it is."""
+    words = "predicted (roofline), not measured on H100 SXM: max(bytes ÷ bandwidth, FLOPs ÷ FLOP/s) a step"
+    base = alt.Chart(pd.DataFrame({"x": [1, 2]})).mark_line().encode(x="x:Q")
+    chart = base.properties(height=340, width=600, title=alt.TitleParams("Decode", subtitle=[words, "◇ short"]))
+    spec = style.styled(chart, talk=True).to_dict()
+    lines = spec["title"]["subtitle"]
+    assert max(map(len, lines)) <= 56 and " ".join(lines).split() == (words + " ◇ short").split()
+    assert (spec["height"], spec["width"]) == (476, 600)
+    assert style.styled(chart).to_dict()["title"]["subtitle"] == [words, "◇ short"]  # not in talk mode
+    bare = style.styled(base, talk=True).to_dict()
+    assert "height" not in bare and "title" not in bare

@@ -62,6 +62,16 @@ def private_tmp(tmp_path) -> dict:
     return {"TMPDIR": str(tmp_path), "ATTN_LAB_HOME": str(tmp_path / "store")}
 
 
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    """One server for a file's tests that need no fresh one (its own temp folder and run store, as private_tmp
+    gives): each test's page is a session of its own, and a server's start is seconds of a busy machine's time."""
+    _need_chromium()
+    tmp = tmp_path_factory.mktemp("lab")
+    with app_server({"TMPDIR": str(tmp), "ATTN_LAB_HOME": str(tmp / "store")}) as server:
+        yield server
+
+
 @pytest.fixture
 def page():
     _need_chromium()
@@ -70,32 +80,32 @@ def page():
         yield p
 
 
-def test_tiny_sweep_draws_the_chart_without_an_exception(page, private_tmp):
+def test_tiny_sweep_draws_the_chart_without_an_exception(page, lab_server):
     from playwright.sync_api import expect  # the page fixture has checked that playwright is there
 
-    with app_server(private_tmp) as server:
-        page.goto(f"{server.url}/benchmark?{TINY}")
-        run = page.locator(".st-key-bench_run button")
-        run.wait_for()
-        wait_idle(page)
-        # The link's settings land in the widgets after the first script run: wait for them (auto-retrying).
-        expect(page.locator(".st-key-bench_exact")).to_contain_text("Softmax (materialized)", timeout=30_000)
-        expect(page.locator(".st-key-bench_approx")).to_contain_text("Linear (elu+1)", timeout=30_000)
-        assert page.locator(".st-key-bench_exact").inner_text().count("Softmax (materialized)") == 1
-        run.click()
-        page.wait_for_selector(CHART)
-        page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
-        page.locator('[data-testid="stTable"]').wait_for(timeout=120_000)  # the run's summary: it has ended
-        page.locator("summary:visible", has_text="Export").first.click()  # the Export expander, not hidden text
-        wait_idle(page)
-        page.screenshot(path=ARTIFACTS / "browser-benchmark-tiny-sweep.png", full_page=True)
-        for key, magic in (("bench_dl_time_png", b"\x89PNG"), ("bench_dl_json", b"{")):
-            with page.expect_download() as download:  # deferred: made by the server on the click
-                page.locator(f".st-key-{key} button").click()
-            assert Path(download.value.path()).read_bytes().startswith(magic)
-        assert page.locator(CHART).count() == 2
-        assert page.locator(EXCEPTION).count() == 0
-        assert page.locator('[data-testid="stDataFrame"]').count() >= 1
+    server = lab_server
+    page.goto(f"{server.url}/benchmark?{TINY}")
+    run = page.locator(".st-key-bench_run button")
+    run.wait_for()
+    wait_idle(page)
+    # The link's settings land in the widgets after the first script run: wait for them (auto-retrying).
+    expect(page.locator(".st-key-bench_exact")).to_contain_text("Softmax (materialized)", timeout=30_000)
+    expect(page.locator(".st-key-bench_approx")).to_contain_text("Linear (elu+1)", timeout=30_000)
+    assert page.locator(".st-key-bench_exact").inner_text().count("Softmax (materialized)") == 1
+    run.click()
+    page.wait_for_selector(CHART)
+    page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
+    page.locator('[data-testid="stTable"]').wait_for(timeout=120_000)  # the run's summary: it has ended
+    page.locator("summary:visible", has_text="Export").first.click()  # the Export expander, not hidden text
+    wait_idle(page)
+    page.screenshot(path=ARTIFACTS / "browser-benchmark-tiny-sweep.png", full_page=True)
+    for key, magic in (("bench_dl_time_png", b"\x89PNG"), ("bench_dl_json", b"{")):
+        with page.expect_download() as download:  # deferred: made by the server on the click
+            page.locator(f".st-key-{key} button").click()
+        assert Path(download.value.path()).read_bytes().startswith(magic)
+    assert page.locator(CHART).count() == 2
+    assert page.locator(EXCEPTION).count() == 0
+    assert page.locator('[data-testid="stDataFrame"]').count() >= 1
 
 
 def test_talk_mode_is_the_first_click_on_a_fresh_server_and_it_counts(page, private_tmp):
@@ -162,16 +172,15 @@ def settled(page, probe: str, want, timeout_ms: int = 10_000):
     return page.evaluate(probe)
 
 
-@pytest.mark.parametrize("width, height", [(1280, 720), (1920, 1080)])
-def test_talk_mode_fits_a_projector_and_a_screen(width, height, private_tmp):
-    """Talk mode at both sizes: sidebar folded, nothing cut short, each chart and its title within the window,
-    every chart text at least 18 px, the summary a short table in large type."""
+def test_talk_mode_fits_a_projector_and_a_screen(lab_server):
+    """Talk mode at 1280×720, then the same page with the window at 1920×1080 (a run's page is laid out by the
+    browser: the window's size is not the server's to know): sidebar folded, nothing cut short, each chart and its
+    title within the window, every chart text at least 18 px, the summary a short table in large type."""
     from attn_core.charts.style import TALK_MIN_PX
 
-    _need_chromium()
-    with app_server(private_tmp) as server, browser_page(width, height) as page:
+    with browser_page(1280, 720) as page:
         # every mechanism, so that the Settings panel holds its longest labels
-        page.goto(f"{server.url}/benchmark?{EVERY}")
+        page.goto(f"{lab_server.url}/benchmark?{EVERY}")
         page.locator(".st-key-bench_run button").wait_for()
         wait_idle(page)
         page.locator(".st-key-talk label p").click()
@@ -181,44 +190,46 @@ def test_talk_mode_fits_a_projector_and_a_screen(width, height, private_tmp):
         page.locator(".st-key-bench_d_model input").wait_for()  # open
         page.wait_for_function("""() => { const s = document.querySelector('[data-testid="stSidebar"]');
                                          return s.getBoundingClientRect().right <= 1; }""")  # folded away
-        page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}-settings.png")
+        page.screenshot(path=ARTIFACTS / "browser-talk-1280x720-settings.png")
         assert page.evaluate(CUT_SHORT) == []
         page.locator(".st-key-bench_run button").click()
         page.locator(".st-key-bench_stop button:not([disabled])").wait_for()
         page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
         page.locator('[data-testid="stTable"]').wait_for()
         wait_idle(page)
-        page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}.png", full_page=True)
-        assert page.locator(EXCEPTION).count() == 0
-        assert page.evaluate(CUT_SHORT) == []
-        header = page.locator('[data-testid="stHeader"]').bounding_box()["height"]
-        charts = page.locator(CHART)
-        assert charts.count() == 2
-        stop = page.locator(".st-key-bench_stop button p")  # disabled: grey, not black text that looks live
-        assert stop.evaluate("p => getComputedStyle(p).color") not in ("rgb(0, 0, 0)", "rgb(49, 51, 63)")
-        for i in range(2):
-            charts.nth(i).scroll_into_view_if_needed()
-            page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}-chart{i + 1}.png")
-            box = charts.nth(i).bounding_box()
-            assert box["height"] <= height - header, (box, header)
-            assert box["width"] <= width
-        texts = page.evaluate(CHART_TEXT)
-        assert texts and min(size for _, size in texts) >= TALK_MIN_PX, sorted(texts, key=lambda t: t[1])[:3]
-        assert not any(text.endswith("…") for text, _ in texts)
-        table = page.locator('[data-testid="stTable"]')
-        assert float(table.evaluate("t => parseFloat(getComputedStyle(t.querySelector('td')).fontSize)")) >= 18
-        assert table.locator("tbody tr").count() == len(_BIDIRECTIONAL)  # one row each; the rest a click away
-        assert page.get_by_text("Every column of the summary").count() == 1
+        for width, height in ((1280, 720), (1920, 1080)):
+            page.set_viewport_size({"width": width, "height": height})
+            assert settled(page, "() => [window.innerWidth, window.innerHeight]", [width, height]) == [width, height]
+            assert settled(page, CUT_SHORT, []) == [], width
+            page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}.png", full_page=True)
+            assert page.locator(EXCEPTION).count() == 0
+            header = page.locator('[data-testid="stHeader"]').bounding_box()["height"]
+            charts = page.locator(CHART)
+            assert charts.count() == 2
+            stop = page.locator(".st-key-bench_stop button p")  # disabled: grey, not black text that looks live
+            assert stop.evaluate("p => getComputedStyle(p).color") not in ("rgb(0, 0, 0)", "rgb(49, 51, 63)")
+            for i in range(2):
+                charts.nth(i).scroll_into_view_if_needed()
+                page.screenshot(path=ARTIFACTS / f"browser-talk-{width}x{height}-chart{i + 1}.png")
+                box = charts.nth(i).bounding_box()
+                assert box["height"] <= height - header, (width, box, header)
+                assert box["width"] <= width
+            texts = page.evaluate(CHART_TEXT)
+            assert texts and min(size for _, size in texts) >= TALK_MIN_PX, sorted(texts, key=lambda t: t[1])[:3]
+            assert not any(text.endswith("…") for text, _ in texts)
+            table = page.locator('[data-testid="stTable"]')
+            assert float(table.evaluate("t => parseFloat(getComputedStyle(t.querySelector('td')).fontSize)")) >= 18
+            assert table.locator("tbody tr").count() == len(_BIDIRECTIONAL)  # one row each; the rest a click away
+            assert page.get_by_text("Every column of the summary").count() == 1
 
 
-def test_learn_page_in_talk_mode_at_1280x720_is_readable(private_tmp):
+def test_learn_page_in_talk_mode_at_1280x720_is_readable(lab_server):
     """Every step's figure at 1280×720 in talk mode: nothing cut short, every chart text at least 18 px, each figure
     within the window's width."""
     from attn_core.charts.style import TALK_MIN_PX
 
-    _need_chromium()
-    with app_server(private_tmp) as server, browser_page(1280, 720) as page:
-        page.goto(f"{server.url}/learn?")
+    with browser_page(1280, 720) as page:
+        page.goto(f"{lab_server.url}/learn?")
         page.get_by_role("heading", name="Learn", exact=True).first.wait_for()
         wait_idle(page)
         page.locator(".st-key-talk label p").click()

@@ -8,7 +8,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from attn_core.benchmarks.dashboard import CHART, EXCEPTION, app_server, browser_page, wait_idle
-from tests.dashboard.test_browser import ARTIFACTS, EVERY, GRID_WIDE, SCROLL_DOWN, TINY, _need_chromium, settled
+from tests.dashboard.test_browser import (  # noqa: F401 (lab_server: a fixture)
+    ARTIFACTS, EVERY, GRID_WIDE, OVERFLOW, SCROLL_DOWN, TINY, lab_server, settled)
 
 
 # Issue 49: every page's first chart whole in the window, nothing cut short, no request off the machine.
@@ -22,15 +23,6 @@ WHOLE = f"() => {{ const b = ({CHART_BOX})(); return b !== null && b.top >= b.he
 SIDEBAR_OPEN = """() => document.querySelector('[data-testid="stSidebar"]').getBoundingClientRect().right > 1"""
 # The insight pages' first charts (Recall's: its saved reference); Benchmark's after a run.
 CHART_PAGES = ("theory", "accuracy", "planner", "recall", "learn", "patterns")
-
-
-@pytest.fixture(scope="module")
-def lab_server(tmp_path_factory):
-    """One server for issue 49's checks (its own temp folder and run store, as private_tmp gives)."""
-    _need_chromium()
-    tmp = tmp_path_factory.mktemp("lab")
-    with app_server({"TMPDIR": str(tmp), "ATTN_LAB_HOME": str(tmp / "store")}) as server:
-        yield server
 
 
 def open_page(page, url: str, *, talk: bool, sidebar: bool) -> None:
@@ -103,19 +95,28 @@ LOCAL = {"127.0.0.1", "localhost", "::1"}
 
 def test_nothing_cut_short_and_no_request_leaves_the_machine(lab_server):
     """At 1280×720 with the sidebar open, every page (the Benchmark page with every mechanism chosen, its longest
-    chips) with its panels unfolded: no chip, label, header or chart text cut short, no data grid wider than its box;
-    and every request the pages make goes to this machine (the page icon included)."""
+    chips) with its panels unfolded, then in talk mode's large type: nothing wider than the window, no chip, label,
+    header or chart text cut short, no data grid wider than its box; and every request the pages make goes to this
+    machine (the page icon included)."""
     server, requests = lab_server, []
     with browser_page(1280, 720) as page:
         page.on("request", lambda request: requests.append(request.url))
         for path in ("", "learn", f"benchmark?{EVERY}", "accuracy", "patterns", "theory", "planner", "recall",
                      "compare"):
             open_page(page, f"{server.url}/{path}", talk=False, sidebar=True)
+            if path in CHART_PAGES:  # drawn after the script's run, by the browser
+                page.locator(f'[data-testid="stMain"] {CHART}').first.wait_for(timeout=120_000)
             assert page.evaluate(GRID_WIDE) == [], path  # the tables shown (an editor behind a fold may scroll)
-            page.evaluate(OPEN_EXPANDERS)  # settings panels and their chips in view (no rerun: a client's fold)
-            wait_idle(page)
-            assert settled(page, CUT_OR_DOTS, []) == [], path
-            assert page.locator(EXCEPTION).count() == 0, path
+            for talk in (False, True):
+                if talk:
+                    page.locator(".st-key-talk label p").click()
+                    page.wait_for_function("getComputedStyle(document.documentElement).fontSize === '21px'")
+                    wait_idle(page)
+                page.evaluate(OPEN_EXPANDERS)  # settings panels and their chips in view (no rerun: a client's fold)
+                wait_idle(page)
+                assert settled(page, OVERFLOW, [False, 0]) == [False, 0], (path, talk)
+                assert settled(page, CUT_OR_DOTS, []) == [], (path, talk)
+                assert page.locator(EXCEPTION).count() == 0, (path, talk)
     away = sorted({urlsplit(url).hostname for url in requests if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
                   - LOCAL)
     assert away == [], [url for url in requests if urlsplit(url).hostname in away][:5]
