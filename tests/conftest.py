@@ -48,7 +48,8 @@ def pytest_cmdline_main(config):
     """`python3 -m pytest -q` runs the suite in one process a core and one more (at most MAX_WORKERS; pytest-xdist,
     each test file kept on one worker, so a file's module fixtures are made once). The extra one computes while
     another waits for what its test started (a server, a browser, a measuring worker). With one core kept busy on
-    this 2-core machine: one process 27 min 49 s, two 16 min 10 s, three 14 min 33 s. A run naming files or tests
+    this 2-core machine: one process 27 min 49 s, two 16 min 10 s, three 14 min 33 s (13 min 3 s later), four
+    12 min 39 s with a browser test timing out (each process the slower). A run naming files or tests
     (`pytest tests/x.py::test`), asking for `-n` itself, or on one core stays in one process, as does `-n 0`."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not config.pluginmanager.has_plugin("xdist"):
         return
@@ -65,18 +66,22 @@ def pytest_cmdline_main(config):
 # xdist would hand out the files with most tests first, and these have few, so one worker was left with the browser
 # tests for minutes after the other had ended. The others follow in their usual order.
 LONGEST_FIRST = (
-    "tests/dashboard/test_browser.py",  # 200
-    "tests/dashboard/test_browser_in_view.py",  # 150
-    "tests/contract/test_mechanisms.py",  # 90
-    "tests/dashboard/test_app_runs.py",  # 80
-    "tests/dashboard/test_browser_first_minutes.py",  # 70
-    "tests/contract/test_copies.py",  # 70
-    "tests/mechanisms/test_sinks.py",  # 60
-    "tests/dashboard/test_browser_first_request.py",  # 50
-    "tests/cli/test_cli.py",  # 40
-    "tests/engine/test_sweep.py",  # 35
-    "tests/dashboard/test_hardening_web.py",  # 30
-    "tests/mechanisms/test_flex.py",  # 30
+    "tests/contract/test_mechanisms.py",  # 190
+    "tests/dashboard/test_browser_in_view.py",  # 170
+    "tests/dashboard/test_browser.py",  # 145
+    "tests/dashboard/test_app_runs.py",  # 125
+    "tests/dashboard/test_planner_page.py",  # 80
+    "tests/mechanisms/test_sinks.py",  # 75
+    "tests/engine/test_hardening_text.py",  # 75
+    "tests/mechanisms/test_topk.py",  # 70
+    "tests/mechanisms/test_nsa.py",  # 70
+    "tests/engine/test_sweep.py",  # 65
+    "tests/cli/test_cli.py",  # 60
+    "tests/contract/test_copies.py",  # 60
+    "tests/dashboard/test_browser_first_minutes.py",  # 60
+    "tests/mechanisms/test_flex.py",  # 55
+    "tests/dashboard/test_hardening_web.py",  # 50
+    "tests/dashboard/test_browser_first_request.py",  # 40
 )
 
 
