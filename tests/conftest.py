@@ -20,6 +20,17 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # with one core busy. The tests of retaking turn it back on (tests/engine/test_measure.py).
 os.environ["ATTN_LAB_RETAKES"] = "0"
 
+# Bytecode for the project's own modules, written once before the suite starts where this environment writes none
+# (PYTHONDONTWRITEBYTECODE, as a container may set): every process the suite starts (a measuring worker, a server, a
+# CLI run) would compile them again from source, half a second each of a busy machine's time. Python reads a cached
+# file only while it matches its source. Installed packages have theirs from pip.
+if sys.dont_write_bytecode and not os.environ.get("PYTEST_XDIST_WORKER"):
+    import compileall
+
+    for _package in ("attn_core", "tests"):
+        compileall.compile_dir(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), _package),
+                               quiet=2)
+
 # Each of the suite's processes (pytest-xdist's workers, below) keeps its own temporary folder, where the sweep
 # lock lives: two workers' sweeps must not queue behind each other. Short (Chromium's sockets live there, and a Unix
 # socket's path is at most 107 bytes) and passable by others (0711: the privilege test's child runs as nobody).
