@@ -2,6 +2,7 @@
 process."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing.util
 import os
@@ -109,15 +110,11 @@ def components_scanned_once():
     """Each AppTest scans every installed package for Streamlit components before its first run (0.2 s quiet, near
     0.5 s with one core busy, for some two hundred AppTests), where a server scans once at its start: the AppTests of
     a process reuse its first scan. Nothing is changed where Streamlit is not loaded or names the scan otherwise."""
-    if "streamlit" not in sys.modules:
-        yield
-        return
-    try:
-        from streamlit.components.v2 import manifest_scanner
-    except ImportError:
-        yield
-        return
-    scan = getattr(manifest_scanner, "scan_component_manifests", None)
+    scan = None
+    if "streamlit" in sys.modules:
+        with contextlib.suppress(ImportError, AttributeError):
+            from streamlit.components.v2 import manifest_scanner
+            scan = manifest_scanner.scan_component_manifests
     if scan is None:
         yield
         return

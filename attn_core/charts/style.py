@@ -94,12 +94,20 @@ def house_config(talk: bool = False) -> alt.Config:
         view=alt.ViewConfig(stroke="#000000" if talk else "#BBBBBB"))
 
 
+TALK_MARK = "attn_lab_talk_layout"  # in a chart's usermeta: for_talk has laid it out
+
+
 def for_talk(chart: alt.TopLevelMixin, big: float = TALK_SCALE) -> alt.TopLevelMixin:
     """The chart laid out for talk mode's larger type: its subtitle's lines wrapped to TALK_SUBTITLE_CHARS (a line
     written for 13 px runs past the chart's width at 18 px, where Vega cuts it with "…"), and a height given in
     pixels `big` times larger, as its texts are. A page draws a single or layered chart to its column's width with
     titles, axes and legend inside that height (Vega's autosize "fit"): at the old height the larger texts left the
-    planner's plot 60 px tall at 1280×720."""
+    planner's plot 60 px tall at 1280×720. Once only: a chart laid out so (marked in its usermeta) comes back as it is,
+    as a page may style again a chart made for talk mode (the payoff chart)."""
+    meta = chart.usermeta if isinstance(chart.usermeta, dict) else {}
+    if meta.get(TALK_MARK):
+        return chart
+    chart = chart.properties(usermeta={**meta, TALK_MARK: True})
     title = chart.title
     if isinstance(title, alt.TitleParams) and title.subtitle is not alt.Undefined:
         title = title.copy()

@@ -429,8 +429,8 @@ def test_no_text_mark_of_a_scaling_chart_sits_at_a_data_x():
 
 def test_talk_mode_wraps_a_subtitle_for_its_type_and_gives_a_fitted_chart_room_for_it():
     """A subtitle written for 13 px, 78 characters a line, is cut by Vega at 18 px: in talk mode no line is longer
-    than 56 characters and no word is lost; a height in pixels grows as the type does (1.4×); a chart without a
-    subtitle or height is left as it is."""
+    than 56 characters and no word is lost; a height in pixels grows as the type does (1.4×), once, however often
+    the chart is styled; a chart without a subtitle or height is left as it is."""
     words = "predicted (roofline), not measured on H100 SXM: max(bytes ÷ bandwidth, FLOPs ÷ FLOP/s) a step"
     base = alt.Chart(pd.DataFrame({"x": [1, 2]})).mark_line().encode(x="x:Q")
     chart = base.properties(height=340, width=600, title=alt.TitleParams("Decode", subtitle=[words, "◇ short"]))
@@ -438,6 +438,8 @@ def test_talk_mode_wraps_a_subtitle_for_its_type_and_gives_a_fitted_chart_room_f
     lines = spec["title"]["subtitle"]
     assert max(map(len, lines)) <= 56 and " ".join(lines).split() == (words + " ◇ short").split()
     assert (spec["height"], spec["width"]) == (476, 600)
+    again = style.styled(style.styled(chart, talk=True), talk=True).to_dict()  # a page styles a talk chart again
+    assert (again["height"], again["title"]["subtitle"]) == (476, lines)
     assert style.styled(chart).to_dict()["title"]["subtitle"] == [words, "◇ short"]  # not in talk mode
     bare = style.styled(base, talk=True).to_dict()
     assert "height" not in bare and "title" not in bare

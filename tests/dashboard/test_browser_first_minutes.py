@@ -55,6 +55,7 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
                 if stop.is_enabled():
                     stop.click()  # its chart is in view: the rest of its sweep is not this test's business
                 page.locator(".st-key-bench_stop button[disabled]").wait_for(timeout=120_000)
+                assert page.locator(EXCEPTION).count() == 0, (width, talk)
         with browser_page(1280, 720) as page:
             page.goto(f"{server.url}/learn")
             page.get_by_role("heading", name="Learn", exact=True).first.wait_for()
@@ -66,3 +67,4 @@ def test_the_first_minutes_chart_in_view_popovers_full_nothing_wider_than_the_wi
             assert page.locator('[data-testid="stPopoverBody"] [data-testid="stDownloadButton"]').count() == 3
             page.screenshot(path=ARTIFACTS / "browser-learn-popover-1280x720.png")
             page.keyboard.press("Escape")
+            assert page.locator(EXCEPTION).count() == 0

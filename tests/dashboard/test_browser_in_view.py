@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from attn_core.benchmarks.dashboard import CHART, EXCEPTION, app_server, browser_page, wait_idle
+from attn_core.benchmarks.dashboard import CHART, EXCEPTION, browser_page, wait_idle
 from tests.dashboard.test_browser import (  # noqa: F401 (lab_server: a fixture)
     ARTIFACTS, EVERY, GRID_WIDE, OVERFLOW, SCROLL_DOWN, TINY, lab_server, settled)
 
