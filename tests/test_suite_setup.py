@@ -1,10 +1,13 @@
 """The suite's own setup (tests/conftest.py): the files it hands out first exist, and a run of the whole suite is
 spread over the machine's cores."""
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests import conftest
+from tests import conftest, rewritten_once
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,14 +30,39 @@ def test_the_whole_suite_runs_a_process_a_core_and_one_more_and_a_named_file_one
 
         def __init__(self):
             self.args = [str(ROOT / a) if a else str(ROOT) for a in args] or [str(ROOT)]
-            self.pluginmanager = type("PM", (), {"has_plugin": staticmethod(lambda name: True)})()
+            self.invocation_params = type("Invocation", (), {"args": ("-q", "--benchmark-disable", *args)})()
+            self.pluginmanager = type("PM", (), {"has_plugin": staticmethod(lambda name: name != "anyio")})()
 
         def getoption(self, name):
             return False
 
+    rewrites = []
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-x")
     monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(conftest.rewritten_once, "write_before_the_processes_start",
+                        lambda root, config, processes: rewrites.append((root, processes)))
     config = Config()
     conftest.pytest_cmdline_main(config)
     assert config.option.numprocesses == workers
     assert (config.option.dist, config.option.loadscopereorder) == (("loadfile", False) if workers else ("no", True))
+    # the workers leave out hypothesis's plugin (loaded, its options not named); benchmark's options are named and
+    # anyio's plugin is not loaded here; the test files are rewritten once, by as many processes as cores
+    assert os.environ["PYTEST_ADDOPTS"] == ("-x -p no:hypothesispytest" if workers else "-x")
+    assert rewrites == ([(ROOT / "tests", 2)] if workers else [])
+
+
+def test_the_test_files_rewritten_once_are_what_pytest_reads(tmp_path):
+    """A file rewritten by tests/rewritten_once.py, then changed with its size and time kept as they were: pytest
+    runs the rewritten form it finds (the failing one), and says so with its own rewritten assert message."""
+    test = tmp_path / "test_kept.py"
+    test.write_text("def test_kept():\n    assert [1, 2] == [1, 3]\n")
+    assert rewritten_once.files(tmp_path) == [str(test)]
+    assert rewritten_once.rewrite([str(test)]) == 1
+    assert rewritten_once.rewrite([str(test)]) == 0  # kept: read, not written again
+    stat = test.stat()
+    test.write_text("def test_kept():\n    assert [1, 2] == [1, 2]\n")
+    os.utime(test, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)], cwd=tmp_path,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, timeout=120)
+    assert run.returncode == 1 and "assert [1, 2] == [1, 3]" in run.stdout, run.stdout
