@@ -8,10 +8,11 @@
 // bag sum) writes and reads them three times. Forward only (the torch form runs where gradients are wanted).
 //
 // Rows are split among OpenMP threads a query at a time within each head, so that the threads read the same head's
-// keys and values (8 MB at n = 16384, D = 64) from the shared cache. float32 with AVX-512 and D a multiple of 16:
-// vector products with the query and the output held in registers (D up to 128), and a vector exp (Cephes' expf: a
-// degree-6 polynomial after taking out powers of two, within 2 ulp); else plain loops (float64, other widths, other
-// machines). Tested against the gathered form in float64
+// keys and values (8 MB at n = 16384, D = 64) from the shared cache. float32 with AVX-512 (D a multiple of 16) or
+// AVX2 and FMA (D a multiple of 8): vector products with the query and the output held in registers (D up to 128),
+// and a vector exp (Cephes' expf: a degree-6 polynomial after taking out powers of two, within 2 ulp); else plain
+// loops (float64, other widths, other machines). On an AMD EPYC with AVX2 only, the plain loops took top-k's call
+// (n = 16384, H = 8, D = 64, causal) 6.5 s, 5.1 s of it here. Tested against the gathered form in float64
 // (tests/test_native.py).
 #include <algorithm>
 #include <cmath>
@@ -24,43 +25,97 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define ATTN_VECTOR 1  // part() below: AVX-512 (16 lanes) or AVX2 with FMA (8 lanes)
 #endif
 
 namespace {
 
 #if defined(__AVX512F__)
+// 16 float32 lanes
+using vec = __m512;
+constexpr int LANES = 16;
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vec x) { _mm512_storeu_ps(p, x); }
+inline vec vset(float x) { return _mm512_set1_ps(x); }
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+inline vec vfmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline vec vfnmadd(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }
+inline float vsum(vec x) { return _mm512_reduce_add_ps(x); }
+
 // e^x for x <= 0 (scores less their row's highest); 0 below −87.34, where float32's e^x is no longer normal
-inline __m512 exp16(__m512 x) {
-  const __m512 floor = _mm512_set1_ps(-87.33654f);
+inline vec vexp(vec x) {
+  const vec floor = vset(-87.33654f);
   const __mmask16 under = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
   x = _mm512_max_ps(x, floor);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // x − n·ln 2, ln 2 in two parts
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const vec n = _mm512_roundscale_ps(vmul(x, vset(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vec r = vfnmadd(n, vset(0.693359375f), x);  // x − n·ln 2, ln 2 in two parts
+  r = vfnmadd(n, vset(-2.12194440e-4f), r);
+  vec p = vset(1.9875691500e-4f);
+  p = vfmadd(p, r, vset(1.3981999507e-3f));
+  p = vfmadd(p, r, vset(8.3334519073e-3f));
+  p = vfmadd(p, r, vset(4.1665795894e-2f));
+  p = vfmadd(p, r, vset(1.6666665459e-1f));
+  p = vfmadd(p, r, vset(5.0000001201e-1f));
+  p = vfmadd(p, vmul(r, r), vadd(r, vset(1.0f)));
   return _mm512_maskz_scalef_ps(__mmask16(~under), p, n);
 }
+#elif defined(ATTN_VECTOR)
+// 8 float32 lanes (AVX2 and FMA: the AMD EPYC this was measured on has no AVX-512)
+using vec = __m256;
+constexpr int LANES = 8;
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vec x) { _mm256_storeu_ps(p, x); }
+inline vec vset(float x) { return _mm256_set1_ps(x); }
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline vec vfmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec vfnmadd(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }
+inline float vsum(vec x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 
+// e^x for x <= 0, as the AVX-512 form: the same polynomial, 2^n made in the exponent's bits (n ≥ −126 after the
+// floor, a normal number), 0 below −87.34
+inline vec vexp(vec x) {
+  const vec floor = vset(-87.33654f);
+  const vec under = _mm256_cmp_ps(x, floor, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, floor);
+  const vec n = _mm256_round_ps(vmul(x, vset(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vec r = vfnmadd(n, vset(0.693359375f), x);  // x − n·ln 2, ln 2 in two parts
+  r = vfnmadd(n, vset(-2.12194440e-4f), r);
+  vec p = vset(1.9875691500e-4f);
+  p = vfmadd(p, r, vset(1.3981999507e-3f));
+  p = vfmadd(p, r, vset(8.3334519073e-3f));
+  p = vfmadd(p, r, vset(4.1665795894e-2f));
+  p = vfmadd(p, r, vset(1.6666665459e-1f));
+  p = vfmadd(p, r, vset(5.0000001201e-1f));
+  p = vfmadd(p, vmul(r, r), vadd(r, vset(1.0f)));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, vmul(p, _mm256_castsi256_ps(two_n)));
+}
+#endif
+
+#if defined(ATTN_VECTOR)
 // sc[0, n) ← e^(sc − top) (top: their highest, or higher), returning their sum
 inline float exp_less(float* sc, int64_t n, float top) {
-  const __m512 vt = _mm512_set1_ps(top);
-  __m512 acc = _mm512_setzero_ps();
+  const vec vt = vset(top);
+  vec acc = vzero();
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + j), vt));
-    _mm512_storeu_ps(sc + j, e);
-    acc = _mm512_add_ps(acc, e);
+  for (; j + LANES <= n; j += LANES) {
+    const vec e = vexp(vsub(vload(sc + j), vt));
+    vstore(sc + j, e);
+    acc = vadd(acc, e);
   }
-  float total = _mm512_reduce_add_ps(acc);
+  float total = vsum(acc);
   for (; j < n; ++j) total += (sc[j] = std::exp(sc[j] - top));
   return total;
 }
@@ -78,7 +133,7 @@ inline bool degenerate(bool bad, F top, int64_t D, F* out) {
   return true;
 }
 
-// a row's running state (`part16`) before its first part: no highest score yet, nothing summed, no NaN, output 0
+// a row's running state (`part`) before its first part: no highest score yet, nothing summed, no NaN, output 0
 template <typename F>
 inline void begin(F* st, int64_t D) {
   st[0] = -std::numeric_limits<F>::infinity();
@@ -100,24 +155,24 @@ inline void finish(const F* st, int64_t D, F sink, F* out) {
   for (int64_t c = 0; c < D; ++c) out[c] = st[4 + c] / total;
 }
 
-#if defined(__AVX512F__)
-// a part of one float32 query row, D = 16·C: its selected entries a … b − 1 (those among one part's keys) folded
+#if defined(ATTN_VECTOR)
+// a part of one float32 query row, D = LANES·C: its selected entries a … b − 1 (those among one part's keys) folded
 // into the row's running state st: [highest score so far, sum of exps below it, a NaN or +inf seen, -, output (D)]
 template <int C>
-void part16(const float* q, const float* K, const float* V, const int64_t* sel, const bool* ok, int64_t a, int64_t b,
-            float scale, float* sc, float* st) {
-  constexpr int64_t D = 16 * C;
+void part(const float* q, const float* K, const float* V, const int64_t* sel, const bool* ok, int64_t a, int64_t b,
+          float scale, float* sc, float* st) {
+  constexpr int64_t D = LANES * C;
   if (a >= b || st[2] != 0.0f) return;
-  __m512 qv[C];
-  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  vec qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = vload(q + LANES * c);
   float top = NEG32;
   bool bad = false;
   const int64_t n = b - a;
   for (int64_t j = 0; j < n; ++j) {
     const float* kr = K + sel[a + j] * D;
-    __m512 x = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-    for (int c = 1; c < C; ++c) x = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), x);
-    float s = _mm512_reduce_add_ps(x) * scale;
+    vec x = vmul(qv[0], vload(kr));
+    for (int c = 1; c < C; ++c) x = vfmadd(qv[c], vload(kr + LANES * c), x);
+    float s = vsum(x) * scale;
     s = (ok && !ok[a + j]) ? NEG32 : s;
     bad |= (s != s) || s == -NEG32;
     top = s > top ? s : top;
@@ -128,42 +183,53 @@ void part16(const float* q, const float* K, const float* V, const int64_t* sel, 
   const float M = top > st[0] ? top : st[0];
   const float alpha = std::exp(st[0] - M);  // the state so far, rescaled to the new highest (0 before any)
   const float total = exp_less(sc, n, M);
-  __m512 o[C];
-  const __m512 va = _mm512_set1_ps(alpha);
-  for (int c = 0; c < C; ++c) o[c] = _mm512_mul_ps(va, _mm512_loadu_ps(st + 4 + 16 * c));
+  vec o[C];
+  const vec va = vset(alpha);
+  for (int c = 0; c < C; ++c) o[c] = vmul(va, vload(st + 4 + LANES * c));
   for (int64_t i = 0; i < n; ++i) {
-    const __m512 p = _mm512_set1_ps(sc[i]);
+    const vec p = vset(sc[i]);
     const float* vr = V + sel[a + i] * D;
-    for (int c = 0; c < C; ++c) o[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), o[c]);
+    for (int c = 0; c < C; ++c) o[c] = vfmadd(p, vload(vr + LANES * c), o[c]);
   }
-  for (int c = 0; c < C; ++c) _mm512_storeu_ps(st + 4 + 16 * c, o[c]);
+  for (int c = 0; c < C; ++c) vstore(st + 4 + LANES * c, o[c]);
   st[0] = M;
   st[1] = st[1] * alpha + total;
 }
 
-// part16 for the widths it has, by D; false where there is none (the caller runs whole rows instead)
+// part for the widths it has (D a multiple of LANES up to 128); false where there is none (whole rows instead)
 inline bool part_row(const float* q, const float* K, const float* V, const int64_t* sel, const bool* ok, int64_t a,
                      int64_t b, int64_t D, float scale, float* sc, float* st) {
-  switch (D) {
-    case 16: part16<1>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 32: part16<2>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 48: part16<3>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 64: part16<4>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 80: part16<5>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 96: part16<6>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 112: part16<7>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 128: part16<8>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+  if (D % LANES != 0) return false;
+  switch (D / LANES) {
+    case 1: part<1>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 2: part<2>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 3: part<3>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 4: part<4>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 5: part<5>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 6: part<6>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 7: part<7>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 8: part<8>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+#if !defined(__AVX512F__)  // 8 lanes: up to 16 of them for D = 128
+    case 9: part<9>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 10: part<10>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 11: part<11>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 12: part<12>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 13: part<13>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 14: part<14>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 15: part<15>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+    case 16: part<16>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
+#endif
     default: return false;
   }
 }
 #endif
 
 // one query row, any type and width: q (D), keys and values (rows of D), its selection sel (kk) and flags ok (kk,
-// or null: all usable). float32 at part16's widths: the whole row as one part; else plain loops
+// or null: all usable). float32 at part's widths: the whole row as one part; else plain loops
 template <typename F>
 void one_row(const F* q, const F* K, const F* V, const int64_t* sel, const bool* ok, int64_t kk, int64_t D,
              F scale, F sink, F* sc, F* out) {
-#if defined(__AVX512F__)
+#if defined(ATTN_VECTOR)
   if constexpr (std::is_same<F, float>::value) {
     float st[4 + 128];
     begin(st, std::min<int64_t>(D, 128));
@@ -197,11 +263,11 @@ void one_row(const F* q, const F* K, const F* V, const int64_t* sel, const bool*
   for (int64_t c = 0; c < D; ++c) out[c] /= total;
 }
 
-// whether part16 takes rows of this type and width on this machine
+// whether part takes rows of this type and width on this machine
 template <typename F>
 bool parts_take(int64_t D) {
-#if defined(__AVX512F__)
-  return std::is_same<F, float>::value && D % 16 == 0 && D <= 128;
+#if defined(ATTN_VECTOR)
+  return std::is_same<F, float>::value && D % LANES == 0 && D <= 128;
 #else
   (void)D;
   return false;
@@ -264,7 +330,7 @@ void selected(const F* q, const int64_t* qs, const F* k, const F* v, const int64
         for (int64_t t = 0; t < r; ++t) {
           const int64_t* here = at + t * (P + 1);
           if (here[0] < 0) continue;
-#if defined(__AVX512F__)  // (parts_take: P is 0 elsewhere)
+#if defined(ATTN_VECTOR)  // (parts_take: P is 0 elsewhere)
           if constexpr (std::is_same<F, float>::value)
             part_row(qh + t * D, K, V, sel + t * kk, flags ? flags + t * kk : nullptr, here[p], here[p + 1], D, scale,
                      sc, state + t * row_state);
@@ -289,7 +355,7 @@ extern "C" {
 
 // q: rows of D, its batch and head strides; k, v: rows of D, each with its batch and head strides;
 // idx (B, S, r, kk) int64, every entry in [0, m); ok: the same shape, or null (every key usable);
-// width: keys a part (0, or a type or width part16 lacks, for whole rows);
+// width: keys a part (0, or a type or width part lacks, for whole rows);
 // sinks: H logits, one a query head, or null (none); scratch: threads · kk; state: r · (D + 4);
 // bounds: B · S · r · (⌈m / width⌉ + 1); out (B, H, r, D)
 void attn_selected_softmax_f32(const float* q, int64_t q_batch, int64_t q_head, const float* k, int64_t k_batch,
