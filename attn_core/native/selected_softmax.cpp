@@ -32,65 +32,50 @@
 
 namespace {
 
+// The float32 vector, its lanes and the few operations the kernel uses, for each instruction set; one code over them.
 #if defined(__AVX512F__)
-// 16 float32 lanes
 using vec = __m512;
 constexpr int LANES = 16;
-inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, vec x) { _mm512_storeu_ps(p, x); }
-inline vec vset(float x) { return _mm512_set1_ps(x); }
-inline vec vzero() { return _mm512_setzero_ps(); }
-inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
-inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
-inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-inline vec vfmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline vec vfnmadd(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }
+#define ATTN_V(op) _mm512_##op
 inline float vsum(vec x) { return _mm512_reduce_add_ps(x); }
-
-// e^x for x <= 0 (scores less their row's highest); 0 below −87.34, where float32's e^x is no longer normal
-inline vec vexp(vec x) {
-  const vec floor = vset(-87.33654f);
-  const __mmask16 under = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, floor);
-  const vec n = _mm512_roundscale_ps(vmul(x, vset(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vec r = vfnmadd(n, vset(0.693359375f), x);  // x − n·ln 2, ln 2 in two parts
-  r = vfnmadd(n, vset(-2.12194440e-4f), r);
-  vec p = vset(1.9875691500e-4f);
-  p = vfmadd(p, r, vset(1.3981999507e-3f));
-  p = vfmadd(p, r, vset(8.3334519073e-3f));
-  p = vfmadd(p, r, vset(4.1665795894e-2f));
-  p = vfmadd(p, r, vset(1.6666665459e-1f));
-  p = vfmadd(p, r, vset(5.0000001201e-1f));
-  p = vfmadd(p, vmul(r, r), vadd(r, vset(1.0f)));
-  return _mm512_maskz_scalef_ps(__mmask16(~under), p, n);
+inline vec vround(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vec vtimes_2n(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p·2^n
+inline vec vzero_below(vec y, vec x, vec floor) {  // y, 0 where x < floor
+  return _mm512_maskz_mov_ps(__mmask16(~_mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ)), y);
 }
-#elif defined(ATTN_VECTOR)
-// 8 float32 lanes (AVX2 and FMA: the AMD EPYC this was measured on has no AVX-512)
+#elif defined(ATTN_VECTOR)  // AVX2 and FMA (the AMD EPYC this was measured on has no AVX-512)
 using vec = __m256;
 constexpr int LANES = 8;
-inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, vec x) { _mm256_storeu_ps(p, x); }
-inline vec vset(float x) { return _mm256_set1_ps(x); }
-inline vec vzero() { return _mm256_setzero_ps(); }
-inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
-inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
-inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
-inline vec vfmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline vec vfnmadd(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }
+#define ATTN_V(op) _mm256_##op
 inline float vsum(vec x) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+inline vec vround(vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vec vtimes_2n(vec p, vec n) {  // p·2^n, 2^n made in the exponent's bits (n ≥ −126 here: a normal number)
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(
+                              _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)));
+}
+inline vec vzero_below(vec y, vec x, vec floor) { return _mm256_andnot_ps(_mm256_cmp_ps(x, floor, _CMP_LT_OQ), y); }
+#endif
 
-// e^x for x <= 0, as the AVX-512 form: the same polynomial, 2^n made in the exponent's bits (n ≥ −126 after the
-// floor, a normal number), 0 below −87.34
+#if defined(ATTN_VECTOR)
+inline vec vload(const float* p) { return ATTN_V(loadu_ps)(p); }
+inline void vstore(float* p, vec x) { ATTN_V(storeu_ps)(p, x); }
+inline vec vset(float x) { return ATTN_V(set1_ps)(x); }
+inline vec vadd(vec a, vec b) { return ATTN_V(add_ps)(a, b); }
+inline vec vsub(vec a, vec b) { return ATTN_V(sub_ps)(a, b); }
+inline vec vmul(vec a, vec b) { return ATTN_V(mul_ps)(a, b); }
+inline vec vfmadd(vec a, vec b, vec c) { return ATTN_V(fmadd_ps)(a, b, c); }
+inline vec vfnmadd(vec a, vec b, vec c) { return ATTN_V(fnmadd_ps)(a, b, c); }
+
+// e^x for x <= 0 (scores less their row's highest); 0 below −87.34, where float32's e^x is no longer normal
 inline vec vexp(vec x) {
   const vec floor = vset(-87.33654f);
-  const vec under = _mm256_cmp_ps(x, floor, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, floor);
-  const vec n = _mm256_round_ps(vmul(x, vset(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vec r = vfnmadd(n, vset(0.693359375f), x);  // x − n·ln 2, ln 2 in two parts
+  const vec xf = ATTN_V(max_ps)(x, floor);
+  const vec n = vround(vmul(xf, vset(1.44269504088896341f)));
+  vec r = vfnmadd(n, vset(0.693359375f), xf);  // x − n·ln 2, ln 2 in two parts
   r = vfnmadd(n, vset(-2.12194440e-4f), r);
   vec p = vset(1.9875691500e-4f);
   p = vfmadd(p, r, vset(1.3981999507e-3f));
@@ -99,16 +84,16 @@ inline vec vexp(vec x) {
   p = vfmadd(p, r, vset(1.6666665459e-1f));
   p = vfmadd(p, r, vset(5.0000001201e-1f));
   p = vfmadd(p, vmul(r, r), vadd(r, vset(1.0f)));
-  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, vmul(p, _mm256_castsi256_ps(two_n)));
+  return vzero_below(vtimes_2n(p, n), x, floor);
 }
+#undef ATTN_V
 #endif
 
 #if defined(ATTN_VECTOR)
 // sc[0, n) ← e^(sc − top) (top: their highest, or higher), returning their sum
 inline float exp_less(float* sc, int64_t n, float top) {
   const vec vt = vset(top);
-  vec acc = vzero();
+  vec acc = vset(0.0f);
   int64_t j = 0;
   for (; j + LANES <= n; j += LANES) {
     const vec e = vexp(vsub(vload(sc + j), vt));
