@@ -134,18 +134,24 @@ def _executed_flops(s: Shape, bias: float = 0.0) -> float:
 
 
 def _memory(s: Shape, bias: float = 0.0) -> float:
-    """The output, the offsets b_i (Nq), and one chunk's weights and its product with V for one query head of each
-    group (B·Hk of each). Half inputs: the weights and the chunk's keys of V also in float32, and the product in
-    float32 (`_weighted`), at the chunk where that is largest."""
+    """The output, the offsets b_i (Nq), and one chunk's weights (B·Hk of them: one query head of each group), at the
+    chunk where the peak is largest, with the most that is held beside them: their product with V, or, causal,
+    while the scores are masked, the chunk's own cells above the diagonal as a bool (rows, rows) (at n = 700, B = 2,
+    Hk = 1: 490 kB, where the product is 224 kB). Half inputs: the weights and the chunk's keys of V also in float32,
+    and the product in float32 (`_weighted`)."""
     rows = chunk_rows(s.bk, s.Nq, s.Nk, s.device)
     fixed = s.elem * (s.bh * s.Nq * s.D + s.Nq)
-    if s.dtype not in ("float16", "bfloat16"):
-        return float(fixed + s.elem * s.bk * (_chunk_cells(s)[1] + rows * s.D))
     full, rest = divmod(s.Nq, rows)
     chunks = [(rows, full * rows if s.causal else s.Nk)] if full else []  # (rows, keys) of the largest whole chunk
     if rest:
         chunks.append((rest, s.Nq if s.causal else s.Nk))
-    return float(fixed + s.bk * max(r * k * (s.elem + 4) + 4 * k * s.D + 4 * r * s.D for r, k in chunks))
+
+    def beside_the_weights(r: int, k: int) -> float:
+        if s.dtype in ("float16", "bfloat16"):  # (the float32 copies outweigh the mask: k ≥ r)
+            return s.bk * (4 * r * k + 4 * k * s.D + 4 * r * s.D)
+        return max(s.elem * s.bk * r * s.D, r * r if s.causal and r > 1 else 0)
+
+    return float(fixed + max(s.elem * s.bk * r * k + beside_the_weights(r, k) for r, k in chunks))
 
 
 def _remember(k, v, *, max_len: int | None = None, bias: float = 0.0) -> KVCache:

@@ -363,7 +363,7 @@ def test_a_default_that_cannot_fit_the_shape_is_refused_before_running():
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
 def test_spec_memory_matches_an_independent_allocator_reading(key, causal, dtype):
     """memory_bytes against the allocator's own records (tests.baselines.trace_peak_bytes) within 2%, at a shape
-    of no power of two: B=2, H=3, n=3000 (MEMORY_N: 1000 for the dense forms), D=40. sdpa's scratch (log-sum-exp,
+    of no power of two: B=2, H=3, n=3000 (MEMORY_N: shorter for the dense forms), D=40. sdpa's scratch (log-sum-exp,
     per-thread tiles, AMX repacking where this CPU has it) must be in its spec. Defaults, except where MEMORY_PARAMS
     says."""
     spec = ac.get(key)
@@ -386,8 +386,11 @@ def test_spec_memory_matches_an_independent_allocator_reading(key, causal, dtype
 # the tanh workspace sets it).
 MEMORY_PARAMS = {"additive": {"attn_dim": 8}}
 # The sequence length of the allocator readings: 3000, where top-k's 2048 keys and NSA's 16 blocks of 64 are a real
-# choice; 1000 for the dense forms, whose peak is their (n, n) matrices at any length, and whose bfloat16 products
-# take a loop on a CPU without bfloat16 matrix instructions (softmax at 3000: 45 s a call with one core busy). Their
-# constant terms weigh more at 1000, so the check there is the stricter one (a half-precision Performer projection's
-# float32 copy, 41 kB, was found there).
-MEMORY_N = {"softmax": 1000, "sigmoid": 1000, "additive": 1000, "differential": 1000}
+# choice; 500 for the dense forms, whose peak is their (n, n) matrices at any length, and whose bfloat16 products
+# take a loop on a CPU without bfloat16 matrix instructions (softmax at 3000: 45 s a call with one core busy; at 1000,
+# 6.8 s for the two calls of a reading). Their constant terms weigh more the shorter the sequence, so the check there
+# is the stricter one: at 1000 a half-precision Performer projection's float32 copy (41 kB) was found, at 500 causal
+# sigmoid's (rows, rows) mask beside a chunk's weights (90 kB at n = 500 with one key/value head, 266 kB at 700).
+# SDPA and Linformer at 1000: SDPA's scratch (its per-thread tiles, log-sum-exp) and Linformer's (n, rank)
+# projections are all there at that length.
+MEMORY_N = {"softmax": 500, "sigmoid": 500, "additive": 500, "differential": 500, "sdpa": 1000, "linformer": 1000}
