@@ -15,11 +15,13 @@
 // (n = 16384, H = 8, D = 64, causal) 6.5 s, 5.1 s of it here. Tested against the gathered form in float64
 // (tests/test_native.py).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "signatures.h"  // each exported function's one declaration (written by the build)
 #if defined(_OPENMP)
@@ -181,31 +183,21 @@ void part(const float* q, const float* K, const float* V, const int64_t* sel, co
   st[1] = st[1] * alpha + total;
 }
 
+// part<C> for C = 1 … 128 / LANES (D up to 128), by D / LANES − 1
+using Part = void (*)(const float*, const float*, const float*, const int64_t*, const bool*, int64_t, int64_t, float,
+                      float*, float*);
+template <int... C>
+constexpr std::array<Part, sizeof...(C)> part_table(std::integer_sequence<int, C...>) {
+  return {&part<C + 1>...};
+}
+constexpr auto PARTS = part_table(std::make_integer_sequence<int, 128 / LANES>());
+
 // part for the widths it has (D a multiple of LANES up to 128); false where there is none (whole rows instead)
 inline bool part_row(const float* q, const float* K, const float* V, const int64_t* sel, const bool* ok, int64_t a,
                      int64_t b, int64_t D, float scale, float* sc, float* st) {
-  if (D % LANES != 0) return false;
-  switch (D / LANES) {
-    case 1: part<1>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 2: part<2>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 3: part<3>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 4: part<4>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 5: part<5>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 6: part<6>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 7: part<7>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 8: part<8>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-#if !defined(__AVX512F__)  // 8 lanes: up to 16 of them for D = 128
-    case 9: part<9>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 10: part<10>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 11: part<11>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 12: part<12>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 13: part<13>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 14: part<14>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 15: part<15>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-    case 16: part<16>(q, K, V, sel, ok, a, b, scale, sc, st); return true;
-#endif
-    default: return false;
-  }
+  if (D % LANES != 0 || D < LANES || D > 128) return false;
+  PARTS[D / LANES - 1](q, K, V, sel, ok, a, b, scale, sc, st);
+  return true;
 }
 #endif
 
