@@ -194,16 +194,17 @@ def additive_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W_q: t
     where it is), a_ij = exp(e_ij) / Σ_j exp(e_ij), out_i = Σ_j a_ij v_j (0 with no key). Small n only."""
     qn, kn, vn = (t.detach().double().numpy() for t in (q, k, v))
     Wq, Wk, wn = (t.detach().double().numpy() for t in (W_q, W_k, w))
+    pad = None if padding is None else np.asarray(padding, dtype=bool)
     B, H, nq, _ = qn.shape
     out = np.zeros(qn.shape)
     for b in range(B):
         for h in range(H):
             for i in range(nq):
-                keys = [j for j in range(kn.shape[2]) if (j <= i or not causal)
-                        and (padding is None or not bool(padding[b, j]))]
+                keys = [j for j in range(kn.shape[2]) if (j <= i or not causal) and (pad is None or not pad[b, j])]
                 if not keys:
                     continue
-                e = np.array([wn @ np.tanh(Wq.T @ qn[b, h, i] + Wk.T @ kn[b, h, j]) for j in keys])
+                query = Wq.T @ qn[b, h, i]
+                e = np.array([wn @ np.tanh(query + Wk.T @ kn[b, h, j]) for j in keys])
                 a = np.exp(e - e.max())
                 out[b, h, i] = (a / a.sum()) @ vn[b, h, keys]
     return torch.from_numpy(out)
