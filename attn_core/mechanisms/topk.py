@@ -104,7 +104,8 @@ def key_tile(batch: int, heads: int, r: int, device: str = "cpu") -> int:
 def index_scores(qi: torch.Tensor, ki: torch.Tensor, w: torch.Tensor, kt: torch.Tensor | None = None) -> torch.Tensor:
     """I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) for qi (B, r, IH·dI) and ki (B, m, dI) → (B, r, m). Given the
     keys transposed (`kt`, (B, dI, m): a caller that scores many steps against the same keys makes them once), on a
-    CPU with AVX-512, in float32: `native.index_scores`, 2.6 times faster than the tiles below at n = 16384. Else a
+    CPU with AVX-512 or AVX2, in float32: `native.index_scores`, 2.6 times faster than the tiles below at n = 16384
+    with AVX-512, 1.2-1.5 times with AVX2 (docs/native.md). Else a
     tile of keys at a time (`key_tile`): the products of every indexer head and row with the tile's keys, laid out
     head-major (B, IH·r, tile), ReLU in place, then the weighted sum over heads as one product of w (1 × IH) with
     them (a stream, not many small products; a generation step's one row reads the cached keys in place)."""
@@ -305,9 +306,10 @@ def _memory(s: Shape, top_k: int = 2048, index_heads: int = 4, index_dim: int = 
     the output (and float32 copies of half k, v), and the largest stage of one query block, in the order the kernel
     makes them. Beside the block's selection (int64 indices and a flag, 9 bytes a selected key) and an indexer
     step's (`index_rows`) scores: the indexer's work (torch's tiles: its queries laid out by head beside one tile's
-    products, `key_tile`, of every indexer head and their weighted sum; the C++ indexer, on a CPU with AVX-512 in
-    float32: nothing), the step's causal mask, its selection (on the CPU the C++ form's indices and flags beside its
-    scratch, `native.scratch_bytes`; elsewhere `_sampled_bytes`, or the exact form's values and int64 indices beside
+    products, `key_tile`, of every indexer head and their weighted sum; the C++ indexer, on a CPU with AVX-512 or
+    AVX2, in float32: nothing torch's allocator holds, each thread packing a block of keys, 128 KiB, of its own), the
+    step's causal mask, its selection (on the CPU the C++ form's indices and flags beside its scratch,
+    `native.scratch_bytes`; elsewhere `_sampled_bytes`, or the exact form's values and int64 indices beside
     a flag per score and its sort, in the blocks that take each, `_forms`). Then the sparse products over the block
     (`_sparse.selected_softmax_bytes`; `sinks`: with the sink's log-sum-exp found beside it)."""
     e, w = s.elem, max(s.elem, 4)

@@ -9,7 +9,7 @@ ATTN_LAB_NATIVE=0), and `describe` names which ran.
     selected_softmax(q, k, v, idx, usable)       softmax over each query's selected keys, fused (selected_softmax.cpp;
                                                  _sparse.selected_softmax's CPU form without gradients)
     index_scores(qi, kt, w)                      top-k's indexer, fused (index.cpp; topk.index_scores's CPU form,
-                                                 float32 on machines with AVX-512)
+                                                 float32 on machines with AVX-512 or AVX2)
 
 The ops take no gradient: a backward through one raises a sentence, and the callers send calls that want gradients
 to the torch forms. Each wrapper refuses, with a sentence, what its kernel would misread (a device, a dtype, a shape,

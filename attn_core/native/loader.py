@@ -92,7 +92,7 @@ def expected() -> bool:
 
 def index_expected() -> bool:
     """Whether `index_scores` runs (float32 work), without building anything: `expected`, and the library has the
-    fused indexer (built with AVX-512; the memory models ask)."""
+    fused indexer (built with AVX-512, or AVX2 with FMA; the memory models ask)."""
     lib = library()
     return lib is not None and bool(lib.attn_index_available())
 

@@ -243,7 +243,8 @@ _index_op.register_autograd(_no_backward("index_scores"))
 
 
 def index_runs(qi: torch.Tensor) -> bool:
-    """Whether `index_scores` takes these indexer queries: float32 on the CPU, and a library built with AVX-512."""
+    """Whether `index_scores` takes these indexer queries: float32 on the CPU, and a library built with AVX-512 or
+    AVX2 and FMA."""
     if qi.device.type != "cpu" or qi.dtype != torch.float32:
         return False
     lib = library()
@@ -253,14 +254,14 @@ def index_runs(qi: torch.Tensor) -> bool:
 def index_scores(qi: torch.Tensor, kt: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) (index.cpp, the op attn_lab::index_scores): qi (B, r, IH·dI)
     float32 CPU (`index_runs`), kt the indexer keys transposed (B, dI, m; a view of the first m of longer rows is read
-    in place), w (IH,) → (B, r, m), float32. Two query rows, four heads and 32 keys at a time in registers, the ReLU
-    (NaN kept, as torch.relu keeps it) and weighted sum in them: nothing beside the scores. Refuses mismatched shapes
-    with a sentence."""
+    in place), w (IH,) → (B, r, m), float32. Two query rows, four heads and 32 keys at a time in registers (two, two
+    and 24 with AVX2), the ReLU (NaN kept, as torch.relu keeps it) and weighted sum in them: nothing beside the scores
+    but each thread's block of keys, packed (128 KiB). Refuses mismatched shapes with a sentence."""
     lib = library()
     _refuse_unless(lib is not None and bool(lib.attn_index_available()) and qi.dim() == 3 and w.dim() == 1
                    and kt.dim() == 3 and kt.shape[0] == qi.shape[0] and w.shape[0] * kt.shape[1] == qi.shape[2]
                    and qi.dtype == torch.float32 and kt.is_floating_point() and w.is_floating_point()
                    and all(t.device.type == "cpu" for t in (qi, kt, w)),
-                   "index_scores needs a library built with AVX-512, CPU float32 queries (B, r, IH·dI), keys "
+                   "index_scores needs a library built with AVX-512 or AVX2, CPU float32 queries (B, r, IH·dI), keys "
                    "(B, dI, m) and weights (IH,)", f"{tuple(qi.shape)} {qi.dtype}, {tuple(kt.shape)}, {tuple(w.shape)}")
     return torch.ops.attn_lab.index_scores(qi, kt, w)

@@ -271,15 +271,17 @@ def test_gradients_take_the_torch_form():
 
 
 @pytest.mark.parametrize("B,r,m,IH,dI", [(1, 102, 3000, 4, 32), (2, 7, 50, 3, 5), (3, 1, 33, 7, 9),
-                                         (1, 5, 16, 1, 1), (2, 4, 1, 4, 32), (1, 9, 47, 8, 16)])
+                                         (1, 5, 16, 1, 1), (2, 4, 1, 4, 32), (1, 9, 47, 8, 16),
+                                         (2, 5, 1100, 5, 64)])
 def test_the_fused_indexer_is_its_formula(B, r, m, IH, dI):
     """`native.index_scores` against I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) written with einsum in float64:
-    heads in fours and the rest (1 … 8), widths on and off the vector's, keys on and off 32's multiples (one key), an
-    odd number of rows (one left unpaired), queries a view of longer rows, the keys a view of the first m of longer
-    transposed rows, and a negative weight."""
+    heads in the kernel's groups (4 with AVX-512, 2 with AVX2) and the rest (1 … 8), widths on and off the vector's,
+    keys on and off the step's multiples (32, 24) (one key), several blocks of keys with a tail in two batches (1100
+    keys of 64: blocks of 512 or 504), an odd number of rows (one left unpaired), queries a view of longer rows, the
+    keys a view of the first m of longer transposed rows, and a negative weight."""
     kernels()
     if not native.index_runs(torch.zeros(1)):
-        pytest.skip(f"no C++ indexer here (it needs AVX-512): {native.describe()}")
+        pytest.skip(f"no C++ indexer here (it needs AVX-512, or AVX2 with FMA): {native.describe()}")
     g = torch.Generator().manual_seed(B * r + m)
     qi = torch.randn(B, r + 3, IH * dI, generator=g)[:, 1:r + 1]
     ki = torch.randn(B, m + 7, dI, generator=g)
@@ -295,7 +297,7 @@ def test_the_fused_indexer_is_its_formula(B, r, m, IH, dI):
 def indexer_or_skip() -> None:
     kernels()
     if not native.index_runs(torch.zeros(1)):
-        pytest.skip(f"no C++ indexer here (it needs AVX-512): {native.describe()}")
+        pytest.skip(f"no C++ indexer here (it needs AVX-512, or AVX2 with FMA): {native.describe()}")
 
 
 @pytest.mark.parametrize("where", ["query", "key", "weight", "inf against a zero weight", "inf and -inf"])

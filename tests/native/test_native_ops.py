@@ -37,7 +37,7 @@ def op_samples():
 @pytest.mark.usefixtures("built")
 def test_opcheck_passes_on_every_kernel():
     """torch.library.opcheck (schema, autograd registration, the fake implementation's shapes against the real
-    outputs, AOT dispatch with dynamic shapes) on each op; the indexer where the library has it (AVX-512)."""
+    outputs, AOT dispatch with dynamic shapes) on each op; the indexer where the library has it (AVX-512 or AVX2)."""
     for op, args in op_samples():
         torch.library.opcheck(op, args)
 
