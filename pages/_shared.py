@@ -86,7 +86,7 @@ def show_chart(chart, **options) -> None:
     """An insight page's Altair chart in the house look, with talk mode's large type (every text ≥ 18 px) when on."""
     if st.session_state.get("talk"):
         chart = style.styled(chart, talk=True)
-    st.altair_chart(chart, theme=None, **options)
+    st.vega_lite_chart(style.page_spec(chart), theme=None, **options)
 
 
 # Every page's look beyond the theme (style tags only: Streamlit sends them aside, they take no room on the page).

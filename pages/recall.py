@@ -84,8 +84,8 @@ if clicked:
                                             f"accuracy {point.accuracy:.3f}")
             if time.monotonic() - drawn_at[0] > REDRAW_S or point.step == setup.steps:  # a chart costs ~0.1 s
                 chart = recall_charts.curves_chart(recall.curves(state["points"]), chance=setup.task.chance)
-                live.altair_chart(style.styled(chart, talk=True) if st.session_state.get("talk") else chart,
-                                  theme=None)
+                live.vega_lite_chart(style.page_spec(style.styled(chart, talk=True) if st.session_state.get("talk")
+                                                     else chart), theme=None)
                 drawn_at[0] = time.monotonic()
         try:
             state["results"].append(recall.train(key, params, setup, progress=arrived))

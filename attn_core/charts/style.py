@@ -122,3 +122,27 @@ def for_talk(chart: alt.TopLevelMixin, big: float = TALK_SCALE) -> alt.TopLevelM
 def styled(chart: alt.TopLevelMixin, talk: bool = False) -> alt.TopLevelMixin:
     """Any chart in the house look (see house_config); talk: laid out for the larger type (for_talk)."""
     return (for_talk(chart) if talk else chart).properties(config=house_config(talk))
+
+
+THEME_VIEW = ("continuousWidth", "continuousHeight")  # what Altair's default theme adds to a chart's view
+
+
+def page_spec(chart: alt.TopLevelMixin) -> dict:
+    """The chart's Vega-Lite spec as a page shows it (st.vega_lite_chart): what Streamlit's st.altair_chart sends,
+    without Altair's default theme's 300-pixel view (a chart that sets its own keeps it), and without validating
+    the spec against the whole Vega-Lite schema once more. st.altair_chart validated at every rerun: a third of the
+    Learn page's script, whose 39 charts were validated as they were made too. A chart is validated where it is
+    saved to a file (export) and by its tests (tests/charts)."""
+    spec = chart.to_dict(validate=False)
+    view = spec.get("config", {}).get("view")
+    if alt.theme.active == "default" and isinstance(view, dict):
+        config = getattr(chart, "config", alt.Undefined)
+        own = {} if config is alt.Undefined else config.to_dict(validate=False).get("view", {})
+        for key in THEME_VIEW:
+            if key not in own:
+                view.pop(key, None)
+        if not view:
+            del spec["config"]["view"]
+        if not spec["config"]:
+            del spec["config"]
+    return spec

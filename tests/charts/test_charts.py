@@ -443,3 +443,25 @@ def test_talk_mode_wraps_a_subtitle_for_its_type_and_gives_a_fitted_chart_room_f
     assert style.styled(chart).to_dict()["title"]["subtitle"] == [words, "◇ short"]  # not in talk mode
     bare = style.styled(base, talk=True).to_dict()
     assert "height" not in bare and "title" not in bare
+
+
+def test_a_page_spec_is_the_validated_spec_without_the_default_theme_s_view():
+    """style.page_spec against Altair's own validated to_dict: the same spec, less the 300-pixel view Altair's default
+    theme adds (Streamlit's st.altair_chart leaves it out); a view the chart sets itself is kept."""
+    frame = pd.DataFrame({"n": [1, 2, 3], "ms": [0.5, 1.0, 4.0], "mechanism": ["a", "b", "a"]})
+    line = alt.Chart(frame).mark_line().encode(x="n:Q", y="ms:Q", color="mechanism:N").properties(title="t")
+    layered = alt.layer(line, line.mark_point())
+    own = line.configure_view(continuousHeight=120, strokeWidth=0)
+    for chart in (line, layered, own):
+        validated = chart.to_dict()  # validated against the schema (the reference)
+        theme_view = {"continuousWidth": 300, "continuousHeight": 300}
+        assert {k: validated["config"]["view"][k] for k in theme_view} == (theme_view if chart is not own else
+                                                                          {"continuousWidth": 300,
+                                                                           "continuousHeight": 120})
+        spec = style.page_spec(chart)
+        expected = json.loads(json.dumps(validated))
+        if chart is own:
+            del expected["config"]["view"]["continuousWidth"]  # the theme's; the chart's own height is kept
+        else:
+            del expected["config"]
+        assert spec == expected
