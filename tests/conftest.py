@@ -99,26 +99,43 @@ def keep_unused_plugins_out_of_the_workers(config) -> None:
         os.environ["PYTEST_ADDOPTS"] = " ".join([os.environ.get("PYTEST_ADDOPTS", ""), *left_out]).strip()
 
 
-# The suite's longest files, measured with one core busy (seconds), handed out first (longest processing time first):
-# xdist would hand out the files with most tests first, and these have few, so one worker was left with the browser
-# tests for minutes after the other had ended. The others follow in their usual order.
+# The suite's longest files, measured with one core busy (seconds, the sum of their tests' times), handed out first,
+# longest first (longest processing time first): xdist hands out a file when a worker has two tests left, in the
+# order the items come, so a long file late in the alphabet (tests/native, tests/studies) started near the end and
+# kept one worker busy after the others had stopped; and by default it hands out the files with most tests first,
+# where the browser tests have few. The others follow in their usual order.
 LONGEST_FIRST = (
-    "tests/contract/test_mechanisms.py",  # 190
-    "tests/dashboard/test_browser_in_view.py",  # 170
-    "tests/dashboard/test_browser.py",  # 145
-    "tests/dashboard/test_app_runs.py",  # 125
-    "tests/dashboard/test_planner_page.py",  # 80
-    "tests/mechanisms/test_sinks.py",  # 75
-    "tests/engine/test_hardening_text.py",  # 75
-    "tests/mechanisms/test_topk.py",  # 70
-    "tests/mechanisms/test_nsa.py",  # 70
-    "tests/engine/test_sweep.py",  # 65
-    "tests/cli/test_cli.py",  # 60
-    "tests/contract/test_copies.py",  # 60
-    "tests/dashboard/test_browser_first_minutes.py",  # 60
-    "tests/mechanisms/test_flex.py",  # 55
-    "tests/dashboard/test_hardening_web.py",  # 50
-    "tests/dashboard/test_browser_first_request.py",  # 40
+    "tests/dashboard/test_browser_in_view.py",  # 186
+    "tests/contract/test_mechanisms.py",  # 154
+    "tests/dashboard/test_browser.py",  # 153
+    "tests/dashboard/test_app_runs.py",  # 113
+    "tests/engine/test_hardening_text.py",  # 85
+    "tests/dashboard/test_planner_page.py",  # 84
+    "tests/contract/test_copies.py",  # 73
+    "tests/mechanisms/test_topk.py",  # 67
+    "tests/native/test_native.py",  # 67
+    "tests/mechanisms/test_sinks.py",  # 66
+    "tests/dashboard/test_browser_first_minutes.py",  # 62
+    "tests/mechanisms/test_nsa.py",  # 56
+    "tests/cli/test_cli.py",  # 55
+    "tests/mechanisms/test_flex.py",  # 54
+    "tests/charts/test_charts.py",  # 47
+    "tests/engine/test_store_hardening.py",  # 47
+    "tests/engine/test_sweep.py",  # 44
+    "tests/dashboard/test_browser_first_request.py",  # 44
+    "tests/dashboard/test_app.py",  # 44
+    "tests/native/test_native_cache.py",  # 44
+    "tests/studies/test_distributed_lifeline.py",  # 42
+    "tests/dashboard/test_pages_insight.py",  # 38
+    "tests/insight/test_theory.py",  # 31
+    "tests/dashboard/test_hardening_web.py",  # 29
+    "tests/contract/test_flop_counter.py",  # 27
+    "tests/contract/test_shared_kv.py",  # 25
+    "tests/contract/test_padding.py",  # 25
+    "tests/nn/test_generation.py",  # 25
+    "tests/contract/test_toy_mechanism.py",  # 22
+    "tests/engine/test_measure.py",  # 22
+    "tests/studies/test_distributed.py",  # 22
 )
 
 
