@@ -130,9 +130,9 @@ THEME_VIEW = ("continuousWidth", "continuousHeight")  # what Altair's default th
 def page_spec(chart: alt.TopLevelMixin) -> dict:
     """The chart's Vega-Lite spec as a page shows it (st.vega_lite_chart): what Streamlit's st.altair_chart sends,
     without Altair's default theme's 300-pixel view (a chart that sets its own keeps it), and without validating
-    the spec against the whole Vega-Lite schema once more. st.altair_chart validated at every rerun: a third of the
-    Learn page's script, whose 39 charts were validated as they were made too. A chart is validated where it is
-    saved to a file (export) and by its tests (tests/charts)."""
+    the spec against the whole Vega-Lite schema once more. st.altair_chart validated at every rerun: about a quarter
+    of the Learn page's script under the profiler (its 39 charts are validated as they are made too). A chart is
+    validated where it is saved to a file (export) and by its tests (tests/charts)."""
     spec = chart.to_dict(validate=False)
     view = spec.get("config", {}).get("view")
     if alt.theme.active == "default" and isinstance(view, dict):
