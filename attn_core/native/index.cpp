@@ -35,12 +35,7 @@ namespace {
 using vec = __m512;
 using lanemask = __mmask16;
 constexpr int LANES = 16, HEADS = 4, KV = 2;
-inline vec vzero() { return _mm512_setzero_ps(); }
-inline vec vset(float x) { return _mm512_set1_ps(x); }
-inline vec vfmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
-inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, vec x) { _mm512_storeu_ps(p, x); }
+#define ATTN_V(op) _mm512_##op
 inline vec vload(lanemask k, const float* p) { return _mm512_maskz_loadu_ps(k, p); }
 inline void vstore(lanemask k, float* p, vec x) { _mm512_mask_storeu_ps(p, k, x); }
 inline lanemask first(int64_t n) {  // the first n lanes
@@ -50,12 +45,7 @@ inline lanemask first(int64_t n) {  // the first n lanes
 using vec = __m256;
 using lanemask = __m256i;  // a lane is on where its sign bit is set
 constexpr int LANES = 8, HEADS = 2, KV = 3;
-inline vec vzero() { return _mm256_setzero_ps(); }
-inline vec vset(float x) { return _mm256_set1_ps(x); }
-inline vec vfmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
-inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, vec x) { _mm256_storeu_ps(p, x); }
+#define ATTN_V(op) _mm256_##op
 inline vec vload(lanemask k, const float* p) { return _mm256_maskload_ps(p, k); }
 inline void vstore(lanemask k, float* p, vec x) { _mm256_maskstore_ps(p, k, x); }
 inline lanemask first(int64_t n) {  // the first n lanes: lane i on where i < n
@@ -63,6 +53,13 @@ inline lanemask first(int64_t n) {  // the first n lanes: lane i on where i < n
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 #endif
+inline vec vzero() { return ATTN_V(setzero_ps)(); }
+inline vec vset(float x) { return ATTN_V(set1_ps)(x); }
+inline vec vfmadd(vec a, vec b, vec c) { return ATTN_V(fmadd_ps)(a, b, c); }
+inline vec vmax(vec a, vec b) { return ATTN_V(max_ps)(a, b); }
+inline vec vload(const float* p) { return ATTN_V(loadu_ps)(p); }
+inline void vstore(float* p, vec x) { ATTN_V(storeu_ps)(p, x); }
+#undef ATTN_V
 constexpr int KEYS = KV * LANES;  // keys a step: KV vectors
 // bytes of keys a block (see attn_index_scores_f32): a quarter of the smallest L2 of the CPUs measured (512 KiB)
 constexpr int64_t BLOCK_BYTES = 128 * 1024;
