@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from attn_core import cli
-from attn_core.engine import presets, results
+from attn_core.engine import presets, results, server
 from attn_core.engine.job import Job
 from tests.apptest_helpers import chart_specs, displayed
 # the fixtures apply here too: a private sweep lock, a fresh stage, routed pages, and a swept run of this module's own
@@ -27,12 +27,20 @@ def replaying(swept: AppTest, speed: float) -> AppTest:
     return at.button(key="bench_replay").click().run()
 
 
-def test_a_saved_run_replays_point_by_point(swept):
-    at = replaying(swept, 20.0)
+def test_a_saved_run_replays_point_by_point(swept, monkeypatch):
+    """The replay's pace read from a clock the test moves (a real one let a slow rerun, 5 s on a busy machine, take
+    all four points at once): a point a step of 1/speed, each drawn by the next rerun."""
+    now = [0.0]
+    monkeypatch.setattr(server, "replay", lambda run, points_per_s, *, at_once: Job.replay(
+        run, points_per_s, shown=at_once, clock=lambda: now[0]))
+    at = replaying(swept, 2.0)
     job = at.session_state["bench"].job
-    assert job.replaying and job.progress.done < 4
-    run_to_end(at)
-    assert len(job.frame()) == 4 and len(chart_specs(at)) == 2 and not at.exception
+    assert job.replaying and job.progress.done == 1 and not job.done
+    for due in (2, 3, 4):
+        now[0] += 0.5  # 1 / (2 points a second)
+        at.run()
+        assert job.progress.done == due and len(job.frame()) == due
+    assert job.done and len(chart_specs(at)) == 2 and not at.exception
 
 
 def test_a_run_saved_by_the_command_line_is_shown_at_once(tmp_path):
