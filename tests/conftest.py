@@ -79,6 +79,7 @@ def pytest_cmdline_main(config):
     if config.option.numprocesses:
         keep_unused_plugins_out_of_the_workers(config)
         rewritten_once.write_before_the_processes_start(Path(__file__).parent, config, cores)
+        build_kernels_once(config)
 
 
 # Installed pytest plugins the suite does not use, each with the start of its options. pytest rewrites the asserts of
@@ -97,6 +98,23 @@ def keep_unused_plugins_out_of_the_workers(config) -> None:
                 if config.pluginmanager.has_plugin(name) and options not in named]
     if left_out:
         os.environ["PYTEST_ADDOPTS"] = " ".join([os.environ.get("PYTEST_ADDOPTS", ""), *left_out]).strip()
+
+
+SUITE_CACHE = "ATTN_LAB_SUITE_CACHE"  # the kernels' cache the suite's first process built, for its workers
+
+
+def build_kernels_once(config) -> None:
+    """The C++ kernels built once, by the process that starts the workers, into a folder of its own (mkdtemp: mode
+    0700, this user's) that every worker then uses as its cache (private_run_store), removed when the run ends.
+    Each worker built its own at its start: three compiles of 4.4 s of CPU, at the moment the three processes also
+    collect the suite."""
+    folder = tempfile.mkdtemp(prefix="attention-lab-cache-")
+    config.add_cleanup(functools.partial(shutil.rmtree, folder, True))
+    os.environ[SUITE_CACHE] = folder
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(native.CACHE, folder)
+        with contextlib.suppress(RuntimeError):  # no compiler, or a build that fails: each worker says so itself
+            native.build()
 
 
 # The suite's longest files, measured with one core busy (seconds, the sum of their tests' times), handed out first,
@@ -167,13 +185,16 @@ def components_scanned_once():
 def private_run_store(tmp_path_factory):
     """ATTN_LAB_HOME set to a temporary folder for the whole session, so that sweeps (and the worker and CLI
     processes the tests start, which inherit it) keep their runs there; ATTN_LAB_CACHE too, for the C++ kernels
-    the session builds. The kernels are built once here, as the dashboard's start and `native build` do (a forward
-    call never builds), so every test sees the form a user would; where they cannot be built, the torch forms run
+    the session builds. The kernels are built here (or found built by the first process: build_kernels_once), as
+    the dashboard's start and `native build` do (a forward call never builds), so every test sees the form a user
+    would; where they cannot be built, the torch forms run
     and the kernels' own tests skip with the reason."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(store.HOME_VARIABLE, str(tmp_path_factory.mktemp("attention-lab-home")))
-        cache = tmp_path_factory.mktemp("attention-lab-cache")
-        cache.chmod(0o700)
+        cache = os.environ.get(SUITE_CACHE)  # built once for all the workers (build_kernels_once), else here
+        if cache is None:
+            cache = tmp_path_factory.mktemp("attention-lab-cache")
+            cache.chmod(0o700)
         mp.setenv(native.CACHE, str(cache))
         try:
             native.build()
