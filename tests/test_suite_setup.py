@@ -36,7 +36,8 @@ def test_the_whole_suite_runs_a_process_a_core_and_one_more_and_a_named_file_one
         def getoption(self, name):
             return False
 
-    rewrites = []
+    rewrites, builds = [], []
+    monkeypatch.setattr(conftest, "build_kernels_once", builds.append)
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     monkeypatch.setenv("PYTEST_ADDOPTS", "-x")
     monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
@@ -50,6 +51,28 @@ def test_the_whole_suite_runs_a_process_a_core_and_one_more_and_a_named_file_one
     # anyio's plugin is not loaded here; the test files are rewritten once, by as many processes as cores
     assert os.environ["PYTEST_ADDOPTS"] == ("-x -p no:hypothesispytest" if workers else "-x")
     assert rewrites == ([(ROOT / "tests", 2)] if workers else [])
+    assert builds == ([config] if workers else [])  # the kernels built once, for the workers
+
+
+def test_the_kernels_are_built_once_into_a_private_folder_the_workers_read_and_removed_at_the_end(monkeypatch):
+    """build_kernels_once: the build runs with the cache at a new folder of this user's, mode 0700, named to the
+    workers by ATTN_LAB_SUITE_CACHE; the folder is removed by the run's cleanup; a build that fails stops nothing."""
+    seen, cleanups = [], []
+
+    def build():
+        seen.append(os.environ[conftest.native.CACHE])
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setenv(conftest.SUITE_CACHE, "")  # put back after, as this worker was given it
+    monkeypatch.setattr(conftest.native, "build", build)
+    conftest.build_kernels_once(type("Config", (), {"add_cleanup": staticmethod(cleanups.append)})())
+    folder = Path(os.environ[conftest.SUITE_CACHE])
+    assert seen == [str(folder)] and folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
+    assert folder.stat().st_uid == os.geteuid() and os.environ.get(conftest.native.CACHE) != str(folder)
+    (folder / "native").mkdir()
+    for cleanup in cleanups:
+        cleanup()
+    assert not folder.exists()
 
 
 def test_the_test_files_rewritten_once_are_what_pytest_reads(tmp_path):
