@@ -252,6 +252,33 @@ def test_the_fused_softmax_gives_nan_where_softmax_does_and_refuses_bad_position
 
 
 @needs_library
+def test_the_fused_softmax_s_eight_keys_a_step_keep_nan_infinities_and_flags():
+    """Rows of 21 selected keys, float32, D = 64 (AVX2's form scores 8 keys a step, then a tail of 5): a NaN key and a
+    +inf score inside a step make their rows NaN, a −inf score and an unusable key drop only their key, in a step and
+    in the tail; every other row equals the float64 formula."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 6, 64, generator=g) for _ in range(3))
+    q[0, 1, :, 0] = q[0, 1, :, 0].abs() + 0.5  # head 1: key 9's +inf coordinate gives a +inf score
+    k = torch.cat([k, torch.randn(1, 2, 34, 64, generator=g)], 2)
+    v = torch.cat([v, torch.randn(1, 2, 34, 64, generator=g)], 2)
+    idx = torch.stack([torch.randperm(40, generator=g)[:21].sort().values for _ in range(6)])[None, None]
+    idx[0, 0, :, 2], idx[0, 0, :, 5], idx[0, 0, :, 19] = 3, 9, 33  # keys 3, 9 and 33 at steps' places
+    idx = idx.sort(-1).values
+    usable = torch.ones_like(idx, dtype=torch.bool)
+    usable[0, 0, 4, 6], usable[0, 0, 5, 20] = False, False  # one in a step, one in the tail
+    k[0, 0, 3, 0] = float("nan")  # head 0: every row reads key 3
+    k[0, 1, 9, 0] = float("inf")  # head 1: +inf score
+    k[0, 1, 33, 0] = float("-inf")  # head 1: a −inf score
+    out = native.selected_softmax(q, k, v, idx, usable)
+    assert out[0, 0].isnan().all() and out[0, 1].isnan().all()  # every row reads key 3 and key 9
+    k[0, 0, 3, 0], k[0, 1, 9, 0] = 0.0, 0.0
+    out = native.selected_softmax(q, k, v, idx, usable)
+    dropped = usable & (idx != 33)  # key 33 unusable: head 1's −inf score must weigh as nothing, as this does
+    torch.testing.assert_close(out[0, 0].double(), gathered(q, k, v, idx, usable)[0, 0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out[0, 1].double(), gathered(q, k, v, idx, dropped)[0, 1], rtol=1e-5, atol=1e-6)
+
+
+@needs_library
 def test_gradients_take_the_torch_form():
     """Wanting gradients through q, k or v leaves the fused kernel aside (it has no backward): the torch form runs,
     and its gradients match the float64 formula's."""
