@@ -16,7 +16,10 @@
 // between the bounds, and the search runs on that band alone (about a tenth of the row at kk = m / 8). A last pass
 // writes the indices.
 //
-// O(m) a row: at m = 16384, kk = 2048, about 13 µs a row on one core of a 2.6 GHz AMD EPYC (AVX-512). Rows are split
+// The band's pass and the last one are vectorised with AVX-512 (compress instructions) or AVX2 (a permutation
+// table for the band, the set bits of a comparison's mask for the indices); elsewhere they are plain loops.
+// O(m) a row: at m = 16384, kk = 2048, about 13 µs a row on one core of a 2.6 GHz AMD EPYC (AVX-512); on an AVX2 EPYC,
+// 1,024 rows of indexer-like scores in 24 ms with 2 threads against 55 ms with the plain loops. Rows are split
 // among `threads` OpenMP threads (the process's libgomp: torch's, where torch brought it). No allocation: the
 // caller passes each thread's scratch.
 #include <algorithm>
@@ -30,7 +33,7 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -84,6 +87,39 @@ inline __m512i keys16(const float* p) {
   const __m512i x = _mm512_mask_xor_epi32(_mm512_or_si512(u, sign), neg, u, _mm512_set1_epi32(-1));
   return _mm512_maskz_mov_epi32(__mmask16(~nan), x);
 }
+#elif defined(__AVX2__)
+// order_key of 8 float32 scores (as keys16: -0 → +0, a NaN → 0)
+inline __m256i keys8(const float* p) {
+  const __m256i sign = _mm256_set1_epi32(int(0x80000000u)), magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i size = _mm256_and_si256(u, magnitude);
+  u = _mm256_andnot_si256(_mm256_cmpeq_epi32(size, _mm256_setzero_si256()), u);  // -0 → +0
+  const __m256i nan = _mm256_cmpgt_epi32(size, _mm256_set1_epi32(0x7F800000));
+  const __m256i x = _mm256_xor_si256(_mm256_or_si256(u, sign), _mm256_srai_epi32(u, 31));  // u | sign, or ~u
+  return _mm256_andnot_si256(nan, x);
+}
+
+// the lanes of x whose bit of `mask` is set, moved to the front (AVX2 has no compress: a permutation per mask,
+// 256 of them, made once)
+struct Compress8 {
+  alignas(32) int32_t order[256][8];
+  Compress8() {
+    for (int mask = 0; mask < 256; ++mask) {
+      int j = 0;
+      for (int lane = 0; lane < 8; ++lane)
+        if (mask >> lane & 1) order[mask][j++] = lane;
+      for (; j < 8; ++j) order[mask][j] = 0;
+    }
+  }
+};
+const Compress8 COMPRESS8;
+
+inline __m256i compress8(__m256i x, int mask) {
+  return _mm256_permutevar8x32_epi32(x, _mm256_load_si256(reinterpret_cast<const __m256i*>(COMPRESS8.order[mask])));
+}
+
+// x >= t for unsigned 32-bit lanes: all ones where it holds
+inline __m256i at_or_above(__m256i x, __m256i t) { return _mm256_cmpeq_epi32(_mm256_max_epu32(x, t), x); }
 #endif
 
 template <typename K>
@@ -147,6 +183,18 @@ void select_row(const F* row, int64_t m, int64_t kk, typename Key<F>::type* keys
         nb += __builtin_popcount(in);
       }
     }
+#elif defined(__AVX2__)
+    if constexpr (std::is_same<F, float>::value) {
+      const __m256i vlo = _mm256_set1_epi32(int(lo)), vhi = _mm256_set1_epi32(int(hi));
+      for (; s + 8 <= m; s += 8) {
+        const __m256i x = keys8(row + s);
+        const int up = capped ? _mm256_movemask_ps(_mm256_castsi256_ps(at_or_above(x, vhi))) : 0;
+        const int in = _mm256_movemask_ps(_mm256_castsi256_ps(at_or_above(x, vlo))) & ~up;
+        above += __builtin_popcount(up);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + nb), compress8(x, in));  // band: m + 16
+        nb += __builtin_popcount(in);
+      }
+    }
 #endif
     for (; s < m; ++s) {
       const K x = order_key<F>(row[s]);
@@ -187,6 +235,15 @@ void select_row(const F* row, int64_t m, int64_t kk, typename Key<F>::type* keys
         j += nb8;
         lo8 = _mm512_add_epi64(lo8, sixteen);
         hi8 = _mm512_add_epi64(hi8, sixteen);
+      }
+    }
+#elif defined(__AVX2__)
+    if constexpr (std::is_same<F, float>::value) {
+      const __m256 vt = _mm256_set1_ps(tau);
+      for (; s + 8 <= m; s += 8) {
+        unsigned k = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + s), vt, _CMP_GE_OQ)));
+        if (j + __builtin_popcount(k) > kk) break;  // cannot happen (the count said kk)
+        for (; k; k &= k - 1) idx[j++] = s + __builtin_ctz(k);
       }
     }
 #endif
