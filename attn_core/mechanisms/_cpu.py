@@ -153,25 +153,31 @@ def others_running() -> int:
     return max(total - _own_running(), 0)
 
 
-def fitted(threads: int, cores: int, others: int) -> int:
+def fitted(threads: int, cores: int, others: int, *, fused: bool = False) -> int:
     """The threads a call takes: as many as torch would (`threads`), but no more than the cores other programs
-    leave free, and at least one."""
+    leave free, and at least one. `fused` (a call of a few long parallel regions, `Cost.keeps_threads`): all of
+    torch's where no core is free, since each core then holds other programs alike and a thread on each gets a share
+    of each; with one core of two free, the thread sharing the other would make its half of the rows last twice as
+    long (top-k at n = 16384 beside one spinning program: 9.2 s on two threads, 2.2× SDPA, against 1.5× on one)."""
+    if fused and others >= cores:
+        return threads
     return max(1, min(threads, cores - others))
 
 
 @contextlib.contextmanager
-def free_core_threads(work: int) -> Iterator[None]:
+def free_core_threads(work: int, *, fused: bool = False) -> Iterator[None]:
     """torch's intra-op threads cut, for the calls inside, to the cores free at this instant (`fitted`), then set
     back. Why: each parallel operation ends when its slowest thread does; with another program on one of two
     cores, the thread that shares that core waits a time slice (milliseconds) at every operation, and a kernel made
     of many small operations (chunks, blocks, groups of heads) pays it at each. On the benchmark's 2-core EPYC at
     load 15, linear attention at n = 8192 took 6.9× a whole-tensor peer's time on 2 threads and 0.95× on one. Calls
-    of less than FIT_WORK numbers (B·H·n·D) are left alone: their time is too short for the count to pay."""
+    of less than FIT_WORK numbers (B·H·n·D) are left alone: their time is too short for the count to pay. `fused`:
+    see `fitted`."""
     want = torch.get_num_threads()
     if work < FIT_WORK or want <= 1:
         yield
         return
-    use = fitted(want, usable_cores_now(), others_running())
+    use = fitted(want, usable_cores_now(), others_running(), fused=fused)
     if use == want:
         yield
         return

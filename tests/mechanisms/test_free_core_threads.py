@@ -21,6 +21,15 @@ def test_fitted_threads(threads, cores, others, expected):
     assert _cpu.fitted(threads, cores, others) == expected
 
 
+@pytest.mark.parametrize("threads,cores,others,expected", [
+    (2, 2, 0, 2), (2, 2, 1, 1),  # a free core: the free ones, as any call
+    (2, 2, 2, 2), (2, 2, 5, 2), (8, 8, 8, 8),  # none free: every core shared alike, torch's count
+    (8, 16, 4, 8), (8, 8, 3, 5),
+])
+def test_fused_calls_keep_their_threads_where_no_core_is_free(threads, cores, others, expected):
+    assert _cpu.fitted(threads, cores, others, fused=True) == expected
+
+
 @pytest.fixture
 def two_threads():
     before = torch.get_num_threads()
@@ -54,7 +63,7 @@ def test_small_calls_and_a_quiet_machine_are_left_alone(monkeypatch, two_threads
 def test_attention_runs_on_the_free_cores_with_the_same_result(monkeypatch, two_threads):
     seen = []
     real = _cpu.fitted
-    monkeypatch.setattr(_cpu, "fitted", lambda *a: seen.append(a) or real(*a))
+    monkeypatch.setattr(_cpu, "fitted", lambda *a, **kw: seen.append(a) or real(*a, **kw))
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 8, 2048, 64, generator=g, dtype=torch.float64) for _ in range(3))  # 2^20 numbers
     quiet = attention("linear", q, k, v)
@@ -70,3 +79,22 @@ def test_the_counters_are_read_from_proc():
     assert _cpu._running_now() >= 1  # this process's own thread is running as it reads
     assert _cpu._own_running() >= 1
     assert _cpu.others_running() >= 0
+
+
+def test_a_mechanism_of_fused_kernels_keeps_torch_s_threads_on_a_busy_machine(monkeypatch, two_threads):
+    """`Cost.keeps_threads`: where it says the call is fused kernels (top-k with its C++ library), a machine whose
+    every core another program holds does not cut the threads inside the call; where it does not (no library), they
+    are cut as for every other call."""
+    from attn_core.mechanisms import topk
+
+    seen = []
+    real = topk.select  # called inside the call: the threads it runs on
+    monkeypatch.setattr(topk, "select", lambda *a, **kw: seen.append(torch.get_num_threads()) or real(*a, **kw))
+    monkeypatch.setattr(_cpu, "others_running", lambda: 2)
+    monkeypatch.setattr(_cpu, "usable_cores_now", lambda: 2)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 2048, 64, generator=g) for _ in range(3))  # 2^20 numbers
+    for fused in (True, False):
+        monkeypatch.setattr(topk.native, "expected", lambda: fused)
+        attention("topk", q, k, v, top_k=64)
+    assert set(seen[:len(seen) // 2]) == {2} and set(seen[len(seen) // 2:]) == {1} and torch.get_num_threads() == 2
