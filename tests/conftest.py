@@ -187,8 +187,7 @@ def private_run_store(tmp_path_factory):
     processes the tests start, which inherit it) keep their runs there; ATTN_LAB_CACHE too, for the C++ kernels
     the session builds. The kernels are built here (or found built by the first process: build_kernels_once), as
     the dashboard's start and `native build` do (a forward call never builds), so every test sees the form a user
-    would; where they cannot be built, the torch forms run
-    and the kernels' own tests skip with the reason."""
+    would; where they cannot be built, the torch forms run and the kernels' own tests skip with the reason."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(store.HOME_VARIABLE, str(tmp_path_factory.mktemp("attention-lab-home")))
         cache = os.environ.get(SUITE_CACHE)  # built once for all the workers (build_kernels_once), else here

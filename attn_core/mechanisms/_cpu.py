@@ -158,7 +158,7 @@ def fitted(threads: int, cores: int, others: int, *, fused: bool = False) -> int
     leave free, and at least one. `fused` (a call of a few long parallel regions, `Cost.keeps_threads`): all of
     torch's where no core is free, since each core then holds other programs alike and a thread on each gets a share
     of each; with one core of two free, the thread sharing the other would make its half of the rows last twice as
-    long (top-k at n = 16384 beside one spinning program: 9.2 s on two threads, 2.2× SDPA, against 1.5× on one)."""
+    long (top-k at n = 16384 beside one spinning program: 9.2 s on two threads, 2.2× SDPA, against 1.14× on one)."""
     if fused and others >= cores:
         return threads
     return max(1, min(threads, cores - others))
