@@ -162,6 +162,41 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     return (out if weight is None else out * weight).to(q.dtype)
 
 
+def block_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor, block: int, first: int,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax over the keys of each query's selected blocks (NSA's selection branch): query row t, at position
+    first + t, reads of each listed block j the keys j·block … j·block + block − 1 at or before it and before m.
+    q (B, H, r, D), k and v (B, Hk, m, D), blocks (B, S, r, nb) int64 with S = 1 or Hk → (B, H, r, D); a row with
+    no key outputs zeros. On the CPU without gradients, `native.block_softmax`: each block's keys read once for all
+    the rows that chose it, no position or flag a key. Elsewhere, each row's blocks in order spelled out as positions
+    (int64) and flags (position ≤ t) for `selected_softmax`, where every block a row can reach, those before
+    ⌈(first + r)/block⌉ (all NSA's ranking gives), lies within the keys, else for `gathered_softmax`, positions past
+    the keys read the last one, masked (a decoding step inside a block). `sinks` (H,): as `selected_softmax`."""
+    if native.softmax_runs(q, k, v):
+        work = work_dtype(q.dtype)
+        return native.block_softmax(q.to(work), k.to(work), v.to(work), blocks, block, first, sinks).to(q.dtype)
+    r, m = q.shape[2], k.shape[2]
+    idx = blocks.sort(-1).values  # blocks in order: positions increase along each row, as CSR takes them
+    pos = (idx[..., None] * block + torch.arange(block, device=q.device)).flatten(-2)  # (B, S, r, nb·block)
+    usable = pos <= torch.arange(first, first + r, device=q.device)[:, None]  # not past the query
+    del idx
+    if -(-(first + r) // block) * block <= m:  # every position a row can reach is a key: sparse products
+        return selected_softmax(q, k, v, pos, usable, sinks)
+    return gathered_softmax(q, k, v, pos.clamp_(max=m - 1), usable, sinks)
+
+
+def block_softmax_bytes(s: Shape, r: int, nb: int, m: int, block: int, S: int, copied: bool = False) -> float:
+    """Peak bytes of `native.block_softmax` on r queries of nb blocks each over m keys (the forward on the CPU
+    without gradients), above its inputs: float32 copies of half queries beside the output and its scratch
+    (`native.block_scratch_bytes`), `copied`: with the blocks made contiguous (int64); then, those gone, the output
+    beside its copy in a half dtype."""
+    e, w = s.elem, max(s.elem, 4)
+    out = s.bh * r * s.D * w
+    half = s.bh * r * s.D * e if e < w else 0
+    scratch = native.block_scratch_bytes(s.B, s.bh // s.B, r, s.bk // s.B, nb, m, block, w)
+    return out + max((out if half else 0) + scratch + (s.B * S * r * nb * 8 if copied else 0), half)
+
+
 def _sampled_scores(scores: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, idx: torch.Tensor, crow: torch.Tensor,
                     zeros: torch.Tensor | None, m: int, in_place: bool) -> None:
     """scores (B, H, r·kk) ← each head's scaled queries qs (B, H, r, D) times its keys ks (B, Hk, m, D) at the

@@ -11,7 +11,8 @@ from ._common import GPU_WORKSPACE, GPUS, check_key_padding, check_sinks, checke
 from ._nsa_branches import _block_bytes, _selected, _softmax_rows, compressed, rows, visible_blocks
 from ._sparse import work_dtype
 
-ROWS = 64  # queries per block of the forward pass on a CPU (the selections of a block are one sparse product a head)
+ROWS = 64  # a GPU's smallest block of queries of the forward pass, and its unit (`block_rows`)
+CPU_ROWS = 128  # queries per block of the forward pass on a CPU (`block_rows`)
 GPU_BLOCK_NUMBERS = 1 << 27  # a GPU block's compressed, selected and window keys, a row and head each (`block_rows`)
 GATES = ("g_cmp", "g_slc", "g_win")
 GATE_LOGIT = 2.0  # default gates sigmoid(z), z uniform in [−2, 2]
@@ -20,15 +21,17 @@ DEFAULTS = {"block": 32, "stride": 16, "select_block": 64, "select_blocks": 16, 
 
 def block_rows(device: str, bh: int, n: int, *, block: int = 32, stride: int = 16, select_block: int = 64,
                select_blocks: int = 16, window: int = 512) -> int:
-    """Queries per block of the forward pass over n queries of bh heads and batch elements: ROWS on a CPU. On a GPU,
+    """Queries per block of the forward pass over n queries of bh heads and batch elements: CPU_ROWS on a CPU, where
+    a block's selected keys are read once for all its rows that chose them (`native.block_softmax`), so that more
+    rows share more: at n = 16384 (8 heads, fp32, causal, 2-core EPYC) blocks of 64, 128 and 256 rows took 1.99, 1.61
+    and 1.61 s a call, SDPA 2.17 (the per-row kernel before it: 2.81, 2.36 and 2.46). On a GPU,
     where a block's products are launches to fill, not caches to fit, as many as keep a block's compressed scores,
     selected positions and window keys, a row and head each, within GPU_BLOCK_NUMBERS, from ROWS up to 64 times ROWS:
     4,096 at n = 16384 with eight heads, 250 at a million tokens, where a row sees 65,535 compressed blocks. On an
     H100 (fp32, causal, n = 16384) blocks of 64, 256, 1,024 and 4,096 rows took 720, 183, 61 and 43 ms, the window's
-    extra keys (r + window a row) notwithstanding; on a 2-core CPU 256 rows ran as fast as 64, and 1,024 rows twice
-    as slow (n = 2048)."""
+    extra keys (r + window a row) notwithstanding."""
     if device not in GPUS:
-        return ROWS
+        return CPU_ROWS
     keys = visible_blocks(n - 1, block, stride) + min(select_blocks, -(-n // select_block)) * select_block + window
     return max(ROWS, min(GPU_WORKSPACE * ROWS, GPU_BLOCK_NUMBERS // (bh * keys)))
 

@@ -8,6 +8,9 @@ ATTN_LAB_NATIVE=0), and `describe` names which ran.
                                                  topk.select's CPU form)
     selected_softmax(q, k, v, idx, usable)       softmax over each query's selected keys, fused (selected_softmax.cpp;
                                                  _sparse.selected_softmax's CPU form without gradients)
+    block_softmax(q, k, v, blocks, block, first) softmax over each query's selected blocks of keys, a block's keys
+                                                 read once for all the rows that chose it (block_softmax.cpp;
+                                                 _sparse.block_softmax's CPU form without gradients: NSA)
     index_scores(qi, kt, w)                      top-k's indexer, fused (index.cpp; topk.index_scores's CPU form,
                                                  float32 on machines with AVX-512 or AVX2)
 
@@ -33,11 +36,12 @@ from __future__ import annotations
 
 from .cache import CACHE
 from .loader import BUILD_HINT, OFF, ON, SWITCH, build, describe, enabled, expected, index_expected, library
-from .ops import (FLOATS, PART_BYTES, index_runs, index_scores, part_keys, runs, scratch_bytes, select,
-                  selected_softmax, softmax_runs, softmax_scratch_bytes)
+from .ops import (FLOATS, PART_BYTES, block_scratch_bytes, block_softmax, block_tile, index_runs, index_scores,
+                  part_keys, runs, scratch_bytes, select, selected_softmax, softmax_runs, softmax_scratch_bytes)
 from .toolchain import BUILD_SECONDS, FLAGS, HERE, SOURCES, TRIES, Stale, compiler, targets
 
 __all__ = ["BUILD_HINT", "BUILD_SECONDS", "CACHE", "FLAGS", "FLOATS", "HERE", "OFF", "ON", "PART_BYTES", "SOURCES",
-           "SWITCH", "TRIES", "Stale", "build", "compiler", "describe", "enabled", "expected", "index_expected",
+           "SWITCH", "TRIES", "Stale", "block_scratch_bytes", "block_softmax", "block_tile", "build", "compiler",
+           "describe", "enabled", "expected", "index_expected",
            "index_runs", "index_scores", "library", "part_keys", "runs", "scratch_bytes", "select", "selected_softmax",
            "softmax_runs", "softmax_scratch_bytes", "targets"]

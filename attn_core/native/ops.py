@@ -104,15 +104,18 @@ def _rows_of(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return x, x.stride(0), x.stride(1)
 
 
+def _sizes(q: torch.Tensor, k: torch.Tensor, sel: torch.Tensor) -> tuple[int, ...]:
+    """B, H, r, D of the queries, Hk, m of the keys, S and the entries a row of a selection (B, S, r, entries)."""
+    return (*q.shape, k.shape[1], k.shape[2], sel.shape[1], sel.shape[-1])
+
+
 @torch.library.custom_op("attn_lab::selected_softmax", mutates_args=(), device_types="cpu")
 def _selected_softmax_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, usable: torch.Tensor,
                          width: int, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q (B, H, r, D), k and v (B, Hk, m, D), idx and usable (B, S, r, kk), `width` keys a part (0: whole rows),
     sinks (H,) of q's dtype or None → (B, H, r, D): selected_softmax.cpp. Refuses a position outside 0 … m − 1 with a
     sentence."""
-    B, H, r, D = q.shape
-    Hk, m = k.shape[1], k.shape[2]
-    S, kk = idx.shape[1], idx.shape[-1]
+    B, H, r, D, Hk, m, S, kk = _sizes(q, k, idx)
     out = q.new_empty(B, H, r, D)
     if out.numel() == 0:
         return out
@@ -141,12 +144,13 @@ def _selected_softmax_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx:
     return out
 
 
-@_selected_softmax_op.register_fake
-def _(q, k, v, idx, usable, width, sinks=None):
-    return q.new_empty(q.shape)
+def _shaped_like_queries(op, name: str) -> None:
+    """A softmax op's fake implementation (an output of the queries' shape) and its refused backward."""
+    op.register_fake(lambda q, *rest: q.new_empty(q.shape))
+    op.register_autograd(_no_backward(name))
 
 
-_selected_softmax_op.register_autograd(_no_backward("selected_softmax"))
+_shaped_like_queries(_selected_softmax_op, "selected_softmax")
 
 
 def softmax_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -211,6 +215,98 @@ def softmax_scratch_bytes(B: int, S: int, r: int, m: int, D: int, kk: int, elem:
     parts = _parts(m, D, elem)[1]
     carried = (r * (D + 4) * elem + 8 * B * S * r * (parts + 1)) if parts else elem + 8
     return _threads(r) * kk * elem + carried
+
+
+# ---- block_softmax: softmax over each query's selected blocks of keys ----------------------------------------------
+
+ROWS_AT_ONCE = 4  # block_softmax.cpp's rows of one block a step (its scratch holds their scores)
+
+
+def block_tile(B: int, Hk: int, r: int) -> int:
+    """Rows of one task in `block_softmax`: all r where the batch's key/value heads make two tasks a thread or more
+    (each block's keys then serve every row of the head that chose it), else r split so that they do (MQA, one head).
+    Tasks are taken as threads come free, so one slowed by another program takes fewer."""
+    tasks = B * Hk
+    want = 2 * torch.get_num_threads()
+    return max(1, r if tasks >= want else -(-r // -(-want // tasks)))
+
+
+def _block_sizes(B: int, H: int, r: int, Hk: int, nb: int, m: int, l: int) -> tuple[int, int, int, int]:
+    """(tile, threads, scratch numbers a thread, list entries a thread) of a `block_softmax` call."""
+    tile = block_tile(B, Hk, r)
+    threads = _threads(B * Hk * -(-r // tile))
+    return tile, threads, ROWS_AT_ONCE * l + 3 * (H // Hk) * tile, -(-m // l) + 1 + tile * nb
+
+
+@torch.library.custom_op("attn_lab::block_softmax", mutates_args=(), device_types="cpu")
+def _block_softmax_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor, block: int,
+                      first: int, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q (B, H, r, D), k and v (B, Hk, m, D), blocks (B, S, r, nb) int64, `block` keys a block, row 0 at position
+    `first`, sinks (H,) or None → (B, H, r, D): block_softmax.cpp. Refuses a block outside 0 … ⌈m/block⌉ − 1 with a
+    sentence."""
+    B, H, r, D, Hk, m, S, nb = _sizes(q, k, blocks)
+    out = q.new_empty(B, H, r, D)
+    if out.numel() == 0:
+        return out
+    if nb == 0 or m == 0:
+        return out.zero_()
+    low, high = torch.aminmax(blocks)
+    if int(low) < 0 or int(high) >= -(-m // block):
+        raise ValueError(f"selected blocks must lie in 0 … {-(-m // block) - 1} ({m} keys in blocks of {block}), "
+                         f"got {int(low)} … {int(high)}")
+    blocks = blocks.contiguous()
+    q, qb, qh = _rows_of(q.detach())
+    k, kb, kh = _rows_of(k.detach())
+    v, vb, vh = _rows_of(v.detach())
+    tile, threads, floats, ints = _block_sizes(B, H, r, Hk, nb, m, block)
+    scratch = q.new_empty(threads * floats)
+    lists = torch.empty(threads * ints, dtype=torch.int64)
+    lib = _kernels()
+    fn = lib.attn_block_softmax_f64 if q.dtype == torch.float64 else lib.attn_block_softmax_f32
+    logits = None if sinks is None else sinks.detach().to(q.dtype).contiguous()
+    fn(q.data_ptr(), qb, qh, k.data_ptr(), kb, kh, v.data_ptr(), vb, vh, blocks.data_ptr(), B, H, r, D, Hk, S, nb, m,
+       block, first, tile, D ** -0.5, None if logits is None else logits.data_ptr(), threads, scratch.data_ptr(),
+       lists.data_ptr(), out.data_ptr())
+    return out
+
+
+_shaped_like_queries(_block_softmax_op, "block_softmax")
+
+
+def block_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor, block: int, first: int,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax over the keys of each query's selected blocks, Σ p_s·v_s (block_softmax.cpp, the op
+    attn_lab::block_softmax): q (B, H, r, D), k and v (B, Hk, m, D) of one CPU float dtype (`softmax_runs`), blocks
+    (B, S, r, nb) int64 with S = 1 or Hk, any order (a block listed twice counts twice) → (B, H, r, D). Query row t
+    sits at position first + t and reads, of each listed block j, the keys j·block … j·block + block − 1 at or
+    before it and before m: NSA's selection branch with no position or flag a key. A row with no key outputs zeros,
+    one with a NaN or +inf score NaN. Each block's keys are read once for every row (and query head) that chose it,
+    four rows a step. Holds the output and, a thread, 4·block scores, each row's running state and its task's lists
+    (`block_scratch_bytes`). Refuses, with a sentence, a block outside the keys. No backward. `sinks` (H,): head h's
+    logit a_h joins each row's denominator with no value (gpt-oss's attention sinks)."""
+    B, H, r, D = q.shape
+    Hk, m = k.shape[1], k.shape[2]
+    S = blocks.shape[1] if blocks.dim() == 4 else 0
+    _refuse_unless(library() is not None and S in (1, Hk) and H % Hk == 0 and blocks.shape[::2] == (B, r)
+                   and k.shape == (B, Hk, m, D) and v.shape == k.shape and blocks.dtype == torch.int64
+                   and q.dtype in FLOATS and k.dtype == v.dtype == q.dtype and block >= 1 and first >= 0
+                   and all(t.device.type == "cpu" for t in (q, k, v, blocks))
+                   and (sinks is None or (sinks.shape == (H,) and sinks.device.type == "cpu"
+                                          and sinks.is_floating_point())),
+                   "block_softmax needs a library, CPU tensors, q (B, H, r, D), k and v (B, Hk, m, D) of q's "
+                   "float32 or float64, blocks (B, 1 or Hk, r, nb) int64, a block of at least one key and a first "
+                   "position of at least 0",
+                   f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype}, "
+                   f"blocks {tuple(blocks.shape)} {blocks.dtype}, block {block}, first {first}")
+    return torch.ops.attn_lab.block_softmax(q, k, v, blocks, block, first, sinks)
+
+
+def block_scratch_bytes(B: int, H: int, r: int, Hk: int, nb: int, m: int, block: int, elem: int = 4) -> int:
+    """Bytes of `block_softmax`'s scratch, for each of its threads (one a task at most, `block_tile`): 4·block scores
+    and 3 numbers a row and query head of its task's tile (of `elem` bytes), and the task's lists (int64): where each
+    of the ⌈m/block⌉ blocks' rows end, and the tile's nb entries a row."""
+    _, threads, floats, ints = _block_sizes(B, H, r, Hk, nb, m, block)
+    return threads * (floats * elem + ints * 8)
 
 
 # ---- index_scores: top-k's indexer --------------------------------------------------------------------------------

@@ -38,11 +38,17 @@ SELECTED_SOFTMAX = _typed(
     "int64_t v_batch, int64_t v_head, const int64_t* idx, const bool* ok, int64_t B, int64_t H, int64_t r, "
     "int64_t D, int64_t Hk, int64_t S, int64_t kk, int64_t m, int64_t width, {F} scale, const {F}* sinks, "
     "int64_t threads, {F}* scratch, {F}* state, int64_t* bounds, {F}* out")
+BLOCK_SOFTMAX = _typed(
+    "attn_block_softmax", "void",
+    "const {F}* q, int64_t q_batch, int64_t q_head, const {F}* k, int64_t k_batch, int64_t k_head, const {F}* v, "
+    "int64_t v_batch, int64_t v_head, const int64_t* sel, int64_t B, int64_t H, int64_t r, int64_t D, int64_t Hk, "
+    "int64_t S, int64_t nb, int64_t m, int64_t l, int64_t first, int64_t tile, {F} scale, const {F}* sinks, "
+    "int64_t threads, {F}* scratch, int64_t* lists, {F}* out")
 INDEX = Kernel("attn_index_scores_f32", "void", tuple(
     a.strip() for a in ("const float* qi, int64_t qb, const float* kT, int64_t kb, int64_t ks, const float* w, "
                         "int64_t B, int64_t r, int64_t m, int64_t IH, int64_t dI, int64_t threads, float* out")
     .split(",")))
-KERNELS = (*SELECT, *SELECTED_SOFTMAX, INDEX, Kernel("attn_select_openmp", "int64_t"),
+KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, Kernel("attn_select_openmp", "int64_t"),
            Kernel("attn_index_available", "int64_t"))
 SIGNATURE_FUNCTION = "attn_signature"  # const char*: the hash of the declarations the library was built from
 

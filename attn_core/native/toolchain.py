@@ -17,7 +17,8 @@ from . import cache, signatures
 from .cache import Unsafe, cache_dir
 
 HERE = Path(__file__).resolve().parent
-SOURCES = (HERE / "select.cpp", HERE / "selected_softmax.cpp", HERE / "index.cpp")  # one library
+SOURCES = (HERE / "select.cpp", HERE / "selected_softmax.cpp", HERE / "block_softmax.cpp", HERE / "index.cpp")
+HEADERS = (HERE / "vector.h",)  # included by the sources beside it (their own folder is searched first)
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 TRIES = (("-march=native", "-fopenmp"), ("-march=native",), ())  # OpenMP and this CPU's vector units, or fewer
 BUILD_SECONDS = 120  # one try's time limit (`build(seconds=...)`)
@@ -90,7 +91,7 @@ def _version(cxx: str) -> str:
 def targets(cxx: str) -> list[tuple[tuple[str, ...], str]]:
     """Each try's flags and its library's file name in the cache: a key of the sources, the declarations, the
     compiler's version, the flags and the CPU."""
-    source = b"\0".join(path.read_bytes() for path in SOURCES) + signatures.header().encode()
+    source = b"\0".join(path.read_bytes() for path in (*SOURCES, *HEADERS)) + signatures.header().encode()
     found = []
     for extra in TRIES:
         flags = (*FLAGS, *extra)

@@ -137,11 +137,11 @@ def test_top_k_and_nsa_blocks_on_a_gpu_hold_more_rows_and_their_memory_models_fo
     # a CPU, 64·2**18 // 408 = 41120 on a GPU.
     assert topk.key_tile(1, 4, 102) == 2**18 // (1 * 4 * 102) == 642
     assert topk.key_tile(1, 4, 102, "cuda") == 64 * 2**18 // (1 * 4 * 102) == 41120
-    # NSA: 64 rows on a CPU; on a GPU, 2**27 numbers over bh = 8 heads and the keys a last row sees: the compressed
+    # NSA: 128 rows on a CPU; on a GPU, 2**27 numbers over bh = 8 heads and the keys a last row sees: the compressed
     # blocks of 32 every 16 ending by t = n − 1, (n − 32) // 16 + 1, then 16 selected blocks of 64 and a window of
     # 512; between 64 and 64·64 rows. n = 16384: 1023 + 1024 + 512 = 2559 keys, 2**27 // (8·2559) = 6556 → 4096;
     # n = 2**20: 65535 + 1536 = 67071 keys, 2**27 // (8·67071) = 250.
-    assert nsa.block_rows("cpu", 8, 16384) == nsa.block_rows("cpu", 8, 1 << 20) == 64
+    assert nsa.block_rows("cpu", 8, 16384) == nsa.block_rows("cpu", 8, 1 << 20) == 128
     assert nsa.block_rows("cuda", 8, 16384) == min(64 * 64, 2**27 // (8 * ((16384 - 32) // 16 + 1 + 16 * 64 + 512)))
     assert nsa.block_rows("cuda", 8, 16384) == 4096
     assert nsa.block_rows("cuda", 8, 1 << 20) == 2**27 // (8 * ((2**20 - 32) // 16 + 1 + 16 * 64 + 512)) == 250

@@ -56,7 +56,7 @@ def test_query_blocks_of_the_kernel_do_not_change_the_output(monkeypatch):
     (q, k, v), gates = inputs(41, B=1, H=2, Hk=1)
     want = nsa_reference(q, k, v, **gates, **SMALL)
     for rows in (1, 3, 16, 64):
-        monkeypatch.setattr(nsa, "ROWS", rows)
+        monkeypatch.setattr(nsa, "CPU_ROWS", rows)
         torch.testing.assert_close(ac.attention(KEY, q, k, v, causal=True, **SMALL, **gates), want,
                                    atol=1e-12, rtol=1e-10)
 
@@ -154,7 +154,7 @@ def test_the_memory_model_holds_for_any_block_of_rows(n, params, rows, Hk, dtype
     the peak. The model that priced a 64-row block's stages ran 0.79–1.48 of the allocator at the second."""
     from tests.baselines import trace_peak_bytes
 
-    monkeypatch.setattr(nsa, "ROWS", rows)
+    monkeypatch.setattr(nsa, "CPU_ROWS", rows)
     B, H, D = 1, 4, 32
     g = torch.Generator().manual_seed(0)
     q = torch.randn(B, H, n, D, generator=g).to(dtype)
@@ -185,8 +185,9 @@ def test_bad_input_is_refused_with_a_sentence(kwargs, match):
 def test_the_costs_count_what_the_kernel_reads():
     s = Shape(1, 8, 16384, 16384, 64, causal=True)
     useful, executed = ac.get(KEY).cost.flops(s), ac.get(KEY).cost.executed(s)
-    assert useful <= executed <= 1.05 * useful
-    assert executed < 0.26 * 4 * 8 * 16384 ** 2 * 64 / 2  # about n/32 + 1536 keys a query: a quarter of causal
+    assert useful <= executed <= 1.09 * useful  # a CPU's blocks of 128 rows: each row's window product spans the
+    # block's last row's r + window − 1 keys, and its compressed product the last row's blocks: 1.082× here
+    assert executed < 0.27 * 4 * 8 * 16384 ** 2 * 64 / 2  # about n/32 + 1536 keys a query: a quarter of causal
     # softmax's useful FLOPs at this n
 
 

@@ -1,4 +1,4 @@
-"""The C++ kernels as torch operators (attn_lab::select, attn_lab::selected_softmax, attn_lab::index_scores):
+"""The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores):
 torch.library.opcheck on each, torch.compile tracing around them, a backward through one refused with a sentence;
 and their one declaration (attn_core/native/signatures.py): a definition that differs is refused by the compiler, a
 library built from other declarations is refused at load and built again, its new file loaded by a new handle."""
@@ -26,7 +26,10 @@ def op_samples():
     samples = [(torch.ops.attn_lab.select.default, (scores, 40)),
                (torch.ops.attn_lab.select.default, (scores.double(), 1)),
                (torch.ops.attn_lab.selected_softmax.default, (q, k, v, idx, usable, 0)),
-               (torch.ops.attn_lab.selected_softmax.default, (q.double(), k.double(), v.double(), idx, usable, 0))]
+               (torch.ops.attn_lab.selected_softmax.default, (q.double(), k.double(), v.double(), idx, usable, 0)),
+               (torch.ops.attn_lab.block_softmax.default, (q, k, v, idx // 8, 8, 30, None)),
+               (torch.ops.attn_lab.block_softmax.default, (q.double(), k.double(), v.double(), idx[:, :1] // 8, 8, 0,
+                                                           torch.randn(4, generator=g, dtype=torch.float64)))]
     if native.index_runs(q):
         qi = torch.randn(2, 9, 4 * 8, generator=g)[:, 1:]
         kt = torch.randn(2, 8, 50, generator=g)[:, :, :47]
