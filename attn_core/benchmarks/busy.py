@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from . import interleaved, ratios, spread
-from .runner import Benchmark, Figure, Machine, run
+from .runner import Benchmark, Figure, Machine, built_kernels, run
 from .. import MECHANISMS, attention, make_state
 from ..engine import env
 from ..mechanisms import _cpu
@@ -331,6 +331,7 @@ def settle(args: argparse.Namespace) -> None:
 
 def body(args: argparse.Namespace) -> list[Figure]:
     print(f"  CPU: {env.cpu_name()}; {_cpu.caches().describe()}; torch threads {torch.get_num_threads()}")
+    print(f"  CPU kernels: {built_kernels()}")  # top-k's and NSA's C++ forms, or why their torch forms run
     figures = []
     for count in args.neighbours:
         figures += measure_load(args, count)

@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 import torch
 
 from . import CLOCKS, end, start
+from .. import native
 from ..engine import env
 from ..engine.files import write_atomic
 from ..engine.measure import format_bytes
@@ -257,6 +258,15 @@ def cpu_caches() -> dict[str, int]:
             suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
             found[f"L{level}{suffix}"] = size_of(size)
     return found
+
+
+def built_kernels() -> str:
+    """The C++ kernels built, or found built, for this process, as the dashboard's worker does at its start (a
+    forward call never builds, and without them top-k and NSA run their torch forms): `native.describe`'s words,
+    which say why where none could be. A benchmark names them beside its figures."""
+    with contextlib.suppress(RuntimeError):
+        native.build()
+    return native.describe()
 
 
 def machine_line() -> str:
