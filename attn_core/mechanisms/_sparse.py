@@ -226,7 +226,8 @@ def selected_softmax_bytes(s: Shape, r: int, kk: int, m: int | None = None, S: i
     which the engine's peaks are): float32 copies of half queries beside the output and its scratch
     (`native.softmax_scratch_bytes`), then, the copies gone, the output beside its copy in a half dtype; `sinks`
     there add nothing (one more term in each row's sum). The torch forms with `sinks`: the log-sum-exp's
-    exponentials beside the scores, one r·kk a head more."""
+    exponentials beside the scores and the probabilities, three r·kk a head at once (the bag sums come after
+    them)."""
     e, w = s.elem, max(s.elem, 4)
     probs, block = s.bh * r * kk * w, s.bh * r * s.D * w
     general = 16 * (r * kk + 1) if w == 8 else 0
@@ -234,10 +235,9 @@ def selected_softmax_bytes(s: Shape, r: int, kk: int, m: int | None = None, S: i
     if s.device == "cpu" and native.expected():
         scratch = native.softmax_scratch_bytes(s.B, S, r, s.Nk if m is None else m, s.D, kk, w)
         return block + max((block if half else 0) + scratch, half)
-    if sinks:
-        general += probs  # the log-sum-exp's exponentials, beside the scores and the probabilities
-    return 8 * (r + 1) + max(2 * block if half else 0, block + probs, 2 * probs, probs + block + r * s.D * w + general,
-                             block + half)
+    lse = 3 * probs if sinks else 0  # the log-sum-exp's exponentials, beside the scores and the probabilities
+    return 8 * (r + 1) + max(2 * block if half else 0, block + probs, 2 * probs, lse,
+                             probs + block + r * s.D * w + general, block + half)
 
 
 def _sampled_into(into: torch.Tensor, crow: torch.Tensor, col: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
