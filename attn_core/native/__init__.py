@@ -36,12 +36,11 @@ from __future__ import annotations
 
 from .cache import CACHE
 from .loader import BUILD_HINT, OFF, ON, SWITCH, build, describe, enabled, expected, index_expected, library
-from .ops import (FLOATS, PART_BYTES, block_scratch_bytes, block_softmax, block_tile, index_runs, index_scores,
-                  part_keys, runs, scratch_bytes, select, selected_softmax, softmax_runs, softmax_scratch_bytes)
+from .ops import (FLOATS, PART_BYTES, block_scratch_bytes, block_softmax, index_runs, index_scores, part_keys, runs,
+                  scratch_bytes, select, selected_softmax, softmax_runs, softmax_scratch_bytes)
 from .toolchain import BUILD_SECONDS, FLAGS, HERE, SOURCES, TRIES, Stale, compiler, targets
 
 __all__ = ["BUILD_HINT", "BUILD_SECONDS", "CACHE", "FLAGS", "FLOATS", "HERE", "OFF", "ON", "PART_BYTES", "SOURCES",
-           "SWITCH", "TRIES", "Stale", "block_scratch_bytes", "block_softmax", "block_tile", "build", "compiler",
-           "describe", "enabled", "expected", "index_expected",
-           "index_runs", "index_scores", "library", "part_keys", "runs", "scratch_bytes", "select", "selected_softmax",
-           "softmax_runs", "softmax_scratch_bytes", "targets"]
+           "SWITCH", "TRIES", "Stale", "block_scratch_bytes", "block_softmax", "build", "compiler", "describe",
+           "enabled", "expected", "index_expected", "index_runs", "index_scores", "library", "part_keys", "runs",
+           "scratch_bytes", "select", "selected_softmax", "softmax_runs", "softmax_scratch_bytes", "targets"]

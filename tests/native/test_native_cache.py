@@ -214,3 +214,22 @@ def test_a_compiler_past_its_time_limit_is_killed_with_its_children(tmp_path, mo
         time.sleep(0.05)
     assert children and not any(alive(pid) for pid in children)
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("files", ["SOURCES", "HEADERS"])
+def test_the_library_s_name_follows_every_source_and_the_shared_header(files, tmp_path, monkeypatch):
+    """An edit to any file the build reads, the vector header the kernels include among them, names a new library:
+    with the header left out of the key, an edited header would load the library built before it, whose
+    declarations (and so its checked hash) are the same."""
+    cxx = native.compiler() or "c++"
+    before = [name for _, name in native.targets(cxx)]
+    for i, path in enumerate(getattr(toolchain, files)):
+        edited = tmp_path / f"{i}-{path.name}"
+        edited.write_bytes(path.read_bytes() + b"\n// edited\n")
+        listed = list(getattr(toolchain, files))
+        listed[i] = edited
+        with monkeypatch.context() as m:
+            m.setattr(toolchain, files, tuple(listed))
+            after = [name for _, name in native.targets(cxx)]
+        assert all(a != b for a, b in zip(before, after)), path.name
+    assert [name for _, name in native.targets(cxx)] == before  # and back, the files as they are
