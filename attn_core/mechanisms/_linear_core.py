@@ -9,6 +9,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from .. import native
 from ..spec import Shape
 from ._common import HALF, check_finite, trusted, workspace
 from ._cpu import caches
@@ -317,11 +318,16 @@ GROUP_BYTES = caches().shared // 8  # one group's query rows in the non-causal w
 # keys and output about half the last-level cache (4 MiB on the benchmark's EPYC; see `_non_causal_groups`)
 
 
-def phi_into(x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """φ(x) = elu(x) + 1 = exp(min(x, 0)) + (x − min(x, 0)), written into `out` (`scratch`: as large, overwritten):
-    x + 1 for x > 0, eˣ (as 2^(x·log₂e)) otherwise. Any NaN or ±inf in x gives NaN or inf (−inf − (−inf) is NaN),
-    so the sums over keys and the normalizers show a non-finite input without reading it again. Five passes of
-    cheap operations: on rows that stay in cache, 40% less time than torch's elu (its expm1 is slow)."""
+def phi_into(x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor | None) -> torch.Tensor:
+    """φ(x) = elu(x) + 1 = exp(min(x, 0)) + (x − min(x, 0)), written into `out` (`scratch`: as large, overwritten;
+    None only where `native.elu_runs(x, out)`): x + 1 for x > 0, eˣ otherwise. Any NaN or ±inf in x gives NaN or inf
+    (−inf − (−inf) is NaN), so the sums over keys and the normalizers show a non-finite input without reading it
+    again. Contiguous float32 on a CPU with AVX2 or AVX-512 (`native.elu_runs`): one pass in C++
+    (`native.elu_plus_one`; 4 Mi numbers 1.5 ms against 5.8 ms on the benchmark's CPU). Else five passes of cheap
+    torch operations, eˣ as 2^(x·log₂e): on rows that stay in cache, 40% less time than torch's elu (its expm1 is
+    slow)."""
+    if native.elu_runs(x, out):
+        return native.elu_plus_one(x, out)
     torch.clamp(x, max=0, out=out)
     torch.sub(x, out, out=scratch)
     return out.mul_(LOG2E).exp2_().add_(scratch)
@@ -330,7 +336,10 @@ def phi_into(x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> torch
 def phi_sliced(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """`phi_into` over slices of x's first two dimensions (batch, heads), each at most GROUP_BYTES, through one
     scratch of that size: its five passes then read and write the shared cache, not memory (16 MiB of φ 2.3 ms at
-    once, 1.1 ms in 4 MiB slices, on the benchmark's CPU). x and out of one shape, any strides."""
+    once, 1.1 ms in 4 MiB slices, on the benchmark's CPU). x and out of one shape, any strides; where the C++ pass
+    takes them (`native.elu_runs`), that pass alone, with no scratch."""
+    if native.elu_runs(x, out):
+        return native.elu_plus_one(x, out)
     B, H = x.shape[:2]
     per = x[0, 0].numel()
     step = max(1, min(H, GROUP_BYTES // (per * x.element_size())))
@@ -375,20 +384,25 @@ def _non_causal_groups(q, k, v, out) -> None:
     groups = _head_groups(q, k, v, out, group_heads(B * Hk, r * nq, d, q.element_size()))
     heads = max(ks.shape[0] for _, ks, _, _ in groups)
     buf = q.new_empty(heads * max(r * nq, nk) * d)
-    scratch = torch.empty_like(buf)
+    scratch = None if all(native.elu_runs(x, x) for x in (q, k)) else torch.empty_like(buf)  # C++ φ: no scratch
     suspect = False
     for qs, ks, vs, os in groups:
         g = ks.shape[0]
-        fk = phi_into(ks, buf[:ks.numel()].view(ks.shape), scratch[:ks.numel()].view(ks.shape))
+        fk = phi_into(ks, buf[:ks.numel()].view(ks.shape), _part(scratch, ks))
         state = torch.bmm(fk.transpose(-2, -1), vs)  # (g, D, D)
         z = fk.sum(-2, keepdim=True)  # (g, 1, D)
-        fq = phi_into(qs, buf[:qs.numel()].view(qs.shape), scratch[:qs.numel()].view(qs.shape)).view(g, -1, d)
+        fq = phi_into(qs, buf[:qs.numel()].view(qs.shape), _part(scratch, qs)).view(g, -1, d)
         rows = os.view(g, -1, d)
         torch.bmm(fq, state, out=rows)
         den = torch.bmm(z, fq.transpose(-2, -1))  # (g, 1, H/Hk·Nq)
         suspect |= _divide(rows, den.transpose(-2, -1)) or not math.isfinite(state.sum().item())
     if suspect and not trusted():
         check_finite(q=q, k=k, v=v)
+
+
+def _part(scratch: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    """The first x.numel() numbers of `scratch`, viewed as x; None without one."""
+    return None if scratch is None else scratch[:x.numel()].view(x.shape)
 
 
 def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -399,10 +413,11 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 
     Non-causal: a group of heads at a time (`_non_causal_groups`, which also notices NaN and inf in the input).
     Causal: blocks of C = `causal_block` positions; each block's state φ(K_b)ᵀ[V_b, 1], their exclusive prefix sum
-    (cumsum − own), then per block tril(φ(Q_b)φ(K_b)ᵀ)[V_b, 1] + φ(Q_b)·prefix; the last n mod C rows as one
-    block after them. The H/Hk query heads of a group are rows of one product (a grouped copy of φ(Q) when
-    Hk < H). Memory O(n·D): φ(K), [V, 1], the block states and their sums, φ(Q), the in-block products.
-    φ is `phi_into`, so NaN or inf in q or k reaches the normalizers, and in v the sum of the block states, which
+    (the sum of those before, written one block on: no subtraction, whose pass cost 1 ms at n = 8192), then per block
+    tril(φ(Q_b)φ(K_b)ᵀ)[V_b, 1] + φ(Q_b)·prefix; the last n mod C rows as one block after them. The H/Hk query
+    heads of a group are rows of one product (a grouped copy of φ(Q) when Hk < H). Memory O(n·D): φ(K), [V, 1], the
+    block states and their sums, φ(Q), the in-block products. φ is `phi_into` (one C++ pass where
+    `native.elu_runs`), so NaN or inf in q or k reaches the normalizers, and in v the sum of the block states, which
     the division and one small reduction read: then, outside `validated()`, `check_finite` names the tensor."""
     B, H, nq, d = q.shape
     Hk, nk = k.shape[1], k.shape[2]
@@ -418,7 +433,9 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         fk = phi_sliced(k[:, :, :w], k.new_empty(B, Hk, w, d)).view(B * Hk, nb, c, d)
         v1 = F.pad(v[:, :, :w], (0, 1), value=1.0).view(B * Hk, nb, c, d + 1)  # [V, 1]
         kv = fk.transpose(-2, -1) @ v1  # (B·Hk, nb, D, D + 1): each block's own state
-        before = torch.cumsum(kv, dim=1).sub_(kv)  # the blocks before each one
+        before = torch.empty_like(kv)  # the blocks before each one: an exclusive prefix sum, written in place
+        before[:, 0].zero_()
+        torch.cumsum(kv[:, :-1], 1, out=before[:, 1:])
         total = before[:, -1] + kv[:, -1]
         del kv
         grouped = torch.empty(B, Hk, nb, r, c, d, dtype=v.dtype, device=v.device)  # block by block, heads as rows
@@ -451,10 +468,12 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     return out
 
 
-def elu_memory(bh: int, bk: int, nq: int, nk: int, d: int, causal: bool, elem: int = 4) -> float:
+def elu_memory(bh: int, bk: int, nq: int, nk: int, d: int, causal: bool, elem: int = 4,
+               scratch: bool = True) -> float:
     """Predicted peak numbers held by `elu_attention` above its inputs (multiply by the element size `elem`), B·H
     query and B·Hk key/value heads: the output (B·H·Nq·D) plus, non-causal, a group's (`group_heads`) buffer for φ
-    and its scratch (each the larger of its query and key rows, D wide), its states, Σφ(K) and normalizers; causal,
+    and its scratch (each the larger of its query and key rows, D wide; no scratch where `scratch` is False: the C++
+    φ, `native.elu_runs`), its states, Σφ(K) and normalizers; causal,
     with C = `causal_block` and nb whole blocks of w = nb·C positions, the larger of: φ(K) and [V, 1] of the blocks
     with the block states beside their prefix sums and the total carried on; the same with the prefix sums only,
     then φ(Q) grouped, the in-block products (C per row) and their numerators (D + 1 per row); and the last n mod C
@@ -462,7 +481,7 @@ def elu_memory(bh: int, bk: int, nq: int, nk: int, d: int, causal: bool, elem: i
     if not causal:
         r = bh // bk
         g = group_heads(bk, r * nq, d, elem)
-        return bh * nq * d + 2 * g * max(r * nq, nk) * d + g * (d * d + d + r * nq)
+        return bh * nq * d + (1 + scratch) * g * max(r * nq, nk) * d + g * (d * d + d + r * nq)
     c = causal_block(d, d)
     nb = nk // c
     w, rest = nb * c, nk - nb * c

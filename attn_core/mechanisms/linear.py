@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import native
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import StateCache
 from ._common import check_finite, check_has_values, check_key_padding, checked_shape, repeated, row_normalized, trusted
@@ -77,7 +78,8 @@ def _executed_flops(s: Shape) -> float:
 
 def _memory(s: Shape) -> float:
     if _whole(s):
-        return elu_memory(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal, s.elem) * s.elem
+        in_cpp = s.device == "cpu" and s.elem == 4 and native.elu_expected()  # φ in one C++ pass, no scratch
+        return elu_memory(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal, s.elem, scratch=not in_cpp) * s.elem
     # φ = elu + 1 of a chunk: two (rows, D) tensors at its peak, the features and the other of clamp(x, max=0)
     return linear_core_memory(s, s.D, 2 * s.D, 2 * s.D)
 

@@ -1,5 +1,6 @@
-"""The C++ kernels as torch operators (attn_lab::select, selected_softmax, index_scores: torch.library custom ops
-with fake implementations and no backward), and the wrappers that check what each kernel would misread."""
+"""The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores,
+elu_plus_one: torch.library custom ops with fake implementations and no backward), and the wrappers that check what
+each kernel would misread."""
 from __future__ import annotations
 
 import ctypes
@@ -361,3 +362,41 @@ def index_scores(qi: torch.Tensor, kt: torch.Tensor, w: torch.Tensor) -> torch.T
                    "index_scores needs a library built with AVX-512 or AVX2, CPU float32 queries (B, r, IH·dI), keys "
                    "(B, dI, m) and weights (IH,)", f"{tuple(qi.shape)} {qi.dtype}, {tuple(kt.shape)}, {tuple(w.shape)}")
     return torch.ops.attn_lab.index_scores(qi, kt, w)
+
+
+# ---- elu_plus_one: linear attention's feature map ----------------------------------------------------------------
+
+ELU_PIECE = 1 << 14  # elu_plus_one.cpp's numbers a task (PIECE)
+
+
+@torch.library.custom_op("attn_lab::elu_plus_one", mutates_args=("out",), device_types="cpu")
+def _elu_op(x: torch.Tensor, out: torch.Tensor) -> None:
+    """out ← elu(x) + 1, x and out contiguous float32 of one size (out may be x itself): elu_plus_one.cpp."""
+    n = x.numel()
+    if n:
+        _kernels().attn_elu_plus_one_f32(x.data_ptr(), n, _threads(-(-n // ELU_PIECE)), out.data_ptr())
+
+
+def elu_runs(x: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether `elu_plus_one` takes x into out: contiguous float32 CPU tensors of one shape, no gradient wanted through
+    x, and a library built with AVX-512, or AVX2 with FMA (a scalar loop would be slower than torch's five passes)."""
+    if not (x.device.type == out.device.type == "cpu" and x.dtype == out.dtype == torch.float32
+            and x.shape == out.shape and x.is_contiguous() and out.is_contiguous()):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        return False
+    lib = library()
+    return lib is not None and bool(lib.attn_elu_plus_one_available())
+
+
+def elu_plus_one(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out ← φ(x) = elu(x) + 1 = e^min(x, 0) + (x − min(x, 0)), in one pass (elu_plus_one.cpp, the op
+    attn_lab::elu_plus_one), and out returned: x and out contiguous float32 CPU tensors of one shape (`elu_runs`;
+    out may be x). NaN and −inf give NaN, +inf gives +inf. Holds nothing beside them. No backward. Refuses, with a
+    sentence, what `elu_runs` does not take."""
+    _refuse_unless(elu_runs(x, out), "elu_plus_one needs a library built with AVX-512 or AVX2, and contiguous float32 "
+                   "CPU tensors x and out of one shape that want no gradient",
+                   f"x {tuple(x.shape)} {x.dtype} on {x.device}, out {tuple(out.shape)} {out.dtype} on {out.device}"
+                   f"{'' if x.is_contiguous() and out.is_contiguous() else ', not contiguous'}")
+    torch.ops.attn_lab.elu_plus_one(x.detach(), out)
+    return out

@@ -48,8 +48,9 @@ INDEX = Kernel("attn_index_scores_f32", "void", tuple(
     a.strip() for a in ("const float* qi, int64_t qb, const float* kT, int64_t kb, int64_t ks, const float* w, "
                         "int64_t B, int64_t r, int64_t m, int64_t IH, int64_t dI, int64_t threads, float* out")
     .split(",")))
-KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, Kernel("attn_select_openmp", "int64_t"),
-           Kernel("attn_index_available", "int64_t"))
+ELU_PLUS_ONE = Kernel("attn_elu_plus_one_f32", "void", ("const float* x", "int64_t n", "int64_t threads", "float* out"))
+KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, ELU_PLUS_ONE, Kernel("attn_select_openmp", "int64_t"),
+           Kernel("attn_index_available", "int64_t"), Kernel("attn_elu_plus_one_available", "int64_t"))
 SIGNATURE_FUNCTION = "attn_signature"  # const char*: the hash of the declarations the library was built from
 
 _CTYPES = {"void": None, "int64_t": ctypes.c_int64, "float": ctypes.c_float, "double": ctypes.c_double,

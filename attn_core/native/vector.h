@@ -1,5 +1,6 @@
-// The float32 vector the kernels share (selected_softmax.cpp, block_softmax.cpp): its lanes and the few operations
-// they use, for each instruction set, one code over them; a vector e^x and exp_less. Included, never compiled alone.
+// The float32 vector the kernels share (selected_softmax.cpp, block_softmax.cpp, elu_plus_one.cpp): its lanes and
+// the few operations they use, for each instruction set, one code over them; a vector e^x and exp_less. Included,
+// never compiled alone.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -73,6 +74,7 @@ inline vec vsub(vec a, vec b) { return ATTN_V(sub_ps)(a, b); }
 inline vec vmul(vec a, vec b) { return ATTN_V(mul_ps)(a, b); }
 inline vec vfmadd(vec a, vec b, vec c) { return ATTN_V(fmadd_ps)(a, b, c); }
 inline vec vfnmadd(vec a, vec b, vec c) { return ATTN_V(fnmadd_ps)(a, b, c); }
+inline vec vmin(vec a, vec b) { return ATTN_V(min_ps)(a, b); }  // b where a is NaN
 
 // e^x for x <= 0 (scores less their row's highest); 0 below −87.34, where float32's e^x is no longer normal
 inline vec vexp(vec x) {

@@ -1,4 +1,4 @@
-"""The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores):
+"""The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores, elu_plus_one):
 torch.library.opcheck on each, torch.compile tracing around them, a backward through one refused with a sentence;
 and their one declaration (attn_core/native/signatures.py): a definition that differs is refused by the compiler, a
 library built from other declarations is refused at load and built again, its new file loaded by a new handle."""
@@ -34,13 +34,17 @@ def op_samples():
         qi = torch.randn(2, 9, 4 * 8, generator=g)[:, 1:]
         kt = torch.randn(2, 8, 50, generator=g)[:, :, :47]
         samples.append((torch.ops.attn_lab.index_scores.default, (qi, kt, torch.rand(4, generator=g))))
+    x = torch.randn(3, 37, generator=g)
+    if native.elu_runs(x, x):
+        samples.append((torch.ops.attn_lab.elu_plus_one.default, (x, torch.empty_like(x))))
     return samples
 
 
 @pytest.mark.usefixtures("built")
 def test_opcheck_passes_on_every_kernel():
     """torch.library.opcheck (schema, autograd registration, the fake implementation's shapes against the real
-    outputs, AOT dispatch with dynamic shapes) on each op; the indexer where the library has it (AVX-512 or AVX2)."""
+    outputs, AOT dispatch with dynamic shapes) on each op; the indexer and the feature map where the library has them
+    (AVX-512 or AVX2)."""
     for op, args in op_samples():
         torch.library.opcheck(op, args)
 
