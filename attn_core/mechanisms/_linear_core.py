@@ -405,6 +405,18 @@ def _part(scratch: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
     return None if scratch is None else scratch[:x.numel()].view(x.shape)
 
 
+def _before(kv: torch.Tensor) -> torch.Tensor:
+    """Σ_{b' < b} kv[:, b'] for each block b of kv (B·Hk, nb, …), 0 for the first: in C++ where `native.prefix_runs`
+    (one vectorised add a block, 1.2 ms for 8 heads' 128 states at n = 8192, D = 64), else torch's cumsum written one
+    block on (3.6 ms; no subtraction of each block's own, whose pass cost 1 ms more). A new tensor of kv's shape."""
+    if native.prefix_runs(kv):
+        return native.prefix_sums(kv, 1)
+    before = torch.empty_like(kv)
+    before[:, 0].zero_()
+    torch.cumsum(kv[:, :-1], 1, out=before[:, 1:])
+    return before
+
+
 def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """linear_attention_core's result for φ = elu + 1 in few, large operations (no loop over chunks of rows; a
     few groups of heads or slices of φ at most): each parallel operation of a call costs a synchronisation of the
@@ -412,11 +424,10 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     formula, same shapes; `whole_ready` says when.
 
     Non-causal: a group of heads at a time (`_non_causal_groups`, which also notices NaN and inf in the input).
-    Causal: blocks of C = `causal_block` positions; each block's state φ(K_b)ᵀ[V_b, 1], their exclusive prefix sum
-    (the sum of those before, written one block on: no subtraction, whose pass cost 1 ms at n = 8192), then per block
-    tril(φ(Q_b)φ(K_b)ᵀ)[V_b, 1] + φ(Q_b)·prefix; the last n mod C rows as one block after them. The H/Hk query
-    heads of a group are rows of one product (a grouped copy of φ(Q) when Hk < H). Memory O(n·D): φ(K), [V, 1], the
-    block states and their sums, φ(Q), the in-block products. φ is `phi_into` (one C++ pass where
+    Causal: blocks of C = `causal_block` positions; each block's state φ(K_b)ᵀ[V_b, 1], their exclusive prefix sums
+    (`_before`), then per block tril(φ(Q_b)φ(K_b)ᵀ)[V_b, 1] + φ(Q_b)·prefix; the last n mod C rows as one block after
+    them. The H/Hk query heads of a group are rows of one product (a grouped copy of φ(Q) when Hk < H). Memory O(n·D):
+    φ(K), [V, 1], the block states and their sums, φ(Q), the in-block products. φ is `phi_into` (one C++ pass where
     `native.elu_runs`), so NaN or inf in q or k reaches the normalizers, and in v the sum of the block states, which
     the division and one small reduction read: then, outside `validated()`, `check_finite` names the tensor."""
     B, H, nq, d = q.shape
@@ -433,9 +444,7 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         fk = phi_sliced(k[:, :, :w], k.new_empty(B, Hk, w, d)).view(B * Hk, nb, c, d)
         v1 = F.pad(v[:, :, :w], (0, 1), value=1.0).view(B * Hk, nb, c, d + 1)  # [V, 1]
         kv = fk.transpose(-2, -1) @ v1  # (B·Hk, nb, D, D + 1): each block's own state
-        before = torch.empty_like(kv)  # the blocks before each one: an exclusive prefix sum, written in place
-        before[:, 0].zero_()
-        torch.cumsum(kv[:, :-1], 1, out=before[:, 1:])
+        before = _before(kv)  # the sums of the blocks before each one
         total = before[:, -1] + kv[:, -1]
         del kv
         grouped = torch.empty(B, Hk, nb, r, c, d, dtype=v.dtype, device=v.device)  # block by block, heads as rows

@@ -15,6 +15,8 @@ ATTN_LAB_NATIVE=0), and `describe` names which ran.
                                                  float32 on machines with AVX-512 or AVX2)
     elu_plus_one(x, out)                         linear attention's φ = elu + 1 in one pass (elu_plus_one.cpp;
                                                  _linear_core.phi_into's CPU form, float32 with AVX-512 or AVX2)
+    prefix_sums(x, dim)                          the sums of the steps before each one along a dimension (prefix.cpp;
+                                                 causal linear attention's block states, where torch has cumsum)
 
 The ops take no gradient: a backward through one raises a sentence, and the callers send calls that want gradients
 to the torch forms. Each wrapper refuses, with a sentence, what its kernel would misread (a device, a dtype, a shape,
@@ -40,12 +42,12 @@ from .cache import CACHE
 from .loader import (BUILD_HINT, OFF, ON, SWITCH, build, describe, elu_expected, enabled, expected, index_expected,
                      library)
 from .ops import (FLOATS, PART_BYTES, block_scratch_bytes, block_softmax, elu_plus_one, elu_runs, index_runs,
-                  index_scores, part_keys, runs, scratch_bytes, select, selected_softmax, softmax_runs,
-                  softmax_scratch_bytes)
+                  index_scores, part_keys, prefix_runs, prefix_sums, runs, scratch_bytes, select, selected_softmax,
+                  softmax_runs, softmax_scratch_bytes)
 from .toolchain import BUILD_SECONDS, FLAGS, HERE, SOURCES, TRIES, Stale, compiler, targets
 
 __all__ = ["BUILD_HINT", "BUILD_SECONDS", "CACHE", "FLAGS", "FLOATS", "HERE", "OFF", "ON", "PART_BYTES", "SOURCES",
            "SWITCH", "TRIES", "Stale", "block_scratch_bytes", "block_softmax", "build", "compiler", "describe",
            "elu_expected", "elu_plus_one", "elu_runs", "enabled", "expected", "index_expected", "index_runs",
-           "index_scores", "library", "part_keys", "runs", "scratch_bytes", "select", "selected_softmax",
-           "softmax_runs", "softmax_scratch_bytes", "targets"]
+           "index_scores", "library", "part_keys", "prefix_runs", "prefix_sums", "runs", "scratch_bytes", "select",
+           "selected_softmax", "softmax_runs", "softmax_scratch_bytes", "targets"]

@@ -1,9 +1,10 @@
 """The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores,
-elu_plus_one: torch.library custom ops with fake implementations and no backward), and the wrappers that check what
-each kernel would misread."""
+elu_plus_one, prefix_sums: torch.library custom ops with fake implementations and no backward), and the wrappers
+that check what each kernel would misread."""
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Optional
 
 import torch
@@ -400,3 +401,52 @@ def elu_plus_one(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
                    f"{'' if x.is_contiguous() and out.is_contiguous() else ', not contiguous'}")
     torch.ops.attn_lab.elu_plus_one(x.detach(), out)
     return out
+
+
+# ---- prefix_sums: the sums of the steps before each one ------------------------------------------------------------
+
+PREFIX_SPAN = 1024  # prefix.cpp's columns a task (SPAN)
+
+
+@torch.library.custom_op("attn_lab::prefix_sums", mutates_args=(), device_types="cpu")
+def _prefix_op(x: torch.Tensor) -> torch.Tensor:
+    """x (outer, steps, inner) float32 or float64 → out of its shape, out[:, s] = Σ_{t < s} x[:, t]: prefix.cpp."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    outer, steps, inner = x.shape
+    if out.numel():
+        lib = _kernels()
+        fn = lib.attn_prefix_f64 if x.dtype == torch.float64 else lib.attn_prefix_f32
+        fn(x.data_ptr(), outer, steps, inner, _threads(outer * -(-inner // PREFIX_SPAN)), out.data_ptr())
+    return out
+
+
+@_prefix_op.register_fake
+def _(x):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+_prefix_op.register_autograd(_no_backward("prefix_sums"))
+
+
+def prefix_runs(x: torch.Tensor) -> bool:
+    """Whether `prefix_sums` takes x: a contiguous float32 or float64 CPU tensor that wants no gradient, and a
+    library."""
+    return x.device.type == "cpu" and x.dtype in FLOATS and x.is_contiguous() and x.dim() >= 1 \
+        and not (torch.is_grad_enabled() and x.requires_grad) and library() is not None
+
+
+def prefix_sums(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The exclusive prefix sums of x along `dim`: out.select(dim, s) = Σ_{t < s} x.select(dim, t), 0 at s = 0
+    (prefix.cpp, the op attn_lab::prefix_sums), a new contiguous tensor of x's shape: x contiguous float32 or float64
+    on the CPU (`prefix_runs`). Summed in double, step by step (torch.cumsum's order and precision for float32); a
+    stretch of 1,024 columns a task, so a step is one vectorised add. Holds nothing beside x and out. No backward.
+    Refuses, with a sentence, what `prefix_runs` does not take."""
+    _refuse_unless(prefix_runs(x) and -x.dim() <= dim < x.dim(),
+                   "prefix_sums needs a library, a contiguous float32 or float64 CPU tensor that wants no gradient, "
+                   "and one of its dimensions",
+                   f"{tuple(x.shape)} {x.dtype} on {x.device}{'' if x.is_contiguous() else ', not contiguous'}, "
+                   f"dim {dim}")
+    dim %= x.dim()
+    shaped = x.detach().reshape(math.prod(x.shape[:dim]), x.shape[dim], math.prod(x.shape[dim + 1:]))
+    return torch.ops.attn_lab.prefix_sums(shaped).view(x.shape)

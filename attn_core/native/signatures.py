@@ -49,8 +49,11 @@ INDEX = Kernel("attn_index_scores_f32", "void", tuple(
                         "int64_t B, int64_t r, int64_t m, int64_t IH, int64_t dI, int64_t threads, float* out")
     .split(",")))
 ELU_PLUS_ONE = Kernel("attn_elu_plus_one_f32", "void", ("const float* x", "int64_t n", "int64_t threads", "float* out"))
-KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, ELU_PLUS_ONE, Kernel("attn_select_openmp", "int64_t"),
-           Kernel("attn_index_available", "int64_t"), Kernel("attn_elu_plus_one_available", "int64_t"))
+PREFIX = _typed("attn_prefix", "void", "const {F}* x, int64_t outer, int64_t steps, int64_t inner, int64_t threads, "
+                                      "{F}* out")
+KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, ELU_PLUS_ONE, *PREFIX,
+           Kernel("attn_select_openmp", "int64_t"), Kernel("attn_index_available", "int64_t"),
+           Kernel("attn_elu_plus_one_available", "int64_t"))
 SIGNATURE_FUNCTION = "attn_signature"  # const char*: the hash of the declarations the library was built from
 
 _CTYPES = {"void": None, "int64_t": ctypes.c_int64, "float": ctypes.c_float, "double": ctypes.c_double,

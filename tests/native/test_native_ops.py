@@ -1,7 +1,8 @@
-"""The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores, elu_plus_one):
-torch.library.opcheck on each, torch.compile tracing around them, a backward through one refused with a sentence;
-and their one declaration (attn_core/native/signatures.py): a definition that differs is refused by the compiler, a
-library built from other declarations is refused at load and built again, its new file loaded by a new handle."""
+"""The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores, elu_plus_one,
+prefix_sums): torch.library.opcheck on each, torch.compile tracing around them, a backward through one refused with a
+sentence; and their one declaration (attn_core/native/signatures.py): a definition that differs is refused by the
+compiler, a library built from other declarations is refused at load and built again, its new file loaded by a new
+handle."""
 from __future__ import annotations
 
 import shutil
@@ -37,6 +38,8 @@ def op_samples():
     x = torch.randn(3, 37, generator=g)
     if native.elu_runs(x, x):
         samples.append((torch.ops.attn_lab.elu_plus_one.default, (x, torch.empty_like(x))))
+    samples += [(torch.ops.attn_lab.prefix_sums.default, (torch.randn(2, 9, 1500, generator=g),)),
+                (torch.ops.attn_lab.prefix_sums.default, (torch.randn(3, 1, 4, generator=g, dtype=torch.float64),))]
     return samples
 
 
