@@ -279,27 +279,28 @@ def _same_keys(x: torch.Tensor, floor: torch.Tensor | None) -> tuple[torch.Tenso
 
 
 # -- elu + 1 in whole-tensor operations (linear attention's float32/float64 forward)
-WHOLE_BYTES = caches().shared // 2  # the largest (B·H, n, D) query tensor the whole-tensor form takes: half the
-# last-level cache, its φ and scratch as large again (see `whole_fits`)
+WHOLE_BYTES = caches().shared // 2  # the largest (B·H, n, D) query tensor the causal whole-tensor form takes: half
+# the last-level cache, its φ and scratch as large again (see `whole_fits`)
 
 
-def whole_fits(bh: int, n: int, d: int) -> bool:
-    """True when B·H query rows of n positions, D wide, fill at most WHOLE_BYTES in float32 (half the CPU's
-    last-level cache, `_cpu.caches`: 16 MiB on the benchmark's EPYC): such tensors stay in the shared cache between
-    operations, so `elu_attention` loses little by making them whole (and groups the heads
-    where that keeps a group in cache, `_non_causal_groups`). Longer inputs go to the
-    cache-blocked chunks, whose tensors stay in each core's own cache (B = 1, H = 8, D = 64 on the benchmark's two
-    cores, CPU time of one thread against linear-attention-transformer's calls: whole 1.18× at n = 8192 and 0.85×
-    at 32768, chunked 1.54× and 0.70×; causal 1.41× and 0.93×, chunked 1.28× and 0.51×)."""
-    return bh * n * d * 4 <= WHOLE_BYTES
+def whole_fits(bh: int, n: int, d: int, causal: bool) -> bool:
+    """Whether `elu_attention` takes B·H heads of n positions, D wide. Not causal: always. Its groups of heads
+    (`_non_causal_groups`) hold one group's φ beside the output, and with φ in one C++ pass it beat the chunks past
+    the cache too (B = 1, H = 8, D = 64, float32, the benchmark's 2-core EPYC, interleaved: 0.59× their time at n =
+    16384 and 32768; with torch's five-pass φ it had been a wash). Causal: when the query rows fill at most
+    WHOLE_BYTES in float32 (half the CPU's last-level cache, `_cpu.caches`: 16 MiB on that EPYC), so that its
+    tensors stay in the shared cache between operations. Past it the block states and their sums (D·(D + 1) a block
+    of 64 rows) go to memory: 1.55× the chunks' time at 16384 and 32768, whose tensors stay in each core's own
+    cache."""
+    return not causal or bh * n * d * 4 <= WHOLE_BYTES
 
 
-def whole_ready(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def whole_ready(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
     """True when `elu_attention` runs the call: float32/float64 input that `whole_fits`, and no autograd record (its
     maps write into fresh contiguous buffers, which autograd cannot follow)."""
     recording = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     bh, n = q.shape[0] * q.shape[1], max(q.shape[2], k.shape[2])
-    return v.dtype not in HALF and not recording and whole_fits(bh, n, q.shape[-1])
+    return v.dtype not in HALF and not recording and whole_fits(bh, n, q.shape[-1], causal)
 
 
 def _divide(num: torch.Tensor, den: torch.Tensor, out: torch.Tensor | None = None) -> bool:

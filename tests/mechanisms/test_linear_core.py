@@ -248,10 +248,12 @@ def test_whole_tensor_form_equals_the_chunks(small_chunks, monkeypatch, causal, 
     explicit_form = kernel_attention(elu_plus_one(q), elu_plus_one(k.repeat_interleave(shared, 1)),
                                      v.repeat_interleave(shared, 1), causal)
     torch.testing.assert_close(whole, explicit_form, atol=1e-12, rtol=1e-10)
-    assert core.whole_ready(q, k, v) and not core.whole_ready(q.float().requires_grad_(), k.float(), v.float())
-    assert not core.whole_ready(*(x.half() for x in (q, k, v)))
-    rows = core.WHOLE_BYTES // (8 * 64 * 4)  # B·H = 8 heads of D = 64 float32 numbers a row fill the limit
-    assert core.whole_fits(8, rows, 64) and not core.whole_fits(8, rows + 1, 64)
+    assert core.whole_ready(q, k, v, causal)
+    assert not core.whole_ready(q.float().requires_grad_(), k.float(), v.float(), causal)
+    assert not core.whole_ready(*(x.half() for x in (q, k, v)), causal)
+    rows = core.WHOLE_BYTES // (8 * 64 * 4)  # B·H = 8 heads of D = 64 float32 numbers a row fill the causal limit
+    assert core.whole_fits(8, rows, 64, True) and not core.whole_fits(8, rows + 1, 64, True)
+    assert core.whole_fits(8, 64 * rows, 64, False)  # not causal: any length
 
 
 def test_whole_tensor_form_zeroes_a_query_whose_features_underflow():
