@@ -283,16 +283,16 @@ WHOLE_BYTES = caches().shared // 2  # the largest (B·H, n, D) query tensor the 
 # the last-level cache, its φ and scratch as large again (see `whole_fits`)
 
 
-def whole_fits(bh: int, n: int, d: int, causal: bool) -> bool:
-    """Whether `elu_attention` takes B·H heads of n positions, D wide. Not causal: always. Its groups of heads
-    (`_non_causal_groups`) hold one group's φ beside the output, and with φ in one C++ pass it beat the chunks past
-    the cache too (B = 1, H = 8, D = 64, float32, the benchmark's 2-core EPYC, interleaved: 0.59× their time at n =
-    16384 and 32768; with torch's five-pass φ it had been a wash). Causal: when the query rows fill at most
-    WHOLE_BYTES in float32 (half the CPU's last-level cache, `_cpu.caches`: 16 MiB on that EPYC), so that its
-    tensors stay in the shared cache between operations. Past it the block states and their sums (D·(D + 1) a block
-    of 64 rows) go to memory: 1.55× the chunks' time at 16384 and 32768, whose tensors stay in each core's own
-    cache."""
-    return not causal or bh * n * d * 4 <= WHOLE_BYTES
+def whole_fits(bh: int, n: int, d: int, causal: bool, device: str = "cpu") -> bool:
+    """Whether `elu_attention` takes B·H heads of n positions, D wide. Not causal, on a CPU: always. Its groups of heads
+    (`_non_causal_groups`) hold one group's φ beside the output, and with φ in one C++ pass it beat the chunks past the
+    cache too (B = 1, H = 8, D = 64, float32, the benchmark's 2-core EPYC, interleaved: 0.59× their time at n = 16384
+    and 32768; with torch's five-pass φ it had been a wash). Causal: when the query rows fill at most WHOLE_BYTES in
+    float32 (half the CPU's last-level cache, `_cpu.caches`: 16 MiB on that EPYC), so that its tensors stay in the
+    shared cache between operations. Past it the block states and their sums (D·(D + 1) a block of 64 rows) go to
+    memory: 1.55× the chunks' time at 16384 and 32768, whose tensors stay in each core's own cache. On a GPU (not
+    measured against the chunks there) both keep that limit."""
+    return (not causal and device == "cpu") or bh * n * d * 4 <= WHOLE_BYTES
 
 
 def whole_ready(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
@@ -300,7 +300,7 @@ def whole_ready(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool)
     maps write into fresh contiguous buffers, which autograd cannot follow)."""
     recording = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     bh, n = q.shape[0] * q.shape[1], max(q.shape[2], k.shape[2])
-    return v.dtype not in HALF and not recording and whole_fits(bh, n, q.shape[-1], causal)
+    return v.dtype not in HALF and not recording and whole_fits(bh, n, q.shape[-1], causal, q.device.type)
 
 
 def _divide(num: torch.Tensor, den: torch.Tensor, out: torch.Tensor | None = None) -> bool:

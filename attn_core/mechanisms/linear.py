@@ -29,11 +29,10 @@ def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D). Not softmax: a different, cheaper similarity. Hk < H
     (grouped-query attention): φ(K) and the sums over keys are made once per key/value head, read in place by the
     H/Hk query heads sharing it, so sharing costs less than multi-head attention.
-    O(n·D²) time; O(n·D) memory. float32/float64 forward calls (causal: whose tensors fit the shared cache) run in
-    a few large operations (`elu_attention`, by groups of heads: steady when another process holds a core); longer
-    causal or half-precision inputs, and calls autograd records, run cache-blocked chunk by chunk
-    (`linear_attention_core`),
-    half inputs in float32 (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
+    O(n·D²) time; O(n·D) memory. float32/float64 forward calls (causal or on a GPU: whose tensors fit the shared
+    cache) run in a few large operations (`elu_attention`, by groups of heads: steady when another process holds a
+    core); longer causal or half-precision inputs, and calls autograd records, run cache-blocked chunk by chunk
+    (`linear_attention_core`), half inputs in float32 (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zeroed, so they add
     nothing to the numerator or the normaliser, the same as leaving those keys out (exact masking); a query that
     sees no unpadded key outputs zeros.
@@ -68,7 +67,7 @@ def _flops(s: Shape) -> float:
 
 def _whole(s: Shape) -> bool:
     """The call runs `elu_attention` (float32/float64 inputs that `whole_fits`; forward, as the engine times it)."""
-    return s.elem >= 4 and whole_fits(s.bh, max(s.Nq, s.Nk), s.D, s.causal)
+    return s.elem >= 4 and whole_fits(s.bh, max(s.Nq, s.Nk), s.D, s.causal, s.device)
 
 
 def _executed_flops(s: Shape) -> float:

@@ -253,7 +253,8 @@ def test_whole_tensor_form_equals_the_chunks(small_chunks, monkeypatch, causal, 
     assert not core.whole_ready(*(x.half() for x in (q, k, v)), causal)
     rows = core.WHOLE_BYTES // (8 * 64 * 4)  # B·H = 8 heads of D = 64 float32 numbers a row fill the causal limit
     assert core.whole_fits(8, rows, 64, True) and not core.whole_fits(8, rows + 1, 64, True)
-    assert core.whole_fits(8, 64 * rows, 64, False)  # not causal: any length
+    assert core.whole_fits(8, 64 * rows, 64, False)  # not causal on a CPU: any length
+    assert not core.whole_fits(8, rows + 1, 64, False, "cuda")
 
 
 def test_whole_tensor_form_zeroes_a_query_whose_features_underflow():
