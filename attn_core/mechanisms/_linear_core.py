@@ -319,15 +319,24 @@ GROUP_BYTES = caches().shared // 8  # one group's query rows in the non-causal w
 # keys and output about half the last-level cache (4 MiB on the benchmark's EPYC; see `_non_causal_groups`)
 
 
+PHI_NATIVE_MIN = 1 << 18  # numbers: below it the C++ φ's dispatch (about 0.1 ms a call, the custom op's) costs more
+# than its pass saves (equal between 128 and 256 Ki numbers on the benchmark's EPYC; 4 Mi: 1.5 ms against 5.8)
+
+
+def phi_native(x: torch.Tensor, out: torch.Tensor | None = None) -> bool:
+    """Whether φ of x (into out, or a tensor of x's shape) takes the C++ pass: at least PHI_NATIVE_MIN numbers that
+    it takes (`native.elu_runs`: float32 on a CPU with AVX2 or AVX-512, rows of contiguous numbers, no gradient)."""
+    return x.numel() >= PHI_NATIVE_MIN and native.elu_runs(x, x if out is None else out)
+
+
 def phi_into(x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor | None) -> torch.Tensor:
-    """φ(x) = elu(x) + 1 = exp(min(x, 0)) + (x − min(x, 0)), written into `out` (`scratch`: as large, overwritten;
-    None only where `native.elu_runs(x, out)`): x + 1 for x > 0, eˣ otherwise. Any NaN or ±inf in x gives NaN or inf
-    (−inf − (−inf) is NaN), so the sums over keys and the normalizers show a non-finite input without reading it
-    again. Contiguous float32 on a CPU with AVX2 or AVX-512 (`native.elu_runs`): one pass in C++
-    (`native.elu_plus_one`; 4 Mi numbers 1.5 ms against 5.8 ms on the benchmark's CPU). Else five passes of cheap
-    torch operations, eˣ as 2^(x·log₂e): on rows that stay in cache, 40% less time than torch's elu (its expm1 is
-    slow)."""
-    if native.elu_runs(x, out):
+    """φ(x) = elu(x) + 1 = exp(min(x, 0)) + (x − min(x, 0)), written into `out`: x + 1 for x > 0, eˣ otherwise. Any
+    NaN or ±inf in x gives NaN or inf (−inf − (−inf) is NaN), so the sums over keys and the normalizers show a
+    non-finite input without reading it again. Without `scratch` (None, where the caller found `phi_native`): one
+    pass in C++ (`native.elu_plus_one`; 4 Mi numbers 1.5 ms against 5.8 ms on the benchmark's CPU). Else five passes
+    of cheap torch operations through `scratch` (as large as x, overwritten), eˣ as 2^(x·log₂e): on rows that stay in
+    cache, 40% less time than torch's elu (its expm1 is slow)."""
+    if scratch is None:
         return native.elu_plus_one(x, out)
     torch.clamp(x, max=0, out=out)
     torch.sub(x, out, out=scratch)
@@ -338,8 +347,8 @@ def phi_sliced(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """`phi_into` over slices of x's first two dimensions (batch, heads), each at most GROUP_BYTES, through one
     scratch of that size: its five passes then read and write the shared cache, not memory (16 MiB of φ 2.3 ms at
     once, 1.1 ms in 4 MiB slices, on the benchmark's CPU). x and out of one shape, any strides; where the C++ pass
-    takes them (`native.elu_runs`), that pass alone, with no scratch."""
-    if native.elu_runs(x, out):
+    takes them (`phi_native`), that pass alone, with no scratch."""
+    if phi_native(x, out):
         return native.elu_plus_one(x, out)
     B, H = x.shape[:2]
     per = x[0, 0].numel()
@@ -385,7 +394,8 @@ def _non_causal_groups(q, k, v, out) -> None:
     groups = _head_groups(q, k, v, out, group_heads(B * Hk, r * nq, d, q.element_size()))
     heads = max(ks.shape[0] for _, ks, _, _ in groups)
     buf = q.new_empty(heads * max(r * nq, nk) * d)
-    scratch = None if all(native.elu_runs(x, x) for x in (q, k)) else torch.empty_like(buf)  # C++ φ: no scratch
+    in_cpp = phi_native(q) and native.elu_runs(k, k)  # the call's φ in C++, every group's (`phi_into`): no scratch
+    scratch = None if in_cpp else torch.empty_like(buf)
     suspect = False
     for qs, ks, vs, os in groups:
         g = ks.shape[0]

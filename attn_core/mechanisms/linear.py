@@ -8,14 +8,15 @@ from .. import native
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import StateCache
 from ._common import check_finite, check_has_values, check_key_padding, checked_shape, repeated, row_normalized, trusted
-from ._linear_core import (LOG2E, elu_attention, elu_flops, elu_memory, linear_attention_core, linear_core_flops,
-                           linear_core_memory, mapped, whole_fits, whole_ready, work_dtype)
+from ._linear_core import (LOG2E, PHI_NATIVE_MIN, elu_attention, elu_flops, elu_memory, linear_attention_core,
+                           linear_core_flops, linear_core_memory, mapped, whole_fits, whole_ready, work_dtype)
 
 
 def feature_map(x: torch.Tensor) -> torch.Tensor:
     """φ(x) = elu(x) + 1 > 0, elementwise: x + 1 for x > 0, eˣ (as 2^(x·log₂e)) otherwise. (…, D) → (…, D).
     The two parts are max(x, 0), by `threshold` (its gradient at 0 is 0; clamp's would be 1 and make φ'(0) = 2), and
-    exp(min(x, 0))."""
+    exp(min(x, 0)). (The chunks map with it, not with the C++ pass of the whole-tensor form: a chunk's φ is a few
+    hundred KiB, where the custom op's dispatch, about 0.1 ms a call, costs more than the pass saves.)"""
     return F.threshold(x, 0.0, 0.0).add_(x.clamp(max=0).mul_(LOG2E).exp2_())
 
 
@@ -78,7 +79,8 @@ def _executed_flops(s: Shape) -> float:
 
 def _memory(s: Shape) -> float:
     if _whole(s):
-        in_cpp = s.device == "cpu" and s.elem == 4 and native.elu_expected()  # φ in one C++ pass, no scratch
+        # φ in one C++ pass for every group (`_linear_core.phi_native` of the queries), no scratch
+        in_cpp = s.device == "cpu" and s.elem == 4 and native.elu_expected() and s.bh * s.Nq * s.D >= PHI_NATIVE_MIN
         return elu_memory(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal, s.elem, scratch=not in_cpp) * s.elem
     # φ = elu + 1 of a chunk: two (rows, D) tensors at its peak, the features and the other of clamp(x, max=0)
     return linear_core_memory(s, s.D, 2 * s.D, 2 * s.D)

@@ -370,21 +370,61 @@ def index_scores(qi: torch.Tensor, kt: torch.Tensor, w: torch.Tensor) -> torch.T
 ELU_PIECE = 1 << 14  # elu_plus_one.cpp's numbers a task (PIECE)
 
 
+def rows_of_numbers(x: torch.Tensor) -> tuple[int, int, int] | None:
+    """(rows, stride between rows, numbers a row) when x is rows of contiguous numbers evenly apart (a contiguous
+    tensor: one row; a slice of positions of (B, H, n, D): B·H rows of its positions·D numbers, n·D apart), else
+    None."""
+    if x.numel() == 0:
+        return None
+    dims = [(size, stride) for size, stride in zip(x.shape, x.stride()) if size != 1]
+    width = 1
+    while dims and dims[-1][1] == width:  # the trailing dimensions laid end to end
+        width *= dims.pop()[0]
+    if not dims:
+        return 1, width, width
+    rows, step = dims.pop()
+    while dims and dims[-1][1] == step * rows:  # the leading ones must merge into one evenly spaced dimension
+        rows *= dims.pop()[0]
+    return (rows, step, width) if not dims and step >= width else None
+
+
+def _elu_layout(x: torch.Tensor, out: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """(rows, x's stride between them, numbers a row, out's stride) where x and out are the same rows of contiguous
+    numbers (`rows_of_numbers`; a contiguous one takes the other's rows), else None."""
+    a, b = rows_of_numbers(x), rows_of_numbers(out)
+    if a is None or b is None:
+        return None
+    if a[0] == 1 and b[0] != 1:
+        a = (b[0], b[2], b[2])
+    elif b[0] == 1 and a[0] != 1:
+        b = (a[0], a[2], a[2])
+    return (a[0], a[1], a[2], b[1]) if (a[0], a[2]) == (b[0], b[2]) else None
+
+
 @torch.library.custom_op("attn_lab::elu_plus_one", mutates_args=("out",), device_types="cpu")
 def _elu_op(x: torch.Tensor, out: torch.Tensor) -> None:
-    """out ← elu(x) + 1, x and out contiguous float32 of one size (out may be x itself): elu_plus_one.cpp."""
-    n = x.numel()
-    if n:
-        _kernels().attn_elu_plus_one_f32(x.data_ptr(), n, _threads(-(-n // ELU_PIECE)), out.data_ptr())
+    """out ← elu(x) + 1, x and out float32 of one shape, the same rows of contiguous numbers (`_elu_layout`), out
+    possibly x itself: elu_plus_one.cpp."""
+    if x.numel():
+        layout = _elu_layout(x, out)
+        if layout is None:
+            raise ValueError(f"elu_plus_one reads and writes rows of contiguous numbers; got x of strides "
+                             f"{x.stride()} and out of strides {out.stride()} (shape {tuple(x.shape)})")
+        rows, x_row, width, out_row = layout
+        threads = _threads(rows * -(-width // ELU_PIECE))
+        _kernels().attn_elu_plus_one_f32(x.data_ptr(), rows, x_row, width, out_row, threads, out.data_ptr())
 
 
 def elu_runs(x: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether `elu_plus_one` takes x into out: contiguous float32 CPU tensors of one shape, no gradient wanted through
-    x, and a library built with AVX-512, or AVX2 with FMA (a scalar loop would be slower than torch's five passes)."""
+    """Whether `elu_plus_one` takes x into out: float32 CPU tensors of one shape, each contiguous or the same rows of
+    contiguous numbers (`rows_of_numbers`: a slice of positions of every head), no gradient wanted through x, and a
+    library built with AVX-512, or AVX2 with FMA (a scalar loop would be slower than torch's five passes)."""
     if not (x.device.type == out.device.type == "cpu" and x.dtype == out.dtype == torch.float32
-            and x.shape == out.shape and x.is_contiguous() and out.is_contiguous()):
+            and x.shape == out.shape):
         return False
     if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        return False
+    if x.numel() and _elu_layout(x, out) is None:
         return False
     lib = library()
     return lib is not None and bool(lib.attn_elu_plus_one_available())
@@ -392,13 +432,14 @@ def elu_runs(x: torch.Tensor, out: torch.Tensor) -> bool:
 
 def elu_plus_one(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out ← φ(x) = elu(x) + 1 = e^min(x, 0) + (x − min(x, 0)), in one pass (elu_plus_one.cpp, the op
-    attn_lab::elu_plus_one), and out returned: x and out contiguous float32 CPU tensors of one shape (`elu_runs`;
-    out may be x). NaN and −inf give NaN, +inf gives +inf. Holds nothing beside them. No backward. Refuses, with a
-    sentence, what `elu_runs` does not take."""
-    _refuse_unless(elu_runs(x, out), "elu_plus_one needs a library built with AVX-512 or AVX2, and contiguous float32 "
-                   "CPU tensors x and out of one shape that want no gradient",
-                   f"x {tuple(x.shape)} {x.dtype} on {x.device}, out {tuple(out.shape)} {out.dtype} on {out.device}"
-                   f"{'' if x.is_contiguous() and out.is_contiguous() else ', not contiguous'}")
+    attn_lab::elu_plus_one), and out returned: x and out float32 CPU tensors of one shape, each contiguous or a slice
+    of positions of every head, read and written where they lie (`elu_runs`; out may be x). NaN and −inf give NaN,
+    +inf gives +inf. Holds nothing beside them. No backward. Refuses, with a sentence, what `elu_runs` does not
+    take."""
+    _refuse_unless(elu_runs(x, out), "elu_plus_one needs a library built with AVX-512 or AVX2, and float32 CPU "
+                   "tensors x and out of one shape, each contiguous or a slice of positions, that want no gradient",
+                   f"x {tuple(x.shape)} {x.dtype} on {x.device} (strides {x.stride()}), out {tuple(out.shape)} "
+                   f"{out.dtype} on {out.device} (strides {out.stride()})")
     torch.ops.attn_lab.elu_plus_one(x.detach(), out)
     return out
 

@@ -48,7 +48,9 @@ INDEX = Kernel("attn_index_scores_f32", "void", tuple(
     a.strip() for a in ("const float* qi, int64_t qb, const float* kT, int64_t kb, int64_t ks, const float* w, "
                         "int64_t B, int64_t r, int64_t m, int64_t IH, int64_t dI, int64_t threads, float* out")
     .split(",")))
-ELU_PLUS_ONE = Kernel("attn_elu_plus_one_f32", "void", ("const float* x", "int64_t n", "int64_t threads", "float* out"))
+ELU_PLUS_ONE = Kernel("attn_elu_plus_one_f32", "void", ("const float* x", "int64_t rows", "int64_t x_row",
+                                                        "int64_t width", "int64_t out_row", "int64_t threads",
+                                                        "float* out"))
 PREFIX = _typed("attn_prefix", "void", "const {F}* x, int64_t outer, int64_t steps, int64_t inner, int64_t threads, "
                                       "{F}* out")
 KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, ELU_PLUS_ONE, *PREFIX,

@@ -38,6 +38,8 @@ def op_samples():
     x = torch.randn(3, 37, generator=g)
     if native.elu_runs(x, x):
         samples.append((torch.ops.attn_lab.elu_plus_one.default, (x, torch.empty_like(x))))
+        heads = torch.randn(2, 3, 40, 8, generator=g)
+        samples.append((torch.ops.attn_lab.elu_plus_one.default, (heads[:, :, 5:20], torch.empty(2, 3, 15, 8))))
     samples += [(torch.ops.attn_lab.prefix_sums.default, (torch.randn(2, 9, 1500, generator=g),)),
                 (torch.ops.attn_lab.prefix_sums.default, (torch.randn(3, 1, 4, generator=g, dtype=torch.float64),))]
     return samples
