@@ -319,14 +319,15 @@ GROUP_BYTES = caches().shared // 8  # one group's query rows in the non-causal w
 # keys and output about half the last-level cache (4 MiB on the benchmark's EPYC; see `_non_causal_groups`)
 
 
-PHI_NATIVE_MIN = 1 << 18  # numbers: below it the C++ φ's dispatch (about 0.1 ms a call, the custom op's) costs more
-# than its pass saves (equal between 128 and 256 Ki numbers on the benchmark's EPYC; 4 Mi: 1.5 ms against 5.8)
+NATIVE_MIN = 1 << 18  # numbers: below it a C++ op's dispatch (about 0.1 ms a call, a custom op's) costs more than
+# its pass saves (φ and the prefix sums: equal between 128 and 256 Ki numbers on the benchmark's EPYC; at 4 Mi φ took
+# 1.5 ms against 5.8, the prefix sums 3.2 against 4.6)
 
 
 def phi_native(x: torch.Tensor, out: torch.Tensor | None = None) -> bool:
-    """Whether φ of x (into out, or a tensor of x's shape) takes the C++ pass: at least PHI_NATIVE_MIN numbers that
+    """Whether φ of x (into out, or a tensor of x's shape) takes the C++ pass: at least NATIVE_MIN numbers that
     it takes (`native.elu_runs`: float32 on a CPU with AVX2 or AVX-512, rows of contiguous numbers, no gradient)."""
-    return x.numel() >= PHI_NATIVE_MIN and native.elu_runs(x, x if out is None else out)
+    return x.numel() >= NATIVE_MIN and native.elu_runs(x, x if out is None else out)
 
 
 def phi_into(x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor | None) -> torch.Tensor:
@@ -418,9 +419,10 @@ def _part(scratch: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
 
 def _before(kv: torch.Tensor) -> torch.Tensor:
     """Σ_{b' < b} kv[:, b'] for each block b of kv (B·Hk, nb, …), 0 for the first: in C++ where `native.prefix_runs`
-    (one vectorised add a block, 1.2 ms for 8 heads' 128 states at n = 8192, D = 64), else torch's cumsum written one
-    block on (3.6 ms; no subtraction of each block's own, whose pass cost 1 ms more). A new tensor of kv's shape."""
-    if native.prefix_runs(kv):
+    and kv holds NATIVE_MIN numbers or more (one vectorised add a block: 1.2 ms for 8 heads' 128 states at n = 8192,
+    D = 64), else torch's cumsum written one block on (3.6 ms; a subtraction of each block's own cost 1 ms more). A
+    new tensor of kv's shape."""
+    if kv.numel() >= NATIVE_MIN and native.prefix_runs(kv):
         return native.prefix_sums(kv, 1)
     before = torch.empty_like(kv)
     before[:, 0].zero_()

@@ -8,7 +8,7 @@ from .. import native
 from ..spec import Cost, Generation, Insight, MechanismSpec, Shape, Supports
 from ._cache import StateCache
 from ._common import check_finite, check_has_values, check_key_padding, checked_shape, repeated, row_normalized, trusted
-from ._linear_core import (LOG2E, PHI_NATIVE_MIN, elu_attention, elu_flops, elu_memory, linear_attention_core,
+from ._linear_core import (LOG2E, NATIVE_MIN, elu_attention, elu_flops, elu_memory, linear_attention_core,
                            linear_core_flops, linear_core_memory, mapped, whole_fits, whole_ready, work_dtype)
 
 
@@ -80,7 +80,7 @@ def _executed_flops(s: Shape) -> float:
 def _memory(s: Shape) -> float:
     if _whole(s):
         # φ in one C++ pass for every group (`_linear_core.phi_native` of the queries), no scratch
-        in_cpp = s.device == "cpu" and s.elem == 4 and native.elu_expected() and s.bh * s.Nq * s.D >= PHI_NATIVE_MIN
+        in_cpp = s.device == "cpu" and s.elem == 4 and native.elu_expected() and s.bh * s.Nq * s.D >= NATIVE_MIN
         return elu_memory(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal, s.elem, scratch=not in_cpp) * s.elem
     # φ = elu + 1 of a chunk: two (rows, D) tensors at its peak, the features and the other of clamp(x, max=0)
     return linear_core_memory(s, s.D, 2 * s.D, 2 * s.D)

@@ -79,9 +79,9 @@ def test_a_slice_of_positions_is_read_and_written_where_it_lies(into):
 @pytest.mark.parametrize("causal", [False, True])
 def test_linear_attention_maps_its_features_in_the_kernel(causal, monkeypatch):
     """elu_attention (float32, contiguous) maps φ(K) and φ(Q) with the C++ pass (causal: the whole blocks', here all
-    256 rows), and gives the float64 formula; with fewer numbers than PHI_NATIVE_MIN (the op's dispatch costs more
+    256 rows), and gives the float64 formula; with fewer numbers than NATIVE_MIN (the op's dispatch costs more
     than the pass saves there) torch's passes map them."""
-    monkeypatch.setattr(core, "PHI_NATIVE_MIN", 1)
+    monkeypatch.setattr(core, "NATIVE_MIN", 1)
     calls = []
     real = native.elu_plus_one
     monkeypatch.setattr(native, "elu_plus_one", lambda x, out: calls.append(x.numel()) or real(x, out))
@@ -95,7 +95,7 @@ def test_linear_attention_maps_its_features_in_the_kernel(causal, monkeypatch):
         scores = scores.tril()
     torch.testing.assert_close(out.double(), (scores / scores.sum(-1, keepdim=True)) @ v.double(), rtol=1e-5,
                                atol=1e-6)
-    monkeypatch.setattr(core, "PHI_NATIVE_MIN", q.numel() + 1)
+    monkeypatch.setattr(core, "NATIVE_MIN", q.numel() + 1)
     calls.clear()
     torch.testing.assert_close(core.elu_attention(q, k, v, causal), out, rtol=1e-6, atol=1e-6)
     assert calls == []
@@ -116,7 +116,7 @@ def test_what_the_kernel_would_misread_is_refused_with_a_sentence(x, out, what):
 
 
 @pytest.mark.usefixtures("vector_form")
-@pytest.mark.parametrize("n", [200, 3000], ids=["below PHI_NATIVE_MIN: torch's passes", "above: the C++ pass"])
+@pytest.mark.parametrize("n", [200, 3000], ids=["below NATIVE_MIN: torch's passes", "above: the C++ pass"])
 def test_the_memory_model_follows_the_form_that_maps(n):
     """Non-causal linear attention, float32, B = 2, H = 4, D = 40: 64,000 numbers of queries map with torch's passes
     through a scratch as large as a group, 960,000 with the C++ pass and no scratch; the spec's peak is the
