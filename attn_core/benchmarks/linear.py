@@ -19,7 +19,7 @@ times it (checked once, outside). Linear attention's finiteness check reads no i
 runs: NaN or inf there reaches its sums and normalizers (`_linear_core.phi_into`). With another process on one of the
 two cores, each parallel operation waits for its descheduled thread: the figures then follow the number of operations a
 call makes, which is why float32 and float64 calls run in a few large operations, by groups of heads
-(`_linear_core.elu_attention`: non-causal at any n on a CPU, causal where n·B·H·D ≤ 4 Mi numbers), φ in one C++ pass
+(`_linear_core.elu_attention`: at any n on a CPU, causal in segments of 4 Mi numbers of queries), φ in one C++ pass
 (`native.elu_plus_one`) and the causal block states' sums in another (`native.prefix_sums`).
 
 What is compared: the peer's `linear_attn(q, k, v)` (non-causal: softmax of q over features, of k over positions,

@@ -279,20 +279,20 @@ def _same_keys(x: torch.Tensor, floor: torch.Tensor | None) -> tuple[torch.Tenso
 
 
 # -- elu + 1 in whole-tensor operations (linear attention's float32/float64 forward)
-WHOLE_BYTES = caches().shared // 2  # the largest (B·H, n, D) query tensor the causal whole-tensor form takes: half
-# the last-level cache, its φ and scratch as large again (see `whole_fits`)
+WHOLE_BYTES = caches().shared // 2  # a causal segment's (B·H, positions, D) query rows in the whole-tensor form: half
+# the last-level cache, its φ and scratch as large again (see `whole_fits`, `segment_rows`)
 
 
 def whole_fits(bh: int, n: int, d: int, causal: bool, device: str = "cpu") -> bool:
-    """Whether `elu_attention` takes B·H heads of n positions, D wide. Not causal, on a CPU: always. Its groups of heads
-    (`_non_causal_groups`) hold one group's φ beside the output, and with φ in one C++ pass it beat the chunks past the
-    cache too (B = 1, H = 8, D = 64, float32, the benchmark's 2-core EPYC, interleaved: 0.59× their time at n = 16384
-    and 32768; with torch's five-pass φ it had been a wash). Causal: when the query rows fill at most WHOLE_BYTES in
-    float32 (half the CPU's last-level cache, `_cpu.caches`: 16 MiB on that EPYC), so that its tensors stay in the
-    shared cache between operations. Past it the block states and their sums (D·(D + 1) a block of 64 rows) go to
-    memory: 1.55× the chunks' time at 16384 and 32768, whose tensors stay in each core's own cache. On a GPU (not
-    measured against the chunks there) both keep that limit."""
-    return (not causal and device == "cpu") or bh * n * d * 4 <= WHOLE_BYTES
+    """Whether `elu_attention` takes B·H heads of n positions, D wide. On a CPU: always. Not causal, its groups of
+    heads (`_non_causal_groups`) hold one group's φ beside the output; causal, it runs in segments of positions
+    (`segment_rows`: all n where their query rows fill WHOLE_BYTES, else quarters of it), each segment's tensors in the
+    shared cache between its operations, the state of the segments before carried into the next. With φ in one C++
+    pass both beat the cache-blocked chunks past the cache (B = 1, H = 8, D = 64, float32, the benchmark's 2-core
+    EPYC, interleaved, 9 rounds: not causal 0.59× their time at n = 16384 and 32768; causal in quarters 0.78–0.91×
+    and 0.77–0.82×). On a GPU (not measured against the chunks there) only where the query rows fill at most
+    WHOLE_BYTES."""
+    return device == "cpu" or bh * n * d * 4 <= WHOLE_BYTES
 
 
 def whole_ready(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
@@ -437,11 +437,12 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     formula, same shapes; `whole_ready` says when.
 
     Non-causal: a group of heads at a time (`_non_causal_groups`, which also notices NaN and inf in the input).
-    Causal: blocks of C = `causal_block` positions; each block's state φ(K_b)ᵀ[V_b, 1], their exclusive prefix sums
-    (`_before`), then per block tril(φ(Q_b)φ(K_b)ᵀ)[V_b, 1] + φ(Q_b)·prefix; the last n mod C rows as one block after
-    them. The H/Hk query heads of a group are rows of one product (a grouped copy of φ(Q) when Hk < H). Memory O(n·D):
-    φ(K), [V, 1], the block states and their sums, φ(Q), the in-block products. φ is `phi_into` (one C++ pass where
-    `native.elu_runs`), so NaN or inf in q or k reaches the normalizers, and in v the sum of the block states, which
+    Causal: segments of positions (`segment_rows`; `_causal_segment`), in each blocks of C = `causal_block`
+    positions; each block's state φ(K_b)ᵀ[V_b, 1], their exclusive prefix sums (`_before`) with the state carried
+    from the segments before, then per block tril(φ(Q_b)φ(K_b)ᵀ)[V_b, 1] + φ(Q_b)·prefix; the last n mod C rows as
+    one block after them. The H/Hk query heads of a group are rows of one product (a grouped copy of φ(Q) when
+    Hk < H). Memory O(n·D): the output, and a segment's φ(K), [V, 1], block states and their sums, φ(Q) and in-block
+    products. φ is `phi_into` or `phi_sliced` (one C++ pass where `phi_native`), so NaN or inf in q or k reaches the normalizers, and in v the sum of the block states, which
     the division and one small reduction read: then, outside `validated()`, `check_finite` names the tensor."""
     B, H, nq, d = q.shape
     Hk, nk = k.shape[1], k.shape[2]
@@ -450,18 +451,48 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         _non_causal_groups(q, k, v, out)
         return out
     c = causal_block(d, d)
-    nb, r = nk // c, H // Hk
-    w = nb * c  # positions in whole blocks; the rest (< C) is one block after them
-    total, suspect = None, False
-    if nb:  # whole blocks: φ(K) and [V, 1] of their positions contiguous, so (B·Hk, blocks) merge without a copy
-        fk = phi_sliced(k[:, :, :w], k.new_empty(B, Hk, w, d)).view(B * Hk, nb, c, d)
-        v1 = F.pad(v[:, :, :w], (0, 1), value=1.0).view(B * Hk, nb, c, d + 1)  # [V, 1]
+    step = segment_rows(B * H, nk, d, q.device.type)
+    carried, suspect = None, False
+    for s in range(0, nk, step):
+        carried, bad = _causal_segment(q, k, v, out, s, min(s + step, nk), c, carried)
+        suspect |= bad
+    if suspect and not trusted():
+        check_finite(q=q, k=k, v=v)
+    return out
+
+
+def segment_rows(bh: int, n: int, d: int, device: str = "cpu") -> int:
+    """Positions of one segment of the causal whole-tensor form: all n where B·H heads' query rows fill at most
+    WHOLE_BYTES in float32 (n = 8192 at B·H = 8, D = 64), else as many whole blocks (`causal_block`) as fill a
+    quarter of it, at least one block (2,048 positions there). Longer segments ran faster (16 MiB: 0.71× the
+    chunks' time at 16k and 32k, against 0.78–0.82× in quarters) but hold their tensors beside the output: 97 MiB
+    at that shape, against 25 in quarters. On a GPU (the form runs only where all n fit) all n."""
+    c = causal_block(d, d)
+    if device != "cpu" or bh * n * d * 4 <= WHOLE_BYTES:
+        return max(n, 1)
+    return max(c, WHOLE_BYTES // 4 // (bh * d * 4) // c * c)
+
+
+def _causal_segment(q, k, v, out, s: int, e: int, c: int, carried: torch.Tensor | None):
+    """Positions s … e − 1 of the causal form (`elu_attention`), after the state `carried` (B·Hk, D, D + 1) of all
+    before s (None at 0): their blocks of C (one more of the last e − s mod C positions) written into out. Returns
+    the state of all positions before e and whether a sum or normalizer is NaN or infinite."""
+    B, H, _, d = out.shape
+    Hk = k.shape[1]
+    nb, r = (e - s) // c, H // Hk
+    w = s + nb * c  # positions in whole blocks end here; the rest (< C) is one block after them
+    total, suspect = carried, False
+    if nb:  # whole blocks: φ(K) and [V, 1] of their positions, (B·Hk, blocks) merged
+        fk = phi_sliced(k[:, :, s:w], k.new_empty(B, Hk, w - s, d)).view(B * Hk, nb, c, d)
+        v1 = F.pad(v[:, :, s:w], (0, 1), value=1.0).view(B * Hk, nb, c, d + 1)  # [V, 1]
         kv = fk.transpose(-2, -1) @ v1  # (B·Hk, nb, D, D + 1): each block's own state
         before = _before(kv)  # the sums of the blocks before each one
+        if carried is not None:
+            before.add_(carried.unsqueeze(1))
         total = before[:, -1] + kv[:, -1]
         del kv
         grouped = torch.empty(B, Hk, nb, r, c, d, dtype=v.dtype, device=v.device)  # block by block, heads as rows
-        phi_sliced(q[:, :, :w].unflatten(1, (Hk, r)).unflatten(3, (nb, c)), grouped.transpose(2, 3))
+        phi_sliced(q[:, :, s:w].unflatten(1, (Hk, r)).unflatten(3, (nb, c)), grouped.transpose(2, 3))
         fq = grouped.view(B * Hk, nb, r * c, d)
         intra = fq @ fk.transpose(-2, -1)  # (B·Hk, nb, r·C, C)
         intra.view(B * Hk, nb, r, c, c).tril_()
@@ -469,51 +500,59 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         del intra, fk, v1
         num.view(B * Hk * nb, r * c, d + 1).baddbmm_(fq.view(-1, r * c, d), before.view(-1, d, d + 1))
         del fq, before
-        target = out[:, :, :w].unflatten(1, (Hk, r)).unflatten(3, (nb, c)).transpose(2, 3)  # (B, Hk, nb, r, C, D)
+        target = out[:, :, s:w].unflatten(1, (Hk, r)).unflatten(3, (nb, c)).transpose(2, 3)  # (B, Hk, nb, r, C, D)
         num = num.view(B, Hk, nb, r, c, d + 1)
         suspect = _divide(num[..., :d], num[..., d:], out=target) or not math.isfinite(total.sum().item())
         del num
-    if w < nk:  # the last n mod C positions: one block, the state of all before it
-        rest = nk - w
-        fk = phi_into(k[:, :, w:], k.new_empty(B, Hk, rest, d), k.new_empty(B, Hk, rest, d)).view(B * Hk, rest, d)
-        v1 = F.pad(v[:, :, w:], (0, 1), value=1.0).view(B * Hk, rest, d + 1)
-        fq = phi_into(q[:, :, w:], q.new_empty(B, H, rest, d), q.new_empty(B, H, rest, d)).view(B * Hk, r * rest, d)
+    if w < e:  # the last n mod C positions: one block, the state of all before it
+        rest = e - w
+        fk = phi_into(k[:, :, w:e], k.new_empty(B, Hk, rest, d), k.new_empty(B, Hk, rest, d)).view(B * Hk, rest, d)
+        v1 = F.pad(v[:, :, w:e], (0, 1), value=1.0).view(B * Hk, rest, d + 1)
+        fq = phi_into(q[:, :, w:e], q.new_empty(B, H, rest, d), q.new_empty(B, H, rest, d)).view(B * Hk, r * rest, d)
         intra = fq @ fk.transpose(-2, -1)
         intra.view(B * Hk, r, rest, rest).tril_()
         num = intra @ v1
         if total is not None:
             num.baddbmm_(fq, total)
         num = num.view(B, H, rest, d + 1)
-        suspect |= _divide(num[..., :d], num[..., d:], out=out[:, :, w:]) or not math.isfinite(v1.sum().item())
-    if suspect and not trusted():
-        check_finite(q=q, k=k, v=v)
-    return out
+        suspect |= _divide(num[..., :d], num[..., d:], out=out[:, :, w:e]) or not math.isfinite(v1.sum().item())
+    return total, suspect
 
 
 def elu_memory(bh: int, bk: int, nq: int, nk: int, d: int, causal: bool, elem: int = 4,
-               scratch: bool = True) -> float:
+               scratch: bool = True, device: str = "cpu") -> float:
     """Predicted peak numbers held by `elu_attention` above its inputs (multiply by the element size `elem`), B·H
     query and B·Hk key/value heads: the output (B·H·Nq·D) plus, non-causal, a group's (`group_heads`) buffer for φ
     and its scratch (each the larger of its query and key rows, D wide; no scratch where `scratch` is False: the C++
-    φ, `native.elu_runs`), its states, Σφ(K) and normalizers; causal,
-    with C = `causal_block` and nb whole blocks of w = nb·C positions, the larger of: φ(K) and [V, 1] of the blocks
-    with the block states beside their prefix sums and the total carried on; the same with the prefix sums only,
-    then φ(Q) grouped, the in-block products (C per row) and their numerators (D + 1 per row); and the last n mod C
-    positions' own tensors beside the total."""
+    φ, `phi_native`), its states, Σφ(K) and normalizers; causal, the largest of its segments (`segment_rows`), each
+    beside the state carried from the segments before it: with C = `causal_block` and nb whole blocks of w = nb·C
+    positions, the larger of: φ(K) and [V, 1] of the blocks with the block states beside their prefix sums and the
+    state carried on; the same with the prefix sums only, then φ(Q) grouped, the in-block products (C per row) and
+    their numerators (D + 1 per row); and the last e − s mod C positions' own tensors beside the states."""
     if not causal:
         r = bh // bk
         g = group_heads(bk, r * nq, d, elem)
         return bh * nq * d + (1 + scratch) * g * max(r * nq, nk) * d + g * (d * d + d + r * nq)
+    step = segment_rows(bh, nk, d, device)
+    full, last = divmod(nk, step)
+    kinds = [(step, False)] * (full >= 1) + [(step, True)] * (full >= 2) + [(last, full >= 1)] * (last > 0)
+    return bh * nq * d + max(_segment_memory(bh, bk, length, d, carried) for length, carried in kinds)
+
+
+def _segment_memory(bh: int, bk: int, length: int, d: int, carried: bool) -> float:
+    """Peak numbers of one segment of `length` positions of the causal form (`_causal_segment`), the state carried
+    into it (held by the caller throughout) counted where `carried`."""
     c = causal_block(d, d)
-    nb = nk // c
-    w, rest = nb * c, nk - nb * c
-    states, total = bk * nb * d * (d + 1), bk * d * (d + 1) if nb else 0
+    nb = length // c
+    w, rest = nb * c, length - nb * c
+    state = bk * d * (d + 1)
+    states, total, before = bk * nb * d * (d + 1), state if nb else 0, state if carried else 0
     blocks = 0.0
     if nb:
-        held = bk * w * (2 * d + 1) + states + total
+        held = bk * w * (2 * d + 1) + states + total + before
         blocks = held + max(states, bh * w * (2 * d + c + 1))
-    tail = total + bk * rest * (2 * d + 1) + bh * rest * (2 * d + rest + 1) if rest else 0.0
-    return bh * nq * d + max(blocks, tail)
+    tail = total + before + bk * rest * (2 * d + 1) + bh * rest * (2 * d + rest + 1) if rest else 0.0
+    return max(blocks, tail)
 
 
 def elu_flops(bh: int, bk: int, nq: int, nk: int, d: int, causal: bool) -> float:

@@ -30,10 +30,11 @@ def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     q (B, H, Nq, D), k, v (B, Hk, Nk, D) → (B, H, Nq, D). Not softmax: a different, cheaper similarity. Hk < H
     (grouped-query attention): φ(K) and the sums over keys are made once per key/value head, read in place by the
     H/Hk query heads sharing it, so sharing costs less than multi-head attention.
-    O(n·D²) time; O(n·D) memory. float32/float64 forward calls (causal or on a GPU: whose tensors fit the shared
-    cache) run in a few large operations (`elu_attention`, by groups of heads: steady when another process holds a
-    core); longer causal or half-precision inputs, and calls autograd records, run cache-blocked chunk by chunk
-    (`linear_attention_core`), half inputs in float32 (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
+    O(n·D²) time; O(n·D) memory. float32/float64 forward calls on a CPU (on a GPU: whose tensors fit the shared
+    cache) run in a few large operations (`elu_attention`, by groups of heads, causal by segments of positions:
+    steady when another process holds a core); half-precision inputs, calls autograd records and longer ones on a GPU
+    run cache-blocked chunk by chunk (`linear_attention_core`), half inputs in float32 (φ(q)·Σφ(k) overflows
+    float16: NaN at inputs × 30).
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zeroed, so they add
     nothing to the numerator or the normaliser, the same as leaving those keys out (exact masking); a query that
     sees no unpadded key outputs zeros.
@@ -81,7 +82,7 @@ def _memory(s: Shape) -> float:
     if _whole(s):
         # φ in one C++ pass for every group (`_linear_core.phi_native` of the queries), no scratch
         in_cpp = s.device == "cpu" and s.elem == 4 and native.elu_expected() and s.bh * s.Nq * s.D >= NATIVE_MIN
-        return elu_memory(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal, s.elem, scratch=not in_cpp) * s.elem
+        return elu_memory(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal, s.elem, scratch=not in_cpp, device=s.device) * s.elem
     # φ = elu + 1 of a chunk: two (rows, D) tensors at its peak, the features and the other of clamp(x, max=0)
     return linear_core_memory(s, s.D, 2 * s.D, 2 * s.D)
 

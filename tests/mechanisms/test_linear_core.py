@@ -232,10 +232,14 @@ def test_whole_tensor_form_equals_the_chunks(small_chunks, monkeypatch, causal, 
     """`elu_attention` (few large operations) against the cache-blocked chunks it stands in for and the explicit
     kernel form, float64, with a last partial block (n = 300, blocks of 16) and shared or split heads; in one group
     of heads or, with GROUP_BYTES at 4 KiB, a key/value head a group and φ a head at a time (several groups, within
-    each batch element where heads are split); a call that fits takes it."""
+    each batch element where heads are split), and causal in one segment or, with WHOLE_BYTES at 128 KiB, segments
+    of 64 positions (the state carried from one to the next, the last with 44 positions: 2 blocks and 12 more); a
+    call that fits takes it."""
     if groups == "several":
         monkeypatch.setattr(core, "GROUP_BYTES", 1 << 12)
         assert core.group_heads(2 * kv_heads, 4 // kv_heads * 300, 16, 8) == 1
+        monkeypatch.setattr(core, "WHOLE_BYTES", 1 << 17)
+        assert core.segment_rows(2 * 4, 300, 16) == 64
     g = torch.Generator().manual_seed(2)
     if split:
         q, k, v = (torch.randn(2, 300, h, 16, generator=g, dtype=torch.float64).transpose(1, 2) for h in (2, 2, 2))
@@ -251,10 +255,9 @@ def test_whole_tensor_form_equals_the_chunks(small_chunks, monkeypatch, causal, 
     assert core.whole_ready(q, k, v, causal)
     assert not core.whole_ready(q.float().requires_grad_(), k.float(), v.float(), causal)
     assert not core.whole_ready(*(x.half() for x in (q, k, v)), causal)
-    rows = core.WHOLE_BYTES // (8 * 64 * 4)  # B·H = 8 heads of D = 64 float32 numbers a row fill the causal limit
-    assert core.whole_fits(8, rows, 64, True) and not core.whole_fits(8, rows + 1, 64, True)
-    assert core.whole_fits(8, 64 * rows, 64, False)  # not causal on a CPU: any length
-    assert not core.whole_fits(8, rows + 1, 64, False, "cuda")
+    rows = core.WHOLE_BYTES // (8 * 64 * 4)  # B·H = 8 heads of D = 64 float32 numbers a row fill the limit
+    assert core.whole_fits(8, 64 * rows, 64, False) and core.whole_fits(8, 64 * rows, 64, True)  # a CPU: any length
+    assert core.whole_fits(8, rows, 64, True, "cuda") and not core.whole_fits(8, rows + 1, 64, False, "cuda")
 
 
 def test_whole_tensor_form_zeroes_a_query_whose_features_underflow():
@@ -301,3 +304,21 @@ def test_a_half_precision_projection_is_held_once_in_float32(causal):
         call()
         measured = trace_peak_bytes(call)
     assert performer.SPEC.cost.memory_bytes(shape) == pytest.approx(measured, rel=0.01)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_whole_forms_memory_is_the_allocators_in_segments_too(monkeypatch, causal):
+    """float32, B = 1, H = 4, n = 1000, D = 32 (blocks of 32) with WHOLE_BYTES at 256 KiB: causal segments of 128
+    positions (a quarter of it), the state of the ones before carried beside each, the last of 104 (3 blocks and 8
+    more); the spec's peak is the allocator's."""
+    from tests.baselines import trace_peak_bytes
+
+    monkeypatch.setattr(core, "WHOLE_BYTES", 1 << 18)
+    assert core.segment_rows(4, 1000, 32) == 128 and core.segment_rows(4, 512, 32) == 512  # 512 fill it: one
+    q, k, v = qkv(1000, H=4, D=32)
+    with torch.inference_mode():
+        call = lambda: linear.SPEC.fn(q, k, v, causal=causal)  # noqa: E731
+        call()
+        measured = trace_peak_bytes(call)
+    assert linear.SPEC.cost.memory_bytes(ac.Shape(1, 4, 1000, 1000, 32, causal=causal)) == pytest.approx(measured,
+                                                                                                        rel=0.005)
