@@ -26,10 +26,11 @@ The build is explicit (`build`: `python -m attn_core native build`, the dashboar
 call never builds, it loads a library already built into the cache, else runs the torch form. `$CXX`, else c++, g++
 or clang++, with -O3, -march=native (this machine's vector units: the cache key holds the CPU's flags) and -fopenmp
 (rows split among torch.get_num_threads() threads; on Linux the library shares the libgomp that torch loaded), each
-dropped in turn where the compiler refuses it; the compiler runs in a session of its own, killed whole at the time
-limit. Every exported function is declared once, in signatures.py: the build writes signatures.h from it for the
-.cpp files (the compiler refuses a definition that differs), ctypes takes its argument lists from it, and the library
-carries the table's hash, checked at load (a library built from other declarations is refused). The cache
+dropped in turn where the compiler refuses it; each source is compiled by a compiler of its own, all at once, each
+in a session of its own, all killed whole at the time limit, then linked. Every exported function is declared once,
+in signatures.py: the build writes signatures.h from it for the .cpp files (the compiler refuses a definition that
+differs), ctypes takes its argument lists from it, and the library carries the table's hash, checked at load (a
+library built from other declarations is refused). The cache
 (cache.py): a per-user folder made 0700, its owner and mode checked and each library's, symbolic links refused;
 where none is safe, a private folder made for the process.
 
