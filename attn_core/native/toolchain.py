@@ -2,6 +2,7 @@
 into the cache (its declarations' hash checked); `loader` keeps the library a process uses."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -70,24 +71,28 @@ def _run(command: list[str], seconds: float) -> tuple[int, str]:
 
 def _run_all(commands: list[list[str]], seconds: float, folder: Path) -> list[tuple[int, str]]:
     """(exit status, stdout and stderr) of each command, all started at once, each in a session of its own, its
-    output into a file of `folder`; past `seconds` from the start, or on an interrupt, every session (the compilers'
-    own children with them) is killed and reaped, and subprocess.TimeoutExpired (or the interrupt) raised."""
+    output into an unnamed file of `folder`; past `seconds` from the start, or on an interrupt, every session (the
+    compilers' own children with them) is killed and reaped, and subprocess.TimeoutExpired (or the interrupt)
+    raised."""
     deadline = time.monotonic() + seconds
     procs: list[subprocess.Popen] = []
-    outputs = [folder / f"said-{i}.txt" for i in range(len(commands))]
-    try:
-        for command, output in zip(commands, outputs):
-            with open(output, "w", encoding="utf-8") as sink:  # the child holds its own copy of the descriptor
+    with contextlib.ExitStack() as files:
+        sinks = [files.enter_context(tempfile.TemporaryFile(dir=folder)) for _ in commands]
+        try:
+            for command, sink in zip(commands, sinks):
                 procs.append(subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True))
-        for proc in procs:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except BaseException:  # the time limit, or an interrupt: nothing of the build left running
-        for proc in procs:
-            if proc.poll() is None:
-                _kill_session(proc)
-        raise
-    return [(proc.returncode, output.read_text(encoding="utf-8", errors="replace"))
-            for proc, output in zip(procs, outputs)]
+            for proc in procs:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except BaseException:  # the time limit, or an interrupt: nothing of the build left running
+            for proc in procs:
+                if proc.poll() is None:
+                    _kill_session(proc)
+            raise
+        said = []
+        for proc, sink in zip(procs, sinks):
+            sink.seek(0)
+            said.append((proc.returncode, sink.read().decode("utf-8", errors="replace")))
+        return said
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
