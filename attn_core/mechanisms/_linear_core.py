@@ -442,8 +442,9 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     from the segments before, then per block tril(φ(Q_b)φ(K_b)ᵀ)[V_b, 1] + φ(Q_b)·prefix; the last n mod C rows as
     one block after them. The H/Hk query heads of a group are rows of one product (a grouped copy of φ(Q) when
     Hk < H). Memory O(n·D): the output, and a segment's φ(K), [V, 1], block states and their sums, φ(Q) and in-block
-    products. φ is `phi_into` or `phi_sliced` (one C++ pass where `phi_native`), so NaN or inf in q or k reaches the normalizers, and in v the sum of the block states, which
-    the division and one small reduction read: then, outside `validated()`, `check_finite` names the tensor."""
+    products. φ is `phi_into` or `phi_sliced` (one C++ pass where `phi_native`), so NaN or inf in q or k reaches the
+    normalizers, and in v the sum of the block states, which the division and one small reduction read: then, outside
+    `validated()`, `check_finite` names the tensor."""
     B, H, nq, d = q.shape
     Hk, nk = k.shape[1], k.shape[2]
     out = torch.empty(B, H, nq, d, dtype=v.dtype, device=v.device)
