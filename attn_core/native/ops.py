@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .loader import describe, library
+from .loader import describe, elu_expected, library
 
 FLOATS = (torch.float32, torch.float64)  # the kernels' types (`select`, `selected_softmax`)
 
@@ -426,8 +426,7 @@ def elu_runs(x: torch.Tensor, out: torch.Tensor) -> bool:
         return False
     if x.numel() and _elu_layout(x, out) is None:
         return False
-    lib = library()
-    return lib is not None and bool(lib.attn_elu_plus_one_available())
+    return elu_expected()
 
 
 def elu_plus_one(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
