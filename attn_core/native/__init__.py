@@ -42,13 +42,13 @@ from __future__ import annotations
 from .cache import CACHE
 from .loader import (BUILD_HINT, OFF, ON, SWITCH, build, describe, elu_expected, enabled, expected, index_expected,
                      library)
-from .ops import (FLOATS, PART_BYTES, block_scratch_bytes, block_softmax, elu_plus_one, elu_runs, index_runs,
-                  index_scores, part_keys, prefix_runs, prefix_sums, runs, scratch_bytes, select, selected_softmax,
+from .ops import (FLOATS, block_scratch_bytes, block_softmax, elu_plus_one, elu_runs, index_runs, index_scores,
+                  part_bytes, part_keys, prefix_runs, prefix_sums, runs, scratch_bytes, select, selected_softmax,
                   softmax_runs, softmax_scratch_bytes)
 from .toolchain import BUILD_SECONDS, FLAGS, HERE, SOURCES, TRIES, Stale, compiler, targets
 
-__all__ = ["BUILD_HINT", "BUILD_SECONDS", "CACHE", "FLAGS", "FLOATS", "HERE", "OFF", "ON", "PART_BYTES", "SOURCES",
+__all__ = ["BUILD_HINT", "BUILD_SECONDS", "CACHE", "FLAGS", "FLOATS", "HERE", "OFF", "ON", "SOURCES",
            "SWITCH", "TRIES", "Stale", "block_scratch_bytes", "block_softmax", "build", "compiler", "describe",
            "elu_expected", "elu_plus_one", "elu_runs", "enabled", "expected", "index_expected", "index_runs",
-           "index_scores", "library", "part_keys", "prefix_runs", "prefix_sums", "runs", "scratch_bytes", "select",
-           "selected_softmax", "softmax_runs", "softmax_scratch_bytes", "targets"]
+           "index_scores", "library", "part_bytes", "part_keys", "prefix_runs", "prefix_sums", "runs", "scratch_bytes",
+           "select", "selected_softmax", "softmax_runs", "softmax_scratch_bytes", "targets"]

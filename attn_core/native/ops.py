@@ -190,17 +190,30 @@ def selected_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: tor
     return torch.ops.attn_lab.selected_softmax(q, k, v, idx, usable, _parts(m, D, q.element_size())[0], sinks)
 
 
-PART_BYTES = 1 << 19  # a part's keys and values: 512 KiB, within a core's own cache (see `part_keys`)
+PART_BYTES: Optional[int] = None  # a part's keys and values, in bytes; None: from this CPU (see `part_bytes`)
+
+
+def part_bytes() -> int:
+    """Bytes of one part's keys and values in `selected_softmax` (`part_keys`): PART_BYTES where set, else a quarter
+    of a core's own level-2 cache (`_cpu.caches`), so that the part stays there beside the rows' queries, states and
+    selections. On a CPU with 2 MiB a core (an Intel Xeon) that is the 512 KiB of 1,024 keys measured best there
+    (below). On the 2-core AMD EPYC with 512 KiB a core (2026-12-06), top-k's causal call at n = 16384 (7 rounds
+    interleaved, load 2.0) won 5 of 7 rounds in parts of 128 KiB against parts of 512 KiB, medians 2.48 s against
+    2.88 s; alone, the kernel's cost a selected key was the same in parts of 256 to 1,024 keys there (11.0-11.6 ns)."""
+    if PART_BYTES is not None:
+        return PART_BYTES
+    from ..mechanisms._cpu import caches  # (here, not above: the mechanisms import this module)
+    return max(1 << 14, caches().per_core // 4)
 
 
 def part_keys(m: int, D: int, elem: int) -> int:
-    """Keys of one part in `selected_softmax` (0: whole rows): where a head's m keys and values outgrow PART_BYTES
-    twice over, every row's entries among the first `part_keys` keys are taken, then the next part's, the softmax
-    carried from part to part (its highest score, sum and output, rescaled as a higher score comes), so that each
-    part's keys and values are read from the core's cache. A block of top-k at n = 16384, top_k = 2048, D = 64 (341
-    rows, a head's keys and values 8 MB) took 18.9, 17.1, 17.2, 17.7 and 20.1 ms in parts of 256 … 4,096 keys, 23.3
-    in whole rows (float32; the kernel's other widths and types run whole rows)."""
-    width = max(1, PART_BYTES // (2 * D * elem))
+    """Keys of one part in `selected_softmax` (0: whole rows): where a head's m keys and values outgrow a part
+    (`part_bytes`) twice over, every row's entries among the first `part_keys` keys are taken, then the next part's,
+    the softmax carried from part to part (its highest score, sum and output, rescaled as a higher score comes), so
+    that each part's keys and values are read from the core's cache. A block of top-k at n = 16384, top_k = 2048,
+    D = 64 (341 rows, a head's keys and values 8 MB) on the Xeon took 18.9, 17.1, 17.2, 17.7 and 20.1 ms in parts
+    of 256 … 4,096 keys, 23.3 in whole rows (float32; the kernel's other widths and types run whole rows)."""
+    width = max(1, part_bytes() // (2 * D * elem))
     return width if m > 2 * width else 0
 
 

@@ -15,7 +15,7 @@ import attn_core as ac
 from attn_core import native
 from attn_core.native import loader, ops, toolchain
 from attn_core.engine import env
-from attn_core.mechanisms import _sparse
+from attn_core.mechanisms import _cpu, _sparse
 from attn_core.mechanisms import topk as tk
 from attn_core.spec import Shape
 
@@ -222,6 +222,19 @@ def test_the_fused_softmax_is_the_formula(B, H, Hk, S, r, m, D, kk, dtype, parte
     torch.testing.assert_close(got.double(), want, rtol=1e-5 if dtype == torch.float32 else 1e-12,
                                atol=1e-6 if dtype == torch.float32 else 1e-12)
     assert not got[0, :H // S if S > 1 else H, 0].any()  # the row with no usable key
+
+
+def test_a_part_of_the_fused_softmax_is_a_quarter_of_this_cpu_s_own_cache(monkeypatch):
+    """`part_bytes`: a quarter of a core's L2 (`_cpu.caches`), PART_BYTES where a caller sets it; parts only where a
+    head's keys and values fill two parts: a CPU of 2 MiB a core parts 16,384 keys of D = 64 in float32 into
+    1,024 keys (512 KiB of keys and values), one of 512 KiB into 256 keys, and 512 keys of that one not at all."""
+    monkeypatch.setattr(ops, "PART_BYTES", None)
+    for l2, keys in ((2 << 20, 1024), (512 << 10, 256)):
+        monkeypatch.setattr(_cpu, "caches", lambda l2=l2: _cpu.Caches(l2, 32 << 20, 2, "test"))
+        assert native.part_bytes() == l2 // 4 and native.part_keys(16384, 64, 4) == keys
+    assert native.part_keys(512, 64, 4) == 0 and native.part_keys(513, 64, 4) == 256
+    monkeypatch.setattr(ops, "PART_BYTES", 4 * 2 * 64 * 4)
+    assert native.part_bytes() == 2048 and native.part_keys(16384, 64, 4) == 4
 
 
 @needs_library
