@@ -8,7 +8,6 @@ import torch
 from .. import native
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import KVCache, kv_bytes, tensor_bytes
-from ._cpu import caches
 from ._common import check_key_padding, check_sinks, checked_shape, repeated, scale, trusted, workspace
 from ._sparse import selected_softmax, selected_softmax_bytes, work_dtype
 from ._topk_select import NEG, _first_sampled, _forms, _sampled_bytes, select
@@ -16,7 +15,7 @@ from ._topk_select import _select_exact, _select_sampled  # noqa: F401  (read as
 
 SELECT_NUMBERS = 1 << 24  # numbers one query block's selected softmax holds (see `rows`)
 INDEX_NUMBERS = 1 << 23  # numbers one indexer step's scores hold (see `index_rows`)
-TILE_NUMBERS = 1 << 18  # numbers one indexer product holds on a GPU, ÷ GPU_WORKSPACE (see `key_tile`)
+TILE_NUMBERS = 1 << 18  # numbers one indexer product holds, all its heads and rows (see `key_tile`)
 SELECT_KEYS = 1 << 14  # the most keys a row counted in sizing a block (see `rows`)
 
 
@@ -94,13 +93,14 @@ def index_queries(q: torch.Tensor, index_q: torch.Tensor) -> torch.Tensor:
 
 def key_tile(batch: int, heads: int, r: int, device: str = "cpu") -> int:
     """Keys of one indexer product in `index_scores`: the products of r query rows and every indexer head with them
-    fill a core's own level-2 cache in float32 on a CPU (`_cpu.caches`), so the product's output stays there for its
-    ReLU and weighted sum (on a CPU with 1 MiB a core, n = 16384, steps of 102 rows: 642 keys a tile; a step's
-    indexer 0.6 of its time in products of 32 rows and all keys, whose 8 MB output went out to the shared cache and
-    back, and the slower when the machine's other tenants filled that cache). On a GPU (`device`), 64 times the
-    TILE_NUMBERS of that CPU (`workspace`): a launch filled, no cache to fit."""
-    numbers = caches().per_core // 4 if device == "cpu" else workspace(TILE_NUMBERS, device)
-    return max(1, numbers // (batch * heads * r))
+    fill TILE_NUMBERS (1 MiB in float32, the L2 of the CPU it was measured on), so the product's output stays in
+    cache for its ReLU and weighted sum (n = 16384, steps of 102 rows: 642 keys a tile; a step's indexer 0.6 of its
+    time in products of 32 rows and all keys, whose 8 MB output went out to the shared cache and back, and the slower
+    when the machine's other tenants filled that cache). A measured size, not read from the CPU: on an EPYC with
+    512 KiB a core, tiles of its L2 (half these) made the torch form slower (the top-k memory tests of that form
+    3.5–3.6 s against 2.2–2.5 s), each tile's operations costing more than the cache saved. On a GPU (`device`),
+    64 times the keys (`workspace`): a launch filled, no cache to fit."""
+    return max(1, workspace(TILE_NUMBERS, device) // (batch * heads * r))
 
 
 def index_scores(qi: torch.Tensor, ki: torch.Tensor, w: torch.Tensor, kt: torch.Tensor | None = None) -> torch.Tensor:

@@ -16,7 +16,7 @@ from attn_core.engine.job import Job
 from attn_core.engine.measurement import COLUMNS, Measurement
 from attn_core.engine.problem import Problem, Settings
 from attn_core.engine.results import frame_from_rows
-from attn_core.mechanisms import _cpu, _linear_core as linear_core, additive, gated_deltanet, nsa, sigmoid, topk
+from attn_core.mechanisms import _linear_core as linear_core, additive, gated_deltanet, nsa, sigmoid, topk
 from attn_core.mechanisms._common import GPU_WORKSPACE
 from tests.fake_mechanisms import private_sweep_lock  # noqa: F401 (an autouse fixture)
 
@@ -119,7 +119,7 @@ def test_a_shape_carries_its_device_and_a_gpu_chunk_holds_more_rows(key, rows):
     assert ac.get(key).cost.memory_bytes(gpu) > ac.get(key).cost.memory_bytes(cpu)
 
 
-def test_top_k_and_nsa_blocks_on_a_gpu_hold_more_rows_and_their_memory_models_follow(monkeypatch):
+def test_top_k_and_nsa_blocks_on_a_gpu_hold_more_rows_and_their_memory_models_follow():
     """Top-k's query blocks (up to n), indexer steps and key tiles, and NSA's query blocks: GPU_WORKSPACE times a
     CPU's on a GPU, where the launches, not a cache, set the size; NSA's fewer as a row's compressed blocks grow,
     so that a million tokens still fit a GPU."""
@@ -133,12 +133,10 @@ def test_top_k_and_nsa_blocks_on_a_gpu_hold_more_rows_and_their_memory_models_fo
     # CPU, 64·2**23 // 81920 = 6553 on a GPU.
     assert topk.index_rows(1, 4, 16384) == 2**23 // (5 * 16384) == 102
     assert topk.index_rows(1, 4, 16384, "cuda") == 64 * 2**23 // (5 * 16384) == 6553
-    # An indexer product a core's L2 of float32 on a CPU: 1 MiB, 2**18 numbers, over batch·heads·rows = 1·4·102 = 408
-    # a key, 642 keys a tile; 512 KiB, 321; 64·2**18 // 408 = 41120 on a GPU, whatever the CPU's caches.
-    for l2, keys in ((1 << 20, 642), (1 << 19, 321)):
-        monkeypatch.setattr(topk, "caches", lambda l2=l2: _cpu.Caches(l2, 32 << 20, 2, "test"))
-        assert topk.key_tile(1, 4, 102) == keys
-        assert topk.key_tile(1, 4, 102, "cuda") == 64 * 2**18 // (1 * 4 * 102) == 41120
+    # An indexer product 1 MiB of float32, 2**18 numbers, batch·heads·rows = 1·4·102 = 408 a key: 642 keys a tile on
+    # a CPU, 64·2**18 // 408 = 41120 on a GPU.
+    assert topk.key_tile(1, 4, 102) == 2**18 // (1 * 4 * 102) == 642
+    assert topk.key_tile(1, 4, 102, "cuda") == 64 * 2**18 // (1 * 4 * 102) == 41120
     # NSA: 128 rows on a CPU; on a GPU, 2**27 numbers over bh = 8 heads and the keys a last row sees: the compressed
     # blocks of 32 every 16 ending by t = n − 1, (n − 32) // 16 + 1, then 16 selected blocks of 64 and a window of
     # 512; between 64 and 64·64 rows. n = 16384: 1023 + 1024 + 512 = 2559 keys, 2**27 // (8·2559) = 6556 → 4096;

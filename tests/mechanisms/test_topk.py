@@ -11,7 +11,7 @@ import attn_core as ac
 from attn_core.nn import generation as gen
 from attn_core import native
 from attn_core.insight import effective as ef
-from attn_core.mechanisms import _cpu, topk as tk
+from attn_core.mechanisms import topk as tk
 from attn_core.mechanisms._common import GPU_WORKSPACE
 from attn_core.spec import Shape
 from tests.baselines import masked_softmax, topk_reference
@@ -213,10 +213,8 @@ def test_the_indexer_scores_of_a_block_are_at_most_block_by_n(causal, monkeypatc
 @pytest.mark.parametrize("tile_numbers", [1, 360, 1 << 18], ids=["1 key", "5 keys", "all keys"])
 def test_the_indexer_scores_key_tile_by_key_tile_are_its_formula(tile_numbers, monkeypatch):
     """`index_scores` a tile of keys at a time (tiles of 1 key, of 5, which do not divide 37, and all) against
-    I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) written out with einsum, a negative weight among the heads. The
-    tile fills a core's L2 in float32 (`key_tile`): a CPU of 4·tile_numbers bytes a core here."""
-    monkeypatch.setattr(tk, "caches", lambda: _cpu.Caches(4 * tile_numbers, 32 << 20, 2, "test"))
-    assert tk.key_tile(2, 4, 9) == {1: 1, 360: 5, 1 << 18: 3640}[tile_numbers]  # 2·4·9 = 72 numbers a key
+    I_{t,s} = Σ_j w_j · ReLU(q^I_{t,j} · k^I_s) written out with einsum, a negative weight among the heads."""
+    monkeypatch.setattr(tk, "TILE_NUMBERS", tile_numbers)
     g = torch.Generator().manual_seed(5)
     qi, ki = torch.randn(2, 9, 4 * 5, generator=g, dtype=torch.float64), torch.randn(2, 37, 5, generator=g,
                                                                                      dtype=torch.float64)
@@ -254,9 +252,8 @@ def test_the_memory_model_holds_where_the_selection_is_sampled(B, H, n, D, top_k
         kernels()
     if form == "torch":
         monkeypatch.setenv(native.SWITCH, "0")
-    if device == "cuda":  # (and the indexer's key tiles a GPU's, which on a CPU fill its L2: `key_tile`)
+    if device == "cuda":
         monkeypatch.setattr(tk, "workspace", lambda size, device: size * GPU_WORKSPACE)
-        monkeypatch.setattr(tk, "caches", lambda: _cpu.Caches(4 * GPU_WORKSPACE * tk.TILE_NUMBERS, 32 << 20, 2, "GPU"))
     shape = Shape(B, H, n, n, D, causal=causal, device=device)
     assert device == "cpu" or tk.rows(shape, top_k, 4) == n
     g = torch.Generator().manual_seed(0)
