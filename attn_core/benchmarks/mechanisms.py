@@ -51,15 +51,15 @@ def measure(args: argparse.Namespace):
     rounds = args.rounds or 1
     rows = []
     for key, params, causal in lines(args):
+        problems = {n: Problem(mechanism=key, params=tuple(sorted(params.items())), n=n, heads=args.heads,
+                               d_model=args.heads * args.head_dim, device="cpu", causal=causal) for n in ns}
         taken: dict[int, list[dict]] = {n: [] for n in ns}
         limit = None  # the smallest n of this line that took longer than the budget
         for turn in range(rounds):
             for n in ns:
                 if limit is not None and n > limit:
                     continue
-                problem = Problem(mechanism=key, params=tuple(sorted(params.items())), n=n, heads=args.heads,
-                                  d_model=args.heads * args.head_dim, device="cpu", causal=causal)
-                row, took = point(problem, settings)
+                row, took = point(problems[n], settings)
                 taken[n].append(row)
                 if took > args.budget:
                     limit = n if limit is None else min(limit, n)
@@ -72,9 +72,7 @@ def measure(args: argparse.Namespace):
                 ranked = sorted(taken[n], key=lambda r: (math.isnan(r["time_median_s"]), r["time_median_s"]))
                 rows.append(ranked[(len(ranked) - 1) // 2])
             else:
-                problem = Problem(mechanism=key, params=tuple(sorted(params.items())), n=n, heads=args.heads,
-                                  d_model=args.heads * args.head_dim, device="cpu", causal=causal)
-                rows.append(unmeasured(MECHANISMS[key], problem, "skipped",
+                rows.append(unmeasured(MECHANISMS[key], problems[n], "skipped",
                                        f"a smaller n of this line took longer than the {args.budget:g} s budget")
                             .to_row())
     return frame_from_rows(rows)
