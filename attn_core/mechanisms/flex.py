@@ -5,6 +5,7 @@ Programming Model for Generating Optimized Attention Kernels', arXiv 2412.05496)
 Insight.pattern, over attn_core.masks), so the three cannot drift apart."""
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from attn_core.positions import encodings as positional
 from attn_core.mechanisms import MECHANISMS
 from attn_core.mechanisms.sdpa import shared_sdpa
 from attn_core.mechanisms.softmax import softmax_attention
+from attn_core.native import cache
 from attn_core.spec import Shape
 
 IMPLEMENTATIONS = ("ours", "flex", "dense-mask")
@@ -324,5 +326,23 @@ def _compiled(dynamic: bool) -> Callable[..., torch.Tensor]:
     instead, through a frame of their own."""
     if dynamic not in _COMPILED:
         own_frame = _flex_call if dynamic else (lambda *args: _flex_call(*args))
-        _COMPILED[dynamic] = torch.compile(own_frame, dynamic=dynamic, fullgraph=True)
+        compiled = torch.compile(own_frame, dynamic=dynamic, fullgraph=True)
+
+        def call(*args: Any) -> torch.Tensor:
+            with _compiling():
+                return compiled(*args)
+        _COMPILED[dynamic] = call
     return _COMPILED[dynamic]
+
+
+@contextlib.contextmanager
+def _compiling():
+    """Inductor's settings for a call that may compile: its libraries in our per-user cache, not the shared
+    temporary folder (cache.inductor_folder), and no precompiled headers, which torch 2.13 keeps in that shared
+    folder whatever the cache's variable says. Without them a first compile is faster (here, cold: 17 s against
+    23 s) and each later one slower (10 s against 8 s, a new length)."""
+    import torch._inductor.config as inductor
+
+    cache.inductor_folder()
+    with inductor.patch(cpp_cache_precompile_headers=False):
+        yield

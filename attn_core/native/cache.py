@@ -9,6 +9,9 @@ It is loaded through the descriptor those checks read (/proc/self/fd/N on Linux)
 checks is not what is loaded; the descriptor stays open while the library is loaded, so its name is never reused
 for another file (the dynamic loader hands back an already loaded library by name). Where no safe cache exists,
 a build goes to a private folder made for the process (mkdtemp, mode 0700) and removed at its exit.
+
+torch's Inductor, which compiles Flex, keeps its libraries in attention-lab/inductor beside them (`inductor_folder`):
+its own default is torchinductor_<user> in the shared temporary folder, a name any local user can make first.
 """
 from __future__ import annotations
 
@@ -21,20 +24,22 @@ import tempfile
 from pathlib import Path
 
 CACHE = "ATTN_LAB_CACHE"  # a folder for the built libraries
+INDUCTOR = "TORCHINDUCTOR_CACHE_DIR"  # where torch's Inductor keeps what it compiles (torch reads it at each compile)
 
 
 class Unsafe(OSError):
     """A folder or file refused: another user owns it or can write it, or it is a symbolic link."""
 
 
-def cache_dir() -> Path:
-    """The per-user cache folder's path ($ATTN_LAB_CACHE/native, else attention-lab/native in $XDG_CACHE_HOME or
-    ~/.cache); nothing is made or checked here (`open_folder` does both)."""
+def cache_dir(kind: str = "native") -> Path:
+    """The per-user cache folder's path ($ATTN_LAB_CACHE/<kind>, else attention-lab/<kind> in $XDG_CACHE_HOME or
+    ~/.cache): "native" for our kernels, "inductor" for Inductor's; nothing is made or checked here (`open_folder`
+    does both)."""
     named = os.environ.get(CACHE)
     if named:
-        return Path(named) / "native"
+        return Path(named) / kind
     home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(home) / "attention-lab" / "native"
+    return Path(home) / "attention-lab" / kind
 
 
 def _refusal(st: os.stat_result, path: Path, what: str) -> str | None:
@@ -118,3 +123,37 @@ def private_folder() -> Path:
         atexit.register(shutil.rmtree, made, ignore_errors=True)
         _private.append(made)
     return _private[0]
+
+
+def inductor_folder() -> Path:
+    """The folder torch's Inductor compiles Flex's kernels into, named in its variable (INDUCTOR) for this process
+    and the processes it starts: attention-lab/inductor in the per-user cache (`cache_dir`), made and checked as
+    our kernels' folder is (`open_folder`), and its parent writable by no one else unless sticky, since Inductor
+    opens what it loads by path; where that is refused, a folder in this process's private one. A folder the user
+    named in the variable is theirs and kept.
+
+    Why: Inductor's default is torchinductor_<user> in the shared temporary folder (/tmp), which any local user can
+    make first and fill with the libraries Inductor would load and run (pytorch/pytorch#121122 asks to move it; torch
+    2.13 keeps it). Its precompiled headers go there whatever the variable says (torch 2.13: codecache._HEADER_DIR),
+    so Flex compiles without them (flex._compiling)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    named = os.environ.get(INDUCTOR)
+    if named and (named in _inductor or os.path.abspath(named) != os.path.abspath(default_cache_dir())):
+        return Path(named)  # ours, set before; or the user's own (torch writes its default here once it has used it)
+    folder = cache_dir("inductor")
+    try:
+        os.close(open_folder(folder, create=True))
+        st = os.stat(folder.parent)
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            raise Unsafe(f"the folder {folder.parent} can be written by other users, who could put another folder "
+                         f"in the place of {folder.name}")
+    except OSError:  # Unsafe, or a cache that cannot be made (a read-only home): this process's own folder
+        folder = private_folder() / "inductor"
+        folder.mkdir(mode=0o700, exist_ok=True)
+    _inductor.append(str(folder))
+    os.environ[INDUCTOR] = str(folder)
+    return folder
+
+
+_inductor: list[str] = []  # the folders inductor_folder has named in INDUCTOR

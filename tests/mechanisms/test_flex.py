@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import warnings
 
 import numpy as np
@@ -22,6 +23,7 @@ from attn_core.engine.problem import Problem, Settings
 from attn_core.engine.results import frame_from_rows
 from attn_core.insight.effective import make_state
 from attn_core.mechanisms import MECHANISMS
+from attn_core.native import cache
 from attn_core.spec import Shape
 from tests.baselines import allowed
 
@@ -67,15 +69,21 @@ def compiled_flex():
     """One compiled FlexAttention call for the whole module (a compile takes seconds): packed documents with key
     padding, its output and its one-time costs; the module's compiled tests skip, naming what is missing, only where
     the machine cannot compile (FlexUnavailable: no C++ compiler, an unsupported platform); any other error fails."""
+    from torch._inductor import codecache
+
     q, k, v = inputs(1)
     pattern = masks.document([50, 70, 80])
+    headers = []  # Inductor's precompiled headers, which torch 2.13 keeps in the shared temporary folder
     try:
-        forward, mask_s = flex.forward_of("flex", flex.Masking(pattern, padding()), N, N, B, "cpu")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out, once = flex.first_call(lambda: forward(q, k, v))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(codecache, "_precompile_header", lambda *args, **kwargs: headers.append(args))
+            forward, mask_s = flex.forward_of("flex", flex.Masking(pattern, padding()), N, N, B, "cpu")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out, once = flex.first_call(lambda: forward(q, k, v))
     except flex.FlexUnavailable as e:
         pytest.skip(str(e))
+    assert headers == [] and os.environ[cache.INDUCTOR] == str(cache.cache_dir("inductor"))  # our folder, checked
     return q, k, v, pattern, forward, out, dataclasses.replace(once, mask_s=mask_s)
 
 
