@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import torch
 
 from attn_core.positions import rope
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 _COMMON = frozenset({"rope_type", "type", "partial_rotary_factor", "rope_theta"})
@@ -332,6 +334,8 @@ def scores_by_offset(head_dim: int, base: float, scaling: Mapping[str, Any] | No
     curves = [None if share is None else {"rope_type": "default", "partial_rotary_factor": share}]
     curves += [scaling] if kind(scaling) != "default" else []
     config = {"max_position_embeddings": max_position_embeddings, "partial_rotary_factor": partial_rotary_factor}
+    import pandas as pd  # here, not at the top: a measuring worker imports this module and needs no pandas
+
     return pd.concat([pd.DataFrame({"offset": at.long().tolist(), "scaling": label(curve),
                                     "score": _decay(at, head_dim, base, curve, **config).tolist()})
                       for curve in curves], ignore_index=True)[["offset", "score", "scaling"]]

@@ -301,8 +301,15 @@ def test_spec_costs_are_positive_and_grow_as_stated(key, causal):
         assert effective.pattern_of(key, 64, 64, causal, **spec.defaults)(torch.tensor(5), torch.tensor(5))
 
 
-def test_import_does_not_pull_in_streamlit():
-    code = "import sys, attn_core; assert 'streamlit' not in sys.modules, 'streamlit imported'"
+def test_import_pulls_in_neither_streamlit_nor_pandas_until_asked():
+    """The library never imports Streamlit; the measuring worker's modules start without pandas (half a second of
+    every worker's start), and the engine's names that need it import it when first used."""
+    code = ("import sys, attn_core\nfrom attn_core.engine import env, measure, worker\n"
+            "assert 'streamlit' not in sys.modules, 'streamlit imported'\n"
+            "assert 'pandas' not in sys.modules, 'pandas imported'\n"
+            "assert attn_core.summary is sys.modules['attn_core.engine.analysis'].summary\n"
+            "assert 'summary' in dir(attn_core)\n"
+            "assert not hasattr(attn_core, 'no_such_name') and 'streamlit' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
 
 
