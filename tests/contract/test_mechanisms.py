@@ -388,12 +388,14 @@ def test_spec_memory_matches_an_independent_allocator_reading(key, causal, dtype
 # busy cores); at 8 its peak is the same two (n, n) matrices (tests/mechanisms/test_nystrom_additive.py checks the peak where
 # the tanh workspace sets it).
 MEMORY_PARAMS = {"additive": {"attn_dim": 8}}
-# The sequence length of the allocator readings: 3000, where top-k's 2048 keys and NSA's 16 blocks of 64 are a real
-# choice; 500 for the dense forms, whose peak is their (n, n) matrices at any length, and whose bfloat16 products
+# The sequence length of the allocator readings: 3000, where top-k's 2048 keys are a real choice (NSA's 16 blocks of
+# 64 are at 2000: 31 blocks; its bfloat16 products, a loop on this CPU, took 19 s at 3000 with one core busy); 500 for
+# the dense forms, whose peak is their (n, n) matrices at any length, and whose bfloat16 products
 # take a loop on a CPU without bfloat16 matrix instructions (softmax at 3000: 45 s a call with one core busy; at 1000,
 # 6.8 s for the two calls of a reading). Their constant terms weigh more the shorter the sequence, so the check there
 # is the stricter one: at 1000 a half-precision Performer projection's float32 copy (41 kB) was found, at 500 causal
 # sigmoid's (rows, rows) mask beside a chunk's weights (90 kB at n = 500 with one key/value head, 266 kB at 700).
 # SDPA and Linformer at 1000: SDPA's scratch (its per-thread tiles, log-sum-exp) and Linformer's (n, rank)
 # projections are all there at that length.
-MEMORY_N = {"softmax": 500, "sigmoid": 500, "additive": 500, "differential": 500, "sdpa": 1000, "linformer": 1000}
+MEMORY_N = {"softmax": 500, "sigmoid": 500, "additive": 500, "differential": 500, "sdpa": 1000, "linformer": 1000,
+            "nsa": 2000}
