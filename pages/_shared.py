@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import streamlit as st
+from altair.utils import schemapi
 
 from attn_core import MEASURED
 from attn_core.insight import charts as insight_charts
@@ -24,6 +25,13 @@ from attn_core.engine.results import Run
 from attn_core.engine.stage import Stage
 
 UNBOUND = "links_unbound"  # session state: the linked widgets drawn unbound once (see unbind)
+
+# Altair checks each object of a chart against the Vega-Lite schema as the object is made (its debug mode), at every
+# rerun of a page: a rerun of Learn (39 charts) took 1.15-1.42 s with it and 0.94-0.98 s without, Theory 0.71-0.98
+# and 0.63-0.69, the planner 0.84 and 0.55-0.58 (AppTest, 3 reruns each, quiet). The charts are the library's
+# functions, whose tests validate each one's whole spec (to_dict), as every export does (charts.export); a page
+# draws them unvalidated (style.page_spec). Once for the server's process.
+schemapi.disable_debug_mode()
 
 
 def keyed(key: str, *, link: bool = False) -> dict:

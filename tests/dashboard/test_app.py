@@ -3,6 +3,7 @@ say what to change, downloads hold real files, and a sweep survives reruns, page
 replays, sequences, sessions and generate mode: tests/dashboard/test_app_runs.py); the fixtures other page tests import."""
 import functools
 import io
+import json
 import time
 from pathlib import Path
 
@@ -107,10 +108,20 @@ def swept() -> AppTest:
 
 @pytest.mark.parametrize("page", list(PAGES))
 def test_every_page_runs_with_its_defaults(page):
+    """Every page with its defaults: no exception, its title, and each chart it draws a valid Vega-Lite spec (the
+    pages make and send their charts unvalidated: pages/_shared.py)."""
+    from altair.utils import schemapi
+    from altair.vegalite.v6.schema.core import load_schema
+
     at = AppTest.from_file(APP, default_timeout=120).run()
     at.switch_page(page).run()
     assert not at.exception, [e.value for e in at.exception]
     assert [t.value for t in at.title][:1] == [PAGES[page]]
+    assert schemapi.DEBUG_MODE is False
+    charts = [json.loads(e.proto.spec) for e in at.main if e.type == "vega_lite_chart"]
+    assert bool(charts) == (page not in ("pages/home.py", "pages/benchmark.py", "pages/compare.py")), len(charts)
+    for spec in charts:
+        assert schemapi.validate_jsonschema(spec, load_schema(), raise_error=False) is None, spec.get("title")
 
 
 def test_home_shows_the_device_and_the_quick_demo_lands_on_the_benchmark():
