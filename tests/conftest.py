@@ -123,37 +123,37 @@ def build_kernels_once(config) -> None:
 # kept one worker busy after the others had stopped; and by default it hands out the files with most tests first,
 # where the browser tests have few. The others follow in their usual order.
 LONGEST_FIRST = (
-    "tests/dashboard/test_browser_in_view.py",  # 186
-    "tests/contract/test_mechanisms.py",  # 154
-    "tests/dashboard/test_browser.py",  # 153
-    "tests/dashboard/test_app_runs.py",  # 113
-    "tests/engine/test_hardening_text.py",  # 85
-    "tests/dashboard/test_planner_page.py",  # 84
-    "tests/contract/test_copies.py",  # 73
-    "tests/mechanisms/test_topk.py",  # 67
-    "tests/native/test_native.py",  # 67
-    "tests/mechanisms/test_sinks.py",  # 66
+    "tests/dashboard/test_browser_in_view.py",  # 195
+    "tests/dashboard/test_browser.py",  # 169
+    "tests/contract/test_mechanisms.py",  # 169
+    "tests/dashboard/test_app_runs.py",  # 107
+    "tests/engine/test_hardening_text.py",  # 93
+    "tests/dashboard/test_planner_page.py",  # 92
+    "tests/engine/test_store_hardening.py",  # 72
+    "tests/engine/test_sweep.py",  # 68
+    "tests/cli/test_cli.py",  # 68
+    "tests/contract/test_copies.py",  # 63
+    "tests/mechanisms/test_topk.py",  # 63
+    "tests/native/test_native.py",  # 62
     "tests/dashboard/test_browser_first_minutes.py",  # 62
-    "tests/mechanisms/test_nsa.py",  # 56
-    "tests/cli/test_cli.py",  # 55
-    "tests/mechanisms/test_flex.py",  # 54
-    "tests/charts/test_charts.py",  # 47
-    "tests/engine/test_store_hardening.py",  # 47
-    "tests/engine/test_sweep.py",  # 44
+    "tests/mechanisms/test_sinks.py",  # 53
+    "tests/mechanisms/test_nsa.py",  # 49
+    "tests/dashboard/test_app.py",  # 49
     "tests/dashboard/test_browser_first_request.py",  # 44
-    "tests/dashboard/test_app.py",  # 44
-    "tests/native/test_native_cache.py",  # 44
-    "tests/studies/test_distributed_lifeline.py",  # 42
-    "tests/dashboard/test_pages_insight.py",  # 38
-    "tests/insight/test_theory.py",  # 31
+    "tests/mechanisms/test_flex.py",  # 44
+    "tests/studies/test_distributed_lifeline.py",  # 43
+    "tests/insight/test_theory.py",  # 40
+    "tests/dashboard/test_pages_insight.py",  # 39
+    "tests/charts/test_charts.py",  # 30
     "tests/dashboard/test_hardening_web.py",  # 29
-    "tests/contract/test_flop_counter.py",  # 27
-    "tests/contract/test_shared_kv.py",  # 25
-    "tests/contract/test_padding.py",  # 25
-    "tests/nn/test_generation.py",  # 25
-    "tests/contract/test_toy_mechanism.py",  # 22
-    "tests/engine/test_measure.py",  # 22
-    "tests/studies/test_distributed.py",  # 22
+    "tests/engine/test_measure.py",  # 26
+    "tests/contract/test_toy_mechanism.py",  # 25
+    "tests/contract/test_shared_kv.py",  # 24
+    "tests/engine/test_store.py",  # 22
+    "tests/contract/test_flop_counter.py",  # 22
+    "tests/nn/test_generation.py",  # 22
+    "tests/studies/test_distributed.py",  # 21
+    "tests/mechanisms/test_longformer_bigbird.py",  # 20
 )
 
 
