@@ -5,7 +5,6 @@ Programming Model for Generating Optimized Attention Kernels', arXiv 2412.05496)
 Insight.pattern, over attn_core.masks), so the three cannot drift apart."""
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -325,24 +324,20 @@ def _compiled(dynamic: bool) -> Callable[..., torch.Tensor]:
     LoweringException; a causal window with key padding, a C++ compile error): those compile for their static sizes
     instead, through a frame of their own."""
     if dynamic not in _COMPILED:
+        _keep_compiles_private()
         own_frame = _flex_call if dynamic else (lambda *args: _flex_call(*args))
-        compiled = torch.compile(own_frame, dynamic=dynamic, fullgraph=True)
-
-        def call(*args: Any) -> torch.Tensor:
-            with _compiling():
-                return compiled(*args)
-        _COMPILED[dynamic] = call
+        _COMPILED[dynamic] = torch.compile(own_frame, dynamic=dynamic, fullgraph=True)
     return _COMPILED[dynamic]
 
 
-@contextlib.contextmanager
-def _compiling():
-    """Inductor's settings for a call that may compile: its libraries in our per-user cache, not the shared
-    temporary folder (cache.inductor_folder), and no precompiled headers, which torch 2.13 keeps in that shared
-    folder whatever the cache's variable says. Without them a first compile is faster (here, cold: 17 s against
-    23 s) and each later one slower (10 s against 8 s, a new length)."""
+def _keep_compiles_private() -> None:
+    """Inductor's settings for this process, set before Flex is first compiled (torch reads both at each compile):
+    its libraries in our per-user cache, not the shared temporary folder (cache.inductor_folder), and no
+    precompiled headers, which torch 2.13 keeps in that shared folder whatever the cache's variable says. Without
+    them a first compile is faster (here, cold: 17 s against 23 s) and each later one slower (10 s against 8 s, a
+    new length). Set once, not around each call: a patch of Inductor's config took 36 µs a call, a timed Flex call's
+    share at short lengths."""
     import torch._inductor.config as inductor
 
     cache.inductor_folder()
-    with inductor.patch(cpp_cache_precompile_headers=False):
-        yield
+    inductor.cpp_cache_precompile_headers = False

@@ -42,13 +42,14 @@ def test_inductor_compiles_into_our_cache_not_the_shared_temporary_folder(cache_
     assert cache.inductor_folder() == folder and cache._private == []
 
 
-def test_a_compile_runs_with_our_folder_and_without_precompiled_headers(cache_root):
+def test_flex_compiles_with_our_folder_and_without_precompiled_headers(cache_root, monkeypatch):
     import torch._inductor.config as inductor
 
-    with flex._compiling():
-        assert os.environ[cache.INDUCTOR] == str(cache_root / "inductor")
-        assert inductor.cpp_cache_precompile_headers is False
-    assert inductor.cpp_cache_precompile_headers is True  # torch's own setting, put back for others' compiles
+    monkeypatch.setattr(inductor, "cpp_cache_precompile_headers", True)  # torch's default, put back after
+    monkeypatch.setattr(flex, "_COMPILED", {})  # Flex not compiled yet in this process
+    flex._compiled(dynamic=True)
+    assert os.environ[cache.INDUCTOR] == str(cache_root / "inductor")
+    assert inductor.cpp_cache_precompile_headers is False
 
 
 def test_a_folder_the_user_named_is_kept(cache_root, tmp_path, monkeypatch):
