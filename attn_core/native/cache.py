@@ -135,7 +135,7 @@ def inductor_folder() -> Path:
     Why: Inductor's default is torchinductor_<user> in the shared temporary folder (/tmp), which any local user can
     make first and fill with the libraries Inductor would load and run (pytorch/pytorch#121122 asks to move it; torch
     2.13 keeps it). Its precompiled headers go there whatever the variable says (torch 2.13: codecache._HEADER_DIR),
-    so Flex compiles without them (flex._compiling)."""
+    so Flex compiles without them (flex._keep_compiles_private)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     named = os.environ.get(INDUCTOR)
