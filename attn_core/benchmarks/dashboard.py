@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -107,19 +108,61 @@ def app_server(env: dict | None = None) -> Iterator[AppServer]:
         server.stop()
 
 
-@contextlib.contextmanager
-def browser_page(width: int = 1400, height: int = 1000):
-    """A page of Debian's headless chromium driven by playwright (never a downloaded browser)."""
+# This process's playwright driver and chromium, by thread (playwright's sync objects belong to the thread that made
+# them): launched by the first browser_page and kept until the process ends.
+_BROWSERS: dict[tuple[int, int], tuple] = {}
+
+
+def _browser():
+    """The calling thread's headless chromium, launched on first use and relaunched where it has gone. Kept between
+    pages: a launch (playwright's node driver, chromium and its GPU process) cost about 1.4 CPU-s on a 2-core EPYC
+    (tests/dashboard/test_browser_in_view.py, five pages: 110.7 CPU-s of driver and browser with a launch each, 105.0
+    with one); each page gets a context of its own (browser_page)."""
+    import atexit
+
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_FLAGS))
+    key = (os.getpid(), threading.get_ident())
+    kept = _BROWSERS.get(key)
+    if kept is None or not kept[1].is_connected():
+        if kept is not None:
+            _close_browser(key)
+        driver = sync_playwright().start()
         try:
-            page = browser.new_page(viewport={"width": width, "height": height})
-            page.set_default_timeout(60_000)
-            yield page
-        finally:
-            browser.close()
+            browser = driver.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_FLAGS))
+        except BaseException:
+            driver.stop()
+            raise
+        if not _BROWSERS:
+            atexit.register(_close_browsers)
+        _BROWSERS[key] = kept = (driver, browser)
+    return kept[1]
+
+
+def _close_browser(key: tuple[int, int]) -> None:
+    driver, browser = _BROWSERS.pop(key)
+    for close in (browser.close, driver.stop):
+        with contextlib.suppress(Exception):  # a browser already gone, a driver that ended with it
+            close()
+
+
+def _close_browsers() -> None:
+    for key in [key for key in _BROWSERS if key == (os.getpid(), threading.get_ident())]:
+        _close_browser(key)
+
+
+@contextlib.contextmanager
+def browser_page(width: int = 1400, height: int = 1000):
+    """A page of Debian's headless chromium driven by playwright (never a downloaded browser), in a fresh context
+    (no cookies, storage or cache of an earlier page) of the process's kept browser (_browser)."""
+    context = _browser().new_context(viewport={"width": width, "height": height})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        yield page
+    finally:
+        with contextlib.suppress(Exception):  # a browser that crashed: the next page launches another
+            context.close()
 
 
 def wait_idle(page, timeout_s: float = 60) -> None:

@@ -80,6 +80,22 @@ def page():
         yield p
 
 
+def test_pages_share_the_process_s_browser_each_in_a_context_of_its_own_and_a_closed_browser_is_relaunched():
+    """browser_page keeps one chromium a process (a launch is seconds of a busy machine's time), but gives each
+    page a fresh context: a cookie set by one page is not seen by the next; a browser that has gone is replaced."""
+    _need_chromium()
+    with browser_page(320, 200) as first:
+        first.context.add_cookies([{"name": "seen", "value": "1", "url": "http://127.0.0.1/"}])
+        assert len(first.context.cookies()) == 1
+        kept = first.context.browser
+    with browser_page(320, 200) as second:
+        assert second.context.browser is kept and kept.is_connected()
+        assert second.context.cookies() == [] and second.viewport_size == {"width": 320, "height": 200}
+    kept.close()
+    with browser_page() as third:
+        assert third.context.browser is not kept and third.evaluate("1 + 1") == 2
+
+
 def test_tiny_sweep_draws_the_chart_without_an_exception(page, lab_server):
     from playwright.sync_api import expect  # the page fixture has checked that playwright is there
 
