@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,7 +41,14 @@ def slow(q, k, v, *, causal=False):
     return v.clone()
 
 
+def hangs_started(caller: int) -> Path:
+    """The file `hangs` makes as its call begins, named by the pid of the process that started the measuring worker
+    (its parent): a test that means to cancel the call itself, not the point before it, waits for it."""
+    return Path(tempfile.gettempdir()) / f"attn-lab-test-hangs-{caller}"
+
+
 def hangs(q, k, v, *, causal=False):
+    hangs_started(os.getppid()).touch()
     time.sleep(600)  # only a kill stops it
     return v.clone()
 

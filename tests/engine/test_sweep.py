@@ -23,7 +23,7 @@ from attn_core.engine.measurement import COLUMNS
 
 def start(config: SweepConfig, **kw) -> Job:
     return Job.measure("test", (config,), **kw)
-from tests.fake_mechanisms import REF, private_sweep_lock  # noqa: F401 (an autouse fixture)
+from tests.fake_mechanisms import REF, hangs_started, private_sweep_lock  # noqa: F401 (an autouse fixture)
 
 TINY = dict(heads=2, d_model=16, warmup=1, min_repeats=2, min_time_s=0.0, point_budget_s=30.0)
 
@@ -190,13 +190,18 @@ def test_cancel_between_samples_keeps_finished_rows():
 
 
 def test_cancel_during_a_call_that_does_not_return_kills_the_worker():
+    """Cancelled once the call has begun (a cancel before it, while a fresh worker still loads the mechanism, ends
+    the point at its next check, with nothing to kill)."""
+    started = hangs_started(os.getpid())
+    started.unlink(missing_ok=True)
     run = start(config(["hangs", "softmax"]), extra_mechanisms=(REF,))
-    wait_until(lambda: run.progress.current.startswith("hangs"))
+    wait_until(started.exists)
     run.cancel()
     assert run.wait(30)
     assert statuses(run.frame()) == [("hangs", 32, "cancelled"), ("softmax", 32, "cancelled")]
     assert "stopped" in run.frame()["reason"].iloc[0]
     assert worker.get_worker().wait_ready()  # a fresh worker is already warming up
+    started.unlink()
 
 
 def test_a_second_sweep_waits_for_the_lock_then_is_told():
