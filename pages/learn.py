@@ -70,12 +70,20 @@ c.metric("Largest softmax weight", "—" if read["max_weight"] != read["max_weig
 big = 64 if S.get("talk") else 48  # a cell that holds its number ("-0.18") in the page's type
 
 
+@st.cache_resource(max_entries=256, show_spinner=False)
+def step_chart(_step: lesson.Step, content: str, cell: int, numbers: bool):
+    """insight_charts.step_chart, made once for a step of the same `content` (lesson.step_digest) and size, for
+    every session: Altair builds each layered heatmap anew in tens of ms, and a click on this page reruns it
+    with 15 of them, most unchanged."""
+    return insight_charts.step_chart(_step, cell=cell, numbers=numbers)
+
+
 def figure(step: lesson.Step, stem: str) -> None:
     """A step's heatmap, its shape under its sentence, and its exports."""
     st.caption(f"{step.says} **{step.shape}**")
     # heads side by side within the column, the padded keys (the last columns) included
     cell = lesson.cell_px(step.matrix.shape[0], len(step.rows), len(step.columns), talk=bool(S.get("talk")))
-    chart = insight_charts.step_chart(step, cell=cell, numbers=cell >= big * 0.85)
+    chart = step_chart(step, lesson.step_digest(step), cell, cell >= big * 0.85)
     show_chart(chart, width="content")
     export_row(chart, insight_charts.step_frame(step), stem, f"learn_dl_{stem}", folded=True)
 

@@ -11,6 +11,8 @@ vector wherever it stands (no position encoding: attention alone does not know o
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import zlib
 from dataclasses import dataclass
@@ -210,6 +212,15 @@ class Step:
     columns: list[str]
     value: str = "value"
     panels: tuple[str, ...] = ()
+
+
+def step_digest(step: Step) -> str:
+    """A digest of everything a step's figure shows (its texts, labels and the matrix's numbers, shape and
+    type): two steps with the same digest draw the same chart."""
+    matrix = step.matrix.detach().to("cpu").contiguous()
+    texts = json.dumps([step.key, step.title, step.says, step.shape, step.rows, step.columns, step.value,
+                        list(step.panels), list(matrix.shape), str(matrix.dtype)])
+    return hashlib.sha256(texts.encode("utf-8") + matrix.view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 SHOWN_DIMS = 16  # columns of a Q, K, V or embedding matrix drawn; the rest are said to be left out

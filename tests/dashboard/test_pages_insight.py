@@ -289,6 +289,28 @@ def test_learn_page_walks_the_sentence_with_every_number_from_the_library():
     assert list(table["their bytes (float32)"]) == ["144 B", "4.0 MiB", "4.0 GiB", "4.0 TiB"]
 
 
+def test_learn_page_makes_a_chart_once_and_a_rerun_reuses_it_until_its_step_changes(monkeypatch):
+    """A rerun with the same settings makes no step chart anew and sends the same specs; d_k changed, the walk's
+    charts are made again (the lesson's last three steps, which use the walk too, as well) and show the new size."""
+    import streamlit as st
+
+    from attn_core.insight import charts as insight_charts
+
+    made = []
+    real = insight_charts.step_chart
+    monkeypatch.setattr(insight_charts, "step_chart", lambda step, **kw: made.append(step.key) or real(step, **kw))
+    st.cache_resource.clear()
+    at = page("learn")
+    first, specs = len(made), charts(at)
+    assert errors(at) == [] and first == len(specs)
+    at.run()
+    assert len(made) == first and charts(at) == specs
+    at.session_state["learn_d_k"] = 8
+    at.run()
+    assert errors(at) == [] and len(made) == 2 * first
+    assert any("d_k = 8" in json.dumps(spec) for spec in charts(at)) and charts(at) != specs
+
+
 def test_learn_page_shows_saturation_without_the_scale():
     at = page("learn", learn_d_k=512, learn_scaled=False,
               learn_sentence="one two three four five six seven eight nine ten eleven twelve")

@@ -156,3 +156,19 @@ def test_the_steps_say_their_shapes_and_show_the_mask_only_when_there_is_one():
     assert "masked" not in plain and "scaled" not in plain
     wide = lesson.steps(lesson.walk(SENTENCE, lesson.Setup(d_k=64)))[1]
     assert wide.matrix.shape[-1] == lesson.SHOWN_DIMS and "first 16 of 64" in wide.says
+
+
+def test_a_step_s_digest_follows_everything_its_figure_shows():
+    """Equal steps (made apart) share a digest; a change to one number, one label, a text, the panels or the type
+    changes it (the Learn page reuses a chart by it)."""
+    step = lesson.steps(lesson.walk("the cat sat", lesson.Setup()))[-1]
+    again = lesson.steps(lesson.walk("the cat sat", lesson.Setup()))[-1]
+    assert step.matrix is not again.matrix and lesson.step_digest(step) == lesson.step_digest(again)
+    nudged = step.matrix.clone()
+    nudged.view(-1)[0] = math.nextafter(float(nudged.view(-1)[0]), math.inf)
+    changed = [dataclasses.replace(step, matrix=nudged), dataclasses.replace(step, rows=["a", *step.rows[1:]]),
+               dataclasses.replace(step, says=step.says + "."), dataclasses.replace(step, panels=("one",)),
+               dataclasses.replace(step, matrix=step.matrix.to(
+                   torch.float32 if step.matrix.dtype == torch.float64 else torch.float64))]
+    digests = {lesson.step_digest(s) for s in changed}
+    assert len(digests) == len(changed) and lesson.step_digest(step) not in digests
