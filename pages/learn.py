@@ -74,7 +74,7 @@ big = 64 if S.get("talk") else 48  # a cell that holds its number ("-0.18") in t
 def step_chart(_step: lesson.Step, content: str, cell: int, numbers: bool):
     """insight_charts.step_chart, made once for a step of the same `content` (lesson.step_digest) and size, for
     every session: Altair builds each layered heatmap anew in tens of ms, and a click on this page reruns it
-    with 15 of them, most unchanged."""
+    with 13 of them (the defaults), most unchanged."""
     return insight_charts.step_chart(_step, cell=cell, numbers=numbers)
 
 
