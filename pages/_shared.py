@@ -92,9 +92,18 @@ def _download_buttons(made, places, key: str) -> None:
 
 def show_chart(chart, **options) -> None:
     """An insight page's Altair chart in the house look, with talk mode's large type (every text ≥ 18 px) when on."""
-    if st.session_state.get("talk"):
-        chart = style.styled(chart, talk=True)
-    st.vega_lite_chart(style.page_spec(chart), theme=None, **options)
+    show_spec(chart_spec(chart, talk=bool(st.session_state.get("talk"))), **options)
+
+
+def chart_spec(chart, *, talk: bool) -> dict:
+    """The Vega-Lite spec show_chart sends for `chart` (talk: laid out for talk mode's type); a page that keeps the
+    specs of charts it draws again and again (Learn) shows them with show_spec."""
+    return style.page_spec(style.styled(chart, talk=True) if talk else chart)
+
+
+def show_spec(spec: dict, **options) -> None:
+    """A spec made by chart_spec, drawn as show_chart draws its chart."""
+    st.vega_lite_chart(spec, theme=None, **options)
 
 
 # Every page's look beyond the theme (style tags only: Streamlit sends them aside, they take no room on the page).

@@ -6,7 +6,7 @@ from attn_core.insight import charts as insight_charts
 from attn_core.insight import further, lesson
 from attn_core.engine import untrusted
 from attn_core.positions import chart as rope_chart
-from pages._shared import ensure_routed, export_row, keyed, open_benchmark, show_chart
+from pages._shared import chart_spec, ensure_routed, export_row, keyed, open_benchmark, show_chart, show_spec
 
 ensure_routed()  # a deep link as a server's first request: let the router run first
 S = st.session_state
@@ -78,14 +78,23 @@ def step_chart(_step: lesson.Step, content: str, cell: int, numbers: bool):
     return insight_charts.step_chart(_step, cell=cell, numbers=numbers)
 
 
+@st.cache_data(max_entries=512, show_spinner=False)
+def step_spec(_step: lesson.Step, content: str, cell: int, numbers: bool, talk: bool) -> dict:
+    """The spec the page sends for that chart (chart_spec: Altair's to_dict, most of a rerun once the charts are
+    kept); a copy for each caller, as cache_data gives, since Streamlit takes the spec's data out of it."""
+    return chart_spec(step_chart(_step, content, cell, numbers), talk=talk)
+
+
 def figure(step: lesson.Step, stem: str) -> None:
     """A step's heatmap, its shape under its sentence, and its exports."""
     st.caption(f"{step.says} **{step.shape}**")
     # heads side by side within the column, the padded keys (the last columns) included
-    cell = lesson.cell_px(step.matrix.shape[0], len(step.rows), len(step.columns), talk=bool(S.get("talk")))
-    chart = step_chart(step, lesson.step_digest(step), cell, cell >= big * 0.85)
-    show_chart(chart, width="content")
-    export_row(chart, insight_charts.step_frame(step), stem, f"learn_dl_{stem}", folded=True)
+    talk = bool(S.get("talk"))
+    cell = lesson.cell_px(step.matrix.shape[0], len(step.rows), len(step.columns), talk=talk)
+    content, numbers = lesson.step_digest(step), cell >= big * 0.85
+    show_spec(step_spec(step, content, cell, numbers, talk), width="content")
+    export_row(step_chart(step, content, cell, numbers), insight_charts.step_frame(step), stem, f"learn_dl_{stem}",
+               folded=True)
 
 
 shown = lesson.steps(walk)

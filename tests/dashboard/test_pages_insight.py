@@ -289,25 +289,25 @@ def test_learn_page_walks_the_sentence_with_every_number_from_the_library():
     assert list(table["their bytes (float32)"]) == ["144 B", "4.0 MiB", "4.0 GiB", "4.0 TiB"]
 
 
-def test_learn_page_makes_a_chart_once_and_a_rerun_reuses_it_until_its_step_changes(monkeypatch):
-    """A rerun with the same settings makes no step chart anew and sends the same specs; d_k changed, the walk's
-    charts are made again (the lesson's last three steps, which use the walk too, as well) and show the new size."""
-    import streamlit as st
-
+def test_learn_page_makes_a_chart_and_its_spec_once_and_a_rerun_reuses_them_until_its_step_changes(monkeypatch):
+    """A rerun with the same settings makes no step chart and no spec anew and sends the same specs; d_k changed, the
+    charts are made again and show the new size. (A seed no other test uses: the caches are shared by every session
+    of the process, and left as they are.)"""
+    from attn_core.charts import style
     from attn_core.insight import charts as insight_charts
 
-    made = []
-    real = insight_charts.step_chart
-    monkeypatch.setattr(insight_charts, "step_chart", lambda step, **kw: made.append(step.key) or real(step, **kw))
-    st.cache_resource.clear()
-    at = page("learn")
+    made, sent = [], []
+    real_chart, real_spec = insight_charts.step_chart, style.page_spec
+    monkeypatch.setattr(insight_charts, "step_chart", lambda step, **kw: made.append(step.key) or real_chart(step, **kw))
+    monkeypatch.setattr(style, "page_spec", lambda chart: sent.append(1) or real_spec(chart))
+    at = page("learn", learn_seed=4242)
     first, specs = len(made), charts(at)
-    assert errors(at) == [] and first == len(specs)
+    assert errors(at) == [] and first == len(sent) == len(specs)
     at.run()
-    assert len(made) == first and charts(at) == specs
+    assert (len(made), len(sent)) == (first, first) and charts(at) == specs
     at.session_state["learn_d_k"] = 8
     at.run()
-    assert errors(at) == [] and len(made) == 2 * first
+    assert errors(at) == [] and len(made) == len(sent) == 2 * first
     assert any("d_k = 8" in json.dumps(spec) for spec in charts(at)) and charts(at) != specs
 
 
