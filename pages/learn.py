@@ -81,7 +81,8 @@ def step_chart(_step: lesson.Step, content: str, cell: int, numbers: bool):
 @st.cache_data(max_entries=512, show_spinner=False)
 def step_spec(_step: lesson.Step, content: str, cell: int, numbers: bool, talk: bool) -> dict:
     """The spec the page sends for that chart (chart_spec: Altair's to_dict, most of a rerun once the charts are
-    kept); a copy for each caller, as cache_data gives, since Streamlit takes the spec's data out of it."""
+    kept); a copy for each caller, as cache_data gives: Streamlit copies only a spec's top level before taking its
+    data out, so a spec shared between sessions would rest on its leaving the rest alone."""
     return chart_spec(step_chart(_step, content, cell, numbers), talk=talk)
 
 

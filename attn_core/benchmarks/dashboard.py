@@ -147,7 +147,7 @@ def _close_browser(key: tuple[int, int]) -> None:
 
 
 def _close_browsers() -> None:
-    for key in [key for key in _BROWSERS if key == (os.getpid(), threading.get_ident())]:
+    if (key := (os.getpid(), threading.get_ident())) in _BROWSERS:  # at exit: this process's main thread's
         _close_browser(key)
 
 
