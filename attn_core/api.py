@@ -87,7 +87,7 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     at that instant (`_cpu.free_core_threads`; torch's own count when the machine is otherwise idle), then torch's
     thread count is set back: a busy core would otherwise hold up every parallel operation of the call. A mechanism
     whose call is a few long fused kernels keeps torch's count where no core is free (`Cost.keeps_threads`: top-k
-    with its C++ kernels)."""
+    with its C++ kernels, the sliding window and block-local on their fused path)."""
     spec = get(key)
     # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
     takes_mask = "mask" in inspect.signature(spec.fn).parameters
@@ -116,6 +116,6 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         params["key_padding_mask"] = key_padding_mask
     if q.device.type != "cpu":
         return spec.fn(q, k, v, causal=causal, **params)
-    fused = spec.cost.keeps_threads is not None and spec.cost.keeps_threads()
+    fused = spec.cost.keeps_threads is not None and spec.cost.keeps_threads(**params)
     with free_core_threads(max(q.numel(), k.numel()), fused=fused):  # no more threads than the cores free now
         return spec.fn(q, k, v, causal=causal, **params)

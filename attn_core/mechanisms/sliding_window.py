@@ -8,7 +8,7 @@ import torch
 
 from .. import masks
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, Supports
-from ._banded import banded_attention
+from ._banded import banded_attention, keeps_threads
 from ._banded_memory import banded_flops, banded_memory
 from . import _streaming
 from ._cache import KVCache, kv_bytes
@@ -108,7 +108,7 @@ SPEC = MechanismSpec(
                   small=lambda n: max(1, n // 8), tokens=True),),
     exact=True,
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory, time_big_o="O(n·w·d)",
-              memory_big_o="O(n·d)", sinks_memory_bytes=_sinks_memory),
+              memory_big_o="O(n·d)", keeps_threads=keeps_threads, sinks_memory_bytes=_sinks_memory),
     supports=Supports(
         causal=True,
         cross=False,

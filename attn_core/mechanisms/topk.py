@@ -385,7 +385,7 @@ def _effective(q, k, v, causal: bool, state: dict, top_k: int = 2048, index_head
     return torch.softmax(logits, dim=-1), v
 
 
-def _fused() -> bool:
+def _fused(**_) -> bool:
     """Whether the call runs the C++ kernels (indexer, selection, softmax: a few long parallel regions a block), so
     that where other programs hold every core it keeps torch's threads (`Cost.keeps_threads`). With two programs
     spinning on this 2-core EPYC, n = 16384 causal, 3 rounds interleaved: 7.9 s on two threads against 10.4 s on

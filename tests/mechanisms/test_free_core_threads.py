@@ -98,3 +98,31 @@ def test_a_mechanism_of_fused_kernels_keeps_torch_s_threads_on_a_busy_machine(mo
         monkeypatch.setattr(topk.native, "expected", lambda: fused)
         attention("topk", q, k, v, top_k=64)
     assert set(seen[:len(seen) // 2]) == {2} and set(seen[len(seen) // 2:]) == {1} and torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("key,params,kept", [
+    ("sliding_window", {"window": 64}, True),  # the fused path: the flash kernel's few long calls
+    ("local", {"block": 64}, True),
+    ("sliding_window", {"window": 64, "padded": True}, False),  # padding: the chunked form's many operations
+    ("longformer", {"window": 64}, False),  # its global rows and joins: many operations
+])
+def test_the_band_keeps_torch_s_threads_on_a_busy_machine_only_on_its_fused_path(monkeypatch, two_threads, key,
+                                                                                 params, kept):
+    """Where every core is another program's, a sliding-window or block-local call without padding runs its
+    band's kernels on torch's two threads; with padding, or Longformer's global rows, on one."""
+    from attn_core.mechanisms import _banded
+
+    seen = []
+    for name in ("_fused", "_chunk"):  # the fused path's call, and the chunked form's
+        real = getattr(_banded, name)
+        monkeypatch.setattr(_banded, name, lambda *a, real=real, **kw: seen.append(torch.get_num_threads())
+                            or real(*a, **kw))
+    monkeypatch.setattr(_cpu, "others_running", lambda: 2)
+    monkeypatch.setattr(_cpu, "usable_cores_now", lambda: 2)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 2048, 64, generator=g) for _ in range(3))  # 2^20 numbers
+    params = dict(params)
+    if params.pop("padded", False):
+        params["key_padding_mask"] = torch.zeros(1, 2048, dtype=torch.bool)
+    attention(key, q, k, v, **params)
+    assert seen and set(seen) == {2 if kept else 1} and torch.get_num_threads() == 2
