@@ -24,6 +24,35 @@ inline vec vtimes_2n(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p·2^n
 inline vec vzero_below(vec y, vec x, vec floor) {  // y, 0 where x < floor
   return _mm512_maskz_mov_ps(__mmask16(~_mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ)), y);
 }
+// lane u: the sum of x[u]'s lanes, for 16 vectors at once: halves of 256 bits, then of 128 (across vectors, so each
+// step halves the vectors), then within 128-bit lanes, and one permutation into key order; about 3 operations a
+// key where a reduction of its own takes 8 and waits on each
+inline vec vsums(const vec* x) {
+  vec v[8], w[4];
+  for (int i = 0; i < 8; ++i)  // [a0+a2, a1+a3, b0+b2, b1+b3] in 128-bit parts, a = x[2i], b = x[2i + 1]
+    v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // 128-bit part c: four partial sums of x[4i + c]
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xDD));
+  const vec p0 = _mm512_add_ps(_mm512_unpacklo_ps(w[0], w[1]), _mm512_unpackhi_ps(w[0], w[1]));
+  const vec p1 = _mm512_add_ps(_mm512_unpacklo_ps(w[2], w[3]), _mm512_unpackhi_ps(w[2], w[3]));
+  const __m512d d0 = _mm512_castps_pd(p0), d1 = _mm512_castps_pd(p1);
+  const vec s = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(d0, d1)),
+                              _mm512_castpd_ps(_mm512_unpackhi_pd(d0, d1)));  // lane 4c + i: x[4i + c]'s sum
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
+}
+// lanes whose flag (16 bools at `ok`) is false set to `to`
+inline vec vunless(vec x, const bool* ok, vec to) {
+  const __m512i flags = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ok)));
+  return _mm512_mask_mov_ps(x, _mm512_cmpeq_epi32_mask(flags, _mm512_setzero_si512()), to);
+}
+inline bool vany_bad(vec x) {  // a NaN or +inf lane
+  const vec inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  return (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x, inf, _CMP_EQ_OQ)) != 0;
+}
+inline float vmax_lanes(vec x) { return _mm512_reduce_max_ps(x); }
+#define ATTN_KEYS_AT_ONCE 1  // vsums: 16 keys' scores reduced in one step
 #elif defined(ATTN_VECTOR)  // AVX2 and FMA (the AMD EPYC this was measured on has no AVX-512)
 using vec = __m256;
 constexpr int LANES = 8;
@@ -75,6 +104,7 @@ inline vec vmul(vec a, vec b) { return ATTN_V(mul_ps)(a, b); }
 inline vec vfmadd(vec a, vec b, vec c) { return ATTN_V(fmadd_ps)(a, b, c); }
 inline vec vfnmadd(vec a, vec b, vec c) { return ATTN_V(fnmadd_ps)(a, b, c); }
 inline vec vmin(vec a, vec b) { return ATTN_V(min_ps)(a, b); }  // b where a is NaN
+inline vec vmax(vec a, vec b) { return ATTN_V(max_ps)(a, b); }  // b where a is NaN
 
 // e^x for x <= 0 (scores less their row's highest); 0 below −87.34, where float32's e^x is no longer normal
 inline vec vexp(vec x) {
@@ -113,9 +143,13 @@ inline float exp_less(float* sc, int64_t n, float top) {
 #endif
 
 #if defined(ATTN_VECTOR)
-// out[u] ← the sum of x[u]'s lanes, u = 0 … 7 (8 products' partial sums reduced together where AVX2 can)
+// out[u] ← the sum of x[u]'s lanes, u = 0 … 7 (8 products' partial sums reduced together)
 inline void sums8(const vec* x, float* out) {
-#if defined(ATTN_KEYS_AT_ONCE)
+#if defined(__AVX512F__)  // vsums of 16, the last 8 zero
+  vec y[16];
+  for (int u = 0; u < 16; ++u) y[u] = u < 8 ? x[u] : _mm512_setzero_ps();
+  _mm256_storeu_ps(out, _mm512_castps512_ps256(vsums(y)));
+#elif defined(ATTN_KEYS_AT_ONCE)
   vstore(out, vsums(x));
 #else
   for (int u = 0; u < 8; ++u) out[u] = vsum(x[u]);
