@@ -47,3 +47,25 @@ def test_the_kernels_sizes_are_fractions_of_this_cpus_caches():
     assert _linear_core.CHUNK_BYTES == c.own and gated_deltanet.SEGMENT_BYTES == c.own == kda.SEGMENT_BYTES
     assert mamba2.SEGMENT_BYTES == 2 * c.own
     assert _linear_core.WHOLE_BYTES == c.shared // 2 and _linear_core.GROUP_BYTES == c.shared // 8
+
+
+@pytest.mark.parametrize("l2,shared,expected", [
+    (1 << 20, 32 << 20, 32 << 20),  # the EPYC the sizes were tuned on: as reported
+    (2 << 20, 36 << 20, 32 << 20),  # a Xeon's 36 MiB: 32 taken
+    (2 << 20, 480 << 20, 32 << 20),  # a 2-core guest of a socket whose 480 MiB many cores share
+    (512 << 10, None, 512 << 10),  # no last level listed: the level 2
+])
+def test_the_last_level_the_kernels_size_by_is_at_most_32_mib(l2, shared, expected):
+    size, source = _cpu.taken(l2, shared, "sysfs")
+    assert size == expected
+    assert source == "sysfs" if (shared or l2) <= 32 << 20 else f"{shared >> 20} MiB reported" in source
+
+
+def test_caches_take_the_bounded_last_level(monkeypatch):
+    monkeypatch.setattr(_cpu, "_from_sysfs", lambda: (2 << 20, 480 << 20))
+    _cpu.caches.cache_clear()
+    try:
+        c = _cpu.caches()
+        assert (c.per_core, c.shared) == (2 << 20, 32 << 20) and "480 MiB reported" in c.describe()
+    finally:
+        _cpu.caches.cache_clear()
