@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import math
 
+from .. import native
 from ..spec import Shape
 from ._banded import chunk_blocks, dense_slab, edge_keys, edges, interior, same_ends
 from .sdpa import SPEC as SDPA
 
 
 def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0, joined: bool = True,
-                  sinks: bool = False) -> float:
+                  sinks: bool = False, whole: bool = False) -> float:
     """Predicted peak bytes of banded_attention above its inputs (s.Nq = n; r = H/Hk query heads a key/value head):
     the output held throughout (the (block, S) bias is `window_bias`'s, made by the first call and kept), then the
-    largest of the phases: a fused call on the interior blocks (`_fused`: what the fused kernel allocates, the sdpa
-    spec's prediction for B·Hk problems of c blocks of block rows against S keys), then the ends (`_ends_bytes`
+    largest of the phases: the interior blocks (our band kernel, `band_runs`: its threads' scratch, the rows
+    written in place; else `_fused`: what the fused kernel allocates, the sdpa spec's prediction for B·Hk problems
+    of c blocks of block rows against S keys), then the ends (`_ends_bytes`
     where both go in one call, else `_edge_bytes` for each). With `extra` keys joined
     afterwards (`joined`, as on a CPU without gradients): their keys and values and each row's log-sum-exp held
     throughout, and the join (`_join_bytes`); not joined (`_merged`): the first chunk's, as `_chunk_bytes` says.
     `sinks` (on a CPU without gradients, no padding): the same calls, each handing back its rows' log-sum-exp,
     which become their weights as the rows are written (`_write`): nothing more at the peak, the ends called per
-    query head of a group where they are not one call."""
+    query head of a group where they are not one call. `whole`: the band keeps every key of each block's window
+    (block-local, not causal), so an end whose blocks' windows cover its keys writes no bias (`_banded.edge_bias`)."""
     span, elem, d = left + block + right, s.elem, s.D
     n_blocks = -(-s.Nq // block)
     base = s.bh * s.Nq * d * elem
@@ -29,18 +32,31 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
         rows = min(chunk_blocks(s.bh, block, span + extra), n_blocks) * block
         return base + _chunk_bytes(s, n_blocks, block, left, right, extra, left > 0 or rows + right > s.Nq)
     lo, hi = interior(s.Nq, block, left, right)
-    peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype)) if hi > lo else 0.0
+    if hi > lo and band_runs(s, left, right, extra, sinks):  # our kernel writes the rows in place
+        peak = float(native.band_scratch_bytes(d, span, block, s.bh * (hi - lo)))
+    else:
+        peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype)) if hi > lo else 0.0
     ends = edges(s.Nq, block, left, right)
     if not extra and s.group == 1 and same_ends(s.Nq, block, left, right):  # both ends in one call
-        peak = max(peak, _ends_bytes(s, *ends[0], left, right))
+        bare = whole and all(covers(s.Nq, a, e, block, left, right) for a, e in ends)
+        peak = max(peak, _ends_bytes(s, *ends[0], left, right, bare))
     else:
         for a, e in ends:
-            peak = max(peak, _edge_bytes(s, a, e, left, right, bool(extra) or sinks))
+            bare = whole and covers(s.Nq, a, e, block, left, right)
+            peak = max(peak, _edge_bytes(s, a, e, left, right, bool(extra) or sinks, bare))
     if extra and sinks:  # the joint log-sum-exp's weights after the join
         peak = max(peak, _sink_bytes(s))
     if extra:  # the extra keys and values (B, Hk, g, D) and each row's log-sum-exp held throughout
         peak = max(peak, _join_bytes(s, extra)) + s.bh * s.Nq * _lse_bytes(s) + 2 * s.bk * extra * d * elem
     return base + peak
+
+
+def band_runs(s: Shape, left: int, right: int, extra: int, sinks: bool) -> bool:
+    """Whether the interior blocks go to our band kernel (`_banded.uses_band`): float32 on a CPU whose library has
+    it, D a multiple of 16, a window past the block's own keys, no extra keys joined and no sinks (gradients not
+    asked for, as the memory models assume)."""
+    return (s.device == "cpu" and s.dtype == "float32" and s.D % 16 == 0 and bool(left or right) and not extra
+            and not sinks and native.band_expected())
 
 
 def _lse_bytes(s: Shape) -> int:
@@ -63,25 +79,33 @@ def _join_bytes(s: Shape, g: int) -> float:
     return max(n * g * (16 + 3 + w), n * g * w + s.bh * n * g * (w + copy) + 2 * s.bh * n * w)
 
 
-def _edge_bytes(s: Shape, a: int, e: int, left: int, right: int, joined: bool = False) -> float:
+def covers(n: int, a: int, e: int, block: int, left: int, right: int) -> bool:
+    """Whether every block's window among rows [a, e) covers the keys those rows may see (`edge_keys`): with a band
+    that keeps its whole window, `edge_bias` then writes no bias."""
+    ka, ke = edge_keys(n, a, e, left, right)
+    span = left + block + right
+    return all(b - left <= ka and b - left + span >= ke for b in range(a, e, block))
+
+
+def _edge_bytes(s: Shape, a: int, e: int, left: int, right: int, joined: bool = False, bare: bool = False) -> float:
     """Peak bytes of `_edge` on rows [a, e): its (rows, keys) bias beside what the fused kernel allocates (the sdpa
-    spec's prediction, its output included). The bias is taken as written (a band that keeps its whole window, as
-    block-local attention's not causal, writes none at most ends). `joined`: a call for each query head of a group,
-    Hk problems each, its log-sum-exp copied out."""
+    spec's prediction, its output included); `bare`: no bias written (`covers`, a band keeping its whole window).
+    `joined`: a call for each query head of a group, Hk problems each, its log-sum-exp copied out."""
     ka, ke = edge_keys(s.Nq, a, e, left, right)
     heads = s.key_heads if joined else s.H  # joined: a call for each query head of a group
     sums = s.B * heads * (e - a) * _lse_bytes(s) if joined else 0  # its log-sum-exp copied out
-    return (e - a) * (ke - ka) * s.elem + sums + SDPA.cost.memory_bytes(
+    return (0 if bare else (e - a) * (ke - ka) * s.elem) + sums + SDPA.cost.memory_bytes(
         Shape(s.B, heads, e - a, ke - ka, s.D, dtype=s.dtype, Hk=None if joined else s.Hk))
 
 
-def _ends_bytes(s: Shape, a: int, e: int, left: int, right: int) -> float:
+def _ends_bytes(s: Shape, a: int, e: int, left: int, right: int, bare: bool = False) -> float:
     """Peak bytes of `_ends_together`, whose two regions are shaped as rows [a, e): both ends' biases and their
     stack beside what the fused kernel allocates for B·H problems of two regions (the sdpa spec's prediction, its
-    output included). The biases are taken as written (block-local attention, not causal, writes none)."""
+    output included); `bare`: neither end writes a bias (`covers`), and no stack is made."""
     ka, ke = edge_keys(s.Nq, a, e, left, right)
     rows, keys = e - a, ke - ka
-    return 4 * rows * keys * s.elem + SDPA.cost.memory_bytes(Shape(s.bh, 2, rows, keys, s.D, dtype=s.dtype))
+    fused = SDPA.cost.memory_bytes(Shape(s.bh, 2, rows, keys, s.D, dtype=s.dtype))
+    return (0 if bare else 4 * rows * keys * s.elem) + fused
 
 
 def _chunk_bytes(s: Shape, blocks: int, block: int, left: int, right: int, extra: int, padded: bool) -> float:

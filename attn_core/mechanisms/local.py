@@ -66,12 +66,12 @@ def _executed_flops(s: Shape, block: int = 128, lookback: int = 1, lookahead: in
 
 def _memory(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
     b, back, ahead = _reach(s, block, lookback, lookahead)
-    return banded_memory(s, block=b, left=back * b, right=ahead * b)
+    return banded_memory(s, block=b, left=back * b, right=ahead * b, whole=not s.causal)
 
 
 def _sinks_memory(s: Shape, block: int = 128, lookback: int = 1, lookahead: int = 1) -> float:
     b, back, ahead = _reach(s, block, lookback, lookahead)
-    return banded_memory(s, block=b, left=back * b, right=ahead * b, sinks=True)
+    return banded_memory(s, block=b, left=back * b, right=ahead * b, sinks=True, whole=not s.causal)
 
 
 def _remember(k, v, *, max_len: int | None = None, block: int = 128, lookback: int = 1,

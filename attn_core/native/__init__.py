@@ -17,6 +17,8 @@ ATTN_LAB_NATIVE=0), and `describe` names which ran.
                                                  _linear_core.phi_into's CPU form, float32 with AVX-512 or AVX2)
     prefix_sums(x, dim)                          the sums of the steps before each one along a dimension (prefix.cpp;
                                                  causal linear attention's block states, where torch has cumsum)
+    band(q, k, v, bias_t, out, lo, c, block, left)  banded attention's interior blocks, written in place (band.cpp;
+                                                 _banded._fused's CPU form for float32 without gradients)
 
 The ops take no gradient: a backward through one raises a sentence, and the callers send calls that want gradients
 to the torch forms. Each wrapper refuses, with a sentence, what its kernel would misread (a device, a dtype, a shape,
@@ -40,15 +42,17 @@ holds: build, library, describe), ops (the torch operators and their wrappers), 
 from __future__ import annotations
 
 from .cache import CACHE
-from .loader import (BUILD_HINT, OFF, ON, SWITCH, build, describe, elu_expected, enabled, expected, index_expected,
-                     library)
-from .ops import (FLOATS, block_scratch_bytes, block_softmax, elu_plus_one, elu_runs, index_runs, index_scores,
+from .loader import (BUILD_HINT, OFF, ON, SWITCH, band_expected, build, describe, elu_expected, enabled, expected,
+                     index_expected, library)
+from .ops import (FLOATS, band, band_rows, band_runs, band_scratch_bytes, block_scratch_bytes, block_softmax,
+                  elu_plus_one, elu_runs, index_runs, index_scores,
                   part_bytes, part_keys, prefix_runs, prefix_sums, runs, scratch_bytes, select, selected_softmax,
                   softmax_runs, softmax_scratch_bytes)
 from .toolchain import BUILD_SECONDS, FLAGS, HERE, SOURCES, TRIES, Stale, compiler, targets
 
 __all__ = ["BUILD_HINT", "BUILD_SECONDS", "CACHE", "FLAGS", "FLOATS", "HERE", "OFF", "ON", "SOURCES",
-           "SWITCH", "TRIES", "Stale", "block_scratch_bytes", "block_softmax", "build", "compiler", "describe",
+           "SWITCH", "TRIES", "Stale", "band", "band_expected", "band_rows", "band_runs", "band_scratch_bytes",
+           "block_scratch_bytes", "block_softmax", "build", "compiler", "describe",
            "elu_expected", "elu_plus_one", "elu_runs", "enabled", "expected", "index_expected", "index_runs",
            "index_scores", "library", "part_bytes", "part_keys", "prefix_runs", "prefix_sums", "runs", "scratch_bytes",
            "select", "selected_softmax", "softmax_runs", "softmax_scratch_bytes", "targets"]

@@ -104,6 +104,13 @@ def elu_expected() -> bool:
     return lib is not None and bool(lib.attn_elu_plus_one_available())
 
 
+def band_expected() -> bool:
+    """Whether `band` runs (float32 work), without building anything: `expected`, and the library has its vector
+    form (AVX-512, or AVX2 with FMA; the memory models ask)."""
+    lib = library()
+    return lib is not None and bool(lib.attn_band_available())
+
+
 def describe() -> str:
     """Which form the CPU kernels take, in words: 'C++ (g++ …, -O3 -march=native, OpenMP threads)', or 'torch ops:
     <why>' (not built, refused, switched off). Builds nothing."""

@@ -218,11 +218,7 @@ void selected(const F* q, const int64_t* qs, const F* k, const F* v, const int64
   const int64_t g = H / Hk;  // query heads a key/value head serves
 #pragma omp parallel num_threads(static_cast<int>(threads))
   {
-#if defined(_OPENMP)
-    F* sc = scratch + omp_get_thread_num() * kk;
-#else
-    F* sc = scratch;
-#endif
+    F* sc = thread_slice(scratch, kk);
     if (P > 0) {  // where each row's entries of each part begin (-1: a row not in increasing order, run whole)
 #pragma omp for schedule(static)
       for (int64_t row = 0; row < B * S * r; ++row) {

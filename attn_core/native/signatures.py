@@ -53,9 +53,15 @@ ELU_PLUS_ONE = Kernel("attn_elu_plus_one_f32", "void", ("const float* x", "int64
                                                         "float* out"))
 PREFIX = _typed("attn_prefix", "void", "const {F}* x, int64_t outer, int64_t steps, int64_t inner, int64_t threads, "
                                       "{F}* out")
-KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, ELU_PLUS_ONE, *PREFIX,
+BAND = Kernel("attn_band_f32", "void", tuple(
+    a.strip() for a in ("const float* q, int64_t q_batch, int64_t q_head, const float* k, int64_t k_batch, "
+                        "int64_t k_head, const float* v, int64_t v_batch, int64_t v_head, const float* bt, int64_t B, "
+                        "int64_t H, int64_t Hk, int64_t n, int64_t D, int64_t lo, int64_t c, int64_t block, "
+                        "int64_t left, int64_t span, int64_t bp, float scale, int64_t threads, float* scratch, "
+                        "float* out").split(",")))
+KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, ELU_PLUS_ONE, *PREFIX, BAND,
            Kernel("attn_select_openmp", "int64_t"), Kernel("attn_index_available", "int64_t"),
-           Kernel("attn_elu_plus_one_available", "int64_t"))
+           Kernel("attn_elu_plus_one_available", "int64_t"), Kernel("attn_band_available", "int64_t"))
 SIGNATURE_FUNCTION = "attn_signature"  # const char*: the hash of the declarations the library was built from
 
 _CTYPES = {"void": None, "int64_t": ctypes.c_int64, "float": ctypes.c_float, "double": ctypes.c_double,

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -105,6 +108,19 @@ inline vec vfmadd(vec a, vec b, vec c) { return ATTN_V(fmadd_ps)(a, b, c); }
 inline vec vfnmadd(vec a, vec b, vec c) { return ATTN_V(fnmadd_ps)(a, b, c); }
 inline vec vmin(vec a, vec b) { return ATTN_V(min_ps)(a, b); }  // b where a is NaN
 inline vec vmax(vec a, vec b) { return ATTN_V(max_ps)(a, b); }  // b where a is NaN
+#if defined(__AVX512F__)
+inline vec vbad(vec x) {  // 1 in the lanes that are NaN or +inf, 0 elsewhere
+  const __mmask16 m = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) |
+                      _mm512_cmp_ps_mask(x, _mm512_set1_ps(std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+  return _mm512_maskz_mov_ps(m, _mm512_set1_ps(1.0f));
+}
+#else
+inline vec vbad(vec x) {  // 1 in the lanes that are NaN or +inf, 0 elsewhere
+  const vec m = _mm256_or_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q),
+                             _mm256_cmp_ps(x, _mm256_set1_ps(std::numeric_limits<float>::infinity()), _CMP_EQ_OQ));
+  return _mm256_and_ps(m, _mm256_set1_ps(1.0f));
+}
+#endif
 
 // e^x for x <= 0 (scores less their row's highest); 0 below −87.34, where float32's e^x is no longer normal
 inline vec vexp(vec x) {
@@ -158,5 +174,16 @@ inline void sums8(const vec* x, float* out) {
 #endif
 
 constexpr float NEG32 = -std::numeric_limits<float>::infinity();
+
+// the calling OpenMP thread's slice of `each` numbers of a scratch buffer that holds one slice a thread
+template <typename F>
+inline F* thread_slice(F* scratch, int64_t each) {
+#if defined(_OPENMP)
+  return scratch + omp_get_thread_num() * each;
+#else
+  (void)each;
+  return scratch;
+#endif
+}
 
 }  // namespace

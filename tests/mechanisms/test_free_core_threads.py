@@ -113,9 +113,9 @@ def test_the_band_keeps_torch_s_threads_on_a_busy_machine_only_on_its_fused_path
     from attn_core.mechanisms import _banded
 
     seen = []
-    for name in ("_fused", "_chunk"):  # the fused path's call, and the chunked form's
-        real = getattr(_banded, name)
-        monkeypatch.setattr(_banded, name, lambda *a, real=real, **kw: seen.append(torch.get_num_threads())
+    for where, name in ((_banded, "_fused"), (_banded, "_chunk"), (_banded.native, "band")):  # the fused path's
+        real = getattr(where, name)  # calls (the flash kernel's, our band kernel's), and the chunked form's
+        monkeypatch.setattr(where, name, lambda *a, real=real, **kw: seen.append(torch.get_num_threads())
                             or real(*a, **kw))
     monkeypatch.setattr(_cpu, "others_running", lambda: 2)
     monkeypatch.setattr(_cpu, "usable_cores_now", lambda: 2)

@@ -1,6 +1,6 @@
 """The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores, elu_plus_one,
-prefix_sums): torch.library.opcheck on each, torch.compile tracing around them, a backward through one refused with a
-sentence; and their one declaration (attn_core/native/signatures.py): a definition that differs is refused by the
+prefix_sums, band): torch.library.opcheck on each, torch.compile tracing around them, a backward through one refused
+with a sentence; and their one declaration (attn_core/native/signatures.py): a definition that differs is refused by the
 compiler, a library built from other declarations is refused at load and built again, its new file loaded by a new
 handle."""
 from __future__ import annotations
@@ -35,6 +35,11 @@ def op_samples():
         qi = torch.randn(2, 9, 4 * 8, generator=g)[:, 1:]
         kt = torch.randn(2, 8, 50, generator=g)[:, :, :47]
         samples.append((torch.ops.attn_lab.index_scores.default, (qi, kt, torch.rand(4, generator=g))))
+    qb, kb = torch.randn(1, 4, 70, 16, generator=g), torch.randn(1, 2, 70, 16, generator=g)
+    if native.band_runs(qb, kb, kb):  # blocks 1 … 3 of 16 rows, each against 16 keys back and its own 16
+        bias_t = torch.zeros(32, native.band_rows(16))
+        samples.append((torch.ops.attn_lab.band.default, (qb, kb, torch.randn(1, 2, 70, 16, generator=g), bias_t,
+                                                          torch.zeros(1, 4, 70, 16), 1, 3, 16, 16)))
     x = torch.randn(3, 37, generator=g)
     if native.elu_runs(x, x):
         samples.append((torch.ops.attn_lab.elu_plus_one.default, (x, torch.empty_like(x))))
