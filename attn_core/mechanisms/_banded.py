@@ -189,12 +189,13 @@ def window_bias(pattern: Pattern, block: int, left: int, span: int, dtype: torch
 
 
 def uses_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, right: int) -> bool:
-    """Whether the interior blocks go to our band kernel (native.band: float32 on a CPU with its vector form, no
-    gradients, D a multiple of 16, a window reaching past the block's own keys) rather than the flash kernel, whose
-    matrix products are called per tile of 32 rows and small at these windows. On a 2-core Intel Xeon (AVX-512),
-    the sliding window (256, causal) at n = 16384, B = 1, H = 8, D = 64, the public call: 62 ms against 77 through
-    the flash kernel (9 rounds interleaved with SDPA's 1228 ms: 20.3× against 16.1×). The rows go straight into
-    the output, so the call holds only the kernel's scratch where the flash kernel's output and buffers were."""
+    """Whether the interior blocks go to our band kernel (native.band: float32 on a CPU with AVX-512, no gradients,
+    D a multiple of 16, a window reaching past the block's own keys) rather than the flash kernel, whose matrix
+    products are called per tile of 32 rows and small at these windows. On a 2-core Intel Xeon (AVX-512), the
+    sliding window (256, causal) at n = 16384, B = 1, H = 8, D = 64, the public call: 62 ms against 77 through the
+    flash kernel (9 rounds interleaved with SDPA's 1228 ms: 20.3× against 16.1×). The rows go straight into the
+    output, so the call holds only the kernel's scratch where the flash kernel's output and buffers were. AVX2
+    machines keep the flash kernel (band.cpp says why)."""
     return bool(left or right) and native.band_runs(q, k, v)
 
 

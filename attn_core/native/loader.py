@@ -105,8 +105,8 @@ def elu_expected() -> bool:
 
 
 def band_expected() -> bool:
-    """Whether `band` runs (float32 work), without building anything: `expected`, and the library has its vector
-    form (AVX-512, or AVX2 with FMA; the memory models ask)."""
+    """Whether `band` runs (float32 work), without building anything: `expected`, and the library has its AVX-512
+    form (AVX2 machines keep the flash kernel; the memory models ask)."""
     lib = library()
     return lib is not None and bool(lib.attn_band_available())
 

@@ -520,8 +520,8 @@ def band_scratch_bytes(D: int, span: int, block: int, tasks: int) -> int:
 
 
 def band_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether `band` takes these: float32 CPU tensors whose head width the vector lanes divide (16 serve AVX-512
-    and AVX2 alike), no gradient wanted through them, and a library built with its vector form."""
+    """Whether `band` takes these: float32 CPU tensors whose head width AVX-512's 16 lanes divide, no gradient wanted
+    through them, and a library built with its AVX-512 form (AVX2 machines keep the flash kernel: band.cpp)."""
     wanted = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if wanted or q.shape[-1] % 16 or not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k, v)):
         return False
@@ -568,7 +568,7 @@ def band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_t: torch.Tensor
                    and tuple(bias_t.shape) == (span, band_rows(block)) and block >= 1 and c >= 0 and lo >= 0
                    and lo * block - left >= 0 and (lo + c - 1) * block - left + span <= n
                    and (lo + c) * block <= n,
-                   "band needs a library with its vector form, float32 CPU q (B, H, n, D) with D a multiple of 16, "
+                   "band needs a library with its AVX-512 form, float32 CPU q (B, H, n, D) with D a multiple of 16, "
                    "k and v (B, Hk, n, D), a contiguous float32 output like q, a bias (S, band_rows(block)) and "
                    "blocks whose rows and windows lie inside [0, n)",
                    f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, out {tuple(out.shape)}, bias "

@@ -20,7 +20,7 @@ from tests.native.test_native import built  # noqa: F401  (the fixture)
 @pytest.fixture
 def band_form(built):  # noqa: F811
     if not native.band_expected():
-        pytest.skip(f"the band kernel needs AVX-512 or AVX2 with FMA ({native.describe()})")
+        pytest.skip(f"the band kernel needs AVX-512 ({native.describe()})")
 
 
 def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep) -> torch.Tensor:
