@@ -136,10 +136,11 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
         if extra is not None:  # kept for the join; sinks alone weigh each call's rows as they are written
             lse = q.new_empty(B, H, n, dtype=lse_dtype(q.dtype))
         inline = sinks if extra is None else None
+        if lse is None and inline is None and uses_band(q, k, v, left, right):  # every block, the ends too
+            native.band(q, k, v, band_bias(pattern, block, left, span, q.device), out, block, left)
+            return out
         lo, hi = interior(n, block, left, right)
-        if hi > lo and lse is None and inline is None and uses_band(q, k, v, left, right):
-            native.band(q, k, v, band_bias(pattern, block, left, span, q.device), out, lo, hi - lo, block, left)
-        elif hi > lo:  # no bias where the band keeps every key of its window (block-local, not causal): none is added
+        if hi > lo:  # no bias where the band keeps every key of its window (block-local, not causal): none is added
             _fused(q, k, v, out, lo, hi - lo, block, left, span, None if whole else inner_bias, lse, inline,
                    causal_square(pattern, block, left, span, q.dtype, q.device))
         ends = edges(n, block, left, right)
@@ -189,9 +190,10 @@ def window_bias(pattern: Pattern, block: int, left: int, span: int, dtype: torch
 
 
 def uses_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, right: int) -> bool:
-    """Whether the interior blocks go to our band kernel (native.band: float32 on a CPU with AVX-512, no gradients,
-    D a multiple of 16, a window reaching past the block's own keys) rather than the flash kernel, whose matrix
-    products are called per tile of 32 rows and small at these windows. On a 2-core Intel Xeon (AVX-512), the
+    """Whether every block goes to our band kernel in one call (native.band: float32 on a CPU with AVX-512, no
+    gradients, D a multiple of 16, a window reaching past the block's own keys; at the ends of the sequence the keys
+    inside [0, n)) rather than the flash kernel, the interior in one call and the ends in one or two more, whose
+    matrix products are called per tile of 32 rows and small at these windows. On a 2-core Intel Xeon (AVX-512), the
     sliding window (256, causal) at n = 16384, B = 1, H = 8, D = 64, the public call: 62 ms against 77 through the
     flash kernel (9 rounds interleaved with SDPA's 1228 ms: 20.3× against 16.1×). The rows go straight into the
     output, so the call holds only the kernel's scratch where the flash kernel's output and buffers were. AVX2

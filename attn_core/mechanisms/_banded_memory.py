@@ -14,9 +14,9 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
                   sinks: bool = False, whole: bool = False) -> float:
     """Predicted peak bytes of banded_attention above its inputs (s.Nq = n; r = H/Hk query heads a key/value head):
     the output held throughout (the (block, S) bias is `window_bias`'s, made by the first call and kept), then the
-    largest of the phases: the interior blocks (our band kernel, `band_runs`: its threads' scratch, the rows
-    written in place; else `_fused`: what the fused kernel allocates, the sdpa spec's prediction for B·Hk problems
-    of c blocks of block rows against S keys), then the ends (`_ends_bytes`
+    largest of the phases: our band kernel's threads' scratch where it takes every block (`band_runs`, the rows
+    written in place, the ends too: nothing else); else the interior blocks (`_fused`: what the fused kernel
+    allocates, the sdpa spec's prediction for B·Hk problems of c blocks of block rows against S keys), then the ends (`_ends_bytes`
     where both go in one call, else `_edge_bytes` for each). With `extra` keys joined
     afterwards (`joined`, as on a CPU without gradients): their keys and values and each row's log-sum-exp held
     throughout, and the join (`_join_bytes`); not joined (`_merged`): the first chunk's, as `_chunk_bytes` says.
@@ -31,11 +31,10 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
         # before 0 or reaches past n
         rows = min(chunk_blocks(s.bh, block, span + extra), n_blocks) * block
         return base + _chunk_bytes(s, n_blocks, block, left, right, extra, left > 0 or rows + right > s.Nq)
+    if band_runs(s, left, right, extra, sinks):  # our kernel writes every block's rows in place, the ends too
+        return float(base + native.band_scratch_bytes(d, span, block, s.bh * n_blocks))
     lo, hi = interior(s.Nq, block, left, right)
-    if hi > lo and band_runs(s, left, right, extra, sinks):  # our kernel writes the rows in place
-        peak = float(native.band_scratch_bytes(d, span, block, s.bh * (hi - lo)))
-    else:
-        peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype)) if hi > lo else 0.0
+    peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype)) if hi > lo else 0.0
     ends = edges(s.Nq, block, left, right)
     if not extra and s.group == 1 and same_ends(s.Nq, block, left, right):  # both ends in one call
         bare = whole and all(covers(s.Nq, a, e, block, left, right) for a, e in ends)

@@ -17,8 +17,9 @@ ATTN_LAB_NATIVE=0), and `describe` names which ran.
                                                  _linear_core.phi_into's CPU form, float32 with AVX-512 or AVX2)
     prefix_sums(x, dim)                          the sums of the steps before each one along a dimension (prefix.cpp;
                                                  causal linear attention's block states, where torch has cumsum)
-    band(q, k, v, bias_t, out, lo, c, block, left)  banded attention's interior blocks, written in place (band.cpp;
-                                                 _banded._fused's CPU form, float32 without gradients, AVX-512)
+    band(q, k, v, bias_t, out, block, left)      banded attention, every block in one call, written in place
+                                                 (band.cpp; _banded's fused path on the CPU, float32 without
+                                                 gradients, AVX-512)
 
 The ops take no gradient: a backward through one raises a sentence, and the callers send calls that want gradients
 to the torch forms. Each wrapper refuses, with a sentence, what its kernel would misread (a device, a dtype, a shape,

@@ -1,9 +1,10 @@
 // Banded attention's interior blocks, fused: attn_core.mechanisms._banded._fused's call of PyTorch's flash kernel,
 // for float32 on the CPU (the sliding window, block-local and Longformer's band).
 //
-// Query block β (rows first + β·block …, `block` of them) of head h sees the `span` keys from ks + β·block of its
-// key/value head h / (H / Hk), every block with the same additive bias (block, span) (the pattern is invariant under
-// shifts by the block). Per task (a batch element, a head and a block): the block's queries transposed into a
+// Query block β (rows β·block …, `block` of them, the last block what is left) of head h sees the `span` keys from
+// β·block − left of its key/value head h / (H / Hk), every block with the same additive bias (block, span) (the
+// pattern is invariant under shifts by the block); at the ends of the sequence, only the window's keys inside
+// [0, n), so that one call takes every block and no ends are left for other calls. Per task (a batch element, a head and a block): the block's queries transposed into a
 // thread's scratch (D × bp, bp the rows rounded up to two vectors), then the scores transposed, Sᵀ = K Qᵀ·scale +
 // biasᵀ (span × bp): each key's numbers broadcast against the query vectors, six keys by two vectors of rows in
 // registers, so that neither keys nor values are ever transposed or packed. The softmax runs down Sᵀ's columns, a
@@ -142,31 +143,33 @@ int64_t attn_band_available() {
 }
 
 // q (B, H, n, D) with its batch and head strides, rows of D; k, v (B, Hk, n, D) likewise; bt: the bias transposed,
-// span × bp (bp: block rounded up to RV·LANES, zero past the block); blocks lo … lo + c − 1, block β's rows from
-// (lo + β)·block, its keys from (lo + β)·block − left; D a multiple of LANES; scratch: threads · (D + span + 1) · bp;
+// span × bp (bp: block rounded up to RV·LANES, zero past the block); every block β of ⌈n / block⌉: its rows from
+// β·block (the last may have fewer), its window of keys from β·block − left, cut at [0, n) (the keys outside are
+// never read, nor counted in the softmax); D a multiple of LANES; scratch: threads · (D + span + 1) · bp;
 // out (B, H, n, D) contiguous
 void attn_band_f32(const float* q, int64_t q_batch, int64_t q_head, const float* k, int64_t k_batch, int64_t k_head,
                    const float* v, int64_t v_batch, int64_t v_head, const float* bt, int64_t B, int64_t H, int64_t Hk,
-                   int64_t n, int64_t D, int64_t lo, int64_t c, int64_t block, int64_t left, int64_t span,
-                   int64_t bp, float scale, int64_t threads, float* scratch, float* out) {
+                   int64_t n, int64_t D, int64_t block, int64_t left, int64_t span, int64_t bp, float scale,
+                   int64_t threads, float* scratch, float* out) {
 #if defined(ATTN_BAND)
-  const int64_t g = H / Hk, tasks = B * H * c, each = (D + span + 1) * bp;
+  const int64_t g = H / Hk, c = (n + block - 1) / block, tasks = B * H * c, each = (D + span + 1) * bp;
 #pragma omp parallel num_threads(static_cast<int>(threads))
   {
     float* mine = thread_slice(scratch, each);
 #pragma omp for schedule(dynamic, 4)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t b = task / (H * c), h = task / c % H, beta = lo + task % c;
-      const int64_t row = beta * block, key = row - left;
-      block_task(q + b * q_batch + h * q_head + row * D, k + b * k_batch + (h / g) * k_head + key * D,
-                 v + b * v_batch + (h / g) * v_head + key * D, bt, block, span, D, bp, scale, mine,
-                 mine + D * bp, mine + (D + span) * bp, out + ((b * H + h) * n + row) * D);
+      const int64_t b = task / (H * c), h = task / c % H, row = task % c * block;
+      const int64_t rows = std::min(block, n - row), key = row - left;
+      const int64_t j0 = std::max<int64_t>(0, -key), j1 = std::min(span, n - key);  // the window's keys in [0, n)
+      block_task(q + b * q_batch + h * q_head + row * D, k + b * k_batch + (h / g) * k_head + (key + j0) * D,
+                 v + b * v_batch + (h / g) * v_head + (key + j0) * D, bt + j0 * bp, rows, j1 - j0, D, bp, scale,
+                 mine, mine + D * bp, mine + (D + span) * bp, out + ((b * H + h) * n + row) * D);
     }
   }
 #else
   (void)q, (void)q_batch, (void)q_head, (void)k, (void)k_batch, (void)k_head, (void)v, (void)v_batch, (void)v_head;
-  (void)bt, (void)B, (void)H, (void)Hk, (void)n, (void)D, (void)lo, (void)c, (void)block, (void)left, (void)span;
-  (void)bp, (void)scale, (void)threads, (void)scratch, (void)out;  // never called: attn_band_available says 0
+  (void)bt, (void)B, (void)H, (void)Hk, (void)n, (void)D, (void)block, (void)left, (void)span, (void)bp;
+  (void)scale, (void)threads, (void)scratch, (void)out;  // never called: attn_band_available says 0
 #endif
 }
 

@@ -530,48 +530,45 @@ def band_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 @torch.library.custom_op("attn_lab::band", mutates_args=("out",), device_types="cpu")
-def _band_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_t: torch.Tensor, out: torch.Tensor, lo: int,
-             c: int, block: int, left: int) -> None:
-    """out's rows of query blocks lo … lo + c − 1 ← their softmax attention over their windows: band.cpp."""
+def _band_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_t: torch.Tensor, out: torch.Tensor, block: int,
+             left: int) -> None:
+    """out ← every query block's softmax attention over its window: band.cpp."""
     B, H, n, D = q.shape
     span = bias_t.shape[0]
     q, qb, qh = _rows_of(q.detach())
     k, kb, kh = _rows_of(k.detach())
     v, vb, vh = _rows_of(v.detach())
-    tasks = B * H * c
-    threads = _threads(tasks)
+    threads = _threads(B * H * -(-n // block))
     bp = band_rows(block)
     scratch = torch.empty(threads * (D + span + 1) * bp, dtype=torch.float32)
     _kernels().attn_band_f32(q.data_ptr(), qb, qh, k.data_ptr(), kb, kh, v.data_ptr(), vb, vh, bias_t.data_ptr(),
-                             B, H, k.shape[1], n, D, lo, c, block, left, span, bp, D ** -0.5, threads,
-                             scratch.data_ptr(), out.data_ptr())
+                             B, H, k.shape[1], n, D, block, left, span, bp, D ** -0.5, threads, scratch.data_ptr(),
+                             out.data_ptr())
 
 
 _band_op.register_fake(lambda *args: None)  # it writes `out` and returns nothing (so no autograd formula: `band_runs`
 # refuses tensors that want gradients)
 
 
-def band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_t: torch.Tensor, out: torch.Tensor, lo: int,
-         c: int, block: int, left: int) -> None:
-    """Query blocks lo … lo + c − 1 of banded attention (band.cpp, the op attn_lab::band), written into `out` in
-    place: block β's `block` rows, from β·block, see the S keys from β·block − left, each block with the same
-    additive bias, given transposed and zero-padded: bias_t (S, band_rows(block)). q (B, H, n, D), k and v
-    (B, Hk, n, D), float32 on the CPU (`band_runs`), out (B, H, n, D) contiguous; every window inside [0, n).
-    O(c·block·S·D) time; beside the output, a thread's scratch (`band_scratch_bytes`). Refuses what it would misread
-    with a sentence."""
+def band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_t: torch.Tensor, out: torch.Tensor, block: int,
+         left: int) -> None:
+    """Banded attention (band.cpp, the op attn_lab::band), written into `out`: query block β's `block` rows, from
+    β·block (the last block what is left of n), see the S keys from β·block − left, each block with the same additive
+    bias, given transposed and zero-padded: bias_t (S, band_rows(block)); at the ends of the sequence only the keys
+    inside [0, n) count. q (B, H, n, D), k and v (B, Hk, n, D), float32 on the CPU (`band_runs`), out (B, H, n, D)
+    contiguous. O(n·S·D) time; beside the output, a thread's scratch (`band_scratch_bytes`). Refuses what it would
+    misread with a sentence."""
     B, H, n, D = q.shape
     span = bias_t.shape[0]
     _refuse_unless(band_runs(q, k, v) and k.shape == v.shape and k.dim() == 4 and k.shape[0] == B
                    and k.shape[2] == n and k.shape[3] == D and H % k.shape[1] == 0
                    and out.shape == q.shape and out.is_contiguous() and out.dtype == torch.float32
                    and bias_t.dtype == torch.float32 and bias_t.is_contiguous()
-                   and tuple(bias_t.shape) == (span, band_rows(block)) and block >= 1 and c >= 0 and lo >= 0
-                   and lo * block - left >= 0 and (lo + c - 1) * block - left + span <= n
-                   and (lo + c) * block <= n,
+                   and tuple(bias_t.shape) == (span, band_rows(block)) and block >= 1 and left >= 0
+                   and span >= left + block,
                    "band needs a library with its AVX-512 form, float32 CPU q (B, H, n, D) with D a multiple of 16, "
-                   "k and v (B, Hk, n, D), a contiguous float32 output like q, a bias (S, band_rows(block)) and "
-                   "blocks whose rows and windows lie inside [0, n)",
+                   "k and v (B, Hk, n, D), a contiguous float32 output like q, and a bias (S, band_rows(block)) whose "
+                   "window of S keys from left before each block holds the block's own",
                    f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, out {tuple(out.shape)}, bias "
-                   f"{tuple(bias_t.shape)}, blocks {lo} … {lo + c - 1} of {block}, left {left}")
-    if c:
-        torch.ops.attn_lab.band(q, k, v, bias_t, out, lo, c, block, left)
+                   f"{tuple(bias_t.shape)}, blocks of {block}, left {left}")
+    torch.ops.attn_lab.band(q, k, v, bias_t, out, block, left)

@@ -56,9 +56,8 @@ PREFIX = _typed("attn_prefix", "void", "const {F}* x, int64_t outer, int64_t ste
 BAND = Kernel("attn_band_f32", "void", tuple(
     a.strip() for a in ("const float* q, int64_t q_batch, int64_t q_head, const float* k, int64_t k_batch, "
                         "int64_t k_head, const float* v, int64_t v_batch, int64_t v_head, const float* bt, int64_t B, "
-                        "int64_t H, int64_t Hk, int64_t n, int64_t D, int64_t lo, int64_t c, int64_t block, "
-                        "int64_t left, int64_t span, int64_t bp, float scale, int64_t threads, float* scratch, "
-                        "float* out").split(",")))
+                        "int64_t H, int64_t Hk, int64_t n, int64_t D, int64_t block, int64_t left, int64_t span, "
+                        "int64_t bp, float scale, int64_t threads, float* scratch, float* out").split(",")))
 KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, ELU_PLUS_ONE, *PREFIX, BAND,
            Kernel("attn_select_openmp", "int64_t"), Kernel("attn_index_available", "int64_t"),
            Kernel("attn_elu_plus_one_available", "int64_t"), Kernel("attn_band_available", "int64_t"))

@@ -1,7 +1,7 @@
-"""Banded attention's interior blocks in C++ (attn_core/native/band.cpp) against attention written here in float64 from
-the pattern's predicate: the sliding window and block-local, causal and not, shared key/value heads, head widths of
-one to eight vectors, blocks that are not a multiple of the lanes, on 1 to 3 threads; a NaN key in the rows the flash
-kernel gives it; the rows outside the interior untouched; the peak bytes the memory model predicts, to the byte;
+"""Banded attention in C++ (attn_core/native/band.cpp) against attention written here in float64 from the pattern's
+predicate: the sliding window and block-local, causal and not, shared key/value heads, head widths of one to eight
+vectors, blocks that are not a multiple of the lanes, on 1 to 3 threads; the ends of the sequence against the keys
+inside it; a NaN key in the rows the flash kernel gives it; the peak bytes the memory model predicts, to the byte;
 what it refuses."""
 from __future__ import annotations
 
@@ -90,14 +90,15 @@ def test_a_nan_key_reaches_the_rows_that_see_it_as_the_flash_kernel_s_and_no_oth
 
 
 @pytest.mark.usefixtures("band_form")
-def test_the_kernel_writes_the_interior_rows_and_leaves_the_others():
-    q, k, v = qkv(1, 2, 2, 256, 16)
+@pytest.mark.parametrize("n", [256, 250, 17, 9])
+def test_the_kernel_writes_every_row_the_ends_against_the_keys_inside_the_sequence(n):
+    """Blocks of 16 rows, each against the 32 keys before it and its own 16, every key kept: at the start a block's
+    window begins before key 0, at the end the last block has what is left of n; only keys in [0, n) count."""
+    q, k, v = qkv(1, 2, 2, n, 16)
     out = torch.full_like(q, math.nan)
-    bias_t = torch.zeros(48, native.band_rows(16))  # 32 keys back and its own 16: every key kept
-    native.band(q, k, v, bias_t, out, 2, 10, 16, 32)
+    native.band(q, k, v, torch.zeros(48, native.band_rows(16)), out, 16, 32)
     keep = lambda i, j: (j >= i // 16 * 16 - 32) & (j < i // 16 * 16 + 16)  # noqa: E731
-    assert torch.isnan(out[:, :, :32]).all() and torch.isnan(out[:, :, 192:]).all()
-    assert (out[:, :, 32:192].double() - dense(q, k, v, keep)[:, :, 32:192]).abs().max() < 2e-6
+    assert (out.double() - dense(q, k, v, keep)).abs().max() < 2e-6
 
 
 @pytest.mark.usefixtures("band_form")
@@ -122,14 +123,14 @@ def test_what_the_kernel_would_misread_is_refused_and_the_rest_goes_to_the_flash
     q, k, v = qkv(1, 2, 2, 256, 16)
     bias_t = torch.zeros(48, native.band_rows(16))
     out = torch.zeros_like(q)
-    with pytest.raises(ValueError, match="inside"):
-        native.band(q, k, v, bias_t, out, 1, 10, 16, 32)  # block 1's window starts before key 0
-    with pytest.raises(ValueError, match="inside"):
-        native.band(q, k, v, bias_t, out, 2, 15, 16, 32)  # the last block reaches past n
+    with pytest.raises(ValueError, match="holds the block's own"):
+        native.band(q, k, v, bias_t, out, 16, 40)  # 40 keys back and 16 of its own: more than the 48 of the bias
     with pytest.raises(ValueError, match="multiple of 16"):
-        native.band(q[..., :8], k[..., :8], v[..., :8], bias_t, out[..., :8], 2, 10, 16, 32)
+        native.band(q[..., :8], k[..., :8], v[..., :8], bias_t, out[..., :8], 16, 32)
     with pytest.raises(ValueError, match="contiguous"):
-        native.band(q, k, v, bias_t, out.transpose(1, 2).contiguous().transpose(1, 2), 2, 10, 16, 32)
+        native.band(q, k, v, bias_t, out.transpose(1, 2).contiguous().transpose(1, 2), 16, 32)
+    with pytest.raises(ValueError, match="bias"):
+        native.band(q, k, v, bias_t[:, :16].contiguous(), out, 16, 32)
     assert not native.band_runs(q.double(), k.double(), v.double())
     assert not native.band_runs(q.requires_grad_(), k, v)
     assert not _banded.uses_band(q.detach(), k, v, 0, 0)  # no window past the block's own keys

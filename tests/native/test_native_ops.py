@@ -36,10 +36,10 @@ def op_samples():
         kt = torch.randn(2, 8, 50, generator=g)[:, :, :47]
         samples.append((torch.ops.attn_lab.index_scores.default, (qi, kt, torch.rand(4, generator=g))))
     qb, kb = torch.randn(1, 4, 70, 16, generator=g), torch.randn(1, 2, 70, 16, generator=g)
-    if native.band_runs(qb, kb, kb):  # blocks 1 … 3 of 16 rows, each against 16 keys back and its own 16
+    if native.band_runs(qb, kb, kb):  # blocks of 16 rows (the last of 6), each against 16 keys back and its own 16
         bias_t = torch.zeros(32, native.band_rows(16))
         samples.append((torch.ops.attn_lab.band.default, (qb, kb, torch.randn(1, 2, 70, 16, generator=g), bias_t,
-                                                          torch.zeros(1, 4, 70, 16), 1, 3, 16, 16)))
+                                                          torch.zeros(1, 4, 70, 16), 16, 16)))
     x = torch.randn(3, 37, generator=g)
     if native.elu_runs(x, x):
         samples.append((torch.ops.attn_lab.elu_plus_one.default, (x, torch.empty_like(x))))
