@@ -194,8 +194,8 @@ def uses_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, left: int, righ
     gradients, D a multiple of 16, a window reaching past the block's own keys; at the ends of the sequence the keys
     inside [0, n)) rather than the flash kernel, the interior in one call and the ends in one or two more, whose
     matrix products are called per tile of 32 rows and small at these windows. On a 2-core Intel Xeon (AVX-512), the
-    sliding window (256, causal) at n = 16384, B = 1, H = 8, D = 64, the public call: 62 ms against 77 through the
-    flash kernel (9 rounds interleaved with SDPA's 1228 ms: 20.3× against 16.1×). The rows go straight into the
+    sliding window (256, causal) at n = 16384, B = 1, H = 8, D = 64, the public call: 50.9 ms against 60.9 through
+    the flash kernel (9 rounds interleaved with SDPA's 1077 ms: 21.6× against 17.9×). The rows go straight into the
     output, so the call holds only the kernel's scratch where the flash kernel's output and buffers were. AVX2
     machines keep the flash kernel (band.cpp says why)."""
     return bool(left or right) and native.band_runs(q, k, v)
