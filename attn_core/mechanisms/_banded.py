@@ -110,10 +110,11 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
     zero-padded ones instead. The r = H/Hk query heads sharing a key/value head are one block of r·block
     rows (`query_blocks`): each window is cut once per key/value head and read in place by its group. The blocks
     whose window lies inside [0, n) go to PyTorch's fused kernel in one call (`_fused`), the rows at each end in one
-    call of it against the keys they may see (`_edge`): few operations, which a busy core delays least.
-    O(n·S·D) time, O(n·D) memory. `extra` adds g keys every row is scored against too, in the same softmax:
-    joined to the band's rows afterwards through each row's log-sum-exp (`_join_extra`, on a CPU without
-    gradients: `joins`), else beside each block's window in chunks (`_merged`). O(n·(S + g)·D) time.
+    call of it against the keys they may see (`_edge`): few operations, which a busy core delays least. On a CPU with
+    AVX-512 (float32, no gradients, extra keys, padding or sinks), every block, the ends too, goes to our band kernel in
+    one call instead (`uses_band`). O(n·S·D) time, O(n·D) memory. `extra` adds g keys every row is scored against too,
+    in the same softmax: joined to the band's rows afterwards through each row's log-sum-exp (`_join_extra`, on a CPU
+    without gradients: `joins`), else beside each block's window in chunks (`_merged`). O(n·(S + g)·D) time.
     `key_padding_mask` (B, n) boolean, True where the key is padding: a per-key bias (`padding_bias`), cut into
     windows as the keys are (and taken at the extra keys' positions), is added to each block's scores, which are
     then held per chunk (the fused kernel takes no per-batch bias here); a query that sees no unpadded key outputs
@@ -161,13 +162,13 @@ def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, patte
 
 def keeps_threads(key_padding_mask: torch.Tensor | None = None, **_) -> bool:
     """`Cost.keeps_threads` of the band alone (sliding window, block-local): True where the call takes the fused
-    path, a few long parallel regions (the interior blocks in one call of the flash kernel, both ends in one more,
-    a copy), so that where other programs hold every core it keeps torch's threads; not with padding (the chunked
-    form's many operations). Measured on a 2-core Intel Xeon (AVX-512), interleaved with SDPA, one thread against
-    two: the sliding window (256, causal, n = 16384) 285 against 189 ms beside two spinning programs (9 rounds),
-    607 against 409 beside six; block-local (n = 8192) 173 against 110 and 384 against 257. Longformer and BigBird,
-    whose global rows and joins add many operations, took 668 and 1162 ms on two threads beside six, against 556
-    and 1010 on one: they stay fitted."""
+    path, a few long parallel regions (our band kernel's one call on AVX-512; else the interior blocks in one call of
+    the flash kernel, both ends in one more, a copy), so that where other programs hold every core it keeps torch's
+    threads; not with padding (the chunked form's many operations). Measured on a 2-core Intel Xeon (AVX-512),
+    interleaved with SDPA, one thread against two: the sliding window (256, causal, n = 16384) 285 against 189 ms beside
+    two spinning programs (9 rounds), 607 against 409 beside six; block-local (n = 8192) 173 against 110 and 384 against
+    257. Longformer and BigBird, whose global rows and joins add many operations, took 668 and 1162 ms on two threads
+    beside six, against 556 and 1010 on one: they stay fitted."""
     return key_padding_mask is None
 
 

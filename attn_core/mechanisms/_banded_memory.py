@@ -14,16 +14,16 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
                   sinks: bool = False, whole: bool = False) -> float:
     """Predicted peak bytes of banded_attention above its inputs (s.Nq = n; r = H/Hk query heads a key/value head):
     the output held throughout (the (block, S) bias is `window_bias`'s, made by the first call and kept), then the
-    largest of the phases: our band kernel's threads' scratch where it takes every block (`band_runs`, the rows
-    written in place, the ends too: nothing else); else the interior blocks (`_fused`: what the fused kernel
-    allocates, the sdpa spec's prediction for B·Hk problems of c blocks of block rows against S keys), then the ends (`_ends_bytes`
-    where both go in one call, else `_edge_bytes` for each). With `extra` keys joined
-    afterwards (`joined`, as on a CPU without gradients): their keys and values and each row's log-sum-exp held
-    throughout, and the join (`_join_bytes`); not joined (`_merged`): the first chunk's, as `_chunk_bytes` says.
-    `sinks` (on a CPU without gradients, no padding): the same calls, each handing back its rows' log-sum-exp,
-    which become their weights as the rows are written (`_write`): nothing more at the peak, the ends called per
-    query head of a group where they are not one call. `whole`: the band keeps every key of each block's window
-    (block-local, not causal), so an end whose blocks' windows cover its keys writes no bias (`_banded.edge_bias`)."""
+    largest of the phases: our band kernel's threads' scratch where it takes every block (`band_runs`, the rows written
+    in place, the ends too: nothing else); else the interior blocks (`_fused`: what the fused kernel allocates, the sdpa
+    spec's prediction for B·Hk problems of c blocks of block rows against S keys), then the ends (`_ends_bytes` where
+    both go in one call, else `_edge_bytes` for each). With `extra` keys joined afterwards (`joined`, as on a CPU
+    without gradients): their keys and values and each row's log-sum-exp held throughout, and the join (`_join_bytes`);
+    not joined (`_merged`): the first chunk's, as `_chunk_bytes` says. `sinks` (on a CPU without gradients, no padding):
+    the same calls, each handing back its rows' log-sum-exp, which become their weights as the rows are written
+    (`_write`): nothing more at the peak, the ends called per query head of a group where they are not one call.
+    `whole`: the band keeps every key of each block's window (block-local, not causal), so an end whose blocks' windows
+    cover its keys writes no bias (`_banded.edge_bias`)."""
     span, elem, d = left + block + right, s.elem, s.D
     n_blocks = -(-s.Nq // block)
     base = s.bh * s.Nq * d * elem

@@ -1,18 +1,18 @@
-// Banded attention's interior blocks, fused: attn_core.mechanisms._banded._fused's call of PyTorch's flash kernel,
-// for float32 on the CPU (the sliding window, block-local and Longformer's band).
+// Banded attention, every block in one call: attn_core.mechanisms._banded's fused path (PyTorch's flash kernel, called
+// on the interior blocks and on each end) for float32 on the CPU (the sliding window, block-local, Longformer's band).
 //
 // Query block β (rows β·block …, `block` of them, the last block what is left) of head h sees the `span` keys from
-// β·block − left of its key/value head h / (H / Hk), every block with the same additive bias (block, span) (the
-// pattern is invariant under shifts by the block); at the ends of the sequence, only the window's keys inside
-// [0, n), so that one call takes every block and no ends are left for other calls. Per task (a batch element, a head and a block): the block's queries transposed into a
-// thread's scratch (D × bp, bp the rows rounded up to two vectors), then the scores transposed, Sᵀ = K Qᵀ·scale +
-// biasᵀ (span × bp): each key's numbers broadcast against the query vectors, six keys by two vectors of rows in
-// registers, so that neither keys nor values are ever transposed or packed. The softmax runs down Sᵀ's columns, a
-// vector of rows at a time (the highest score, e^(s − highest) by vector.h's vexp, the sum), and the output O = P V
-// four rows by four vectors of columns, each row over its sum, written into the output in place. The flash kernel
-// runs the same block as tiles of 32 rows against 512 keys with its matrix products called per tile; at a window of
-// 256 (288 keys a block of 32) those products are small. A row with a NaN or +inf score outputs NaN, as softmax
-// gives it; the bias is finite (a masked cell's floor), so no row lacks a highest score.
+// β·block − left of its key/value head h / (H / Hk), every block with the same additive bias (block, span) (the pattern
+// is invariant under shifts by the block); at the ends of the sequence, only the window's keys inside [0, n), so that
+// one call takes every block and no ends are left for other calls. Per task (a batch element, a head and a block): the
+// block's queries transposed into a thread's scratch (D × bp, bp the rows rounded up to two vectors), then the scores
+// transposed, Sᵀ = K Qᵀ·scale + biasᵀ (span × bp): each key's numbers broadcast against the query vectors, six keys by
+// two vectors of rows in registers, so that neither keys nor values are ever transposed or packed. The softmax runs
+// down Sᵀ's columns, a vector of rows at a time (the highest score, e^(s − highest) by vector.h's vexp, the sum), and
+// the output O = P V four rows by four vectors of columns, each row over its sum, written into the output in place. The
+// flash kernel runs the same block as tiles of 32 rows against 512 keys with its matrix products called per tile; at a
+// window of 256 (288 keys a block of 32) those products are small. A row with a NaN or +inf score outputs NaN, as
+// softmax gives it; the bias is finite (a masked cell's floor), so no row lacks a highest score.
 // Float32 with AVX-512 only (attn_band_available); elsewhere the flash kernel runs. On the 2-core Xeon, the interior
 // of the sliding window (256, causal) at n = 16384, B = 1, H = 8, D = 64: 44.6 ms against the flash kernel's 52.9
 // (9 interleaved calls). Built for AVX2 (-march=haswell, five keys by two vectors and two rows by four in AVX2's 16

@@ -505,7 +505,7 @@ def prefix_sums(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.ops.attn_lab.prefix_sums(shaped).view(x.shape)
 
 
-# ---- band: banded attention's interior blocks --------------------------------------------------------------------
+# ---- band: banded attention, every block in one call --------------------------------------------------------------
 
 def band_rows(block: int) -> int:
     """The block's rows rounded up to what band.cpp's score steps take (two vectors of 16 lanes): its transposed
