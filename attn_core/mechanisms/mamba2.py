@@ -18,8 +18,9 @@ from ._linear_core import causal_chunks, work_dtype
 A_RANGE = (1.0, 16.0)
 DT_RANGE = (0.001, 0.1)
 DT_FLOOR = 1e-4
-SEGMENT_BYTES = 2 * caches().own  # one segment's chunk×chunk scores, all heads: twice the cores' own L2 (the
-# scores and their decays side by side), 4 MiB on the EPYC it was measured on (see segment_rows)
+# one segment's chunk×chunk scores, all heads: twice the cores' own L2 (the scores and their decays side by side),
+# 4 MiB on the EPYC it was measured on, and no more than that (see segment_rows)
+SEGMENT_BYTES = min(2 * caches().own, 4 << 20)
 CAUSAL_ONLY = ("the state-space recurrence h_t = exp(dt_t·A)·h_{t−1} + dt_t·k_t v_tᵀ runs forward in time: a query "
                "reads the state of the tokens before it, so it is causal by construction")
 
@@ -112,7 +113,11 @@ def _check_state(shape: Shape, q, dt, A) -> None:
 
 def segment_rows(bh: int, n: int, c: int) -> int:
     """Positions per segment: whole chunks whose (rows, c) products of all B·H heads fill SEGMENT_BYTES in float32,
-    at least one chunk, at most n rounded up to whole chunks."""
+    at least one chunk, at most n rounded up to whole chunks. SEGMENT_BYTES stops at 4 MiB: on a 2-core Xeon with
+    2 MiB of L2 a core, twice the cores' own L2 (8 MiB) was the slowest of 2, 4, 8 and 16 MiB in four interleaved
+    runs against fla's chunked form (mamba2 at n = 8192, B = 1, H = 8, D = 64, 9 rounds: 37.3, 35.6, 58.6 and 49.7 ms,
+    the peer 44.1; 33.6, 32.3, 38.9 and 35.9, the peer 36.2; at 16384, 5 rounds: 71.1, 69.4, 87.9 and 119.5, the
+    peer 115.2)."""
     chunks = max(1, SEGMENT_BYTES // (4 * bh * c * c))
     return min(chunks, -(-n // c)) * c
 
