@@ -14,7 +14,7 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
                   sinks: bool = False, whole: bool = False) -> float:
     """Predicted peak bytes of banded_attention above its inputs (s.Nq = n; r = H/Hk query heads a key/value head):
     the output held throughout (the (block, S) bias is `window_bias`'s, made by the first call and kept), then the
-    largest of the phases: our band kernel's threads' scratch where it takes every block (`band_runs`, the rows written
+    largest of the phases: our band kernel's threads' scratch where it takes every block (`takes_band`, the rows written
     in place, the ends too: nothing else); else the interior blocks (`_fused`: what the fused kernel allocates, the sdpa
     spec's prediction for B·Hk problems of c blocks of block rows against S keys), then the ends (`_ends_bytes` where
     both go in one call, else `_edge_bytes` for each). With `extra` keys joined afterwards (`joined`, as on a CPU
@@ -31,7 +31,7 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
         # before 0 or reaches past n
         rows = min(chunk_blocks(s.bh, block, span + extra), n_blocks) * block
         return base + _chunk_bytes(s, n_blocks, block, left, right, extra, left > 0 or rows + right > s.Nq)
-    if band_runs(s, left, right, extra, sinks):  # our kernel writes every block's rows in place, the ends too
+    if takes_band(s, left, right, extra, sinks):  # our kernel writes every block's rows in place, the ends too
         return float(base + native.band_scratch_bytes(d, span, block, s.bh * n_blocks))
     lo, hi = interior(s.Nq, block, left, right)
     peak = SDPA.cost.memory_bytes(Shape(s.bk, hi - lo, block, span, d, dtype=s.dtype)) if hi > lo else 0.0
@@ -50,7 +50,7 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
     return base + peak
 
 
-def band_runs(s: Shape, left: int, right: int, extra: int, sinks: bool) -> bool:
+def takes_band(s: Shape, left: int, right: int, extra: int, sinks: bool) -> bool:
     """Whether the interior blocks go to our band kernel (`_banded.uses_band`): float32 on a CPU whose library has
     it, D a multiple of 16, a window past the block's own keys, no extra keys joined and no sinks (gradients not
     asked for, as the memory models assume)."""
