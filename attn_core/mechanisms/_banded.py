@@ -366,6 +366,12 @@ def _write(dest: torch.Tensor, rows: torch.Tensor, sums: torch.Tensor, sinks: to
     torch.mul(rows, torch.sigmoid(sums.sub_(sinks.to(sums.dtype)))[..., None].to(rows.dtype), out=dest)
 
 
+def windows_cover(a: int, e: int, ka: int, ke: int, block: int, left: int, span: int) -> bool:
+    """Whether the window of every block among rows [a, e) (S = span keys from the block's first row − left) holds
+    all of keys [ka, ke): a band that keeps its whole window then needs no bias there (`edge_bias`)."""
+    return all(b - left <= ka and b - left + span >= ke for b in range(a, e, block))
+
+
 def edge_bias(inner_bias: torch.Tensor, whole: bool, a: int, e: int, ka: int, ke: int, block: int,
               left: int) -> torch.Tensor | None:
     """(e − a, ke − ka) additive bias of query rows [a, e) (a a multiple of `block`) against keys [ka, ke): block β's
@@ -373,11 +379,10 @@ def edge_bias(inner_bias: torch.Tensor, whole: bool, a: int, e: int, ka: int, ke
     elsewhere. None where the band keeps its whole window (`whole`) and every window covers [ka, ke). A copy a
     block, no (rows, keys) index arithmetic."""
     span = inner_bias.shape[-1]
-    starts = range(a, e, block)
-    if whole and all(b - left <= ka and b - left + span >= ke for b in starts):
+    if whole and windows_cover(a, e, ka, ke, block, left, span):
         return None
     bias = inner_bias.new_full((e - a, ke - ka), floor(inner_bias.dtype))
-    for b in starts:
+    for b in range(a, e, block):
         w0 = b - left  # the window's first key
         lo, hi = max(w0, ka), min(w0 + span, ke)
         rows = min(block, e - b)

@@ -6,7 +6,7 @@ import math
 
 from .. import native
 from ..spec import Shape
-from ._banded import chunk_blocks, dense_slab, edge_keys, edges, interior, same_ends
+from ._banded import chunk_blocks, dense_slab, edge_keys, edges, interior, same_ends, windows_cover
 from .sdpa import SPEC as SDPA
 
 
@@ -51,11 +51,11 @@ def banded_memory(s: Shape, *, block: int, left: int, right: int, extra: int = 0
 
 
 def takes_band(s: Shape, left: int, right: int, extra: int, sinks: bool) -> bool:
-    """Whether the interior blocks go to our band kernel (`_banded.uses_band`): float32 on a CPU whose library has
-    it, D a multiple of 16, a window past the block's own keys, no extra keys joined and no sinks (gradients not
-    asked for, as the memory models assume)."""
-    return (s.device == "cpu" and s.dtype == "float32" and s.D % 16 == 0 and bool(left or right) and not extra
-            and not sinks and native.band_expected())
+    """Whether every block goes to our band kernel (`_banded.uses_band`): float32 on a CPU whose library has it, D a
+    multiple of its lanes (`native.BAND_LANES`), a window past the block's own keys, no extra keys joined and no
+    sinks (gradients not asked for, as the memory models assume)."""
+    return (s.device == "cpu" and s.dtype == "float32" and s.D % native.BAND_LANES == 0 and bool(left or right)
+            and not extra and not sinks and native.band_expected())
 
 
 def _lse_bytes(s: Shape) -> int:
@@ -80,10 +80,8 @@ def _join_bytes(s: Shape, g: int) -> float:
 
 def covers(n: int, a: int, e: int, block: int, left: int, right: int) -> bool:
     """Whether every block's window among rows [a, e) covers the keys those rows may see (`edge_keys`): with a band
-    that keeps its whole window, `edge_bias` then writes no bias."""
-    ka, ke = edge_keys(n, a, e, left, right)
-    span = left + block + right
-    return all(b - left <= ka and b - left + span >= ke for b in range(a, e, block))
+    that keeps its whole window, `edge_bias` then writes no bias (`_banded.windows_cover`)."""
+    return windows_cover(a, e, *edge_keys(n, a, e, left, right), block, left, left + block + right)
 
 
 def _edge_bytes(s: Shape, a: int, e: int, left: int, right: int, joined: bool = False, bare: bool = False) -> float:

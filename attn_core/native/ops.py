@@ -507,10 +507,13 @@ def prefix_sums(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 # ---- band: banded attention, every block in one call --------------------------------------------------------------
 
+BAND_LANES = 16  # band.cpp's AVX-512 vector: head widths it takes are a multiple of it
+
+
 def band_rows(block: int) -> int:
-    """The block's rows rounded up to what band.cpp's score steps take (two vectors of 16 lanes): its transposed
+    """The block's rows rounded up to what band.cpp's score steps take (two vectors of BAND_LANES): its transposed
     bias and scratch are this wide."""
-    return -(-block // 32) * 32
+    return -(-block // (2 * BAND_LANES)) * 2 * BAND_LANES
 
 
 def band_scratch_bytes(D: int, span: int, block: int, tasks: int) -> int:
@@ -523,7 +526,7 @@ def band_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether `band` takes these: float32 CPU tensors whose head width AVX-512's 16 lanes divide, no gradient wanted
     through them, and a library built with its AVX-512 form (AVX2 machines keep the flash kernel: band.cpp)."""
     wanted = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if wanted or q.shape[-1] % 16 or not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k, v)):
+    if wanted or q.shape[-1] % BAND_LANES or not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k, v)):
         return False
     lib = library()
     return lib is not None and bool(lib.attn_band_available())

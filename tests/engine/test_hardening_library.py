@@ -169,7 +169,7 @@ def test_inf_and_minus_inf_together_are_refused_and_huge_finite_values_are_not()
 @pytest.mark.parametrize("key", list(ac.MECHANISMS))
 def test_the_finite_check_runs_at_the_entry_point_not_in_the_timed_function(key):
     """attn_core.engine.measure times spec.fn inside validated(); the check (5.3 ms of a sliding-window call of
-    about 70 ms at n = 16384 on the CPU, and a host sync on a GPU) stays out of it, so there spec.fn passes NaN
+    51–70 ms at n = 16384 on the CPU, and a host sync on a GPU) stays out of it, so there spec.fn passes NaN
     through. A mechanism whose spec says it checks its own inputs (`checks_finite`) refuses NaN outside validated()
     too."""
     name = "q" if ac.get(key).supports.shared_qk else "k"  # a mechanism whose keys are its queries never reads k

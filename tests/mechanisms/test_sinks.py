@@ -136,8 +136,8 @@ def test_spec_memory_with_sinks_matches_the_allocator(key, causal, dtype, n, d):
         pytest.skip(f"{key} runs causal only")
     if key == "nsa" and dtype == "bfloat16" and n and getattr(torch.cpu, "_is_amx_tile_supported", bool)():
         pytest.skip("on a CPU with AMX, oneDNN's bfloat16 products (NSA's branches in torch) allocate packing "
-                    "scratch that depends on their shapes and threads, which the model does not hold: 5.8% over at "
-                    "n = 1024, D = 128 on a 2-core Xeon, with or without sinks")
+                    "scratch that depends on their shapes and threads, which the model does not hold: it is 5.8% "
+                    "under the allocator at n = 1024, D = 128 on a 2-core Xeon, with or without sinks")
     n = n or MEMORY_N.get(key, 3000)
     shape = Shape(2, 3, n, n, d, dtype=dtype, causal=causal)
     g = torch.Generator().manual_seed(0)
