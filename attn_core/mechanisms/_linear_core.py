@@ -315,8 +315,13 @@ def _divide(num: torch.Tensor, den: torch.Tensor, out: torch.Tensor | None = Non
     return not math.isfinite(low + high)
 
 
-GROUP_BYTES = caches().shared // 8  # one group's query rows in the non-causal whole form: with its φ, scratch,
-# keys and output about half the last-level cache (4 MiB on the benchmark's EPYC; see `_non_causal_groups`)
+GROUP_BYTES = caches().shared // 8  # one group's query rows in the non-causal whole form where φ is torch's five
+# passes: with its φ, scratch, keys and output about half the last-level cache (4 MiB on the benchmark's EPYC; see
+# `_non_causal_groups`); also the slices of `phi_sliced`
+NATIVE_GROUP_BYTES = 4 * caches().own  # the same where φ is the C++ pass (no scratch): 16 MiB on the Xeon, where
+# fewer, larger operations won up to there (B = 1, H = 8, D = 64, the public call, 9 interleaved rounds: 4, 8, 16
+# and 64 MiB took 4.2, 3.9, 3.8, 3.7 ms at n = 4096; 25.4, 20.3, 19.6, 21.7 at 16384; 44.4, 43.7, 38.6, 44.8 at
+# 32768); 8 MiB on the 1 MiB-a-core EPYC, not measured there
 
 
 NATIVE_MIN = 1 << 18  # numbers: below it a C++ op's dispatch (about 0.1 ms a call, a custom op's) costs more than
@@ -375,15 +380,16 @@ def _head_groups(q, k, v, out, heads: int) -> list[tuple[torch.Tensor, ...]]:
     return [tuple(x[a:a + heads] for x in flat) for a in range(0, B * Hk, heads)]
 
 
-def group_heads(bk: int, rows: int, d: int, elem: int) -> int:
+def group_heads(bk: int, rows: int, d: int, elem: int, in_cpp: bool) -> int:
     """Key/value heads a group of `_non_causal_groups` takes: as many as keep its query rows (`rows` a key/value
-    head: H/Hk · Nq) within GROUP_BYTES, at least one, at most the B·Hk there are."""
-    return max(1, min(bk, GROUP_BYTES // (rows * d * elem)))
+    head: H/Hk · Nq) within NATIVE_GROUP_BYTES where φ is the C++ pass (`in_cpp`), else GROUP_BYTES, at least one,
+    at most the B·Hk there are."""
+    return max(1, min(bk, (NATIVE_GROUP_BYTES if in_cpp else GROUP_BYTES) // (rows * d * elem)))
 
 
 def _non_causal_groups(q, k, v, out) -> None:
-    """Non-causal elu + 1 attention, a group of key/value heads at a time (their query rows fill GROUP_BYTES, so a
-    group's φ, state and output stay in the shared cache between its operations): per group φ(K) (`phi_into`), the
+    """Non-causal elu + 1 attention, a group of key/value heads at a time (their query rows fill `group_heads`'s
+    bytes, so a group's φ, state and output stay in the shared cache between its operations): per group φ(K) (`phi_into`), the
     state φ(K)ᵀV and Σφ(K), then φ(Q) into the same buffer, out = φ(Q)·state / (Σφ(K)·φ(Q)ᵀ)ᵀ, the normalizer as a
     row (as a column it costs 7× its time) and the H/Hk query heads of a group as rows of one product.
     NaN or ±inf in q, k or v reaches the state or the normalizers (`phi_into`), which one small reduction a group
@@ -392,10 +398,10 @@ def _non_causal_groups(q, k, v, out) -> None:
     B, H, nq, d = q.shape
     Hk, nk = k.shape[1], k.shape[2]
     r = H // Hk
-    groups = _head_groups(q, k, v, out, group_heads(B * Hk, r * nq, d, q.element_size()))
+    in_cpp = phi_native(q) and native.elu_runs(k, k)  # the call's φ in C++, every group's (`phi_into`): no scratch
+    groups = _head_groups(q, k, v, out, group_heads(B * Hk, r * nq, d, q.element_size(), in_cpp))
     heads = max(ks.shape[0] for _, ks, _, _ in groups)
     buf = q.new_empty(heads * max(r * nq, nk) * d)
-    in_cpp = phi_native(q) and native.elu_runs(k, k)  # the call's φ in C++, every group's (`phi_into`): no scratch
     scratch = None if in_cpp else torch.empty_like(buf)
     suspect = False
     for qs, ks, vs, os in groups:
@@ -532,7 +538,7 @@ def elu_memory(bh: int, bk: int, nq: int, nk: int, d: int, causal: bool, elem: i
     their numerators (D + 1 per row); and the last e − s mod C positions' own tensors beside the states."""
     if not causal:
         r = bh // bk
-        g = group_heads(bk, r * nq, d, elem)
+        g = group_heads(bk, r * nq, d, elem, not scratch)
         return bh * nq * d + (1 + scratch) * g * max(r * nq, nk) * d + g * (d * d + d + r * nq)
     step = segment_rows(bh, nk, d, device)
     full, last = divmod(nk, step)

@@ -47,6 +47,7 @@ def test_the_kernels_sizes_are_fractions_of_this_cpus_caches():
     assert _linear_core.CHUNK_BYTES == c.own and gated_deltanet.SEGMENT_BYTES == c.own == kda.SEGMENT_BYTES
     assert mamba2.SEGMENT_BYTES == min(2 * c.own, 4 << 20)  # and no more than the EPYC's 4 MiB
     assert _linear_core.WHOLE_BYTES == c.shared // 2 and _linear_core.GROUP_BYTES == c.shared // 8
+    assert _linear_core.NATIVE_GROUP_BYTES == 4 * c.own  # 16 MiB on the 2-core Xeon it was measured on
 
 
 @pytest.mark.parametrize("l2,shared,expected", [

@@ -237,7 +237,7 @@ def test_whole_tensor_form_equals_the_chunks(small_chunks, monkeypatch, causal, 
     call that fits takes it."""
     if groups == "several":
         monkeypatch.setattr(core, "GROUP_BYTES", 1 << 12)
-        assert core.group_heads(2 * kv_heads, 4 // kv_heads * 300, 16, 8) == 1
+        assert core.group_heads(2 * kv_heads, 4 // kv_heads * 300, 16, 8, False) == 1
         monkeypatch.setattr(core, "WHOLE_BYTES", 1 << 17)
         assert core.segment_rows(2 * 4, 300, 16) == 64
     g = torch.Generator().manual_seed(2)
