@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .mechanisms import LATENT, MECHANISMS
-from .mechanisms._cpu import free_core_threads
+from .mechanisms._cpu import ALWAYS, free_core_threads
 from .mechanisms._common import (check_finite, check_key_padding, check_output_gate, check_qk_norm, check_qkv,
                                  check_score_bias, check_sinks)
 from .spec import MechanismSpec, Shape
@@ -87,7 +87,8 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     at that instant (`_cpu.free_core_threads`; torch's own count when the machine is otherwise idle), then torch's
     thread count is set back: a busy core would otherwise hold up every parallel operation of the call. A mechanism
     whose call is a few long fused kernels keeps torch's count where no core is free (`Cost.keeps_threads`: top-k
-    with its C++ kernels, the sliding window and block-local on their fused path)."""
+    with its C++ kernels, the sliding window and block-local on their fused path); one whose threads share its
+    blocks as they come free keeps it at any load (NSA, `_cpu.run_blocks`)."""
     spec = get(key)
     # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
     takes_mask = "mask" in inspect.signature(spec.fn).parameters
@@ -117,5 +118,8 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if q.device.type != "cpu":
         return spec.fn(q, k, v, causal=causal, **params)
     fused = spec.cost.keeps_threads is not None and spec.cost.keeps_threads(**params)
+    if fused == ALWAYS and (torch.is_autocast_enabled("cpu") or torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, *params.values()))):
+        fused = False  # its blocks run one after another there (nsa.block_workers): fitted
     with free_core_threads(max(q.numel(), k.numel()), fused=fused):  # no more threads than the cores free now
         return spec.fn(q, k, v, causal=causal, **params)

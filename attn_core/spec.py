@@ -191,7 +191,8 @@ class Cost:
     `key_padding_mask`, `sinks` …) is a few long parallel regions (fused kernels) rather than many short operations:
     where other programs hold every core, `attention()` then keeps torch's thread count, each thread doing its share
     on a core it shares, instead of one thread (`_cpu.fitted`; fitting the count to the free cores pays where every
-    short operation waits for the thread a busy core holds); None: always fitted.
+    short operation waits for the thread a busy core holds); `_cpu.ALWAYS` where its threads take blocks of work as
+    they come free (`_cpu.run_blocks`): torch's count at any load; None: always fitted.
     """
 
     flops: Callable[..., float]
@@ -202,7 +203,7 @@ class Cost:
     elementwise_flops: Callable[..., float] | None = None
     biased_memory_bytes: Callable[..., float] | None = None
     sinks_memory_bytes: Callable[..., float] | None = None
-    keeps_threads: Callable[..., bool] | None = None
+    keeps_threads: Callable[..., bool | str] | None = None
 
     @staticmethod
     def sink_flops(shape: Shape) -> float:

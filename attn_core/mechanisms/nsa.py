@@ -2,17 +2,22 @@
 'Native Sparse Attention: Hardware-Aligned and Natively Trainable Sparse Attention', arXiv 2502.11089)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 from ..spec import Cost, Generation, Insight, MechanismSpec, Param, Shape, State, Supports
 from ._cache import Cache, Ring, kv_bytes
 from ._common import GPU_WORKSPACE, GPUS, check_key_padding, check_sinks, checked_shape, scale, trusted
+from ._cpu import ALWAYS, others_running, run_blocks
 from ._nsa_branches import _block_bytes, _selected, _softmax_rows, compressed, rows, visible_blocks
 from ._sparse import work_dtype
 
 ROWS = 64  # a GPU's smallest block of queries of the forward pass, and its unit (`block_rows`)
 CPU_ROWS = 128  # queries per block of the forward pass on a CPU (`block_rows`)
+PARALLEL_MIN = 1 << 20  # numbers of the queries (B·H·n·D) from which the blocks may be shared among threads (a
+# call of tens of milliseconds: n = 2048 at 8 heads, D = 64)
 GPU_BLOCK_NUMBERS = 1 << 27  # a GPU block's compressed, selected and window keys, a row and head each (`block_rows`)
 GATES = ("g_cmp", "g_slc", "g_win")
 GATE_LOGIT = 2.0  # default gates sigmoid(z), z uniform in [−2, 2]
@@ -93,7 +98,10 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
 
     q (B, H, n, D), k, v (B, Hk, n, D) → (B, H, n, D); gates (B, H, n) in [0, 1] (seeded from `seed` when None).
     Queries in blocks of `block_rows`: O(n·(n/stride + select_blocks·select_block + window)·d) time, O(n·d) memory
-    (each block's gathered keys are rows·select_blocks·select_block·d per key/value head; nothing n × n).
+    (each block's gathered keys are rows·select_blocks·select_block·d per key/value head; nothing n × n). On a CPU
+    where other programs run, the blocks, each cut into equal shares of the key/value heads, are shared among
+    torch's threads as they come free (`block_workers`, `_cpu.run_blocks`), each running its operations on one
+    thread: the threads meet once a call instead of at each of its thousands of operations.
     `sinks` (H,): head h's logit a_h joins each of the three branches' softmax with no value (gpt-oss, arXiv
     2508.10925): Attn(q_t, K, V) = Σ_j e^(s_j) v_j / (Σ_j e^(s_j) + e^(a_h)) in each branch, before the gates mix
     them; the blocks read are those without sinks (`_nsa_branches.rows`). O(n·H) more a branch.
@@ -114,11 +122,41 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
     selectable = tuple(torch.nn.functional.pad(x.to(work), (0, 0, 0, short)) if short else x.to(work) for x in (k, v))
     out = torch.empty_like(q)
     r = block_rows(q.device.type, q.shape[0] * q.shape[1], n, **p)
-    for s in range(0, n, r):
-        e = min(n, s + r)
-        out[:, :, s:e] = rows(q[:, :, s:e], k, v, kc, vc, s, [g[..., s:e] for g in gates], **p,
-                              selectable=selectable, sinks=sinks)
+
+    workers = block_workers(q, k, v, *gates, *(() if sinks is None else (sinks,)))
+    Hk, G = k.shape[1], q.shape[1] // k.shape[1]
+
+    def block(s: int, a: int, b: int) -> None:  # rows s … s + r − 1 of key/value heads a … b − 1
+        e, h = min(n, s + r), slice(a * G, b * G)
+        out[:, h, s:e] = rows(q[:, h, s:e], k[:, a:b], v[:, a:b], kc[:, a:b], vc[:, a:b], s,
+                              [g[:, h, s:e] for g in gates], **p, selectable=tuple(x[:, a:b] for x in selectable),
+                              sinks=None if sinks is None else sinks[h])
+
+    parts = max(p for p in range(1, min(workers, Hk) + 1) if Hk % p == 0)  # equal shares of the heads
+    cuts = [Hk * i // parts for i in range(parts + 1)]
+    # the last blocks, which see the most compressed blocks, first: the threads end together
+    run_blocks([functools.partial(block, s, a, b) for s in reversed(range(0, n, r)) for a, b in zip(cuts, cuts[1:])],
+               workers)
     return out
+
+
+def block_workers(*tensors: torch.Tensor) -> int:
+    """Threads the forward pass shares its query blocks among (`_cpu.run_blocks`): torch's count on a CPU where
+    other programs are running (`_cpu.others_running`) and the call has PARALLEL_MIN numbers or more (B·H·n·D of the
+    queries), else 1: in the caller, the blocks one after another, each operation on torch's threads. On a quiet
+    machine that is faster, each operation on all the heads (n = 2048 to 16384, 8 heads, D = 64, 2-core Xeon, 5
+    interleaved rounds: shared 66.7, 157, 351, 874 ms against 59.2, 147, 330, 843); beside other programs sharing
+    wins (n = 16384, against SDPA interleaved: 0.83× beside one spinning program, 0.85× beside two, where one fitted
+    thread made 1.0× and 1.5–1.7×). Also 1 where autograd records (the blocks' writes into one output from several
+    threads would race in its graph), under CPU autocast, and under torch's profiler, which records the allocations
+    of the thread it was started in only: the engine's memory run then measures the blocks one after another, the
+    peak `_memory` predicts."""
+    q = tensors[0]
+    recording = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if q.device.type != "cpu" or recording or q.numel() < PARALLEL_MIN or torch.is_autocast_enabled("cpu") \
+            or torch.autograd._profiler_enabled() or torch.get_num_threads() <= 1 or others_running() == 0:
+        return 1
+    return torch.get_num_threads()
 
 
 # -- generation: a key-value cache and the compressed blocks so far ------------------------------------------------
@@ -273,7 +311,11 @@ def _memory(s: Shape, block=32, stride=16, select_block=64, select_blocks=16, wi
     padded to whole selection blocks or copied from half precision), plus the largest stage of one query block
     (`_block_bytes`). Every stage grows with a block's end, so the last full block and the partial one, and the first,
     whose rows may see no compressed block yet (softmax then masks into copies). Gates given (as the engine gives
-    them), not drawn. `sinks`: the selection's sink correction at its products (`selected_softmax_bytes`)."""
+    them), not drawn. `sinks`: the selection's sink correction at its products (`selected_softmax_bytes`).
+    The blocks one after another, as under torch's profiler (`block_workers`). Where W threads share them, each
+    task is a block's share of 1/W of the key/value heads, and every stage's tensors but a few positions and masks
+    are per head: W tasks at their peaks at once hold the peak here and (W − 1) × 8–9 KiB (n = 4096 and 16384, 8
+    heads, D = 64: 6.000 and 21.497 MiB for a whole last block, 6.008 and 21.506 for two halves)."""
     e, w = s.elem, max(s.elem, 4)
     n, short = s.Nq, -s.Nq % select_block
     fixed = s.output_bytes + kv_bytes(s, visible_blocks(n - 1, block, stride)) + \
@@ -389,7 +431,7 @@ SPEC = MechanismSpec(
     state=State(init=init_state, keys=GATES),
     cost=Cost(flops=_flops, executed_flops=_executed_flops, memory_bytes=_memory,
               time_big_o="O(n·(n/stride + n_sel·l' + w)·d)", memory_big_o="O(n·d)",
-              sinks_memory_bytes=lambda s, **p: _memory(s, **p, sinks=True)),
+              sinks_memory_bytes=lambda s, **p: _memory(s, **p, sinks=True), keeps_threads=lambda **_: ALWAYS),
     supports=Supports(
         causal=True,
         cross=False,

@@ -1,6 +1,9 @@
 """Threads from the free cores at call time (`mechanisms._cpu.free_core_threads`): the count read from the OS's
 instantaneous counters, the threads cut inside and set back after, the results unchanged."""
+import functools
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -28,6 +31,11 @@ def test_fitted_threads(threads, cores, others, expected):
 ])
 def test_fused_calls_keep_their_threads_where_no_core_is_free(threads, cores, others, expected):
     assert _cpu.fitted(threads, cores, others, fused=True) == expected
+
+
+@pytest.mark.parametrize("cores,others", [(2, 0), (2, 1), (2, 2), (2, 6), (8, 3)])
+def test_calls_whose_threads_share_blocks_keep_them_at_any_load(cores, others):
+    assert _cpu.fitted(2, cores, others, fused=_cpu.ALWAYS) == 2
 
 
 @pytest.fixture
@@ -126,3 +134,48 @@ def test_the_band_keeps_torch_s_threads_on_a_busy_machine_only_on_its_fused_path
         params["key_padding_mask"] = torch.zeros(1, 2048, dtype=torch.bool)
     attention(key, q, k, v, **params)
     assert seen and set(seen) == {2 if kept else 1} and torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference"])
+def test_run_blocks_runs_every_task_once_on_one_torch_thread_each_and_sets_the_count_back(two_threads, mode):
+    """Each task runs once, on one of the pool's threads (two here), whose torch operations take one thread each;
+    the caller's grad or inference mode is theirs; the caller's count (and torch's default for threads to come,
+    which the workers write) is 2 again after."""
+    seen, lock = [], threading.Lock()
+
+    def task(i):
+        with lock:
+            seen.append((i, threading.get_ident(), torch.get_num_threads(), torch.is_grad_enabled(),
+                         torch.is_inference_mode_enabled()))
+        time.sleep(0.002)  # long enough that both threads take some
+
+    context = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}[mode]
+    with context():
+        _cpu.run_blocks([functools.partial(task, i) for i in range(40)], 2)
+    assert sorted(i for i, *_ in seen) == list(range(40))
+    assert len({ident for _, ident, *_ in seen} - {threading.get_ident()}) == 2  # the pool's two, not the caller
+    assert {(n, g, inf) for _, _, n, g, inf in seen} == {(1, mode == "grad", mode == "inference")}
+    assert torch.get_num_threads() == 2
+    assert torch.zeros(3).add_(1).sum().item() == 3  # torch still works in the caller
+
+
+def test_run_blocks_raises_a_task_s_error_once_every_thread_has_stopped(two_threads):
+    ran = []
+
+    def task(i):
+        if i == 0:
+            raise ValueError("block 0 failed")
+        time.sleep(0.005)
+        ran.append(i)
+
+    with pytest.raises(ValueError, match="block 0 failed"):
+        _cpu.run_blocks([functools.partial(task, i) for i in range(50)], 2)
+    count = len(ran)
+    time.sleep(0.05)
+    assert count == len(ran) < 10  # the other thread stopped at its next task, and nothing ran after the raise
+
+
+def test_run_blocks_with_one_worker_runs_the_tasks_in_order_in_the_caller():
+    seen = []
+    _cpu.run_blocks([functools.partial(lambda i: seen.append((i, threading.get_ident())), i) for i in range(5)], 1)
+    assert seen == [(i, threading.get_ident()) for i in range(5)]

@@ -3,6 +3,8 @@ branches written query by query in float64 (tests/baselines.py), each branch alo
 multiple of any block; shared heads; gradients; the decode token count; refusals with a sentence."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from attn_core.nn import generation as gen
 from attn_core.mechanisms import nsa
 from attn_core.spec import Shape
 from tests.baselines import nsa_reference
+from tests.mechanisms.test_free_core_threads import two_threads  # noqa: F401  (the fixture: torch on 2 threads)
 from tests.native.test_native import with_kernels  # noqa: F401  (the fixture: a forward call never builds)
 
 pytestmark = pytest.mark.usefixtures("with_kernels")  # the CPU's C++ kernels, where they can be built
@@ -199,3 +202,69 @@ def test_the_preset_learned_sparsity_is_causal_and_validates():
     assert dict(config.mechanisms)["topk"] == {"top_k": 256}
     assert config.problem.causal and config.problems() == []
     assert config.replaced(causal=False).problems()  # NSA refuses to run without the mask, saying why
+
+
+@pytest.mark.parametrize("H,Hk,shares", [(4, 4, 2), (4, 2, 2), (3, 3, 1), (4, 1, 1)])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_blocks_shared_among_threads_beside_other_programs_give_the_quiet_call_s_result(monkeypatch, two_threads, H,
+                                                                                        Hk, shares, with_sinks):
+    """Beside another program (others_running faked), a call of PARALLEL_MIN numbers or more runs its blocks on the
+    pool's two threads, each block cut into equal shares of the key/value heads (two where Hk is even, else one),
+    and outputs exactly what the quiet call (the blocks one after another) outputs."""
+    from attn_core.mechanisms import _cpu
+
+    (q, k, v), gates = inputs(300, H=H, Hk=Hk)
+    sinks = torch.randn(H, dtype=torch.float64) if with_sinks else None
+    call = lambda: nsa.nsa_attention(q, k, v, **SMALL, **gates, sinks=sinks)  # noqa: E731
+    monkeypatch.setattr(nsa, "CPU_ROWS", 16)  # 19 blocks
+    monkeypatch.setattr(nsa, "PARALLEL_MIN", 1)
+    monkeypatch.setattr(nsa, "others_running", lambda: 0)
+    quiet = call()
+    seen = []
+    real = nsa.rows
+    monkeypatch.setattr(nsa, "rows", lambda q, *a, **kw: seen.append((threading.get_ident(), q.shape[1]))
+                        or real(q, *a, **kw))
+    monkeypatch.setattr(nsa, "others_running", lambda: 1)
+    busy = call()
+    assert torch.equal(busy, quiet)
+    assert len(seen) == 19 * shares and {h for _, h in seen} == {H // shares}
+    assert threading.get_ident() not in {t for t, _ in seen} and len({t for t, _ in seen}) == 2
+
+
+def test_blocks_run_one_after_another_where_threads_would_be_wrong(monkeypatch, two_threads):
+    """Autograd recording, CPU autocast, torch's profiler (it records the caller's allocations only: the engine's
+    memory run must see the blocks the model counts), a quiet machine and a small call: one worker, the caller."""
+    monkeypatch.setattr(nsa, "others_running", lambda: 1)
+    (q, k, v), _ = inputs(2048, B=1, H=8, Hk=8, D=64)  # 2^20 numbers: PARALLEL_MIN
+    q, k, v = (t.float() for t in (q, k, v))
+    assert nsa.block_workers(q, k, v) == 2
+    assert nsa.block_workers(q[:, :, :2047], k, v) == 1
+    assert nsa.block_workers(q, k, v.requires_grad_()) == 1
+    with torch.no_grad():
+        assert nsa.block_workers(q, k, v) == 2
+    v.requires_grad_(False)
+    with torch.autocast("cpu"):
+        assert nsa.block_workers(q, k, v) == 1
+    with torch.profiler.profile():
+        assert nsa.block_workers(q, k, v) == 1
+    monkeypatch.setattr(nsa, "others_running", lambda: 0)
+    assert nsa.block_workers(q, k, v) == 1
+
+
+def test_attention_keeps_nsa_s_threads_beside_other_programs_unless_autograd_records(monkeypatch, two_threads):
+    """The public call keeps torch's two threads with every core busy or one (Cost.keeps_threads = ALWAYS: its
+    threads share blocks as they come free), and fits them where autograd records (the blocks then run one after
+    another, each operation waiting for both threads)."""
+    from attn_core.mechanisms import _cpu
+
+    seen = []
+    monkeypatch.setattr(nsa, "block_workers", lambda *a: seen.append(torch.get_num_threads()) or 1)
+    monkeypatch.setattr(_cpu, "usable_cores_now", lambda: 2)
+    (q, k, v), _ = inputs(2048, B=1, H=8, Hk=8, D=64)
+    q, k, v = (t.float() for t in (q, k, v))
+    for others in (1, 2):
+        monkeypatch.setattr(_cpu, "others_running", lambda: others)
+        ac.attention(KEY, q, k, v, causal=True, **SMALL)
+        ac.attention(KEY, q, k, v.requires_grad_(), causal=True, **SMALL)
+        v.requires_grad_(False)
+    assert seen == [2, 1, 2, 1] and torch.get_num_threads() == 2
