@@ -7,10 +7,10 @@ performer-pytorch 1.1.4's FastAttention (same m, same projection), interleaved i
 
 B = 1, H = 8, D = 64, float32, forward, 2 torch threads, glibc's allocator fixed as the engine's worker fixes it
 (env.steady_allocator: every block reused after the warm-up, its page faults not timed); q, k, v (and Performer's
-projection) are built outside the timed calls. Each round times every contestant once, in turn (A B A B …), so a busy moment of the
-machine falls on all of them; the figures are medians over the rounds, the spread their min–max. On a machine
-other programs share, `--threads 1 --clock cpu` counts this process's CPU time instead (min over the rounds):
-waiting for a descheduled thread then costs nothing, which a 2-thread wall clock there charges to every op.
+projection) are built outside the timed calls. Each round times every contestant once, in turn (A B A B …), so a
+busy moment of the machine falls on all of them; the figures are medians over the rounds, the spread their min–max.
+On a machine other programs share, `--threads 1 --clock cpu` counts this process's CPU time instead (min over the
+rounds): waiting for a descheduled thread then costs nothing, which a 2-thread wall clock there charges to every op.
 
 `attention('linear')` is the public call a user makes, `attn_core.attention("linear", q, k, v)`, every check a user pays
 included (its arguments, the finiteness scan, the mechanism's own checks); the targets (≤ 1.0× the peer at n = 8192, ≤

@@ -389,9 +389,10 @@ def group_heads(bk: int, rows: int, d: int, elem: int, in_cpp: bool) -> int:
 
 def _non_causal_groups(q, k, v, out) -> None:
     """Non-causal elu + 1 attention, a group of key/value heads at a time (their query rows fill `group_heads`'s
-    bytes, so a group's φ, state and output stay in the shared cache between its operations): per group φ(K) (`phi_into`), the
-    state φ(K)ᵀV and Σφ(K), then φ(Q) into the same buffer, out = φ(Q)·state / (Σφ(K)·φ(Q)ᵀ)ᵀ, the normalizer as a
-    row (as a column it costs 7× its time) and the H/Hk query heads of a group as rows of one product.
+    bytes, so a group's φ, state and output stay in the shared cache between its operations): per group φ(K)
+    (`phi_into`), the state φ(K)ᵀV and Σφ(K), then φ(Q) into the same buffer, out = φ(Q)·state / (Σφ(K)·φ(Q)ᵀ)ᵀ,
+    the normalizer as a row (as a column it costs 7× its time) and the H/Hk query heads of a group as rows of one
+    product.
     NaN or ±inf in q, k or v reaches the state or the normalizers (`phi_into`), which one small reduction a group
     reads: then, outside `validated()`, `check_finite` names the tensor (finite inputs whose sums overflow pass it).
     A row whose normalizer is below the smallest normal number (no key weighs, or its features underflow) is 0."""

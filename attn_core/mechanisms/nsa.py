@@ -132,7 +132,7 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
                               [g[:, h, s:e] for g in gates], **p, selectable=tuple(x[:, a:b] for x in selectable),
                               sinks=None if sinks is None else sinks[h])
 
-    parts = max(p for p in range(1, min(workers, Hk) + 1) if Hk % p == 0)  # equal shares of the heads
+    parts = max(c for c in range(1, min(workers, Hk) + 1) if Hk % c == 0)  # equal shares of the heads
     cuts = [Hk * i // parts for i in range(parts + 1)]
     # the last blocks, which see the most compressed blocks, first: the threads end together
     run_blocks([functools.partial(block, s, a, b) for s in reversed(range(0, n, r)) for a, b in zip(cuts, cuts[1:])],

@@ -191,8 +191,8 @@ def test_the_finite_check_runs_at_the_entry_point_not_in_the_timed_function(key)
 def test_linear_notices_every_non_finite_value_in_its_sums(causal, name, value, n, heads, group_bytes, monkeypatch):
     """Linear attention checks its own inputs (its whole form from its sums and normalizers, not a reading of q,
     k and v): one NaN, +inf or −inf anywhere in one tensor is refused with the count, in one group of heads and, with
-    GROUP_BYTES (and NATIVE_GROUP_BYTES) lowered, in a group a key/value head (φ a head at a time too), with shared heads, causal or not;
-    huge finite inputs whose sums overflow are not refused."""
+    GROUP_BYTES (and NATIVE_GROUP_BYTES) lowered, in a group a key/value head (φ a head at a time too), with shared
+    heads, causal or not; huge finite inputs whose sums overflow are not refused."""
     from attn_core.mechanisms import _linear_core
 
     if group_bytes is not None:
