@@ -222,16 +222,19 @@ def usable_cores_now() -> int:
 
 
 # -- blocks of work shared among threads as they come free ----------------------------------------------------------
-_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _POOL_LOCK = threading.Lock()
 _ONE_THREAD = threading.local()  # set in a pool's thread once its torch operations run on one thread
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
+    """The process's pool of `workers` threads. Kept by process id too: a child forked after a pool started has the
+    pool's object but none of its threads, and tasks given to it would wait forever."""
     with _POOL_LOCK:
-        if workers not in _POOLS:
-            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="attn-blocks")
-        return _POOLS[workers]
+        key = (os.getpid(), workers)
+        if key not in _POOLS:
+            _POOLS[key] = ThreadPoolExecutor(workers, thread_name_prefix="attn-blocks")
+        return _POOLS[key]
 
 
 def _one_thread() -> None:

@@ -179,3 +179,26 @@ def test_run_blocks_with_one_worker_runs_the_tasks_in_order_in_the_caller():
     seen = []
     _cpu.run_blocks([functools.partial(lambda i: seen.append((i, threading.get_ident())), i) for i in range(5)], 1)
     assert seen == [(i, threading.get_ident()) for i in range(5)]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_run_blocks_in_a_child_forked_after_the_pool_started(two_threads):
+    """A process forked after the pool's threads started has the pool's object but not its threads: its own pool
+    runs the tasks (the parent's would wait forever)."""
+    import multiprocessing
+
+    _cpu.run_blocks([functools.partial(time.sleep, 0.005)] * 8, 2)  # the parent's pool, both threads started
+    assert len(_cpu._pool(2)._threads) == 2
+    child = multiprocessing.get_context("fork").Process(target=_blocks_in_a_child)
+    child.start()
+    child.join(30)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0
+
+
+def _blocks_in_a_child() -> None:
+    seen = []
+    _cpu.run_blocks([functools.partial(seen.append, i) for i in range(8)], 2)
+    os._exit(0 if sorted(seen) == list(range(8)) else 1)
