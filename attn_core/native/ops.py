@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .loader import describe, elu_expected, library
+from .loader import band_expected, describe, elu_expected, library
 
 FLOATS = (torch.float32, torch.float64)  # the kernels' types (`select`, `selected_softmax`)
 
@@ -526,10 +526,10 @@ def band_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether `band` takes these: float32 CPU tensors whose head width AVX-512's 16 lanes divide, no gradient wanted
     through them, and a library built with its AVX-512 form (AVX2 machines keep the flash kernel: band.cpp)."""
     wanted = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if wanted or q.shape[-1] % BAND_LANES or not all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k, v)):
+    if wanted or q.shape[-1] % BAND_LANES or not all(t.device.type == "cpu" and t.dtype == torch.float32
+                                                     for t in (q, k, v)):
         return False
-    lib = library()
-    return lib is not None and bool(lib.attn_band_available())
+    return band_expected()
 
 
 @torch.library.custom_op("attn_lab::band", mutates_args=("out",), device_types="cpu")
@@ -541,9 +541,9 @@ def _band_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_t: torch.Te
     q, qb, qh = _rows_of(q.detach())
     k, kb, kh = _rows_of(k.detach())
     v, vb, vh = _rows_of(v.detach())
-    threads = _threads(B * H * -(-n // block))
-    bp = band_rows(block)
-    scratch = torch.empty(threads * (D + span + 1) * bp, dtype=torch.float32)
+    tasks = B * H * -(-n // block)
+    threads, bp = _threads(tasks), band_rows(block)
+    scratch = torch.empty(band_scratch_bytes(D, span, block, tasks) // 4, dtype=torch.float32)
     _kernels().attn_band_f32(q.data_ptr(), qb, qh, k.data_ptr(), kb, kh, v.data_ptr(), vb, vh, bias_t.data_ptr(),
                              B, H, k.shape[1], n, D, block, left, span, bp, D ** -0.5, threads, scratch.data_ptr(),
                              out.data_ptr())

@@ -50,10 +50,12 @@ inline vec vunless(vec x, const bool* ok, vec to) {
   const __m512i flags = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ok)));
   return _mm512_mask_mov_ps(x, _mm512_cmpeq_epi32_mask(flags, _mm512_setzero_si512()), to);
 }
-inline bool vany_bad(vec x) {  // a NaN or +inf lane
+inline __mmask16 vbad_lanes(vec x) {  // the lanes that are NaN or +inf
   const vec inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-  return (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x, inf, _CMP_EQ_OQ)) != 0;
+  return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x, inf, _CMP_EQ_OQ);
 }
+inline bool vany_bad(vec x) { return vbad_lanes(x) != 0; }  // a NaN or +inf lane
+inline vec vbad(vec x) { return _mm512_maskz_mov_ps(vbad_lanes(x), _mm512_set1_ps(1.0f)); }  // 1 there, 0 elsewhere
 inline float vmax_lanes(vec x) { return _mm512_reduce_max_ps(x); }
 #define ATTN_KEYS_AT_ONCE 1  // vsums: 16 keys' scores reduced in one step
 #elif defined(ATTN_VECTOR)  // AVX2 and FMA (the AMD EPYC this was measured on has no AVX-512)
@@ -85,10 +87,11 @@ inline vec vunless(vec x, const bool* ok, vec to) {
   const __m256i flags = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ok)));
   return _mm256_blendv_ps(x, to, _mm256_castsi256_ps(_mm256_cmpeq_epi32(flags, _mm256_setzero_si256())));
 }
-inline bool vany_bad(vec x) {  // a NaN or +inf lane
-  const vec nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  return _mm256_movemask_ps(_mm256_or_ps(nan, _mm256_cmp_ps(x, vset_inf(), _CMP_EQ_OQ))) != 0;
+inline vec vbad_lanes(vec x) {  // all bits set in the lanes that are NaN or +inf
+  return _mm256_or_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q), _mm256_cmp_ps(x, vset_inf(), _CMP_EQ_OQ));
 }
+inline bool vany_bad(vec x) { return _mm256_movemask_ps(vbad_lanes(x)) != 0; }  // a NaN or +inf lane
+inline vec vbad(vec x) { return _mm256_and_ps(vbad_lanes(x), _mm256_set1_ps(1.0f)); }  // 1 there, 0 elsewhere
 inline float vmax_lanes(vec x) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -108,19 +111,6 @@ inline vec vfmadd(vec a, vec b, vec c) { return ATTN_V(fmadd_ps)(a, b, c); }
 inline vec vfnmadd(vec a, vec b, vec c) { return ATTN_V(fnmadd_ps)(a, b, c); }
 inline vec vmin(vec a, vec b) { return ATTN_V(min_ps)(a, b); }  // b where a is NaN
 inline vec vmax(vec a, vec b) { return ATTN_V(max_ps)(a, b); }  // b where a is NaN
-#if defined(__AVX512F__)
-inline vec vbad(vec x) {  // 1 in the lanes that are NaN or +inf, 0 elsewhere
-  const __mmask16 m = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) |
-                      _mm512_cmp_ps_mask(x, _mm512_set1_ps(std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
-  return _mm512_maskz_mov_ps(m, _mm512_set1_ps(1.0f));
-}
-#else
-inline vec vbad(vec x) {  // 1 in the lanes that are NaN or +inf, 0 elsewhere
-  const vec m = _mm256_or_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q),
-                             _mm256_cmp_ps(x, _mm256_set1_ps(std::numeric_limits<float>::infinity()), _CMP_EQ_OQ));
-  return _mm256_and_ps(m, _mm256_set1_ps(1.0f));
-}
-#endif
 
 // e^x for x <= 0 (scores less their row's highest); 0 below −87.34, where float32's e^x is no longer normal
 inline vec vexp(vec x) {
