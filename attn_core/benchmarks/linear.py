@@ -6,7 +6,7 @@ performer-pytorch 1.1.4's FastAttention (same m, same projection), interleaved i
     python -m attn_core.benchmarks.linear --n 8192 --rounds 15 --linear-only   # the issue's target, no Performer
 
 B = 1, H = 8, D = 64, float32, forward, 2 torch threads, glibc's allocator fixed as the engine's worker fixes it
-(env.steady_allocator: every block reused after the warm-up, its page faults not timed); q, k, v (and Performer's
+(env.steady_allocator: every block reused once the heap settles, by the third call); q, k, v (and Performer's
 projection) are built outside the timed calls. Each round times every contestant once, in turn (A B A B …), so a
 busy moment of the machine falls on all of them; the figures are medians over the rounds, the spread their min–max.
 On a machine other programs share, `--threads 1 --clock cpu` counts this process's CPU time instead (min over the

@@ -242,9 +242,11 @@ def steady_allocator() -> None:
     touch, unless a free stretch of its heap is large enough: the same 32 MiB output then cost 8,193 page faults and
     30 ms in one call and none and 21 ms in the next (linear attention at n = 16384, B·H = 8, D = 64, 2-core Xeon),
     and softmax's n×n buffer was two-valued the same way. Turning mmap off (M_MMAP_MAX = 0) and trimming late ends
-    the drift: every block comes from the heap and, after the warm-up call paid its first touch, is reused, as under
-    jemalloc or TCMalloc, which PyTorch's performance tuning guide recommends on a CPU; release_cached_memory returns
-    the heap's free memory between points. No-op off glibc."""
+    the drift: every block comes from the heap and, once the heap has settled, is reused, as under jemalloc or
+    TCMalloc, which PyTorch's performance tuning guide recommends on a CPU. The first call pays the first touch; a
+    small request may split a freed block once while a live one lies above it, so the second or third call may pay
+    for part of one block again (about half the runs, one call of the two), so a median of three samples is clean.
+    release_cached_memory returns the heap's free memory between points. No-op off glibc."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None)
         m_trim_threshold, m_mmap_max = -1, -4
@@ -254,7 +256,8 @@ def steady_allocator() -> None:
 def allocator_note() -> str:
     """How this process's CPU allocator treats freed memory, as the environment stamp says it."""
     if ALLOCATOR["steady"]:
-        return "glibc, mmap off: every block reused after the warm-up, its first-touch page faults not timed"
+        return ("glibc, mmap off: every block reused once the heap settles (by the third call), first-touch faults "
+                "not timed")
     return "the system's default"
 
 

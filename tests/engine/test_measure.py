@@ -409,30 +409,38 @@ def test_others_runnable_sees_a_busy_neighbour_that_cpu_times_are_too_coarse_for
         spinner.wait()
 
 
-def test_steady_allocator_reuses_every_block_after_its_first_call_whatever_ran_before():
-    """Under env.steady_allocator (the worker's), a tensor made again costs no page faults, 8 MiB or 64 MiB (past
-    glibc's 32 MiB mmap threshold, where it came fresh or not by what the heap held); after the heap is trimmed
-    (release_cached_memory, between points) the first call pays them again, and only the first. The default
-    allocator, in a process of its own, faults a 64 MiB block in on every call."""
+def test_steady_allocator_reuses_every_block_once_warm_whatever_ran_before():
+    """Under env.steady_allocator (the worker's), a tensor made again costs no page faults once warm, 8 MiB or 64 MiB
+    (past glibc's 32 MiB mmap threshold, where it came fresh or not by what the heap held); after the heap is
+    trimmed (release_cached_memory, between points) the first call pays them again. The heap settles within a few
+    calls: a small request can split a freed block while a live one lies above it, so that the second or third call
+    pays for part of its block once more (seen in about half the runs, never in two calls of one run, never after
+    the third), so the median call pays nothing. The default allocator, in a process of its own, faults a 64 MiB
+    block in on every call."""
     code = """
-import resource, sys, torch
+import resource, statistics, sys, torch
 from attn_core.engine import env
-def faults(mib, calls=10):  # page faults per call, as a share of the block's pages
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def faults(mib, calls):  # page faults of each call, as a share of the block's pages
+    shares = []
     for _ in range(calls):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         torch.ones(mib * 2**18)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls / (mib * 256)
+        shares.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / (mib * 256))
+    return shares
 if sys.argv[1] == "default":
-    faults(64, 1)
-    assert faults(64) > 0.9, faults(64)
+    shares = faults(64, 11)[1:]
+    assert statistics.median(shares) > 0.9, shares
     raise SystemExit
 env.steady_allocator()
 assert env.allocator_note().startswith("glibc, mmap off"), env.allocator_note()
+def settled(shares):
+    return statistics.median(shares) < 0.05 and max(shares[4:]) < 0.05
 for mib in (8, 64):
-    first = faults(mib, 1)
-    assert faults(mib) < 0.05, (mib, first)
+    shares = faults(mib, 12)
+    assert settled(shares), (mib, shares)
 env.release_cached_memory("cpu")
-assert faults(64, 1) > 0.9 and faults(64) < 0.05
+shares = faults(64, 12)
+assert shares[0] > 0.9 and settled(shares), shares
 """
     if not sys.platform.startswith("linux"):
         pytest.skip("glibc's allocator")
