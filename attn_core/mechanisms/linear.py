@@ -32,7 +32,8 @@ def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     H/Hk query heads sharing it, so sharing costs less than multi-head attention.
     O(n·D²) time; O(n·D) memory. float32/float64 forward calls on a CPU (on a GPU: whose tensors fit the shared
     cache) run in a few large operations (`elu_attention`, by groups of heads, causal by segments of positions:
-    steady when another process holds a core); half-precision inputs, calls autograd records and longer ones on a GPU
+    steady when another process holds a core), non-causal float32 with AVX-512 in one C++ call that reads q, k and v
+    once (`native.linear`); half-precision inputs, calls autograd records and longer ones on a GPU
     run cache-blocked chunk by chunk (`linear_attention_core`), half inputs in float32 (φ(q)·Σφ(k) overflows
     float16: NaN at inputs × 30).
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zeroed, so they add
@@ -78,7 +79,16 @@ def _executed_flops(s: Shape) -> float:
     return linear_core_flops(s, s.D, executed=True)
 
 
+def _fused(s: Shape) -> bool:
+    """The call runs in one C++ pass (`native.linear`): non-causal float32 on a CPU whose library has the AVX-512 form,
+    D a multiple of 16 (contiguous inputs, as the engine makes them)."""
+    return (s.device == "cpu" and not s.causal and s.elem == 4 and s.D % native.BAND_LANES == 0
+            and native.linear_expected())
+
+
 def _memory(s: Shape) -> float:
+    if _whole(s) and _fused(s):  # the output and the kernel's scratch (the states, a step's φ a thread)
+        return s.bh * s.Nq * s.D * s.elem + native.linear_scratch_bytes(s.bk, s.bh, s.Nq, s.Nk, s.D)
     if _whole(s):
         # φ in one C++ pass for every group (`_linear_core.phi_native` of the queries), no scratch
         in_cpp = s.device == "cpu" and s.elem == 4 and native.elu_expected() and s.bh * s.Nq * s.D >= NATIVE_MIN

@@ -111,6 +111,13 @@ def band_expected() -> bool:
     return lib is not None and bool(lib.attn_band_available())
 
 
+def linear_expected() -> bool:
+    """Whether `linear` runs (float32 work), without building anything: `expected`, and the library has its AVX-512
+    form (AVX2 machines keep the torch form: linear.cpp; the memory models ask)."""
+    lib = library()
+    return lib is not None and bool(lib.attn_linear_available())
+
+
 def describe() -> str:
     """Which form the CPU kernels take, in words: 'C++ (g++ …, -O3 -march=native, OpenMP threads)', or 'torch ops:
     <why>' (not built, refused, switched off). Builds nothing."""

@@ -1,6 +1,6 @@
 """The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores,
-elu_plus_one, prefix_sums: torch.library custom ops with fake implementations and no backward), and the wrappers
-that check what each kernel would misread."""
+elu_plus_one, prefix_sums, band, linear: torch.library custom ops with fake implementations and no backward), and
+the wrappers that check what each kernel would misread."""
 from __future__ import annotations
 
 import ctypes
@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .loader import band_expected, describe, elu_expected, library
+from .loader import band_expected, describe, elu_expected, library, linear_expected
 
 FLOATS = (torch.float32, torch.float64)  # the kernels' types (`select`, `selected_softmax`)
 
@@ -575,3 +575,83 @@ def band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_t: torch.Tensor
                    f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, out {tuple(out.shape)}, bias "
                    f"{tuple(bias_t.shape)}, blocks of {block}, left {left}")
     torch.ops.attn_lab.band(q, k, v, bias_t, out, block, left)
+
+
+# ---- linear: non-causal linear attention (φ = elu + 1), fused -----------------------------------------------------
+
+LINEAR_ROWS, LINEAR_TASK_ROWS = 64, 256  # linear.cpp's rows a step (ROWS) and queries a task of pass 2 (TASK_ROWS)
+
+
+def linear_streams(out: torch.Tensor) -> bool:
+    """Whether linear.cpp writes the output past the caches (non-temporal stores: no read of each line before it is
+    written): where it fills half the last-level cache or more, so it would not stay there. B = 1, H = 8, D = 64 on
+    the 2-core Xeon (32 MiB taken as its last level), 9–15 interleaved rounds: n = 8192 5.56 against 5.70 ms, 16384
+    11.4 against 11.9, 32768 22.8 against 24.4; at 2048 and 4096 (4 and 8 MiB) within the spread. Only into an output
+    that starts on a 64-byte line (a view at another offset is written the usual way)."""
+    from ..mechanisms._cpu import caches  # (not at import: the mechanisms import this package)
+    return out.numel() * out.element_size() * 2 >= caches().shared and out.data_ptr() % 64 == 0  # (whole lines)
+
+
+def linear_parts(bk: int, nk: int) -> int:
+    """Shares of each of the B·Hk key/value heads' keys in linear.cpp's first pass: enough tasks for two a thread
+    (a thread that another program slows then holds up a smaller share), at most one a step of keys."""
+    return max(1, min(-(-2 * torch.get_num_threads() // bk), -(-nk // LINEAR_ROWS)))
+
+
+def linear_scratch_bytes(bk: int, bh: int, nq: int, nk: int, D: int) -> int:
+    """Bytes of `linear`'s scratch: each share's state and key sum, D·(D + 1) float32 numbers (`linear_parts`), and
+    for each of its threads (min(torch.get_num_threads(), tasks of pass 2)) a step's φ and normalizers,
+    LINEAR_ROWS·(D + 1)."""
+    threads = _threads(bh * -(-nq // LINEAR_TASK_ROWS))
+    return (bk * linear_parts(bk, nk) * D * (D + 1) + threads * LINEAR_ROWS * (D + 1)) * 4
+
+
+def linear_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether `linear` takes these: float32 CPU (B, heads, n, D) tensors whose head width AVX-512's 16 lanes divide,
+    each position's numbers contiguous (read where they lie, heads split from (B, n, H·D) too: never copied), no
+    gradient wanted through them, and a library built with its AVX-512 form (AVX2 machines keep the torch form:
+    linear.cpp)."""
+    wanted = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if wanted or q.shape[-1] % BAND_LANES or not all(t.device.type == "cpu" and t.dtype == torch.float32
+                                                     and t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v)):
+        return False  # read where they lie: a position whose numbers are not contiguous keeps the torch form
+    return linear_expected()
+
+
+@torch.library.custom_op("attn_lab::linear", mutates_args=("scratch", "out"), device_types="cpu")
+def _linear_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scratch: torch.Tensor, out: torch.Tensor) -> None:
+    """out ← non-causal elu + 1 linear attention: linear.cpp; scratch[0] ← how many normalizers and state numbers it
+    found NaN or infinite."""
+    B, H, nq, D = q.shape
+    Hk, nk = k.shape[1], k.shape[2]
+    threads = _threads(B * H * -(-nq // LINEAR_TASK_ROWS))
+    q, k, v = (x.detach() if x.stride(-1) == 1 else x.detach().contiguous() for x in (q, k, v))  # (linear_runs)
+    bad = _kernels().attn_linear_f32(q.data_ptr(), *q.stride()[:3], k.data_ptr(), *k.stride()[:3], v.data_ptr(),
+                                     *v.stride()[:3], B, H, Hk, nq, nk, D, linear_parts(B * Hk, nk),
+                                     int(linear_streams(out)), threads, scratch.data_ptr(), out.data_ptr())
+    scratch[0].fill_(float(bad))
+
+
+_linear_op.register_fake(lambda *args: None)  # it writes `scratch` and `out` and returns nothing (so no autograd
+# formula: `linear_runs` refuses tensors that want gradients)
+
+
+def linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
+    """Non-causal linear attention with φ = elu + 1 (linear.cpp, the op attn_lab::linear), written into `out`:
+    out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j), 0 where that normalizer is below the smallest normal number.
+    q (B, H, Nq, D), k and v (B, Hk, Nk, D), float32 on the CPU (`linear_runs`), out (B, H, Nq, D) contiguous.
+    O(n·D²) time, q, k and v read once; beside the output, `linear_scratch_bytes`. Returns whether a normalizer or a
+    sum over keys is NaN or infinite (a non-finite input, or sums that overflow). Refuses, with a sentence, what the
+    kernel would misread."""
+    B, H, nq, D = q.shape
+    _refuse_unless(linear_runs(q, k, v) and k.dim() == 4 and k.shape == v.shape and k.shape[0] == B
+                   and k.shape[3] == D and k.shape[1] >= 1 and H % k.shape[1] == 0 and k.shape[2] >= 1
+                   and out.shape == q.shape and out.is_contiguous() and out.dtype == torch.float32,
+                   "linear needs a library with its AVX-512 form, float32 CPU q (B, H, Nq, D) with D a multiple of "
+                   "16, k and v (B, Hk, Nk, D) with Hk dividing H and at least one key, and a contiguous float32 "
+                   "output like q",
+                   f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)}, out {tuple(out.shape)}")
+    Hk, nk = k.shape[1], k.shape[2]
+    scratch = torch.empty(linear_scratch_bytes(B * Hk, B * H, nq, nk, D) // 4, dtype=torch.float32)
+    torch.ops.attn_lab.linear(q, k, v, scratch, out)
+    return scratch[0].item() != 0

@@ -20,7 +20,8 @@ from .cache import Unsafe, cache_dir
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "select.cpp", HERE / "selected_softmax.cpp", HERE / "block_softmax.cpp", HERE / "index.cpp",
-           HERE / "elu_plus_one.cpp", HERE / "prefix.cpp", HERE / "band.cpp")
+           HERE / "elu_plus_one.cpp", HERE / "prefix.cpp", HERE / "band.cpp",
+           HERE / "linear.cpp")
 HEADERS = (HERE / "vector.h",)  # included by the sources beside it (their own folder is searched first)
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 TRIES = (("-march=native", "-fopenmp"), ("-march=native",), ())  # OpenMP and this CPU's vector units, or fewer

@@ -1,6 +1,6 @@
 """The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores, elu_plus_one,
-prefix_sums, band): torch.library.opcheck on each, torch.compile tracing around them, a backward through one refused
-with a sentence; and their one declaration (attn_core/native/signatures.py): a definition that differs is refused by the
+prefix_sums, band, linear): torch.library.opcheck on each, torch.compile tracing around them, a backward through one
+refused with a sentence; and their one declaration (attn_core/native/signatures.py): a definition that differs is refused by the
 compiler, a library built from other declarations is refused at load and built again, its new file loaded by a new
 handle."""
 from __future__ import annotations
@@ -40,6 +40,11 @@ def op_samples():
         bias_t = torch.zeros(32, native.band_rows(16))
         samples.append((torch.ops.attn_lab.band.default, (qb, kb, torch.randn(1, 2, 70, 16, generator=g), bias_t,
                                                           torch.zeros(1, 4, 70, 16), 16, 16)))
+    if native.linear_runs(qb, kb, kb):  # 70 queries of 4 heads against 30 keys of 2 shared heads
+        kl = torch.randn(1, 30, 2 * 16, generator=g).view(1, 30, 2, 16).transpose(1, 2)  # heads split, in place
+        vl = torch.randn(1, 2, 30, 16, generator=g)
+        scratch = torch.empty(native.linear_scratch_bytes(2, 4, 70, 30, 16) // 4)
+        samples.append((torch.ops.attn_lab.linear.default, (qb, kl, vl, scratch, torch.zeros(1, 4, 70, 16))))
     x = torch.randn(3, 37, generator=g)
     if native.elu_runs(x, x):
         samples.append((torch.ops.attn_lab.elu_plus_one.default, (x, torch.empty_like(x))))
