@@ -465,6 +465,10 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     if not causal:
         _non_causal_groups(q, k, v, out)
         return out
+    if native.linear_runs(q, k, v, causal=True):  # one C++ call, a key/value head a task (linear.cpp)
+        if native.linear(q, k, v, out, causal=True) and not trusted():
+            check_finite(q=q, k=k, v=v)
+        return out
     c = causal_block(d, d)
     step = segment_rows(B * H, nk, d, q.device.type)
     carried, suspect = None, False

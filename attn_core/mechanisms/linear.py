@@ -32,10 +32,10 @@ def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     H/Hk query heads sharing it, so sharing costs less than multi-head attention.
     O(n·D²) time; O(n·D) memory. float32/float64 forward calls on a CPU (on a GPU: whose tensors fit the shared
     cache) run in a few large operations (`elu_attention`, by groups of heads, causal by segments of positions:
-    steady when another process holds a core), non-causal float32 with AVX-512 in one C++ call that reads q, k and v
-    once (`native.linear`); half-precision inputs, calls autograd records and longer ones on a GPU
-    run cache-blocked chunk by chunk (`linear_attention_core`), half inputs in float32 (φ(q)·Σφ(k) overflows
-    float16: NaN at inputs × 30).
+    steady when another process holds a core), float32 with AVX-512 in one C++ call that reads q, k and v once
+    (`native.linear`; causal where B·Hk holds a key/value head for each thread); half-precision inputs, calls
+    autograd records and longer ones on a GPU run cache-blocked chunk by chunk (`linear_attention_core`), half inputs
+    in float32 (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zeroed, so they add
     nothing to the numerator or the normaliser, the same as leaving those keys out (exact masking); a query that
     sees no unpadded key outputs zeros.
@@ -74,21 +74,37 @@ def _whole(s: Shape) -> bool:
 
 
 def _executed_flops(s: Shape) -> float:
+    if _whole(s) and s.causal and _fused(s):
+        return _fused_causal_flops(s)
     if _whole(s):
         return elu_flops(s.bh, s.bk, s.Nq, s.Nk, s.D, s.causal)
     return linear_core_flops(s, s.D, executed=True)
 
 
 def _fused(s: Shape) -> bool:
-    """The call runs in one C++ pass (`native.linear`): non-causal float32 on a CPU whose library has the AVX-512 form,
-    D a multiple of 16 (contiguous inputs, as the engine makes them)."""
-    return (s.device == "cpu" and not s.causal and s.elem == 4 and s.D % native.BAND_LANES == 0
+    """The call runs in one C++ call (`native.linear`, as `native.linear_runs` decides): float32 on a CPU whose
+    library has the AVX-512 form, D a multiple of 16 (contiguous inputs, as the engine makes them); causal, as many
+    queries as keys and at least as many key/value heads B·Hk as torch's threads."""
+    causal_ok = not s.causal or (s.Nq == s.Nk and s.bk >= torch.get_num_threads())
+    return (s.device == "cpu" and causal_ok and s.elem == 4 and s.D % native.BAND_LANES == 0
             and native.linear_expected())
 
 
+def _fused_causal_flops(s: Shape) -> float:
+    """The products of linear.cpp's causal call: per block of m ≤ C = native.LINEAR_ROWS positions, per query head
+    its in-block products over all C columns (2·m·C·D), their product with V_b (2·m²·D), φ(Q_b) times the state and
+    the normalizers (2·m·D·(D + 1)); per key/value head the state's update φ(K_b)ᵀV_b (2·m·D²)."""
+    c, d = native.LINEAR_ROWS, s.D
+    full, rest = divmod(s.Nq, c)
+
+    def block(m: int) -> float:
+        return s.bh * 2.0 * m * (c * d + m * d + d * (d + 1)) + s.bk * 2.0 * m * d * d
+    return full * block(c) + (block(rest) if rest else 0.0)
+
+
 def _memory(s: Shape) -> float:
-    if _whole(s) and _fused(s):  # the output and the kernel's scratch (the states, a step's φ a thread)
-        return s.bh * s.Nq * s.D * s.elem + native.linear_scratch_bytes(s.bk, s.bh, s.Nq, s.Nk, s.D)
+    if _whole(s) and _fused(s):  # the output and the kernel's scratch (the states, a block's φ a thread)
+        return s.bh * s.Nq * s.D * s.elem + native.linear_scratch_bytes(s.bk, s.bh, s.Nq, s.Nk, s.D, s.causal)
     if _whole(s):
         # φ in one C++ pass for every group (`_linear_core.phi_native` of the queries), no scratch
         in_cpp = s.device == "cpu" and s.elem == 4 and native.elu_expected() and s.bh * s.Nq * s.D >= NATIVE_MIN

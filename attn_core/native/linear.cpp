@@ -1,5 +1,5 @@
-// Non-causal linear attention with φ = elu + 1, fused: attn_core.mechanisms._linear_core's whole-tensor form for
-// float32 on the CPU.
+// Linear attention with φ = elu + 1, fused, causal and not: attn_core.mechanisms._linear_core's whole-tensor form
+// for float32 on the CPU.
 //
 // out_i = φ(q_i)ᵀ S / φ(q_i)ᵀ z, S = Σ_j φ(k_j) v_jᵀ (D × D) and z = Σ_j φ(k_j) per key/value head. The torch form
 // runs a group of heads through seven operations, each reading or writing the group's rows (φ(K), its product with V,
@@ -14,6 +14,11 @@
 // in q, k or v gives NaN where the torch form gives it (φ(NaN) is NaN, φ(−inf) is NaN); the call returns how many
 // normalizers and state numbers are not finite, so that the caller names the input without reading it again. The
 // tasks are taken by the threads as they come free (dynamic), so a thread another program slows takes fewer.
+// Causal (attn_linear_causal_f32): a key/value head a task, its positions in blocks of ROWS in order, the state of the
+// blocks before carried in the thread's scratch; each block's in-block products tril(φ(Q_b)φ(K_b)ᵀ) computed only
+// where a tile has a key at or before one of its rows, and multiplied by V_b only up to its last row. The torch form
+// took 25 MiB beside the output at n = 16384 (its segments' block states and products); this takes 82 KiB a thread.
+// All products are one routine (`multiply`): a tile of up to six rows by four vectors of columns in registers.
 // Float32 with AVX-512 only (attn_linear_available): with AVX2's 16 registers a step holds a quarter of the products,
 // so AVX2 machines keep the torch form. Tested against linear attention written in float64
 // (tests/native/test_native_linear.py).
@@ -56,53 +61,8 @@ inline void map_rows(const float* x, int64_t step, int64_t rows, int64_t D, floa
   }
 }
 
-// S rows d0 … d0 + NF − 1, column vectors c0 … c0 + NC − 1 += Σ_j f[j][d] V[j] (V's rows `vs` apart)
-template <int NF, int NC>
-inline void state_tile(const float* f, const float* V, int64_t vs, int64_t rows, int64_t D, int64_t d0, int64_t c0,
-                       float* S) {
-  vec acc[NF][NC];
-  for (int a = 0; a < NF; ++a)
-    for (int c = 0; c < NC; ++c) acc[a][c] = vload(S + (d0 + a) * D + (c0 + c) * LANES);
-  for (int64_t j = 0; j < rows; ++j) {
-    vec vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = vload(V + j * vs + (c0 + c) * LANES);
-    for (int a = 0; a < NF; ++a) {
-      const vec b = vset(f[j * D + d0 + a]);
-      for (int c = 0; c < NC; ++c) acc[a][c] = vfmadd(b, vv[c], acc[a][c]);
-    }
-  }
-  for (int a = 0; a < NF; ++a)
-    for (int c = 0; c < NC; ++c) vstore(S + (d0 + a) * D + (c0 + c) * LANES, acc[a][c]);
-}
-
-// out rows i0 … i0 + NR − 1, column vectors c0 … c0 + NC − 1 ← (Σ_d f[i][d] S[d]) · inv[i]
-template <int NR, int NC>
-inline void output_tile(const float* f, const float* S, int64_t D, int64_t i0, int64_t c0, const float* inv,
-                        bool stream, float* out) {
-  vec acc[NR][NC];
-  for (int r = 0; r < NR; ++r)
-    for (int c = 0; c < NC; ++c) acc[r][c] = vset(0.0f);
-  for (int64_t d = 0; d < D; ++d) {
-    vec sv[NC];
-    for (int c = 0; c < NC; ++c) sv[c] = vload(S + d * D + (c0 + c) * LANES);
-    for (int r = 0; r < NR; ++r) {
-      const vec b = vset(f[(i0 + r) * D + d]);
-      for (int c = 0; c < NC; ++c) acc[r][c] = vfmadd(b, sv[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < NR; ++r) {
-    const vec w = vset(inv[i0 + r]);
-    float* o = out + (i0 + r) * D + c0 * LANES;
-    if (stream) {  // past the cache: straight to memory, without reading the lines first
-      for (int c = 0; c < NC; ++c) _mm512_stream_ps(o + c * LANES, vmul(acc[r][c], w));
-    } else {
-      for (int c = 0; c < NC; ++c) vstore(o + c * LANES, vmul(acc[r][c], w));
-    }
-  }
-}
-
-// fn(std::integral_constant<int, n>()) for n = 1 … N: a tile's features, rows or column vectors as a constant, so
-// that its accumulators are unrolled into registers
+// fn(std::integral_constant<int, n>()) for n = 1 … N: a tile's rows or column vectors as a constant, so that its
+// accumulators are unrolled into registers
 template <int N, typename Fn>
 inline void as_constant(int64_t n, Fn&& fn) {
   if constexpr (N > 1) {
@@ -110,6 +70,59 @@ inline void as_constant(int64_t n, Fn&& fn) {
     as_constant<N - 1>(n, fn);
   } else {
     fn(std::integral_constant<int, 1>());
+  }
+}
+
+// fn(NR, NC, r0, c0, t) for each tile of a grid of `rows` rows by `vecs` vectors of columns: TILE rows by CV vectors
+// at a time (NR and NC the tile's, as constants), t counting the tiles
+template <typename Fn>
+inline void tiles(int64_t rows, int64_t vecs, Fn&& fn) {
+  int64_t t = 0;
+  for (int64_t c0 = 0; c0 < vecs; c0 += CV)
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE, ++t)
+      as_constant<CV>(std::min<int64_t>(CV, vecs - c0), [&](auto NC) {
+        as_constant<TILE>(std::min<int64_t>(TILE, rows - r0), [&](auto NR) { fn(NR, NC, r0, c0, t); });
+      });
+}
+
+template <int NR, int NC>
+using Tile = vec[NR][NC];
+
+// acc ← the tile of rows `rs` apart at `from`, or 0 where from is null
+template <int NR, int NC>
+inline void load(Tile<NR, NC>& acc, const float* from, int64_t rs) {
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = from != nullptr ? vload(from + r * rs + c * LANES) : vset(0.0f);
+}
+
+// acc[r][c] += Σ_{d < K} a[r·ar + d·ad] · b[d·bs + c·LANES]: NR numbers of a broadcast against NC vectors of b's row
+template <int NR, int NC>
+inline void multiply(Tile<NR, NC>& acc, const float* a, int64_t ar, int64_t ad, const float* b, int64_t bs,
+                     int64_t K) {
+  for (int64_t d = 0; d < K; ++d) {
+    vec bv[NC];
+    for (int c = 0; c < NC; ++c) bv[c] = vload(b + d * bs + c * LANES);
+    for (int r = 0; r < NR; ++r) {
+      const vec x = vset(a[r * ar + d * ad]);
+      for (int c = 0; c < NC; ++c) acc[r][c] = vfmadd(x, bv[c], acc[r][c]);
+    }
+  }
+}
+
+// the tile's rows into `to`, `rs` apart, each times inv[r] where inv is given; streamed: straight to memory, without
+// reading the lines first (64-byte aligned rows)
+template <int NR, int NC>
+inline void store(const Tile<NR, NC>& acc, float* to, int64_t rs, const float* inv, bool stream) {
+  for (int r = 0; r < NR; ++r) {
+    const vec w = vset(inv != nullptr ? inv[r] : 1.0f);
+    for (int c = 0; c < NC; ++c) {
+      const vec y = inv != nullptr ? vmul(acc[r][c], w) : acc[r][c];
+      if (stream) {
+        _mm512_stream_ps(to + r * rs + c * LANES, y);
+      } else {
+        vstore(to + r * rs + c * LANES, y);
+      }
+    }
   }
 }
 
@@ -121,30 +134,56 @@ inline void ask_ahead(const float* x, int64_t step, int64_t rows, int64_t D, int
     _mm_prefetch(reinterpret_cast<const char*>(x + l / per * step + l % per * 16), _MM_HINT_T0);
 }
 
+inline int64_t tile_count(int64_t rows, int64_t vecs) { return (rows + TILE - 1) / TILE * ((vecs + CV - 1) / CV); }
+
+// S (D × D) += f[0, rows)ᵀ V (f: rows of D, V's rows `vs` apart): D features by D / LANES vectors of columns;
+// `during(t)` runs before tile t (the next step's rows asked for)
+template <typename Fn>
+inline void add_state(const float* f, const float* V, int64_t vs, int64_t rows, int64_t D, float* S, Fn&& during) {
+  tiles(D, D / LANES, [&](auto NR, auto NC, int64_t d0, int64_t c0, int64_t t) {
+    during(t);
+    Tile<decltype(NR)::value, decltype(NC)::value> acc;
+    load(acc, S + d0 * D + c0 * LANES, D);
+    multiply(acc, f + d0, 1, D, V + c0 * LANES, vs, rows);
+    store(acc, S + d0 * D + c0 * LANES, D, nullptr, false);
+  });
+}
+
+// inv[i] ← 1 / (f[i]·z + extra[i]) for i < rows (extra null: 0), 0 where that normalizer is below the smallest normal
+// float32 (no key weighs); returns how many normalizers are NaN or infinite
+inline int64_t normalizers(const float* f, const float* z, const float* extra, int64_t rows, int64_t D, float* inv) {
+  const float tiny = std::numeric_limits<float>::min();
+  int64_t bad = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    vec acc = vset(0.0f);
+    for (int64_t c = 0; c < D; c += LANES) acc = vfmadd(vload(f + i * D + c), vload(z + c), acc);
+    const float den = vsum(acc) + (extra != nullptr ? extra[i] : 0.0f);
+    bad += !std::isfinite(den);
+    inv[i] = den < tiny ? 0.0f : 1.0f / den;  // NaN is not below it: 1 / NaN is NaN
+  }
+  return bad;
+}
+
+// rows of out (D apart) whose normalizer was too small: 0, whatever the products (an infinite one times 0 is NaN)
+inline void zero_unseen(const float* inv, int64_t rows, int64_t D, float* out) {
+  for (int64_t i = 0; i < rows; ++i)
+    if (inv[i] == 0.0f) std::fill(out + i * D, out + (i + 1) * D, 0.0f);
+}
+
 // S (D × D) += φ(K)ᵀV and z (D) += Σ φ(K) over `keys` rows of k and v (ks and vs apart), ROWS at a time through
 // f (ROWS × D); the next step's keys and values asked for while this step's products run
 void state_task(const float* k, int64_t ks, const float* v, int64_t vs, int64_t keys, int64_t D, float* f, float* S,
                 float* z) {
-  const int64_t vecs = D / LANES, tiles = (D + TILE - 1) / TILE * ((vecs + CV - 1) / CV);
+  const int64_t pieces = tile_count(D, D / LANES);
   for (int64_t j0 = 0; j0 < keys; j0 += ROWS) {
     const int64_t rows = std::min(ROWS, keys - j0), next = std::min(ROWS, keys - j0 - rows);
     map_rows(k + j0 * ks, ks, rows, D, f, z);
-    const float* V = v + j0 * vs;
-    int64_t tile = 0;
-    for (int64_t c0 = 0; c0 < vecs; c0 += CV) {
-      const int64_t nc = std::min<int64_t>(CV, vecs - c0);
-      for (int64_t d0 = 0; d0 < D; d0 += TILE, ++tile) {
-        if (next > 0) {
-          ask_ahead(k + (j0 + rows) * ks, ks, next, D, tile, tiles);
-          ask_ahead(V + rows * vs, vs, next, D, tile, tiles);
-        }
-        as_constant<CV>(nc, [&](auto NC) {
-          as_constant<TILE>(std::min<int64_t>(TILE, D - d0), [&](auto NF) {
-            state_tile<decltype(NF)::value, decltype(NC)::value>(f, V, vs, rows, D, d0, c0, S);
-          });
-        });
+    add_state(f, v + j0 * vs, vs, rows, D, S, [&](int64_t t) {
+      if (next > 0) {
+        ask_ahead(k + (j0 + rows) * ks, ks, next, D, t, pieces);
+        ask_ahead(v + (j0 + rows) * vs, vs, next, D, t, pieces);
       }
-    }
+    });
   }
 }
 
@@ -152,37 +191,79 @@ void state_task(const float* k, int64_t ks, const float* v, int64_t vs, int64_t 
 // f (ROWS × D) and inv (ROWS); returns how many normalizers are NaN or infinite
 int64_t output_task(const float* q, int64_t qs, int64_t rows, int64_t D, const float* S, const float* z, float* f,
                     float* inv, bool stream, float* out) {
-  const int64_t vecs = D / LANES;
-  const float tiny = std::numeric_limits<float>::min();
+  const int64_t vecs = D / LANES, pieces = tile_count(ROWS, vecs);
   int64_t bad = 0;
-  const int64_t tiles = (ROWS + TILE - 1) / TILE * ((vecs + CV - 1) / CV);
   for (int64_t i0 = 0; i0 < rows; i0 += ROWS) {
     const int64_t m = std::min(ROWS, rows - i0), next = std::min(ROWS, rows - i0 - m);
     map_rows(q + i0 * qs, qs, m, D, f, nullptr);
-    for (int64_t i = 0; i < m; ++i) {
-      vec acc = vset(0.0f);
-      for (int64_t c = 0; c < D; c += LANES) acc = vfmadd(vload(f + i * D + c), vload(z + c), acc);
-      const float den = vsum(acc);
-      bad += !std::isfinite(den);
-      inv[i] = den < tiny ? 0.0f : 1.0f / den;  // NaN is not below it: 1 / NaN is NaN
-    }
+    bad += normalizers(f, z, nullptr, m, D, inv);
     float* o = out + i0 * D;
-    int64_t tile = 0;
-    for (int64_t c0 = 0; c0 < vecs; c0 += CV) {
-      const int64_t nc = std::min<int64_t>(CV, vecs - c0);
-      for (int64_t r0 = 0; r0 < m; r0 += TILE, ++tile) {
-        if (next > 0) ask_ahead(q + (i0 + m) * qs, qs, next, D, tile, tiles);
-        as_constant<CV>(nc, [&](auto NC) {
-          as_constant<TILE>(std::min<int64_t>(TILE, m - r0), [&](auto NR) {
-            output_tile<decltype(NR)::value, decltype(NC)::value>(f, S, D, r0, c0, inv, stream, o);
-          });
-        });
-      }
-    }
-    for (int64_t i = 0; i < m; ++i)  // no key weighs: 0, whatever the products (an infinite one times 0 is NaN)
-      if (inv[i] == 0.0f) std::fill(o + i * D, o + (i + 1) * D, 0.0f);
+    tiles(m, vecs, [&](auto NR, auto NC, int64_t r0, int64_t c0, int64_t t) {
+      if (next > 0) ask_ahead(q + (i0 + m) * qs, qs, next, D, t, pieces);
+      Tile<decltype(NR)::value, decltype(NC)::value> acc;
+      load(acc, nullptr, 0);
+      multiply(acc, f + r0 * D, D, 1, S + c0 * LANES, D, D);
+      store(acc, o + r0 * D + c0 * LANES, D, inv + r0, stream);
+    });
+    zero_unseen(inv, m, D, o);
   }
   if (stream) _mm_sfence();  // the streamed rows visible before the task is done
+  return bad;
+}
+
+// Causal, one key/value head and its g query heads (q + t·q_head for t < g, out likewise), all n positions in blocks
+// of ROWS, the state S (D × D) and z (D) of the blocks before carried in the thread's scratch: per block φ(K_b), its
+// transpose; per query head φ(Q_b), the in-block products P = tril(φ(Q_b)φ(K_b)ᵀ) and their row sums, the normalizers
+// φ(q_i)·z + Σ_j P_ij, out_b = (φ(Q_b)·S + P·V_b) / normalizer; then S += φ(K_b)ᵀV_b, z += Σ φ(K_b). Returns how many
+// normalizers and final state numbers are NaN or infinite (a NaN in v reaches the state, not the normalizers).
+int64_t causal_task(const float* q, int64_t q_head, int64_t qs, const float* k, int64_t ks, const float* v, int64_t vs,
+                    int64_t g, int64_t n, int64_t D, float* work, bool stream, float* out, int64_t o_head) {
+  const int64_t vecs = D / LANES, C = ROWS;
+  float *fk = work, *fkt = fk + C * D, *fq = fkt + D * C, *P = fq + C * D, *sums = P + C * C, *inv = sums + C;
+  float *S = inv + C, *z = S + D * D;
+  std::fill(S, S + D * (D + 1), 0.0f);
+  int64_t bad = 0;
+  for (int64_t j0 = 0; j0 < n; j0 += C) {
+    const int64_t m = std::min(C, n - j0);
+    map_rows(k + j0 * ks, ks, m, D, fk, nullptr);
+    for (int64_t d = 0; d < D; ++d)  // φ(K_b)ᵀ, D × C, 0 past the block's m keys
+      for (int64_t j = 0; j < C; ++j) fkt[d * C + j] = j < m ? fk[j * D + d] : 0.0f;
+    const float* V = v + j0 * vs;
+    for (int64_t t = 0; t < g; ++t) {
+      map_rows(q + t * q_head + j0 * qs, qs, m, D, fq, nullptr);
+      tiles(m, C / LANES, [&](auto NR, auto NC, int64_t r0, int64_t c0, int64_t) {
+        if (c0 * LANES >= r0 + decltype(NR)::value) return;  // keys after all the tile's rows: set to 0 below
+        Tile<decltype(NR)::value, decltype(NC)::value> acc;
+        load(acc, nullptr, 0);
+        multiply(acc, fq + r0 * D, D, 1, fkt + c0 * LANES, C, D);
+        store(acc, P + r0 * C + c0 * LANES, C, nullptr, false);
+      });
+      for (int64_t i = 0; i < m; ++i) {  // j ≤ i: the later keys of the block set to 0 (a NaN there too)
+        std::fill(P + i * C + i + 1, P + (i + 1) * C, 0.0f);
+        vec acc = vset(0.0f);
+        for (int64_t j = 0; j < C; j += LANES) acc = vadd(acc, vload(P + i * C + j));
+        sums[i] = vsum(acc);
+      }
+      bad += normalizers(fq, z, sums, m, D, inv);
+      float* o = out + t * o_head + j0 * D;
+      tiles(m, vecs, [&](auto NR, auto NC, int64_t r0, int64_t c0, int64_t) {
+        Tile<decltype(NR)::value, decltype(NC)::value> acc;
+        load(acc, nullptr, 0);
+        multiply(acc, fq + r0 * D, D, 1, S + c0 * LANES, D, D);
+        multiply(acc, P + r0 * C, C, 1, V + c0 * LANES, vs, std::min(m, r0 + decltype(NR)::value));  // j ≤ i
+        store(acc, o + r0 * D + c0 * LANES, D, inv + r0, stream);
+      });
+      zero_unseen(inv, m, D, o);
+    }
+    add_state(fk, V, vs, m, D, S, [](int64_t) {});
+    for (int64_t c = 0; c < D; c += LANES) {
+      vec acc = vload(z + c);
+      for (int64_t j = 0; j < m; ++j) acc = vadd(acc, vload(fk + j * D + c));
+      vstore(z + c, acc);
+    }
+  }
+  for (int64_t i = 0; i < D * (D + 1); ++i) bad += !std::isfinite(S[i]);
+  if (stream) _mm_sfence();
   return bad;
 }
 #endif
@@ -248,6 +329,32 @@ int64_t attn_linear_f32(const float* q, int64_t q_batch, int64_t q_head, int64_t
   (void)q, (void)q_batch, (void)q_head, (void)q_row, (void)k, (void)k_batch, (void)k_head, (void)k_row, (void)v;
   (void)v_batch, (void)v_head, (void)v_row, (void)B, (void)H, (void)Hk, (void)nq, (void)nk, (void)D, (void)parts;
   (void)stream, (void)threads, (void)scratch, (void)out;
+  return 0;  // never called: attn_linear_available says 0
+#endif
+}
+
+// causal: q (B, H, n, D), k, v (B, Hk, n, D) with their batch, head and position strides as above; each key/value
+// head a task, with its H / Hk query heads (`causal_task`); scratch: threads · (3·ROWS·D + ROWS² + 2·ROWS + D·(D + 1));
+// out (B, H, n, D) contiguous. Returns how many normalizers and state numbers are NaN or infinite.
+int64_t attn_linear_causal_f32(const float* q, int64_t q_batch, int64_t q_head, int64_t q_row, const float* k,
+                               int64_t k_batch, int64_t k_head, int64_t k_row, const float* v, int64_t v_batch,
+                               int64_t v_head, int64_t v_row, int64_t B, int64_t H, int64_t Hk, int64_t n, int64_t D,
+                               int64_t stream, int64_t threads, float* scratch, float* out) {
+#if defined(ATTN_LINEAR)
+  const int64_t g = H / Hk, each = 3 * ROWS * D + ROWS * ROWS + 2 * ROWS + D * (D + 1);
+  int64_t bad = 0;
+#pragma omp parallel for num_threads(static_cast<int>(threads)) schedule(dynamic, 1) reduction(+ : bad)
+  for (int64_t head = 0; head < B * Hk; ++head) {
+    const int64_t b = head / Hk, h = head % Hk;
+    bad += causal_task(q + b * q_batch + h * g * q_head, q_head, q_row, k + b * k_batch + h * k_head, k_row,
+                       v + b * v_batch + h * v_head, v_row, g, n, D, thread_slice(scratch, each), stream != 0,
+                       out + (b * H + h * g) * n * D, n * D);
+  }
+  return bad;
+#else
+  (void)q, (void)q_batch, (void)q_head, (void)q_row, (void)k, (void)k_batch, (void)k_head, (void)k_row, (void)v;
+  (void)v_batch, (void)v_head, (void)v_row, (void)B, (void)H, (void)Hk, (void)n, (void)D, (void)stream;
+  (void)threads, (void)scratch, (void)out;
   return 0;  // never called: attn_linear_available says 0
 #endif
 }

@@ -598,37 +598,51 @@ def linear_parts(bk: int, nk: int) -> int:
     return max(1, min(-(-2 * torch.get_num_threads() // bk), -(-nk // LINEAR_ROWS)))
 
 
-def linear_scratch_bytes(bk: int, bh: int, nq: int, nk: int, D: int) -> int:
-    """Bytes of `linear`'s scratch: each share's state and key sum, D·(D + 1) float32 numbers (`linear_parts`), and
-    for each of its threads (min(torch.get_num_threads(), tasks of pass 2)) a step's φ and normalizers,
-    LINEAR_ROWS·(D + 1)."""
+def linear_scratch_bytes(bk: int, bh: int, nq: int, nk: int, D: int, causal: bool = False) -> int:
+    """Bytes of `linear`'s scratch. Not causal: each share's state and key sum, D·(D + 1) float32 numbers
+    (`linear_parts`), and for each of its threads (min(torch.get_num_threads(), tasks of pass 2)) a step's φ and
+    normalizers, LINEAR_ROWS·(D + 1). Causal, for each thread (min(torch.get_num_threads(), B·Hk)): a block's φ(K),
+    its transpose and φ(Q) (LINEAR_ROWS·D each), the in-block products (LINEAR_ROWS²), their row sums and the
+    normalizers, and the state carried (D·(D + 1))."""
+    c = LINEAR_ROWS
+    if causal:
+        return _threads(bk) * (3 * c * D + c * c + 2 * c + D * (D + 1)) * 4
     threads = _threads(bh * -(-nq // LINEAR_TASK_ROWS))
-    return (bk * linear_parts(bk, nk) * D * (D + 1) + threads * LINEAR_ROWS * (D + 1)) * 4
+    return (bk * linear_parts(bk, nk) * D * (D + 1) + threads * c * (D + 1)) * 4
 
 
-def linear_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def linear_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> bool:
     """Whether `linear` takes these: float32 CPU (B, heads, n, D) tensors whose head width AVX-512's 16 lanes divide,
     each position's numbers contiguous (read where they lie, heads split from (B, n, H·D) too: never copied), no
     gradient wanted through them, and a library built with its AVX-512 form (AVX2 machines keep the torch form:
-    linear.cpp)."""
+    linear.cpp). Causal also: as many queries as keys, and at least as many key/value heads B·Hk as torch's threads
+    (each runs its positions in order, a head a thread: with fewer, threads would wait, where the torch form's
+    segments split the positions too)."""
     wanted = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if wanted or q.shape[-1] % BAND_LANES or not all(t.device.type == "cpu" and t.dtype == torch.float32
                                                      and t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v)):
         return False  # read where they lie: a position whose numbers are not contiguous keeps the torch form
+    if causal and (q.shape[2] != k.shape[2] or k.shape[0] * k.shape[1] < torch.get_num_threads()):
+        return False
     return linear_expected()
 
 
 @torch.library.custom_op("attn_lab::linear", mutates_args=("scratch", "out"), device_types="cpu")
-def _linear_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scratch: torch.Tensor, out: torch.Tensor) -> None:
-    """out ← non-causal elu + 1 linear attention: linear.cpp; scratch[0] ← how many normalizers and state numbers it
-    found NaN or infinite."""
+def _linear_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scratch: torch.Tensor, out: torch.Tensor,
+               causal: bool) -> None:
+    """out ← elu + 1 linear attention (causal or not): linear.cpp; scratch[0] ← how many normalizers and state
+    numbers it found NaN or infinite."""
     B, H, nq, D = q.shape
     Hk, nk = k.shape[1], k.shape[2]
-    threads = _threads(B * H * -(-nq // LINEAR_TASK_ROWS))
     q, k, v = (x.detach() if x.stride(-1) == 1 else x.detach().contiguous() for x in (q, k, v))  # (linear_runs)
-    bad = _kernels().attn_linear_f32(q.data_ptr(), *q.stride()[:3], k.data_ptr(), *k.stride()[:3], v.data_ptr(),
-                                     *v.stride()[:3], B, H, Hk, nq, nk, D, linear_parts(B * Hk, nk),
-                                     int(linear_streams(out)), threads, scratch.data_ptr(), out.data_ptr())
+    strided = (q.data_ptr(), *q.stride()[:3], k.data_ptr(), *k.stride()[:3], v.data_ptr(), *v.stride()[:3])
+    if causal:
+        bad = _kernels().attn_linear_causal_f32(*strided, B, H, Hk, nq, D, int(linear_streams(out)),
+                                                _threads(B * Hk), scratch.data_ptr(), out.data_ptr())
+    else:
+        bad = _kernels().attn_linear_f32(*strided, B, H, Hk, nq, nk, D, linear_parts(B * Hk, nk),
+                                         int(linear_streams(out)), _threads(B * H * -(-nq // LINEAR_TASK_ROWS)),
+                                         scratch.data_ptr(), out.data_ptr())
     scratch[0].fill_(float(bad))
 
 
@@ -636,22 +650,23 @@ _linear_op.register_fake(lambda *args: None)  # it writes `scratch` and `out` an
 # formula: `linear_runs` refuses tensors that want gradients)
 
 
-def linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
-    """Non-causal linear attention with φ = elu + 1 (linear.cpp, the op attn_lab::linear), written into `out`:
-    out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j), 0 where that normalizer is below the smallest normal number.
-    q (B, H, Nq, D), k and v (B, Hk, Nk, D), float32 on the CPU (`linear_runs`), out (B, H, Nq, D) contiguous.
-    O(n·D²) time, q, k and v read once; beside the output, `linear_scratch_bytes`. Returns whether a normalizer or a
-    sum over keys is NaN or infinite (a non-finite input, or sums that overflow). Refuses, with a sentence, what the
-    kernel would misread."""
+def linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool = False) -> bool:
+    """Linear attention with φ = elu + 1 (linear.cpp, the op attn_lab::linear), written into `out`:
+    out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j), j over all keys (causal: j ≤ i), 0 where that normalizer
+    is below the smallest normal number. q (B, H, Nq, D), k and v (B, Hk, Nk, D), float32 on the CPU (`linear_runs`),
+    out (B, H, Nq, D) contiguous. O(n·D²) time (causal: O(n·D·(D + C)), blocks of C = LINEAR_ROWS), q, k and v read
+    once; beside the output, `linear_scratch_bytes`. Returns whether a normalizer or a sum over keys is NaN or
+    infinite (a non-finite input, or sums that overflow). Refuses, with a sentence, what the kernel would misread."""
     B, H, nq, D = q.shape
-    _refuse_unless(linear_runs(q, k, v) and k.dim() == 4 and k.shape == v.shape and k.shape[0] == B
+    _refuse_unless(linear_runs(q, k, v, causal) and k.dim() == 4 and k.shape == v.shape and k.shape[0] == B
                    and k.shape[3] == D and k.shape[1] >= 1 and H % k.shape[1] == 0 and k.shape[2] >= 1
                    and out.shape == q.shape and out.is_contiguous() and out.dtype == torch.float32,
                    "linear needs a library with its AVX-512 form, float32 CPU q (B, H, Nq, D) with D a multiple of "
-                   "16, k and v (B, Hk, Nk, D) with Hk dividing H and at least one key, and a contiguous float32 "
-                   "output like q",
-                   f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)}, out {tuple(out.shape)}")
+                   "16, k and v (B, Hk, Nk, D) with Hk dividing H and at least one key (causal: as many as queries, "
+                   "and B·Hk at least torch's threads), and a contiguous float32 output like q",
+                   f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)}, out {tuple(out.shape)}"
+                   f"{', causal' if causal else ''}")
     Hk, nk = k.shape[1], k.shape[2]
-    scratch = torch.empty(linear_scratch_bytes(B * Hk, B * H, nq, nk, D) // 4, dtype=torch.float32)
-    torch.ops.attn_lab.linear(q, k, v, scratch, out)
+    scratch = torch.empty(linear_scratch_bytes(B * Hk, B * H, nq, nk, D, causal) // 4, dtype=torch.float32)
+    torch.ops.attn_lab.linear(q, k, v, scratch, out, causal)
     return scratch[0].item() != 0

@@ -64,7 +64,12 @@ LINEAR = Kernel("attn_linear_f32", "int64_t", tuple(
                         "int64_t v_head, int64_t v_row, int64_t B, int64_t H, int64_t Hk, int64_t nq, int64_t nk, "
                         "int64_t D, int64_t parts, int64_t stream, int64_t threads, float* scratch, float* out")
                         .split(",")))
-KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, ELU_PLUS_ONE, *PREFIX, BAND, LINEAR,
+LINEAR_CAUSAL = Kernel("attn_linear_causal_f32", "int64_t", tuple(
+    a.strip() for a in ("const float* q, int64_t q_batch, int64_t q_head, int64_t q_row, const float* k, "
+                        "int64_t k_batch, int64_t k_head, int64_t k_row, const float* v, int64_t v_batch, "
+                        "int64_t v_head, int64_t v_row, int64_t B, int64_t H, int64_t Hk, int64_t n, int64_t D, "
+                        "int64_t stream, int64_t threads, float* scratch, float* out").split(",")))
+KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, ELU_PLUS_ONE, *PREFIX, BAND, LINEAR, LINEAR_CAUSAL,
            Kernel("attn_select_openmp", "int64_t"), Kernel("attn_index_available", "int64_t"),
            Kernel("attn_elu_plus_one_available", "int64_t"), Kernel("attn_band_available", "int64_t"),
            Kernel("attn_linear_available", "int64_t"))

@@ -82,8 +82,8 @@ def test_linear_attention_maps_its_features_in_the_kernel(causal, monkeypatch):
     256 rows), and gives the float64 formula; with fewer numbers than NATIVE_MIN (the op's dispatch costs more
     than the pass saves there) torch's passes map them."""
     monkeypatch.setattr(core, "NATIVE_MIN", 1)
-    monkeypatch.setattr(native, "linear_runs", lambda *a: False)  # the torch form, as on AVX2 (AVX-512: one fused
-    # kernel for the non-causal call, tests/native/test_native_linear.py)
+    monkeypatch.setattr(native, "linear_runs", lambda *a, **kw: False)  # the torch form, as on AVX2 (AVX-512: one
+    # fused kernel, tests/native/test_native_linear.py)
     calls = []
     real = native.elu_plus_one
     monkeypatch.setattr(native, "elu_plus_one", lambda x, out: calls.append(x.numel()) or real(x, out))

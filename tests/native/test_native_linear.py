@@ -1,8 +1,9 @@
-"""Non-causal linear attention in C++ (attn_core/native/linear.cpp) against linear attention written here in float64
-from its formula: shared key/value heads, head widths of one to eight vectors, queries and keys of other lengths than
-a step, on 1 to 3 threads, through the kernel and through the public call; heads split from the model dimension,
-read in place; a row no key weighs; NaN and −inf where the torch form gives them, and the input named; the peak
-bytes the memory model predicts, to the byte; what it refuses and what it leaves to the torch form."""
+"""Linear attention in C++ (attn_core/native/linear.cpp), causal and not, against linear attention written here in
+float64 from its formula: shared key/value heads, head widths of one to eight vectors, queries and keys of other
+lengths than a step or a block, on 1 to 3 threads, through the kernel and through the public call; heads split from
+the model dimension, read in place; a row no key weighs; NaN and −inf where the torch form gives them, and the input
+named; the peak bytes the memory model predicts, to the byte; what it refuses and what it leaves to the torch
+form."""
 from __future__ import annotations
 
 import math
@@ -24,13 +25,14 @@ def linear_form(built):  # noqa: F811
         pytest.skip(f"the fused linear kernel needs AVX-512 ({native.describe()})")
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j) in float64, φ(x) = x + 1 for x > 0, eˣ otherwise, the similarities
-    taken pair by pair (no state), k and v repeated to q's heads."""
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """Σ_j φ(q_i)·φ(k_j) v_j / Σ_j φ(q_i)·φ(k_j) in float64 (causal: j ≤ i), φ(x) = x + 1 for x > 0, eˣ otherwise,
+    the similarities taken pair by pair (no state), k and v repeated to q's heads."""
     phi = lambda x: torch.where(x > 0, x + 1, torch.exp(x))  # noqa: E731
     g = q.shape[1] // k.shape[1]
     fk, v = phi(k.double()).repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
     weights = phi(q.double()) @ fk.transpose(-1, -2)  # (B, H, Nq, Nk)
+    weights = weights.tril() if causal else weights
     return (weights @ v) / weights.sum(-1, keepdim=True)
 
 
@@ -57,6 +59,68 @@ def test_the_kernel_is_linear_attention(B, H, Hk, nq, nk, D, threads, streams, m
     out = torch.full_like(q, math.nan)
     assert native.linear(q, k, v, out) is False
     assert (out.double() - reference(q, k, v)).abs().max() < 2e-6
+
+
+CAUSAL_SHAPES = [(1, 8, 8, 1000, 64), (2, 4, 2, 333, 32), (3, 3, 3, 1, 16), (1, 4, 4, 700, 128), (1, 6, 3, 64, 80),
+                 (3, 2, 2, 129, 48)]  # B·Hk ≥ 3: a key/value head for each of up to 3 threads
+
+
+@pytest.mark.usefixtures("linear_form")
+@pytest.mark.parametrize("B,H,Hk,n,D", CAUSAL_SHAPES)
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("streams", [False, True])
+def test_the_causal_kernel_is_causal_linear_attention(B, H, Hk, n, D, threads, streams, monkeypatch):
+    """Blocks of 64 positions with a last partial one (or none), shared heads, one to eight vectors a row."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(native.ops, "linear_streams", lambda out: streams and out.data_ptr() % 64 == 0)
+    q, k, v = qkv(B, H, Hk, n, n, D)
+    out = torch.full_like(q, math.nan)
+    assert native.linear(q, k, v, out, causal=True) is False
+    assert (out.double() - reference(q, k, v, causal=True)).abs().max() < 2e-6
+
+
+@pytest.mark.usefixtures("linear_form")
+def test_the_causal_public_call_runs_the_kernel_where_each_thread_has_a_key_value_head(monkeypatch):
+    """attention('linear', causal=True) in float32 goes through the kernel where B·Hk ≥ torch's threads; with fewer
+    key/value heads (one head's positions run in order on one thread) the torch form's segments run; both are
+    causal linear attention, and the memory model follows the path."""
+    calls = []
+    kernel = native.linear
+    monkeypatch.setattr(native, "linear", lambda *a, **kw: calls.append(kw) or kernel(*a, **kw))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    for Hk, through in ((2, True), (1, False)):
+        calls.clear()
+        q, k, v = qkv(1, 4, Hk, 300, 300, 32)
+        out = attention("linear", q, k, v, causal=True)
+        assert (calls == [{"causal": True}]) == through
+        assert (out.double() - reference(q, k, v, causal=True)).abs().max() < 2e-6
+        with torch.inference_mode():
+            peak = trace_peak_bytes(lambda: linear.SPEC.fn(q, k, v, causal=True))
+        predicted = linear.SPEC.cost.memory_bytes(Shape(1, 4, 300, 300, 32, dtype="float32", causal=True, Hk=Hk))
+        assert predicted == peak
+        assert (peak == q.numel() * 4 + native.linear_scratch_bytes(Hk, 4, 300, 300, 32, causal=True)) == through
+
+
+@pytest.mark.usefixtures("linear_form")
+def test_a_causal_nan_reaches_the_rows_after_it_as_in_the_torch_form_and_the_input_is_named(monkeypatch):
+    """A NaN key at position 100 (inside the second block of 64): rows 0 … 99 of its head's query heads are clean,
+    rows 100 on NaN (the block's later keys are set to 0 before they meet V; the state carries it on), as the torch
+    form gives it; a NaN value at the last position reaches no normalizer but the state, so it is reported too."""
+    q, k, v = qkv(1, 4, 2, 200, 200, 16)
+    k[0, 1, 100, 3] = math.nan
+    out = torch.empty_like(q)
+    assert native.linear(q, k, v, out, causal=True) is True
+    rows = out.isnan().any(-1)
+    with validated():
+        monkeypatch.setattr(native, "linear_runs", lambda *a, **kw: False)
+        assert torch.equal(rows, linear.linear_attention(q, k, v, causal=True).isnan().any(-1))
+    monkeypatch.undo()
+    assert not rows[0, :2].any() and not rows[0, 2:, :100].any() and rows[0, 2:, 100:].all()
+    k[0, 1, 100, 3] = 0.0
+    v[0, 0, 199, 0] = math.nan
+    assert native.linear(q, k, v, out, causal=True) is True and out[0, :2, 199].isnan().any()
+    with pytest.raises(ValueError, match="^v holds 1 NaN"):
+        attention("linear", q, k, v, causal=True)
 
 
 @pytest.mark.usefixtures("linear_form")
@@ -151,6 +215,8 @@ def test_what_the_kernel_would_misread_is_refused_and_the_rest_goes_to_the_torch
     assert not native.linear_runs(q.double(), k.double(), v.double())
     assert not native.linear_runs(q.requires_grad_(), k, v)
     assert not native.linear_runs(q.transpose(-1, -2), k, v)  # a position's numbers apart
+    with pytest.raises(ValueError, match="as many as queries"):
+        native.linear(q, k, v, out, causal=True)  # 40 queries, 30 keys
 
 
 @pytest.mark.usefixtures("linear_form")

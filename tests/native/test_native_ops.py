@@ -1,8 +1,8 @@
 """The C++ kernels as torch operators (attn_lab::select, selected_softmax, block_softmax, index_scores, elu_plus_one,
 prefix_sums, band, linear): torch.library.opcheck on each, torch.compile tracing around them, a backward through one
-refused with a sentence; and their one declaration (attn_core/native/signatures.py): a definition that differs is refused by the
-compiler, a library built from other declarations is refused at load and built again, its new file loaded by a new
-handle."""
+refused with a sentence; and their one declaration (attn_core/native/signatures.py): a definition that differs is
+refused by the compiler, a library built from other declarations is refused at load and built again, its new file
+loaded by a new handle."""
 from __future__ import annotations
 
 import shutil
@@ -44,7 +44,10 @@ def op_samples():
         kl = torch.randn(1, 30, 2 * 16, generator=g).view(1, 30, 2, 16).transpose(1, 2)  # heads split, in place
         vl = torch.randn(1, 2, 30, 16, generator=g)
         scratch = torch.empty(native.linear_scratch_bytes(2, 4, 70, 30, 16) // 4)
-        samples.append((torch.ops.attn_lab.linear.default, (qb, kl, vl, scratch, torch.zeros(1, 4, 70, 16))))
+        samples.append((torch.ops.attn_lab.linear.default, (qb, kl, vl, scratch, torch.zeros(1, 4, 70, 16), False)))
+        scratch = torch.empty(native.linear_scratch_bytes(2, 4, 70, 70, 16, causal=True) // 4)  # a block and 6
+        samples.append((torch.ops.attn_lab.linear.default, (qb, kb, torch.randn(1, 2, 70, 16, generator=g), scratch,
+                                                            torch.zeros(1, 4, 70, 16), True)))
     x = torch.randn(3, 37, generator=g)
     if native.elu_runs(x, x):
         samples.append((torch.ops.attn_lab.elu_plus_one.default, (x, torch.empty_like(x))))

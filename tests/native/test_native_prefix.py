@@ -51,6 +51,8 @@ def test_causal_linear_attention_sums_its_block_states_in_the_kernel(monkeypatch
     """With NATIVE_MIN at 1 here (by default below 256 Ki numbers torch's cumsum runs: the op's dispatch costs more);
     at the default these 2 heads' 4 states of 16·17 numbers take torch's, to the same sums."""
     monkeypatch.setattr(core, "NATIVE_MIN", 1)
+    torch_form = lambda *a, **kw: False  # noqa: E731  (as on AVX2; AVX-512 runs one fused kernel: test_native_linear)
+    monkeypatch.setattr(native, "linear_runs", torch_form)
     calls = []
     real = native.prefix_sums
     monkeypatch.setattr(native, "prefix_sums", lambda x, dim: calls.append(tuple(x.shape)) or real(x, dim))
@@ -64,6 +66,7 @@ def test_causal_linear_attention_sums_its_block_states_in_the_kernel(monkeypatch
     torch.testing.assert_close(out.double(), (scores / scores.sum(-1, keepdim=True)) @ v.double(), rtol=1e-5,
                                atol=1e-6)
     monkeypatch.undo()
+    monkeypatch.setattr(native, "linear_runs", torch_form)
     monkeypatch.setattr(native, "prefix_sums", lambda x, dim: calls.append(tuple(x.shape)) or real(x, dim))
     calls.clear()
     torch.testing.assert_close(core.elu_attention(q, k, v, True), out, rtol=1e-6, atol=1e-6)
