@@ -16,9 +16,13 @@
 // tasks are taken by the threads as they come free (dynamic), so a thread another program slows takes fewer.
 // Causal (attn_linear_causal_f32): a key/value head a task, its positions in blocks of ROWS in order, the state of the
 // blocks before carried in the thread's scratch; each block's in-block products tril(φ(Q_b)φ(K_b)ᵀ) computed only
-// where a tile has a key at or before one of its rows, and multiplied by V_b only up to its last row. The torch form
-// took 25 MiB beside the output at n = 16384 (its segments' block states and products); this takes 82 KiB a thread.
-// All products are one routine (`multiply`): a tile of up to six rows by four vectors of columns in registers.
+// where a tile has a key at or before one of its rows, and multiplied by V_b only up to its last row; the next block's
+// rows asked for while this block's products run (the time slope 4k → 16k 1.12 without, 1.10 with). The torch form
+// took 25 MiB beside the output at n = 16384 (its segments' block states and products); this takes 81 KiB a thread.
+// Its products are one routine (`multiply`, any strides: a tile of up to six rows by four vectors of columns in
+// registers). The non-causal passes keep tiles of their own with fixed strides (state_tile, output_tile): written
+// through `multiply`, that call took 13.2–14.1 ms at n = 16384 against 10.7–11.4 (3 runs each, one process after
+// another, B = 1, H = 8, D = 64, the 2-core Xeon), the same at 4096: the reads no longer hid behind the products.
 // Float32 with AVX-512 only (attn_linear_available): with AVX2's 16 registers a step holds a quarter of the products,
 // so AVX2 machines keep the torch form. Tested against linear attention written in float64
 // (tests/native/test_native_linear.py).
@@ -61,8 +65,53 @@ inline void map_rows(const float* x, int64_t step, int64_t rows, int64_t D, floa
   }
 }
 
-// fn(std::integral_constant<int, n>()) for n = 1 … N: a tile's rows or column vectors as a constant, so that its
-// accumulators are unrolled into registers
+// S rows d0 … d0 + NF − 1, column vectors c0 … c0 + NC − 1 += Σ_j f[j][d] V[j] (V's rows `vs` apart)
+template <int NF, int NC>
+inline void state_tile(const float* f, const float* V, int64_t vs, int64_t rows, int64_t D, int64_t d0, int64_t c0,
+                       float* S) {
+  vec acc[NF][NC];
+  for (int a = 0; a < NF; ++a)
+    for (int c = 0; c < NC; ++c) acc[a][c] = vload(S + (d0 + a) * D + (c0 + c) * LANES);
+  for (int64_t j = 0; j < rows; ++j) {
+    vec vv[NC];
+    for (int c = 0; c < NC; ++c) vv[c] = vload(V + j * vs + (c0 + c) * LANES);
+    for (int a = 0; a < NF; ++a) {
+      const vec b = vset(f[j * D + d0 + a]);
+      for (int c = 0; c < NC; ++c) acc[a][c] = vfmadd(b, vv[c], acc[a][c]);
+    }
+  }
+  for (int a = 0; a < NF; ++a)
+    for (int c = 0; c < NC; ++c) vstore(S + (d0 + a) * D + (c0 + c) * LANES, acc[a][c]);
+}
+
+// out rows i0 … i0 + NR − 1, column vectors c0 … c0 + NC − 1 ← (Σ_d f[i][d] S[d]) · inv[i]
+template <int NR, int NC>
+inline void output_tile(const float* f, const float* S, int64_t D, int64_t i0, int64_t c0, const float* inv,
+                        bool stream, float* out) {
+  vec acc[NR][NC];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = vset(0.0f);
+  for (int64_t d = 0; d < D; ++d) {
+    vec sv[NC];
+    for (int c = 0; c < NC; ++c) sv[c] = vload(S + d * D + (c0 + c) * LANES);
+    for (int r = 0; r < NR; ++r) {
+      const vec b = vset(f[(i0 + r) * D + d]);
+      for (int c = 0; c < NC; ++c) acc[r][c] = vfmadd(b, sv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    const vec w = vset(inv[i0 + r]);
+    float* o = out + (i0 + r) * D + c0 * LANES;
+    if (stream) {  // past the cache: straight to memory, without reading the lines first
+      for (int c = 0; c < NC; ++c) _mm512_stream_ps(o + c * LANES, vmul(acc[r][c], w));
+    } else {
+      for (int c = 0; c < NC; ++c) vstore(o + c * LANES, vmul(acc[r][c], w));
+    }
+  }
+}
+
+// fn(std::integral_constant<int, n>()) for n = 1 … N: a tile's features, rows or column vectors as a constant, so
+// that its accumulators are unrolled into registers
 template <int N, typename Fn>
 inline void as_constant(int64_t n, Fn&& fn) {
   if constexpr (N > 1) {
@@ -73,6 +122,78 @@ inline void as_constant(int64_t n, Fn&& fn) {
   }
 }
 
+// the cache lines of rows [from, to) of `rows` rows of D numbers `step` apart in x asked for ahead of use, the
+// piece'th of `pieces` parts of them (a part a tile, so that the requests spread over the step's products)
+inline void ask_ahead(const float* x, int64_t step, int64_t rows, int64_t D, int64_t piece, int64_t pieces) {
+  const int64_t per = D / 16, lines = rows * per;  // 16 floats a 64-byte line
+  for (int64_t l = lines * piece / pieces; l < lines * (piece + 1) / pieces; ++l)
+    _mm_prefetch(reinterpret_cast<const char*>(x + l / per * step + l % per * 16), _MM_HINT_T0);
+}
+
+// S (D × D) += φ(K)ᵀV and z (D) += Σ φ(K) over `keys` rows of k and v (ks and vs apart), ROWS at a time through
+// f (ROWS × D); the next step's keys and values asked for while this step's products run
+void state_task(const float* k, int64_t ks, const float* v, int64_t vs, int64_t keys, int64_t D, float* f, float* S,
+                float* z) {
+  const int64_t vecs = D / LANES, tiles = (D + TILE - 1) / TILE * ((vecs + CV - 1) / CV);
+  for (int64_t j0 = 0; j0 < keys; j0 += ROWS) {
+    const int64_t rows = std::min(ROWS, keys - j0), next = std::min(ROWS, keys - j0 - rows);
+    map_rows(k + j0 * ks, ks, rows, D, f, z);
+    const float* V = v + j0 * vs;
+    int64_t tile = 0;
+    for (int64_t c0 = 0; c0 < vecs; c0 += CV) {
+      const int64_t nc = std::min<int64_t>(CV, vecs - c0);
+      for (int64_t d0 = 0; d0 < D; d0 += TILE, ++tile) {
+        if (next > 0) {
+          ask_ahead(k + (j0 + rows) * ks, ks, next, D, tile, tiles);
+          ask_ahead(V + rows * vs, vs, next, D, tile, tiles);
+        }
+        as_constant<CV>(nc, [&](auto NC) {
+          as_constant<TILE>(std::min<int64_t>(TILE, D - d0), [&](auto NF) {
+            state_tile<decltype(NF)::value, decltype(NC)::value>(f, V, vs, rows, D, d0, c0, S);
+          });
+        });
+      }
+    }
+  }
+}
+
+// `rows` query rows of q (qs apart) into out (rows of D), against the head's state S and z, ROWS at a time through
+// f (ROWS × D) and inv (ROWS); returns how many normalizers are NaN or infinite
+int64_t output_task(const float* q, int64_t qs, int64_t rows, int64_t D, const float* S, const float* z, float* f,
+                    float* inv, bool stream, float* out) {
+  const int64_t vecs = D / LANES;
+  const float tiny = std::numeric_limits<float>::min();
+  int64_t bad = 0;
+  const int64_t tiles = (ROWS + TILE - 1) / TILE * ((vecs + CV - 1) / CV);
+  for (int64_t i0 = 0; i0 < rows; i0 += ROWS) {
+    const int64_t m = std::min(ROWS, rows - i0), next = std::min(ROWS, rows - i0 - m);
+    map_rows(q + i0 * qs, qs, m, D, f, nullptr);
+    for (int64_t i = 0; i < m; ++i) {
+      vec acc = vset(0.0f);
+      for (int64_t c = 0; c < D; c += LANES) acc = vfmadd(vload(f + i * D + c), vload(z + c), acc);
+      const float den = vsum(acc);
+      bad += !std::isfinite(den);
+      inv[i] = den < tiny ? 0.0f : 1.0f / den;  // NaN is not below it: 1 / NaN is NaN
+    }
+    float* o = out + i0 * D;
+    int64_t tile = 0;
+    for (int64_t c0 = 0; c0 < vecs; c0 += CV) {
+      const int64_t nc = std::min<int64_t>(CV, vecs - c0);
+      for (int64_t r0 = 0; r0 < m; r0 += TILE, ++tile) {
+        if (next > 0) ask_ahead(q + (i0 + m) * qs, qs, next, D, tile, tiles);
+        as_constant<CV>(nc, [&](auto NC) {
+          as_constant<TILE>(std::min<int64_t>(TILE, m - r0), [&](auto NR) {
+            output_tile<decltype(NR)::value, decltype(NC)::value>(f, S, D, r0, c0, inv, stream, o);
+          });
+        });
+      }
+    }
+    for (int64_t i = 0; i < m; ++i)  // no key weighs: 0, whatever the products (an infinite one times 0 is NaN)
+      if (inv[i] == 0.0f) std::fill(o + i * D, o + (i + 1) * D, 0.0f);
+  }
+  if (stream) _mm_sfence();  // the streamed rows visible before the task is done
+  return bad;
+}
 // fn(NR, NC, r0, c0, t) for each tile of a grid of `rows` rows by `vecs` vectors of columns: TILE rows by CV vectors
 // at a time (NR and NC the tile's, as constants), t counting the tiles
 template <typename Fn>
@@ -126,14 +247,6 @@ inline void store(const Tile<NR, NC>& acc, float* to, int64_t rs, const float* i
   }
 }
 
-// the cache lines of rows [from, to) of `rows` rows of D numbers `step` apart in x asked for ahead of use, the
-// piece'th of `pieces` parts of them (a part a tile, so that the requests spread over the step's products)
-inline void ask_ahead(const float* x, int64_t step, int64_t rows, int64_t D, int64_t piece, int64_t pieces) {
-  const int64_t per = D / 16, lines = rows * per;  // 16 floats a 64-byte line
-  for (int64_t l = lines * piece / pieces; l < lines * (piece + 1) / pieces; ++l)
-    _mm_prefetch(reinterpret_cast<const char*>(x + l / per * step + l % per * 16), _MM_HINT_T0);
-}
-
 inline int64_t tile_count(int64_t rows, int64_t vecs) { return (rows + TILE - 1) / TILE * ((vecs + CV - 1) / CV); }
 
 // S (D × D) += f[0, rows)ᵀ V (f: rows of D, V's rows `vs` apart): D features by D / LANES vectors of columns;
@@ -170,47 +283,6 @@ inline void zero_unseen(const float* inv, int64_t rows, int64_t D, float* out) {
     if (inv[i] == 0.0f) std::fill(out + i * D, out + (i + 1) * D, 0.0f);
 }
 
-// S (D × D) += φ(K)ᵀV and z (D) += Σ φ(K) over `keys` rows of k and v (ks and vs apart), ROWS at a time through
-// f (ROWS × D); the next step's keys and values asked for while this step's products run
-void state_task(const float* k, int64_t ks, const float* v, int64_t vs, int64_t keys, int64_t D, float* f, float* S,
-                float* z) {
-  const int64_t pieces = tile_count(D, D / LANES);
-  for (int64_t j0 = 0; j0 < keys; j0 += ROWS) {
-    const int64_t rows = std::min(ROWS, keys - j0), next = std::min(ROWS, keys - j0 - rows);
-    map_rows(k + j0 * ks, ks, rows, D, f, z);
-    add_state(f, v + j0 * vs, vs, rows, D, S, [&](int64_t t) {
-      if (next > 0) {
-        ask_ahead(k + (j0 + rows) * ks, ks, next, D, t, pieces);
-        ask_ahead(v + (j0 + rows) * vs, vs, next, D, t, pieces);
-      }
-    });
-  }
-}
-
-// `rows` query rows of q (qs apart) into out (rows of D), against the head's state S and z, ROWS at a time through
-// f (ROWS × D) and inv (ROWS); returns how many normalizers are NaN or infinite
-int64_t output_task(const float* q, int64_t qs, int64_t rows, int64_t D, const float* S, const float* z, float* f,
-                    float* inv, bool stream, float* out) {
-  const int64_t vecs = D / LANES, pieces = tile_count(ROWS, vecs);
-  int64_t bad = 0;
-  for (int64_t i0 = 0; i0 < rows; i0 += ROWS) {
-    const int64_t m = std::min(ROWS, rows - i0), next = std::min(ROWS, rows - i0 - m);
-    map_rows(q + i0 * qs, qs, m, D, f, nullptr);
-    bad += normalizers(f, z, nullptr, m, D, inv);
-    float* o = out + i0 * D;
-    tiles(m, vecs, [&](auto NR, auto NC, int64_t r0, int64_t c0, int64_t t) {
-      if (next > 0) ask_ahead(q + (i0 + m) * qs, qs, next, D, t, pieces);
-      Tile<decltype(NR)::value, decltype(NC)::value> acc;
-      load(acc, nullptr, 0);
-      multiply(acc, f + r0 * D, D, 1, S + c0 * LANES, D, D);
-      store(acc, o + r0 * D + c0 * LANES, D, inv + r0, stream);
-    });
-    zero_unseen(inv, m, D, o);
-  }
-  if (stream) _mm_sfence();  // the streamed rows visible before the task is done
-  return bad;
-}
-
 // Causal, one key/value head and its g query heads (q + t·q_head for t < g, out likewise), all n positions in blocks
 // of ROWS, the state S (D × D) and z (D) of the blocks before carried in the thread's scratch: per block φ(K_b), its
 // transpose; per query head φ(Q_b), the in-block products P = tril(φ(Q_b)φ(K_b)ᵀ) and their row sums, the normalizers
@@ -224,7 +296,7 @@ int64_t causal_task(const float* q, int64_t q_head, int64_t qs, const float* k, 
   std::fill(S, S + D * (D + 1), 0.0f);
   int64_t bad = 0;
   for (int64_t j0 = 0; j0 < n; j0 += C) {
-    const int64_t m = std::min(C, n - j0);
+    const int64_t m = std::min(C, n - j0), next = std::min(C, n - j0 - m);
     map_rows(k + j0 * ks, ks, m, D, fk, nullptr);
     for (int64_t d = 0; d < D; ++d)  // φ(K_b)ᵀ, D × C, 0 past the block's m keys
       for (int64_t j = 0; j < C; ++j) fkt[d * C + j] = j < m ? fk[j * D + d] : 0.0f;
@@ -246,7 +318,8 @@ int64_t causal_task(const float* q, int64_t q_head, int64_t qs, const float* k, 
       }
       bad += normalizers(fq, z, sums, m, D, inv);
       float* o = out + t * o_head + j0 * D;
-      tiles(m, vecs, [&](auto NR, auto NC, int64_t r0, int64_t c0, int64_t) {
+      tiles(m, vecs, [&](auto NR, auto NC, int64_t r0, int64_t c0, int64_t at) {
+        if (next > 0) ask_ahead(q + t * q_head + (j0 + m) * qs, qs, next, D, at, tile_count(m, vecs));
         Tile<decltype(NR)::value, decltype(NC)::value> acc;
         load(acc, nullptr, 0);
         multiply(acc, fq + r0 * D, D, 1, S + c0 * LANES, D, D);
@@ -255,7 +328,12 @@ int64_t causal_task(const float* q, int64_t q_head, int64_t qs, const float* k, 
       });
       zero_unseen(inv, m, D, o);
     }
-    add_state(fk, V, vs, m, D, S, [](int64_t) {});
+    add_state(fk, V, vs, m, D, S, [&](int64_t at) {  // the next block's keys and values asked for meanwhile
+      if (next > 0) {
+        ask_ahead(k + (j0 + m) * ks, ks, next, D, at, tile_count(D, vecs));
+        ask_ahead(V + m * vs, vs, next, D, at, tile_count(D, vecs));
+      }
+    });
     for (int64_t c = 0; c < D; c += LANES) {
       vec acc = vload(z + c);
       for (int64_t j = 0; j < m; ++j) acc = vadd(acc, vload(fk + j * D + c));
