@@ -52,12 +52,7 @@ void attn_elu_plus_one_f32(const float* x, int64_t rows, int64_t x_row, int64_t 
     float* orow = out + row * out_row;
     int64_t i = start;
 #if defined(ATTN_VECTOR)
-    const vec zero = vset(0.0f);
-    for (; i + LANES <= stop; i += LANES) {
-      const vec v = vload(xr + i);
-      const vec m = vmin(v, zero);  // 0 where v is NaN: then v − m is NaN
-      vstore(orow + i, vadd(vexp(m), vsub(v, m)));
-    }
+    for (; i + LANES <= stop; i += LANES) vstore(orow + i, vphi(vload(xr + i)));
 #endif
     for (; i < stop; ++i) orow[i] = elu_plus_one(xr[i]);
   }

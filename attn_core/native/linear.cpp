@@ -47,17 +47,12 @@ constexpr int64_t TASK_ROWS = 256;  // queries a task of pass 2
 constexpr int TILE = 6;  // features (pass 1) or query rows (pass 2) a step, by up to CV vectors of columns
 constexpr int CV = 4;  // vectors of columns a step: TILE·CV accumulators, CV values and a broadcast in 32 registers
 
-inline vec phi(vec x) {
-  const vec m = vmin(x, vset(0.0f));  // 0 where x is NaN: then x − m is NaN
-  return vadd(vexp(m), vsub(x, m));
-}
-
 // f (rows of D) ← φ(x) for `rows` rows of D numbers, `step` apart in x; z (D) += their sum where z is given
 inline void map_rows(const float* x, int64_t step, int64_t rows, int64_t D, float* f, float* z) {
   for (int64_t c = 0; c < D; c += LANES) {
     vec sum = vset(0.0f);
     for (int64_t j = 0; j < rows; ++j) {
-      const vec y = phi(vload(x + j * step + c));
+      const vec y = vphi(vload(x + j * step + c));
       vstore(f + j * D + c, y);
       sum = vadd(sum, y);
     }

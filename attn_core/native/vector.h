@@ -128,6 +128,13 @@ inline vec vexp(vec x) {
   p = vfmadd(p, vmul(r, r), vadd(r, vset(1.0f)));
   return vzero_below(vtimes_2n(p, n), x, floor);
 }
+
+// linear attention's feature map φ(x) = elu(x) + 1 = e^min(x, 0) + (x − min(x, 0)): NaN and −inf give NaN (min
+// returns 0 for a NaN lane, then x − 0 is NaN; −inf − (−inf) is NaN), +inf gives +inf
+inline vec vphi(vec x) {
+  const vec m = vmin(x, vset(0.0f));
+  return vadd(vexp(m), vsub(x, m));
+}
 #undef ATTN_V
 #endif
 
