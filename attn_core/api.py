@@ -10,7 +10,7 @@ import torch
 from .mechanisms import LATENT, MECHANISMS
 from .mechanisms._cpu import ALWAYS, free_core_threads
 from .mechanisms._common import (check_finite, check_key_padding, check_output_gate, check_qk_norm, check_qkv,
-                                 check_score_bias, check_sinks)
+                                 check_score_bias, check_sinks, own_precision)
 from .spec import MechanismSpec, Shape
 
 
@@ -88,7 +88,11 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     thread count is set back: a busy core would otherwise hold up every parallel operation of the call. A mechanism
     whose call is a few long fused kernels keeps torch's count where no core is free (`Cost.keeps_threads`: top-k
     with its C++ kernels, the sliding window and block-local on their fused path); one whose threads share its
-    blocks as they come free keeps it at any load (NSA, `_cpu.run_blocks`)."""
+    blocks as they come free keeps it at any load (NSA, `_cpu.run_blocks`).
+
+    Under torch.autocast the call runs on q, k, v (and the tensors among `params`) in autocast's dtype, autocast off
+    inside, and returns that dtype, as torch's scaled_dot_product_attention does (`_common.own_precision`: each
+    mechanism sets its own precision, which autocast's cast of each operation broke); float64 stays float64."""
     spec = get(key)
     # before the call: a misspelt or foreign keyword is a ValueError naming the parameters, not a TypeError
     takes_mask = "mask" in inspect.signature(spec.fn).parameters
@@ -115,11 +119,13 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     if key_padding_mask is not None:
         check_key_padding(spec, key_padding_mask, q, k)
         params["key_padding_mask"] = key_padding_mask
-    if q.device.type != "cpu":
-        return spec.fn(q, k, v, causal=causal, **params)
-    fused = spec.cost.keeps_threads is not None and spec.cost.keeps_threads(**params)
-    if fused == ALWAYS and (torch.is_autocast_enabled("cpu") or torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, *params.values()))):
-        fused = False  # its blocks run one after another there (nsa.block_workers): fitted
-    with free_core_threads(max(q.numel(), k.numel()), fused=fused):  # no more threads than the cores free now
-        return spec.fn(q, k, v, causal=causal, **params)
+    with own_precision(q.device.type, {"q": q, "k": k, "v": v, **params}) as given:  # under autocast: its dtype
+        q, k, v, params = given.pop("q"), given.pop("k"), given.pop("v"), given
+        if q.device.type != "cpu":
+            return spec.fn(q, k, v, causal=causal, **params)
+        fused = spec.cost.keeps_threads is not None and spec.cost.keeps_threads(**params)
+        if fused == ALWAYS and torch.is_grad_enabled() and any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, *params.values())):
+            fused = False  # its blocks run one after another there (nsa.block_workers): fitted
+        with free_core_threads(max(q.numel(), k.numel()), fused=fused):  # no more threads than the cores free now
+            return spec.fn(q, k, v, causal=causal, **params)

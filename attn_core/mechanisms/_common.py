@@ -109,6 +109,33 @@ def validated() -> Iterator[None]:
         _VALIDATED.reset(token)
 
 
+def autocast_dtype(device: str) -> torch.dtype | None:
+    """The dtype torch.autocast casts to on `device` where it is on there, else None."""
+    try:
+        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    except (RuntimeError, ValueError):  # a device type autocast does not know
+        return None
+
+
+@contextlib.contextmanager
+def own_precision(device: str, tensors: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Runs a mechanism as autocast means it, yielding `tensors` as it takes them: under torch.autocast on `device`,
+    the floating-point tensors autocast would cast (not float64) in its dtype, and autocast off inside; elsewhere
+    as given. A mechanism sets its own precision (half inputs mapped and summed in float32 where they would
+    overflow): autocast re-casting its operations one by one mixed its float32 buffers with bfloat16 products, which
+    index_copy_, index_add_, baddbmm and the triangular solve refused (Longformer, BigBird, Reformer, Performer,
+    gated DeltaNet, KDA, linear's torch form), so the call runs on inputs in autocast's dtype instead, with the
+    result in that dtype, as torch's scaled_dot_product_attention gives it under autocast."""
+    dtype = autocast_dtype(device)
+    if dtype is None:
+        yield tensors
+        return
+    cast = {name: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+            else t for name, t in tensors.items()}
+    with torch.autocast(device, enabled=False):
+        yield cast
+
+
 def trusted() -> bool:
     """True inside `validated()`: the caller has checked the arguments, so a mechanism skips its own checks of
     tensors it takes besides q, k and v (those cost a host sync)."""

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from attn_core.api import get, make_state
-from attn_core.mechanisms._common import check_finite, check_key_padding, divisors
+from attn_core.mechanisms._common import check_finite, check_key_padding, divisors, own_precision
 from attn_core.spec import MechanismSpec, Shape, dtype_name
 
 
@@ -117,6 +117,9 @@ class MultiHeadAttention(nn.Module):
         if key_padding_mask is not None:
             check_key_padding(self.spec, key_padding_mask, q, v)
             padding = {"key_padding_mask": key_padding_mask}
-        out = self.spec.fn(q, k, v, causal=self.causal, **self.params, **self._mechanism_state(shape, q), **padding)
+        with own_precision(q.device.type, {"q": q, "k": k, "v": v}) as given:  # under autocast: its dtype, autocast off
+            q, k, v = given["q"], given["k"], given["v"]
+            out = self.spec.fn(q, k, v, causal=self.causal, **self.params, **self._mechanism_state(shape, q),
+                               **padding)
         B, H, N, D = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, N, H * D))
