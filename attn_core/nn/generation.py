@@ -10,7 +10,7 @@ import torch
 
 from attn_core.api import check_seed, get
 from attn_core.mechanisms._cache import Cache, KVCache, Ring, StateCache
-from attn_core.mechanisms._common import _VALIDATED, check_finite, check_qkv, check_sinks
+from attn_core.mechanisms._common import _VALIDATED, check_finite, check_qkv, check_sinks, own_precision
 from attn_core.mechanisms._streaming import check_keep_first
 from attn_core.spec import Generation, MechanismSpec, Shape
 
@@ -35,10 +35,12 @@ def prefill(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, max_
     with a sentence for a mechanism that cannot generate, bad shapes or settings.
     """
     spec, gen, kw = _checked(key, q, k, v, max_len, params)
-    if gen.prefill is not None:
-        out, cache = gen.prefill(q, k, v, max_len=max_len, **kw)
-    else:
-        out, cache = spec.fn(q, k, v, causal=True, **kw), gen.remember(k, v, max_len=max_len, **kw)
+    with own_precision(q.device.type, {"q": q, "k": k, "v": v, **kw}) as given:  # under autocast: its dtype
+        q, k, v, kw = given.pop("q"), given.pop("k"), given.pop("v"), given
+        if gen.prefill is not None:
+            out, cache = gen.prefill(q, k, v, max_len=max_len, **kw)
+        else:
+            out, cache = spec.fn(q, k, v, causal=True, **kw), gen.remember(k, v, max_len=max_len, **kw)
     return out, _owned(cache, spec)
 
 
@@ -46,7 +48,9 @@ def remember(key: str, k: torch.Tensor, v: torch.Tensor, *, max_len: int | None 
     """The cache of a prompt's keys and values (B, Hk, n, D) without its outputs: what `prefill` returns beside them,
     at O(n) cost where the prompt's own attention may be quadratic (for timing steps at long contexts)."""
     spec, gen, kw = _checked(key, k, k, v, max_len, params)
-    return _owned(gen.remember(k, v, max_len=max_len, **kw), spec)
+    with own_precision(k.device.type, {"k": k, "v": v, **kw}) as given:  # under autocast: its dtype
+        k, v, kw = given.pop("k"), given.pop("v"), given
+        return _owned(gen.remember(k, v, max_len=max_len, **kw), spec)
 
 
 def step(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Cache) -> tuple[torch.Tensor, Cache]:
@@ -56,9 +60,11 @@ def step(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: Cac
     (mechanism, batch, heads, head dimension, dtype, device) except inside `_common.validated()`, where a timed loop
     does not pay for it."""
     gen = _generation(get(key))
-    if not _VALIDATED.get():
-        _check_step(key, q, k, v, cache)
-    return gen.step(q, k, v, cache)
+    with own_precision(q.device.type, {"q": q, "k": k, "v": v}) as given:  # under autocast: its dtype (the cache's)
+        q, k, v = given["q"], given["k"], given["v"]
+        if not _VALIDATED.get():
+            _check_step(key, q, k, v, cache)
+        return gen.step(q, k, v, cache)
 
 
 def cache_bytes(key: str, shape: Shape, **params: Any) -> float:

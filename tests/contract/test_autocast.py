@@ -2,7 +2,7 @@
 dtype with autocast off inside (`_common.own_precision`), so it gives exactly the call on bfloat16 inputs, in
 bfloat16, where before autocast re-cast its operations one by one and six mechanisms raised a dtype mismatch
 (Longformer, BigBird, Reformer, Performer, gated DeltaNet, KDA; linear's torch form too); float64 inputs, which
-autocast leaves alone, stay float64; the layer runs under autocast too."""
+autocast leaves alone, stay float64; the layer, a prompt and a generated step run under autocast too."""
 from __future__ import annotations
 
 import pytest
@@ -48,3 +48,21 @@ def test_the_layer_runs_under_autocast(key):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = layer(x)
     assert out.dtype == torch.bfloat16 and out.shape == x.shape and torch.isfinite(out.float()).all()
+
+
+@pytest.mark.parametrize("key", [key for key, spec in ac.MECHANISMS.items() if spec.supports.generation is not None])
+def test_a_prompt_and_a_step_under_autocast_are_those_on_inputs_in_its_dtype(key):
+    """prefill then one step under autocast: the cache in bfloat16, each output exactly the one of the same calls on
+    bfloat16 inputs (before, Longformer, gated DeltaNet and KDA raised a dtype mismatch there)."""
+    from attn_core.nn import generation
+
+    q, k, v = qkv()
+    new = [t[:, :, :1] for t in qkv()]
+    seeded = {"seed": 0} if ac.get(key).state.init else {}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, cache = generation.prefill(key, q, k, v, max_len=310, **seeded)
+        token, _ = generation.step(key, *new, cache)
+    want, plain = generation.prefill(key, *(t.bfloat16() for t in (q, k, v)), max_len=310, **seeded)
+    next_want, _ = generation.step(key, *(t.bfloat16() for t in new), plain)
+    assert out.dtype == token.dtype == torch.bfloat16
+    assert torch.equal(out, want) and torch.equal(token, next_want)
