@@ -396,7 +396,7 @@ def _non_causal_groups(q, k, v, out) -> None:
     NaN or ±inf in q, k or v reaches the state or the normalizers (`phi_into`), which one small reduction a group
     reads: then, outside `validated()`, `check_finite` names the tensor (finite inputs whose sums overflow pass it).
     A row whose normalizer is below the smallest normal number (no key weighs, or its features underflow) is 0.
-    Where `native.linear_runs` (float32, AVX-512, rows read in place), all of this in one C++ call instead (linear.cpp:
+    Where `native.linear_runs` (float32, AVX-512 or AVX2), all of this in one C++ call instead (linear.cpp:
     q, k and v read once, the output written once; past the last-level cache each of the seven operations above is a
     trip to memory)."""
     if native.linear_runs(q, k, v):  # one C++ pass: q, k and v read once, the output written once

@@ -32,8 +32,8 @@ def linear_attention(q, k, v, *, causal: bool = False, key_padding_mask=None):
     H/Hk query heads sharing it, so sharing costs less than multi-head attention.
     O(n·D²) time; O(n·D) memory. float32/float64 forward calls on a CPU (on a GPU: whose tensors fit the shared
     cache) run in a few large operations (`elu_attention`, by groups of heads, causal by segments of positions:
-    steady when another process holds a core), float32 with AVX-512 in one C++ call that reads q, k and v once
-    (`native.linear`; causal where B·Hk holds a key/value head for each thread); half-precision inputs, calls
+    steady when another process holds a core), float32 with AVX-512 or AVX2 in one C++ call that reads q, k and v
+    once (`native.linear`; causal where B·Hk holds a key/value head for each thread); half-precision inputs, calls
     autograd records and longer ones on a GPU run cache-blocked chunk by chunk (`linear_attention_core`), half inputs
     in float32 (φ(q)·Σφ(k) overflows float16: NaN at inputs × 30).
     `key_padding_mask` (B, Nk) boolean, True where the key is padding: those rows of φ(K) are zeroed, so they add
@@ -83,11 +83,11 @@ def _executed_flops(s: Shape) -> float:
 
 def _fused(s: Shape) -> bool:
     """The call runs in one C++ call (`native.linear`, as `native.linear_runs` decides): float32 on a CPU whose
-    library has the AVX-512 form, D a multiple of 16 (contiguous inputs, as the engine makes them); causal, as many
-    queries as keys and at least as many key/value heads B·Hk as torch's threads."""
+    library has a vector form, D a multiple of its lanes (contiguous inputs, as the engine makes them); causal, as
+    many queries as keys and at least as many key/value heads B·Hk as torch's threads."""
     causal_ok = not s.causal or (s.Nq == s.Nk and s.bk >= torch.get_num_threads())
-    return (s.device == "cpu" and causal_ok and s.elem == 4 and s.D % native.BAND_LANES == 0
-            and native.linear_expected())
+    lanes = native.linear_lanes() if s.device == "cpu" and s.elem == 4 else 0
+    return causal_ok and lanes > 0 and s.D % lanes == 0
 
 
 def _fused_causal_flops(s: Shape) -> float:

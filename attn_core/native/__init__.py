@@ -20,9 +20,9 @@ ATTN_LAB_NATIVE=0), and `describe` names which ran.
     band(q, k, v, bias_t, out, block, left)      banded attention, every block in one call, written in place
                                                  (band.cpp; _banded's fused path on the CPU, float32 without
                                                  gradients, AVX-512)
-    linear(q, k, v, out)                         non-causal linear attention (φ = elu + 1), fused: q, k and v read
-                                                 once (linear.cpp; _linear_core's whole form on the CPU, float32
-                                                 without gradients, AVX-512)
+    linear(q, k, v, out, causal)                 linear attention (φ = elu + 1), fused: q, k and v read once
+                                                 (linear.cpp; _linear_core's whole form on the CPU, float32
+                                                 without gradients, AVX-512 or AVX2)
 
 The ops take no gradient: a backward through one raises a sentence, and the callers send calls that want gradients
 to the torch forms. Each wrapper refuses, with a sentence, what its kernel would misread (a device, a dtype, a shape,
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from .cache import CACHE
 from .loader import (BUILD_HINT, OFF, ON, SWITCH, band_expected, build, describe, elu_expected, enabled, expected,
-                     index_expected, library, linear_expected)
+                     index_expected, library, linear_expected, linear_lanes)
 from .ops import (BAND_LANES, FLOATS, LINEAR_ROWS, band, band_rows, band_runs, band_scratch_bytes,
                   block_scratch_bytes, block_softmax, elu_plus_one, elu_runs, index_runs, index_scores, linear,
                   linear_parts, linear_runs, linear_scratch_bytes, part_bytes, part_keys, prefix_runs, prefix_sums,
@@ -59,6 +59,6 @@ __all__ = ["BAND_LANES", "BUILD_HINT", "BUILD_SECONDS", "CACHE", "FLAGS", "FLOAT
            "SWITCH", "TRIES", "Stale", "band", "band_expected", "band_rows", "band_runs", "band_scratch_bytes",
            "block_scratch_bytes", "block_softmax", "build", "compiler", "describe",
            "elu_expected", "elu_plus_one", "elu_runs", "enabled", "expected", "index_expected", "index_runs",
-           "index_scores", "library", "linear", "linear_expected", "linear_parts", "linear_runs",
+           "index_scores", "library", "linear", "linear_expected", "linear_lanes", "linear_parts", "linear_runs",
            "linear_scratch_bytes", "part_bytes", "part_keys", "prefix_runs", "prefix_sums", "runs", "scratch_bytes",
            "select", "selected_softmax", "softmax_runs", "softmax_scratch_bytes", "targets"]

@@ -23,9 +23,12 @@
 // registers). The non-causal passes keep tiles of their own with fixed strides (state_tile, output_tile): written
 // through `multiply`, that call took 13.2–14.1 ms at n = 16384 against 10.7–11.4 (3 runs each, one process after
 // another, B = 1, H = 8, D = 64, the 2-core Xeon), the same at 4096: the reads no longer hid behind the products.
-// Float32 with AVX-512 only (attn_linear_available): with AVX2's 16 registers a step holds a quarter of the products,
-// so AVX2 machines keep the torch form. Tested against linear attention written in float64
-// (tests/native/test_native_linear.py).
+// Float32 with AVX-512 (16 lanes, tiles of six rows by four vectors) or AVX2 and FMA (8 lanes, four rows by two
+// vectors in its 16 registers); attn_linear_available says the lanes, which divide the head widths it takes. Built
+// for AVX2 (-march=haswell) and run on the Xeon beside torch's kernels held to AVX2 (ATEN_CPU_CAPABILITY=avx2),
+// against the torch form, 7 interleaved rounds, twice: not causal 0.98–1.02× its time at n = 4096, 0.82× at 16384;
+// causal 0.67–0.69× and 0.70–0.72× (not measured on a machine without AVX-512). Tested against linear attention
+// written in float64, the AVX2 form built apart for the test (tests/native/test_native_linear.py).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,12 +43,17 @@
 
 namespace {
 
-#if defined(__AVX512F__)
+#if defined(ATTN_VECTOR)
 #define ATTN_LINEAR 1
 constexpr int64_t ROWS = 64;  // keys or queries a step: their φ in a thread's scratch, within a core's own cache
 constexpr int64_t TASK_ROWS = 256;  // queries a task of pass 2
+#if defined(__AVX512F__)
 constexpr int TILE = 6;  // features (pass 1) or query rows (pass 2) a step, by up to CV vectors of columns
 constexpr int CV = 4;  // vectors of columns a step: TILE·CV accumulators, CV values and a broadcast in 32 registers
+#else
+constexpr int TILE = 4;  // AVX2's 16 registers: 8 accumulators, 2 values and a broadcast (3 × 3, 2 × 4, 5 × 2 and
+constexpr int CV = 2;  // 6 × 2 ran 2–20% slower: 5.0, 4.8, 4.3, 4.6 ms against 4.2–4.4 at n = 4096)
+#endif
 
 // f (rows of D) ← φ(x) for `rows` rows of D numbers, `step` apart in x; z (D) += their sum where z is given
 inline void map_rows(const float* x, int64_t step, int64_t rows, int64_t D, float* f, float* z) {
@@ -98,7 +106,7 @@ inline void output_tile(const float* f, const float* S, int64_t D, int64_t i0, i
     const vec w = vset(inv[i0 + r]);
     float* o = out + (i0 + r) * D + c0 * LANES;
     if (stream) {  // past the cache: straight to memory, without reading the lines first
-      for (int c = 0; c < NC; ++c) _mm512_stream_ps(o + c * LANES, vmul(acc[r][c], w));
+      for (int c = 0; c < NC; ++c) vstream(o + c * LANES, vmul(acc[r][c], w));
     } else {
       for (int c = 0; c < NC; ++c) vstore(o + c * LANES, vmul(acc[r][c], w));
     }
@@ -120,7 +128,7 @@ inline void as_constant(int64_t n, Fn&& fn) {
 // the cache lines of rows [from, to) of `rows` rows of D numbers `step` apart in x asked for ahead of use, the
 // piece'th of `pieces` parts of them (a part a tile, so that the requests spread over the step's products)
 inline void ask_ahead(const float* x, int64_t step, int64_t rows, int64_t D, int64_t piece, int64_t pieces) {
-  const int64_t per = D / 16, lines = rows * per;  // 16 floats a 64-byte line
+  const int64_t per = (D + 15) / 16, lines = rows * per;  // 16 floats a 64-byte line
   for (int64_t l = lines * piece / pieces; l < lines * (piece + 1) / pieces; ++l)
     _mm_prefetch(reinterpret_cast<const char*>(x + l / per * step + l % per * 16), _MM_HINT_T0);
 }
@@ -234,7 +242,7 @@ inline void store(const Tile<NR, NC>& acc, float* to, int64_t rs, const float* i
     for (int c = 0; c < NC; ++c) {
       const vec y = inv != nullptr ? vmul(acc[r][c], w) : acc[r][c];
       if (stream) {
-        _mm512_stream_ps(to + r * rs + c * LANES, y);
+        vstream(to + r * rs + c * LANES, y);
       } else {
         vstore(to + r * rs + c * LANES, y);
       }
@@ -345,10 +353,11 @@ int64_t causal_task(const float* q, int64_t q_head, int64_t qs, const float* k, 
 
 extern "C" {
 
-// 1 where this build has the fused kernel (AVX-512), 0 where the caller runs the torch form
+// the lanes of this build's vector (16 with AVX-512, 8 with AVX2 and FMA: head widths it takes are a multiple of
+// them), 0 where it has no vector form and the caller runs the torch form
 int64_t attn_linear_available() {
 #if defined(ATTN_LINEAR)
-  return 1;
+  return LANES;
 #else
   return 0;
 #endif

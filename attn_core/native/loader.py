@@ -111,11 +111,17 @@ def band_expected() -> bool:
     return lib is not None and bool(lib.attn_band_available())
 
 
-def linear_expected() -> bool:
-    """Whether `linear` runs (float32 work), without building anything: `expected`, and the library has its AVX-512
-    form (AVX2 machines keep the torch form: linear.cpp; the memory models ask)."""
+def linear_lanes() -> int:
+    """The lanes of `linear`'s vector (16 with AVX-512, 8 with AVX2 and FMA: the head widths it takes are a multiple
+    of them), 0 where it does not run (no library, or one without a vector form), without building anything (the
+    memory models ask)."""
     lib = library()
-    return lib is not None and bool(lib.attn_linear_available())
+    return 0 if lib is None else int(lib.attn_linear_available())
+
+
+def linear_expected() -> bool:
+    """Whether `linear` runs (float32 work, a head width of whole vectors: `linear_lanes`)."""
+    return linear_lanes() > 0
 
 
 def describe() -> str:

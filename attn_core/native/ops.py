@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from .loader import band_expected, describe, elu_expected, library, linear_expected
+from .loader import band_expected, describe, elu_expected, library, linear_lanes
 
 FLOATS = (torch.float32, torch.float64)  # the kernels' types (`select`, `selected_softmax`)
 
@@ -612,19 +612,20 @@ def linear_scratch_bytes(bk: int, bh: int, nq: int, nk: int, D: int, causal: boo
 
 
 def linear_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> bool:
-    """Whether `linear` takes these: float32 CPU (B, heads, n, D) tensors whose head width AVX-512's 16 lanes divide,
-    each position's numbers contiguous (read where they lie, heads split from (B, n, H·D) too: never copied), no
-    gradient wanted through them, and a library built with its AVX-512 form (AVX2 machines keep the torch form:
-    linear.cpp). Causal also: as many queries as keys, and at least as many key/value heads B·Hk as torch's threads
-    (each runs its positions in order, a head a thread: with fewer, threads would wait, where the torch form's
-    segments split the positions too)."""
+    """Whether `linear` takes these: float32 CPU (B, heads, n, D) tensors whose head width the vector's lanes divide
+    (`linear_lanes`: 16 with AVX-512, 8 with AVX2), each position's numbers contiguous (read where they lie, heads
+    split from (B, n, H·D) too: never copied), no gradient wanted through them, and a library built with a vector
+    form (linear.cpp). Causal also: as many queries as keys, and at least as many key/value heads B·Hk as torch's
+    threads (each runs its positions in order, a head a thread: with fewer, threads would wait, where the torch
+    form's segments split the positions too)."""
     wanted = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if wanted or q.shape[-1] % BAND_LANES or not all(t.device.type == "cpu" and t.dtype == torch.float32
-                                                     and t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v)):
+    if wanted or not all(t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() == 4 and t.stride(-1) == 1
+                         for t in (q, k, v)):
         return False  # read where they lie: a position whose numbers are not contiguous keeps the torch form
     if causal and (q.shape[2] != k.shape[2] or k.shape[0] * k.shape[1] < torch.get_num_threads()):
         return False
-    return linear_expected()
+    lanes = linear_lanes()
+    return lanes > 0 and q.shape[-1] % lanes == 0
 
 
 @torch.library.custom_op("attn_lab::linear", mutates_args=("scratch", "out"), device_types="cpu")
@@ -661,9 +662,9 @@ def linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     _refuse_unless(linear_runs(q, k, v, causal) and k.dim() == 4 and k.shape == v.shape and k.shape[0] == B
                    and k.shape[3] == D and k.shape[1] >= 1 and H % k.shape[1] == 0 and k.shape[2] >= 1
                    and out.shape == q.shape and out.is_contiguous() and out.dtype == torch.float32,
-                   "linear needs a library with its AVX-512 form, float32 CPU q (B, H, Nq, D) with D a multiple of "
-                   "16, k and v (B, Hk, Nk, D) with Hk dividing H and at least one key (causal: as many as queries, "
-                   "and B·Hk at least torch's threads), and a contiguous float32 output like q",
+                   f"linear needs a library with a vector form, float32 CPU q (B, H, Nq, D) with D a multiple of "
+                   f"{linear_lanes() or 16}, k and v (B, Hk, Nk, D) with Hk dividing H and at least one key (causal: "
+                   f"as many as queries, and B·Hk at least torch's threads), and a contiguous float32 output like q",
                    f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)}, v {tuple(v.shape)}, out {tuple(out.shape)}"
                    f"{', causal' if causal else ''}")
     Hk, nk = k.shape[1], k.shape[2]

@@ -111,6 +111,7 @@ inline vec vfmadd(vec a, vec b, vec c) { return ATTN_V(fmadd_ps)(a, b, c); }
 inline vec vfnmadd(vec a, vec b, vec c) { return ATTN_V(fnmadd_ps)(a, b, c); }
 inline vec vmin(vec a, vec b) { return ATTN_V(min_ps)(a, b); }  // b where a is NaN
 inline vec vmax(vec a, vec b) { return ATTN_V(max_ps)(a, b); }  // b where a is NaN
+inline void vstream(float* p, vec x) { ATTN_V(stream_ps)(p, x); }  // past the caches; p aligned to the vector
 
 // e^x for x <= 0 (scores less their row's highest); 0 below −87.34, where float32's e^x is no longer normal
 inline vec vexp(vec x) {

@@ -3,15 +3,18 @@ float64 from its formula: shared key/value heads, head widths of one to eight ve
 lengths than a step or a block, on 1 to 3 threads, through the kernel and through the public call; heads split from
 the model dimension, read in place; a row no key weighs; NaN and −inf where the torch form gives them, and the input
 named; the peak bytes the memory model predicts, to the byte; what it refuses and what it leaves to the torch
-form."""
+form; and its AVX2 form, built here apart (8 lanes: head widths of 8, 24 and 40 too)."""
 from __future__ import annotations
 
+import ctypes
 import math
+import subprocess
 
 import pytest
 import torch
 
 from attn_core import attention, native
+from attn_core.native import signatures
 from attn_core.mechanisms._common import validated
 from attn_core.mechanisms import linear
 from attn_core.spec import Shape
@@ -22,7 +25,7 @@ from tests.native.test_native import built  # noqa: F401  (the fixture)
 @pytest.fixture
 def linear_form(built):  # noqa: F811
     if not native.linear_expected():
-        pytest.skip(f"the fused linear kernel needs AVX-512 ({native.describe()})")
+        pytest.skip(f"the fused linear kernel needs AVX-512, or AVX2 and FMA ({native.describe()})")
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
@@ -204,8 +207,9 @@ def test_the_memory_model_predicts_the_kernel_s_peak_to_the_byte(B, H, Hk, n, D)
 def test_what_the_kernel_would_misread_is_refused_and_the_rest_goes_to_the_torch_form():
     q, k, v = qkv(1, 4, 2, 40, 30, 16)
     out = torch.zeros_like(q)
-    with pytest.raises(ValueError, match="multiple of 16"):
-        native.linear(q[..., :8], k[..., :8], v[..., :8], out[..., :8])
+    lanes = native.linear_lanes()  # 16 with AVX-512, 8 with AVX2
+    with pytest.raises(ValueError, match=f"multiple of {lanes}"):
+        native.linear(q[..., :lanes // 2], k[..., :lanes // 2], v[..., :lanes // 2], out[..., :lanes // 2])
     with pytest.raises(ValueError, match="contiguous float32 output"):
         native.linear(q, k, v, out.transpose(1, 2).contiguous().transpose(1, 2))
     with pytest.raises(ValueError, match="Hk dividing H"):
@@ -231,3 +235,43 @@ def test_heads_split_from_the_model_dimension_are_read_where_they_lie():
         out = linear.SPEC.fn(q, k, v)
     assert peak == q.numel() * 4 + native.linear_scratch_bytes(4, 8, 300, 300, 32)
     assert (out.double() - reference(q, k, v)).abs().max() < 2e-6
+
+
+@pytest.fixture(scope="module")
+def avx2_library(tmp_path_factory):
+    """linear.cpp alone, built for AVX2 and FMA (-march=haswell: the vector form of machines without AVX-512, 8 lanes,
+    tiles of three rows by three vectors), loaded apart from the project's library."""
+    cxx = native.compiler()
+    if cxx is None:
+        pytest.skip("no C++ compiler here (set CXX to one)")
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        flags = next((line.split() for line in f if line.startswith("flags")), [])
+    if not {"avx2", "fma"} <= set(flags):
+        pytest.skip("this CPU runs no AVX2 code")
+    folder = tmp_path_factory.mktemp("avx2")
+    (folder / "signatures.h").write_text(signatures.header())
+    target = folder / "linear_avx2.so"
+    subprocess.run([cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-march=haswell", "-fopenmp", f"-I{folder}",
+                    str(native.HERE / "linear.cpp"), "-o", str(target)], check=True, capture_output=True, timeout=300)
+    lib = ctypes.CDLL(str(target))
+    signatures.bind(lib, (signatures.LINEAR, signatures.LINEAR_CAUSAL,
+                          signatures.Kernel("attn_linear_available", "int64_t")))
+    return lib
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("B,H,Hk,n,D", [(1, 4, 4, 300, 64), (2, 4, 2, 129, 24), (1, 3, 3, 70, 8), (1, 2, 2, 200, 40)])
+@pytest.mark.parametrize("streams", [False, True])
+def test_the_avx2_form_is_linear_attention(avx2_library, causal, B, H, Hk, n, D, streams, monkeypatch):
+    """Its lanes are 8, so head widths of 8, 24 and 40 go through it too (AVX-512 takes multiples of 16)."""
+    assert avx2_library.attn_linear_available() == 8
+    monkeypatch.setattr(native.ops, "_kernels", lambda: avx2_library)
+    monkeypatch.setattr(native.ops, "linear_lanes", lambda: 8)
+    monkeypatch.setattr(native.ops, "linear_streams", lambda out: streams and out.data_ptr() % 64 == 0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    q, k, v = qkv(B, H, Hk, n, n, D)
+    out = torch.full_like(q, math.nan)
+    assert native.linear(q, k, v, out, causal=causal) is False
+    assert (out.double() - reference(q, k, v, causal)).abs().max() < 2e-6
+    k[0, 0, n // 2, 0] = math.nan
+    assert native.linear(q, k, v, out, causal=causal) is True
