@@ -91,14 +91,23 @@ def _fused(s: Shape) -> bool:
 
 
 def _fused_causal_flops(s: Shape) -> float:
-    """The products of linear.cpp's causal call: per block of m ≤ C = native.LINEAR_ROWS positions, per query head
-    its in-block products over all C columns (2·m·C·D), their product with V_b (2·m²·D), φ(Q_b) times the state and
-    the normalizers (2·m·D·(D + 1)); per key/value head the state's update φ(K_b)ᵀV_b (2·m·D²)."""
+    """The products of linear.cpp's causal call, as its tiles run them (TILE rows by CV vectors of L lanes,
+    `native.LINEAR_TILES`): per block of m ≤ C = native.LINEAR_ROWS positions and per query head, the in-block
+    products of each tile of rows over the tiles of columns that hold a key at or before one of its rows (2·D a
+    cell), their product with V_b up to the tile's last row (2·D a cell), φ(Q_b) times the state and the normalizers
+    (2·m·D·(D + 1)); per key/value head the state's update φ(K_b)ᵀV_b (2·m·D²)."""
     c, d = native.LINEAR_ROWS, s.D
-    full, rest = divmod(s.Nq, c)
+    lanes = native.linear_lanes()
+    tile, cv = native.LINEAR_TILES[lanes]
 
     def block(m: int) -> float:
-        return s.bh * 2.0 * m * (c * d + m * d + d * (d + 1)) + s.bk * 2.0 * m * d * d
+        cells = 0
+        for r0 in range(0, m, tile):
+            rows = min(tile, m - r0)
+            cols = sum(min(cv, c // lanes - c0) * lanes for c0 in range(0, c // lanes, cv) if c0 * lanes < r0 + rows)
+            cells += rows * (cols + min(m, r0 + rows))  # scores, then P·V_b up to the tile's last row
+        return s.bh * 2.0 * (cells * d + m * d * (d + 1)) + s.bk * 2.0 * m * d * d
+    full, rest = divmod(s.Nq, c)
     return full * block(c) + (block(rest) if rest else 0.0)
 
 

@@ -48,16 +48,15 @@ from __future__ import annotations
 from .cache import CACHE
 from .loader import (BUILD_HINT, OFF, ON, SWITCH, band_expected, build, describe, elu_expected, enabled, expected,
                      index_expected, library, linear_expected, linear_lanes)
-from .ops import (BAND_LANES, FLOATS, LINEAR_ROWS, band, band_rows, band_runs, band_scratch_bytes,
+from .ops import (BAND_LANES, FLOATS, LINEAR_ROWS, LINEAR_TILES, band, band_rows, band_runs, band_scratch_bytes,
                   block_scratch_bytes, block_softmax, elu_plus_one, elu_runs, index_runs, index_scores, linear,
                   linear_parts, linear_runs, linear_scratch_bytes, part_bytes, part_keys, prefix_runs, prefix_sums,
                   runs, scratch_bytes, select, selected_softmax, softmax_runs, softmax_scratch_bytes)
 from .toolchain import BUILD_SECONDS, FLAGS, HERE, SOURCES, TRIES, Stale, compiler, targets
 
-__all__ = ["BAND_LANES", "BUILD_HINT", "BUILD_SECONDS", "CACHE", "FLAGS", "FLOATS", "HERE", "LINEAR_ROWS", "OFF", "ON",
-           "SOURCES",
-           "SWITCH", "TRIES", "Stale", "band", "band_expected", "band_rows", "band_runs", "band_scratch_bytes",
-           "block_scratch_bytes", "block_softmax", "build", "compiler", "describe",
+__all__ = ["BAND_LANES", "BUILD_HINT", "BUILD_SECONDS", "CACHE", "FLAGS", "FLOATS", "HERE", "LINEAR_ROWS",
+           "LINEAR_TILES", "OFF", "ON", "SOURCES", "SWITCH", "TRIES", "Stale", "band", "band_expected", "band_rows",
+           "band_runs", "band_scratch_bytes", "block_scratch_bytes", "block_softmax", "build", "compiler", "describe",
            "elu_expected", "elu_plus_one", "elu_runs", "enabled", "expected", "index_expected", "index_runs",
            "index_scores", "library", "linear", "linear_expected", "linear_lanes", "linear_parts", "linear_runs",
            "linear_scratch_bytes", "part_bytes", "part_keys", "prefix_runs", "prefix_sums", "runs", "scratch_bytes",

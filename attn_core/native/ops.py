@@ -577,9 +577,10 @@ def band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_t: torch.Tensor
     torch.ops.attn_lab.band(q, k, v, bias_t, out, block, left)
 
 
-# ---- linear: non-causal linear attention (φ = elu + 1), fused -----------------------------------------------------
+# ---- linear: linear attention (φ = elu + 1), causal and not, fused ------------------------------------------------
 
 LINEAR_ROWS, LINEAR_TASK_ROWS = 64, 256  # linear.cpp's rows a step (ROWS) and queries a task of pass 2 (TASK_ROWS)
+LINEAR_TILES = {16: (6, 4), 8: (4, 2)}  # linear.cpp's (TILE, CV) by its lanes: rows, and vectors of columns, a tile
 
 
 def linear_streams(out: torch.Tensor) -> bool:
