@@ -123,7 +123,8 @@ def attention(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
         q, k, v, params = given.pop("q"), given.pop("k"), given.pop("v"), given
         if q.device.type != "cpu":
             return spec.fn(q, k, v, causal=causal, **params)
-        fused = spec.cost.keeps_threads is not None and spec.cost.keeps_threads(**params)
+        fused = spec.cost.keeps_threads is not None and spec.cost.keeps_threads(q=q, k=k, v=v, causal=causal,
+                                                                                **params)
         if fused == ALWAYS and torch.is_grad_enabled() and any(
                 isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, *params.values())):
             fused = False  # its blocks run one after another there (nsa.block_workers): fitted

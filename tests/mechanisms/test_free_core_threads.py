@@ -136,6 +136,37 @@ def test_the_band_keeps_torch_s_threads_on_a_busy_machine_only_on_its_fused_path
     assert seen and set(seen) == {2 if kept else 1} and torch.get_num_threads() == 2
 
 
+@pytest.mark.parametrize("causal,padded,kept", [(True, False, True), (False, False, False), (True, True, False)])
+def test_linear_keeps_torch_s_threads_on_a_busy_machine_only_in_its_fused_causal_call(monkeypatch, two_threads,
+                                                                                       causal, padded, kept):
+    """Where every core is another program's, causal linear attention in the fused kernel (a key/value head a task)
+    runs on torch's two threads; not causal (a first pass of a task a head), or with padding (the chunked form), on
+    one. Where the library has no vector form the causal call is the torch form's segments: fitted, one thread."""
+    from attn_core import native
+    from attn_core.mechanisms import _linear_core
+
+    seen = []
+    for name in ("linear_attention_core", "mapped", "elu_attention"):
+        real = getattr(_linear_core, name)
+        monkeypatch.setattr(_linear_core, name, lambda *a, real=real, **kw: seen.append(torch.get_num_threads())
+                            or real(*a, **kw))
+    from attn_core.mechanisms import linear
+    for name in ("elu_attention", "mapped"):
+        monkeypatch.setattr(linear, name, getattr(_linear_core, name))
+    monkeypatch.setattr(_cpu, "others_running", lambda: 2)
+    monkeypatch.setattr(_cpu, "usable_cores_now", lambda: 2)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 2048, 64, generator=g) for _ in range(3))  # 2^20 numbers
+    padding = {"key_padding_mask": torch.zeros(1, 2048, dtype=torch.bool)} if padded else {}
+    attention("linear", q, k, v, causal=causal, **padding)
+    assert seen and set(seen) == {2 if kept and native.linear_expected() else 1} and torch.get_num_threads() == 2
+    if kept:
+        seen.clear()
+        monkeypatch.setattr(native.ops, "linear_lanes", lambda: 0)  # no vector form: the torch form, fitted
+        attention("linear", q, k, v, causal=causal)
+        assert set(seen) == {1}
+
+
 @pytest.mark.parametrize("mode", ["grad", "no_grad", "inference"])
 def test_run_blocks_runs_every_task_once_on_one_torch_thread_each_and_sets_the_count_back(two_threads, mode):
     """Each task runs once, on one of the pool's threads (two here), whose torch operations take one thread each;
