@@ -190,9 +190,10 @@ class Cost:
     `keeps_threads(q=, k=, v=, causal=, **params)`: True where the CPU call with these tensors and parameters (the
     call's keywords: its knobs, `key_padding_mask`, `sinks` …) is a few long parallel regions (fused kernels) rather
     than many short operations: where other programs hold every core, `attention()` then keeps torch's thread count,
-    each thread doing its share on a core it shares, instead of one thread (`_cpu.fitted`; fitting the count to the free cores pays where every
-    short operation waits for the thread a busy core holds); `_cpu.ALWAYS` where its threads take blocks of work as
-    they come free (`_cpu.run_blocks`): torch's count at any load; None: always fitted.
+    each thread doing its share on a core it shares, instead of one thread (`_cpu.fitted`; fitting the count to the
+    free cores pays where every short operation waits for the thread a busy core holds); `_cpu.ALWAYS` where its
+    threads take blocks of work as they come free (`_cpu.run_blocks`): torch's count at any load; None: always
+    fitted.
     """
 
     flops: Callable[..., float]
