@@ -246,17 +246,17 @@ def _one_thread() -> None:
 
 
 def run_blocks(tasks: Sequence[Callable[[], None]], workers: int) -> None:
-    """Run `tasks` (each writing its own part of a result; heaviest first) on `workers` threads of a pool kept for
-    the process, each thread taking the next task as it comes free and running the torch operations inside on one
+    """Run `tasks` (each writing its own part of a result; heaviest first) on `workers` threads of a pool kept for the
+    process, each thread taking the next task as it comes free and running the torch operations inside on one
     thread. Why: a parallel operation ends when its slowest thread does, so a call of many operations on torch's
     threads waits, at each, for the thread another program holds; here the threads meet once, at the end, and a
     thread a busy core slows simply takes fewer tasks. NSA's public call at n = 16384 (8 heads, D = 64, causal,
     2-core Xeon, against SDPA interleaved; `nsa.block_workers`): 1.47 against 1.71 s beside one spinning program
     (one fitted thread: 1.67), 1.82 against 2.19 beside two (one fitted thread 3.27, torch's two 2.07), 3.96 against
-    4.37 beside six (one fitted thread 7.76). One worker, or one task: in the caller, as they come. The caller's grad and inference modes (each
-    thread's own) are the workers' too; its autocast and profiler are not (the caller runs one worker under
-    them). The first error a task raises stops the others at their next task and is raised here. Not for autograd:
-    the tasks' in-place writes from several threads would race in its graph."""
+    4.37 beside six (one fitted thread 7.76). One worker, or one task: in the caller, as they come. The caller's
+    grad and inference modes (each thread's own) are the workers' too; its autocast and profiler are not (the caller
+    runs one worker under them). The first error a task raises stops the others at their next task and is raised
+    here. Not for autograd: the tasks' in-place writes from several threads would race in its graph."""
     if workers <= 1 or len(tasks) <= 1:
         for task in tasks:
             task()

@@ -141,16 +141,16 @@ def nsa_attention(q, k, v, *, causal: bool = True, key_padding_mask=None, block:
 
 
 def block_workers(*tensors: torch.Tensor) -> int:
-    """Threads the forward pass shares its query blocks among (`_cpu.run_blocks`): torch's count on a CPU where
-    other programs are running (`_cpu.others_running`) and the call has PARALLEL_MIN numbers or more (B·H·n·D of the
+    """Threads the forward pass shares its query blocks among (`_cpu.run_blocks`): torch's count on a CPU where other
+    programs are running (`_cpu.others_running`) and the call has PARALLEL_MIN numbers or more (B·H·n·D of the
     queries), else 1: in the caller, the blocks one after another, each operation on torch's threads. On a quiet
     machine that is faster, each operation on all the heads (n = 2048 to 16384, 8 heads, D = 64, 2-core Xeon, 5
     interleaved rounds: shared 66.7, 157, 351, 874 ms against 59.2, 147, 330, 843); beside other programs sharing
     wins (n = 16384, against SDPA interleaved: 0.83–0.86× beside one spinning program, 0.83–0.85× beside two, 0.90×
-    beside six, where one fitted thread made 1.0×, 1.5–1.7× and 1.8×). Also 1 where autograd records (the blocks' writes into one output from several
-    threads would race in its graph), under CPU autocast, and under torch's profiler, which records the allocations
-    of the thread it was started in only: the engine's memory run then measures the blocks one after another, the
-    peak `_memory` predicts."""
+    beside six, where one fitted thread made 1.0×, 1.5–1.7× and 1.8×). Also 1 where autograd records (the blocks'
+    writes into one output from several threads would race in its graph), under CPU autocast, and under torch's
+    profiler, which records the allocations of the thread it was started in only: the engine's memory run then
+    measures the blocks one after another, the peak `_memory` predicts."""
     q = tensors[0]
     recording = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if q.device.type != "cpu" or recording or q.numel() < PARALLEL_MIN or torch.is_autocast_enabled("cpu") \

@@ -133,11 +133,34 @@ inline void ask_ahead(const float* x, int64_t step, int64_t rows, int64_t D, int
     _mm_prefetch(reinterpret_cast<const char*>(x + l / per * step + l % per * 16), _MM_HINT_T0);
 }
 
+inline int64_t tile_count(int64_t rows, int64_t vecs) { return (rows + TILE - 1) / TILE * ((vecs + CV - 1) / CV); }
+
+// inv[i] ← 1 / (f[i]·z + extra[i]) for i < rows (extra null: 0), 0 where that normalizer is below the smallest normal
+// float32 (no key weighs); returns how many normalizers are NaN or infinite
+inline int64_t normalizers(const float* f, const float* z, const float* extra, int64_t rows, int64_t D, float* inv) {
+  const float tiny = std::numeric_limits<float>::min();
+  int64_t bad = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    vec acc = vset(0.0f);
+    for (int64_t c = 0; c < D; c += LANES) acc = vfmadd(vload(f + i * D + c), vload(z + c), acc);
+    const float den = vsum(acc) + (extra != nullptr ? extra[i] : 0.0f);
+    bad += !std::isfinite(den);
+    inv[i] = den < tiny ? 0.0f : 1.0f / den;  // NaN is not below it: 1 / NaN is NaN
+  }
+  return bad;
+}
+
+// rows of out (D apart) whose normalizer was too small: 0, whatever the products (an infinite one times 0 is NaN)
+inline void zero_unseen(const float* inv, int64_t rows, int64_t D, float* out) {
+  for (int64_t i = 0; i < rows; ++i)
+    if (inv[i] == 0.0f) std::fill(out + i * D, out + (i + 1) * D, 0.0f);
+}
+
 // S (D × D) += φ(K)ᵀV and z (D) += Σ φ(K) over `keys` rows of k and v (ks and vs apart), ROWS at a time through
 // f (ROWS × D); the next step's keys and values asked for while this step's products run
 void state_task(const float* k, int64_t ks, const float* v, int64_t vs, int64_t keys, int64_t D, float* f, float* S,
                 float* z) {
-  const int64_t vecs = D / LANES, tiles = (D + TILE - 1) / TILE * ((vecs + CV - 1) / CV);
+  const int64_t vecs = D / LANES, tiles = tile_count(D, vecs);
   for (int64_t j0 = 0; j0 < keys; j0 += ROWS) {
     const int64_t rows = std::min(ROWS, keys - j0), next = std::min(ROWS, keys - j0 - rows);
     map_rows(k + j0 * ks, ks, rows, D, f, z);
@@ -164,20 +187,12 @@ void state_task(const float* k, int64_t ks, const float* v, int64_t vs, int64_t 
 // f (ROWS × D) and inv (ROWS); returns how many normalizers are NaN or infinite
 int64_t output_task(const float* q, int64_t qs, int64_t rows, int64_t D, const float* S, const float* z, float* f,
                     float* inv, bool stream, float* out) {
-  const int64_t vecs = D / LANES;
-  const float tiny = std::numeric_limits<float>::min();
+  const int64_t vecs = D / LANES, tiles = tile_count(ROWS, vecs);
   int64_t bad = 0;
-  const int64_t tiles = (ROWS + TILE - 1) / TILE * ((vecs + CV - 1) / CV);
   for (int64_t i0 = 0; i0 < rows; i0 += ROWS) {
     const int64_t m = std::min(ROWS, rows - i0), next = std::min(ROWS, rows - i0 - m);
     map_rows(q + i0 * qs, qs, m, D, f, nullptr);
-    for (int64_t i = 0; i < m; ++i) {
-      vec acc = vset(0.0f);
-      for (int64_t c = 0; c < D; c += LANES) acc = vfmadd(vload(f + i * D + c), vload(z + c), acc);
-      const float den = vsum(acc);
-      bad += !std::isfinite(den);
-      inv[i] = den < tiny ? 0.0f : 1.0f / den;  // NaN is not below it: 1 / NaN is NaN
-    }
+    bad += normalizers(f, z, nullptr, m, D, inv);
     float* o = out + i0 * D;
     int64_t tile = 0;
     for (int64_t c0 = 0; c0 < vecs; c0 += CV) {
@@ -191,8 +206,7 @@ int64_t output_task(const float* q, int64_t qs, int64_t rows, int64_t D, const f
         });
       }
     }
-    for (int64_t i = 0; i < m; ++i)  // no key weighs: 0, whatever the products (an infinite one times 0 is NaN)
-      if (inv[i] == 0.0f) std::fill(o + i * D, o + (i + 1) * D, 0.0f);
+    zero_unseen(inv, m, D, o);
   }
   if (stream) _mm_sfence();  // the streamed rows visible before the task is done
   return bad;
@@ -250,8 +264,6 @@ inline void store(const Tile<NR, NC>& acc, float* to, int64_t rs, const float* i
   }
 }
 
-inline int64_t tile_count(int64_t rows, int64_t vecs) { return (rows + TILE - 1) / TILE * ((vecs + CV - 1) / CV); }
-
 // S (D × D) += f[0, rows)ᵀ V (f: rows of D, V's rows `vs` apart): D features by D / LANES vectors of columns;
 // `during(t)` runs before tile t (the next step's rows asked for)
 template <typename Fn>
@@ -263,27 +275,6 @@ inline void add_state(const float* f, const float* V, int64_t vs, int64_t rows, 
     multiply(acc, f + d0, 1, D, V + c0 * LANES, vs, rows);
     store(acc, S + d0 * D + c0 * LANES, D, nullptr, false);
   });
-}
-
-// inv[i] ← 1 / (f[i]·z + extra[i]) for i < rows (extra null: 0), 0 where that normalizer is below the smallest normal
-// float32 (no key weighs); returns how many normalizers are NaN or infinite
-inline int64_t normalizers(const float* f, const float* z, const float* extra, int64_t rows, int64_t D, float* inv) {
-  const float tiny = std::numeric_limits<float>::min();
-  int64_t bad = 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    vec acc = vset(0.0f);
-    for (int64_t c = 0; c < D; c += LANES) acc = vfmadd(vload(f + i * D + c), vload(z + c), acc);
-    const float den = vsum(acc) + (extra != nullptr ? extra[i] : 0.0f);
-    bad += !std::isfinite(den);
-    inv[i] = den < tiny ? 0.0f : 1.0f / den;  // NaN is not below it: 1 / NaN is NaN
-  }
-  return bad;
-}
-
-// rows of out (D apart) whose normalizer was too small: 0, whatever the products (an infinite one times 0 is NaN)
-inline void zero_unseen(const float* inv, int64_t rows, int64_t D, float* out) {
-  for (int64_t i = 0; i < rows; ++i)
-    if (inv[i] == 0.0f) std::fill(out + i * D, out + (i + 1) * D, 0.0f);
 }
 
 // Causal, one key/value head and its g query heads (q + t·q_head for t < g, out likewise), all n positions in blocks

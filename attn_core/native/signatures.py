@@ -44,35 +44,35 @@ BLOCK_SOFTMAX = _typed(
     "int64_t v_batch, int64_t v_head, const int64_t* sel, int64_t B, int64_t H, int64_t r, int64_t D, int64_t Hk, "
     "int64_t S, int64_t nb, int64_t m, int64_t l, int64_t first, int64_t tile, {F} scale, const {F}* sinks, "
     "int64_t threads, {F}* scratch, int64_t* lists, {F}* out")
-INDEX = Kernel("attn_index_scores_f32", "void", tuple(
-    a.strip() for a in ("const float* qi, int64_t qb, const float* kT, int64_t kb, int64_t ks, const float* w, "
-                        "int64_t B, int64_t r, int64_t m, int64_t IH, int64_t dI, int64_t threads, float* out")
-    .split(",")))
-ELU_PLUS_ONE = Kernel("attn_elu_plus_one_f32", "void", ("const float* x", "int64_t rows", "int64_t x_row",
-                                                        "int64_t width", "int64_t out_row", "int64_t threads",
-                                                        "float* out"))
+def _listed(name: str, returns: str, args: str) -> Kernel:
+    """One kernel, its arguments written as one C parameter list."""
+    return Kernel(name, returns, tuple(a.strip() for a in args.split(",")))
+
+
+INDEX = _listed("attn_index_scores_f32", "void",
+                "const float* qi, int64_t qb, const float* kT, int64_t kb, int64_t ks, const float* w, int64_t B, "
+                "int64_t r, int64_t m, int64_t IH, int64_t dI, int64_t threads, float* out")
+ELU_PLUS_ONE = _listed("attn_elu_plus_one_f32", "void",
+                       "const float* x, int64_t rows, int64_t x_row, int64_t width, int64_t out_row, int64_t threads, "
+                       "float* out")
 PREFIX = _typed("attn_prefix", "void", "const {F}* x, int64_t outer, int64_t steps, int64_t inner, int64_t threads, "
                                       "{F}* out")
-BAND = Kernel("attn_band_f32", "void", tuple(
-    a.strip() for a in ("const float* q, int64_t q_batch, int64_t q_head, const float* k, int64_t k_batch, "
-                        "int64_t k_head, const float* v, int64_t v_batch, int64_t v_head, const float* bt, int64_t B, "
-                        "int64_t H, int64_t Hk, int64_t n, int64_t D, int64_t block, int64_t left, int64_t span, "
-                        "int64_t bp, float scale, int64_t threads, float* scratch, float* out").split(",")))
-LINEAR = Kernel("attn_linear_f32", "int64_t", tuple(
-    a.strip() for a in ("const float* q, int64_t q_batch, int64_t q_head, int64_t q_row, const float* k, "
-                        "int64_t k_batch, int64_t k_head, int64_t k_row, const float* v, int64_t v_batch, "
-                        "int64_t v_head, int64_t v_row, int64_t B, int64_t H, int64_t Hk, int64_t nq, int64_t nk, "
-                        "int64_t D, int64_t parts, int64_t stream, int64_t threads, float* scratch, float* out")
-                        .split(",")))
-LINEAR_CAUSAL = Kernel("attn_linear_causal_f32", "int64_t", tuple(
-    a.strip() for a in ("const float* q, int64_t q_batch, int64_t q_head, int64_t q_row, const float* k, "
-                        "int64_t k_batch, int64_t k_head, int64_t k_row, const float* v, int64_t v_batch, "
-                        "int64_t v_head, int64_t v_row, int64_t B, int64_t H, int64_t Hk, int64_t n, int64_t D, "
-                        "int64_t stream, int64_t threads, float* scratch, float* out").split(",")))
+BAND = _listed("attn_band_f32", "void",
+               "const float* q, int64_t q_batch, int64_t q_head, const float* k, int64_t k_batch, int64_t k_head, "
+               "const float* v, int64_t v_batch, int64_t v_head, const float* bt, int64_t B, int64_t H, int64_t Hk, "
+               "int64_t n, int64_t D, int64_t block, int64_t left, int64_t span, int64_t bp, float scale, "
+               "int64_t threads, float* scratch, float* out")
+_STRIDED = ("const float* q, int64_t q_batch, int64_t q_head, int64_t q_row, const float* k, int64_t k_batch, "
+            "int64_t k_head, int64_t k_row, const float* v, int64_t v_batch, int64_t v_head, int64_t v_row")
+LINEAR = _listed("attn_linear_f32", "int64_t", _STRIDED + ", int64_t B, int64_t H, int64_t Hk, int64_t nq, int64_t nk, "
+                 "int64_t D, int64_t parts, int64_t stream, int64_t threads, float* scratch, float* out")
+LINEAR_CAUSAL = _listed("attn_linear_causal_f32", "int64_t", _STRIDED + ", int64_t B, int64_t H, int64_t Hk, "
+                        "int64_t n, int64_t D, int64_t stream, int64_t threads, float* scratch, float* out")
+LINEAR_AVAILABLE = Kernel("attn_linear_available", "int64_t")
 KERNELS = (*SELECT, *SELECTED_SOFTMAX, *BLOCK_SOFTMAX, INDEX, ELU_PLUS_ONE, *PREFIX, BAND, LINEAR, LINEAR_CAUSAL,
            Kernel("attn_select_openmp", "int64_t"), Kernel("attn_index_available", "int64_t"),
            Kernel("attn_elu_plus_one_available", "int64_t"), Kernel("attn_band_available", "int64_t"),
-           Kernel("attn_linear_available", "int64_t"))
+           LINEAR_AVAILABLE)
 SIGNATURE_FUNCTION = "attn_signature"  # const char*: the hash of the declarations the library was built from
 
 _CTYPES = {"void": None, "int64_t": ctypes.c_int64, "float": ctypes.c_float, "double": ctypes.c_double,

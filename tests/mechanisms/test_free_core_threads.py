@@ -172,13 +172,14 @@ def test_run_blocks_runs_every_task_once_on_one_torch_thread_each_and_sets_the_c
     """Each task runs once, on one of the pool's threads (two here), whose torch operations take one thread each;
     the caller's grad or inference mode is theirs; the caller's count (and torch's default for threads to come,
     which the workers write) is 2 again after."""
-    seen, lock = [], threading.Lock()
+    seen, lock, both = [], threading.Lock(), threading.Barrier(2)
 
     def task(i):
         with lock:
             seen.append((i, threading.get_ident(), torch.get_num_threads(), torch.is_grad_enabled(),
                          torch.is_inference_mode_enabled()))
-        time.sleep(0.002)  # long enough that both threads take some
+        if i < 2:  # the first two tasks wait for each other: each pool thread takes one, however busy the machine
+            both.wait(timeout=60)
 
     context = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}[mode]
     with context():

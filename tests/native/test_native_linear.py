@@ -254,8 +254,7 @@ def avx2_library(tmp_path_factory):
     subprocess.run([cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-march=haswell", "-fopenmp", f"-I{folder}",
                     str(native.HERE / "linear.cpp"), "-o", str(target)], check=True, capture_output=True, timeout=300)
     lib = ctypes.CDLL(str(target))
-    signatures.bind(lib, (signatures.LINEAR, signatures.LINEAR_CAUSAL,
-                          signatures.Kernel("attn_linear_available", "int64_t")))
+    signatures.bind(lib, (signatures.LINEAR, signatures.LINEAR_CAUSAL, signatures.LINEAR_AVAILABLE))
     return lib
 
 
